@@ -1,0 +1,4 @@
+//! wick's inference engine.
+#![warn(missing_docs)]
+
+pub mod sampler;

@@ -1,0 +1,108 @@
+//! Truncated, bit-flipped and hand-damaged GGUF files must give errors, never panics.
+use wick_gguf::{GgmlType, GgufError, GgufFile, GgufWriter, MetadataValue};
+
+fn sample() -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.metadata(
+        "general.architecture",
+        MetadataValue::String("llama".into()),
+    )
+    .metadata("llama.block_count", MetadataValue::U32(2))
+    .metadata(
+        "tokenizer.ggml.tokens",
+        MetadataValue::Array(vec![
+            MetadataValue::String("a".into()),
+            MetadataValue::String("b".into()),
+        ]),
+    )
+    .metadata("llama.rope.freq_base", MetadataValue::F32(10000.0));
+    let floats: Vec<u8> = (0..64u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    w.tensor("a.weight", vec![8, 8], GgmlType::F32, floats);
+    w.tensor("b.weight", vec![32, 1], GgmlType::Q8_0, vec![1u8; 34]);
+    w.to_bytes()
+}
+
+fn open_bytes(bytes: &[u8]) -> Result<GgufFile, GgufError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    GgufFile::open(&path)
+}
+
+#[test]
+fn round_trip() {
+    let f = open_bytes(&sample()).unwrap();
+    assert_eq!(
+        f.metadata().get_str("general.architecture").unwrap(),
+        "llama"
+    );
+    assert_eq!(f.metadata().get_u64("llama.block_count").unwrap(), 2);
+    assert_eq!(
+        f.metadata()
+            .opt_strings("tokenizer.ggml.tokens")
+            .unwrap()
+            .unwrap(),
+        vec!["a", "b"]
+    );
+    let t = f.tensor("a.weight").unwrap();
+    assert_eq!(t.info.shape(), vec![8, 8]);
+    assert_eq!(&t.data[4..8], &1f32.to_le_bytes());
+    assert_eq!(f.tensor("b.weight").unwrap().data.len(), 34);
+    assert!(matches!(
+        f.tensor("nope"),
+        Err(GgufError::MissingTensor { .. })
+    ));
+    assert!(matches!(
+        f.metadata().get_u64("general.architecture"),
+        Err(GgufError::WrongType { .. })
+    ));
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    let bytes = sample();
+    for len in 0..bytes.len() - 1 {
+        let cut = &bytes[..len];
+        match open_bytes(cut) {
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.contains("m.gguf"), "error must name the file: {msg}");
+            }
+            // Cutting only alignment padding after the last tensor still leaves a valid file.
+            Ok(f) => assert!(f.tensors().iter().all(|t| t.offset + t.len <= len as u64)),
+        }
+    }
+}
+
+#[test]
+fn bit_flips_never_panic() {
+    let bytes = sample();
+    for i in 0..bytes.len() {
+        for bit in [0, 3, 7] {
+            let mut b = bytes.clone();
+            b[i] ^= 1 << bit;
+            if let Ok(f) = open_bytes(&b) {
+                for t in f.tensors() {
+                    f.tensor(&t.name).unwrap();
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn huge_lengths_are_rejected_without_allocating() {
+    let mut b = sample();
+    // tensor count at byte 8
+    b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    let e = open_bytes(&b).unwrap_err().to_string();
+    assert!(e.contains("tensor count"), "{e}");
+}
+
+#[test]
+fn not_gguf() {
+    let e = open_bytes(b"PK\x03\x04 this is a zip").unwrap_err();
+    assert!(matches!(e, GgufError::BadMagic { .. }), "{e}");
+    let e = open_bytes(b"").unwrap_err();
+    assert!(matches!(e, GgufError::BadMagic { .. }), "{e}");
+}
