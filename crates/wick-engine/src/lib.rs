@@ -1,4 +1,12 @@
-//! wick's inference engine.
+//! wick's inference engine: loads models (GGUF, Hugging Face safetensors), runs them on a
+//! compute backend, and generates tokens.
 #![warn(missing_docs)]
 
+pub mod backend;
+pub mod config;
+mod error;
+pub mod models;
 pub mod sampler;
+pub mod weights;
+
+pub use error::{EngineError, Result};

@@ -168,7 +168,7 @@ impl GgmlType {
     /// Bytes needed for `elements` elements, or `None` when `elements` is not a whole
     /// number of blocks (or the size overflows).
     pub fn bytes_for(self, elements: u64) -> Option<u64> {
-        if elements % self.block_len() != 0 {
+        if !elements.is_multiple_of(self.block_len()) {
             return None;
         }
         (elements / self.block_len()).checked_mul(self.block_bytes())

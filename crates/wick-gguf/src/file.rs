@@ -117,7 +117,7 @@ impl GgufFile {
                     offset: header.end,
                     reason: format!("tensor '{}' offset {} overflows", raw.name, raw.offset),
                 })?;
-            let end = offset.checked_add(len).unwrap_or(u64::MAX);
+            let end = offset.saturating_add(len);
             if end > file_len {
                 return Err(GgufError::Truncated {
                     path,

@@ -239,7 +239,7 @@ pub(crate) fn tensor_bytes(path: &Path, t: &RawTensorInfo) -> Result<(GgmlType, 
             .checked_mul(d)
             .ok_or_else(|| corrupt(format!("tensor '{}' shape {:?} overflows", t.name, t.dims)))?;
     }
-    if t.dims[0] % dtype.block_len() != 0 {
+    if !t.dims[0].is_multiple_of(dtype.block_len()) {
         return Err(corrupt(format!(
             "tensor '{}' rows of {} elements are not a whole number of {dtype} blocks ({})",
             t.name,

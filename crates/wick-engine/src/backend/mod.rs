@@ -1,0 +1,205 @@
+//! The narrow op surface model code is written against, and its implementations.
+//!
+//! Architectures in [`crate::models`] call only [`Backend`] methods, so the same decoder
+//! runs on candle (CPU, portable, the default) and on other compute backends (MLX on
+//! GPUs). A backend owns its tensor type, its weight-matrix type (dense or quantized) and
+//! its KV-cache storage.
+pub mod candle;
+
+use std::ops::Range;
+
+use wick_gguf::GgmlType;
+
+use crate::Result;
+
+/// A weight as it comes out of a file: element type, row-major shape, little-endian bytes.
+/// GGUF quantized blocks and safetensors F32/F16/BF16 all fit (`GgmlType` covers both).
+#[derive(Debug, Clone)]
+pub struct HostWeight<'a> {
+    /// Name as the file spells it (for error messages).
+    pub name: String,
+    /// Element type.
+    pub dtype: GgmlType,
+    /// Row-major shape (`[out, in]` for a matrix).
+    pub shape: Vec<usize>,
+    /// Raw bytes.
+    pub bytes: std::borrow::Cow<'a, [u8]>,
+}
+
+/// Activation function of the gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up` (Llama, Qwen).
+    Silu,
+    /// `gelu_tanh(gate) * up` (Gemma).
+    GeluTanh,
+}
+
+/// How rotary embeddings pair up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x0, x1), (x2, x3) …` — llama.cpp's "normal" rope, used by GGUF
+    /// Llama files, whose Q/K rows the converter permuted.
+    Interleaved,
+    /// Halves `(x_i, x_{i+d/2})` — Hugging Face's `rotate_half`, llama.cpp's NEOX.
+    Neox,
+}
+
+/// Everything needed to compute rotary angles for a position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeSpec {
+    /// Pairing of dimensions.
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (usually the head dimension).
+    pub dims: usize,
+    /// Inverse frequency of each pair (`dims / 2` values), scaling already applied.
+    pub inv_freq: Vec<f32>,
+    /// Positions are multiplied by this before the angles (linear scaling: `1/factor`).
+    pub position_scale: f32,
+}
+
+impl RopeSpec {
+    /// Standard inverse frequencies `theta^(-2i/dims)`.
+    pub fn base_inv_freq(theta: f64, dims: usize) -> Vec<f32> {
+        (0..dims / 2)
+            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / dims as f64)) as f32)
+            .collect()
+    }
+}
+
+/// Shape and numerics of one attention layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionParams {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Dimension of one head.
+    pub head_dim: usize,
+    /// Multiplier of `q·k` before the softmax.
+    pub scale: f32,
+    /// Sliding window: a query at position `p` sees keys at `p - window + 1 ..= p`.
+    pub window: Option<usize>,
+    /// `cap * tanh(score / cap)` on the scores (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+/// One sequence's slice of a flattened batch, with that sequence's cache for the layer.
+pub struct AttentionSegment<'a, L> {
+    /// Rows of the flattened batch that belong to this sequence.
+    pub rows: Range<usize>,
+    /// The sequence's cache for this layer; new keys/values are appended to it.
+    pub cache: &'a mut L,
+}
+
+/// Host copy of one layer's cache, for snapshots and the SSD tier.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvLayerSnapshot {
+    /// Logical position of the first stored token (non-zero once a window dropped tokens).
+    pub start: usize,
+    /// Logical length (tokens seen).
+    pub len: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Sliding window of the layer, if any.
+    pub window: Option<usize>,
+    /// Keys, `[len - start][kv_heads][head_dim]`.
+    pub keys: Vec<f32>,
+    /// Values, same layout.
+    pub values: Vec<f32>,
+}
+
+/// Per-layer, per-sequence key/value storage of a backend.
+pub trait KvLayer: Clone + Send + Sync {
+    /// Tokens seen (the next token's position).
+    fn len(&self) -> usize;
+    /// Whether no token is stored.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Whether [`KvLayer::trim`] to `len` can succeed: a sliding window that already
+    /// dropped keys the shorter sequence would need cannot be trimmed.
+    fn can_trim_to(&self, len: usize) -> bool;
+    /// Forgets every token from position `len` on.
+    fn trim(&mut self, len: usize) -> Result<()>;
+    /// Bytes held.
+    fn byte_size(&self) -> usize;
+    /// Host copy.
+    fn snapshot(&self) -> KvLayerSnapshot;
+}
+
+/// The op surface. Tensors are 2-D row-major `[rows, cols]` activations unless a method
+/// says otherwise; a batch of several sequences is flattened into rows.
+pub trait Backend: Send + Sync + 'static {
+    /// Activation tensor.
+    type Tensor: Clone + Send + Sync;
+    /// Weight matrix `[out, in]`, dense or quantized.
+    type Matrix: Send + Sync;
+    /// Rotary angles for the positions of one forward pass.
+    type Rope: Send + Sync;
+    /// KV storage of one layer of one sequence.
+    type KvLayer: KvLayer;
+
+    /// Short name for logs and errors.
+    fn name(&self) -> &'static str;
+
+    /// Uploads a weight matrix; quantized types stay quantized where the backend can.
+    fn matrix(&self, w: HostWeight<'_>) -> Result<Self::Matrix>;
+    /// Uploads a 1-D weight (norm scale, bias) as f32.
+    fn vector(&self, w: HostWeight<'_>) -> Result<Self::Tensor>;
+    /// `[out, in]` of a matrix.
+    fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
+    /// Bytes a matrix occupies.
+    fn matrix_bytes(&self, m: &Self::Matrix) -> usize;
+
+    /// Rows `ids` of an embedding table `[vocab, hidden]`.
+    fn embed(&self, table: &Self::Matrix, ids: &[u32]) -> Result<Self::Tensor>;
+    /// `x · wᵀ (+ bias)`: `[n, in] → [n, out]`.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Matrix,
+        bias: Option<&Self::Tensor>,
+    ) -> Result<Self::Tensor>;
+    /// Elementwise sum.
+    fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
+    /// Multiplies by a scalar.
+    fn scale(&self, x: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
+    /// RMS normalization of every `weight.len()`-long group of `x`, times `weight`.
+    fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+    /// `act(gate) * up`.
+    fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// `cap * tanh(x / cap)`.
+    fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
+    /// Rows `rows` of `x`, in that order.
+    fn select_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Result<Self::Tensor>;
+    /// Copies a tensor to the host as f32, row-major.
+    fn to_host(&self, x: &Self::Tensor) -> Result<Vec<f32>>;
+
+    /// Rotary angles for `positions` (one per row of the batch).
+    fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<Self::Rope>;
+    /// Applies rotary embeddings to `x` `[n, heads * head_dim]`.
+    fn rope(&self, x: &Self::Tensor, heads: usize, table: &Self::Rope) -> Result<Self::Tensor>;
+
+    /// An empty cache for one layer.
+    fn new_kv_layer(
+        &self,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+    ) -> Self::KvLayer;
+    /// Rebuilds a cache from a host copy.
+    fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<Self::KvLayer>;
+    /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending
+    /// that segment's `k`/`v` rows `[n, kv_heads*hd]`. Returns `[n, heads*hd]`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        segments: &mut [AttentionSegment<'_, Self::KvLayer>],
+        params: &AttentionParams,
+    ) -> Result<Self::Tensor>;
+}

@@ -1,0 +1,108 @@
+//! The engine's error type: every variant says which file, tensor or value was wrong.
+use std::path::PathBuf;
+
+/// Errors from loading models and running them.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The GGUF container is unreadable or damaged.
+    #[error(transparent)]
+    Gguf(#[from] wick_gguf::GgufError),
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A configuration value is missing or out of range.
+    #[error("{source_name}: invalid model configuration: {reason}")]
+    Config {
+        /// The file or metadata the value came from.
+        source_name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The model's architecture is not implemented.
+    #[error("{source_name}: unsupported architecture '{arch}' (supported: {supported})")]
+    UnsupportedArch {
+        /// Where the architecture name was read.
+        source_name: String,
+        /// The architecture name.
+        arch: String,
+        /// The supported set, comma separated.
+        supported: String,
+    },
+    /// A tensor uses an element type the engine cannot compute with.
+    #[error("{source_name}: tensor '{tensor}' has unsupported type {dtype}")]
+    UnsupportedDtype {
+        /// The file.
+        source_name: String,
+        /// The tensor.
+        tensor: String,
+        /// The type name.
+        dtype: String,
+    },
+    /// A required tensor is absent.
+    #[error("{source_name}: missing tensor '{tensor}'")]
+    MissingTensor {
+        /// The file or directory.
+        source_name: String,
+        /// The tensor name as the file spells it.
+        tensor: String,
+    },
+    /// A tensor's shape disagrees with the configuration.
+    #[error("{source_name}: tensor '{tensor}' has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        /// The file or directory.
+        source_name: String,
+        /// The tensor.
+        tensor: String,
+        /// Shape the configuration implies.
+        expected: Vec<usize>,
+        /// Shape found in the file.
+        found: Vec<usize>,
+    },
+    /// A safetensors file is damaged.
+    #[error("{path}: invalid safetensors file: {reason}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A request does not fit the model's context.
+    #[error("request needs {needed} tokens of context but the model allows {limit}")]
+    ContextOverflow {
+        /// Tokens the request needs.
+        needed: usize,
+        /// The context limit.
+        limit: usize,
+    },
+    /// Invalid input to a forward pass or generation (empty prompt, bad token id …).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The KV cache cannot do what was asked (e.g. trim a wrapped sliding window).
+    #[error("kv cache: {0}")]
+    Cache(String),
+    /// A compute backend failed.
+    #[error("{backend} backend: {message}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// The backend's message.
+        message: String,
+    },
+}
+
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        EngineError::Backend {
+            backend: "candle",
+            message: e.to_string(),
+        }
+    }
+}
+
+/// Result alias for the engine.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -1,0 +1,21 @@
+//! Where weights come from: GGUF files and Hugging Face safetensors directories, behind
+//! one lookup by canonical (GGUF-style) tensor name.
+mod gguf;
+mod safetensors;
+
+pub use self::gguf::GgufWeights;
+pub use self::safetensors::SafetensorsWeights;
+
+use crate::backend::HostWeight;
+use crate::Result;
+
+/// A set of named weights. Names are llama.cpp's: `token_embd.weight`,
+/// `blk.3.attn_q.weight`, `output_norm.weight` …; each source maps them to its own.
+pub trait WeightSource {
+    /// A description for error messages (usually the path).
+    fn source_name(&self) -> String;
+    /// The weight with canonical name `name`, or `None` when the file has none.
+    fn get(&self, name: &str) -> Result<Option<HostWeight<'_>>>;
+    /// Whether a weight exists.
+    fn contains(&self, name: &str) -> bool;
+}

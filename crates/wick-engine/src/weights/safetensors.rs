@@ -1,0 +1,296 @@
+//! Weights from (possibly sharded) Hugging Face `*.safetensors` files.
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use wick_gguf::GgmlType;
+
+use super::WeightSource;
+use crate::backend::HostWeight;
+use crate::{EngineError, Result};
+
+struct Entry {
+    file: usize,
+    dtype: GgmlType,
+    shape: Vec<usize>,
+    range: (usize, usize),
+}
+
+/// All tensors of a model directory, memory-mapped.
+pub struct SafetensorsWeights {
+    dir: PathBuf,
+    maps: Vec<Mmap>,
+    entries: HashMap<String, Entry>,
+}
+
+impl std::fmt::Debug for SafetensorsWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SafetensorsWeights")
+            .field("dir", &self.dir)
+            .field("tensors", &self.entries.len())
+            .finish()
+    }
+}
+
+impl SafetensorsWeights {
+    /// Maps every `*.safetensors` file of `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| EngineError::Io { path, source }
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(io(dir))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(EngineError::Config {
+                source_name: dir.display().to_string(),
+                reason: "no *.safetensors files in the model directory".into(),
+            });
+        }
+        let mut maps = Vec::new();
+        let mut entries = HashMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let file = File::open(path).map_err(io(path))?;
+            // SAFETY: read-only mapping of a model file wick does not modify.
+            let map = unsafe { Mmap::map(&file) }.map_err(io(path))?;
+            for (name, entry) in parse_header(path, &map, i)? {
+                entries.insert(name, entry);
+            }
+            maps.push(map);
+        }
+        Ok(SafetensorsWeights {
+            dir: dir.to_path_buf(),
+            maps,
+            entries,
+        })
+    }
+
+    /// Names of all tensors.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// The raw (Hugging Face) tensor `name`.
+    pub fn raw(&self, name: &str) -> Option<HostWeight<'_>> {
+        let e = self.entries.get(name)?;
+        Some(HostWeight {
+            name: name.to_string(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes: Cow::Borrowed(&self.maps[e.file][e.range.0..e.range.1]),
+        })
+    }
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> EngineError {
+    EngineError::Safetensors {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Entry)>> {
+    if map.len() < 8 {
+        return Err(bad(path, "shorter than its 8-byte header length"));
+    }
+    let n = u64::from_le_bytes(map[..8].try_into().unwrap_or_default());
+    let header_end = 8u64
+        .checked_add(n)
+        .filter(|&e| e <= map.len() as u64)
+        .ok_or_else(|| {
+            bad(
+                path,
+                format!(
+                    "header length {n} runs past the end of the file ({} bytes)",
+                    map.len()
+                ),
+            )
+        })? as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&map[8..header_end])
+            .map_err(|e| bad(path, format!("header is not JSON: {e}")))?;
+    let data_len = map.len() - header_end;
+    let mut out = Vec::new();
+    for (name, info) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = match info.get("dtype").and_then(|d| d.as_str()) {
+            Some("F32") => GgmlType::F32,
+            Some("F16") => GgmlType::F16,
+            Some("BF16") => GgmlType::Bf16,
+            Some(other) => {
+                return Err(EngineError::UnsupportedDtype {
+                    source_name: path.display().to_string(),
+                    tensor: name,
+                    dtype: other.to_string(),
+                })
+            }
+            None => return Err(bad(path, format!("tensor '{name}' has no dtype"))),
+        };
+        let shape: Vec<usize> = info
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .ok_or_else(|| bad(path, format!("tensor '{name}' has no valid shape")))?;
+        let offsets: Vec<usize> = info
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .ok_or_else(|| bad(path, format!("tensor '{name}' has no valid data_offsets")))?;
+        let [start, end] = offsets[..] else {
+            return Err(bad(
+                path,
+                format!("tensor '{name}' data_offsets must be two numbers"),
+            ));
+        };
+        let elements: usize = shape.iter().product();
+        let elem_size = if dtype == GgmlType::F32 { 4 } else { 2 };
+        if start > end || end > data_len || end - start != elements * elem_size {
+            return Err(bad(
+                path,
+                format!("tensor '{name}' bytes {start}..{end} do not match shape {shape:?} or the file size (truncated?)"),
+            ));
+        }
+        out.push((
+            name,
+            Entry {
+                file,
+                dtype,
+                shape,
+                range: (header_end + start, header_end + end),
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// Hugging Face name of a canonical (llama.cpp-style) tensor name.
+fn hf_name(canonical: &str) -> Option<String> {
+    let name = canonical
+        .strip_suffix(".weight")
+        .map(|n| (n, "weight"))
+        .or_else(|| canonical.strip_suffix(".bias").map(|n| (n, "bias")))?;
+    let (base, kind) = name;
+    let mapped = match base {
+        "token_embd" => "model.embed_tokens".to_string(),
+        "output_norm" => "model.norm".to_string(),
+        "output" => "lm_head".to_string(),
+        _ => {
+            let rest = base.strip_prefix("blk.")?;
+            let (layer, part) = rest.split_once('.')?;
+            let module = match part {
+                "attn_norm" => "input_layernorm",
+                "attn_q" => "self_attn.q_proj",
+                "attn_k" => "self_attn.k_proj",
+                "attn_v" => "self_attn.v_proj",
+                "attn_output" => "self_attn.o_proj",
+                "attn_q_norm" => "self_attn.q_norm",
+                "attn_k_norm" => "self_attn.k_norm",
+                // Llama/Qwen call the pre-MLP norm post_attention_layernorm; Gemma's
+                // sandwich layout names it pre_feedforward_layernorm (see `hf_name_gemma`).
+                "ffn_norm" => "post_attention_layernorm",
+                "post_attention_norm" => "post_attention_layernorm",
+                "post_ffw_norm" => "post_feedforward_layernorm",
+                "ffn_gate" => "mlp.gate_proj",
+                "ffn_up" => "mlp.up_proj",
+                "ffn_down" => "mlp.down_proj",
+                _ => return None,
+            };
+            format!("model.layers.{layer}.{module}")
+        }
+    };
+    Some(format!("{mapped}.{kind}"))
+}
+
+/// Gemma's sandwich norms: `ffn_norm` is `pre_feedforward_layernorm`.
+fn hf_name_gemma(canonical: &str) -> Option<String> {
+    if let Some(rest) = canonical.strip_prefix("blk.") {
+        if let Some((layer, "ffn_norm.weight")) = rest.split_once('.') {
+            return Some(format!(
+                "model.layers.{layer}.pre_feedforward_layernorm.weight"
+            ));
+        }
+    }
+    hf_name(canonical)
+}
+
+/// A safetensors directory seen through canonical names.
+#[derive(Debug)]
+pub struct HfNamedWeights<'a> {
+    pub(crate) inner: &'a SafetensorsWeights,
+    pub(crate) gemma: bool,
+}
+
+impl SafetensorsWeights {
+    /// This directory under canonical names; `gemma` selects the sandwich-norm naming.
+    pub fn canonical(&self, gemma: bool) -> HfNamedWeights<'_> {
+        HfNamedWeights { inner: self, gemma }
+    }
+}
+
+impl HfNamedWeights<'_> {
+    fn map(&self, canonical: &str) -> Option<String> {
+        let name = if self.gemma {
+            hf_name_gemma(canonical)
+        } else {
+            hf_name(canonical)
+        }?;
+        if self.inner.entries.contains_key(&name) {
+            return Some(name);
+        }
+        // Some checkpoints (multimodal wrappers) nest the text model one level deeper.
+        let nested = name.replacen("model.", "model.language_model.", 1);
+        self.inner.entries.contains_key(&nested).then_some(nested)
+    }
+}
+
+impl WeightSource for HfNamedWeights<'_> {
+    fn source_name(&self) -> String {
+        self.inner.dir.display().to_string()
+    }
+
+    fn get(&self, name: &str) -> Result<Option<HostWeight<'_>>> {
+        Ok(self.map(name).and_then(|n| self.inner.raw(&n)))
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.map(name).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_hugging_face() {
+        assert_eq!(
+            hf_name("token_embd.weight").as_deref(),
+            Some("model.embed_tokens.weight")
+        );
+        assert_eq!(
+            hf_name("blk.3.attn_q.bias").as_deref(),
+            Some("model.layers.3.self_attn.q_proj.bias")
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            hf_name_gemma("blk.0.ffn_norm.weight").as_deref(),
+            Some("model.layers.0.pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            hf_name("blk.1.post_ffw_norm.weight").as_deref(),
+            Some("model.layers.1.post_feedforward_layernorm.weight")
+        );
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+    }
+}
