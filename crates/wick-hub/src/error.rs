@@ -144,7 +144,7 @@ pub enum HubError {
         candidates: Vec<String>,
     },
     /// The query names a catalog item that has not been pulled yet.
-    #[error("model '{}' is not downloaded; run `wick pull {}`", item.name, item.name)]
+    #[error("'{}' is not downloaded; run `wick pull {}`", item.name, item.name)]
     NotDownloaded {
         /// The query.
         query: String,
