@@ -16,9 +16,9 @@ An .err file holds one line naming the failure, then the message:
     error <ExceptionClass>     anything else (undefined attribute, type error, ...); Python's message follows
 
 Usage:
-    /usr/bin/python3 scripts/goldens/chat_templates.py            # rewrite the sample's goldens and the snippets
-    /usr/bin/python3 scripts/goldens/chat_templates.py --all DIR  # render every template into DIR (not committed);
-        # then WICK_CHAT_TEMPLATE_GOLDENS_ALL=DIR cargo test -p wick-chat --test chat_template_goldens
+    python3 scripts/goldens/chat_templates.py            # rewrite the sample's goldens and the snippets
+    python3 scripts/goldens/chat_templates.py --all DIR  # render every template into DIR (not committed);
+        # then WICK_CHAT_TEMPLATE_GOLDENS_ALL=DIR cargo test -p wick-chat --test chat_template_goldens -- --ignored
 
 The environment mirrors transformers' `_cached_compile_jinja_template` (utils/chat_template_utils.py):
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[AssistantTracker, loopcontrols]),
