@@ -35,24 +35,46 @@ impl std::fmt::Debug for SafetensorsWeights {
 }
 
 impl SafetensorsWeights {
-    /// Maps every `*.safetensors` file of `dir`.
+    /// Maps the model's `*.safetensors` files in `dir`: the shards a
+    /// `model.safetensors.index.json` names, else every `*.safetensors` file.
     pub fn open(dir: &Path) -> Result<Self> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| EngineError::Io { path, source }
         };
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(io(dir))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
+        let index = dir.join("model.safetensors.index.json");
+        let mut files: Vec<PathBuf> = if index.is_file() {
+            let text = std::fs::read_to_string(&index).map_err(io(&index))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| bad(&index, format!("not JSON: {e}")))?;
+            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad(&index, "no weight_map"))?;
+            let mut shards: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|f| dir.join(f)).collect();
+            shards.dedup();
+            shards
+        } else {
+            std::fs::read_dir(dir)
+                .map_err(io(dir))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect()
+        };
         files.sort();
+        files.dedup();
         if files.is_empty() {
             return Err(EngineError::Config {
                 source_name: dir.display().to_string(),
                 reason: "no *.safetensors files in the model directory".into(),
             });
         }
+        Self::open_files(dir, &files)
+    }
+
+    /// Maps exactly `files` (described as `name` in errors).
+    pub fn open_files(name: &Path, files: &[PathBuf]) -> Result<Self> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| EngineError::Io { path, source }
+        };
         let mut maps = Vec::new();
         let mut entries = HashMap::new();
         for (i, path) in files.iter().enumerate() {
@@ -64,11 +86,7 @@ impl SafetensorsWeights {
             }
             maps.push(map);
         }
-        Ok(SafetensorsWeights {
-            dir: dir.to_path_buf(),
-            maps,
-            entries,
-        })
+        Ok(SafetensorsWeights { dir: name.to_path_buf(), maps, entries })
     }
 
     /// Names of all tensors.

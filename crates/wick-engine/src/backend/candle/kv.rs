@@ -50,7 +50,7 @@ impl CpuKvLayer {
         let Some(window) = self.window else { return };
         // The next query (position `len`) needs keys from `len - window + 1` on.
         let keep_from = (self.len + 1).saturating_sub(window);
-        let slack = window.max(64);
+        let slack = window;
         if keep_from >= self.start + slack {
             let drop = (keep_from - self.start) * self.row();
             self.keys.drain(..drop);

@@ -1,0 +1,180 @@
+//! f32 logits of tiny random models against Hugging Face transformers (see
+//! scripts/goldens/README.md): every architecture, the safetensors path, batching and the
+//! KV cache (including Gemma's sliding window) must agree within 1e-4.
+use std::path::{Path, PathBuf};
+
+use wick_engine::backend::candle::CandleBackend;
+use wick_engine::config::ModelConfig;
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::models::Arch;
+use wick_engine::weights::SafetensorsWeights;
+
+const VARIANTS: [&str; 5] = ["llama", "llama_tied", "qwen2", "qwen3", "gemma3"];
+const TOLERANCE: f32 = 1e-4;
+
+fn dir(variant: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf").join(variant)
+}
+
+struct Golden {
+    model: Decoder<CandleBackend>,
+    reference: serde_json::Value,
+    logits: SafetensorsWeights,
+}
+
+fn load(variant: &str) -> Golden {
+    let d = dir(variant);
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+    let cfg = ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
+    let weights = SafetensorsWeights::open_files(&d, &[d.join("model.safetensors")]).unwrap();
+    let model = Decoder::load(CandleBackend::cpu(), cfg.clone(), &weights.canonical(cfg.arch == Arch::Gemma3)).unwrap();
+    let reference = serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
+    let logits = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
+    Golden { model, reference, logits }
+}
+
+impl Golden {
+    fn case_ids(&self, name: &str) -> Vec<u32> {
+        let case = self.reference["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
+        case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    }
+
+    fn expected(&self, name: &str) -> Vec<f32> {
+        let w = self.logits.raw(&format!("{name}.logits")).unwrap();
+        w.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+}
+
+fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{variant} {what}: length");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(worst <= TOLERANCE * scale, "{variant} {what}: max |diff| {worst} > {TOLERANCE} × {scale}");
+}
+
+#[test]
+fn every_position_matches_transformers() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
+            let ids = g.case_ids(case);
+            let mut cache = g.model.new_cache();
+            let out = g.model.forward(&mut [BatchItem { tokens: &ids, cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
+            assert_close(variant, case, &out[0].as_ref().unwrap().data, &g.expected(case));
+        }
+    }
+}
+
+#[test]
+fn incremental_decoding_matches_one_shot() {
+    // Prefill in uneven chunks, then one token at a time: exercises the cache append path
+    // and, for Gemma, eviction of keys that fell out of the sliding window.
+    for variant in VARIANTS {
+        let g = load(variant);
+        let ids = g.case_ids("len40");
+        let want = g.expected("len40");
+        let vocab = g.model.config().vocab_size;
+        let mut cache = g.model.new_cache();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for chunk in [5usize, 3, 9, 1, 1, 1, 20] {
+            let end = (at + chunk).min(ids.len());
+            let out = g.model.forward(&mut [BatchItem { tokens: &ids[at..end], cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
+            got.extend_from_slice(&out[0].as_ref().unwrap().data);
+            at = end;
+        }
+        assert_eq!(at, ids.len());
+        assert_eq!(got.len(), ids.len() * vocab);
+        assert_close(variant, "len40 incremental", &got, &want);
+    }
+}
+
+#[test]
+fn batched_sequences_match_single_runs() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
+        let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
+        let out = g
+            .model
+            .forward(&mut [
+                BatchItem { tokens: &a, cache: &mut ca, logits: LogitsRequest::All },
+                BatchItem { tokens: &b, cache: &mut cb, logits: LogitsRequest::Last },
+            ])
+            .unwrap();
+        assert_close(variant, "pair_a batched", &out[0].as_ref().unwrap().data, &g.expected("pair_a"));
+        let want_b = g.expected("pair_b");
+        let vocab = g.model.config().vocab_size;
+        assert_close(variant, "pair_b batched last row", &out[1].as_ref().unwrap().data, &want_b[want_b.len() - vocab..]);
+        // Decode one more token for both at once: sequences of different lengths in one step.
+        let (na, nb) = (a[0], b[0]);
+        let step = g
+            .model
+            .forward(&mut [
+                BatchItem { tokens: &[na], cache: &mut ca, logits: LogitsRequest::Last },
+                BatchItem { tokens: &[nb], cache: &mut cb, logits: LogitsRequest::Last },
+            ])
+            .unwrap();
+        for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
+            let mut ids = seq.clone();
+            ids.push(next);
+            let mut c = g.model.new_cache();
+            let alone = g.model.forward(&mut [BatchItem { tokens: &ids, cache: &mut c, logits: LogitsRequest::Last }]).unwrap();
+            assert_close(variant, "batched decode step", &got.as_ref().unwrap().data, &alone[0].as_ref().unwrap().data);
+        }
+    }
+}
+
+#[test]
+fn greedy_continuation_matches_generate() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        let greedy = &g.reference["greedy"];
+        let prompt: Vec<u32> = greedy["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = greedy["continuation_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let mut cache = g.model.new_cache();
+        let mut next = prompt;
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            let out = g.model.forward(&mut [BatchItem { tokens: &next, cache: &mut cache, logits: LogitsRequest::Last }]).unwrap();
+            let row = out[0].as_ref().unwrap().last().to_vec();
+            let id = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
+            got.push(id);
+            next = vec![id];
+        }
+        assert_eq!(got, want, "{variant} greedy continuation");
+    }
+}
+
+#[test]
+fn cache_trim_and_snapshot_round_trip() {
+    let g = load("gemma3");
+    let ids = g.case_ids("len40");
+    let mut cache = g.model.new_cache();
+    g.model.forward(&mut [BatchItem { tokens: &ids[..12], cache: &mut cache, logits: LogitsRequest::None }]).unwrap();
+    // Within the window's slack nothing was dropped yet: trimming works.
+    assert!(cache.can_trim_to(10));
+    cache.trim(10).unwrap();
+    let restored = g.model.cache_from_snapshot(&cache.snapshot()).unwrap();
+    let mut c2 = restored.clone();
+    let a = g.model.forward(&mut [BatchItem { tokens: &ids[10..], cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
+    let b = g.model.forward(&mut [BatchItem { tokens: &ids[10..], cache: &mut c2, logits: LogitsRequest::All }]).unwrap();
+    assert_eq!(a[0], b[0]);
+    let want = g.expected("len40");
+    let vocab = g.model.config().vocab_size;
+    assert_close("gemma3", "after trim", &a[0].as_ref().unwrap().data, &want[10 * vocab..]);
+}
+
+#[test]
+fn a_wrapped_sliding_window_cannot_be_trimmed() {
+    let g = load("gemma3");
+    let ids = g.case_ids("len40");
+    let mut cache = g.model.new_cache();
+    g.model.forward(&mut [BatchItem { tokens: &ids, cache: &mut cache, logits: LogitsRequest::None }]).unwrap();
+    // 40 tokens through a window of 8: the sliding layers dropped the oldest keys.
+    assert!(!cache.can_trim_to(5));
+    assert!(cache.trim(5).is_err());
+    assert!(cache.can_trim_to(40));
+    assert!(!cache.can_trim_to(39), "key 32 is gone, so position 39 could not be recomputed");
+    assert_eq!(cache.len(), 40);
+}
