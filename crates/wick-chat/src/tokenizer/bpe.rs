@@ -1,6 +1,7 @@
 //! BPE models for GGUF vocabularies: the `tokenizers` BPE model built from the token list and
 //! either the file's merge list (`gpt2`, `gemma4`) or merges derived from scores (`llama`).
 use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use tokenizers::models::bpe::{Vocab, BPE};
 
@@ -24,41 +25,83 @@ pub(crate) fn vocab_map(tokens: &[String]) -> Vocab {
         .collect()
 }
 
-/// Parses GGUF merges (`"left right"`, split at the first space after the first byte, as
-/// llama.cpp does), keeping the first occurrence of each pair and dropping merges whose parts or
-/// result are not in the vocabulary (the `tokenizers` BPE model cannot represent them).
-///
-/// Returns the merges in rank order and how many were dropped.
+/// Splits a GGUF merge line (`"left right"`) at the first space after the first byte, as
+/// llama.cpp does.
+fn split_merge(line: &str) -> Option<(&str, &str)> {
+    let space = line.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
+    Some((&line[..space], &line[space + 1..]))
+}
+
+/// GGUF merges in rank order, keeping the first occurrence of each pair, without checking them
+/// against the vocabulary (the BPE builder does). Returns the merges and how many lines were
+/// dropped (malformed or repeated).
+pub(crate) fn split_merges(raw: &[&str]) -> (Vec<(String, String)>, usize) {
+    let mut seen: HashSet<&str> = HashSet::with_capacity(raw.len());
+    let mut merges = Vec::with_capacity(raw.len());
+    let mut dropped = 0;
+    for line in raw {
+        match split_merge(line) {
+            Some((left, right)) if seen.insert(line) => {
+                merges.push((left.to_string(), right.to_string()));
+            }
+            _ => dropped += 1,
+        }
+    }
+    (merges, dropped)
+}
+
+/// Like [`split_merges`], also dropping merges whose parts or result are not in the vocabulary
+/// (the `tokenizers` BPE model cannot represent them; llama.cpp would merge and then spell the
+/// result as bytes).
 pub(crate) fn parse_merges(raw: &[&str], vocab: &Vocab) -> (Vec<(String, String)>, usize) {
-    let mut seen: HashSet<(&str, &str)> = HashSet::with_capacity(raw.len());
+    let mut seen: HashSet<u64, BuildHasherDefault<PairHasher>> =
+        HashSet::with_capacity_and_hasher(raw.len(), BuildHasherDefault::default());
     let mut merges = Vec::with_capacity(raw.len());
     let mut dropped = 0;
     let mut joined = String::new();
     for line in raw {
-        let Some(space) = line
-            .as_bytes()
-            .iter()
-            .skip(1)
-            .position(|&b| b == b' ')
-            .map(|p| p + 1)
-        else {
+        let Some((left, right)) = split_merge(line) else {
             dropped += 1;
             continue;
         };
-        let (left, right) = (&line[..space], &line[space + 1..]);
         joined.clear();
         joined.push_str(left);
         joined.push_str(right);
-        let known = vocab.contains_key(left)
-            && vocab.contains_key(right)
-            && vocab.contains_key(joined.as_str());
-        if !known || !seen.insert((left, right)) {
+        let ids = vocab
+            .get(left)
+            .zip(vocab.get(right))
+            .filter(|_| vocab.contains_key(joined.as_str()));
+        let Some((&l, &r)) = ids else {
+            dropped += 1;
+            continue;
+        };
+        if !seen.insert(u64::from(l) << 32 | u64::from(r)) {
             dropped += 1;
             continue;
         }
         merges.push((left.to_string(), right.to_string()));
     }
     (merges, dropped)
+}
+
+/// A multiplicative hasher for pairs of ids packed in a `u64`.
+#[derive(Default)]
+struct PairHasher(u64);
+
+impl Hasher for PairHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// Builds the `tokenizers` BPE model.
@@ -100,6 +143,19 @@ mod tests {
             ]
         );
         assert_eq!(dropped, 3);
+    }
+
+    #[test]
+    fn unchecked_split_keeps_first_occurrence_only() {
+        let (merges, dropped) = split_merges(&["a b", "a b", "x", "c d"]);
+        assert_eq!(
+            merges,
+            [
+                ("a".to_string(), "b".to_string()),
+                ("c".to_string(), "d".to_string())
+            ]
+        );
+        assert_eq!(dropped, 2);
     }
 
     #[test]

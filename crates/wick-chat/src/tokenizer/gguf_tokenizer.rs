@@ -17,7 +17,7 @@ use tokenizers::{
 };
 use wick_gguf::GgufFile;
 
-use super::bpe::{build_bpe, parse_merges, vocab_map, BpeOptions};
+use super::bpe::{build_bpe, parse_merges, split_merges, vocab_map, BpeOptions};
 use super::gguf_vocab::{GgufVocab, VocabModel};
 use super::piece_decoder::{PieceStyle, PieceTable};
 use super::special_tokens::{Fragment, SpecialTokenSplitter};
@@ -128,6 +128,11 @@ impl GgufCodec {
         Ok(())
     }
 
+    /// The bytes token `id` renders to, special tokens included.
+    pub fn piece(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.piece(id)
+    }
+
     /// The bytes `ids` decode to.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<Vec<u8>, TokenizerError> {
         let mut out = Vec::with_capacity(ids.len() * 4);
@@ -148,7 +153,7 @@ impl GgufCodec {
 /// Builds everything a `Tokenizer` holds from a GGUF file's tokenizer metadata.
 pub(crate) fn build(gguf: &GgufFile) -> Result<Shared, TokenizerError> {
     let started = Instant::now();
-    let vocab = GgufVocab::read(gguf)?;
+    let mut vocab = GgufVocab::read(gguf)?;
     let path = vocab.path().to_path_buf();
     let build_err = |part: &'static str, reason: String| TokenizerError::Build {
         path: path.clone(),
@@ -161,22 +166,31 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<Shared, TokenizerError> {
     let (mut hf, spaces, normalize, style) = match vocab.model {
         VocabModel::Gpt2 | VocabModel::Gemma4 => {
             let split = word_split.ok_or_else(|| build_err("pre-tokenizer", "missing".into()))?;
-            let map = vocab_map(&vocab.tokens);
-            let (merges, dropped) = parse_merges(&vocab.merges, &map);
-            if dropped > 0 {
-                tracing::warn!(
-                    path = %path.display(),
-                    dropped,
-                    "merges whose parts or result are not in the vocabulary were dropped"
-                );
-            }
             let byte_level = split.byte_level();
             let options = BpeOptions {
                 ignore_merges: split.ignores_merges(),
                 byte_fallback: !byte_level,
                 unk_token: if byte_level { None } else { unk_token },
             };
-            let model = build_bpe(map, merges, &options).map_err(|e| build_err("BPE model", e))?;
+            // Well-formed files (all known ones) build on the fast path; a merge naming pieces
+            // outside the vocabulary makes the builder fail, and the checked path drops it.
+            let (merges, dropped) = split_merges(&vocab.merges);
+            let model = match build_bpe(std::mem::take(&mut vocab.index), merges, &options) {
+                Ok(model) => model,
+                Err(_) => {
+                    let map = vocab_map(&vocab.tokens);
+                    let (merges, dropped) = parse_merges(&vocab.merges, &map);
+                    tracing::warn!(
+                        path = %path.display(),
+                        dropped,
+                        "merges whose parts or result are not in the vocabulary were dropped"
+                    );
+                    build_bpe(map, merges, &options).map_err(|e| build_err("BPE model", e))?
+                }
+            };
+            if dropped > 0 {
+                tracing::warn!(path = %path.display(), dropped, "malformed or repeated merges were dropped");
+            }
             let mut hf = tokenizers::Tokenizer::new(model);
             hf.with_pre_tokenizer(Some(
                 split.build().map_err(|e| build_err("pre-tokenizer", e))?,
@@ -196,14 +210,14 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<Shared, TokenizerError> {
             }
         }
         VocabModel::Llama => {
-            let merges = merges_from_scores(&vocab.tokens, &vocab.scores);
+            let merges = merges_from_scores(&vocab.tokens, &vocab.scores, &vocab.index);
             let options = BpeOptions {
                 ignore_merges: false,
                 byte_fallback: true,
                 unk_token,
             };
-            let model = build_bpe(vocab_map(&vocab.tokens), merges, &options)
-                .map_err(|e| build_err("BPE model", e))?;
+            let map = std::mem::take(&mut vocab.index);
+            let model = build_bpe(map, merges, &options).map_err(|e| build_err("BPE model", e))?;
             let mut hf = tokenizers::Tokenizer::new(model);
             let mut steps: Vec<NormalizerWrapper> = Vec::new();
             if vocab.add_space_prefix {

@@ -1,8 +1,8 @@
 //! The `tokenizer.ggml.*` metadata of a GGUF file, read and checked, with llama.cpp's
 //! defaults for special ids and flags and its adjustments of token attributes.
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use tokenizers::models::bpe::Vocab;
 use wick_gguf::{GgufFile, Metadata};
 
 use super::pre_tokenizer::WordSplit;
@@ -41,6 +41,8 @@ pub(crate) struct GgufVocab<'a> {
     /// How words are cut before BPE (`gpt2` and `gemma4` only).
     pub word_split: Option<WordSplit>,
     pub tokens: Vec<String>,
+    /// Piece → id, for lookups while building (moved into the BPE model at the end).
+    pub index: Vocab,
     pub scores: Vec<f32>,
     pub attrs: Vec<TokenAttrs>,
     pub merges: Vec<&'a str>,
@@ -225,23 +227,24 @@ impl<'a> GgufVocab<'a> {
             ));
         }
         let mut tokens = Vec::with_capacity(n);
-        let mut seen: HashMap<&str, u32> = HashMap::with_capacity(n);
+        let mut index = Vocab::with_capacity(n);
         for (i, t) in raw_tokens.iter().enumerate() {
             let id = i as u32;
-            if t.is_empty() {
-                // llama.cpp names empty entries so that they stay addressable.
-                tokens.push(format!("[EMPTY_{i}]"));
-                continue;
-            }
-            if let Some(first) = seen.insert(t, id) {
+            // llama.cpp names empty entries so that they stay addressable.
+            let token = if t.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                t.to_string()
+            };
+            if let Some(first) = index.insert(token.clone(), id) {
                 return Err(TokenizerError::DuplicateToken {
                     path,
-                    token: t.to_string(),
+                    token,
                     first,
                     second: id,
                 });
             }
-            tokens.push(t.to_string());
+            tokens.push(token);
         }
 
         let scores = match md.opt_f32s("tokenizer.ggml.scores")? {
@@ -337,14 +340,15 @@ impl<'a> GgufVocab<'a> {
 
         let name = md.opt_str("general.name")?.unwrap_or("").to_lowercase();
         let arch = md.opt_str("general.architecture")?.unwrap_or("");
-        let end_of_generation = adjust_attrs(md, &tokens, &mut attrs, &mut ids, n);
-        adjust_strip_attrs(&tokens, &mut attrs, &name, arch, pre);
+        let end_of_generation = adjust_attrs(md, &tokens, &index, &mut attrs, &mut ids);
+        adjust_strip_attrs(&index, &mut attrs, &name, arch, pre);
 
         Ok(GgufVocab {
             path,
             model,
             word_split,
             tokens,
+            index,
             scores,
             attrs,
             merges,
@@ -401,16 +405,12 @@ fn read_id(md: &Metadata, key: &str, n: usize) -> Option<u32> {
 fn adjust_attrs(
     md: &Metadata,
     tokens: &[String],
+    by_text: &Vocab,
     attrs: &mut [TokenAttrs],
     ids: &mut SpecialIds,
-    n: usize,
 ) -> Vec<u32> {
-    let by_text: HashMap<&str, u32> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.as_str(), i as u32))
-        .collect();
-    let first_of = |texts: &[&str]| texts.iter().filter_map(|t| by_text.get(t).copied()).min();
+    let n = tokens.len();
+    let first_of = |texts: &[&str]| texts.iter().filter_map(|t| by_text.get(*t).copied()).min();
 
     if ids.eot.is_none() {
         ids.eot = first_of(EOT_TEXTS);
@@ -435,13 +435,13 @@ fn adjust_attrs(
         attrs[id as usize] = attrs[id as usize].with(TokenAttrs::CONTROL);
     }
     for text in EOG_TEXTS {
-        if let Some(&id) = by_text.get(text) {
+        if let Some(&id) = by_text.get(*text) {
             attrs[id as usize] = attrs[id as usize].with(TokenAttrs::CONTROL);
             eog.push(id);
         }
     }
     for text in ALWAYS_RENDERED {
-        if let Some(&id) = by_text.get(text) {
+        if let Some(&id) = by_text.get(*text) {
             attrs[id as usize] = TokenAttrs::USER_DEFINED;
         }
     }
@@ -478,14 +478,15 @@ fn adjust_attrs(
 
 /// llama.cpp's per-model whitespace stripping around special tokens (Phi-3, mask tokens).
 fn adjust_strip_attrs(
-    tokens: &[String],
+    by_text: &Vocab,
     attrs: &mut [TokenAttrs],
     name: &str,
     arch: &str,
     pre: &str,
 ) {
     let set = |attrs: &mut [TokenAttrs], text: &str, attr: TokenAttrs, on: bool| {
-        if let Some(i) = tokens.iter().position(|t| t == text) {
+        if let Some(&i) = by_text.get(text) {
+            let i = i as usize;
             attrs[i] = if on {
                 attrs[i].with(attr)
             } else {

@@ -37,6 +37,7 @@ mod spm;
 mod token_attrs;
 mod wordpiece;
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -180,6 +181,22 @@ impl Tokenizer {
             .get(id as usize)
             .map(String::as_str)
             .filter(|p| !p.is_empty())
+    }
+
+    /// The bytes token `id` decodes to on its own, special tokens rendered (a byte-fallback
+    /// token gives its single byte) — the `bytes` of OpenAI-style logprobs.
+    pub fn token_bytes(&self, id: u32) -> Option<Cow<'_, [u8]>> {
+        let s = &*self.shared;
+        match &s.backend {
+            Backend::Gguf(codec) => codec.piece(id).map(Cow::Borrowed),
+            Backend::Hf(_) => {
+                if id as usize >= s.pieces.len() {
+                    return None;
+                }
+                let text = s.hf.decode(&[id], false).ok()?;
+                Some(Cow::Owned(text.into_bytes()))
+            }
+        }
     }
 
     /// The id of a raw vocabulary piece.

@@ -6,17 +6,17 @@
 //! whose merge list holds every way of writing each token as two shorter tokens, ranked by the
 //! score of the result, does the same; this module derives that list.
 use std::cmp::Ordering;
-use std::collections::HashMap;
+
+use tokenizers::models::bpe::Vocab;
 
 /// Every split of every token into two vocabulary entries, best-scoring result first.
 ///
 /// Ties (equal scores) are ranked by token id, then by split position. NaN scores rank last.
-pub(crate) fn merges_from_scores(tokens: &[String], scores: &[f32]) -> Vec<(String, String)> {
-    let index: HashMap<&str, u32> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.as_str(), i as u32))
-        .collect();
+pub(crate) fn merges_from_scores(
+    tokens: &[String],
+    scores: &[f32],
+    index: &Vocab,
+) -> Vec<(String, String)> {
     let mut splits: Vec<(u32, u32)> = Vec::new();
     for (id, token) in tokens.iter().enumerate() {
         for (at, _) in token.char_indices().skip(1) {
@@ -63,7 +63,7 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         let scores = [0.0, 0.0, 0.0, -3.0, -1.0, -2.0];
-        let merges = merges_from_scores(&tokens, &scores);
+        let merges = merges_from_scores(&tokens, &scores, &vocab_map(&tokens));
         assert_eq!(
             merges,
             [
@@ -84,7 +84,7 @@ mod tests {
         tokens.extend((0..=255u32).map(|b| format!("<0x{b:02X}>")));
         let mut scores = vec![0.0, -1.0, -1.0, -1.0, -5.0, -2.0, -3.0];
         scores.extend(std::iter::repeat_n(0.0, 256));
-        let merges = merges_from_scores(&tokens, &scores);
+        let merges = merges_from_scores(&tokens, &scores, &vocab_map(&tokens));
         let bpe = build_bpe(
             vocab_map(&tokens),
             merges,

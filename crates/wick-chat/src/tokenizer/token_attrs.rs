@@ -64,10 +64,15 @@ impl TokenAttrs {
         self.intersects(Self::CONTROL.with(Self::UNKNOWN))
     }
 
-    /// Whether this token is cut out of text before the model sees it: user-defined tokens
-    /// always, control and unknown tokens only when special tokens are parsed.
+    /// Whether this token is cut out of text before the model sees it: control and unknown
+    /// tokens only when special tokens are parsed, user-defined tokens always (unless they are
+    /// also control, as llama.cpp makes `</s>` in vocabularies that end generation on it).
     pub fn is_matched_in_text(self, parse_special: bool) -> bool {
-        self.contains(Self::USER_DEFINED) || (parse_special && self.is_special())
+        if self.is_special() {
+            parse_special
+        } else {
+            self.contains(Self::USER_DEFINED)
+        }
     }
 }
 
@@ -84,6 +89,9 @@ mod tests {
         assert!(TokenAttrs::from_gguf_type(4).is_matched_in_text(false));
         assert!(!TokenAttrs::from_gguf_type(3).is_matched_in_text(false));
         assert!(TokenAttrs::from_gguf_type(3).is_matched_in_text(true));
+        let control_user = TokenAttrs::USER_DEFINED.with(TokenAttrs::CONTROL);
+        assert!(!control_user.is_matched_in_text(false));
+        assert!(control_user.is_matched_in_text(true));
         assert_eq!(TokenAttrs::from_gguf_type(99), TokenAttrs::default());
     }
 
