@@ -19,7 +19,7 @@ use wick_gguf::GgufFile;
 
 use super::bpe::{build_bpe, parse_merges, split_merges, vocab_map, BpeOptions};
 use super::gguf_vocab::{GgufVocab, VocabModel};
-use super::piece_decoder::{PieceStyle, PieceTable};
+use super::piece_decoder::{char_of_byte, PieceStyle, PieceTable};
 use super::special_tokens::{Fragment, SpecialTokenSplitter};
 use super::spm::merges_from_scores;
 use super::token_attrs::TokenAttrs;
@@ -167,6 +167,14 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<Shared, TokenizerError> {
         VocabModel::Gpt2 | VocabModel::Gemma4 => {
             let split = word_split.ok_or_else(|| build_err("pre-tokenizer", "missing".into()))?;
             let byte_level = split.byte_level();
+            let unspellable: Vec<char> = if byte_level {
+                (0..=255u8)
+                    .map(char_of_byte)
+                    .filter(|c| !vocab.index.contains_key(c.encode_utf8(&mut [0; 4]) as &str))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let options = BpeOptions {
                 ignore_merges: split.ignores_merges(),
                 byte_fallback: !byte_level,
@@ -193,7 +201,9 @@ pub(crate) fn build(gguf: &GgufFile) -> Result<Shared, TokenizerError> {
             }
             let mut hf = tokenizers::Tokenizer::new(model);
             hf.with_pre_tokenizer(Some(
-                split.build().map_err(|e| build_err("pre-tokenizer", e))?,
+                split
+                    .build(&unspellable)
+                    .map_err(|e| build_err("pre-tokenizer", e))?,
             ));
             if byte_level {
                 hf.with_decoder(Some(ByteLevelDecoder::new(false, false, false)));

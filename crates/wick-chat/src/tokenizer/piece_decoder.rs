@@ -126,6 +126,18 @@ pub(crate) fn byte_of_char(c: char) -> Option<u8> {
         .map(|b| b as u8)
 }
 
+/// The character of GPT-2's byte alphabet that stands for byte `b`.
+pub(crate) fn char_of_byte(b: u8) -> char {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let b = u32::from(b);
+    if printable(b) {
+        return char::from_u32(b).unwrap_or('\u{FFFD}');
+    }
+    let shifted = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + shifted).unwrap_or('\u{FFFD}')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +155,15 @@ mod tests {
             .filter_map(byte_of_char)
             .collect();
         assert_eq!(mapped.len(), 256);
+    }
+
+    #[test]
+    fn byte_alphabet_inverse() {
+        for b in 0..=255u8 {
+            assert_eq!(byte_of_char(char_of_byte(b)), Some(b));
+        }
+        assert_eq!(char_of_byte(b' '), 'Ġ');
+        assert_eq!(char_of_byte(0x0B), 'ċ');
     }
 
     #[test]

@@ -272,7 +272,10 @@ impl WordSplit {
     }
 
     /// The `tokenizers` pre-tokenizer: the regex splits, then the byte-level mapping if any.
-    pub fn build(self) -> Result<PreTokenizerWrapper, String> {
+    ///
+    /// `unspellable` are byte-level characters the vocabulary lacks: llama.cpp drops them, and
+    /// merges never reach across the gap they leave, so they are removed as separators.
+    pub fn build(self, unspellable: &[char]) -> Result<PreTokenizerWrapper, String> {
         let mut steps: Vec<PreTokenizerWrapper> = Vec::new();
         for pattern in self.patterns() {
             let split = Split::new(
@@ -285,6 +288,19 @@ impl WordSplit {
         }
         if self.byte_level() {
             steps.push(ByteLevel::new(false, false, false).into());
+            if !unspellable.is_empty() {
+                let class: String = unspellable
+                    .iter()
+                    .map(|c| format!("\\x{{{:X}}}", u32::from(*c)))
+                    .collect();
+                let drop = Split::new(
+                    SplitPattern::Regex(format!("[{class}]")),
+                    SplitDelimiterBehavior::Removed,
+                    false,
+                )
+                .map_err(|e| format!("unspellable bytes {class}: {e}"))?;
+                steps.push(drop.into());
+            }
         }
         Ok(Sequence::new(steps).into())
     }
@@ -296,7 +312,7 @@ mod tests {
     use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
     fn words(split: WordSplit, text: &str) -> Vec<String> {
-        let pre = split.build().expect("pre-tokenizer builds");
+        let pre = split.build(&[]).expect("pre-tokenizer builds");
         let mut pts = PreTokenizedString::from(text);
         pre.pre_tokenize(&mut pts).expect("pre-tokenizes");
         pts.get_splits(OffsetReferential::Original, OffsetType::Byte)
@@ -308,7 +324,7 @@ mod tests {
     #[test]
     fn every_family_compiles() {
         for (name, split) in NAMES {
-            if let Err(e) = split.build() {
+            if let Err(e) = split.build(&[]) {
                 panic!("pre-tokenizer {name:?} does not build: {e}");
             }
         }
@@ -338,6 +354,19 @@ mod tests {
     #[test]
     fn gpt2_keeps_lone_tab_as_its_own_piece() {
         assert_eq!(words(WordSplit::Gpt2, "a\tb"), ["a", "ĉ", "b"]);
+    }
+
+    #[test]
+    fn unspellable_bytes_are_dropped_as_separators() {
+        let pre = WordSplit::Gpt2.build(&['ċ']).expect("builds");
+        let mut pts = PreTokenizedString::from("  \u{b} ");
+        pre.pre_tokenize(&mut pts).expect("pre-tokenizes");
+        let words: Vec<String> = pts
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(s, _, _)| s.to_string())
+            .collect();
+        assert_eq!(words, ["ĠĠ", "Ġ"]);
     }
 
     #[test]
