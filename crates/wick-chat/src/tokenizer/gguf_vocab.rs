@@ -204,6 +204,13 @@ impl<'a> GgufVocab<'a> {
             VocabModel::Gemma4 => "gemma4",
             _ => md.opt_str("tokenizer.ggml.pre")?.unwrap_or(""),
         };
+        if model == VocabModel::Gpt2 && pre.is_empty() {
+            tracing::warn!(
+                path = %path.display(),
+                "tokenizer.ggml.pre is missing: using llama.cpp's default word split, which may \
+                 tokenize differently from the model's training"
+            );
+        }
         let word_split = match model {
             VocabModel::Gpt2 | VocabModel::Gemma4 => {
                 Some(WordSplit::from_name(pre).ok_or_else(|| {
