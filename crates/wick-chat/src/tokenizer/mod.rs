@@ -11,9 +11,17 @@
 //!   strings, `add_bos_token`) and `config.json`/`generation_config.json` (`eos_token_id`).
 //!
 //! For GGUF models the ids are those llama.cpp produces (`llama_tokenize` with the same
-//! `add_special`/`parse_special`); decoding concatenates llama.cpp's token pieces, except that
-//! the space a SentencePiece encoder prepends is removed from the start of the text even after
-//! a skipped BOS (Hugging Face's rule, so that `decode(encode(s)) == s`).
+//! `add_special`/`parse_special`; checked against its test vectors and against llama-cpp-python
+//! on the real models). Decoding concatenates llama.cpp's token pieces (`llama_token_to_piece`),
+//! with two deliberate differences from `llama_detokenize`: the space a SentencePiece encoder
+//! prepends is removed from the start of the text even after a skipped BOS (Hugging Face's rule,
+//! so that `decode(encode(s)) == s`), and no `clean_up_tokenization_spaces` pass rewrites
+//! `" ."` into `"."` — the text is what the model produced, as a streaming server emits it.
+//!
+//! Known differences from llama.cpp's encoder, all on rare input: characters assigned in
+//! Unicode 16 are letters/digits to Oniguruma but unknown to llama.cpp's older tables, and
+//! DeepSeek LLM's punctuation regex treats U+3000 after a space as Hugging Face does, not as
+//! llama.cpp's `std::regex` emulation does.
 //!
 //! ```no_run
 //! use wick_chat::tokenizer::Tokenizer;
@@ -219,8 +227,11 @@ impl Tokenizer {
         self.shared.bos
     }
 
-    /// Ids that end generation: EOS first, then end-of-turn/end-of-message style ids the
-    /// metadata names or llama.cpp recognises by text (`<|im_end|>`, `<end_of_turn>` …).
+    /// Ids that end generation: EOS first, then the end-of-turn/end-of-message ids the metadata
+    /// names and the tokens llama.cpp ends generation on by their text (`<|im_end|>`,
+    /// `<end_of_turn>`, `<|endoftext|>`, fill-in-the-middle pad/repo/file-separator …). For
+    /// Hugging Face directories: `eos_token` plus `eos_token_id` of `config.json` and
+    /// `generation_config.json`.
     pub fn eos_ids(&self) -> &[u32] {
         &self.shared.eos_ids
     }
