@@ -1,0 +1,210 @@
+//! Tokenizers of Hugging Face model directories: `tokenizer.json` run as it is, with BOS/EOS
+//! settings from `tokenizer_config.json`, `config.json` and `generation_config.json`.
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use super::token_attrs::TokenAttrs;
+use super::{Backend, Shared, TokenizerError};
+
+/// How a Hugging Face tokenizer encodes.
+pub(crate) struct HfCodec {
+    /// A copy that leaves special-token strings as text, made on first use.
+    literal: OnceLock<Box<tokenizers::Tokenizer>>,
+    /// `tokenizer_config.json` sets neither `add_bos_token` nor `add_eos_token`: BOS/EOS are
+    /// whatever the pipeline's post-processor adds.
+    framed_by_post_processor: bool,
+}
+
+impl HfCodec {
+    /// Ids of `text`, framed with BOS/EOS when `add_special`.
+    pub fn encode(
+        &self,
+        s: &Shared,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let hf = if parse_special {
+            &s.hf
+        } else {
+            self.literal.get_or_init(|| {
+                let mut copy = s.hf.clone();
+                copy.set_encode_special_tokens(true);
+                Box::new(copy)
+            })
+        };
+        let failed = |e: tokenizers::Error| TokenizerError::Encode {
+            reason: e.to_string(),
+        };
+        if self.framed_by_post_processor {
+            return Ok(hf
+                .encode(text, add_special)
+                .map_err(failed)?
+                .get_ids()
+                .to_vec());
+        }
+        let body = hf.encode(text, false).map_err(failed)?;
+        let mut ids = Vec::with_capacity(body.len() + 2);
+        if add_special && s.add_bos {
+            ids.extend(s.bos);
+        }
+        ids.extend_from_slice(body.get_ids());
+        if add_special {
+            ids.extend_from_slice(&s.suffix);
+        }
+        Ok(ids)
+    }
+}
+
+/// Reads a JSON file; `None` when it does not exist.
+fn read_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(TokenizerError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| TokenizerError::HfConfig {
+            path: path.to_path_buf(),
+            reason: format!("not valid JSON: {e}"),
+        })
+}
+
+/// A token named in `tokenizer_config.json`: a string or `{"content": "…"}`.
+fn token_text(config: Option<&Value>, key: &str) -> Option<String> {
+    match config?.get(key)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+/// Token ids under `key` in `config.json`-style files: a number or a list of numbers.
+fn config_ids(config: Option<&Value>, key: &str) -> Vec<u32> {
+    match config.and_then(|c| c.get(key)) {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .into_iter()
+            .collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Loads a Hugging Face tokenizer directory.
+pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
+    let tokenizer_path: PathBuf = dir.join("tokenizer.json");
+    let hf = tokenizers::Tokenizer::from_file(&tokenizer_path).map_err(|e| {
+        if !tokenizer_path.exists() {
+            TokenizerError::Io {
+                path: tokenizer_path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            }
+        } else {
+            TokenizerError::HfConfig {
+                path: tokenizer_path.clone(),
+                reason: format!("not a usable tokenizer.json: {e}"),
+            }
+        }
+    })?;
+    let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
+    let model_config = read_json(&dir.join("config.json"))?;
+    let gen_config = read_json(&dir.join("generation_config.json"))?;
+
+    let vocab = hf.get_vocab(true);
+    let size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+    let mut pieces = vec![String::new(); size];
+    for (piece, id) in vocab {
+        pieces[id as usize] = piece;
+    }
+    let mut attrs = vec![TokenAttrs::NORMAL; size];
+    for (id, added) in hf.get_added_tokens_decoder() {
+        if let Some(a) = attrs.get_mut(id as usize) {
+            *a = if added.special {
+                TokenAttrs::CONTROL
+            } else {
+                TokenAttrs::USER_DEFINED
+            };
+        }
+    }
+
+    let tc = tok_config.as_ref();
+    let bos_text = token_text(tc, "bos_token");
+    let eos_text = token_text(tc, "eos_token");
+    let mut bos = bos_text.as_deref().and_then(|t| hf.token_to_id(t));
+    if bos.is_none() {
+        bos = config_ids(model_config.as_ref(), "bos_token_id")
+            .into_iter()
+            .chain(config_ids(gen_config.as_ref(), "bos_token_id"))
+            .find(|&id| (id as usize) < size);
+    }
+    let mut eos_ids: Vec<u32> = eos_text
+        .as_deref()
+        .and_then(|t| hf.token_to_id(t))
+        .into_iter()
+        .chain(config_ids(model_config.as_ref(), "eos_token_id"))
+        .chain(config_ids(gen_config.as_ref(), "eos_token_id"))
+        .filter(|&id| (id as usize) < size)
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    eos_ids.retain(|id| seen.insert(*id));
+
+    let explicit_bos = tc
+        .and_then(|c| c.get("add_bos_token"))
+        .and_then(Value::as_bool);
+    let explicit_eos = tc
+        .and_then(|c| c.get("add_eos_token"))
+        .and_then(Value::as_bool);
+    let framed_by_post_processor = explicit_bos.is_none() && explicit_eos.is_none();
+
+    // What the post-processor puts around text: probe with a one-letter input.
+    let probe = |add: bool| {
+        hf.encode("a", add)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
+    };
+    let (with, without) = (probe(true), probe(false));
+    let post_bos = with.len() > without.len() && with.first() != without.first();
+    if post_bos && bos.is_none() {
+        bos = with.first().copied();
+    }
+    let add_bos = explicit_bos.unwrap_or(post_bos) && bos.is_some();
+    let add_eos = explicit_eos.unwrap_or(false);
+    let suffix: Vec<u32> = if add_eos {
+        eos_ids.first().copied().into_iter().collect()
+    } else {
+        Vec::new()
+    };
+
+    let piece_of = |id: Option<u32>| id.and_then(|id| pieces.get(id as usize)).cloned();
+    let bos_token = bos_text.or_else(|| piece_of(bos));
+    let eos_token = eos_text.or_else(|| piece_of(eos_ids.first().copied()));
+    Ok(Shared {
+        hf,
+        backend: Backend::Hf(HfCodec {
+            literal: OnceLock::new(),
+            framed_by_post_processor,
+        }),
+        pieces,
+        attrs,
+        bos,
+        eos_ids,
+        bos_token,
+        eos_token,
+        add_bos,
+        suffix,
+        strip_leading_space: false,
+    })
+}

@@ -1,0 +1,256 @@
+//! Cutting special and user-defined tokens out of text before the model sees it, as llama.cpp
+//! does: the longest token first, every occurrence of it, then the next longest in what is left,
+//! with the whitespace stripping some models ask for around their special tokens.
+use super::token_attrs::TokenAttrs;
+
+/// A piece of input: text for the model, or a token found verbatim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fragment<'t> {
+    /// Text to tokenize.
+    Text(&'t str),
+    /// A special or user-defined token.
+    Token(u32),
+}
+
+/// One token that may be found verbatim in text.
+#[derive(Debug)]
+struct Entry {
+    id: u32,
+    text: String,
+    attrs: TokenAttrs,
+}
+
+/// A byte trie over the entries' texts, to find which of them occur in a text in one pass.
+#[derive(Debug, Default)]
+struct TrieNode {
+    children: Vec<(u8, u32)>,
+    entry: Option<u32>,
+}
+
+/// Finds special and user-defined tokens in text.
+#[derive(Debug)]
+pub(crate) struct SpecialTokenSplitter {
+    /// Longest text first; ties by id.
+    entries: Vec<Entry>,
+    nodes: Vec<TrieNode>,
+}
+
+impl SpecialTokenSplitter {
+    /// Collects the control, unknown and user-defined tokens of a vocabulary.
+    pub fn new(tokens: &[String], attrs: &[TokenAttrs]) -> Self {
+        let mut entries: Vec<Entry> = tokens
+            .iter()
+            .zip(attrs)
+            .enumerate()
+            .filter(|(_, (t, a))| !t.is_empty() && a.is_matched_in_text(true))
+            .map(|(id, (t, &a))| Entry {
+                id: id as u32,
+                text: t.clone(),
+                attrs: a,
+            })
+            .collect();
+        entries.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+
+        let mut nodes = vec![TrieNode::default()];
+        for (index, entry) in entries.iter().enumerate() {
+            let mut node = 0usize;
+            for &b in entry.text.as_bytes() {
+                node = match nodes[node].children.iter().find(|(c, _)| *c == b) {
+                    Some(&(_, next)) => next as usize,
+                    None => {
+                        nodes.push(TrieNode::default());
+                        let next = nodes.len() - 1;
+                        nodes[node].children.push((b, next as u32));
+                        next
+                    }
+                };
+            }
+            nodes[node].entry.get_or_insert(index as u32);
+        }
+        for node in &mut nodes {
+            node.children.sort_unstable();
+        }
+        SpecialTokenSplitter { entries, nodes }
+    }
+
+    /// Cuts `text` into fragments. User-defined tokens are always cut out; control and unknown
+    /// tokens only when `parse_special`.
+    pub fn split<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+        if text.is_empty() {
+            return Vec::new();
+        }
+        let found = self.entries_in(text, parse_special);
+        if found.is_empty() {
+            return vec![Fragment::Text(text)];
+        }
+
+        #[derive(Clone, Copy)]
+        enum Part {
+            Text(usize, usize),
+            Token(u32),
+        }
+        let mut parts = vec![Part::Text(0, text.len())];
+        for &index in &found {
+            let entry = &self.entries[index as usize];
+            let needle = entry.text.as_str();
+            let mut next = Vec::with_capacity(parts.len() + 2);
+            for part in parts {
+                let Part::Text(mut start, end) = part else {
+                    next.push(part);
+                    continue;
+                };
+                while start < end {
+                    let Some(at) = text[start..end].find(needle) else {
+                        next.push(Part::Text(start, end));
+                        break;
+                    };
+                    let hit = start + at;
+                    let mut left_end = hit;
+                    if entry.attrs.contains(TokenAttrs::LSTRIP) {
+                        while left_end > start && is_c_space(text.as_bytes()[left_end - 1]) {
+                            left_end -= 1;
+                        }
+                    }
+                    if left_end > start {
+                        next.push(Part::Text(start, left_end));
+                    }
+                    next.push(Part::Token(entry.id));
+                    start = hit + needle.len();
+                    if entry.attrs.contains(TokenAttrs::RSTRIP) {
+                        while start < end && is_c_space(text.as_bytes()[start]) {
+                            start += 1;
+                        }
+                    }
+                }
+            }
+            parts = next;
+        }
+        parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Text(s, e) => Fragment::Text(&text[s..e]),
+                Part::Token(id) => Fragment::Token(id),
+            })
+            .collect()
+    }
+
+    /// Indices (in priority order) of the entries that occur in `text` and may be cut out.
+    fn entries_in(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        let bytes = text.as_bytes();
+        let mut found = Vec::new();
+        for start in 0..bytes.len() {
+            let mut node = 0usize;
+            for &b in &bytes[start..] {
+                let children = &self.nodes[node].children;
+                match children.binary_search_by(|(c, _)| c.cmp(&b)) {
+                    Ok(i) => node = children[i].1 as usize,
+                    Err(_) => break,
+                }
+                if let Some(index) = self.nodes[node].entry {
+                    if self.entries[index as usize]
+                        .attrs
+                        .is_matched_in_text(parse_special)
+                    {
+                        found.push(index);
+                    }
+                }
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        found
+    }
+}
+
+/// C's `isspace` in the "C" locale, which llama.cpp uses for stripping.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0B | 0x0C | b'\r')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn splitter(specs: &[(&str, TokenAttrs)]) -> SpecialTokenSplitter {
+        let tokens: Vec<String> = specs.iter().map(|(t, _)| t.to_string()).collect();
+        let attrs: Vec<TokenAttrs> = specs.iter().map(|(_, a)| *a).collect();
+        SpecialTokenSplitter::new(&tokens, &attrs)
+    }
+
+    #[test]
+    fn control_tokens_only_when_parsing_specials() {
+        let s = splitter(&[
+            ("hello", TokenAttrs::NORMAL),
+            ("<|im_start|>", TokenAttrs::CONTROL),
+            ("<tool_call>", TokenAttrs::USER_DEFINED),
+        ]);
+        let text = "<|im_start|>user\n<tool_call>x";
+        assert_eq!(
+            s.split(text, true),
+            [
+                Fragment::Token(1),
+                Fragment::Text("user\n"),
+                Fragment::Token(2),
+                Fragment::Text("x")
+            ]
+        );
+        assert_eq!(
+            s.split(text, false),
+            [
+                Fragment::Text("<|im_start|>user\n"),
+                Fragment::Token(2),
+                Fragment::Text("x")
+            ]
+        );
+    }
+
+    #[test]
+    fn longest_token_wins_and_all_occurrences_are_cut() {
+        let s = splitter(&[
+            ("\n", TokenAttrs::USER_DEFINED),
+            ("\n\n", TokenAttrs::USER_DEFINED),
+        ]);
+        assert_eq!(
+            s.split("a\n\n\nb\n", false),
+            [
+                Fragment::Text("a"),
+                Fragment::Token(1),
+                Fragment::Token(0),
+                Fragment::Text("b"),
+                Fragment::Token(0)
+            ]
+        );
+    }
+
+    #[test]
+    fn strip_flags_swallow_whitespace() {
+        let s = splitter(&[
+            ("<|end|>", TokenAttrs::CONTROL.with(TokenAttrs::RSTRIP)),
+            ("<mask>", TokenAttrs::CONTROL.with(TokenAttrs::LSTRIP)),
+        ]);
+        assert_eq!(
+            s.split("a <|end|> \n b", true),
+            [
+                Fragment::Text("a "),
+                Fragment::Token(0),
+                Fragment::Text("b")
+            ]
+        );
+        assert_eq!(
+            s.split("a  <mask> b", true),
+            [
+                Fragment::Text("a"),
+                Fragment::Token(1),
+                Fragment::Text(" b")
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_and_plain_text() {
+        let s = splitter(&[("<s>", TokenAttrs::CONTROL)]);
+        assert!(s.split("", true).is_empty());
+        assert_eq!(s.split("héllo", true), [Fragment::Text("héllo")]);
+        assert_eq!(s.split("<s>", true), [Fragment::Token(0)]);
+    }
+}
