@@ -2,13 +2,20 @@
 //!
 //! top-k, top-p and min-p each keep a prefix of the vocabulary ranked by logit (higher
 //! first, lower id on ties), so together they keep one prefix too. [`gather`] finds it in
-//! one pass: tokens above a running threshold go into a small buffer; when the buffer
-//! fills, it is cut back to what the rules can still keep, which raises the threshold, or
-//! it grows. Only the buffer is ever sorted. A token is dropped only when enough tokens
-//! already rank above it (`count`) or they already carry the nucleus mass (`mass`), so the
-//! result is exactly the prefix a full sort would give.
+//! one pass: tokens above a running bound go into a buffer; when the buffer fills, it is
+//! cut back to what the rules can still keep (which raises the bound), or it grows. A token
+//! is dropped only when enough tokens already rank above it (`count`) or they already carry
+//! the nucleus mass (`mass`), so the result is exactly the set a full sort would give.
+//!
+//! Cuts never sort: the count rule is a quickselect, the mass rule a quickselect that
+//! halves the range by mass ([`nucleus_len`]). The mass rule without a count goes to
+//! [`gather_nucleus`], which needs no buffer cuts at all, so a nucleus of 100k tokens
+//! costs linear time. The kept set comes back in no particular (but deterministic) order; [`rank`]
+//! sorts it when the order matters.
 use std::cmp::Ordering;
 
+use super::nucleus::{gather_nucleus, nucleus_len};
+#[cfg(test)]
 use super::reduce;
 
 /// A token and its (processed) logit.
@@ -66,25 +73,6 @@ impl Prefix {
             ..Self::all()
         }
     }
-
-    /// How many of the ranked `sorted` the rules keep (at least one of a non-empty list).
-    fn keep(&self, sorted: &[Candidate]) -> usize {
-        let mut keep = sorted.len();
-        if let Some(count) = self.count {
-            keep = keep.min(count);
-        }
-        if let Some(mass) = self.mass {
-            let mut below = 0.0f64;
-            for (rank, candidate) in sorted[..keep].iter().enumerate() {
-                below += f64::from(reduce::exp(candidate.logit - mass.logsumexp));
-                if below >= mass.top_p {
-                    keep = rank + 1;
-                    break;
-                }
-            }
-        }
-        keep
-    }
 }
 
 /// The next `f32` below `x` (for turning `>= floor` into `> bound`).
@@ -103,14 +91,19 @@ fn next_down(x: f32) -> f32 {
 /// Smallest buffer [`gather`] starts with.
 const MIN_BUFFER: usize = 256;
 
-/// Fills `out` with the kept prefix of `logits`, ranked.
+/// Fills `out` with the kept prefix of `logits`, in no particular order.
 pub(crate) fn gather(logits: &[f32], prefix: &Prefix, out: &mut Vec<Candidate>) {
     out.clear();
     if prefix.count == Some(0) || prefix.floor.is_nan() {
         return;
     }
-    let prunable = prefix.count.is_some() || prefix.mass.is_some();
     let mut bound = next_down(prefix.floor);
+    if let (None, Some(mass)) = (prefix.count, prefix.mass) {
+        // A nucleus may hold most of the row: find it by mass histogram instead.
+        gather_nucleus(logits, bound, mass, out);
+        return;
+    }
+    let prunable = prefix.count.is_some() || prefix.mass.is_some();
     let mut capacity = prefix
         .count
         .map_or(MIN_BUFFER, |c| c.saturating_mul(2).max(MIN_BUFFER));
@@ -129,7 +122,7 @@ pub(crate) fn gather(logits: &[f32], prefix: &Prefix, out: &mut Vec<Candidate>) 
                     // The rules are saturated: only a token ranking above the last kept one
                     // can still get in. Later tokens with its logit have higher ids, so they
                     // rank below it: the bound is strict.
-                    if let Some(last) = out.last() {
+                    if let Some(last) = out.iter().max_by(|a, b| rank_order(a, b)) {
                         bound = bound.max(last.logit);
                     }
                 }
@@ -142,20 +135,29 @@ pub(crate) fn gather(logits: &[f32], prefix: &Prefix, out: &mut Vec<Candidate>) 
     cut(out, prefix);
 }
 
-/// Ranks `out` and drops what the rules cannot keep.
+/// Sorts candidates by rank, best first.
+pub(crate) fn rank(candidates: &mut [Candidate]) {
+    candidates.sort_unstable_by(rank_order);
+}
+
+/// Keeps the `count` best of `candidates` (in no particular order).
+pub(crate) fn keep_best(candidates: &mut Vec<Candidate>, count: usize) {
+    if count == 0 {
+        candidates.clear();
+    } else if count < candidates.len() {
+        candidates.select_nth_unstable_by(count - 1, rank_order);
+        candidates.truncate(count);
+    }
+}
+
+/// Drops from `out` what the rules cannot keep.
 fn cut(out: &mut Vec<Candidate>, prefix: &Prefix) {
-    match (prefix.count, prefix.mass) {
-        // Only a count: select, then rank just the kept part.
-        (Some(count), None) if count < out.len() => {
-            out.select_nth_unstable_by(count - 1, rank_order);
-            out.truncate(count);
-            out.sort_unstable_by(rank_order);
-        }
-        _ => {
-            out.sort_unstable_by(rank_order);
-            let keep = prefix.keep(out);
-            out.truncate(keep);
-        }
+    if let Some(count) = prefix.count {
+        keep_best(out, count);
+    }
+    if let Some(mass) = prefix.mass {
+        let keep = nucleus_len(out, mass);
+        out.truncate(keep);
     }
 }
 
@@ -175,7 +177,20 @@ mod tests {
             })
             .collect();
         all.sort_by(rank_order);
-        let keep = prefix.keep(&all);
+        let mut keep = all.len();
+        if let Some(count) = prefix.count {
+            keep = keep.min(count);
+        }
+        if let Some(mass) = prefix.mass {
+            let mut below = 0.0f64;
+            for (index, c) in all[..keep].iter().enumerate() {
+                below += f64::from(reduce::exp(c.logit - mass.logsumexp));
+                if below >= mass.top_p {
+                    keep = index + 1;
+                    break;
+                }
+            }
+        }
         all.truncate(keep);
         all
     }
@@ -224,6 +239,7 @@ mod tests {
                             }),
                         };
                         gather(&row, &prefix, &mut out);
+                        rank(&mut out);
                         assert_eq!(out, by_full_sort(&row, &prefix), "{prefix:?}");
                     }
                 }
@@ -252,6 +268,7 @@ mod tests {
                 ..Prefix::all()
             };
             gather(&row, &prefix, &mut out);
+            rank(&mut out);
             let ids: Vec<u32> = out.iter().map(|c| c.id).collect();
             assert_eq!(ids, (0..kept).collect::<Vec<u32>>(), "top_p {top_p}");
         }

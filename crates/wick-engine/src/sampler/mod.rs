@@ -34,6 +34,7 @@
 //! ```
 mod candidates;
 mod error;
+mod nucleus;
 mod params;
 mod processors;
 mod reduce;
@@ -44,7 +45,7 @@ pub use error::SamplingError;
 pub use params::{SamplingParams, DEFAULT_PENALTY_CONTEXT, MAX_TOP_LOGPROBS};
 pub use rng::{fresh_seed, RngStream, StepRng};
 
-use candidates::{gather, Candidate, Mass, Prefix};
+use candidates::{gather, keep_best, rank, Candidate, Mass, Prefix};
 use processors::TokenMarks;
 
 /// Tokens the sampler treats specially: XTC never removes them.
@@ -180,6 +181,7 @@ impl Sampler {
         let top_logprobs = match params.logprobs {
             Some(count) if count > 0 => {
                 gather(logits, &Prefix::top(count), &mut self.top);
+                rank(&mut self.top);
                 self.top
                     .iter()
                     .map(|c| (c.id, c.logit - logsumexp))
@@ -197,7 +199,7 @@ impl Sampler {
         };
 
         if greedy {
-            let id = logits.iter().position(|&x| x == max).unwrap_or(0);
+            let id = reduce::first_index_of(logits, max).unwrap_or(0);
             return Sampled {
                 id: id as u32,
                 logprob: logprob_of(logits, id),
@@ -287,7 +289,7 @@ impl Sampler {
             }
             if stages.top_k {
                 if listed {
-                    self.candidates.truncate(p.top_k);
+                    keep_best(&mut self.candidates, p.top_k);
                 } else {
                     gather(logits, &Prefix::top(p.top_k), &mut self.candidates);
                     listed = true;
@@ -314,9 +316,14 @@ impl Sampler {
         picked.unwrap_or_else(|| reduce::argmax(logits))
     }
 
-    /// Draws from `softmax(logit * inverse_temperature)` over the candidates.
+    /// Draws from `softmax(logit * inverse_temperature)` over the candidates (walked in
+    /// their stored order, which is deterministic).
     fn pick_candidate(&mut self, inverse_temperature: f32, uniform: f64) -> Option<usize> {
-        let top = self.candidates.first()?.logit;
+        let top = self
+            .candidates
+            .iter()
+            .map(|c| c.logit)
+            .fold(f32::NEG_INFINITY, f32::max);
         self.probs.clear();
         self.probs.extend(
             self.candidates

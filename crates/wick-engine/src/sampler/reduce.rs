@@ -74,25 +74,53 @@ pub(crate) fn max(logits: &[f32]) -> f32 {
 
 /// The first index holding the largest logit (mlx's tie rule), or 0 when there is none.
 pub(crate) fn argmax(logits: &[f32]) -> usize {
-    let best = max(logits);
-    logits.iter().position(|&x| x == best).unwrap_or(0)
+    first_index_of(logits, max(logits)).unwrap_or(0)
+}
+
+/// The first index holding `value`, looking at whole lanes first.
+pub(crate) fn first_index_of(logits: &[f32], value: f32) -> Option<usize> {
+    let chunks = logits.chunks_exact(LANES);
+    let tail_start = logits.len() - chunks.remainder().len();
+    for (index, chunk) in chunks.enumerate() {
+        if chunk.iter().fold(false, |hit, &x| hit | (x == value)) {
+            return chunk
+                .iter()
+                .position(|&x| x == value)
+                .map(|at| index * LANES + at);
+        }
+    }
+    logits[tail_start..]
+        .iter()
+        .position(|&x| x == value)
+        .map(|at| tail_start + at)
+}
+
+/// Sum of a slice in `f32` lanes.
+fn lane_sum(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// `sum(e^((x - shift) * scale))` over the row, in `f64`.
 pub(crate) fn sum_exp(logits: &[f32], shift: f32, scale: f32) -> f64 {
+    // exp into a stack block first: a plain map loop vectorizes where an exp inside the
+    // lane accumulation does not.
+    let mut block = [0.0f32; BLOCK];
     logits
         .chunks(BLOCK)
-        .map(|block| {
-            let mut lanes = [0.0f32; LANES];
-            let chunks = block.chunks_exact(LANES);
-            let tail = chunks.remainder();
-            for chunk in chunks {
-                for (lane, &x) in lanes.iter_mut().zip(chunk) {
-                    *lane += exp((x - shift) * scale);
-                }
+        .map(|xs| {
+            let out = &mut block[..xs.len()];
+            for (w, &x) in out.iter_mut().zip(xs) {
+                *w = exp((x - shift) * scale);
             }
-            let tail_sum: f32 = tail.iter().map(|&x| exp((x - shift) * scale)).sum();
-            f64::from(lanes.iter().sum::<f32>() + tail_sum)
+            f64::from(lane_sum(out))
         })
         .sum()
 }
@@ -121,15 +149,7 @@ pub(crate) fn exp_weights(
         for (w, &x) in out.iter_mut().zip(block) {
             *w = exp((x - shift) * scale);
         }
-        let mut lanes = [0.0f32; LANES];
-        let chunks = out.chunks_exact(LANES);
-        let tail: f32 = chunks.remainder().iter().sum();
-        for chunk in chunks {
-            for (lane, &w) in lanes.iter_mut().zip(chunk) {
-                *lane += w;
-            }
-        }
-        block_sums.push(f64::from(lanes.iter().sum::<f32>() + tail));
+        block_sums.push(f64::from(lane_sum(out)));
     }
 }
 
