@@ -268,6 +268,18 @@ impl HfKeys<'_> {
     }
 }
 
+/// Token ids of a JSON field that may hold one number or a list.
+pub(crate) fn hf_ids(json: &Value, key: &str) -> Vec<u32> {
+    match json.get(key) {
+        Some(Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|v| v.as_u64().map(|v| v as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 impl ModelConfig {
     /// Reads the configuration of a GGUF file.
     pub fn from_gguf(meta: &Metadata, source: &str) -> Result<Self> {

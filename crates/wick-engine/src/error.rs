@@ -71,6 +71,18 @@ pub enum EngineError {
         /// What is wrong.
         reason: String,
     },
+    /// Tokenizer construction or use failed.
+    #[error(transparent)]
+    Tokenizer(#[from] wick_chat::tokenizer::TokenizerError),
+    /// Chat template compilation or rendering failed.
+    #[error(transparent)]
+    Template(#[from] wick_chat::chat_template::TemplateError),
+    /// Sampling parameters are invalid.
+    #[error(transparent)]
+    Sampling(#[from] crate::sampler::SamplingError),
+    /// The model has no chat template and a chat was asked for.
+    #[error("{0} has no chat template; use raw completion (--raw) or a model with a template")]
+    NoChatTemplate(String),
     /// A request does not fit the model's context.
     #[error("request needs {needed} tokens of context but the model allows {limit}")]
     ContextOverflow {

@@ -10,3 +10,11 @@ pub mod sampler;
 pub mod weights;
 
 pub use error::{EngineError, Result};
+pub mod generation;
+mod model;
+
+pub use generation::{
+    FinishReason, GenerationOutput, GenerationRequest, Sequence, SequenceStep, TokenEvent, Usage,
+};
+pub use model::{GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step};
+pub use models::decoder::{Logits, LogitsRequest};

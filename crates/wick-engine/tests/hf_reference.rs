@@ -13,7 +13,9 @@ const VARIANTS: [&str; 5] = ["llama", "llama_tied", "qwen2", "qwen3", "gemma3"];
 const TOLERANCE: f32 = 1e-4;
 
 fn dir(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf").join(variant)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/goldens/hf")
+        .join(variant)
 }
 
 struct Golden {
@@ -24,32 +26,63 @@ struct Golden {
 
 fn load(variant: &str) -> Golden {
     let d = dir(variant);
-    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
     let cfg = ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
     let weights = SafetensorsWeights::open_files(&d, &[d.join("model.safetensors")]).unwrap();
-    let model = Decoder::load(CandleBackend::cpu(), cfg.clone(), &weights.canonical(cfg.arch == Arch::Gemma3)).unwrap();
-    let reference = serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
+    let model = Decoder::load(
+        CandleBackend::cpu(),
+        cfg.clone(),
+        &weights.canonical(cfg.arch == Arch::Gemma3),
+    )
+    .unwrap();
+    let reference =
+        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
     let logits = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
-    Golden { model, reference, logits }
+    Golden {
+        model,
+        reference,
+        logits,
+    }
 }
 
 impl Golden {
     fn case_ids(&self, name: &str) -> Vec<u32> {
-        let case = self.reference["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
-        case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        let case = self.reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
     }
 
     fn expected(&self, name: &str) -> Vec<f32> {
         let w = self.logits.raw(&format!("{name}.logits")).unwrap();
-        w.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        w.bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
 }
 
 fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{variant} {what}: length");
     let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-    assert!(worst <= TOLERANCE * scale, "{variant} {what}: max |diff| {worst} > {TOLERANCE} × {scale}");
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= TOLERANCE * scale,
+        "{variant} {what}: max |diff| {worst} > {TOLERANCE} × {scale}"
+    );
 }
 
 #[test]
@@ -59,8 +92,20 @@ fn every_position_matches_transformers() {
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
             let ids = g.case_ids(case);
             let mut cache = g.model.new_cache();
-            let out = g.model.forward(&mut [BatchItem { tokens: &ids, cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
-            assert_close(variant, case, &out[0].as_ref().unwrap().data, &g.expected(case));
+            let out = g
+                .model
+                .forward(&mut [BatchItem {
+                    tokens: &ids,
+                    cache: &mut cache,
+                    logits: LogitsRequest::All,
+                }])
+                .unwrap();
+            assert_close(
+                variant,
+                case,
+                &out[0].as_ref().unwrap().data,
+                &g.expected(case),
+            );
         }
     }
 }
@@ -79,7 +124,14 @@ fn incremental_decoding_matches_one_shot() {
         let mut at = 0;
         for chunk in [5usize, 3, 9, 1, 1, 1, 20] {
             let end = (at + chunk).min(ids.len());
-            let out = g.model.forward(&mut [BatchItem { tokens: &ids[at..end], cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
+            let out = g
+                .model
+                .forward(&mut [BatchItem {
+                    tokens: &ids[at..end],
+                    cache: &mut cache,
+                    logits: LogitsRequest::All,
+                }])
+                .unwrap();
             got.extend_from_slice(&out[0].as_ref().unwrap().data);
             at = end;
         }
@@ -98,29 +150,67 @@ fn batched_sequences_match_single_runs() {
         let out = g
             .model
             .forward(&mut [
-                BatchItem { tokens: &a, cache: &mut ca, logits: LogitsRequest::All },
-                BatchItem { tokens: &b, cache: &mut cb, logits: LogitsRequest::Last },
+                BatchItem {
+                    tokens: &a,
+                    cache: &mut ca,
+                    logits: LogitsRequest::All,
+                },
+                BatchItem {
+                    tokens: &b,
+                    cache: &mut cb,
+                    logits: LogitsRequest::Last,
+                },
             ])
             .unwrap();
-        assert_close(variant, "pair_a batched", &out[0].as_ref().unwrap().data, &g.expected("pair_a"));
+        assert_close(
+            variant,
+            "pair_a batched",
+            &out[0].as_ref().unwrap().data,
+            &g.expected("pair_a"),
+        );
         let want_b = g.expected("pair_b");
         let vocab = g.model.config().vocab_size;
-        assert_close(variant, "pair_b batched last row", &out[1].as_ref().unwrap().data, &want_b[want_b.len() - vocab..]);
+        assert_close(
+            variant,
+            "pair_b batched last row",
+            &out[1].as_ref().unwrap().data,
+            &want_b[want_b.len() - vocab..],
+        );
         // Decode one more token for both at once: sequences of different lengths in one step.
         let (na, nb) = (a[0], b[0]);
         let step = g
             .model
             .forward(&mut [
-                BatchItem { tokens: &[na], cache: &mut ca, logits: LogitsRequest::Last },
-                BatchItem { tokens: &[nb], cache: &mut cb, logits: LogitsRequest::Last },
+                BatchItem {
+                    tokens: &[na],
+                    cache: &mut ca,
+                    logits: LogitsRequest::Last,
+                },
+                BatchItem {
+                    tokens: &[nb],
+                    cache: &mut cb,
+                    logits: LogitsRequest::Last,
+                },
             ])
             .unwrap();
         for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
             let mut ids = seq.clone();
             ids.push(next);
             let mut c = g.model.new_cache();
-            let alone = g.model.forward(&mut [BatchItem { tokens: &ids, cache: &mut c, logits: LogitsRequest::Last }]).unwrap();
-            assert_close(variant, "batched decode step", &got.as_ref().unwrap().data, &alone[0].as_ref().unwrap().data);
+            let alone = g
+                .model
+                .forward(&mut [BatchItem {
+                    tokens: &ids,
+                    cache: &mut c,
+                    logits: LogitsRequest::Last,
+                }])
+                .unwrap();
+            assert_close(
+                variant,
+                "batched decode step",
+                &got.as_ref().unwrap().data,
+                &alone[0].as_ref().unwrap().data,
+            );
         }
     }
 }
@@ -130,15 +220,37 @@ fn greedy_continuation_matches_generate() {
     for variant in VARIANTS {
         let g = load(variant);
         let greedy = &g.reference["greedy"];
-        let prompt: Vec<u32> = greedy["prompt_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let want: Vec<u32> = greedy["continuation_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let prompt: Vec<u32> = greedy["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let want: Vec<u32> = greedy["continuation_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         let mut cache = g.model.new_cache();
         let mut next = prompt;
         let mut got = Vec::new();
         while got.len() < want.len() {
-            let out = g.model.forward(&mut [BatchItem { tokens: &next, cache: &mut cache, logits: LogitsRequest::Last }]).unwrap();
+            let out = g
+                .model
+                .forward(&mut [BatchItem {
+                    tokens: &next,
+                    cache: &mut cache,
+                    logits: LogitsRequest::Last,
+                }])
+                .unwrap();
             let row = out[0].as_ref().unwrap().last().to_vec();
-            let id = row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32;
+            let id = row
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0 as u32;
             got.push(id);
             next = vec![id];
         }
@@ -151,18 +263,43 @@ fn cache_trim_and_snapshot_round_trip() {
     let g = load("gemma3");
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
-    g.model.forward(&mut [BatchItem { tokens: &ids[..12], cache: &mut cache, logits: LogitsRequest::None }]).unwrap();
+    g.model
+        .forward(&mut [BatchItem {
+            tokens: &ids[..12],
+            cache: &mut cache,
+            logits: LogitsRequest::None,
+        }])
+        .unwrap();
     // Within the window's slack nothing was dropped yet: trimming works.
     assert!(cache.can_trim_to(10));
     cache.trim(10).unwrap();
     let restored = g.model.cache_from_snapshot(&cache.snapshot()).unwrap();
     let mut c2 = restored.clone();
-    let a = g.model.forward(&mut [BatchItem { tokens: &ids[10..], cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
-    let b = g.model.forward(&mut [BatchItem { tokens: &ids[10..], cache: &mut c2, logits: LogitsRequest::All }]).unwrap();
+    let a = g
+        .model
+        .forward(&mut [BatchItem {
+            tokens: &ids[10..],
+            cache: &mut cache,
+            logits: LogitsRequest::All,
+        }])
+        .unwrap();
+    let b = g
+        .model
+        .forward(&mut [BatchItem {
+            tokens: &ids[10..],
+            cache: &mut c2,
+            logits: LogitsRequest::All,
+        }])
+        .unwrap();
     assert_eq!(a[0], b[0]);
     let want = g.expected("len40");
     let vocab = g.model.config().vocab_size;
-    assert_close("gemma3", "after trim", &a[0].as_ref().unwrap().data, &want[10 * vocab..]);
+    assert_close(
+        "gemma3",
+        "after trim",
+        &a[0].as_ref().unwrap().data,
+        &want[10 * vocab..],
+    );
 }
 
 #[test]
@@ -170,11 +307,20 @@ fn a_wrapped_sliding_window_cannot_be_trimmed() {
     let g = load("gemma3");
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
-    g.model.forward(&mut [BatchItem { tokens: &ids, cache: &mut cache, logits: LogitsRequest::None }]).unwrap();
+    g.model
+        .forward(&mut [BatchItem {
+            tokens: &ids,
+            cache: &mut cache,
+            logits: LogitsRequest::None,
+        }])
+        .unwrap();
     // 40 tokens through a window of 8: the sliding layers dropped the oldest keys.
     assert!(!cache.can_trim_to(5));
     assert!(cache.trim(5).is_err());
     assert!(cache.can_trim_to(40));
-    assert!(!cache.can_trim_to(39), "key 32 is gone, so position 39 could not be recomputed");
+    assert!(
+        !cache.can_trim_to(39),
+        "key 32 is gone, so position 39 could not be recomputed"
+    );
     assert_eq!(cache.len(), 40);
 }

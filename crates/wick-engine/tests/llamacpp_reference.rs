@@ -33,14 +33,28 @@ struct Case {
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn load(golden: &str) -> (Decoder<CandleBackend>, Vec<Case>) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/llamacpp").join(format!("{golden}.json"));
-    let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let file = wick_home().join("models").join(golden).join(g["file"].as_str().unwrap());
-    assert!(file.is_file(), "{} is missing: run `wick pull {golden}`", file.display());
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/goldens/llamacpp")
+        .join(format!("{golden}.json"));
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let file = wick_home()
+        .join("models")
+        .join(golden)
+        .join(g["file"].as_str().unwrap());
+    assert!(
+        file.is_file(),
+        "{} is missing: run `wick pull {golden}`",
+        file.display()
+    );
     let gguf = wick_gguf::GgufFile::open(&file).unwrap();
     let cfg = ModelConfig::from_gguf(gguf.metadata(), &file.display().to_string()).unwrap();
     let model = Decoder::load(CandleBackend::cpu(), cfg, &GgufWeights::new(&gguf)).unwrap();
@@ -50,7 +64,12 @@ fn load(golden: &str) -> (Decoder<CandleBackend>, Vec<Case>) {
         .iter()
         .map(|c| Case {
             name: c["name"].as_str().unwrap().to_string(),
-            gaps: c["continuation_top2_gaps"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect(),
+            gaps: c["continuation_top2_gaps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g.as_f64().unwrap())
+                .collect(),
             prompt: ids(&c["prompt_ids"]),
             continuation: ids(&c["continuation_ids"]),
             top20: c["first_step_top20"]
@@ -65,7 +84,11 @@ fn load(golden: &str) -> (Decoder<CandleBackend>, Vec<Case>) {
 }
 
 fn argmax(row: &[f32]) -> u32 {
-    row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i as u32).unwrap()
+    row.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .unwrap()
 }
 
 fn check_model(golden: &str) {
@@ -77,7 +100,13 @@ fn check_model(golden: &str) {
         let mut all = case.prompt.clone();
         all.extend_from_slice(&case.continuation[..case.continuation.len() - 1]);
         let mut cache = model.new_cache();
-        let out = model.forward(&mut [BatchItem { tokens: &all, cache: &mut cache, logits: LogitsRequest::All }]).unwrap();
+        let out = model
+            .forward(&mut [BatchItem {
+                tokens: &all,
+                cache: &mut cache,
+                logits: LogitsRequest::All,
+            }])
+            .unwrap();
         let logits = out[0].as_ref().unwrap();
         let first = logits.row(case.prompt.len() - 1);
         for (i, &want) in case.continuation.iter().enumerate() {
@@ -95,15 +124,30 @@ fn check_model(golden: &str) {
             }
         }
         // The first step's top logits are close to llama.cpp's.
-        let worst = case.top20.iter().take(5).map(|&(id, v)| (first[id as usize] - v).abs()).fold(0f32, f32::max);
-        assert!(worst < 1.0, "{golden}/{}: first-step top-5 logits differ by up to {worst}", case.name);
+        let worst = case
+            .top20
+            .iter()
+            .take(5)
+            .map(|&(id, v)| (first[id as usize] - v).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1.0,
+            "{golden}/{}: first-step top-5 logits differ by up to {worst}",
+            case.name
+        );
 
         // Free running: prefill, then one token at a time.
         let mut cache = model.new_cache();
         let mut next = case.prompt.clone();
         let mut same = 0;
         for &want in &case.continuation {
-            let out = model.forward(&mut [BatchItem { tokens: &next, cache: &mut cache, logits: LogitsRequest::Last }]).unwrap();
+            let out = model
+                .forward(&mut [BatchItem {
+                    tokens: &next,
+                    cache: &mut cache,
+                    logits: LogitsRequest::Last,
+                }])
+                .unwrap();
             let id = argmax(out[0].as_ref().unwrap().last());
             if id != want {
                 assert!(
@@ -122,9 +166,21 @@ fn check_model(golden: &str) {
         report.push(format!("{}: {same}/{}", case.name, case.continuation.len()));
     }
     let rate = agree as f64 / total as f64;
-    eprintln!("{golden}: teacher-forced {agree}/{total} ({:.1}%), free-running {}", rate * 100.0, report.join(", "));
-    assert!(rate >= 0.97, "{golden}: teacher-forced agreement {:.1}% < 97%", rate * 100.0);
-    assert!(long_runs >= 5, "{golden}: only {long_runs}/8 prompts kept ≥ 16 greedy tokens: {}", report.join(", "));
+    eprintln!(
+        "{golden}: teacher-forced {agree}/{total} ({:.1}%), free-running {}",
+        rate * 100.0,
+        report.join(", ")
+    );
+    assert!(
+        rate >= 0.97,
+        "{golden}: teacher-forced agreement {:.1}% < 97%",
+        rate * 100.0
+    );
+    assert!(
+        long_runs >= 5,
+        "{golden}: only {long_runs}/8 prompts kept ≥ 16 greedy tokens: {}",
+        report.join(", ")
+    );
 }
 
 #[test]

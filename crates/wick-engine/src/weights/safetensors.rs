@@ -47,8 +47,15 @@ impl SafetensorsWeights {
             let text = std::fs::read_to_string(&index).map_err(io(&index))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| bad(&index, format!("not JSON: {e}")))?;
-            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad(&index, "no weight_map"))?;
-            let mut shards: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|f| dir.join(f)).collect();
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| bad(&index, "no weight_map"))?;
+            let mut shards: Vec<PathBuf> = map
+                .values()
+                .filter_map(|v| v.as_str())
+                .map(|f| dir.join(f))
+                .collect();
             shards.dedup();
             shards
         } else {
@@ -86,7 +93,11 @@ impl SafetensorsWeights {
             }
             maps.push(map);
         }
-        Ok(SafetensorsWeights { dir: name.to_path_buf(), maps, entries })
+        Ok(SafetensorsWeights {
+            dir: name.to_path_buf(),
+            maps,
+            entries,
+        })
     }
 
     /// Names of all tensors.

@@ -1,0 +1,61 @@
+//! Turning a prompt into tokens: requests, the per-sequence state machine the scheduler
+//! drives, and [`Model::generate`](crate::Model::generate) for one sequence.
+mod request;
+mod sequence;
+mod text;
+
+pub use request::{FinishReason, GenerationOutput, GenerationRequest, TokenEvent, Usage};
+pub use sequence::{Sequence, SequenceStep};
+pub use text::TextStream;
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use crate::model::{Model, Step};
+use crate::Result;
+
+impl Model {
+    /// Generates for one request on a fresh cache, calling `on_token` for every sampled
+    /// token (return `Break` to stop early: the finish reason is then `Cancelled`).
+    pub fn generate(
+        &self,
+        request: &GenerationRequest,
+        on_token: impl FnMut(&TokenEvent) -> ControlFlow<()>,
+    ) -> Result<GenerationOutput> {
+        self.generate_with_cache(request, self.new_cache(), on_token)
+    }
+
+    /// Like [`Model::generate`], continuing from `cache`, which must hold a prefix of the
+    /// prompt (its length is reported as cached tokens).
+    pub fn generate_with_cache(
+        &self,
+        request: &GenerationRequest,
+        cache: crate::KvCache,
+        mut on_token: impl FnMut(&TokenEvent) -> ControlFlow<()>,
+    ) -> Result<GenerationOutput> {
+        let mut seq = Sequence::new(self, request, cache)?;
+        while !seq.is_finished() {
+            let step = seq.next_step(request.prefill_chunk);
+            let started = Instant::now();
+            let out = {
+                let (tokens, cache) = seq.input_and_cache(&step);
+                self.forward(&mut [Step {
+                    tokens: &tokens,
+                    cache,
+                    logits: step.logits,
+                }])?
+            };
+            if let Some(event) = seq.advance(
+                self,
+                &step,
+                out.into_iter().next().flatten().as_ref(),
+                started.elapsed(),
+            )? {
+                if on_token(&event).is_break() {
+                    seq.cancel();
+                }
+            }
+        }
+        Ok(seq.finish(self))
+    }
+}

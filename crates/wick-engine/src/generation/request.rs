@@ -1,0 +1,143 @@
+//! What a generation is asked to do and what it reports back.
+use std::time::Duration;
+
+use crate::model::KvCache;
+use crate::sampler::SamplingParams;
+
+/// Prompt tokens fed per forward pass while prefilling, by default.
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
+/// One generation: prompt, limits, sampling, stop strings.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// Prompt token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling parameters (greedy by default).
+    pub sampling: SamplingParams,
+    /// Stop strings, matched on decoded text; nothing of a match is emitted.
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: bool,
+    /// Prompt tokens per forward pass.
+    pub prefill_chunk: usize,
+    /// Decode special tokens into the text (tool-call markers are special tokens in
+    /// some vocabularies); end-of-sequence tokens are never decoded.
+    pub keep_special_text: bool,
+}
+
+impl GenerationRequest {
+    /// Greedy generation of up to 256 tokens after `prompt`.
+    pub fn new(prompt: Vec<u32>) -> Self {
+        GenerationRequest {
+            prompt,
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            ignore_eos: false,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            keep_special_text: true,
+        }
+    }
+
+    /// Sets the token limit.
+    pub fn max_tokens(mut self, n: usize) -> Self {
+        self.max_tokens = n;
+        self
+    }
+
+    /// Sets the sampling parameters.
+    pub fn sampling(mut self, p: SamplingParams) -> Self {
+        self.sampling = p;
+        self
+    }
+
+    /// Sets the stop strings.
+    pub fn stop(mut self, stop: Vec<String>) -> Self {
+        self.stop = stop;
+        self
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token was sampled.
+    EndOfSequence,
+    /// A stop string matched.
+    StopString(String),
+    /// `max_tokens` were generated.
+    Length,
+    /// The caller stopped it.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` value (`stop` or `length`).
+    pub fn openai(&self) -> &'static str {
+        match self {
+            FinishReason::Length => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// One sampled token and the text it released.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    /// The token id.
+    pub id: u32,
+    /// Text that became stable with this token (may be empty: an incomplete UTF-8
+    /// sequence, or text held back because it may start a stop string).
+    pub text: String,
+    /// Log-probability of the token (NaN unless logprobs were requested).
+    pub logprob: f32,
+    /// Top alternatives `(id, logprob)`, most likely first (when requested).
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// Whether this token ended the generation (an end-of-sequence token, a stop string,
+    /// or the length limit).
+    pub last: bool,
+}
+
+/// Token counts and timings of a generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens that came from a cache instead of being computed.
+    pub cached_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Time spent computing the prompt.
+    pub prefill_time: Duration,
+    /// Time spent generating after the first token.
+    pub decode_time: Duration,
+}
+
+impl Usage {
+    /// Prompt tokens computed per second.
+    pub fn prefill_tps(&self) -> f64 {
+        let n = self.prompt_tokens - self.cached_tokens;
+        n as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Tokens generated per second after the first.
+    pub fn decode_tps(&self) -> f64 {
+        self.completion_tokens.saturating_sub(1) as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Everything a finished generation produced.
+pub struct GenerationOutput {
+    /// Generated token ids (the end-of-sequence token included when one ended it).
+    pub tokens: Vec<u32>,
+    /// The text (stop string and everything after it removed).
+    pub text: String,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Counts and timings.
+    pub usage: Usage,
+    /// The cache after the generation (prompt + generated tokens that were fed).
+    pub cache: KvCache,
+}

@@ -1,0 +1,244 @@
+//! The state of one generating sequence, stepped by whoever owns the forward passes
+//! (the single-sequence loop in `generation/mod.rs` or the batching scheduler).
+use std::time::Duration;
+
+use super::request::{FinishReason, GenerationOutput, GenerationRequest, TokenEvent, Usage};
+use super::text::TextStream;
+use crate::model::{KvCache, Model};
+use crate::models::decoder::{Logits, LogitsRequest};
+use crate::sampler::{Sampler, SamplerTokens};
+use crate::{EngineError, Result};
+
+/// What the next forward pass of a sequence feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceStep {
+    /// Prompt tokens to feed (`0` for a decode step, which feeds the last sampled token).
+    pub prefill: usize,
+    /// Which logits the step needs.
+    pub logits: LogitsRequest,
+}
+
+impl SequenceStep {
+    /// Tokens this step feeds.
+    pub fn tokens(&self) -> usize {
+        self.prefill.max(1)
+    }
+}
+
+/// One sequence from prompt to finish.
+pub struct Sequence {
+    prompt: Vec<u32>,
+    fed: usize,
+    cached: usize,
+    cache: KvCache,
+    sampler: Sampler,
+    text: TextStream,
+    generated: Vec<u32>,
+    pending: u32,
+    history: Vec<u32>,
+    max_tokens: usize,
+    eos: Vec<u32>,
+    ignore_eos: bool,
+    finish: Option<FinishReason>,
+    prefill_time: Duration,
+    decode_time: Duration,
+}
+
+impl Sequence {
+    /// Validates `request` against the model and prepares to run it on `cache`, which
+    /// may already hold a prefix of the prompt (at least one prompt token is always
+    /// recomputed, so the first sampled token has fresh logits).
+    pub fn new(model: &Model, request: &GenerationRequest, mut cache: KvCache) -> Result<Self> {
+        if request.prompt.is_empty() {
+            return Err(EngineError::InvalidInput("the prompt is empty".into()));
+        }
+        let vocab = model.config().vocab_size;
+        if let Some(&bad) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::InvalidInput(format!(
+                "prompt token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        let needed = request.prompt.len() + request.max_tokens;
+        let limit = model.info().context_length;
+        if needed > limit {
+            return Err(EngineError::ContextOverflow { needed, limit });
+        }
+        request.sampling.validate_for_vocab(vocab)?;
+        let mut cached = cache.len();
+        if cached >= request.prompt.len() {
+            cached = request.prompt.len() - 1;
+            cache.trim(cached)?;
+        }
+        let sampler = Sampler::new(
+            request.sampling.clone(),
+            SamplerTokens {
+                eos_ids: model.eos_ids().to_vec(),
+                newline_id: model
+                    .tokenizer()
+                    .token_id("\n")
+                    .or_else(|| model.tokenizer().token_id("Ċ")),
+            },
+        )?;
+        Ok(Sequence {
+            prompt: request.prompt.clone(),
+            fed: cached,
+            cached,
+            cache,
+            sampler,
+            text: TextStream::new(model.tokenizer(), &request.stop, request.keep_special_text),
+            generated: Vec::new(),
+            pending: 0,
+            history: request.prompt.clone(),
+            max_tokens: request.max_tokens,
+            eos: model.eos_ids().to_vec(),
+            ignore_eos: request.ignore_eos,
+            finish: if request.max_tokens == 0 {
+                Some(FinishReason::Length)
+            } else {
+                None
+            },
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        })
+    }
+
+    /// Whether the sequence is done.
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// Whether the prompt is fully in the cache.
+    pub fn is_decoding(&self) -> bool {
+        self.fed == self.prompt.len()
+    }
+
+    /// Prompt tokens not yet computed.
+    pub fn remaining_prompt(&self) -> usize {
+        self.prompt.len() - self.fed
+    }
+
+    /// The next step, feeding at most `chunk` prompt tokens.
+    pub fn next_step(&self, chunk: usize) -> SequenceStep {
+        if self.fed < self.prompt.len() {
+            let n = chunk.max(1).min(self.prompt.len() - self.fed);
+            let last = self.fed + n == self.prompt.len();
+            SequenceStep {
+                prefill: n,
+                logits: if last {
+                    LogitsRequest::Last
+                } else {
+                    LogitsRequest::None
+                },
+            }
+        } else {
+            SequenceStep {
+                prefill: 0,
+                logits: LogitsRequest::Last,
+            }
+        }
+    }
+
+    /// The tokens `step` feeds and the cache they go into.
+    pub fn input_and_cache(&mut self, step: &SequenceStep) -> (Vec<u32>, &mut KvCache) {
+        let tokens = if step.prefill > 0 {
+            self.prompt[self.fed..self.fed + step.prefill].to_vec()
+        } else {
+            vec![self.pending]
+        };
+        (tokens, &mut self.cache)
+    }
+
+    /// Records a finished forward pass of `step`; samples when logits came back.
+    pub fn advance(
+        &mut self,
+        model: &Model,
+        step: &SequenceStep,
+        logits: Option<&Logits>,
+        took: Duration,
+    ) -> Result<Option<TokenEvent>> {
+        if step.prefill > 0 {
+            self.fed += step.prefill;
+            self.prefill_time += took;
+        } else {
+            self.decode_time += took;
+        }
+        let Some(logits) = logits else {
+            return Ok(None);
+        };
+        let mut row = logits.last().to_vec();
+        let sampled = self.sampler.sample(&mut row, &self.history);
+        let id = sampled.id;
+        self.generated.push(id);
+        self.history.push(id);
+        self.pending = id;
+        let mut event = TokenEvent {
+            id,
+            text: String::new(),
+            logprob: sampled.logprob,
+            top_logprobs: sampled.top_logprobs,
+            last: false,
+        };
+        if !self.ignore_eos && self.eos.contains(&id) {
+            self.finish = Some(FinishReason::EndOfSequence);
+        } else {
+            let (text, stopped) = self.text.push(id)?;
+            event.text = text;
+            if let Some(stop) = stopped {
+                self.finish = Some(FinishReason::StopString(stop));
+            }
+        }
+        if self.finish.is_none() && self.generated.len() >= self.max_tokens {
+            self.finish = Some(FinishReason::Length);
+        }
+        if let Some(reason) = &self.finish {
+            event.last = true;
+            if !matches!(reason, FinishReason::StopString(_)) {
+                let (rest, stopped) = self.text.flush();
+                event.text.push_str(&rest);
+                if let Some(stop) = stopped {
+                    self.finish = Some(FinishReason::StopString(stop));
+                }
+            }
+        }
+        let _ = model;
+        Ok(Some(event))
+    }
+
+    /// Stops the sequence at the caller's request.
+    pub fn cancel(&mut self) {
+        if self.finish.is_none() {
+            self.finish = Some(FinishReason::Cancelled);
+        }
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// Counts and timings so far.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt.len(),
+            cached_tokens: self.cached,
+            completion_tokens: self.generated.len(),
+            prefill_time: self.prefill_time,
+            decode_time: self.decode_time,
+        }
+    }
+
+    /// Ends the sequence and hands back what it produced.
+    pub fn finish(mut self, _model: &Model) -> GenerationOutput {
+        let usage = self.usage();
+        if !matches!(self.finish, Some(FinishReason::StopString(_))) {
+            self.text.flush();
+        }
+        GenerationOutput {
+            tokens: self.generated,
+            text: self.text.text().to_string(),
+            finish_reason: self.finish.unwrap_or(FinishReason::Cancelled),
+            usage,
+            cache: self.cache,
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! [`Model`]: a loaded model with its tokenizer, chat template and generation defaults —
+//! the engine's public entry point.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use wick_chat::chat_template::{ChatInput, ChatTemplate, TemplateTokens};
+use wick_chat::tokenizer::Tokenizer;
+use wick_gguf::GgufFile;
+
+use crate::backend::candle::CandleBackend;
+use crate::backend::KvLayerSnapshot;
+use crate::config::ModelConfig;
+use crate::models::decoder::{BatchItem, Decoder, Logits, LogitsRequest, SequenceCache};
+use crate::models::Arch;
+use crate::weights::{GgufWeights, SafetensorsWeights};
+use crate::{EngineError, Result};
+
+/// The file format a model was loaded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelFormat {
+    /// A single GGUF file (weights, tokenizer and template inside).
+    Gguf,
+    /// A Hugging Face directory (config.json, safetensors, tokenizer files).
+    HuggingFace,
+}
+
+/// Facts about a loaded model, for logs, `/v1/models` and `/stats`.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    /// Display name (file stem or directory name).
+    pub name: String,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    /// File format.
+    pub format: ModelFormat,
+    /// Architecture.
+    pub arch: Arch,
+    /// Context limit requests are checked against.
+    pub context_length: usize,
+    /// Bytes of weights on the backend.
+    pub weight_bytes: usize,
+    /// Compute backend name.
+    pub backend: &'static str,
+}
+
+/// Sampling defaults from `generation_config.json` (absent fields are `None`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationDefaults {
+    /// Default temperature.
+    pub temperature: Option<f32>,
+    /// Default nucleus mass.
+    pub top_p: Option<f32>,
+    /// Default top-k.
+    pub top_k: Option<usize>,
+    /// Default repetition penalty.
+    pub repetition_penalty: Option<f32>,
+}
+
+/// Options for [`Model::load`].
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Overrides the context limit (never above what the model was trained for).
+    pub context_length: Option<usize>,
+}
+
+/// A sequence's KV cache, whatever the backend.
+#[derive(Clone)]
+pub struct KvCache {
+    inner: SequenceCache<CandleBackend>,
+}
+
+impl KvCache {
+    /// Tokens cached (the next token's position).
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// Whether the cache can be cut back to `len` tokens (a sliding window that already
+    /// dropped keys cannot).
+    pub fn can_trim_to(&self, len: usize) -> bool {
+        self.inner.can_trim_to(len)
+    }
+
+    /// Forgets every token from position `len` on.
+    pub fn trim(&mut self, len: usize) -> Result<()> {
+        self.inner.trim(len)
+    }
+
+    /// Bytes held.
+    pub fn byte_size(&self) -> usize {
+        self.inner.byte_size()
+    }
+
+    /// Host copies of every layer (for persistence).
+    pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
+        self.inner.snapshot()
+    }
+}
+
+/// One sequence's part of a batched [`Model::forward`].
+pub struct Step<'a> {
+    /// New tokens.
+    pub tokens: &'a [u32],
+    /// The sequence's cache.
+    pub cache: &'a mut KvCache,
+    /// Which logits to return.
+    pub logits: LogitsRequest,
+}
+
+/// A loaded model: weights on a backend, tokenizer, chat template, defaults.
+///
+/// ```no_run
+/// use wick_engine::{Model, LoadOptions, GenerationRequest};
+/// let model = Model::load("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &LoadOptions::default())?;
+/// let prompt = model.render_chat(&[serde_json::json!({"role": "user", "content": "Hi!"})], None, &Default::default())?;
+/// let request = GenerationRequest::new(model.tokenize(&prompt)?).max_tokens(32);
+/// let out = model.generate(&request, |token| {
+///     print!("{}", token.text);
+///     std::ops::ControlFlow::Continue(())
+/// })?;
+/// println!("\n{:?} after {} tokens", out.finish_reason, out.tokens.len());
+/// # Ok::<(), wick_engine::EngineError>(())
+/// ```
+pub struct Model {
+    decoder: Decoder<CandleBackend>,
+    tokenizer: Tokenizer,
+    template: Option<Arc<ChatTemplate>>,
+    template_source: Option<String>,
+    info: ModelInfo,
+    defaults: GenerationDefaults,
+    eos: Vec<u32>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
+    move |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| EngineError::Config {
+            source_name: path.display().to_string(),
+            reason: format!("not valid JSON: {e}"),
+        })
+}
+
+impl Model {
+    /// Loads a `.gguf` file or a Hugging Face model directory.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model> {
+        let meta = std::fs::metadata(path).map_err(io(path))?;
+        let mut model = if meta.is_dir() {
+            Self::load_hf(path)?
+        } else {
+            Self::load_gguf(path)?
+        };
+        if let Some(n) = opts.context_length {
+            model.info.context_length = n.min(model.info.context_length).max(1);
+        }
+        tracing::info!(
+            model = %model.info.name,
+            arch = %model.info.arch,
+            backend = model.info.backend,
+            weights_mib = model.info.weight_bytes / (1 << 20),
+            context = model.info.context_length,
+            "model loaded"
+        );
+        Ok(model)
+    }
+
+    fn load_gguf(path: &Path) -> Result<Model> {
+        let file = GgufFile::open(path)?;
+        let source = path.display().to_string();
+        let cfg = ModelConfig::from_gguf(file.metadata(), &source)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let template_source = file
+            .metadata()
+            .opt_str("tokenizer.chat_template")?
+            .map(str::to_string);
+        let decoder = Decoder::load(CandleBackend::cpu(), cfg, &GgufWeights::new(&file))?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| source.clone());
+        Self::assemble(
+            decoder,
+            tokenizer,
+            template_source,
+            GenerationDefaults::default(),
+            name,
+            path,
+            ModelFormat::Gguf,
+        )
+    }
+
+    fn load_hf(dir: &Path) -> Result<Model> {
+        let source = dir.display().to_string();
+        let config = read_json(&dir.join("config.json"))?.ok_or_else(|| EngineError::Config {
+            source_name: source.clone(),
+            reason: "no config.json: not a Hugging Face model directory".into(),
+        })?;
+        let cfg = ModelConfig::from_hf(&config, &source)?;
+        let tokenizer = Tokenizer::from_hf_dir(dir)?;
+        let weights = SafetensorsWeights::open(dir)?;
+        // Gemma's sandwich norms use other Hugging Face names.
+        let gemma = cfg.arch == Arch::Gemma3;
+        let decoder = Decoder::load(CandleBackend::cpu(), cfg, &weights.canonical(gemma))?;
+        let template_source = hf_chat_template(dir)?;
+        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+        let defaults = GenerationDefaults {
+            temperature: gen
+                .get("temperature")
+                .and_then(Value::as_f64)
+                .map(|v| v as f32),
+            top_p: gen.get("top_p").and_then(Value::as_f64).map(|v| v as f32),
+            top_k: gen.get("top_k").and_then(Value::as_u64).map(|v| v as usize),
+            repetition_penalty: gen
+                .get("repetition_penalty")
+                .and_then(Value::as_f64)
+                .map(|v| v as f32),
+        };
+        let mut model = {
+            let name = dir
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| source.clone());
+            Self::assemble(
+                decoder,
+                tokenizer,
+                template_source,
+                defaults,
+                name,
+                dir,
+                ModelFormat::HuggingFace,
+            )?
+        };
+        // generation_config's eos ids join the set.
+        let extra = crate::config::hf_ids(&gen, "eos_token_id");
+        for id in extra {
+            if !model.eos.contains(&id) {
+                model.eos.push(id);
+            }
+        }
+        Ok(model)
+    }
+
+    fn assemble(
+        decoder: Decoder<CandleBackend>,
+        tokenizer: Tokenizer,
+        template_source: Option<String>,
+        defaults: GenerationDefaults,
+        name: String,
+        path: &Path,
+        format: ModelFormat,
+    ) -> Result<Model> {
+        let cfg = decoder.config();
+        let mut eos: Vec<u32> = cfg.eos_token_ids.clone();
+        for &id in tokenizer.eos_ids() {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        let template = match &template_source {
+            Some(src) => {
+                let tokens = TemplateTokens {
+                    bos_token: tokenizer.bos_token().map(str::to_string),
+                    eos_token: tokenizer.eos_token().map(str::to_string),
+                    ..TemplateTokens::default()
+                };
+                Some(Arc::new(ChatTemplate::new(src, tokens)?))
+            }
+            None => None,
+        };
+        let info = ModelInfo {
+            name,
+            path: path.to_path_buf(),
+            format,
+            arch: cfg.arch,
+            context_length: cfg.context_length,
+            weight_bytes: decoder.weight_bytes(),
+            backend: "candle",
+        };
+        Ok(Model {
+            decoder,
+            tokenizer,
+            template,
+            template_source,
+            info,
+            defaults,
+            eos,
+        })
+    }
+
+    /// Facts about the model.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    /// The architecture configuration.
+    pub fn config(&self) -> &ModelConfig {
+        self.decoder.config()
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.template.as_deref()
+    }
+
+    /// The chat template's Jinja source, if any.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.template_source.as_deref()
+    }
+
+    /// Defaults from `generation_config.json`.
+    pub fn generation_defaults(&self) -> &GenerationDefaults {
+        &self.defaults
+    }
+
+    /// End-of-sequence ids: the config's ∪ the tokenizer's.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Renders messages (OpenAI shape) through the chat template with a generation prompt.
+    pub fn render_chat(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        kwargs: &serde_json::Map<String, Value>,
+    ) -> Result<String> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| EngineError::NoChatTemplate(self.info.name.clone()))?;
+        let input = ChatInput {
+            messages: wick_chat::chat_template::normalize_messages(messages.to_vec()),
+            tools: tools.map(<[Value]>::to_vec),
+            add_generation_prompt: true,
+            kwargs: kwargs.clone(),
+        };
+        Ok(template.render(&input)?)
+    }
+
+    /// Tokenizes a prompt: special-token text is parsed, BOS added when the model asks for
+    /// it, and a BOS the template already wrote is not doubled.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.tokenizer.encode(text, true)?;
+        if let (Some(bos), true) = (self.tokenizer.bos_id(), ids.len() >= 2) {
+            if ids[0] == bos && ids[1] == bos {
+                ids.remove(0);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// An empty cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            inner: self.decoder.new_cache(),
+        }
+    }
+
+    /// Rebuilds a cache from [`KvCache::snapshot`] output.
+    pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<KvCache> {
+        Ok(KvCache {
+            inner: self.decoder.cache_from_snapshot(layers)?,
+        })
+    }
+
+    /// One batched forward pass over several sequences.
+    pub fn forward(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<Logits>>> {
+        let mut batch: Vec<BatchItem<'_, CandleBackend>> = steps
+            .iter_mut()
+            .map(|s| BatchItem {
+                tokens: s.tokens,
+                cache: &mut s.cache.inner,
+                logits: s.logits,
+            })
+            .collect();
+        self.decoder.forward(&mut batch)
+    }
+}
+
+/// The chat template of a Hugging Face directory: `chat_template.jinja`, else
+/// `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates
+/// of which `default` is used).
+fn hf_chat_template(dir: &Path) -> Result<Option<String>> {
+    let file = dir.join("chat_template.jinja");
+    if file.is_file() {
+        return std::fs::read_to_string(&file).map(Some).map_err(io(&file));
+    }
+    let Some(cfg) = read_json(&dir.join("tokenizer_config.json"))? else {
+        return Ok(None);
+    };
+    Ok(match cfg.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    })
+}
