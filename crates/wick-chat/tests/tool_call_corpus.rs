@@ -160,6 +160,13 @@ fn mistral_corpus() {
     run("mistral.json");
 }
 
+/// Real replies of Qwen2.5-Coder-0.5B (recorded by `scripts/goldens/tool_call_qwen_coder.py`):
+/// it writes bare or fenced JSON envelopes without `<tool_call>` tags, and invents tool names.
+#[test]
+fn real_qwen_coder_replies() {
+    run("real_qwen2.5_coder.json");
+}
+
 #[test]
 fn every_family_has_a_corpus() {
     for format in ToolFormat::all() {

@@ -1,6 +1,7 @@
 //! The fuzz target run as a plain test: a bounded number of inputs mutated from the corpus and
 //! from markup fragments go through `fuzz_one` (no panic, no hang, streaming agrees with
-//! parsing). `WICK_FUZZ_ITERS` sets the number of inputs (default 4000); the same checks run
+//! parsing). `WICK_FUZZ_ITERS` sets the number of inputs (default 4000) and `WICK_FUZZ_SEED`
+//! the random seed; the same checks run
 //! unbounded under `cargo fuzz run tool_call` in `crates/wick-chat/fuzz`.
 
 mod support;
@@ -126,7 +127,11 @@ fn mutated_inputs_never_break_the_parser() {
         .unwrap_or(4000);
     let mut seeds = corpus_texts();
     seeds.extend(FRAGMENTS.iter().map(|f| f.to_string()));
-    let mut rng = Rng::new(0x5EED);
+    let seed = std::env::var("WICK_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5EED);
+    let mut rng = Rng::new(seed);
     for _ in 0..iterations {
         let text = mutate(&seeds, &mut rng);
         let selector = rng.below(256) as u8;

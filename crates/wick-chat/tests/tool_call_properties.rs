@@ -207,7 +207,7 @@ fn format_strategy() -> impl Strategy<Value = ToolFormat> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 4096, .. ProptestConfig::default() })]
 
     #[test]
     fn template_written_calls_parse_back(

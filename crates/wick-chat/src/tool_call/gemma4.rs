@@ -98,23 +98,26 @@ fn value_end(text: &str) -> ValueEnd {
     let mut brackets: Vec<u8> = Vec::new();
     let mut index = 0;
     while index < bytes.len() {
-        let rest = &text[index..];
-        if let Some(inner) = rest.strip_prefix(QUOTE) {
-            match inner.find(QUOTE) {
-                Some(close) => index += QUOTE.len() + close + QUOTE.len(),
-                None => {
-                    return ValueEnd::Open {
-                        gemma_string: true,
-                        json_string: false,
-                        brackets,
+        // Markup starts with `<` (ASCII), so slicing there is on a character boundary.
+        if bytes[index] == b'<' {
+            let rest = &text[index..];
+            if let Some(inner) = rest.strip_prefix(QUOTE) {
+                match inner.find(QUOTE) {
+                    Some(close) => index += QUOTE.len() + close + QUOTE.len(),
+                    None => {
+                        return ValueEnd::Open {
+                            gemma_string: true,
+                            json_string: false,
+                            brackets,
+                        }
                     }
                 }
+                continue;
             }
-            continue;
-        }
-        if rest.starts_with(CALL_CLOSE) {
-            // A call close token ends the value even inside brackets (they were never closed).
-            return ValueEnd::At { len: index };
+            if rest.starts_with(CALL_CLOSE) {
+                // A call close token ends the value even inside brackets (they were never closed).
+                return ValueEnd::At { len: index };
+            }
         }
         match bytes[index] {
             b'"' => {
@@ -494,6 +497,20 @@ mod tests {
                 9,
                 vec![RepairKind::UnbalancedBraces]
             )
+        );
+    }
+
+    #[test]
+    fn non_ascii_values_before_markup() {
+        // Found by fuzzing: the value scanner sliced inside a multi-byte character.
+        assert_eq!(
+            step("city:Ελλάδα <tool_call|>", false, 0),
+            BodyStep::Arg {
+                key: "city".into(),
+                value: ArgText::Raw("Ελλάδα".into()),
+                len: 18,
+                repairs: vec![RepairKind::BareValue]
+            }
         );
     }
 

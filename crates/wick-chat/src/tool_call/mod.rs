@@ -14,6 +14,20 @@
 //! [`parse`] is the streaming parser fed the whole text at once, so both agree by construction;
 //! the tests check that every way of splitting a text into chunks gives the same result.
 //!
+//! Decisions that differ from the reference (mlx-bun), because arguments stream as generated:
+//! - Fail-soft is per block: a refused block becomes content, the other calls stay calls
+//!   (the reference drops every call of the reply).
+//! - A call of an XML-style format or Gemma 4 is committed once its header names an offered
+//!   tool; after that its body cannot fail. Deviations are repaired and recorded instead:
+//!   missing closing tags or truncation (`unclosed_block`, or `unbalanced_braces` for Gemma 4,
+//!   as in the reference), text between parameters (`stray_text`), a repeated parameter
+//!   (`duplicate_key`, first value kept). An incomplete parameter at the end is dropped.
+//! - The bare-JSON last resort (`bare_json`) looks only at the start of the reply (or right after
+//!   a call) and at a ```` ```json ```` fence opening a line, so ordinary prose with braces
+//!   streams without being held back to the end.
+//! - Content is the text outside calls, exactly; only whitespace touching a call block is
+//!   dropped with it.
+//!
 //! ```
 //! use serde_json::json;
 //! use wick_chat::tool_call::{parse, ToolFormat, ToolSpec};
@@ -222,7 +236,7 @@ impl ToolFormat {
         }
         match arch.as_str() {
             "qwen2" | "qwen2moe" | "qwen3" | "qwen3moe" => Some(ToolFormat::HermesJson),
-            "qwen3next" | "qwen35" | "qwen35moe" => Some(ToolFormat::QwenXml),
+            "qwen35" | "qwen35moe" => Some(ToolFormat::QwenXml),
             "glm4moe" => Some(ToolFormat::Glm),
             _ => None,
         }

@@ -228,6 +228,15 @@ mod tests {
     }
 
     #[test]
+    fn stray_text_runs_to_the_next_tag() {
+        // Found by fuzzing: the first character may be multi-byte.
+        assert_eq!(stray_len("東京 <x"), 7);
+        assert_eq!(stray_len("<a<b"), 2);
+        assert_eq!(stray_len("abc"), 3);
+        assert_eq!(stray_len(""), 0);
+    }
+
+    #[test]
     fn earliest_tag_wins() {
         assert_eq!(
             find_first(

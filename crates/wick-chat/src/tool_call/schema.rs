@@ -59,6 +59,26 @@ impl ToolSpec {
             .collect()
     }
 
+    /// Reads a tools file (`wick tools parse --tools tools.json`): a JSON array of OpenAI tools,
+    /// or an object with a `tools` array (a saved chat-completions request body).
+    pub fn list_from_json_text(text: &str) -> Result<Vec<ToolSpec>, ToolCallError> {
+        let invalid = |reason: String| ToolCallError::InvalidToolSpec { index: 0, reason };
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| invalid(format!("tools file is not JSON: {e}")))?;
+        match &value {
+            Value::Array(tools) => ToolSpec::list_from_openai(tools),
+            Value::Object(object) => match object.get("tools") {
+                Some(Value::Array(tools)) => ToolSpec::list_from_openai(tools),
+                _ => Err(invalid(
+                    "expected an array of tools or an object with `tools`".into(),
+                )),
+            },
+            _ => Err(invalid(
+                "expected an array of tools or an object with `tools`".into(),
+            )),
+        }
+    }
+
     /// The schema of parameter `key`, if the spec declares it.
     pub fn property(&self, key: &str) -> Option<&Value> {
         self.parameters.get("properties")?.get(key)
@@ -254,6 +274,16 @@ mod tests {
         let err = ToolSpec::list_from_openai(&[json!({"type": "function"}), json!(3)]).unwrap_err();
         assert_eq!(err.kind(), "invalid_tool_spec");
         assert!(err.to_string().starts_with("tools[0]"), "{err}");
+    }
+
+    #[test]
+    fn tools_files() {
+        let array = r#"[{"type": "function", "function": {"name": "a"}}]"#;
+        assert_eq!(ToolSpec::list_from_json_text(array).unwrap()[0].name, "a");
+        let request = r#"{"model": "m", "tools": [{"name": "b"}]}"#;
+        assert_eq!(ToolSpec::list_from_json_text(request).unwrap()[0].name, "b");
+        assert!(ToolSpec::list_from_json_text("{}").is_err());
+        assert!(ToolSpec::list_from_json_text("nope").is_err());
     }
 
     #[test]
