@@ -1,0 +1,34 @@
+//! `wick ls [QUERY]`: local models.
+use clap::Args;
+use wick_hub::Store;
+
+#[derive(Args)]
+pub struct LsArgs {
+    /// Only models whose name contains this (case-insensitive).
+    query: Option<String>,
+}
+
+pub fn run(args: LsArgs) -> anyhow::Result<()> {
+    let store = Store::from_env()?;
+    let q = args.query.map(|q| q.to_lowercase());
+    println!(
+        "{:<48} {:>10} {:<8} {:<10} PATH",
+        "NAME", "SIZE", "FORMAT", "ARCH"
+    );
+    for m in store.list() {
+        if q.as_ref()
+            .is_some_and(|q| !m.name.to_lowercase().contains(q))
+        {
+            continue;
+        }
+        println!(
+            "{:<48} {:>8.1}MB {:<8} {:<10} {}",
+            m.name,
+            m.size_bytes as f64 / 1e6,
+            m.format.to_string(),
+            m.arch.clone().unwrap_or_default(),
+            m.path.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! One module per subcommand.
+pub mod bench;
+pub mod generate;
+pub mod ls;
+pub mod pull;
+pub mod tools;

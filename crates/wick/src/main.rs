@@ -1,0 +1,53 @@
+//! The `wick` command: a thin clap layer over the wick crates.
+mod commands;
+mod model_arg;
+
+use clap::{Parser, Subcommand};
+
+/// wick: run open-weights LLMs locally — generate, serve, benchmark.
+#[derive(Parser)]
+#[command(name = "wick", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt (chat template applied unless --raw).
+    #[command(alias = "gen")]
+    Generate(commands::generate::GenerateArgs),
+    /// Measure prompt-processing and decode speed.
+    Bench(commands::bench::BenchArgs),
+    /// Fetch a catalog model or the test assets into the store.
+    Pull(commands::pull::PullArgs),
+    /// List local models (wick store and Hugging Face cache).
+    Ls(commands::ls::LsArgs),
+    /// Tool-call utilities.
+    Tools(commands::tools::ToolsArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WICK_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+        Command::Pull(a) => commands::pull::run(a),
+        Command::Ls(a) => commands::ls::run(a),
+        Command::Tools(a) => commands::tools::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Turning the MODEL argument into a loaded model: resolve it in the store, pulling a
+//! catalog model that is not downloaded yet.
+use std::path::PathBuf;
+
+use anyhow::Context;
+use wick_hub::{catalog, HubError, PullEvent, PullOptions, Store};
+
+/// Resolves `arg` (default: the embedded default model) to a path, pulling catalog
+/// models on first use.
+pub fn resolve(arg: Option<&str>) -> anyhow::Result<PathBuf> {
+    let store = Store::from_env()?;
+    let query = arg.unwrap_or(catalog::DEFAULT_MODEL);
+    match store.resolve(query) {
+        Ok(m) => Ok(m.path),
+        Err(HubError::NotDownloaded { item, .. }) => {
+            eprintln!(
+                "{} is not downloaded yet: fetching it ({:.0} MB)…",
+                item.name,
+                item.download_bytes() as f64 / 1e6
+            );
+            let pulled = store.pull(item, &PullOptions::default(), &mut print_progress)?;
+            Ok(pulled.path)
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot find model '{query}'")),
+    }
+}
+
+/// Resolves `arg` when it names a model; `Ok(None)` when nothing matches it (so a caller
+/// may read it as something else), errors for ambiguity and other failures.
+pub fn resolve_if_model(arg: &str) -> anyhow::Result<Option<PathBuf>> {
+    let store = Store::from_env()?;
+    match store.resolve(arg) {
+        Err(HubError::NotFound { .. }) | Err(HubError::NotAModel { .. }) => Ok(None),
+        _ => resolve(Some(arg)).map(Some),
+    }
+}
+
+/// Prints pull progress on stderr.
+pub fn print_progress(event: PullEvent) {
+    match event {
+        PullEvent::AlreadyPresent { path, verified } => {
+            eprintln!(
+                "already present{}: {}",
+                if verified { " (verified)" } else { "" },
+                path.display()
+            )
+        }
+        PullEvent::Replacing { path, reason } => {
+            eprintln!("replacing {}: {reason}", path.display())
+        }
+        PullEvent::Downloading {
+            index,
+            count,
+            package,
+        } => eprintln!("[{index}/{count}] downloading {package}"),
+        PullEvent::Cached {
+            index,
+            count,
+            archive,
+        } => eprintln!("[{index}/{count}] cached {}", archive.display()),
+        PullEvent::Verifying { path } => eprintln!("verifying {}", path.display()),
+        PullEvent::Extracting {
+            done_bytes,
+            total_bytes,
+        } => {
+            let pct = (done_bytes * 100).checked_div(total_bytes).unwrap_or(100);
+            eprint!(
+                "\rextracting {pct:3}% ({:.1}/{:.1} MB)",
+                done_bytes as f64 / 1e6,
+                total_bytes as f64 / 1e6
+            );
+            if done_bytes >= total_bytes {
+                eprintln!();
+            }
+        }
+        PullEvent::Installed { path } => eprintln!("installed {}", path.display()),
+        #[allow(unreachable_patterns)]
+        _ => {}
+    }
+}
