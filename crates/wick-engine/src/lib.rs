@@ -18,3 +18,4 @@ pub use generation::{
 };
 pub use model::{GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step};
 pub use models::decoder::{Logits, LogitsRequest};
+pub mod scheduler;

@@ -15,6 +15,29 @@ use crate::model::{Model, Step};
 use crate::Result;
 
 impl Model {
+    /// Checks a request against the model before any work: a non-empty prompt of valid
+    /// ids, prompt + max_tokens within the context, valid sampling parameters.
+    pub fn check_request(&self, request: &GenerationRequest) -> Result<()> {
+        if request.prompt.is_empty() {
+            return Err(crate::EngineError::InvalidInput(
+                "the prompt is empty".into(),
+            ));
+        }
+        let vocab = self.config().vocab_size;
+        if let Some(&bad) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(crate::EngineError::InvalidInput(format!(
+                "prompt token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        let needed = request.prompt.len() + request.max_tokens;
+        let limit = self.info().context_length;
+        if needed > limit {
+            return Err(crate::EngineError::ContextOverflow { needed, limit });
+        }
+        request.sampling.validate_for_vocab(vocab)?;
+        Ok(())
+    }
+
     /// Generates for one request on a fresh cache, calling `on_token` for every sampled
     /// token (return `Break` to stop early: the finish reason is then `Cancelled`).
     pub fn generate(

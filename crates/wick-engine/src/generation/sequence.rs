@@ -7,7 +7,7 @@ use super::text::TextStream;
 use crate::model::{KvCache, Model};
 use crate::models::decoder::{Logits, LogitsRequest};
 use crate::sampler::{Sampler, SamplerTokens};
-use crate::{EngineError, Result};
+use crate::Result;
 
 /// What the next forward pass of a sequence feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,21 +49,7 @@ impl Sequence {
     /// may already hold a prefix of the prompt (at least one prompt token is always
     /// recomputed, so the first sampled token has fresh logits).
     pub fn new(model: &Model, request: &GenerationRequest, mut cache: KvCache) -> Result<Self> {
-        if request.prompt.is_empty() {
-            return Err(EngineError::InvalidInput("the prompt is empty".into()));
-        }
-        let vocab = model.config().vocab_size;
-        if let Some(&bad) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
-            return Err(EngineError::InvalidInput(format!(
-                "prompt token id {bad} is outside the vocabulary ({vocab})"
-            )));
-        }
-        let needed = request.prompt.len() + request.max_tokens;
-        let limit = model.info().context_length;
-        if needed > limit {
-            return Err(EngineError::ContextOverflow { needed, limit });
-        }
-        request.sampling.validate_for_vocab(vocab)?;
+        model.check_request(request)?;
         let mut cached = cache.len();
         if cached >= request.prompt.len() {
             cached = request.prompt.len() - 1;
@@ -136,6 +122,25 @@ impl Sequence {
                 logits: LogitsRequest::Last,
             }
         }
+    }
+
+    /// The tokens `step` feeds.
+    pub fn input_tokens(&self, step: &SequenceStep) -> Vec<u32> {
+        if step.prefill > 0 {
+            self.prompt[self.fed..self.fed + step.prefill].to_vec()
+        } else {
+            vec![self.pending]
+        }
+    }
+
+    /// The sequence's cache.
+    pub fn cache_mut(&mut self) -> &mut KvCache {
+        &mut self.cache
+    }
+
+    /// Bytes of KV cache the sequence holds.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache.byte_size()
     }
 
     /// The tokens `step` feeds and the cache they go into.

@@ -1,0 +1,224 @@
+//! The caller's side of the engine: starting it, submitting requests, reading a
+//! request's events, stats and shutdown.
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use super::stats::{EngineCounters, EngineStats};
+use super::{EngineConfig, EngineEvent};
+use crate::generation::GenerationRequest;
+use crate::model::Model;
+use crate::EngineError;
+
+/// Why a request was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The request itself is invalid (too long for the context, bad parameters …).
+    #[error(transparent)]
+    Invalid(#[from] EngineError),
+    /// Too many requests are waiting.
+    #[error("the request queue is full ({limit} waiting); retry later")]
+    QueueFull {
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The engine is shutting down.
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+/// A request waiting for a place in the batch.
+pub(crate) struct Pending {
+    pub id: u64,
+    pub request: GenerationRequest,
+    pub events: UnboundedSender<EngineEvent>,
+    pub cancel: Arc<AtomicBool>,
+    pub submitted: Instant,
+}
+
+pub(crate) struct Queue {
+    pub waiting: VecDeque<Pending>,
+    pub shutting_down: bool,
+    pub next_id: u64,
+}
+
+/// State shared by the handles and the engine thread.
+pub(crate) struct Shared {
+    pub queue: Mutex<Queue>,
+    pub wake: Condvar,
+    pub counters: EngineCounters,
+    pub config: EngineConfig,
+    /// Set when a shutdown's grace period ran out: running requests are cancelled.
+    pub abort: AtomicBool,
+}
+
+/// Starts engine loops.
+pub struct Engine;
+
+impl Engine {
+    /// Starts the engine thread for `model`.
+    pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                waiting: VecDeque::new(),
+                shutting_down: false,
+                next_id: 1,
+            }),
+            wake: Condvar::new(),
+            counters: EngineCounters::default(),
+            config,
+            abort: AtomicBool::new(false),
+        });
+        let loop_shared = shared.clone();
+        let loop_model = model.clone();
+        let thread = std::thread::Builder::new()
+            .name("wick-engine".into())
+            .spawn(move || super::engine_loop::run(&loop_model, &loop_shared))
+            .map_err(|e| EngineError::Backend {
+                backend: "engine",
+                message: format!("cannot start the engine thread: {e}"),
+            })?;
+        Ok(EngineHandle {
+            shared,
+            model,
+            thread: Arc::new(Mutex::new(Some(thread))),
+        })
+    }
+}
+
+/// A cloneable handle to a running engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+    model: Arc<Model>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic on the engine thread must not take the HTTP side down with it.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl EngineHandle {
+    /// The model the engine runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The engine's configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.shared.config
+    }
+
+    /// Validates and queues a request. Never blocks on model work.
+    pub fn submit(&self, request: GenerationRequest) -> Result<RequestHandle, SubmitError> {
+        self.model.check_request(&request)?;
+        let (tx, rx) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let id = {
+            let mut q = lock(&self.shared.queue);
+            if q.shutting_down {
+                return Err(SubmitError::ShuttingDown);
+            }
+            if q.waiting.len() >= self.shared.config.max_queue {
+                return Err(SubmitError::QueueFull {
+                    limit: self.shared.config.max_queue,
+                });
+            }
+            let id = q.next_id;
+            q.next_id += 1;
+            q.waiting.push_back(Pending {
+                id,
+                request,
+                events: tx,
+                cancel: cancel.clone(),
+                submitted: Instant::now(),
+            });
+            self.shared
+                .counters
+                .queued
+                .store(q.waiting.len(), Ordering::Relaxed);
+            id
+        };
+        self.shared.wake.notify_one();
+        Ok(RequestHandle {
+            id,
+            events: rx,
+            cancel,
+        })
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> EngineStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Stops accepting requests, fails the waiting ones, lets running ones finish for up
+    /// to `grace`, then cancels what is left. Returns whether everything finished in time.
+    pub fn shutdown(&self, grace: Duration) -> bool {
+        {
+            let mut q = lock(&self.shared.queue);
+            q.shutting_down = true;
+            for p in q.waiting.drain(..) {
+                let _ = p
+                    .events
+                    .send(EngineEvent::Failed("the server is shutting down".into()));
+            }
+            self.shared.counters.queued.store(0, Ordering::Relaxed);
+        }
+        self.shared.wake.notify_all();
+        let Some(thread) = lock(&self.thread).take() else {
+            return true;
+        };
+        let deadline = Instant::now() + grace;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let in_time = thread.is_finished();
+        if !in_time {
+            self.shared.abort.store(true, Ordering::Relaxed);
+            self.shared.wake.notify_all();
+        }
+        let _ = thread.join();
+        in_time
+    }
+}
+
+/// One submitted request: its events, and cancellation when dropped.
+pub struct RequestHandle {
+    id: u64,
+    events: UnboundedReceiver<EngineEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl RequestHandle {
+    /// The engine's id for the request.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event; `None` after the last one.
+    pub async fn next(&mut self) -> Option<EngineEvent> {
+        self.events.recv().await
+    }
+
+    /// The next event, blocking the thread (not for use inside an async runtime).
+    pub fn blocking_next(&mut self) -> Option<EngineEvent> {
+        self.events.blocking_recv()
+    }
+
+    /// Asks the engine to stop this request (also done on drop).
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}

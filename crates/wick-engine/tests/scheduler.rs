@@ -1,0 +1,173 @@
+//! The engine loop with the real default model: batched greedy output equals running
+//! each request alone, queue limits, cancellation.
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wick_engine::sampler::SamplingParams;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, SubmitError};
+use wick_engine::{GenerationRequest, LoadOptions, Model};
+
+fn default_model() -> Arc<Model> {
+    let home = std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
+    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} missing: run `wick pull default`",
+        path.display()
+    );
+    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
+}
+
+fn collect(mut h: wick_engine::scheduler::RequestHandle) -> (Vec<u32>, String) {
+    let mut ids = Vec::new();
+    let mut text = String::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => {
+                ids.push(t.id);
+                text.push_str(&t.text);
+            }
+            EngineEvent::Done(d) => {
+                assert_eq!(d.tokens, ids);
+                assert_eq!(d.text, text);
+                return (ids, text);
+            }
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+#[test]
+fn batched_greedy_equals_single_runs() {
+    let model = default_model();
+    let prompts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "1, 2, 3, 4,",
+        "Once upon a time in a small village, there lived an old man who",
+        "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n",
+        "Water boils at",
+    ];
+    let requests: Vec<GenerationRequest> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| GenerationRequest::new(model.tokenize(p).unwrap()).max_tokens(12 + 3 * i))
+        .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    // A small step budget forces chunked prefill to overlap with other sequences' decode.
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 4,
+            max_queue: 16,
+            step_token_budget: 7,
+        },
+    )
+    .unwrap();
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (h, want) in handles.into_iter().zip(&alone) {
+        assert_eq!(&collect(h).0, want);
+    }
+    let stats = engine.stats();
+    assert!(stats.completed >= 6 && stats.steps > 0, "{stats:?}");
+    assert!(engine.shutdown(std::time::Duration::from_secs(5)));
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_inside_a_batch() {
+    let model = default_model();
+    let prompt = model.tokenize("Write a word:").unwrap();
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: 42,
+        ..SamplingParams::default()
+    };
+    let req = GenerationRequest::new(prompt)
+        .max_tokens(16)
+        .sampling(sampling);
+    let alone = model
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    let engine = Engine::start(model.clone(), EngineConfig::default()).unwrap();
+    let other = GenerationRequest::new(model.tokenize("Noise noise").unwrap()).max_tokens(20);
+    let h1 = engine.submit(other).unwrap();
+    let h2 = engine.submit(req).unwrap();
+    assert_eq!(collect(h2).0, alone);
+    collect(h1);
+}
+
+#[test]
+fn queue_limit_and_invalid_requests_are_refused_up_front() {
+    let model = default_model();
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 1,
+            max_queue: 1,
+            step_token_budget: 64,
+        },
+    )
+    .unwrap();
+    let too_long = GenerationRequest::new(vec![1; 10]).max_tokens(1_000_000);
+    assert!(matches!(
+        engine.submit(too_long),
+        Err(SubmitError::Invalid(_))
+    ));
+    assert!(matches!(
+        engine.submit(GenerationRequest::new(vec![])),
+        Err(SubmitError::Invalid(_))
+    ));
+    let long =
+        || GenerationRequest::new(model.tokenize("Count to a thousand:").unwrap()).max_tokens(200);
+    let running = engine.submit(long()).unwrap();
+    // Let it get admitted, then fill the queue.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _waiting = engine.submit(long()).unwrap();
+    assert!(matches!(
+        engine.submit(long()),
+        Err(SubmitError::QueueFull { limit: 1 })
+    ));
+    drop(running);
+    engine.shutdown(std::time::Duration::from_millis(100));
+}
+
+#[test]
+fn dropping_the_handle_cancels_within_a_step() {
+    let model = default_model();
+    let engine = Engine::start(model.clone(), EngineConfig::default()).unwrap();
+    let mut req =
+        GenerationRequest::new(model.tokenize("Tell me a long story.").unwrap()).max_tokens(2000);
+    req.ignore_eos = true;
+    let mut h = engine.submit(req).unwrap();
+    // Wait for the first token, then walk away.
+    while !matches!(h.blocking_next(), Some(EngineEvent::Token(_))) {}
+    drop(h);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while engine.stats().cancelled == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "cancelled request still running"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let stats = engine.stats();
+    assert_eq!((stats.cancelled, stats.running, stats.completed), (1, 0, 0));
+    assert!(stats.generated_tokens_total < 100, "{stats:?}");
+}
