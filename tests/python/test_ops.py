@@ -58,4 +58,4 @@ def test_metrics_prometheus_text(server, client):
     # every sample line parses as `name{labels} value`
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            assert re.fullmatch(r'[a-z_]+(\{[^}]*\})? [-+0-9.eE]+|[a-z_]+(\{[^}]*\})? (NaN|\+Inf)', line), line
+            assert re.fullmatch(r'[a-z_]+(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? ([-+0-9.eE]+|NaN|\+Inf)', line), line

@@ -28,13 +28,18 @@ def qwen(qwen_server):
 
 def ask(qwen, **kw):
     kw.setdefault("messages", ASK)
-    return qwen.chat.completions.create(model="qwen2.5-coder-0.5b-instruct", tools=WEATHER, max_tokens=64,
-                                        temperature=0, **kw)
+    kw.setdefault("tools", WEATHER)
+    kw.setdefault("max_tokens", 48)
+    return qwen.chat.completions.create(model="qwen2.5-coder-0.5b-instruct", temperature=0, **kw)
 
 
-def test_weather_call_is_parsed(qwen, qwen_server):
-    r = ask(qwen)
-    choice = r.choices[0]
+@pytest.fixture(scope="module")
+def weather_reply(qwen):
+    return ask(qwen)
+
+
+def test_weather_call_is_parsed(weather_reply, qwen_server):
+    choice = weather_reply.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     calls = choice.message.tool_calls
     assert len(calls) == 1
@@ -42,63 +47,63 @@ def test_weather_call_is_parsed(qwen, qwen_server):
     assert re.fullmatch(r"call_[0-9a-f]{8}", call.id)
     assert call.type == "function" and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
-    assert choice.message.content in (None, "")
+    assert choice.message.content is None
+    # This model often drops the <tool_call> tags: the repair is reported, logged and counted.
     repairs = (call.model_extra or {}).get("wick_repairs", [])
     with qwen_server.http() as h:
         metrics = h.get("/metrics").text
     assert re.search(r"wick_tool_calls_total [1-9]", metrics)
     for kind in repairs:
-        assert f'wick_tool_call_repairs_total{{kind="{kind}"}}' in metrics
+        assert re.search(rf'wick_tool_call_repairs_total{{kind="{kind}"}} [1-9]', metrics)
+        assert "tool call repaired" in qwen_server.logs()
 
 
-def test_tool_result_round_trips(qwen):
-    first = ask(qwen)
-    call = first.choices[0].message.tool_calls[0]
-    messages = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": call.id, "type": "function",
-             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
-        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 21, "sky": "sunny"})},
-    ]
-    r = ask(qwen, messages=messages)
-    choice = r.choices[0]
-    assert choice.finish_reason == "stop", choice
-    assert not choice.message.tool_calls
-    assert "21" in choice.message.content, choice.message.content
-
-
-def test_stream_yields_the_same_call(qwen):
-    whole = ask(qwen).choices[0].message.tool_calls[0]
+def test_stream_yields_the_same_call(qwen, weather_reply):
+    whole = weather_reply.choices[0].message.tool_calls[0]
     calls, content, finish = {}, "", None
     for chunk in ask(qwen, stream=True):
         for c in chunk.choices:
             content += c.delta.content or ""
             finish = c.finish_reason or finish
             for tc in c.delta.tool_calls or []:
-                entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                entry = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": "", "repairs": []})
                 if tc.id:
+                    assert entry["id"] is None, "id sent twice"
                     entry["id"] = tc.id
                 if tc.function and tc.function.name:
                     entry["name"] = tc.function.name
                 if tc.function and tc.function.arguments:
                     entry["arguments"] += tc.function.arguments
+                entry["repairs"] += (tc.model_extra or {}).get("wick_repairs", [])
     assert finish == "tool_calls"
     assert list(calls) == [0]
+    assert re.fullmatch(r"call_[0-9a-f]{8}", calls[0]["id"])
     assert calls[0]["name"] == whole.function.name
     assert json.loads(calls[0]["arguments"]) == json.loads(whole.function.arguments)
-    assert "<tool_call>" not in content and "get_weather" not in content
+    assert calls[0]["repairs"] == (whole.model_extra or {}).get("wick_repairs", [])
+    assert content == "", "markup leaked into content"
 
 
-def test_tool_choice_none_gives_text(qwen):
-    r = ask(qwen, tool_choice="none", max_tokens=24)
+def test_tool_result_round_trips(qwen, weather_reply):
+    call = weather_reply.choices[0].message.tool_calls[0]
+    # The assistant's call (arguments as a JSON string) and the tool's result are rendered
+    # back through the chat template. Offered the tool again, this 0.5B model calls it again
+    # instead of answering, so the follow-up offers no tools.
+    messages = [{"role": "system", "content": "You are a helpful assistant. When a tool result is "
+                 "available, answer the user in one sentence."}] + ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees Celsius."},
+    ]
+    r = ask(qwen, messages=messages, tools=None, max_tokens=32)
+    choice = r.choices[0]
+    assert not choice.message.tool_calls
+    assert "21" in choice.message.content, choice.message.content
+    assert "sunny" in choice.message.content.lower(), choice.message.content
+
+
+def test_tool_choice_none_disables_parsing(qwen):
+    r = ask(qwen, tool_choice="none", max_tokens=8)
     assert not r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason in ("stop", "length")
-
-
-def test_prose_then_call_streams_prose_live(qwen):
-    # Whatever the model writes, markup never leaks into content and calls parse.
-    r = ask(qwen, messages=[{"role": "system", "content": "Explain briefly, then call the tool."}] + ASK)
-    msg = r.choices[0].message
-    assert "<tool_call>" not in (msg.content or "")
-    if msg.tool_calls:
-        assert json.loads(msg.tool_calls[0].function.arguments).get("city")
