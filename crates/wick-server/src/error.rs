@@ -239,7 +239,14 @@ impl From<SamplingError> for ApiError {
             SamplingError::LogitBiasNotFinite { .. }
             | SamplingError::LogitBiasTokenOutOfVocab { .. } => "logit_bias",
         };
-        ApiError::field(param.to_string(), e.to_string())
+        // The sampler's messages start with the field name, which `param` already gives.
+        let message = e.to_string();
+        let message = message
+            .strip_prefix(param)
+            .map(str::trim_start)
+            .unwrap_or(&message)
+            .to_string();
+        ApiError::field(param.to_string(), message)
     }
 }
 
@@ -366,6 +373,7 @@ mod tests {
         }
         .into();
         assert_eq!(e.param(), Some("top_p"));
+        assert_eq!(e.to_string(), "top_p: must be in (0, 1], got 2");
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
 }
