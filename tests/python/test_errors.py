@@ -176,8 +176,11 @@ def test_no_input_is_a_server_error(http):
 
 def test_auth_and_body_limit():
     require_model(SMOLLM, "smollm2-135m-instruct")
-    s = WickServer("--max-body-bytes", "2048", api_key="sekret")
+    s = WickServer("--max-body-bytes", "2048", api_key="sekret",
+                   env={"WICK_MAX_QUEUE": "5", "WICK_MODEL_ID": "from-env"})
     try:
+        stats = s.stats()  # flags also read WICK_* variables
+        assert stats["queue"]["limit"] == 5 and stats["server"]["model"] == "from-env"
         with httpx.Client(base_url=s.base, timeout=30, headers={"Authorization": "Bearer sekret"}) as h:
             big = b'{"messages": [{"role": "user", "content": "' + b"a" * 3000 + b'"}]}'
             assert_error(h.post("/v1/chat/completions", content=big,
