@@ -132,11 +132,9 @@ impl<V: CacheValue> Durability<V> {
         }
     }
 
-    /// A RAM put of `tokens` under `ns`: snapshot it after the debounce.
+    /// A RAM put of `tokens` under `ns`: it is dirty until on disk; with write-behind
+    /// on, it is snapshotted after the debounce, else at the next flush.
     pub fn schedule(&self, ns: Arc<str>, tokens: Arc<[u32]>) {
-        if !self.shared.write_behind {
-            return;
-        }
         let mut st = self.shared.state();
         st.dirty
             .schedule(DirtyKey { ns, tokens }, Instant::now(), &self.shared.timing);
@@ -358,7 +356,12 @@ fn run<V: CacheValue>(shared: &Shared<V>) {
                     return;
                 }
                 let busy = shared.busy.load(Ordering::Relaxed);
-                match st.dirty.next(Instant::now(), busy, &shared.timing) {
+                let next = if shared.write_behind {
+                    st.dirty.next(Instant::now(), busy, &shared.timing)
+                } else {
+                    Next::Wait(None)
+                };
+                match next {
                     Next::Due(key) => break Work::WriteBehind(key),
                     Next::Wait(Some(d)) => {
                         st = shared
