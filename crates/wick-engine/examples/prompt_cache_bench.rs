@@ -66,21 +66,21 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
+/// A prompt of exactly `n` tokens: log lines, tokenized line by line (tokenizing one
+/// huge string costs more than the prefill being measured).
 fn prefix(model: &Model, n: usize) -> Vec<u32> {
-    let mut text = String::new();
+    let tok = model.tokenizer();
+    let mut ids: Vec<u32> = tok.bos_id().filter(|_| tok.add_bos()).into_iter().collect();
     let mut i = 0;
-    let mut ids = Vec::new();
     while ids.len() < n {
-        for _ in 0..200 {
-            text.push_str(&format!(
-                "Log line {i}: service {} answered request {} in {} ms.\n",
-                i % 17,
-                i * 31 % 1000,
-                (i * 7) % 250
-            ));
-            i += 1;
-        }
-        ids = model.tokenize(&text).expect("tokenize");
+        let line = format!(
+            "Log line {i}: service {} answered request {} in {} ms.\n",
+            i % 17,
+            i * 31 % 1000,
+            (i * 7) % 250
+        );
+        ids.extend(tok.encode(&line, false).expect("tokenize"));
+        i += 1;
     }
     ids.truncate(n);
     ids
