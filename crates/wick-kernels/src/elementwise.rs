@@ -61,7 +61,10 @@ pub fn exp(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n without a float→int conversion (which would not vectorize): n + 127 lands in
+    // the low mantissa bits of `n + 127 + 2^23`, and shifting them into the exponent
+    // field drops everything above.
+    let scale = f32::from_bits((n + (127.0 + 8_388_608.0)).to_bits() << 23);
     p * scale
 }
 

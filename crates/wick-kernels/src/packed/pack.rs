@@ -69,15 +69,17 @@ fn quantized_row(
 ) {
     let per_block = format.block_elems() / 32;
     for (fb, bytes) in src.chunks_exact(format.block_bytes()).enumerate() {
-        // Blocks come from our own chunking of a length-checked row, so decoding
-        // cannot fail; a zero block is the harmless answer if it ever did.
-        let Ok(codes) = block_codes(format, bytes) else {
-            continue;
-        };
-        for sub in 0..per_block {
-            let b = fb * per_block + sub;
-            let q = &codes.q[32 * sub..32 * sub + 32];
-            codes_into(strip, l, scheme.bits, lane, b, q);
+        if !legacy_codes_into(format, strip, l, lane, fb, bytes) {
+            // Blocks come from our own chunking of a length-checked row, so decoding
+            // cannot fail; a zero block is the harmless answer if it ever did.
+            let Ok(codes) = block_codes(format, bytes) else {
+                continue;
+            };
+            for sub in 0..per_block {
+                let b = fb * per_block + sub;
+                let q = &codes.q[32 * sub..32 * sub + 32];
+                codes_into(strip, l, scheme.bits, lane, b, q);
+            }
         }
         match scheme.scales {
             ScaleKind::Block { min } => {
@@ -110,6 +112,56 @@ fn quantized_row(
             }
         }
     }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The fast path for the 32-element formats (most bytes of most files): nibbles and
+/// high bits go straight from the file block to the planes, four codes per word.
+/// Returns false for formats it does not handle.
+fn legacy_codes_into(
+    format: WeightFormat,
+    strip: &mut [u8],
+    l: StripLayout,
+    lane: usize,
+    b: usize,
+    bytes: &[u8],
+) -> bool {
+    let (qs_at, qh_at) = match format {
+        WeightFormat::Q4_0 => (2, None),
+        WeightFormat::Q4_1 => (4, None),
+        WeightFormat::Q5_0 => (6, Some(2)),
+        WeightFormat::Q5_1 => (8, Some(4)),
+        WeightFormat::Q8_0 => {
+            for i in 0..8 {
+                let word = u32_at(bytes, 2 + 4 * i) ^ 0x8080_8080;
+                let at = 512 * b + 64 * i + 4 * lane;
+                strip[at..at + 4].copy_from_slice(&word.to_le_bytes());
+            }
+            return true;
+        }
+        _ => return false,
+    };
+    // Group g holds columns 8g..8g+4 (low nibbles) and 8g+4..8g+8 (high nibbles); in the
+    // file, column i < 16 is the low nibble of qs[i], column i ≥ 16 the high nibble of
+    // qs[i − 16].
+    for g in 0..4 {
+        let shift = 4 * (g / 2);
+        let lo = (u32_at(bytes, qs_at + 8 * (g % 2)) >> shift) & 0x0F0F_0F0F;
+        let hi = (u32_at(bytes, qs_at + 8 * (g % 2) + 4) >> shift) & 0x0F0F_0F0F;
+        let at = 256 * b + 64 * g + 4 * lane;
+        strip[at..at + 4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
+    }
+    if let Some(qh_at) = qh_at {
+        let qh = u32_at(bytes, qh_at);
+        for word in 0..8 {
+            let nibble = ((qh >> (4 * word)) & 0x0F) as u8;
+            strip[l.masks + 64 * b + 8 * word + lane / 2] |= nibble << (4 * (lane % 2));
+        }
+    }
+    true
 }
 
 /// Writes the 32 codes of row `lane`, block `b`, into the data and mask planes.
