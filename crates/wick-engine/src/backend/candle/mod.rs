@@ -1,35 +1,38 @@
-//! The candle backend: CPU, portable, the default.
+//! The CPU backend (named after candle, which it grew from), portable, the default.
 //!
-//! Activations are candle tensors; the work is done by wick's own CPU kernels
-//! (`wick-kernels`): weight matrices of the common GGUF formats (F32/F16/BF16, Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) are repacked at load and multiplied with
-//! runtime-dispatched SIMD kernels on a low-latency thread pool, and norms, gated
-//! activations and residual adds are fused kernels writing straight into the result.
-//! Other quantized formats fall back to candle's `QMatMul`. Rotary embeddings and
-//! attention over the host KV cache are our own kernels too.
+//! Activations are [`HostTensor`]s: row-major f32 matrices in recycled buffers. The work
+//! is done by wick's own CPU kernels (`wick-kernels`): weight matrices of the common
+//! formats (F32/F16/BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) are repacked at
+//! load and multiplied by runtime-dispatched SIMD kernels on a low-latency thread pool;
+//! norms, gated activations and residual adds are kernels writing straight into the
+//! result. Other quantized formats (Q2_K, Q3_K …) fall back to candle's `QMatMul`.
+//! Rotary embeddings and attention over the host KV cache are our own code too.
+//! `WICK_PROFILE=1` prints the time spent in each op.
 mod attention;
 mod kv;
 mod profile;
 mod rope;
+mod tensor;
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use wick_gguf::GgmlType;
 use wick_kernels::elementwise::{self, GluActivation};
 use wick_kernels::{Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat};
 
 pub use kv::CpuKvLayer;
 pub use rope::CpuRope;
+pub use tensor::HostTensor;
 
 use super::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
 };
 use crate::{EngineError, Result};
 
-/// A weight matrix on the candle backend.
+/// A weight matrix on the CPU backend.
 #[derive(Debug)]
 pub enum CandleMatrix {
     /// Repacked for wick's kernels (float formats and the common quantized ones).
@@ -43,7 +46,7 @@ pub enum CandleMatrix {
     },
 }
 
-/// candle tensors on the CPU, computed by wick's kernels.
+/// The CPU backend: wick's kernels, candle for the rare formats they do not cover.
 #[derive(Debug, Clone)]
 pub struct CandleBackend {
     device: Device,
@@ -133,127 +136,109 @@ impl CandleBackend {
         })
     }
 
-    /// A dense f32 tensor from float bytes (F32/F16/BF16).
-    fn dense(&self, w: &HostWeight<'_>) -> Result<Tensor> {
-        let dtype = match w.dtype {
-            GgmlType::F32 => DType::F32,
-            GgmlType::F16 => DType::F16,
-            GgmlType::Bf16 => DType::BF16,
-            _ => {
-                let q = qtensor_from_ggml(
-                    Self::ggml_dtype(w)?,
-                    &w.bytes,
-                    w.shape.clone(),
-                    &self.device,
-                )?;
-                return Ok(q.dequantize(&self.device)?);
-            }
-        };
-        let t = Tensor::from_raw_buffer(&w.bytes, dtype, &w.shape, &self.device)?;
-        Ok(t.to_dtype(DType::F32)?)
-    }
-
-    /// Runs `f` on the contiguous f32 data of `t`.
-    fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-        let (storage, layout) = t.storage_and_layout();
-        let (start, end) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| Self::err("tensor is not contiguous"))?;
-        match &*storage {
-            Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
-            _ => Err(Self::err(
-                "only CPU tensors are supported by the candle backend's kernels",
-            )),
+    /// Every element of a weight as f32, in file order.
+    fn floats(&self, w: &HostWeight<'_>) -> Result<Vec<f32>> {
+        let len: usize = w.shape.iter().product();
+        if let Some(format) = kernel_format(w.dtype) {
+            let mut out = vec![0f32; len];
+            wick_kernels::ggml::dequantize_row(format, &w.bytes, &mut out)
+                .map_err(|e| Self::err(format!("'{}': {e}", w.name)))?;
+            return Ok(out);
         }
+        let q = qtensor_from_ggml(
+            Self::ggml_dtype(w)?,
+            &w.bytes,
+            w.shape.clone(),
+            &self.device,
+        )?;
+        Ok(q.dequantize(&self.device)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
     }
 
-    fn host(t: &Tensor) -> Result<Vec<f32>> {
-        Self::with_slice(t, |s| s.to_vec())
+    /// A candle copy of `x` (for the `QMatMul` fallback).
+    fn to_candle(&self, x: &HostTensor) -> Result<Tensor> {
+        Ok(Tensor::from_slice(
+            x.data(),
+            (x.rows(), x.cols()),
+            &self.device,
+        )?)
     }
 
-    fn tensor(&self, data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-        Ok(Tensor::from_vec(data, shape, &self.device)?)
+    fn from_candle(t: &Tensor) -> Result<HostTensor> {
+        let (rows, cols) = t.dims2()?;
+        let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        HostTensor::from_vec(data, rows, cols)
     }
 
-    /// A new tensor shaped like `like`, filled by `f` from `like`'s data.
+    /// A tensor shaped like `like`, every element written by `f`.
     fn map(
-        &self,
-        like: &Tensor,
+        like: &HostTensor,
         f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
-    ) -> Result<Tensor> {
-        let mut out = vec![0f32; like.elem_count()];
-        Self::with_slice(like, |x| f(x, &mut out))??;
-        self.tensor(out, like.dims())
+    ) -> Result<HostTensor> {
+        HostTensor::build(like.rows(), like.cols(), |out| f(like.data(), out))
     }
 
-    /// `x · wᵀ (+ bias)` through the kernels.
-    fn packed_linear(&self, x: &Tensor, w: &PackedMatrix, bias: Option<&Tensor>) -> Result<Tensor> {
-        let mut out = self.packed_linear_many(x, &[w], &[bias])?;
-        out.pop().ok_or_else(|| Self::err("no product"))
+    fn same_shape(op: &str, a: &HostTensor, b: &HostTensor) -> Result<()> {
+        if (a.rows(), a.cols()) != (b.rows(), b.cols()) {
+            return Err(Self::err(format!(
+                "{op}: shapes [{}, {}] and [{}, {}] differ",
+                a.rows(),
+                a.cols(),
+                b.rows(),
+                b.cols()
+            )));
+        }
+        Ok(())
     }
 
     /// Several products of one input in one kernel call.
     fn packed_linear_many(
         &self,
-        x: &Tensor,
+        x: &HostTensor,
         ws: &[&PackedMatrix],
-        biases: &[Option<&Tensor>],
-    ) -> Result<Vec<Tensor>> {
-        let (n, k) = x.dims2()?;
-        if let Some(w) = ws.iter().find(|w| w.cols() != k) {
+        biases: &[Option<&HostTensor>],
+    ) -> Result<Vec<HostTensor>> {
+        let n = x.rows();
+        if let Some(w) = ws.iter().find(|w| w.cols() != x.cols()) {
             return Err(Self::err(format!(
-                "input of width {k} for a matrix of {} columns",
+                "input of width {} for a matrix of {} columns",
+                x.cols(),
                 w.cols()
             )));
         }
-        let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; n * w.rows()]).collect();
-        // Borrow every bias's data for the duration of the call.
-        let storages: Vec<_> = biases
-            .iter()
-            .map(|b| b.map(|b| b.storage_and_layout()))
-            .collect();
-        let mut bias_slices: Vec<Option<&[f32]>> = Vec::with_capacity(ws.len());
-        for s in &storages {
-            bias_slices.push(match s {
-                None => None,
-                Some((storage, layout)) => {
-                    let (start, end) = layout
-                        .contiguous_offsets()
-                        .ok_or_else(|| Self::err("bias is not contiguous"))?;
-                    match &**storage {
-                        Storage::Cpu(cpu) => Some(&cpu.as_slice::<f32>()?[start..end]),
-                        _ => return Err(Self::err("bias is not on the CPU")),
-                    }
-                }
-            });
-        }
-        Self::with_slice(x, |xs| {
-            let mut products: Vec<Product<'_>> = ws
-                .iter()
-                .zip(outs.iter_mut())
-                .zip(&bias_slices)
-                .map(|((&weight, out), &bias)| Product { weight, out, bias })
+        let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| tensor::buffer(n * w.rows())).collect();
+        {
+            let mut products: Vec<Product<'_>> = bufs
+                .iter_mut()
+                .zip(ws)
+                .zip(biases)
+                .map(|((out, &weight), bias)| Product {
+                    weight,
+                    out,
+                    bias: bias.map(|b| b.data()),
+                })
                 .collect();
             ACTIVATIONS.with(|act| {
                 wick_kernels::matmul(
                     self.pool,
                     self.isa,
-                    xs,
+                    x.data(),
                     n,
                     &mut products,
                     &mut act.borrow_mut(),
                 )
-            })
-        })??;
-        outs.into_iter()
+            })?;
+        }
+        bufs.into_iter()
             .zip(ws)
-            .map(|(o, w)| self.tensor(o, &[n, w.rows()]))
+            .map(|(b, w)| HostTensor::from_vec(b, n, w.rows()))
             .collect()
     }
 }
 
 impl Backend for CandleBackend {
-    type Tensor = Tensor;
+    type Tensor = HostTensor;
     type Matrix = CandleMatrix;
     type Rope = CpuRope;
     type KvLayer = CpuKvLayer;
@@ -285,9 +270,10 @@ impl Backend for CandleBackend {
         Ok(CandleMatrix::Quantized { op, tensor })
     }
 
-    fn vector(&self, w: HostWeight<'_>) -> Result<Tensor> {
-        let t = self.dense(&w)?;
-        Ok(t.flatten_all()?)
+    fn vector(&self, w: HostWeight<'_>) -> Result<HostTensor> {
+        let data = self.floats(&w)?;
+        let len = data.len();
+        HostTensor::from_vec(data, 1, len)
     }
 
     fn matrix_shape(&self, m: &CandleMatrix) -> (usize, usize) {
@@ -307,50 +293,44 @@ impl Backend for CandleBackend {
         }
     }
 
-    fn embed(&self, table: &CandleMatrix, ids: &[u32]) -> Result<Tensor> {
+    fn embed(&self, table: &CandleMatrix, ids: &[u32]) -> Result<HostTensor> {
         let _t = profile::op("embed", ids.len());
-        let (vocab, _) = self.matrix_shape(table);
+        let (vocab, hidden) = self.matrix_shape(table);
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::InvalidInput(format!(
                 "token id {bad} is outside the vocabulary ({vocab})"
             )));
         }
-        Ok(match table {
-            CandleMatrix::Packed(p) => {
-                let h = p.cols();
-                let mut out = vec![0f32; ids.len() * h];
-                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(h)) {
+        match table {
+            CandleMatrix::Packed(p) => HostTensor::build(ids.len(), hidden, |out| {
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
                     p.dequantize_row(id as usize, row)?;
                 }
-                self.tensor(out, &[ids.len(), h])?
-            }
+                Ok(())
+            }),
             CandleMatrix::Quantized { tensor, .. } => {
                 let ids_t = Tensor::new(ids, &self.device)?;
-                tensor.embedding(&ids_t)?.to_dtype(DType::F32)?
-            }
-        })
-    }
-
-    fn linear(&self, x: &Tensor, w: &CandleMatrix, bias: Option<&Tensor>) -> Result<Tensor> {
-        let _t = profile::op("linear", x.dims()[0]);
-        match w {
-            CandleMatrix::Packed(p) => self.packed_linear(x, p, bias),
-            CandleMatrix::Quantized { op, .. } => {
-                let y = op.forward(x)?;
-                Ok(match bias {
-                    Some(b) => y.broadcast_add(b)?,
-                    None => y,
-                })
+                Self::from_candle(&tensor.embedding(&ids_t)?)
             }
         }
     }
 
+    fn linear(
+        &self,
+        x: &HostTensor,
+        w: &CandleMatrix,
+        bias: Option<&HostTensor>,
+    ) -> Result<HostTensor> {
+        let mut out = self.linear_many(x, &[(w, bias)])?;
+        out.pop().ok_or_else(|| Self::err("no product"))
+    }
+
     fn linear_many(
         &self,
-        x: &Tensor,
-        ws: &[(&CandleMatrix, Option<&Tensor>)],
-    ) -> Result<Vec<Tensor>> {
-        let _t = profile::op("linear", x.dims()[0]);
+        x: &HostTensor,
+        ws: &[(&CandleMatrix, Option<&HostTensor>)],
+    ) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("linear", x.rows());
         let packed: Vec<&PackedMatrix> = ws
             .iter()
             .filter_map(|(w, _)| match w {
@@ -358,67 +338,101 @@ impl Backend for CandleBackend {
                 CandleMatrix::Quantized { .. } => None,
             })
             .collect();
-        if packed.len() != ws.len() || ws.len() > wick_kernels::MAX_PRODUCTS {
-            return ws.iter().map(|&(w, b)| self.linear(x, w, b)).collect();
+        if packed.len() == ws.len() && ws.len() <= wick_kernels::MAX_PRODUCTS {
+            let biases: Vec<Option<&HostTensor>> = ws.iter().map(|(_, b)| *b).collect();
+            return self.packed_linear_many(x, &packed, &biases);
         }
-        self.packed_linear_many(x, &packed, &ws.iter().map(|(_, b)| *b).collect::<Vec<_>>())
-    }
-
-    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        let _t = profile::op("add", a.dims()[0]);
-        if a.dims() != b.dims() {
-            return Ok(a.broadcast_add(b)?);
-        }
-        Self::with_slice(b, |b| {
-            self.map(a, |a, out| Ok(elementwise::add(self.isa, a, b, out)?))
-        })?
-    }
-
-    fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
-        let _t = profile::op("scale", x.dims()[0]);
-        self.map(x, |x, out| Ok(elementwise::scale(self.isa, x, s, out)?))
-    }
-
-    fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-        let _t = profile::op("rms_norm", x.dims()[0]);
-        Self::with_slice(weight, |w| {
-            self.map(x, |x, out| {
-                Ok(elementwise::rms_norm(self.pool, self.isa, x, w, eps, out)?)
+        ws.iter()
+            .map(|&(w, bias)| match w {
+                CandleMatrix::Packed(p) => {
+                    Ok(self.packed_linear_many(x, &[&**p], &[bias])?.remove(0))
+                }
+                CandleMatrix::Quantized { op, .. } => {
+                    let mut y = op.forward(&self.to_candle(x)?)?;
+                    if let Some(b) = bias {
+                        y = y.broadcast_add(&Tensor::from_slice(
+                            b.data(),
+                            b.cols(),
+                            &self.device,
+                        )?)?;
+                    }
+                    Self::from_candle(&y)
+                }
             })
-        })?
+            .collect()
     }
 
-    fn glu(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
-        let _t = profile::op("glu", gate.dims()[0]);
+    fn add(&self, a: &HostTensor, b: &HostTensor) -> Result<HostTensor> {
+        let _t = profile::op("add", a.rows());
+        Self::same_shape("add", a, b)?;
+        Self::map(a, |a, out| {
+            Ok(elementwise::add(self.isa, a, b.data(), out)?)
+        })
+    }
+
+    fn scale(&self, x: &HostTensor, s: f32) -> Result<HostTensor> {
+        let _t = profile::op("scale", x.rows());
+        Self::map(x, |x, out| Ok(elementwise::scale(self.isa, x, s, out)?))
+    }
+
+    fn rms_norm(&self, x: &HostTensor, weight: &HostTensor, eps: f32) -> Result<HostTensor> {
+        let _t = profile::op("rms_norm", x.rows());
+        Self::map(x, |x, out| {
+            Ok(elementwise::rms_norm(
+                self.pool,
+                self.isa,
+                x,
+                weight.data(),
+                eps,
+                out,
+            )?)
+        })
+    }
+
+    fn glu(&self, gate: &HostTensor, up: &HostTensor, act: Activation) -> Result<HostTensor> {
+        let _t = profile::op("glu", gate.rows());
+        Self::same_shape("glu", gate, up)?;
         let act = match act {
             Activation::Silu => GluActivation::Silu,
             Activation::GeluTanh => GluActivation::GeluTanh,
         };
-        Self::with_slice(up, |up| {
-            self.map(gate, |g, out| {
-                Ok(elementwise::glu(self.pool, self.isa, act, g, up, out)?)
-            })
-        })?
+        Self::map(gate, |g, out| {
+            Ok(elementwise::glu(
+                self.pool,
+                self.isa,
+                act,
+                g,
+                up.data(),
+                out,
+            )?)
+        })
     }
 
-    fn softcap(&self, x: &Tensor, cap: f32) -> Result<Tensor> {
-        let _t = profile::op("softcap", x.dims()[0]);
-        self.map(x, |x, out| Ok(elementwise::softcap(self.isa, x, cap, out)?))
+    fn softcap(&self, x: &HostTensor, cap: f32) -> Result<HostTensor> {
+        let _t = profile::op("softcap", x.rows());
+        Self::map(x, |x, out| Ok(elementwise::softcap(self.isa, x, cap, out)?))
     }
 
-    fn select_rows(&self, x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    fn select_rows(&self, x: &HostTensor, rows: &[usize]) -> Result<HostTensor> {
         let _t = profile::op("select_rows", rows.len());
-        let (n, _) = x.dims2()?;
-        if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| i == r) {
+        if rows.len() == x.rows() && rows.iter().enumerate().all(|(i, &r)| i == r) {
             return Ok(x.clone());
         }
-        let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        Ok(x.index_select(&Tensor::new(ids.as_slice(), &self.device)?, 0)?)
+        let cols = x.cols();
+        if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows()) {
+            return Err(Self::err(format!("row {bad} of a {}-row tensor", x.rows())));
+        }
+        HostTensor::build(rows.len(), cols, |out| {
+            for (&r, o) in rows.iter().zip(out.chunks_exact_mut(cols)) {
+                o.copy_from_slice(&x.data()[r * cols..(r + 1) * cols]);
+            }
+            Ok(())
+        })
     }
 
-    fn to_host(&self, x: &Tensor) -> Result<Vec<f32>> {
-        let _t = profile::op("to_host", x.dims()[0]);
-        Self::host(&x.contiguous()?)
+    fn to_host(&self, x: &HostTensor) -> Result<Vec<f32>> {
+        let _t = profile::op("to_host", x.rows());
+        Ok(x.data().to_vec())
     }
 
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CpuRope> {
@@ -426,11 +440,13 @@ impl Backend for CandleBackend {
         Ok(CpuRope::new(positions, spec))
     }
 
-    fn rope(&self, x: &Tensor, heads: usize, table: &CpuRope) -> Result<Tensor> {
-        let _t = profile::op("rope", x.dims()[0]);
-        let mut data = Self::host(x)?;
-        table.apply(&mut data, heads);
-        self.tensor(data, x.dims())
+    fn rope(&self, x: &HostTensor, heads: usize, table: &CpuRope) -> Result<HostTensor> {
+        let _t = profile::op("rope", x.rows());
+        Self::map(x, |x, out| {
+            out.copy_from_slice(x);
+            table.apply(out, heads);
+            Ok(())
+        })
     }
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CpuKvLayer {
@@ -443,16 +459,15 @@ impl Backend for CandleBackend {
 
     fn attention(
         &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
         segments: &mut [AttentionSegment<'_, CpuKvLayer>],
         params: &AttentionParams,
-    ) -> Result<Tensor> {
-        let _t = profile::op("attention", q.dims()[0]);
+    ) -> Result<HostTensor> {
+        let _t = profile::op("attention", q.rows());
         let row = params.kv_heads * params.head_dim;
-        let k = Self::host(k)?;
-        let v = Self::host(v)?;
+        let (k, v) = (k.data(), v.data());
         let mut starts = Vec::with_capacity(segments.len());
         for seg in segments.iter_mut() {
             starts.push(seg.cache.len);
@@ -469,11 +484,11 @@ impl Backend for CandleBackend {
                     });
                 }
             }
-            Self::with_slice(q, |qs| attention::attend(qs, &rows, params))?
+            attention::attend(q.data(), &rows, params)
         };
         for seg in segments.iter_mut() {
             seg.cache.evict();
         }
-        self.tensor(out, q.dims())
+        HostTensor::from_vec(out, q.rows(), q.cols())
     }
 }
