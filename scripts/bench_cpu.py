@@ -78,11 +78,14 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default=None,
+                    help="another wick binary (e.g. a build of an older commit) measured in the "
+                         "same rounds and shown as extra columns")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON too")
     args = ap.parse_args()
 
     keys = args.models.split(",")
-    results = {k: {"wick": [], "llama": []} for k in keys}
+    results = {k: {"wick": [], "llama": [], "base": []} for k in keys}
     for r in range(args.rounds):
         for k in keys:
             path = wick_home() / "models" / MODELS[k]
@@ -92,11 +95,19 @@ def main():
             l = run_llama(path, args.prompt_tokens, args.gen_tokens, args.threads)
             results[k]["wick"].append(w)
             results[k]["llama"].append(l)
-            print(f"round {r + 1} {k}: wick pp {w['prompt_tps']:.1f} tg {w['decode_tps']:.1f} | "
-                  f"llama.cpp pp {l['prompt_tps']:.1f} tg {l['decode_tps']:.1f}", file=sys.stderr)
+            line = (f"round {r + 1} {k}: wick pp {w['prompt_tps']:.1f} tg {w['decode_tps']:.1f} | "
+                    f"llama.cpp pp {l['prompt_tps']:.1f} tg {l['decode_tps']:.1f}")
+            if args.baseline:
+                b = run_wick(args.baseline, path, args.prompt_tokens, args.gen_tokens, args.threads)
+                results[k]["base"].append(b)
+                line += f" | baseline pp {b['prompt_tps']:.1f} tg {b['decode_tps']:.1f}"
+            print(line, file=sys.stderr)
 
+    load = os.getloadavg()
     print(f"\nthreads {args.threads}, prompt {args.prompt_tokens} tokens, decode "
-          f"{args.gen_tokens} tokens, {args.rounds} interleaved rounds (medians)\n")
+          f"{args.gen_tokens} tokens, {args.rounds} interleaved rounds (medians); "
+          f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+          f"on {os.cpu_count()} CPUs\n")
     print("| model | wick pp tok/s | llama.cpp pp tok/s | pp ratio | wick tg tok/s | "
           "llama.cpp tg tok/s | tg ratio |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -107,6 +118,16 @@ def main():
         print(f"| {k} | {med(w, 'prompt_tps'):.1f} | {med(l, 'prompt_tps'):.1f} | "
               f"{ratio('prompt_tps'):.2f}× | {med(w, 'decode_tps'):.1f} | "
               f"{med(l, 'decode_tps'):.1f} | {ratio('decode_tps'):.2f}× |")
+    if args.baseline:
+        print("\n| model | baseline pp tok/s | baseline tg tok/s | wick / baseline pp | "
+              "wick / baseline tg |")
+        print("|---|---:|---:|---:|---:|")
+        for k in keys:
+            w, b = results[k]["wick"], results[k]["base"]
+            med = lambda xs, f: statistics.median(x[f] for x in xs)
+            ratio = lambda f: statistics.median(a[f] / c[f] for a, c in zip(w, b))
+            print(f"| {k} | {med(b, 'prompt_tps'):.1f} | {med(b, 'decode_tps'):.1f} | "
+                  f"{ratio('prompt_tps'):.2f}× | {ratio('decode_tps'):.2f}× |")
     if args.json:
         print(json.dumps(results, indent=1))
 

@@ -39,6 +39,8 @@ struct Shared {
     stop: AtomicBool,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     spin: Duration,
+    /// Set by [`ThreadPool::rest`]: idle workers park at once instead of spinning.
+    rest: AtomicBool,
 }
 
 // SAFETY: `job` is written only by the thread holding `caller` while no worker is joined
@@ -77,6 +79,7 @@ impl ThreadPool {
             parked: (1..threads).map(|_| AtomicBool::new(false)).collect(),
             handles: OnceLock::new(),
             stop: AtomicBool::new(false),
+            rest: AtomicBool::new(false),
             panic: Mutex::new(None),
             spin,
         });
@@ -118,6 +121,14 @@ impl ThreadPool {
         self.threads
     }
 
+    /// Tells idle workers to sleep now rather than spin for the next job: call before
+    /// the caller hands the CPUs to other work for a while (e.g. another thread pool),
+    /// so spinning workers do not take cores from it. The next [`ThreadPool::run`]
+    /// wakes them.
+    pub fn rest(&self) {
+        self.shared.rest.store(true, Ordering::Relaxed);
+    }
+
     /// Runs `f(thread_index)` on the caller (index 0) and on every worker that joins in
     /// time. `f` must split its work so that any subset of threads completes it (e.g. an
     /// atomic counter over chunks). Nested calls, and calls while another thread uses the
@@ -136,6 +147,7 @@ impl ThreadPool {
             let p: *const JobFn = std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static JobFn>(f);
             *sh.job.get() = Some(p);
         }
+        sh.rest.store(false, Ordering::Relaxed);
         let epoch = (sh.word.load(Ordering::Relaxed) & !(JOINED | OPEN)) + EPOCH_ONE;
         sh.word.store(epoch | OPEN, Ordering::SeqCst);
         if let Some(handles) = sh.handles.get() {
@@ -188,9 +200,10 @@ fn worker(sh: &Shared, id: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(256) || start.elapsed() < sh.spin {
+            let resting = sh.rest.load(Ordering::Relaxed);
+            if !resting && (!spins.is_multiple_of(256) || start.elapsed() < sh.spin) {
                 spin_loop();
-            } else if yields < YIELDS {
+            } else if !resting && yields < YIELDS {
                 yields += 1;
                 std::thread::yield_now();
             } else {
@@ -280,7 +293,12 @@ mod tests {
         pool.run(&|_| {
             count.fetch_add(1, Ordering::Relaxed);
         });
-        assert!(count.load(Ordering::Relaxed) >= 2);
+        pool.rest();
+        std::thread::sleep(Duration::from_millis(1));
+        pool.run(&|_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(count.load(Ordering::Relaxed) >= 3);
     }
 
     #[test]

@@ -484,6 +484,8 @@ impl Backend for CandleBackend {
                     });
                 }
             }
+            // Attention runs on rayon's threads: let ours sleep instead of spinning.
+            self.pool.rest();
             attention::attend(q.data(), &rows, params)
         };
         for seg in segments.iter_mut() {
