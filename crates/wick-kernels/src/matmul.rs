@@ -26,6 +26,9 @@ pub const MAX_PRODUCTS: usize = 8;
 
 /// Multiply-adds under which a call stays on the calling thread.
 const SERIAL_WORK: usize = 1 << 16;
+/// Tokens per chunk of a long input (64 rows of activations fit in L2 for any width
+/// of the supported models).
+const TOKEN_CHUNK: usize = 64;
 /// Activation elements under which quantization stays on the calling thread.
 const SERIAL_QUANTIZE: usize = 1 << 15;
 
@@ -91,7 +94,11 @@ pub fn matmul(
         macs += n * w.rows() * cols;
     }
     let count = products.len();
-    let units = first_unit[count];
+    // Long inputs are cut into chunks of tokens, units numbered chunk by chunk, so a
+    // thread's consecutive units reuse one chunk of activations from its cache.
+    let per_chunk = first_unit[count];
+    let chunks = n.div_ceil(TOKEN_CHUNK);
+    let units = per_chunk * chunks;
     let weights: [Option<&PackedMatrix>; MAX_PRODUCTS] =
         std::array::from_fn(|i| products.get(i).map(|p| p.weight));
     let next = AtomicUsize::new(0);
@@ -100,6 +107,8 @@ pub fn matmul(
         if u >= units {
             break;
         }
+        let (chunk, u) = (u / per_chunk, u % per_chunk);
+        let tokens = chunk * TOKEN_CHUNK..((chunk + 1) * TOKEN_CHUNK).min(n);
         let i = (0..count).rfind(|&i| first_unit[i] <= u).unwrap_or(0);
         let (Some(w), Some(out)) = (weights[i], outputs[i]) else {
             continue;
@@ -110,9 +119,9 @@ pub fn matmul(
         // sized for `n` tokens; `act`/`x` hold `n` rows of `cols`.
         unsafe {
             if w.format().is_quantized() {
-                kernels::quantized(isa, w, strips, act, 0..n, out);
+                kernels::quantized(isa, w, strips, act, tokens, out);
             } else {
-                kernels::float(isa, w, strips, x, 0..n, out);
+                kernels::float(isa, w, strips, x, tokens, out);
             }
         }
     };

@@ -367,9 +367,16 @@ unsafe fn run_quantized<const BITS: u8, const SC: u8, const Z: i32>(
         }
         return;
     }
+    // 5- and 6-bit codes need three more constant registers to expand their high bits;
+    // two tokens per tile keep everything in the 16 ymm registers.
+    let per_tile = if BITS == code::B5 || BITS == code::B6 {
+        2
+    } else {
+        TOKENS
+    };
     let mut t0 = tokens.start;
     while t0 < tokens.end {
-        let tt = (tokens.end - t0).min(TOKENS);
+        let tt = (tokens.end - t0).min(per_tile);
         by_tokens!(tt, |T| {
             let tok: [Tok; T] = std::array::from_fn(|k| Tok::new(act, t0 + k));
             for i in halves.clone() {
