@@ -78,7 +78,7 @@ pub fn matmul(
     let act = &*act;
 
     // Work units: runs of `group` strips of one matrix, numbered across matrices.
-    let group = if n == 1 { 4 } else { 2 };
+    let group = if n == 1 { 8 } else { 2 };
     let mut outputs = [None; MAX_PRODUCTS];
     let mut first_unit = [0usize; MAX_PRODUCTS + 1];
     let mut macs = 0usize;

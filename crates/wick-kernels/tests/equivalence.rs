@@ -177,12 +177,17 @@ fn magnitudes(
 fn every_kernel_family_matches_the_reference_and_each_other() {
     let pool = ThreadPool::new(2);
     let mut rng = Rng(4242);
-    for format in WeightFormat::ALL {
-        let (rows, cols) = (37, cols_for(format));
+    // 37 rows: two full strips and a padded one; 205 rows: the 8- and 4-strip decode
+    // tiles, a single strip and a padded one.
+    for (format, rows) in WeightFormat::ALL
+        .into_iter()
+        .flat_map(|f| [(f, 37), (f, 205)])
+    {
+        let cols = cols_for(format);
         let bytes = random_matrix(format, rows, cols, &mut rng);
         let packed = PackedMatrix::from_ggml(format, rows, cols, &bytes).unwrap();
         let bias: Vec<f32> = (0..rows).map(|_| rng.normal_ish()).collect();
-        for n in [1, 2, 3, 5, 8, 9, 17] {
+        for n in [1, 2, 3, 5, 8, 9, 17, 70] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.normal_ish()).collect();
             let mut act = QuantizedActivations::new();
             act.quantize(Isa::Scalar, &x, n, cols).unwrap();

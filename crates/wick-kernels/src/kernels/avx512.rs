@@ -1,7 +1,7 @@
 //! AVX-512 VNNI kernels: one 32-bit lane per weight row, `vpdpbusd` of 16 rows × 4
 //! columns against a broadcast of 4 activation bytes.
 //!
-//! A tile is `S` strips × `T` tokens: decode runs `S = 4, T = 1` (four independent
+//! A tile is `S` strips × `T` tokens: decode runs `S = 8, T = 1` (eight independent
 //! streams hide load latency), prompt processing `S = 1, T = 8` (each unpacked weight
 //! vector serves eight tokens). Helpers are `#[inline(always)]` and only called from the
 //! `#[target_feature]` entry points, so every intrinsic inlines into AVX-512 code.
@@ -340,6 +340,16 @@ unsafe fn run_quantized<const BITS: u8, const SC: u8, const Z: i32>(
         let t = tokens.start;
         let tok = [Tok::new(act, t)];
         let mut s = strips.start;
+        while s + 8 <= strips.end {
+            tile::<BITS, SC, Z, 8, 1>(
+                std::array::from_fn(|i| sp(s + i)),
+                &l,
+                tok,
+                std::array::from_fn(|i| dest(&out, s + i, t)),
+                out.ld,
+            );
+            s += 8;
+        }
         while s + 4 <= strips.end {
             tile::<BITS, SC, Z, 4, 1>(
                 [sp(s), sp(s + 1), sp(s + 2), sp(s + 3)],
