@@ -220,6 +220,18 @@ impl<B: Backend> Loader<'_, B> {
     }
 }
 
+fn three<T>(v: Vec<T>) -> Result<[T; 3]> {
+    <[T; 3]>::try_from(v).map_err(|v| {
+        EngineError::InvalidInput(format!("backend returned {} products for 3", v.len()))
+    })
+}
+
+fn two<T>(v: Vec<T>) -> Result<[T; 2]> {
+    <[T; 2]>::try_from(v).map_err(|v| {
+        EngineError::InvalidInput(format!("backend returned {} products for 2", v.len()))
+    })
+}
+
 /// f32 values of a float weight.
 fn floats(w: &HostWeight<'_>) -> Result<Vec<f32>> {
     let b = &w.bytes;
@@ -418,9 +430,14 @@ impl<B: Backend> Decoder<B> {
         }
         for (li, layer) in self.layers.iter().enumerate() {
             let h = be.rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
-            let mut q = be.linear(&h, &layer.q, layer.q_bias.as_ref())?;
-            let mut k = be.linear(&h, &layer.k, layer.k_bias.as_ref())?;
-            let v = be.linear(&h, &layer.v, layer.v_bias.as_ref())?;
+            let [mut q, mut k, v] = three(be.linear_many(
+                &h,
+                &[
+                    (&layer.q, layer.q_bias.as_ref()),
+                    (&layer.k, layer.k_bias.as_ref()),
+                    (&layer.v, layer.v_bias.as_ref()),
+                ],
+            )?)?;
             if let Some(w) = &layer.q_norm {
                 q = be.rms_norm(&q, w, cfg.rms_eps)?;
             }
@@ -448,8 +465,7 @@ impl<B: Backend> Decoder<B> {
             }
             x = be.add(&x, &o)?;
             let h = be.rms_norm(&x, &layer.ffn_norm, cfg.rms_eps)?;
-            let gate = be.linear(&h, &layer.gate, None)?;
-            let up = be.linear(&h, &layer.up, None)?;
+            let [gate, up] = two(be.linear_many(&h, &[(&layer.gate, None), (&layer.up, None)])?)?;
             let mut m = be.linear(&be.glu(&gate, &up, cfg.activation)?, &layer.down, None)?;
             if let Some(w) = &layer.post_ffw_norm {
                 m = be.rms_norm(&m, w, cfg.rms_eps)?;

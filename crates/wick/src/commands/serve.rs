@@ -132,6 +132,7 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
             max_batch: args.max_batch,
             max_queue: args.max_queue,
             step_token_budget: args.step_tokens,
+            ..EngineConfig::default()
         },
     })
 }
