@@ -1,10 +1,15 @@
-//! Row-wise and elementwise ops at decode (one row) and prompt (512 rows) sizes.
+//! Row-wise and elementwise ops at decode (one row) and prompt (512 rows) sizes, on one
+//! thread, timed in thread CPU time (see `support/cpu_time.rs`).
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use cpu_time::ThreadCpuTime;
 use wick_kernels::elementwise::{self, GluActivation};
 use wick_kernels::{Isa, ThreadPool};
 
-fn ops(c: &mut Criterion) {
-    let pool = ThreadPool::global();
+fn ops(c: &mut Criterion<ThreadCpuTime>) {
+    let pool = &ThreadPool::new(1);
     let isa = Isa::best();
     for (name, rows, dim) in [("decode", 1usize, 4864usize), ("prompt", 512, 4864)] {
         let n = rows * dim;
@@ -29,5 +34,9 @@ fn ops(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, ops);
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(ThreadCpuTime);
+    targets = ops
+}
 criterion_main!(benches);
