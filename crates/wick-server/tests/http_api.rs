@@ -230,6 +230,7 @@ async fn full_queue_is_429_with_retry_after() {
             max_batch: 1,
             max_queue: 0,
             step_token_budget: 64,
+            ..EngineConfig::default()
         },
         |_| {},
     );
