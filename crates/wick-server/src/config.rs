@@ -10,6 +10,10 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a prompt-cache flush (`POST /admin/cache/flush`, and the one at shutdown) may
+/// take before it answers with what is still pending.
+pub const DEFAULT_CACHE_FLUSH_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Built-in temperature when neither the request, a server flag nor `generation_config.json`
 /// gives one (the reference's).
 pub const BUILTIN_TEMPERATURE: f32 = 0.7;
@@ -56,6 +60,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Grace period for in-flight work at shutdown.
     pub shutdown_grace: Duration,
+    /// Bound on a prompt-cache flush (the admin endpoint's and the one at shutdown).
+    pub cache_flush_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -69,6 +75,7 @@ impl ServerConfig {
             chat_template: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            cache_flush_timeout: DEFAULT_CACHE_FLUSH_TIMEOUT,
         }
     }
 }

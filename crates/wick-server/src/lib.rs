@@ -28,6 +28,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod cache_report;
 pub mod config;
 pub mod error;
 pub mod extract;

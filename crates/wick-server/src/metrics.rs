@@ -324,21 +324,22 @@ impl Metrics {
                 "wick_engine_requests_total{{outcome=\"{outcome}\"}} {n}"
             );
         }
+        crate::cache_report::render_metrics(&mut out, &engine.prompt_cache);
         out
     }
 }
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-fn counter(out: &mut String, name: &str, help: &str, value: u64) {
+pub(crate) fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     header(out, name, help, "counter");
     let _ = writeln!(out, "{name} {value}");
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
+pub(crate) fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
     header(out, name, help, "gauge");
     let _ = writeln!(out, "{name} {value}");
 }

@@ -1,6 +1,7 @@
 //! Running the server: binding (a busy port is a clear error), serving until SIGINT or
 //! SIGTERM, then a bounded shutdown — stop accepting, let in-flight generations finish
-//! within the grace period, cancel the rest.
+//! within the grace period, cancel the rest, then flush the prompt cache to the SSD tier
+//! within its own timeout.
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -77,6 +78,7 @@ pub async fn serve(
 ) -> Result<(), StartupError> {
     let engine = state.engine().clone();
     let grace = state.config().shutdown_grace;
+    let flush_timeout = state.config().cache_flush_timeout;
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let server = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
@@ -96,7 +98,10 @@ pub async fn serve(
         "shutting down: no new connections"
     );
     let _ = stop_tx.send(true);
-    let engine_done = tokio::task::spawn_blocking(move || engine.shutdown(grace));
+    let engine_done = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || engine.shutdown(grace))
+    };
     match tokio::time::timeout(grace + CLOSE_MARGIN, &mut server).await {
         Ok(Ok(result)) => result.map_err(StartupError::Serve)?,
         Ok(Err(e)) => return Err(StartupError::Serve(std::io::Error::other(e))),
@@ -112,7 +117,37 @@ pub async fn serve(
         }
         Err(e) => tracing::error!("engine shutdown failed: {e}"),
     }
+    flush_at_shutdown(engine, flush_timeout).await;
     Ok(())
+}
+
+/// The last flush of the prompt cache, once the engine is idle: what it could not make
+/// durable within `timeout` is logged (the files written so far stay valid).
+async fn flush_at_shutdown(engine: wick_engine::scheduler::EngineHandle, timeout: Duration) {
+    if engine.ssd_cache_path().is_none() {
+        return;
+    }
+    tracing::info!(
+        timeout_s = timeout.as_secs_f64(),
+        "flushing the prompt cache to the SSD"
+    );
+    match tokio::task::spawn_blocking(move || engine.flush_cache(timeout)).await {
+        Ok(r) if r.durable => tracing::info!(
+            flushed = r.flushed_snapshots,
+            elapsed_ms = r.elapsed_ms,
+            "prompt cache durable"
+        ),
+        Ok(r) => tracing::warn!(
+            pending_snapshots = r.pending_snapshots,
+            pending_spills = r.pending_spills,
+            dropped = r.dropped_spills,
+            failed = r.failed_spills,
+            missing = r.missing_snapshots,
+            timed_out = r.timed_out,
+            "prompt cache not fully durable at shutdown"
+        ),
+        Err(e) => tracing::error!("prompt cache flush failed: {e}"),
+    }
 }
 
 /// Builds a runtime and serves until SIGINT/SIGTERM; `on_ready` gets the bound address once

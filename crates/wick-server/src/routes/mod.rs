@@ -1,4 +1,5 @@
 //! The router: one handler file per endpoint family, middleware applied once here.
+pub mod admin;
 pub mod chat;
 pub mod completions;
 pub mod models;
@@ -22,6 +23,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1", get(ops::index))
         .route("/stats", get(ops::stats))
         .route("/metrics", get(ops::metrics))
+        .route("/admin/cache/flush", post(admin::flush_cache))
         .route_layer(from_fn_with_state(
             state.clone(),
             middleware::require_api_key,

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use crate::cache_report;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -19,6 +20,7 @@ pub const ENDPOINTS: &[&str] = &[
     "GET /health",
     "GET /stats",
     "GET /metrics",
+    "POST /admin/cache/flush",
 ];
 
 /// `{"status": "ok"}`, byte for byte.
@@ -46,6 +48,12 @@ pub async fn stats(State(state): State<AppState>) -> Json<Value> {
     let s = engine.stats();
     let cfg = engine.config();
     let info = state.model().info();
+    let prompt_cache = cache_report::prompt_cache_json(&s.prompt_cache);
+    let ssd_cache = s
+        .prompt_cache
+        .ssd
+        .as_ref()
+        .map(cache_report::ssd_cache_json);
     Json(json!({
         "server": {
             "model": state.config().model_id,
@@ -67,7 +75,9 @@ pub async fn stats(State(state): State<AppState>) -> Json<Value> {
             "step_token_budget": cfg.step_token_budget,
         },
         "tokens_per_second": {"decode": s.decode_tokens_per_second},
-        "cache": {"kv_bytes": s.kv_bytes, "prompt_cache": Value::Null},
+        "cache": {"kv_bytes": s.kv_bytes, "prompt_cache": prompt_cache},
+        "prompt_cache": prompt_cache,
+        "ssd_cache": ssd_cache,
         "memory": {
             "weights_bytes": info.weight_bytes,
             "kv_bytes": s.kv_bytes,

@@ -70,6 +70,104 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, env = "WICK_SHUTDOWN_GRACE", default_value_t = 10.0)]
     shutdown_grace: f64,
+    /// RAM prompt cache size in GiB (reuses the longest cached prefix of each prompt; 0 = off).
+    #[arg(long, env = "WICK_PROMPT_CACHE", value_name = "GIB", default_value_t = DEFAULT_PROMPT_CACHE_GIB)]
+    prompt_cache: f64,
+    /// Directory of the SSD prompt-cache tier (entries survive restarts; needs --prompt-cache > 0).
+    #[arg(long, env = "WICK_SSD_CACHE", value_name = "DIR")]
+    ssd_cache: Option<PathBuf>,
+    /// Byte cap of the SSD tier in GiB (0 = unlimited); oldest entries go first.
+    #[arg(long, env = "WICK_SSD_CACHE_MAX", value_name = "GIB")]
+    ssd_cache_max: Option<f64>,
+    /// Hash-check every SSD cache file's payload at start-up (restores are always checked).
+    #[arg(long, env = "WICK_SSD_CACHE_VERIFY", value_parser = clap::builder::FalseyValueParser::new())]
+    ssd_cache_verify: bool,
+    /// Save an in-flight generation every N generated tokens so the identical request resumes after a crash (needs --ssd-cache; 0 = off).
+    #[arg(long, env = "WICK_GENERATION_CHECKPOINT", value_name = "N")]
+    generation_checkpoint: Option<usize>,
+    /// Seconds a prompt-cache flush may take (POST /admin/cache/flush, and at shutdown).
+    #[arg(
+        long,
+        env = "WICK_CACHE_FLUSH_TIMEOUT",
+        value_name = "SECONDS",
+        default_value_t = 120.0
+    )]
+    cache_flush_timeout: f64,
+}
+
+/// `--prompt-cache` default: the engine's cap, in GiB.
+const DEFAULT_PROMPT_CACHE_GIB: f64 =
+    wick_engine::scheduler::DEFAULT_PROMPT_CACHE_BYTES as f64 / GIB;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The prompt-cache part of the engine's settings, checked.
+struct CacheFlags {
+    prompt_cache_bytes: u64,
+    ssd_cache_dir: Option<PathBuf>,
+    ssd_cache_max_bytes: u64,
+    ssd_cache_verify: bool,
+    generation_checkpoint_tokens: usize,
+}
+
+/// GiB → bytes, refusing negative, non-finite and absurd values.
+fn gib_to_bytes(flag: &str, gib: f64) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        gib.is_finite() && gib >= 0.0,
+        "--{flag} must be a size in GiB >= 0 (0 = off), got {gib}"
+    );
+    let bytes = gib * GIB;
+    anyhow::ensure!(bytes < u64::MAX as f64, "--{flag} {gib} GiB is too large");
+    Ok(bytes as u64)
+}
+
+fn check_cache(args: &ServeArgs) -> anyhow::Result<CacheFlags> {
+    let prompt_cache_bytes = gib_to_bytes("prompt-cache", args.prompt_cache)?;
+    let generation_checkpoint_tokens = args.generation_checkpoint.unwrap_or(0);
+    let Some(dir) = &args.ssd_cache else {
+        anyhow::ensure!(
+            generation_checkpoint_tokens == 0,
+            "--generation-checkpoint needs --ssd-cache DIR (checkpoints are written to the SSD tier)"
+        );
+        if args.ssd_cache_max.is_some() || args.ssd_cache_verify {
+            tracing::warn!(
+                "--ssd-cache-max and --ssd-cache-verify have no effect without --ssd-cache"
+            );
+        }
+        return Ok(CacheFlags {
+            prompt_cache_bytes,
+            ssd_cache_dir: None,
+            ssd_cache_max_bytes: 0,
+            ssd_cache_verify: false,
+            generation_checkpoint_tokens: 0,
+        });
+    };
+    anyhow::ensure!(
+        prompt_cache_bytes > 0,
+        "--ssd-cache needs the RAM prompt cache, but --prompt-cache is 0"
+    );
+    anyhow::ensure!(
+        !dir.as_os_str().is_empty(),
+        "--ssd-cache needs a directory path"
+    );
+    if dir.exists() {
+        anyhow::ensure!(
+            dir.is_dir(),
+            "--ssd-cache {} exists and is not a directory",
+            dir.display()
+        );
+    } else {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the --ssd-cache directory {}", dir.display()))?;
+    }
+    let ssd_cache_max_bytes = gib_to_bytes("ssd-cache-max", args.ssd_cache_max.unwrap_or(0.0))?;
+    Ok(CacheFlags {
+        prompt_cache_bytes,
+        ssd_cache_dir: Some(dir.clone()),
+        ssd_cache_max_bytes,
+        ssd_cache_verify: args.ssd_cache_verify,
+        generation_checkpoint_tokens,
+    })
 }
 
 /// Everything checked before the (slow) model load.
@@ -95,6 +193,11 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
         args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0,
         "--shutdown-grace must be a number of seconds >= 0"
     );
+    anyhow::ensure!(
+        args.cache_flush_timeout.is_finite() && args.cache_flush_timeout >= 0.0,
+        "--cache-flush-timeout must be a number of seconds >= 0"
+    );
+    let cache = check_cache(args)?;
     let tool_format = args
         .tool_parser
         .as_deref()
@@ -126,12 +229,18 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
     config.chat_template = chat_template;
     config.max_body_bytes = args.max_body_bytes;
     config.shutdown_grace = Duration::from_secs_f64(args.shutdown_grace);
+    config.cache_flush_timeout = Duration::from_secs_f64(args.cache_flush_timeout);
     Ok(Checked {
         config,
         engine: EngineConfig {
             max_batch: args.max_batch,
             max_queue: args.max_queue,
             step_token_budget: args.step_tokens,
+            prompt_cache_bytes: cache.prompt_cache_bytes,
+            ssd_cache_dir: cache.ssd_cache_dir,
+            ssd_cache_max_bytes: cache.ssd_cache_max_bytes,
+            ssd_cache_verify: cache.ssd_cache_verify,
+            generation_checkpoint_tokens: cache.generation_checkpoint_tokens,
             ..EngineConfig::default()
         },
     })
@@ -168,7 +277,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("loading {}", path.display()))?;
     let model = Arc::new(model);
-    let engine = Engine::start(model, checked.engine)?;
+    let engine = Engine::start(model, checked.engine).context("starting the engine")?;
+    if let Some(scan) = engine.cache_scan_report() {
+        tracing::info!(
+            dir = %engine.ssd_cache_path().unwrap_or_default().display(),
+            entries = scan.entries,
+            bytes = scan.bytes,
+            removed_orphans = scan.removed_orphans,
+            removed_corrupt = scan.removed_corrupt,
+            removed_unsupported = scan.removed_unsupported,
+            removed_mismatched = scan.removed_mismatched,
+            evicted = scan.evicted,
+            "SSD prompt cache opened"
+        );
+    }
     let state = AppState::new(engine, checked.config)?;
     let model_id = state.config().model_id.clone();
     let context = state.model().info().context_length;
