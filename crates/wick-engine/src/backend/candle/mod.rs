@@ -9,6 +9,7 @@
 //! Rotary embeddings and attention over the host KV cache are our own code too.
 //! `WICK_PROFILE=1` prints the time spent in each op.
 mod attention;
+pub mod block_pool;
 mod kv;
 mod profile;
 mod rope;
