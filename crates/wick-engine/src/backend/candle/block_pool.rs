@@ -19,8 +19,12 @@ use std::sync::Arc;
 /// 12 KiB of keys, long enough for the attention loop to stream through.
 pub const BLOCK_TOKENS: usize = 16;
 
-/// Keys and values of up to [`BLOCK_TOKENS`] consecutive tokens of one layer, each
-/// `[slot][kv_head][head_dim]`; the vectors hold the filled slots only.
+/// Keys and values of [`BLOCK_TOKENS`] consecutive tokens of one layer.
+///
+/// Keys are stored transposed, `[kv_head][dim][slot]`, so attention computes the scores
+/// of a whole block as sixteen-wide vector products with no horizontal sums; values are
+/// token-major, `[slot][kv_head][dim]`, the rows attention adds up. Slots past the
+/// layer's length hold stale or zero data and are never read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvBlock {
     pub(crate) keys: Vec<f32>,
@@ -28,12 +32,34 @@ pub struct KvBlock {
 }
 
 impl KvBlock {
-    /// An empty block for tokens of `row` floats.
+    /// A zeroed block for tokens of `row` floats.
     pub(crate) fn with_row(row: usize) -> Self {
         KvBlock {
-            keys: Vec::with_capacity(BLOCK_TOKENS * row),
-            values: Vec::with_capacity(BLOCK_TOKENS * row),
+            keys: vec![0.0; BLOCK_TOKENS * row],
+            values: vec![0.0; BLOCK_TOKENS * row],
         }
+    }
+
+    /// Stores one token's keys and values (`row` floats each, `[kv_head][dim]`) in `slot`.
+    #[inline]
+    pub(crate) fn write(&mut self, slot: usize, keys: &[f32], values: &[f32]) {
+        let row = keys.len();
+        for (i, &k) in keys.iter().enumerate() {
+            self.keys[i * BLOCK_TOKENS + slot] = k;
+        }
+        self.values[slot * row..(slot + 1) * row].copy_from_slice(values);
+    }
+
+    /// Appends the keys and values of `slot` (`[kv_head][dim]`) to `keys` and `values`.
+    pub(crate) fn read(&self, slot: usize, row: usize, keys: &mut Vec<f32>, values: &mut Vec<f32>) {
+        keys.extend((0..row).map(|i| self.keys[i * BLOCK_TOKENS + slot]));
+        values.extend_from_slice(&self.values[slot * row..(slot + 1) * row]);
+    }
+
+    /// Transposed keys of KV head `h`: `[dim][slot]`.
+    #[inline]
+    pub(crate) fn head_keys(&self, h: usize, head_dim: usize) -> &[f32] {
+        &self.keys[h * head_dim * BLOCK_TOKENS..(h + 1) * head_dim * BLOCK_TOKENS]
     }
 
     /// Bytes the block's buffers occupy.

@@ -175,31 +175,19 @@ impl CpuKvLayer {
             self.base = self.len - self.len % BLOCK_TOKENS;
             self.start = self.start.max(self.base);
         }
-        let mut done = 0;
-        while done < tokens {
+        for t in 0..tokens {
             let offset = self.len - self.base;
             let (index, slot) = (offset / BLOCK_TOKENS, offset % BLOCK_TOKENS);
             if index == self.blocks.len() {
-                let mut block = KvBlock::with_row(row);
-                // Only the first block of a realigned table starts mid-block; the slots
-                // before the first token are never read.
-                block.keys.resize(slot * row, 0.0);
-                block.values.resize(slot * row, 0.0);
-                self.blocks.push_back(Arc::new(block));
+                self.blocks.push_back(Arc::new(KvBlock::with_row(row)));
             }
-            let take = (BLOCK_TOKENS - slot).min(tokens - done);
-            let block = Arc::make_mut(&mut self.blocks[index]);
-            // A trimmed cache may have left stale slots behind the new end.
-            block.keys.truncate(slot * row);
-            block.values.truncate(slot * row);
-            block
-                .keys
-                .extend_from_slice(&keys[done * row..(done + take) * row]);
-            block
-                .values
-                .extend_from_slice(&values[done * row..(done + take) * row]);
-            self.len += take;
-            done += take;
+            // Copies the block first if a clone shares it.
+            Arc::make_mut(&mut self.blocks[index]).write(
+                slot,
+                &keys[t * row..(t + 1) * row],
+                &values[t * row..(t + 1) * row],
+            );
+            self.len += 1;
         }
         if self.blocks.len() > self.charged_blocks() {
             self.settle();
@@ -233,18 +221,19 @@ impl CpuKvLayer {
 
     /// Keys of stored token `pos` (logical), head `h`.
     #[cfg(test)]
-    pub(crate) fn key(&self, pos: usize, h: usize) -> &[f32] {
+    pub(crate) fn key(&self, pos: usize, h: usize) -> Vec<f32> {
         let (block, slot) = self.locate(pos);
-        let at = slot * self.row() + h * self.head_dim;
-        &block.keys[at..at + self.head_dim]
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        block.read(slot, self.row(), &mut k, &mut v);
+        k[h * self.head_dim..(h + 1) * self.head_dim].to_vec()
     }
 
     /// Values of stored token `pos` (logical), head `h`.
     #[cfg(test)]
-    pub(crate) fn value(&self, pos: usize, h: usize) -> &[f32] {
+    pub(crate) fn value(&self, pos: usize, h: usize) -> Vec<f32> {
         let (block, slot) = self.locate(pos);
         let at = slot * self.row() + h * self.head_dim;
-        &block.values[at..at + self.head_dim]
+        block.values[at..at + self.head_dim].to_vec()
     }
 
     pub(crate) fn from_snapshot(s: &KvLayerSnapshot) -> Result<Self> {
@@ -316,10 +305,8 @@ impl KvLayer for CpuKvLayer {
         let mut pos = self.start;
         while pos < self.len {
             let (block, slot) = self.locate(pos);
-            let take = (BLOCK_TOKENS - slot).min(self.len - pos);
-            keys.extend_from_slice(&block.keys[slot * row..(slot + take) * row]);
-            values.extend_from_slice(&block.values[slot * row..(slot + take) * row]);
-            pos += take;
+            block.read(slot, row, &mut keys, &mut values);
+            pos += 1;
         }
         KvLayerSnapshot {
             start: self.start,
@@ -401,6 +388,7 @@ mod tests {
         assert_eq!(l.key(20, 0)[0], 160.0);
         assert_eq!(l.key(21, 0)[0], -1.0);
         assert_eq!(l.snapshot().keys.len(), 26 * 8);
+        assert_eq!(l.value(25, 1), vec![-1.0; 4]);
         l.trim(0).unwrap();
         assert_eq!((l.len, l.block_count()), (0, 0));
     }

@@ -485,9 +485,7 @@ impl Backend for CandleBackend {
                     });
                 }
             }
-            // Attention runs on rayon's threads: let ours sleep instead of spinning.
-            self.pool.rest();
-            attention::attend(q.data(), &rows, params)
+            attention::attend(self.pool, q.data(), &rows, params)
         };
         for seg in segments.iter_mut() {
             seg.cache.evict();
