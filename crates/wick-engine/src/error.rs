@@ -91,6 +91,22 @@ pub enum EngineError {
         /// The context limit.
         limit: usize,
     },
+    /// A request could never fit the KV block pool, even running alone.
+    #[error(
+        "this request needs {needed} tokens of KV cache (prompt {prompt} + max_tokens \
+         {max_tokens}) but the KV memory budget holds at most {limit} tokens for one sequence; \
+         lower max_tokens or shorten the prompt, or give the server more KV memory (--kv-memory)"
+    )]
+    KvCapacity {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Tokens asked for.
+        max_tokens: usize,
+        /// `prompt + max_tokens`.
+        needed: usize,
+        /// Longest sequence the pool can hold.
+        limit: usize,
+    },
     /// Invalid input to a forward pass or generation (empty prompt, bad token id …).
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -8,7 +8,8 @@ use wick_chat::chat_template::{ChatInput, ChatTemplate, TemplateTokens};
 use wick_chat::tokenizer::Tokenizer;
 use wick_gguf::GgufFile;
 
-use crate::backend::candle::CandleBackend;
+use crate::backend::candle::block_pool::BlockPool;
+use crate::backend::candle::{CandleBackend, CpuKvLayer};
 use crate::backend::KvLayerSnapshot;
 use crate::config::ModelConfig;
 use crate::models::decoder::{BatchItem, Decoder, Logits, LogitsRequest, SequenceCache};
@@ -100,6 +101,76 @@ impl KvCache {
     /// Host copies of every layer (for persistence).
     pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
         self.inner.snapshot()
+    }
+
+    /// Charges the blocks this cache holds to `pool` (the caller checked there is room);
+    /// from now on its new blocks are charged there too, and dropping the cache gives
+    /// them back. A clone is never charged until attached itself.
+    pub fn attach(&mut self, pool: &Arc<BlockPool>) {
+        for l in self.inner.layers_mut() {
+            l.attach(pool);
+        }
+    }
+
+    /// Gives the pool charge back (the blocks stay with the cache).
+    pub fn detach(&mut self) {
+        for l in self.inner.layers_mut() {
+            l.detach();
+        }
+    }
+
+    /// Whether the cache is charged to a pool.
+    pub fn is_attached(&self) -> bool {
+        self.inner.layers().iter().any(CpuKvLayer::is_attached)
+    }
+
+    /// Blocks held, all layers together.
+    pub fn blocks(&self) -> usize {
+        self.inner
+            .layers()
+            .iter()
+            .map(CpuKvLayer::block_count)
+            .sum()
+    }
+
+    /// Blocks charged to the pool, all layers together (0 when not attached).
+    pub fn charged_blocks(&self) -> usize {
+        self.inner
+            .layers()
+            .iter()
+            .map(CpuKvLayer::charged_blocks)
+            .sum()
+    }
+
+    /// Blocks the pool must grant before `tokens` more tokens can be appended.
+    pub fn blocks_to_append(&self, tokens: usize) -> usize {
+        self.inner
+            .layers()
+            .iter()
+            .map(|l| l.extra_blocks_for(tokens))
+            .sum()
+    }
+
+    /// Charges, all layers or none, the blocks that appending `tokens` more needs.
+    /// Returns false (charging nothing) when the pool has no room. A detached cache
+    /// needs no room.
+    pub fn reserve(&mut self, tokens: usize) -> bool {
+        let need: Vec<usize> = self
+            .inner
+            .layers()
+            .iter()
+            .map(|l| l.extra_blocks_for(tokens))
+            .collect();
+        let Some(pool) = self.inner.layers().iter().find_map(|l| l.pool().cloned()) else {
+            return true;
+        };
+        if !pool.try_charge(need.iter().sum()) {
+            return false;
+        }
+        for (l, n) in self.inner.layers_mut().iter_mut().zip(need) {
+            l.add_reserved(n);
+        }
+        true
     }
 }
 
@@ -368,6 +439,18 @@ impl Model {
             }
         }
         Ok(ids)
+    }
+
+    /// Bytes of one KV block of one layer (keys and values of
+    /// [`BLOCK_TOKENS`](crate::backend::candle::block_pool::BLOCK_TOKENS) tokens, f32),
+    /// the unit of the block pool.
+    pub fn kv_block_bytes(&self) -> usize {
+        let cfg = self.config();
+        crate::backend::candle::block_pool::BLOCK_TOKENS
+            * cfg.num_kv_heads
+            * cfg.head_dim
+            * 2
+            * std::mem::size_of::<f32>()
     }
 
     /// An empty cache for one sequence.

@@ -56,6 +56,15 @@ pub enum ApiError {
         /// The context limit.
         limit: usize,
     },
+    /// The prompt plus the tokens to generate could never fit the KV memory budget, even
+    /// with nothing else running (the engine's message says how much it holds).
+    #[error("{message}")]
+    KvCapacityExceeded {
+        /// The field to lower or shorten (`max_tokens`).
+        param: &'static str,
+        /// What was asked, what fits and what to do.
+        message: String,
+    },
     /// The chat template or the tokenizer rejected the conversation.
     #[error("prompt build failed: {0}")]
     PromptBuild(String),
@@ -134,6 +143,7 @@ impl ApiError {
             | ApiError::Missing { .. }
             | ApiError::Unsupported { .. }
             | ApiError::ContextOverflow { .. }
+            | ApiError::KvCapacityExceeded { .. }
             | ApiError::PromptBuild(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => {
@@ -167,6 +177,7 @@ impl ApiError {
             ApiError::Missing { .. } => "missing_required_parameter",
             ApiError::Unsupported { .. } => "unsupported_parameter",
             ApiError::ContextOverflow { .. } => "context_length_exceeded",
+            ApiError::KvCapacityExceeded { .. } => "kv_capacity_exceeded",
             ApiError::PromptBuild(_) => "prompt_build_failed",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::RouteNotFound { .. } => "route_not_found",
@@ -187,6 +198,7 @@ impl ApiError {
             | ApiError::Missing { param }
             | ApiError::Unsupported { param, .. } => Some(param),
             ApiError::ContextOverflow { param, .. } => Some(param),
+            ApiError::KvCapacityExceeded { param, .. } => Some(param),
             ApiError::ModelNotFound { .. } => Some("model"),
             _ => None,
         }
@@ -259,6 +271,10 @@ impl From<EngineError> for ApiError {
                 message: format!(
                     "the request needs {needed} tokens of context but the model allows {limit}"
                 ),
+            },
+            EngineError::KvCapacity { .. } => ApiError::KvCapacityExceeded {
+                param: "max_tokens",
+                message: e.to_string(),
             },
             EngineError::InvalidInput(m) => ApiError::field("prompt", m),
             EngineError::Tokenizer(t) => ApiError::PromptBuild(t.to_string()),

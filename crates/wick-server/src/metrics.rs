@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use wick_engine::scheduler::EngineStats;
+use wick_engine::scheduler::{EngineStats, HistogramSnapshot};
 
 /// Bucket bounds (seconds) of the time-to-first-token histogram.
 const TTFT_BUCKETS: &[f64] = &[
@@ -325,8 +325,68 @@ impl Metrics {
             );
         }
         crate::cache_report::render_metrics(&mut out, &engine.prompt_cache);
+        render_batching(&mut out, engine);
         out
     }
+}
+
+/// Continuous batching: KV blocks, preemptions, batch size and tokens per step.
+fn render_batching(out: &mut String, engine: &EngineStats) {
+    let pool = &engine.kv_pool;
+    header(
+        out,
+        "wick_kv_blocks",
+        "KV cache blocks by state (one layer's block of block_tokens tokens).",
+        "gauge",
+    );
+    let _ = writeln!(out, "wick_kv_blocks{{state=\"used\"}} {}", pool.used_blocks);
+    if let (Some(free), Some(total)) = (pool.free_blocks, pool.total_blocks) {
+        let _ = writeln!(out, "wick_kv_blocks{{state=\"free\"}} {free}");
+        let _ = writeln!(out, "wick_kv_blocks{{state=\"total\"}} {total}");
+    }
+    gauge(
+        out,
+        "wick_kv_block_tokens",
+        "Tokens per KV block.",
+        pool.block_tokens as f64,
+    );
+    gauge(
+        out,
+        "wick_waiting_sequences",
+        "Requests and preempted sequences waiting to run.",
+        engine.queued as f64,
+    );
+    counter(
+        out,
+        "wick_preemptions_total",
+        "Running sequences preempted (blocks freed, recomputed later) for lack of KV blocks.",
+        engine.preemptions,
+    );
+    count_histogram(
+        out,
+        "wick_step_batch_size",
+        "Sequences per forward pass.",
+        &engine.batch_size,
+    );
+    count_histogram(
+        out,
+        "wick_step_tokens",
+        "Tokens per forward pass.",
+        &engine.step_tokens,
+    );
+}
+
+/// An engine histogram of counts in the Prometheus format.
+fn count_histogram(out: &mut String, name: &str, help: &str, h: &HistogramSnapshot) {
+    header(out, name, help, "histogram");
+    let mut cumulative = 0;
+    for (bound, n) in h.bounds.iter().zip(&h.counts) {
+        cumulative += n;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -368,6 +428,33 @@ mod tests {
         assert!(text.contains("wick_time_to_first_token_seconds_bucket{le=\"30\"} 2\n"));
         assert!(text.contains("wick_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n"));
         assert!(text.contains("wick_time_to_first_token_seconds_count 3\n"));
+    }
+
+    #[test]
+    fn batching_figures_are_rendered() {
+        let mut e = EngineStats::default();
+        e.kv_pool.used_blocks = 30;
+        e.kv_pool.total_blocks = Some(100);
+        e.kv_pool.free_blocks = Some(70);
+        e.preemptions = 3;
+        e.batch_size = HistogramSnapshot {
+            bounds: vec![1, 4],
+            counts: vec![2, 5, 1],
+            sum: 25,
+            count: 8,
+        };
+        let text = Metrics::default().render(&e, 8, 64);
+        for line in [
+            "wick_kv_blocks{state=\"used\"} 30\n",
+            "wick_kv_blocks{state=\"free\"} 70\n",
+            "wick_kv_blocks{state=\"total\"} 100\n",
+            "wick_preemptions_total 3\n",
+            "wick_step_batch_size_bucket{le=\"4\"} 7\n",
+            "wick_step_batch_size_bucket{le=\"+Inf\"} 8\n",
+            "wick_step_batch_size_sum 25\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
     }
 
     #[test]

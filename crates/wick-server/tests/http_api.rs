@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 use support::*;
-use wick_engine::scheduler::EngineConfig;
+use wick_engine::scheduler::{EngineConfig, KvBudget};
 
 fn chat_body(extra: Value) -> Value {
     let mut body = json!({
@@ -343,4 +343,59 @@ async fn a_prompt_that_opens_think_streams_reasoning() {
             .is_none(),
         "{off}"
     );
+}
+
+#[tokio::test]
+async fn a_request_the_kv_memory_can_never_hold_is_400_before_any_work() {
+    let model = tiny_model();
+    // 48 tokens' worth of blocks in every layer.
+    let bytes = 3 * model.config().num_layers * model.kv_block_bytes();
+    let st = state_with(
+        EngineConfig {
+            kv_budget: KvBudget::Bytes(bytes as u64),
+            ..EngineConfig::default()
+        },
+        |_| {},
+    );
+    assert_eq!(st.engine().max_sequence_tokens(), 48);
+    let r = router(&st);
+    let too_big = send(
+        &r,
+        post_json(
+            "/v1/chat/completions",
+            &chat_body(json!({"max_tokens": 100})),
+        ),
+    )
+    .await;
+    let body = too_big.assert_error(StatusCode::BAD_REQUEST, "kv_capacity_exceeded");
+    assert_eq!(body["error"]["param"], "max_tokens");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at most 48 tokens"), "{message}");
+    assert_eq!(st.engine().stats().steps, 0);
+    // Without max_tokens the default is capped to what the pool holds: the request runs.
+    let mut body = chat_body(json!({}));
+    body.as_object_mut().unwrap().remove("max_tokens");
+    let ok = send(&r, post_json("/v1/chat/completions", &body)).await;
+    assert_eq!(ok.status, StatusCode::OK, "{}", ok.text());
+    let usage = &ok.json()["usage"];
+    let total = usage["total_tokens"].as_u64().unwrap();
+    assert!(total <= 48, "{usage}");
+
+    let stats = send(&r, get("/stats")).await.json();
+    let kv = &stats["batching"]["kv_blocks"];
+    assert_eq!(kv["total"], 3 * model.config().num_layers);
+    assert_eq!(kv["used"], 0);
+    assert_eq!(stats["admission"]["max_safe_context"], 48);
+    assert!(stats["batching"]["steps"].as_u64().unwrap() > 0);
+    let metrics = send(&r, get("/metrics")).await.text();
+    for line in [
+        format!(
+            "wick_kv_blocks{{state=\"total\"}} {}",
+            3 * model.config().num_layers
+        ),
+        "wick_preemptions_total 0".to_string(),
+        "wick_step_batch_size_count".to_string(),
+    ] {
+        assert!(metrics.contains(&line), "{line} missing");
+    }
 }

@@ -28,7 +28,12 @@ impl SequenceStep {
 /// One sequence from prompt to finish.
 pub struct Sequence {
     prompt: Vec<u32>,
+    /// Tokens of `history` fed while (re)filling the cache.
     fed: usize,
+    /// Tokens of `history` the cache must hold before decoding: the prompt, or after a
+    /// preemption everything but the last sampled token.
+    target: usize,
+    preemptions: usize,
     cached: usize,
     cache: KvCache,
     sampler: Sampler,
@@ -68,6 +73,8 @@ impl Sequence {
         Ok(Sequence {
             prompt: request.prompt.clone(),
             fed: cached,
+            target: request.prompt.len(),
+            preemptions: 0,
             cached,
             cache,
             sampler,
@@ -93,21 +100,23 @@ impl Sequence {
         self.finish.is_some()
     }
 
-    /// Whether the prompt is fully in the cache.
+    /// Whether the prompt (and, after a preemption, what had been generated) is fully in
+    /// the cache.
     pub fn is_decoding(&self) -> bool {
-        self.fed == self.prompt.len()
+        self.fed >= self.target
     }
 
-    /// Prompt tokens not yet computed.
+    /// Prompt tokens (or, after a preemption, tokens to recompute) not yet in the cache.
     pub fn remaining_prompt(&self) -> usize {
-        self.prompt.len() - self.fed
+        self.target - self.fed.min(self.target)
     }
 
     /// The next step, feeding at most `chunk` prompt tokens.
     pub fn next_step(&self, chunk: usize) -> SequenceStep {
-        if self.fed < self.prompt.len() {
-            let n = chunk.max(1).min(self.prompt.len() - self.fed);
-            let last = self.fed + n == self.prompt.len();
+        if self.fed < self.target {
+            let n = chunk.max(1).min(self.target - self.fed);
+            // A recomputed sequence already sampled its next token: no logits needed.
+            let last = self.fed + n == self.target && self.generated.is_empty();
             SequenceStep {
                 prefill: n,
                 logits: if last {
@@ -127,7 +136,7 @@ impl Sequence {
     /// The tokens `step` feeds.
     pub fn input_tokens(&self, step: &SequenceStep) -> Vec<u32> {
         if step.prefill > 0 {
-            self.prompt[self.fed..self.fed + step.prefill].to_vec()
+            self.history[self.fed..self.fed + step.prefill].to_vec()
         } else {
             vec![self.pending]
         }
@@ -146,7 +155,7 @@ impl Sequence {
     /// The tokens `step` feeds and the cache they go into.
     pub fn input_and_cache(&mut self, step: &SequenceStep) -> (Vec<u32>, &mut KvCache) {
         let tokens = if step.prefill > 0 {
-            self.prompt[self.fed..self.fed + step.prefill].to_vec()
+            self.history[self.fed..self.fed + step.prefill].to_vec()
         } else {
             vec![self.pending]
         };
@@ -267,6 +276,32 @@ impl Sequence {
     /// The tokens the cache holds (prompt, then generated tokens already fed).
     pub fn cached_tokens(&self) -> &[u32] {
         &self.history[..self.cache.len().min(self.history.len())]
+    }
+
+    /// Gives up the cache to free its memory (the scheduler needs the blocks for an older
+    /// sequence) and continues on `empty`: the next steps recompute the prompt and the
+    /// tokens generated so far (without sampling), then decoding goes on where it
+    /// stopped, with the same sampler state, so the output is what it would have been.
+    pub fn preempt(&mut self, empty: KvCache) {
+        self.target = if self.generated.is_empty() {
+            self.prompt.len()
+        } else {
+            // Everything but the last sampled token, which the next decode step feeds.
+            self.history.len() - 1
+        };
+        self.fed = 0;
+        self.cache = empty;
+        self.preemptions += 1;
+    }
+
+    /// Times the sequence was preempted.
+    pub fn preemptions(&self) -> usize {
+        self.preemptions
+    }
+
+    /// Tokens the cache will hold once the next step of at most `chunk` prompt tokens ran.
+    pub fn tokens_after_step(&self, chunk: usize) -> usize {
+        self.cache.len() + self.next_step(chunk).tokens()
     }
 
     /// Stops the sequence at the caller's request.

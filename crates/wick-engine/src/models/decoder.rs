@@ -105,6 +105,16 @@ impl<B: Backend> SequenceCache<B> {
     pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
         self.layers.iter().map(|l| l.snapshot()).collect()
     }
+
+    /// The per-layer caches (for backend bookkeeping such as KV block leases).
+    pub fn layers(&self) -> &[B::KvLayer] {
+        &self.layers
+    }
+
+    /// The per-layer caches, mutably.
+    pub fn layers_mut(&mut self) -> &mut [B::KvLayer] {
+        &mut self.layers
+    }
 }
 
 struct Layer<B: Backend> {

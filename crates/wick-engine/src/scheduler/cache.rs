@@ -161,6 +161,10 @@ impl EngineCache {
             }
         }
         let Some(key) = t.checkpoint else { return };
+        if plan.logits == crate::models::decoder::LogitsRequest::None {
+            // No token was sampled (a prompt chunk, or a preempted sequence's recompute).
+            return;
+        }
         let n = seq.generated().len();
         if n == 0 || seq.is_finished() || !n.is_multiple_of(self.checkpoint_every) {
             return;

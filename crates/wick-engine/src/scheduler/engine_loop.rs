@@ -1,5 +1,7 @@
-//! The engine thread: admit, plan one batched step under a token budget, run it, hand
-//! out tokens, retire finished sequences — repeat.
+//! The engine thread: admit, plan one batched step under a token budget and the KV block
+//! pool (preempting the newest sequence when a decode finds no block), run it, hand out
+//! tokens, retire finished sequences — repeat.
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -14,6 +16,8 @@ struct Active {
     seq: Sequence,
     req: Pending,
     cache: Option<CacheTracking>,
+    /// Admission order (preemption takes the newest).
+    order: u64,
 }
 
 impl Active {
@@ -22,69 +26,136 @@ impl Active {
     }
 }
 
+/// What the engine thread owns besides the model.
+#[derive(Default)]
+struct Batch {
+    /// Running sequences, oldest first.
+    running: Vec<Active>,
+    /// Preempted sequences waiting for blocks, oldest first; they go back before any new
+    /// request is admitted.
+    preempted: VecDeque<Active>,
+    /// Admission counter: a higher `order` is a newer sequence.
+    next_order: u64,
+}
+
+impl Batch {
+    /// Puts a sequence back in the running batch at its place by age.
+    fn resume(&mut self, a: Active) {
+        let at = self
+            .running
+            .iter()
+            .position(|r| r.order > a.order)
+            .unwrap_or(self.running.len());
+        self.running.insert(at, a);
+    }
+}
+
 pub(crate) fn run(model: &Model, shared: &Shared) {
-    let mut running: Vec<Active> = Vec::new();
+    let mut b = Batch::default();
     let c = &shared.counters;
     loop {
-        if !admit(model, shared, &mut running) {
+        if !admit(model, shared, &mut b) {
             break;
         }
         if shared.abort.load(Ordering::Relaxed) {
-            for a in running.drain(..) {
+            for a in b.running.drain(..).chain(b.preempted.drain(..)) {
                 let _ = a.req.events.send(EngineEvent::Failed(
                     "cancelled: the server is shutting down".into(),
                 ));
             }
             break;
         }
-        running.retain(|a| {
-            let keep = !a.gone();
-            if !keep {
+        let gone = |a: &Active| {
+            let gone = a.gone();
+            if gone {
                 c.cancelled.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(request = a.req.id, "client gone, request cancelled");
             }
-            keep
-        });
-        if running.is_empty() {
+            !gone
+        };
+        b.running.retain(gone);
+        b.preempted.retain(gone);
+        c.preempted_waiting
+            .store(b.preempted.len(), Ordering::Relaxed);
+        if b.running.is_empty() {
             c.running.store(0, Ordering::Relaxed);
             continue;
         }
-        step(model, shared, &mut running);
-        c.running.store(running.len(), Ordering::Relaxed);
+        step(model, shared, &mut b);
+        c.running.store(b.running.len(), Ordering::Relaxed);
+        c.preempted_waiting
+            .store(b.preempted.len(), Ordering::Relaxed);
         c.kv_bytes.store(
-            running.iter().map(|a| a.seq.cache_bytes() as u64).sum(),
+            b.running.iter().map(|a| a.seq.cache_bytes() as u64).sum(),
             Ordering::Relaxed,
         );
     }
     c.running.store(0, Ordering::Relaxed);
+    c.preempted_waiting.store(0, Ordering::Relaxed);
     if let Some(cache) = &shared.cache {
         cache.tiers.set_busy(false);
     }
 }
 
-/// Moves waiting requests into the batch; sleeps when there is nothing to do (telling
-/// the cache's writer the engine is idle). Returns false when the engine should exit.
-/// Cache lookups (which may read the SSD) run with the queue unlocked, so `submit`
-/// never waits on them.
-fn admit(model: &Model, shared: &Shared, running: &mut Vec<Active>) -> bool {
+/// Moves preempted sequences, then waiting requests, into the batch while the batch has
+/// places and the KV pool has room for their prompts (the oldest first, so nobody
+/// starves; a lone sequence is always let in, since any accepted request fits the whole
+/// pool). Sleeps when there is nothing to do (telling the cache's writer the engine is
+/// idle). Returns false when the engine should exit. Cache lookups (which may read the
+/// SSD) run with the queue unlocked, so `submit` never waits on them.
+fn admit(model: &Model, shared: &Shared, b: &mut Batch) -> bool {
     let c = &shared.counters;
+    let pool = &shared.admission.pool;
+    let max_batch = shared.config.max_batch;
     loop {
+        let mut free = pool.free();
+        while b.running.len() < max_batch {
+            let Some(front) = b.preempted.front() else {
+                break;
+            };
+            let need = shared
+                .admission
+                .blocks_to_start(front.seq.remaining_prompt() + 1);
+            if need > free && !b.running.is_empty() {
+                break;
+            }
+            free = free.saturating_sub(need);
+            let Some(mut a) = b.preempted.pop_front() else {
+                break;
+            };
+            a.seq.cache_mut().attach(pool);
+            tracing::debug!(
+                request = a.req.id,
+                recompute = a.seq.remaining_prompt(),
+                "preempted sequence resumes"
+            );
+            b.resume(a);
+        }
+        c.preempted_waiting
+            .store(b.preempted.len(), Ordering::Relaxed);
         let taken: Vec<Pending> = {
             let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 let mut taken = Vec::new();
-                while running.len() + taken.len() < shared.config.max_batch {
-                    let Some(p) = q.waiting.pop_front() else {
+                while b.preempted.is_empty() && b.running.len() + taken.len() < max_batch {
+                    let Some(p) = q.waiting.front() else {
                         break;
                     };
                     if p.cancel.load(Ordering::Relaxed) || p.events.is_closed() {
+                        q.waiting.pop_front();
                         c.cancelled.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    taken.push(p);
+                    let need = shared.admission.blocks_to_start(p.request.prompt.len() + 1);
+                    let alone = b.running.is_empty() && taken.is_empty();
+                    if need > free && !alone {
+                        break;
+                    }
+                    free = free.saturating_sub(need);
+                    taken.extend(q.waiting.pop_front());
                 }
                 c.queued.store(q.waiting.len(), Ordering::Relaxed);
-                if !taken.is_empty() || !running.is_empty() {
+                if !taken.is_empty() || !b.running.is_empty() {
                     break taken;
                 }
                 if q.shutting_down || shared.abort.load(Ordering::Relaxed) {
@@ -94,6 +165,7 @@ fn admit(model: &Model, shared: &Shared, running: &mut Vec<Active>) -> bool {
                     cache.tiers.set_busy(false);
                 }
                 q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                free = pool.free();
             }
         };
         if taken.is_empty() {
@@ -103,16 +175,16 @@ fn admit(model: &Model, shared: &Shared, running: &mut Vec<Active>) -> bool {
             cache.tiers.set_busy(true);
         }
         for p in taken {
-            start(model, shared, p, running);
+            start(model, shared, p, b);
         }
-        if !running.is_empty() {
+        if !b.running.is_empty() {
             return true;
         }
     }
 }
 
 /// Builds a request's sequence (from the cache when it can) and adds it to the batch.
-fn start(model: &Model, shared: &Shared, p: Pending, running: &mut Vec<Active>) {
+fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
     let c = &shared.counters;
     let started = match &shared.cache {
         Some(cache) => cache.start(model, &p.request),
@@ -124,10 +196,11 @@ fn start(model: &Model, shared: &Shared, p: Pending, running: &mut Vec<Active>) 
     };
     match started {
         Ok(Started {
-            seq,
+            mut seq,
             replay,
             tracking,
         }) => {
+            seq.cache_mut().attach(&shared.admission.pool);
             tracing::debug!(
                 request = p.id,
                 waited_ms = p.submitted.elapsed().as_millis() as u64,
@@ -142,12 +215,14 @@ fn start(model: &Model, shared: &Shared, p: Pending, running: &mut Vec<Active>) 
                 seq,
                 req: p,
                 cache: tracking,
+                order: b.next_order,
             };
+            b.next_order += 1;
             if a.seq.is_finished() {
                 // A checkpoint replay that already reached the end.
                 complete(model, shared, a);
             } else {
-                running.push(a);
+                b.running.push(a);
             }
         }
         Err(e) => {
@@ -166,7 +241,10 @@ fn complete(model: &Model, shared: &Shared, a: Active) {
         let mut tokens = a.req.request.prompt.clone();
         tokens.extend_from_slice(&out.tokens);
         tokens.truncate(out.cache.len());
-        cache.finish(t, &tokens, out.cache, !cancelled);
+        // The entry leaves the block pool; the prompt cache accounts for it from now on.
+        let mut kv = out.cache;
+        kv.detach();
+        cache.finish(t, &tokens, kv, !cancelled);
     }
     if cancelled {
         c.cancelled.fetch_add(1, Ordering::Relaxed);
@@ -181,30 +259,87 @@ fn complete(model: &Model, shared: &Shared, a: Active) {
     }));
 }
 
-/// Plans and runs one forward pass over the batch.
-fn step(model: &Model, shared: &Shared, running: &mut Vec<Active>) {
-    let c = &shared.counters;
-    // Decoding sequences take one token each; prompt chunks share what is left.
-    let decoding = running.iter().filter(|a| a.seq.is_decoding()).count();
-    let mut budget = shared
-        .config
-        .step_token_budget
-        .saturating_sub(decoding)
-        .max(1);
-    let plans: Vec<Option<SequenceStep>> = running
+/// Frees the blocks of running sequence `i` and queues it for recomputation.
+fn preempt(model: &Model, shared: &Shared, b: &mut Batch, i: usize) {
+    let mut a = b.running.remove(i);
+    a.seq.preempt(model.new_cache());
+    shared.counters.preemptions.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(
+        request = a.req.id,
+        generated = a.seq.generated().len(),
+        times = a.seq.preemptions(),
+        "KV pool full: sequence preempted, it will be recomputed"
+    );
+    let at = b
+        .preempted
         .iter()
-        .map(|a| {
-            if a.seq.is_decoding() {
-                Some(a.seq.next_step(1))
-            } else if budget > 0 {
-                let s = a.seq.next_step(budget);
+        .position(|p| p.order > a.order)
+        .unwrap_or(b.preempted.len());
+    b.preempted.insert(at, a);
+}
+
+/// Decides what each running sequence feeds this step and reserves the KV blocks for it:
+/// decoding sequences first, oldest first, each preempting the newest running sequence
+/// while the pool has no block for it; then prompt chunks under the step's token budget,
+/// shrunk to what the pool can give. `None` for a sequence that sits this step out.
+fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceStep>> {
+    let mut i = 0;
+    while i < b.running.len() {
+        if !b.running[i].seq.is_decoding() || b.running[i].seq.cache_mut().reserve(1) {
+            i += 1;
+            continue;
+        }
+        let newest = b.running.len() - 1;
+        preempt(model, shared, b, newest);
+    }
+    loop {
+        let decoding = b.running.iter().filter(|a| a.seq.is_decoding()).count();
+        let mut budget = shared
+            .config
+            .step_token_budget
+            .saturating_sub(decoding)
+            .max(1);
+        let plans: Vec<Option<SequenceStep>> = b
+            .running
+            .iter_mut()
+            .map(|a| {
+                if a.seq.is_decoding() {
+                    return Some(a.seq.next_step(1));
+                }
+                let mut n = budget.min(a.seq.remaining_prompt());
+                while n > 0 && !a.seq.cache_mut().reserve(n) {
+                    n /= 2;
+                }
+                if n == 0 {
+                    return None;
+                }
+                let s = a.seq.next_step(n);
                 budget -= s.tokens();
                 Some(s)
-            } else {
-                None
-            }
-        })
-        .collect();
+            })
+            .collect();
+        if plans.iter().any(Option::is_some) || b.running.is_empty() {
+            return plans;
+        }
+        // Only prompts left and not one block for any of them: the newest makes room.
+        let newest = b.running.len() - 1;
+        preempt(model, shared, b, newest);
+    }
+}
+
+/// Plans and runs one forward pass over the batch.
+fn step(model: &Model, shared: &Shared, b: &mut Batch) {
+    let c = &shared.counters;
+    let plans = plan(model, shared, b);
+    let running = &mut b.running;
+    if running.is_empty() {
+        return;
+    }
+    let decoding = running
+        .iter()
+        .zip(&plans)
+        .filter(|(a, p)| p.is_some() && a.seq.is_decoding())
+        .count();
     let inputs: Vec<Option<Vec<u32>>> = running
         .iter()
         .zip(&plans)
@@ -243,6 +378,8 @@ fn step(model: &Model, shared: &Shared, running: &mut Vec<Active>) {
     };
     let step_tokens: usize = plans.iter().flatten().map(|p| p.tokens()).sum();
     c.steps.fetch_add(1, Ordering::Relaxed);
+    c.batch_sizes.observe(outputs.len() as u64);
+    c.step_tokens.observe(step_tokens as u64);
     c.last_batch.store(outputs.len(), Ordering::Relaxed);
     c.last_step_tokens.store(step_tokens, Ordering::Relaxed);
     let prefill: usize = plans.iter().flatten().map(|p| p.prefill).sum();
@@ -297,7 +434,7 @@ fn step(model: &Model, shared: &Shared, running: &mut Vec<Active>) {
         }
     }
     for (i, ok) in finished.into_iter().rev() {
-        let a = running.swap_remove(i);
+        let a = running.remove(i);
         if !ok {
             continue;
         }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use super::admission::KvAdmission;
 use super::cache::EngineCache;
 use super::stats::{EngineCounters, EngineStats};
 use super::{EngineConfig, EngineEvent, FlushReport, ScanReport};
@@ -57,6 +58,8 @@ pub(crate) struct Shared {
     pub abort: AtomicBool,
     /// The prompt cache, when on.
     pub cache: Option<EngineCache>,
+    /// The KV block pool and admission figures.
+    pub admission: KvAdmission,
 }
 
 /// Starts engine loops.
@@ -69,6 +72,12 @@ impl Engine {
     /// process holds, or one that cannot be created, is an error).
     pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle, EngineError> {
         let cache = EngineCache::new(&model, &config)?;
+        let admission = KvAdmission::new(&model, config.kv_budget, config.step_token_budget)?;
+        tracing::info!(
+            weights_mib = model.info().weight_bytes / (1 << 20),
+            "{}",
+            admission.describe(&model)
+        );
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
@@ -80,6 +89,7 @@ impl Engine {
             config,
             abort: AtomicBool::new(false),
             cache,
+            admission,
         });
         let loop_shared = shared.clone();
         let loop_model = model.clone();
@@ -125,6 +135,7 @@ impl EngineHandle {
     /// Validates and queues a request. Never blocks on model work.
     pub fn submit(&self, request: GenerationRequest) -> Result<RequestHandle, SubmitError> {
         self.model.check_request(&request)?;
+        self.shared.admission.check(&request)?;
         let (tx, rx) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let id = {
@@ -166,7 +177,25 @@ impl EngineHandle {
         if let Some(cache) = &self.shared.cache {
             stats.prompt_cache = cache.tiers.stats();
         }
+        stats.kv_pool = self.kv_pool_stats();
         stats
+    }
+
+    /// The KV block pool's figures.
+    pub fn kv_pool_stats(&self) -> super::KvPoolStats {
+        let a = &self.shared.admission;
+        super::KvPoolStats::from_usage(
+            a.pool.usage(),
+            a.bounded,
+            a.block_bytes,
+            a.max_sequence_tokens,
+        )
+    }
+
+    /// The longest sequence (prompt + generated tokens) a request may ask for: the
+    /// model's context, or less when the KV memory budget cannot hold that much.
+    pub fn max_sequence_tokens(&self) -> usize {
+        self.shared.admission.max_sequence_tokens
     }
 
     /// Makes every prompt-cache entry durable on the SSD tier within `timeout`: waits

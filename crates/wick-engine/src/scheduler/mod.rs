@@ -2,6 +2,12 @@
 //! batched forward pass per step (continuous batching); callers talk to it through a
 //! cloneable [`EngineHandle`] and get each request's tokens back on its own channel.
 //!
+//! Every sequence's KV cache lives in fixed-size blocks charged to one pool
+//! ([`EngineConfig::kv_budget`]): requests are admitted while the pool has room for their
+//! prompt, and a sequence that cannot get a block for its next token preempts the newest
+//! running one, whose blocks are freed and whose tokens are recomputed once room returns
+//! (its client only sees a pause). See `admission.rs` and `engine_loop.rs`.
+//!
 //! With the prompt cache on ([`EngineConfig::prompt_cache_bytes`]), admission reuses the
 //! longest cached prefix of each prompt (RAM, or the SSD tier after a restart), finished
 //! sequences put their KV back, and generation checkpoints let an identical request
@@ -22,13 +28,17 @@
 //! }
 //! # Ok(()) }
 //! ```
+mod admission;
 mod cache;
 mod engine_loop;
 mod handle;
 mod stats;
 
+pub use admission::{available_memory, KvBudget};
 pub use handle::{Engine, EngineHandle, RequestHandle, SubmitError};
-pub use stats::EngineStats;
+pub use stats::{
+    EngineStats, HistogramSnapshot, KvPoolStats, BATCH_SIZE_BUCKETS, STEP_TOKEN_BUCKETS,
+};
 pub use wick_cache::{CacheStats, FlushReport, ScanReport, SsdStats};
 
 use std::path::PathBuf;
@@ -64,6 +74,11 @@ pub struct EngineConfig {
     /// tokens also stores a prompt-only entry, which stays reusable when the
     /// prompt+generation entry cannot be trimmed (a wrapped window ring).
     pub prompt_boundary_min_tokens: usize,
+    /// Memory for the KV block pool shared by the running sequences. A request that
+    /// could never fit it is refused at `submit`; when it is momentarily full, new
+    /// requests wait, and a running sequence that cannot get a block preempts the
+    /// newest one (which is recomputed later).
+    pub kv_budget: KvBudget,
 }
 
 /// Default RAM prompt-cache cap: 8 GiB.
@@ -82,6 +97,7 @@ impl Default for EngineConfig {
             ssd_write_behind: true,
             generation_checkpoint_tokens: 0,
             prompt_boundary_min_tokens: 256,
+            kv_budget: KvBudget::Unbounded,
         }
     }
 }

@@ -1,8 +1,124 @@
 //! Counters the engine loop keeps for `/stats` and `/metrics`.
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::backend::candle::block_pool::PoolUsage;
+
+/// Upper bounds of the batch-size histogram (sequences per forward pass).
+pub const BATCH_SIZE_BUCKETS: &[u64] = &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128];
+
+/// Upper bounds of the tokens-per-step histogram.
+pub const STEP_TOKEN_BUCKETS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
+
+/// A histogram of counts kept with atomics.
+#[derive(Debug)]
+pub(crate) struct CountHistogram {
+    bounds: &'static [u64],
+    counts: Vec<AtomicU64>,
+    sum: AtomicU64,
+}
+
+impl CountHistogram {
+    pub(crate) fn new(bounds: &'static [u64]) -> Self {
+        CountHistogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn observe(&self, value: u64) {
+        let slot = self
+            .bounds
+            .iter()
+            .position(|&b| value <= b)
+            .unwrap_or(self.bounds.len());
+        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        HistogramSnapshot {
+            bounds: self.bounds.to_vec(),
+            count: counts.iter().sum(),
+            counts,
+            sum: self.sum.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A histogram's figures at one moment.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct HistogramSnapshot {
+    /// Upper bounds of the buckets.
+    pub bounds: Vec<u64>,
+    /// Observations per bucket, not cumulative; one more than `bounds` (the last is
+    /// above every bound).
+    pub counts: Vec<u64>,
+    /// Sum of the observed values.
+    pub sum: u64,
+    /// Observations.
+    pub count: u64,
+}
+
+impl HistogramSnapshot {
+    /// Mean of the observed values (0 without observations).
+    pub fn mean(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum as f64 / self.count as f64
+        }
+    }
+}
+
+/// The KV block pool as `/stats` shows it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct KvPoolStats {
+    /// Tokens per block (each layer has its own blocks).
+    pub block_tokens: usize,
+    /// Blocks the budget allows (`None`: no budget was set).
+    pub total_blocks: Option<usize>,
+    /// Blocks charged to running sequences.
+    pub used_blocks: usize,
+    /// Blocks left (`None` without a budget).
+    pub free_blocks: Option<usize>,
+    /// Most blocks charged at once.
+    pub peak_blocks: usize,
+    /// Bytes of one block (keys and values of one layer).
+    pub block_bytes: usize,
+    /// The budget in bytes (`None` without one).
+    pub budget_bytes: Option<u64>,
+    /// Longest sequence (prompt + generation) the whole pool can hold.
+    pub max_sequence_tokens: usize,
+}
+
+impl KvPoolStats {
+    pub(crate) fn from_usage(
+        u: PoolUsage,
+        bounded: bool,
+        block_bytes: usize,
+        max_seq: usize,
+    ) -> Self {
+        KvPoolStats {
+            block_tokens: u.block_tokens,
+            total_blocks: bounded.then_some(u.total_blocks),
+            used_blocks: u.used_blocks,
+            free_blocks: bounded.then(|| u.free_blocks()),
+            peak_blocks: u.peak_blocks,
+            block_bytes,
+            budget_bytes: bounded.then(|| (u.total_blocks * block_bytes) as u64),
+            max_sequence_tokens: max_seq,
+        }
+    }
+}
+
 /// Live engine counters (cheap atomics, read at any time).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EngineCounters {
     pub(crate) queued: AtomicUsize,
     pub(crate) running: AtomicUsize,
@@ -17,6 +133,37 @@ pub struct EngineCounters {
     pub(crate) kv_bytes: AtomicU64,
     /// Recent decode rate × 1000 (exponential moving average over steps).
     pub(crate) decode_tps_milli: AtomicU64,
+    /// Running sequences preempted for lack of KV blocks.
+    pub(crate) preemptions: AtomicU64,
+    /// Preempted sequences waiting to be recomputed.
+    pub(crate) preempted_waiting: AtomicUsize,
+    /// Sequences per forward pass.
+    pub(crate) batch_sizes: CountHistogram,
+    /// Tokens per forward pass.
+    pub(crate) step_tokens: CountHistogram,
+}
+
+impl Default for EngineCounters {
+    fn default() -> Self {
+        EngineCounters {
+            queued: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            steps: AtomicU64::new(0),
+            last_batch: AtomicUsize::new(0),
+            last_step_tokens: AtomicUsize::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            kv_bytes: AtomicU64::new(0),
+            decode_tps_milli: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
+            preempted_waiting: AtomicUsize::new(0),
+            batch_sizes: CountHistogram::new(BATCH_SIZE_BUCKETS),
+            step_tokens: CountHistogram::new(STEP_TOKEN_BUCKETS),
+        }
+    }
 }
 
 /// A snapshot of the engine's counters.
@@ -48,13 +195,23 @@ pub struct EngineStats {
     pub decode_tokens_per_second: f64,
     /// The prompt cache (RAM tier; `ssd` holds the SSD tier's counters).
     pub prompt_cache: wick_cache::CacheStats,
+    /// Running sequences preempted (blocks freed, recomputed later) for lack of KV blocks.
+    pub preemptions: u64,
+    /// Preempted sequences waiting to be recomputed (also counted in `queued`).
+    pub preempted_waiting: usize,
+    /// The KV block pool.
+    pub kv_pool: KvPoolStats,
+    /// Sequences per forward pass.
+    pub batch_size: HistogramSnapshot,
+    /// Tokens per forward pass.
+    pub step_tokens: HistogramSnapshot,
 }
 
 impl EngineCounters {
     pub(crate) fn snapshot(&self) -> EngineStats {
         let o = Ordering::Relaxed;
         EngineStats {
-            queued: self.queued.load(o),
+            queued: self.queued.load(o) + self.preempted_waiting.load(o),
             running: self.running.load(o),
             steps: self.steps.load(o),
             last_batch_size: self.last_batch.load(o),
@@ -67,6 +224,11 @@ impl EngineCounters {
             kv_bytes: self.kv_bytes.load(o),
             decode_tokens_per_second: self.decode_tps_milli.load(o) as f64 / 1000.0,
             prompt_cache: wick_cache::CacheStats::default(),
+            preemptions: self.preemptions.load(o),
+            preempted_waiting: self.preempted_waiting.load(o),
+            kv_pool: KvPoolStats::default(),
+            batch_size: self.batch_sizes.snapshot(),
+            step_tokens: self.step_tokens.snapshot(),
         }
     }
 }

@@ -51,9 +51,11 @@ pub async fn chat_completions(
     } = chat;
     let prompt = prompt::chat_prompt(&state, messages, tools, template_kwargs).await?;
     let context = state.model().info().context_length;
-    let max_tokens = generation
-        .max_tokens
-        .resolve(prompt.ids.len(), context, "messages")?;
+    let kv_limit = state.engine().max_sequence_tokens();
+    let max_tokens =
+        generation
+            .max_tokens
+            .resolve_within(prompt.ids.len(), context, kv_limit, "messages")?;
     let think_tags = state
         .template_capabilities()
         .is_some_and(|c| c.uses_think_tags);

@@ -50,7 +50,10 @@ pub async fn completions(
     };
     let gen = valid.generation;
     let context = state.model().info().context_length;
-    let max_tokens = gen.max_tokens.resolve(ids.len(), context, "prompt")?;
+    let kv_limit = state.engine().max_sequence_tokens();
+    let max_tokens = gen
+        .max_tokens
+        .resolve_within(ids.len(), context, kv_limit, "prompt")?;
     let echo = valid.echo.then_some(prompt_text);
     let mut columns = valid.logprobs.map(|_| LegacyColumns::new(0));
     if let (Some(columns), Some(_)) = (&mut columns, &echo) {

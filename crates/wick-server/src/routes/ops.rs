@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use wick_engine::scheduler::EngineStats;
+
 use crate::cache_report;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -73,7 +75,10 @@ pub async fn stats(State(state): State<AppState>) -> Json<Value> {
             "last_batch_size": s.last_batch_size,
             "last_step_tokens": s.last_step_tokens,
             "step_token_budget": cfg.step_token_budget,
+            "kv_budget_bytes": s.kv_pool.budget_bytes,
         },
+        "batching": batching_stats(&s),
+        "admission": admission_stats(&s, info.weight_bytes),
         "tokens_per_second": {"decode": s.decode_tokens_per_second},
         "cache": {"kv_bytes": s.kv_bytes, "prompt_cache": prompt_cache},
         "prompt_cache": prompt_cache,
@@ -92,6 +97,38 @@ pub async fn stats(State(state): State<AppState>) -> Json<Value> {
         },
         "engine": s,
     }))
+}
+
+/// Continuous batching: sequences, KV blocks, preemptions, batch size and tokens per step.
+fn batching_stats(s: &EngineStats) -> Value {
+    let pool = &s.kv_pool;
+    json!({
+        "running": s.running,
+        "waiting": s.queued,
+        "preempted_waiting": s.preempted_waiting,
+        "preemptions": s.preemptions,
+        "kv_blocks": {
+            "block_tokens": pool.block_tokens,
+            "used": pool.used_blocks,
+            "free": pool.free_blocks,
+            "total": pool.total_blocks,
+            "peak": pool.peak_blocks,
+            "block_bytes": pool.block_bytes,
+        },
+        "batch_size": {"last": s.last_batch_size, "avg": s.batch_size.mean()},
+        "tokens_per_step": {"last": s.last_step_tokens, "avg": s.step_tokens.mean()},
+        "steps": s.steps,
+    })
+}
+
+/// Memory admission (reference A.7 `admission`): what one sequence may hold and the
+/// budget behind it.
+fn admission_stats(s: &EngineStats, weights_bytes: usize) -> Value {
+    json!({
+        "max_safe_context": s.kv_pool.max_sequence_tokens,
+        "memory_budget_bytes": s.kv_pool.budget_bytes,
+        "weights_bytes": weights_bytes,
+    })
 }
 
 /// Prometheus text format.

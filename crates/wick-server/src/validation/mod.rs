@@ -46,6 +46,24 @@ impl MaxTokens {
             MaxTokens::Default(n) => Ok(n.min(context - prompt)),
         }
     }
+
+    /// [`MaxTokens::resolve`], then a default is also capped to what the KV memory budget
+    /// holds for one sequence (`kv_limit` tokens, prompt included), so a request that
+    /// names no limit is not refused for memory. A requested value is never cut: the
+    /// engine refuses it if it cannot fit.
+    pub fn resolve_within(
+        self,
+        prompt: usize,
+        context: usize,
+        kv_limit: usize,
+        param: &'static str,
+    ) -> Result<usize, ApiError> {
+        let n = self.resolve(prompt, context, param)?;
+        Ok(match self {
+            MaxTokens::Default(_) => n.min(kv_limit.saturating_sub(prompt)).max(1),
+            MaxTokens::Requested(_) => n,
+        })
+    }
 }
 
 /// Checked generation settings shared by both endpoints.

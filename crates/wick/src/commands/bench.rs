@@ -1,4 +1,5 @@
-//! `wick bench [MODEL]`: prompt-processing and decode speed, median of several runs.
+//! `wick bench [MODEL]`: prompt-processing and decode speed, median of several runs; with
+//! `--concurrency N`, load on a running server instead (`load.rs`).
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -22,6 +23,19 @@ pub struct BenchArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Load a running server (`--url`) with this many concurrent streaming chat
+    /// requests instead of timing the model in-process.
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// The server to load with --concurrency.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    url: String,
+    /// With --concurrency: requests each client sends one after the other.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// With --concurrency: sampling temperature of the requests.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -41,6 +55,17 @@ fn peak_rss() -> Option<u64> {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(concurrency) = args.concurrency {
+        return super::load::run(super::load::LoadSpec {
+            url: args.url,
+            concurrency,
+            rounds: args.rounds,
+            prompt_tokens: args.prompt_tokens,
+            gen_tokens: args.gen_tokens,
+            temperature: args.temperature,
+            json: args.json,
+        });
+    }
     let path = crate::model_arg::resolve(args.model.as_deref())?;
     let t = Instant::now();
     let model = Model::load(&path, &LoadOptions::default())?;

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 pub mod bench;
 pub mod generate;
+pub mod load;
 pub mod ls;
 pub mod pull;
 pub mod serve;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use wick_chat::tool_call::ToolFormat;
-use wick_engine::scheduler::{Engine, EngineConfig};
+use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
 use wick_engine::{LoadOptions, Model};
 use wick_server::{AppState, SamplingDefaults, ServerConfig};
 
@@ -67,6 +67,14 @@ pub struct ServeArgs {
     /// Largest request body in bytes (413 beyond).
     #[arg(long, env = "WICK_MAX_BODY_BYTES", default_value_t = wick_server::config::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Memory for the KV cache block pool, in bytes; K, M, G, T suffixes are powers of 1024
+    /// (`512M`, `2G`). Requests that could never fit get 400, the rest wait for room.
+    #[arg(long, env = "WICK_KV_MEMORY", value_parser = parse_bytes, conflicts_with = "gpu_memory_utilization")]
+    kv_memory: Option<u64>,
+    /// Size the KV block pool as this fraction of the memory free once the weights are
+    /// loaded (on the CPU backend: available RAM). Default when --kv-memory is absent: 0.9.
+    #[arg(long, env = "WICK_GPU_MEMORY_UTILIZATION")]
+    gpu_memory_utilization: Option<f64>,
     /// Seconds in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, env = "WICK_SHUTDOWN_GRACE", default_value_t = 10.0)]
     shutdown_grace: f64,
@@ -189,6 +197,14 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
     if let Some(n) = args.ctx_size {
         positive("ctx-size", n)?;
     }
+    let kv_budget = match (args.kv_memory, args.gpu_memory_utilization) {
+        (Some(0), _) => anyhow::bail!("--kv-memory must be more than 0 bytes"),
+        (Some(bytes), _) => KvBudget::Bytes(bytes),
+        (None, Some(f)) if !(f > 0.0 && f <= 1.0) => {
+            anyhow::bail!("--gpu-memory-utilization must be in (0, 1], got {f}")
+        }
+        (None, f) => KvBudget::Fraction(f.unwrap_or(DEFAULT_MEMORY_UTILIZATION)),
+    };
     anyhow::ensure!(
         args.shutdown_grace.is_finite() && args.shutdown_grace >= 0.0,
         "--shutdown-grace must be a number of seconds >= 0"
@@ -241,9 +257,48 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
             ssd_cache_max_bytes: cache.ssd_cache_max_bytes,
             ssd_cache_verify: cache.ssd_cache_verify,
             generation_checkpoint_tokens: cache.generation_checkpoint_tokens,
+            kv_budget,
             ..EngineConfig::default()
         },
     })
+}
+
+/// Fraction of the free memory the KV pool takes when no flag says otherwise (vLLM's).
+const DEFAULT_MEMORY_UTILIZATION: f64 = 0.9;
+
+/// A byte count: digits (a fraction allowed) and an optional K/M/G/T suffix, powers of
+/// 1024, with or without a trailing `B`/`iB` (`512M`, `2G`, `1.5GiB`, `1048576`).
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits_end);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a byte count like 512M or 2G"))?;
+    let unit = suffix.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let scale: u64 = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "'{text}': unknown unit '{suffix}' (use K, M, G or T)"
+            ))
+        }
+    };
+    let bytes = number * scale as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(format!("'{text}' is too large"));
+    }
+    Ok(bytes as u64)
 }
 
 /// The served id: the store name the user typed (or the default model's), else the file or
@@ -309,4 +364,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     })?;
     eprintln!("wick: stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("2g"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("64KB"), Ok(64 << 10));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5X").is_err());
+        assert!(parse_bytes("").is_err());
+    }
 }

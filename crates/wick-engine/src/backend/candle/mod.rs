@@ -9,6 +9,7 @@
 //! Rotary embeddings and attention over the host KV cache are our own code too.
 //! `WICK_PROFILE=1` prints the time spent in each op.
 mod attention;
+pub mod block_pool;
 mod kv;
 mod profile;
 mod rope;
@@ -484,9 +485,7 @@ impl Backend for CandleBackend {
                     });
                 }
             }
-            // Attention runs on rayon's threads: let ours sleep instead of spinning.
-            self.pool.rest();
-            attention::attend(q.data(), &rows, params)
+            attention::attend(self.pool, q.data(), &rows, params)
         };
         for seg in segments.iter_mut() {
             seg.cache.evict();

@@ -1,0 +1,193 @@
+//! Continuous batching under a KV memory budget, with the real default model: batched
+//! output equals each request run alone even when the pool is so small that sequences
+//! wait and get preempted, no block leaks, and requests that could never fit are
+//! refused before any work.
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wick_engine::sampler::SamplingParams;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget, SubmitError};
+use wick_engine::{EngineError, GenerationRequest, LoadOptions, Model};
+
+fn default_model() -> Arc<Model> {
+    let home = std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
+    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} missing: run `wick pull default`",
+        path.display()
+    );
+    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
+}
+
+fn collect(mut h: wick_engine::scheduler::RequestHandle) -> Vec<u32> {
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => {
+                assert_eq!(d.tokens, ids);
+                return ids;
+            }
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+/// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
+/// huge string is slow).
+fn prompt(model: &Model, topic: &str, words: usize) -> Vec<u32> {
+    let mut ids = model.tokenize(topic).unwrap();
+    let line = " The river runs past the old mill, and the miller counts the sacks of grain.";
+    while ids.len() < words {
+        ids.extend(model.tokenize(line).unwrap().into_iter().skip(1));
+    }
+    ids
+}
+
+/// Several requests of mixed prompt lengths, greedy and seeded: the pool holds about two
+/// of them at full length, so the engine queues, preempts and recomputes — and every
+/// output equals the request run alone.
+#[test]
+fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
+    let model = default_model();
+    let lengths = [12usize, 140, 40, 220, 8, 90, 60, 30];
+    let requests: Vec<GenerationRequest> = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let mut r = GenerationRequest::new(prompt(&model, &format!("Story {i}:"), n))
+                .max_tokens(40 + 4 * i);
+            r.ignore_eos = true;
+            if i % 3 == 1 {
+                r = r.sampling(SamplingParams {
+                    temperature: 0.8,
+                    top_p: 0.9,
+                    seed: 100 + i as u64,
+                    ..SamplingParams::default()
+                });
+            }
+            r
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap();
+    let layers = model.config().num_layers;
+    // Room for about two of the longest sequences, all layers.
+    let blocks = 2 * layers * longest.div_ceil(16) + layers;
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 8,
+            step_token_budget: 64,
+            prompt_cache_bytes: 0,
+            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let pool = engine.stats().kv_pool;
+    assert_eq!(pool.total_blocks, Some(blocks));
+    assert!(pool.max_sequence_tokens >= longest, "{pool:?}");
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    // Watch the pool while the requests run: never over budget.
+    let watcher = {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let mut seen_waiting = 0;
+            let mut max_used = 0;
+            for _ in 0..2000 {
+                let s = engine.stats();
+                max_used = max_used.max(s.kv_pool.used_blocks);
+                seen_waiting = seen_waiting.max(s.queued);
+                if s.completed == 8 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (seen_waiting, max_used)
+        })
+    };
+    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&collect(h), want, "request {i} differs from its single run");
+    }
+    let (seen_waiting, max_used) = watcher.join().unwrap();
+    let stats = engine.stats();
+    assert!(
+        stats.preemptions > 0,
+        "the pool was meant to force preemption: {stats:?}"
+    );
+    assert!(seen_waiting > 0, "no request ever waited");
+    assert!(max_used <= blocks, "{max_used} blocks used of {blocks}");
+    assert!(stats.kv_pool.peak_blocks <= blocks);
+    assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
+    assert_eq!(stats.completed, 8);
+    assert!(stats.batch_size.count > 0 && stats.batch_size.mean() > 1.0);
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}
+
+#[test]
+fn requests_that_could_never_fit_are_refused_before_any_work() {
+    let model = default_model();
+    let layers = model.config().num_layers;
+    // 64 tokens' worth of blocks in every layer.
+    let budget = (4 * layers * model.kv_block_bytes()) as u64;
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            kv_budget: KvBudget::Bytes(budget),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(engine.max_sequence_tokens(), 64);
+    let too_big = GenerationRequest::new(model.tokenize("Hello there").unwrap()).max_tokens(100);
+    match engine.submit(too_big) {
+        Err(SubmitError::Invalid(EngineError::KvCapacity { needed, limit, .. })) => {
+            assert!(needed > 100);
+            assert_eq!(limit, 64);
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("an impossible request was accepted"),
+    }
+    let stats = engine.stats();
+    assert_eq!((stats.steps, stats.queued), (0, 0));
+    // One that fits runs.
+    let fits = GenerationRequest::new(model.tokenize("Hello there").unwrap()).max_tokens(20);
+    let alone = model
+        .generate(&fits, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    assert_eq!(collect(engine.submit(fits).unwrap()), alone);
+    assert_eq!(engine.stats().kv_pool.used_blocks, 0);
+
+    // A budget below one block per layer cannot start at all.
+    let tiny = Engine::start(
+        model.clone(),
+        EngineConfig {
+            kv_budget: KvBudget::Bytes(model.kv_block_bytes() as u64),
+            ..EngineConfig::default()
+        },
+    );
+    assert!(tiny.is_err());
+}
