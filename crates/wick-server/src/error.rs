@@ -26,7 +26,7 @@ pub enum ApiError {
         message: String,
     },
     /// A required field is missing or empty.
-    #[error("{param} is required")]
+    #[error("{param} is required and must not be empty")]
     Missing {
         /// The field.
         param: String,
