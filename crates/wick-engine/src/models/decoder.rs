@@ -23,6 +23,14 @@ pub enum LogitsRequest {
     All,
 }
 
+/// Where the new tokens of a forward pass come from.
+enum Input<'a, B: Backend> {
+    /// Ids on the host, flattened over the batch.
+    Host(&'a [u32]),
+    /// One id per sequence, held by the backend.
+    Backend(&'a B::Ids),
+}
+
 /// One sequence's part of a batched forward pass.
 pub struct BatchItem<'a, B: Backend> {
     /// New tokens, appended after what the cache holds.
@@ -171,6 +179,19 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
+        if let Some(w) = self.src.affine(name)? {
+            if [w.rows, w.cols] != [rows, cols] {
+                return Err(EngineError::ShapeMismatch {
+                    source_name: self.src.source_name(),
+                    tensor: w.name.clone(),
+                    expected: vec![rows, cols],
+                    found: vec![w.rows, w.cols],
+                });
+            }
+            let m = self.backend.affine_matrix(w)?;
+            self.bytes += self.backend.matrix_bytes(&m);
+            return Ok(m);
+        }
         let w = self.required(name)?;
         self.check(&w, &[rows, cols])?;
         let m = self.backend.matrix(w)?;
@@ -386,24 +407,94 @@ impl<B: Backend> Decoder<B> {
     /// Runs the new tokens of every item through the model, appending to each cache,
     /// and returns the requested logits per item.
     pub fn forward(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Option<Logits>>> {
+        let mut ids = Vec::new();
+        for item in batch.iter() {
+            ids.extend_from_slice(item.tokens);
+        }
+        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
+        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
+        let mut caches: Vec<&mut SequenceCache<B>> =
+            batch.iter_mut().map(|i| &mut *i.cache).collect();
+        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let Some(logits) = logits else {
+            return Ok(vec![None; batch.len()]);
+        };
+        let data = self.backend.to_host(&logits)?;
+        let vocab = self.cfg.vocab_size;
+        let mut out = Vec::with_capacity(batch.len());
+        let mut at = 0;
+        for n in rows {
+            if n == 0 {
+                out.push(None);
+            } else {
+                out.push(Some(Logits {
+                    rows: n,
+                    vocab,
+                    data: data[at * vocab..(at + n) * vocab].to_vec(),
+                }));
+                at += n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Like [`Decoder::forward`] with the last position's logits of every item, but
+    /// returns their argmax on the backend without copying logits to the host.
+    pub fn forward_argmax(&self, batch: &mut [BatchItem<'_, B>]) -> Result<B::Ids> {
+        let mut ids = Vec::new();
+        for item in batch.iter() {
+            ids.extend_from_slice(item.tokens);
+        }
+        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
+        let requests = vec![LogitsRequest::Last; batch.len()];
+        let mut caches: Vec<&mut SequenceCache<B>> =
+            batch.iter_mut().map(|i| &mut *i.cache).collect();
+        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
+        self.backend.argmax(&logits)
+    }
+
+    /// One decode step of several sequences whose new token each is an id the backend
+    /// holds (`ids[i]` for `caches[i]`), typically the previous step's argmax: the step is
+    /// built without waiting for those ids. Returns the next ids, scheduled.
+    pub fn decode_ids(&self, ids: &B::Ids, caches: &mut [&mut SequenceCache<B>]) -> Result<B::Ids> {
+        let counts = vec![1; caches.len()];
+        let requests = vec![LogitsRequest::Last; caches.len()];
+        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests)?;
+        let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
+        let next = self.backend.argmax(&logits)?;
+        self.backend.schedule(&next)?;
+        Ok(next)
+    }
+
+    /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
+    /// returning the logits rows `requests` ask for (or `None` when none is asked) and
+    /// how many rows belong to each sequence.
+    fn run(
+        &self,
+        input: Input<'_, B>,
+        caches: &mut [&mut SequenceCache<B>],
+        counts: &[usize],
+        requests: &[LogitsRequest],
+    ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let be = &self.backend;
         let cfg = &self.cfg;
-        let mut ids = Vec::new();
         let mut positions = Vec::new();
-        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(batch.len());
-        for item in batch.iter() {
-            if item.tokens.is_empty() {
+        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(caches.len());
+        let mut total = 0;
+        for (cache, &n) in caches.iter().zip(counts) {
+            if n == 0 {
                 return Err(EngineError::InvalidInput(
                     "a sequence in the batch has no new tokens".into(),
                 ));
             }
-            if item.cache.layers.len() != self.layers.len() {
+            if cache.layers.len() != self.layers.len() {
                 return Err(EngineError::Cache("cache belongs to another model".into()));
             }
-            let start = item.cache.len();
-            ranges.push(ids.len()..ids.len() + item.tokens.len());
-            ids.extend_from_slice(item.tokens);
-            positions.extend(start..start + item.tokens.len());
+            let start = cache.len();
+            ranges.push(total..total + n);
+            total += n;
+            positions.extend(start..start + n);
         }
         let rope = be.rope_table(&positions, &self.rope)?;
         let rope_local = self
@@ -412,7 +503,10 @@ impl<B: Backend> Decoder<B> {
             .map(|s| be.rope_table(&positions, s))
             .transpose()?;
 
-        let mut x = be.embed(&self.embed, &ids)?;
+        let mut x = match input {
+            Input::Host(ids) => be.embed(&self.embed, ids)?,
+            Input::Backend(ids) => be.embed_ids(&self.embed, ids)?,
+        };
         if cfg.scale_embeddings {
             x = be.scale(&x, (cfg.hidden_size as f32).sqrt())?;
         }
@@ -433,12 +527,12 @@ impl<B: Backend> Decoder<B> {
             };
             let q = be.rope(&q, layer.attention.heads, table)?;
             let k = be.rope(&k, layer.attention.kv_heads, table)?;
-            let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = batch
+            let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                 .iter_mut()
                 .zip(&ranges)
-                .map(|(item, r)| AttentionSegment {
+                .map(|(cache, r)| AttentionSegment {
                     rows: r.clone(),
-                    cache: &mut item.cache.layers[li],
+                    cache: &mut cache.layers[li],
                 })
                 .collect();
             let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
@@ -458,18 +552,18 @@ impl<B: Backend> Decoder<B> {
         }
 
         let mut rows = Vec::new();
-        let mut counts = Vec::with_capacity(batch.len());
-        for (item, r) in batch.iter().zip(&ranges) {
+        let mut per_item = Vec::with_capacity(caches.len());
+        for (request, r) in requests.iter().zip(&ranges) {
             let before = rows.len();
-            match item.logits {
+            match request {
                 LogitsRequest::None => {}
                 LogitsRequest::Last => rows.push(r.end - 1),
                 LogitsRequest::All => rows.extend(r.clone()),
             }
-            counts.push(rows.len() - before);
+            per_item.push(rows.len() - before);
         }
         if rows.is_empty() {
-            return Ok(vec![None; batch.len()]);
+            return Ok((None, per_item));
         }
         let x = be.select_rows(&x, &rows)?;
         let x = be.rms_norm(&x, &self.norm, cfg.rms_eps)?;
@@ -477,22 +571,6 @@ impl<B: Backend> Decoder<B> {
         if let Some(cap) = cfg.final_softcap {
             logits = be.softcap(&logits, cap)?;
         }
-        let data = be.to_host(&logits)?;
-        let vocab = cfg.vocab_size;
-        let mut out = Vec::with_capacity(batch.len());
-        let mut at = 0;
-        for n in counts {
-            if n == 0 {
-                out.push(None);
-            } else {
-                out.push(Some(Logits {
-                    rows: n,
-                    vocab,
-                    data: data[at * vocab..(at + n) * vocab].to_vec(),
-                }));
-                at += n;
-            }
-        }
-        Ok(out)
+        Ok((Some(logits), per_item))
     }
 }

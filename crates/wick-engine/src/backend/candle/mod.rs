@@ -134,6 +134,7 @@ impl Backend for CandleBackend {
     type Matrix = CandleMatrix;
     type Rope = CpuRope;
     type KvLayer = CpuKvLayer;
+    type Ids = Vec<u32>;
 
     fn name(&self) -> &'static str {
         "candle"
@@ -252,6 +253,31 @@ impl Backend for CandleBackend {
 
     fn to_host(&self, x: &Tensor) -> Result<Vec<f32>> {
         Self::host(&x.contiguous()?)
+    }
+
+    fn argmax(&self, logits: &Tensor) -> Result<Vec<u32>> {
+        let (_, vocab) = logits.dims2()?;
+        let data = self.to_host(logits)?;
+        Ok(data
+            .chunks_exact(vocab.max(1))
+            .map(|row| {
+                let mut best = 0;
+                for (i, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            })
+            .collect())
+    }
+
+    fn embed_ids(&self, table: &CandleMatrix, ids: &Vec<u32>) -> Result<Tensor> {
+        self.embed(table, ids)
+    }
+
+    fn ids_to_host(&self, ids: &Vec<u32>) -> Result<Vec<u32>> {
+        Ok(ids.clone())
     }
 
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CpuRope> {
