@@ -8,7 +8,8 @@
 #   tiny-qwen2-8bit      the same quantized to affine 8-bit, group 32
 # each with mlx_lm_reference.{json,safetensors}: mlx-lm's logits and greedy tokens on CPU.
 #
-# TORCH_PY: a python with torch, transformers and gguf (reads the GGUF, makes models).
+# TORCH_PY: a python with torch, transformers, gguf and accelerate (reads the GGUF,
+#           makes models).
 # MLX_PY:   a python with mlx==0.32.4, mlx-cpu==0.32.4, mlx-lm==0.32.2.
 # Needs `wick pull smollm2-135m-instruct` and `wick pull qwen2.5-coder-0.5b-instruct`.
 set -euo pipefail
@@ -32,9 +33,21 @@ for name, d, f in [("tok-smollm", smol, "SmolLM2-135M-Instruct.Q4_1.gguf"),
     t.save_pretrained(os.path.join(out, name))
 dst = os.path.join(out, "smollm2-135m-bf16")
 if not os.path.isdir(dst):
+    # transformers dequantizes the GGUF (and undoes llama.cpp's Q/K row order); it cannot
+    # save a GGUF-backed model, so write the dequantized state dict ourselves.
+    from safetensors.torch import save_file
     m = AutoModelForCausalLM.from_pretrained(smol, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-                                             dtype=torch.bfloat16)
-    m.save_pretrained(dst, safe_serialization=True)
+                                             dtype=torch.float32)
+    cfg = m.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    cfg.torch_dtype = "bfloat16"
+    sd = {k: v.to(torch.bfloat16).contiguous() for k, v in m.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    os.makedirs(dst)
+    save_file(sd, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    cfg.save_pretrained(dst)
     AutoTokenizer.from_pretrained(os.path.join(out, "tok-smollm")).save_pretrained(dst)
 PY
 

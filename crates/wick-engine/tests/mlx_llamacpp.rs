@@ -96,7 +96,8 @@ fn check(name: &str, cases: usize) {
     );
     let candle = load(CandleBackend::cpu(), &g.file, &gguf);
     let (mut agree, mut total, mut long_runs) = (0usize, 0usize, 0usize);
-    let mut worst_vs_candle = 0f32;
+    let (mut diff2, mut norm2) = (0f64, 0f64);
+    let mut worst_top5 = 0f32;
     let mut report = Vec::new();
     for case in g.cases.iter().take(cases) {
         let case_name = case["name"].as_str().unwrap();
@@ -114,7 +115,17 @@ fn check(name: &str, cases: usize) {
         let ours = all_logits(&mlx, &all);
         let theirs = all_logits(&candle, &all);
         for (a, b) in ours.data.iter().zip(&theirs.data) {
-            worst_vs_candle = worst_vs_candle.max((a - b).abs());
+            diff2 += ((a - b) as f64).powi(2);
+            norm2 += (*b as f64).powi(2);
+        }
+        // The first step's top logits are close to llama.cpp's.
+        let first = ours.row(prompt.len() - 1);
+        for p in case["first_step_top20"].as_array().unwrap().iter().take(5) {
+            let (id, v) = (
+                p[0].as_u64().unwrap() as usize,
+                p[1].as_f64().unwrap() as f32,
+            );
+            worst_top5 = worst_top5.max((first[id] - v).abs());
         }
         for (i, &want) in continuation.iter().enumerate() {
             total += 1;
@@ -156,8 +167,10 @@ fn check(name: &str, cases: usize) {
         report.push(format!("{case_name}: {same}/{}", continuation.len()));
     }
     let rate = agree as f64 / total as f64;
+    let rel = (diff2 / norm2).sqrt();
     eprintln!(
-        "{name} on MLX (cpu, f32): teacher-forced {agree}/{total} ({:.1}%), free-running {}; max |logit − candle| {worst_vs_candle:.3}",
+        "{name} on MLX (cpu, f32): teacher-forced {agree}/{total} ({:.1}%), free-running {}; \
+         ‖logits − candle‖/‖candle‖ {rel:.4}, first-step top-5 vs llama.cpp within {worst_top5:.3}",
         rate * 100.0,
         report.join(", ")
     );
@@ -173,8 +186,12 @@ fn check(name: &str, cases: usize) {
         report.join(", ")
     );
     assert!(
-        worst_vs_candle < 1.0,
-        "{name}: MLX and candle logits differ by up to {worst_vs_candle}"
+        rel < 0.05,
+        "{name}: MLX logits are {rel:.4} (relative) from candle's"
+    );
+    assert!(
+        worst_top5 < 1.0,
+        "{name}: first-step top-5 logits differ from llama.cpp's by up to {worst_top5}"
     );
 }
 

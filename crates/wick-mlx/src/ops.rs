@@ -227,6 +227,33 @@ impl Stream {
         })
     }
 
+    /// `x · wᵀ` for `x` `[B ≤ 8, K]` and `w` `[N, K]` in bf16/f16 by wick's own CUDA
+    /// kernel (16-byte loads, several in flight per thread). GPU streams only.
+    pub fn gemv(&self, x: &Array, w: &Array) -> Result<Array> {
+        // SAFETY: live handles.
+        make("gemv", |o| unsafe {
+            ffi::wm_gemv(x.raw, w.raw, self.raw, o)
+        })
+    }
+
+    /// `(x + r, rms_norm(x + r) · w)` for `[R, H]` bf16/f16 rows in one pass, by wick's
+    /// own CUDA kernel with MLX's rounding. GPU streams only.
+    pub fn add_rms_norm(
+        &self,
+        x: &Array,
+        r: &Array,
+        w: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        let mut sum: ffi::wm_array = std::ptr::null_mut();
+        let mut out: ffi::wm_array = std::ptr::null_mut();
+        // SAFETY: live handles and valid out pointers; on success both are set.
+        let status =
+            unsafe { ffi::wm_add_rms_norm(x.raw, r.raw, w.raw, eps, self.raw, &mut sum, &mut out) };
+        crate::array::check(status, "add_rms_norm")?;
+        Ok((Array { raw: sum }, Array { raw: out }))
+    }
+
     /// `x · wᵀ` for an affine-quantized `w`.
     pub fn quantized_matmul(&self, x: &Array, w: &Quantized) -> Result<Array> {
         // SAFETY: live handles.

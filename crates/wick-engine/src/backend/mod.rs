@@ -237,6 +237,36 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, x: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
     /// RMS normalization of every `weight.len()`-long group of `x`, times `weight`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+    /// `(x + y, rms_norm(x + y) · weight)`: the residual add and the next norm, which a
+    /// backend may do in one pass (one kernel launch instead of two on a GPU).
+    fn add_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        y: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let sum = self.add(x, y)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
+    /// Whether `parts` (matrices that multiply the same input) should be joined into one
+    /// matrix of stacked rows by [`Backend::fuse_matrices`]: one bigger product instead of
+    /// several small ones. Backends where that does not pay say no (the default).
+    fn can_fuse(&self, parts: &[&Self::Matrix]) -> bool {
+        let _ = parts;
+        false
+    }
+    /// Stacks the rows of `parts` (for which [`Backend::can_fuse`] said yes).
+    fn fuse_matrices(&self, parts: Vec<Self::Matrix>) -> Result<Self::Matrix> {
+        let _ = parts;
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "this backend does not fuse matrices".into(),
+        })
+    }
+    /// Consecutive column blocks of `x`, `widths` wide (the outputs of a fused product).
+    fn split_columns(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
     /// `cap * tanh(x / cap)`.

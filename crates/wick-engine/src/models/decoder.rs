@@ -115,21 +115,39 @@ impl<B: Backend> SequenceCache<B> {
     }
 }
 
+/// The attention's input projections: three products, or one over stacked rows where
+/// the backend prefers that ([`Backend::can_fuse`]).
+enum QkvProjection<B: Backend> {
+    Separate {
+        q: B::Matrix,
+        k: B::Matrix,
+        v: B::Matrix,
+        q_bias: Option<B::Tensor>,
+        k_bias: Option<B::Tensor>,
+        v_bias: Option<B::Tensor>,
+    },
+    Fused {
+        qkv: B::Matrix,
+        bias: Option<B::Tensor>,
+        widths: [usize; 3],
+    },
+}
+
+/// The MLP's gate and up projections, separate or fused like [`QkvProjection`].
+enum GateUpProjection<B: Backend> {
+    Separate { gate: B::Matrix, up: B::Matrix },
+    Fused { gate_up: B::Matrix, width: usize },
+}
+
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
-    q: B::Matrix,
-    k: B::Matrix,
-    v: B::Matrix,
+    qkv: QkvProjection<B>,
     o: B::Matrix,
-    q_bias: Option<B::Tensor>,
-    k_bias: Option<B::Tensor>,
-    v_bias: Option<B::Tensor>,
     q_norm: Option<B::Tensor>,
     k_norm: Option<B::Tensor>,
     post_attn_norm: Option<B::Tensor>,
     ffn_norm: B::Tensor,
-    gate: B::Matrix,
-    up: B::Matrix,
+    gate_up: GateUpProjection<B>,
     down: B::Matrix,
     post_ffw_norm: Option<B::Tensor>,
     attention: AttentionParams,
@@ -232,6 +250,79 @@ impl<B: Backend> Loader<'_, B> {
         Ok(Some(self.backend.vector(w)?))
     }
 
+    /// Layer `i`'s Q/K/V projections, fused when the backend prefers one product (the
+    /// biases, if any, then joined on the host).
+    fn qkv(&mut self, i: usize, q_dim: usize, kv_dim: usize) -> Result<QkvProjection<B>> {
+        let h = self.cfg.hidden_size;
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let q = self.matrix(&n("attn_q.weight"), q_dim, h)?;
+        let k = self.matrix(&n("attn_k.weight"), kv_dim, h)?;
+        let v = self.matrix(&n("attn_v.weight"), kv_dim, h)?;
+        let bias_names = [
+            (n("attn_q.bias"), q_dim),
+            (n("attn_k.bias"), kv_dim),
+            (n("attn_v.bias"), kv_dim),
+        ];
+        if self.backend.can_fuse(&[&q, &k, &v]) {
+            let qkv = self.backend.fuse_matrices(vec![q, k, v])?;
+            return Ok(QkvProjection::Fused {
+                qkv,
+                bias: self.joined_vector(&bias_names)?,
+                widths: [q_dim, kv_dim, kv_dim],
+            });
+        }
+        let [(qb, ql), (kb, kl), (vb, vl)] = &bias_names;
+        Ok(QkvProjection::Separate {
+            q,
+            k,
+            v,
+            q_bias: self.vector(qb, *ql)?,
+            k_bias: self.vector(kb, *kl)?,
+            v_bias: self.vector(vb, *vl)?,
+        })
+    }
+
+    /// Layer `i`'s gate and up projections, fused when the backend prefers it.
+    fn gate_up(&mut self, i: usize) -> Result<GateUpProjection<B>> {
+        let (h, f) = (self.cfg.hidden_size, self.cfg.intermediate_size);
+        let gate = self.matrix(&format!("blk.{i}.ffn_gate.weight"), f, h)?;
+        let up = self.matrix(&format!("blk.{i}.ffn_up.weight"), f, h)?;
+        if self.backend.can_fuse(&[&gate, &up]) {
+            let gate_up = self.backend.fuse_matrices(vec![gate, up])?;
+            return Ok(GateUpProjection::Fused { gate_up, width: f });
+        }
+        Ok(GateUpProjection::Separate { gate, up })
+    }
+
+    /// The 1-D weights `names` end to end (zeros for absent ones), or `None` when none
+    /// of them exists.
+    fn joined_vector(&mut self, names: &[(String, usize)]) -> Result<Option<B::Tensor>> {
+        let mut values = Vec::new();
+        let mut any = false;
+        for (name, len) in names {
+            match self.src.get(name)? {
+                Some(w) => {
+                    self.check(&w, &[*len])?;
+                    values.extend(floats(&w)?);
+                    any = true;
+                }
+                None => values.extend(std::iter::repeat_n(0.0f32, *len)),
+            }
+        }
+        if !any {
+            return Ok(None);
+        }
+        self.bytes += values.len() * 4;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w = HostWeight {
+            name: names.first().map(|(n, _)| n.clone()).unwrap_or_default(),
+            dtype: GgmlType::F32,
+            shape: vec![values.len()],
+            bytes: Cow::Owned(bytes),
+        };
+        Ok(Some(self.backend.vector(w)?))
+    }
+
     fn required_norm(&mut self, name: &str, len: usize) -> Result<B::Tensor> {
         self.norm(name, len)?
             .ok_or_else(|| EngineError::MissingTensor {
@@ -294,13 +385,8 @@ impl<B: Backend> Decoder<B> {
             let window = cfg.layer_windows[i];
             layers.push(Layer {
                 attn_norm: ld.required_norm(&n("attn_norm.weight"), h)?,
-                q: ld.matrix(&n("attn_q.weight"), q_dim, h)?,
-                k: ld.matrix(&n("attn_k.weight"), kv_dim, h)?,
-                v: ld.matrix(&n("attn_v.weight"), kv_dim, h)?,
+                qkv: ld.qkv(i, q_dim, kv_dim)?,
                 o: ld.matrix(&n("attn_output.weight"), h, q_dim)?,
-                q_bias: ld.vector(&n("attn_q.bias"), q_dim)?,
-                k_bias: ld.vector(&n("attn_k.bias"), kv_dim)?,
-                v_bias: ld.vector(&n("attn_v.bias"), kv_dim)?,
                 q_norm: ld.norm(&n("attn_q_norm.weight"), hd)?,
                 k_norm: ld.norm(&n("attn_k_norm.weight"), hd)?,
                 post_attn_norm: if cfg.sandwich_norms {
@@ -309,8 +395,7 @@ impl<B: Backend> Decoder<B> {
                     None
                 },
                 ffn_norm: ld.required_norm(&n("ffn_norm.weight"), h)?,
-                gate: ld.matrix(&n("ffn_gate.weight"), cfg.intermediate_size, h)?,
-                up: ld.matrix(&n("ffn_up.weight"), cfg.intermediate_size, h)?,
+                gate_up: ld.gate_up(i)?,
                 down: ld.matrix(&n("ffn_down.weight"), h, cfg.intermediate_size)?,
                 post_ffw_norm: if cfg.sandwich_norms {
                     Some(ld.required_norm(&n("post_ffw_norm.weight"), h)?)
@@ -510,11 +595,38 @@ impl<B: Backend> Decoder<B> {
         if cfg.scale_embeddings {
             x = be.scale(&x, (cfg.hidden_size as f32).sqrt())?;
         }
+        let mut h = match self.layers.first() {
+            Some(first) => be.rms_norm(&x, &first.attn_norm, cfg.rms_eps)?,
+            None => x.clone(),
+        };
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = be.rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
-            let mut q = be.linear(&h, &layer.q, layer.q_bias.as_ref())?;
-            let mut k = be.linear(&h, &layer.k, layer.k_bias.as_ref())?;
-            let v = be.linear(&h, &layer.v, layer.v_bias.as_ref())?;
+            let (mut q, mut k, v) = match &layer.qkv {
+                QkvProjection::Separate {
+                    q,
+                    k,
+                    v,
+                    q_bias,
+                    k_bias,
+                    v_bias,
+                } => (
+                    be.linear(&h, q, q_bias.as_ref())?,
+                    be.linear(&h, k, k_bias.as_ref())?,
+                    be.linear(&h, v, v_bias.as_ref())?,
+                ),
+                QkvProjection::Fused { qkv, bias, widths } => {
+                    let all = be.linear(&h, qkv, bias.as_ref())?;
+                    let mut parts = be.split_columns(&all, widths)?.into_iter();
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(q), Some(k), Some(v)) => (q, k, v),
+                        _ => {
+                            return Err(EngineError::Backend {
+                                backend: be.name(),
+                                message: "split_columns returned too few parts".into(),
+                            })
+                        }
+                    }
+                }
+            };
             if let Some(w) = &layer.q_norm {
                 q = be.rms_norm(&q, w, cfg.rms_eps)?;
             }
@@ -540,15 +652,39 @@ impl<B: Backend> Decoder<B> {
             if let Some(w) = &layer.post_attn_norm {
                 o = be.rms_norm(&o, w, cfg.rms_eps)?;
             }
-            x = be.add(&x, &o)?;
-            let h = be.rms_norm(&x, &layer.ffn_norm, cfg.rms_eps)?;
-            let gate = be.linear(&h, &layer.gate, None)?;
-            let up = be.linear(&h, &layer.up, None)?;
-            let mut m = be.linear(&be.glu(&gate, &up, cfg.activation)?, &layer.down, None)?;
+            let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, cfg.rms_eps)?;
+            x = sum;
+            let act = match &layer.gate_up {
+                GateUpProjection::Separate { gate, up } => {
+                    let gate = be.linear(&hf, gate, None)?;
+                    let up = be.linear(&hf, up, None)?;
+                    be.glu(&gate, &up, cfg.activation)?
+                }
+                GateUpProjection::Fused { gate_up, width } => {
+                    let both = be.linear(&hf, gate_up, None)?;
+                    match be.split_columns(&both, &[*width, *width])?.as_slice() {
+                        [gate, up] => be.glu(gate, up, cfg.activation)?,
+                        _ => {
+                            return Err(EngineError::Backend {
+                                backend: be.name(),
+                                message: "split_columns returned too few parts".into(),
+                            })
+                        }
+                    }
+                }
+            };
+            let mut m = be.linear(&act, &layer.down, None)?;
             if let Some(w) = &layer.post_ffw_norm {
                 m = be.rms_norm(&m, w, cfg.rms_eps)?;
             }
-            x = be.add(&x, &m)?;
+            match self.layers.get(li + 1) {
+                Some(next) => {
+                    let (sum, hn) = be.add_rms_norm(&x, &m, &next.attn_norm, cfg.rms_eps)?;
+                    x = sum;
+                    h = hn;
+                }
+                None => x = be.add(&x, &m)?,
+            }
         }
 
         let mut rows = Vec::new();

@@ -136,6 +136,16 @@ extern "C" {
         out: *mut wm_array,
     ) -> c_int;
 
+    pub fn wm_gemv(x: wm_array, w: wm_array, s: wm_stream, out: *mut wm_array) -> c_int;
+    pub fn wm_add_rms_norm(
+        x: wm_array,
+        r: wm_array,
+        w: wm_array,
+        eps: f32,
+        s: wm_stream,
+        sum: *mut wm_array,
+        out: *mut wm_array,
+    ) -> c_int;
     pub fn wm_quantized_matmul(
         x: wm_array,
         w: wm_array,

@@ -241,3 +241,17 @@ pub unsafe fn wm_sdpa(
 ) -> c_int {
     -1
 }
+pub unsafe fn wm_gemv(_x: wm_array, _w: wm_array, _s: wm_stream, _out: *mut wm_array) -> c_int {
+    -1
+}
+pub unsafe fn wm_add_rms_norm(
+    _x: wm_array,
+    _r: wm_array,
+    _w: wm_array,
+    _eps: f32,
+    _s: wm_stream,
+    _sum: *mut wm_array,
+    _out: *mut wm_array,
+) -> c_int {
+    -1
+}

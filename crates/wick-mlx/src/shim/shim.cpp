@@ -110,6 +110,117 @@ std::vector<mx::array> gelu_tanh_mul(const std::vector<mx::array>& in) {
   return {mx::multiply(g, in[1])};
 }
 
+// Custom CUDA kernels (JIT-compiled by MLX through NVRTC on first use; GPU only).
+// Bodies only: MLX generates the signature from the input/output names and turns the
+// template arguments into constants.
+
+// y[b, n] = sum_k x[b, k] * w[n, k] for a few rows b: one warp per output row n,
+// 16-byte loads of w, four in flight per thread, f32 accumulation.
+constexpr const char* gemv_source = R"(
+  const int lane = threadIdx.x & 31;
+  const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= N) return;
+  constexpr int VEC = K / 8;
+  const uint4* wr = reinterpret_cast<const uint4*>(w) + row * VEC;
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  float acc[BATCH];
+#pragma unroll
+  for (int b = 0; b < BATCH; ++b) acc[b] = 0.f;
+#pragma unroll 4
+  for (int i = lane; i < VEC; i += 32) {
+    uint4 wv = __ldg(wr + i);
+    const T* wp = reinterpret_cast<const T*>(&wv);
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      uint4 xv = xr[b * VEC + i];
+      const T* xp = reinterpret_cast<const T*>(&xv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc[b] += static_cast<float>(wp[j]) * static_cast<float>(xp[j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int b = 0; b < BATCH; ++b) {
+    float v = acc[b];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[(long)b * N + row] = static_cast<T>(v);
+  }
+)";
+
+// s = x + r (rounded to T) and out = w * T(s * rsqrt(mean(s^2) + eps)), one block of
+// 256 threads per row (MLX's add and rms_norm numerics, one pass instead of two).
+constexpr const char* add_rms_norm_source = R"(
+  constexpr int VEC = H / 8;
+  constexpr int PER = (VEC + 255) / 256;
+  const float eps = __int_as_float(EPS_BITS);
+  const long row = blockIdx.x;
+  const uint4* xr = reinterpret_cast<const uint4*>(x) + row * VEC;
+  const uint4* rr = reinterpret_cast<const uint4*>(r) + row * VEC;
+  const uint4* wr = reinterpret_cast<const uint4*>(w);
+  uint4* sr = reinterpret_cast<uint4*>(sum) + row * VEC;
+  uint4* orow = reinterpret_cast<uint4*>(out) + row * VEC;
+  uint4 sv[PER];
+  float ss = 0.f;
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = threadIdx.x + p * 256;
+    if (i < VEC) {
+      uint4 a = xr[i];
+      uint4 b = rr[i];
+      const T* ap = reinterpret_cast<const T*>(&a);
+      const T* bp = reinterpret_cast<const T*>(&b);
+      T* sp = reinterpret_cast<T*>(&sv[p]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        T v = static_cast<T>(static_cast<float>(ap[j]) + static_cast<float>(bp[j]));
+        sp[j] = v;
+        float f = static_cast<float>(v);
+        ss += f * f;
+      }
+      sr[i] = sv[p];
+    }
+  }
+  __shared__ float part[8];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) total += part[k];
+  const float norm = rsqrtf(total / H + eps);
+#pragma unroll
+  for (int p = 0; p < PER; ++p) {
+    const int i = threadIdx.x + p * 256;
+    if (i < VEC) {
+      uint4 wv = wr[i];
+      uint4 o;
+      const T* wp = reinterpret_cast<const T*>(&wv);
+      const T* sp = reinterpret_cast<const T*>(&sv[p]);
+      T* op = reinterpret_cast<T*>(&o);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        T y = static_cast<T>(static_cast<float>(sp[j]) * norm);
+        op[j] = static_cast<T>(static_cast<float>(wp[j]) * static_cast<float>(y));
+      }
+      orow[i] = o;
+    }
+  }
+)";
+
+mx::fast::CustomKernelFunction& gemv_kernel() {
+  static auto k = mx::fast::cuda_kernel("wick_gemv", {"x", "w"}, {"y"}, gemv_source, "", true, 0);
+  return k;
+}
+
+mx::fast::CustomKernelFunction& add_rms_norm_kernel() {
+  static auto k = mx::fast::cuda_kernel("wick_add_rms_norm", {"x", "r", "w"}, {"sum", "out"},
+                                        add_rms_norm_source, "", true, 0);
+  return k;
+}
+
 }  // namespace
 
 extern "C" {
@@ -300,6 +411,50 @@ int wm_glu(wm_array gate, wm_array up, int32_t act, wm_stream s, wm_array* out) 
     mx::set_default_stream(stream(s));
     auto& f = act == 0 ? silu : gelu;
     *out = wrap(f({gate->a, up->a})[0]);
+  });
+}
+
+int wm_gemv(wm_array x, wm_array w, wm_stream s, wm_array* out) {
+  return guarded([&] {
+    const auto& xa = x->a;
+    const auto& wa = w->a;
+    if (xa.ndim() != 2 || wa.ndim() != 2 || xa.shape(1) != wa.shape(1)) {
+      throw std::invalid_argument("wm_gemv: x [B, K] and w [N, K] expected");
+    }
+    int b = xa.shape(0), k = xa.shape(1), n = wa.shape(0);
+    if (b < 1 || b > 8 || k % 8 != 0 || xa.dtype() != wa.dtype() ||
+        !(xa.dtype() == mx::bfloat16 || xa.dtype() == mx::float16)) {
+      throw std::invalid_argument("wm_gemv: 1..8 rows of bf16/f16, K a multiple of 8");
+    }
+    constexpr int warps = 4;
+    auto r = gemv_kernel()({xa, wa}, {{b, n}}, {xa.dtype()}, {n * 32, 1, 1}, {32 * warps, 1, 1},
+                           {{"T", xa.dtype()}, {"BATCH", b}, {"K", k}, {"N", n}}, std::nullopt,
+                           false, stream(s));
+    *out = wrap(r[0]);
+  });
+}
+
+int wm_add_rms_norm(wm_array x, wm_array r, wm_array w, float eps, wm_stream s, wm_array* sum,
+                    wm_array* out) {
+  return guarded([&] {
+    const auto& xa = x->a;
+    if (xa.ndim() != 2 || r->a.shape() != xa.shape() || w->a.ndim() != 1 ||
+        w->a.shape(0) != xa.shape(1) || r->a.dtype() != xa.dtype() ||
+        w->a.dtype() != xa.dtype()) {
+      throw std::invalid_argument("wm_add_rms_norm: x, r [R, H] and w [H] of one dtype expected");
+    }
+    int rows = xa.shape(0), h = xa.shape(1);
+    if (h % 8 != 0 || h > 16384 || !(xa.dtype() == mx::bfloat16 || xa.dtype() == mx::float16)) {
+      throw std::invalid_argument("wm_add_rms_norm: bf16/f16 rows of a multiple of 8 up to 16384");
+    }
+    int eps_bits;
+    std::memcpy(&eps_bits, &eps, sizeof(eps_bits));
+    auto o = add_rms_norm_kernel()({xa, r->a, w->a}, {{rows, h}, {rows, h}},
+                                   {xa.dtype(), xa.dtype()}, {rows * 256, 1, 1}, {256, 1, 1},
+                                   {{"T", xa.dtype()}, {"H", h}, {"EPS_BITS", eps_bits}},
+                                   std::nullopt, false, stream(s));
+    *sum = wrap(o[0]);
+    *out = wrap(o[1]);
   });
 }
 

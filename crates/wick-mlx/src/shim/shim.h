@@ -85,6 +85,13 @@ int wm_where(wm_array cond, wm_array a, wm_array b, wm_stream s, wm_array* out);
 // act(gate) * up, fused by mx::compile. act: 0 = silu, 1 = gelu (tanh approximation).
 int wm_glu(wm_array gate, wm_array up, int32_t act, wm_stream s, wm_array* out);
 
+// Custom CUDA kernels (GPU streams only; elsewhere they fail with a message).
+// y = x · wᵀ for x [B ≤ 8, K], w [N, K] in bf16/f16.
+int wm_gemv(wm_array x, wm_array w, wm_stream s, wm_array* out);
+// sum = x + r; out = rms_norm(sum) * w, for [R, H] rows of bf16/f16.
+int wm_add_rms_norm(wm_array x, wm_array r, wm_array w, float eps, wm_stream s, wm_array* sum,
+                    wm_array* out);
+
 // Quantization (MLX affine mode).
 int wm_quantized_matmul(wm_array x, wm_array w, wm_array scales, wm_array biases,
                         int32_t group_size, int32_t bits, wm_stream s, wm_array* out);

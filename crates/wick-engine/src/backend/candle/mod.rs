@@ -228,6 +228,16 @@ impl Backend for CandleBackend {
         Ok(y.reshape(dims)?)
     }
 
+    fn split_columns(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+        let mut at = 0;
+        let mut out = Vec::with_capacity(widths.len());
+        for &w in widths {
+            out.push(x.narrow(1, at, w)?.contiguous()?);
+            at += w;
+        }
+        Ok(out)
+    }
+
     fn glu(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
         let g = match act {
             Activation::Silu => gate.silu()?,

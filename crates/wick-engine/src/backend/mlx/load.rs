@@ -125,3 +125,73 @@ pub(super) fn affine(
         shape: (w.rows, w.cols),
     })
 }
+
+/// Whether `parts` can be stacked into one matrix: all dense, or all affine with the
+/// same bits and group size.
+pub(super) fn can_stack(parts: &[&MlxMatrix]) -> bool {
+    match parts.first() {
+        Some(MlxMatrix::Dense(first)) => parts.iter().all(|p| match p {
+            MlxMatrix::Dense(a) => a.dtype() == first.dtype(),
+            MlxMatrix::Affine { .. } => false,
+        }),
+        Some(MlxMatrix::Affine { q: first, .. }) => parts.iter().all(|p| match p {
+            MlxMatrix::Affine { q, .. } => {
+                q.bits == first.bits
+                    && q.group_size == first.group_size
+                    && q.scales.dtype() == first.scales.dtype()
+            }
+            MlxMatrix::Dense(_) => false,
+        }),
+        None => false,
+    }
+}
+
+/// The rows of `parts` stacked (see [`can_stack`]), evaluated so the parts are freed.
+pub(super) fn stack(be: &MlxBackend, parts: Vec<MlxMatrix>) -> Result<MlxMatrix> {
+    let refs: Vec<&MlxMatrix> = parts.iter().collect();
+    if !can_stack(&refs) {
+        return Err(EngineError::Backend {
+            backend: "mlx",
+            message: "matrices of different layouts cannot be stacked".into(),
+        });
+    }
+    let s = be.stream();
+    let cat = |arrays: Vec<&Array>| s.concatenate(&arrays, 0).map_err(mlx_err);
+    let out = match &parts[0] {
+        MlxMatrix::Dense(_) => {
+            let all: Vec<&Array> = parts
+                .iter()
+                .filter_map(|p| match p {
+                    MlxMatrix::Dense(a) => Some(a),
+                    MlxMatrix::Affine { .. } => None,
+                })
+                .collect();
+            let a = cat(all)?;
+            wick_mlx::eval(&[&a]).map_err(mlx_err)?;
+            MlxMatrix::Dense(a)
+        }
+        MlxMatrix::Affine { q: first, shape } => {
+            let qs: Vec<&Quantized> = parts
+                .iter()
+                .filter_map(|p| match p {
+                    MlxMatrix::Affine { q, .. } => Some(q),
+                    MlxMatrix::Dense(_) => None,
+                })
+                .collect();
+            let rows: usize = parts.iter().map(|p| be.matrix_shape(p).0).sum();
+            let q = Quantized {
+                weight: cat(qs.iter().map(|q| &q.weight).collect())?,
+                scales: cat(qs.iter().map(|q| &q.scales).collect())?,
+                biases: cat(qs.iter().map(|q| &q.biases).collect())?,
+                group_size: first.group_size,
+                bits: first.bits,
+            };
+            wick_mlx::eval(&[&q.weight, &q.scales, &q.biases]).map_err(mlx_err)?;
+            MlxMatrix::Affine {
+                q,
+                shape: (rows, shape.1),
+            }
+        }
+    };
+    Ok(out)
+}

@@ -11,6 +11,7 @@
 //! are read, so a whole forward pass is one lazy graph; [`Backend::schedule`] starts a
 //! step before the host reads the previous step's ids.
 mod attention;
+mod kernels;
 mod kv;
 mod load;
 mod rope;
@@ -67,6 +68,7 @@ pub struct MlxBackend {
     stream: Stream,
     dtype: Dtype,
     report: Arc<Mutex<BTreeMap<String, usize>>>,
+    tuning: Arc<kernels::Tuning>,
 }
 
 impl MlxBackend {
@@ -81,8 +83,10 @@ impl MlxBackend {
             MlxDevice::Gpu => Device::Gpu,
             MlxDevice::Cpu => Device::Cpu,
         };
+        let stream = Stream::new(device).map_err(mlx_err)?;
         Ok(MlxBackend {
-            stream: Stream::new(device).map_err(mlx_err)?,
+            tuning: Arc::new(kernels::Tuning::from_env(stream.device() == Device::Gpu)),
+            stream,
             dtype,
             report: Arc::default(),
         })
@@ -118,6 +122,7 @@ impl MlxBackend {
             mlx = %wick_mlx::version(),
             device = ?be.device(),
             dtype = %be.dtype(),
+            tuning = %be.tuning,
             "MLX backend"
         );
         Ok(be)
@@ -241,10 +246,7 @@ impl Backend for MlxBackend {
     fn linear(&self, x: &Array, w: &MlxMatrix, bias: Option<&Array>) -> Result<Array> {
         let s = &self.stream;
         let y = match w {
-            MlxMatrix::Dense(w) => {
-                let wt = s.transpose(w, &[1, 0]).map_err(mlx_err)?;
-                s.matmul(x, &wt).map_err(mlx_err)?
-            }
+            MlxMatrix::Dense(w) => kernels::dense_product(self, &self.tuning, x, w)?,
             MlxMatrix::Affine { q, .. } => s.quantized_matmul(x, q).map_err(mlx_err)?,
         };
         match bias {
@@ -273,6 +275,45 @@ impl Backend for MlxBackend {
         let g = s.reshape(x, &[rows, cols / n.max(1), n]).map_err(mlx_err)?;
         let y = s.rms_norm(&g, weight, eps).map_err(mlx_err)?;
         s.reshape(&y, &[rows, cols]).map_err(mlx_err)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &Array,
+        y: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        if let Some(pair) = kernels::add_rms_norm(self, &self.tuning, x, y, weight, eps)? {
+            return Ok(pair);
+        }
+        let sum = self.add(x, y)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
+
+    fn can_fuse(&self, parts: &[&MlxMatrix]) -> bool {
+        self.tuning.fuse && load::can_stack(parts)
+    }
+
+    fn fuse_matrices(&self, parts: Vec<MlxMatrix>) -> Result<MlxMatrix> {
+        load::stack(self, parts)
+    }
+
+    fn split_columns(&self, x: &Array, widths: &[usize]) -> Result<Vec<Array>> {
+        let rows = x.shape()[0];
+        let mut at = 0i32;
+        let mut out = Vec::with_capacity(widths.len());
+        for &w in widths {
+            let w = w as i32;
+            out.push(
+                self.stream
+                    .slice(x, &[0, at], &[rows, at + w])
+                    .map_err(mlx_err)?,
+            );
+            at += w;
+        }
+        Ok(out)
     }
 
     fn glu(&self, gate: &Array, up: &Array, act: Activation) -> Result<Array> {
