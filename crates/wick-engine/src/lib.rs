@@ -1,5 +1,33 @@
 //! wick's inference engine: loads models (GGUF, Hugging Face safetensors), runs them on a
 //! compute backend, and generates tokens.
+//!
+//! How the parts fit:
+//! - [`weights`] reads tensors from GGUF files and safetensors directories under one
+//!   naming; [`config`] reads hyperparameters from GGUF metadata or `config.json`.
+//! - [`models`] holds one file per architecture (llama, qwen2, qwen3, gemma3) and the
+//!   decoder they share, written once against the [`backend::Backend`] op surface;
+//!   [`backend::candle`] is the CPU backend.
+//! - [`Model`] bundles decoder, tokenizer, chat template and defaults; its `forward` runs
+//!   several sequences in one batched pass, each with its own trimmable, cloneable,
+//!   serializable [`KvCache`].
+//! - [`sampler`] turns logits into tokens (mlx-lm semantics), [`generation`] drives one
+//!   sequence from prompt to finish (chunked prefill, sampling, detokenization, stop
+//!   strings), and [`scheduler`] runs many of them at once on the engine thread.
+//!
+//! ```no_run
+//! use std::ops::ControlFlow;
+//! use wick_engine::{GenerationRequest, LoadOptions, Model};
+//!
+//! let model = Model::load("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref(), &LoadOptions::default())?;
+//! let chat = [serde_json::json!({"role": "user", "content": "Say hi"})];
+//! let prompt = model.render_chat(&chat, None, &Default::default())?;
+//! let out = model.generate(&GenerationRequest::new(model.tokenize(&prompt)?).max_tokens(16), |t| {
+//!     print!("{}", t.text);
+//!     ControlFlow::Continue(())
+//! })?;
+//! assert!(out.tokens.len() <= 16);
+//! # Ok::<(), wick_engine::EngineError>(())
+//! ```
 #![warn(missing_docs)]
 
 pub mod backend;

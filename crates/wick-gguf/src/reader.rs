@@ -89,7 +89,7 @@ impl<'a> Cursor<'a> {
         if n > max {
             self.pos -= 8;
             return Err(self.corrupt(format!(
-                "{what} {n} is larger than the rest of the file allows ({max})"
+                "{what} {n} is larger than the rest of the file allows ({max}): truncated or corrupt file?"
             )));
         }
         Ok(n as usize)

@@ -1,0 +1,255 @@
+//! Missing, truncated, corrupted and unsupported model files give clear errors that name
+//! the file and the problem — never a panic.
+use std::path::{Path, PathBuf};
+
+use wick_engine::{EngineError, LoadOptions, Model};
+use wick_gguf::{GgmlType, GgufWriter, MetadataValue as V};
+
+fn smollm2() -> PathBuf {
+    let home = std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
+    let p = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} missing: run `wick pull default`",
+        p.display()
+    );
+    p
+}
+
+fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
+    (0..n)
+        .flat_map(|i| {
+            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 5000.0 - 0.1)
+                .to_le_bytes()
+        })
+        .collect()
+}
+
+/// A tiny llama GGUF (one layer, hidden 32, byte-level vocab) with F32 weights.
+fn tiny_gguf(
+    arch: &str,
+    odd_tensor: Option<(&str, GgmlType)>,
+    template: Option<&str>,
+) -> GgufWriter {
+    let (h, ff, vocab) = (32u64, 64u64, 256u64 + 3);
+    let mut w = GgufWriter::new();
+    let mut tokens: Vec<V> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+        .iter()
+        .map(|s| V::String(s.to_string()))
+        .collect();
+    // GPT-2 byte-level alphabet: printable bytes map to themselves, others to U+0100+.
+    let mut n = 0u32;
+    for b in 0u32..256 {
+        let c = if (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b) {
+            char::from_u32(b).unwrap()
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+        tokens.push(V::String(c.to_string()));
+    }
+    let mut types = vec![V::I32(3); 3];
+    types.extend(std::iter::repeat_n(V::I32(1), 256));
+    w.metadata("general.architecture", V::String(arch.into()))
+        .metadata(format!("{arch}.block_count"), V::U32(1))
+        .metadata(format!("{arch}.context_length"), V::U32(256))
+        .metadata(format!("{arch}.embedding_length"), V::U32(h as u32))
+        .metadata(format!("{arch}.feed_forward_length"), V::U32(ff as u32))
+        .metadata(format!("{arch}.attention.head_count"), V::U32(2))
+        .metadata(format!("{arch}.attention.head_count_kv"), V::U32(1))
+        .metadata(
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            V::F32(1e-5),
+        )
+        .metadata("tokenizer.ggml.model", V::String("gpt2".into()))
+        .metadata("tokenizer.ggml.pre", V::String("gpt-2".into()))
+        .metadata("tokenizer.ggml.tokens", V::Array(tokens))
+        .metadata("tokenizer.ggml.token_type", V::Array(types))
+        .metadata(
+            "tokenizer.ggml.merges",
+            V::Array(vec![V::String("a b".into())]),
+        )
+        .metadata("tokenizer.ggml.bos_token_id", V::U32(1))
+        .metadata("tokenizer.ggml.eos_token_id", V::U32(2));
+    if let Some(t) = template {
+        w.metadata("tokenizer.chat_template", V::String(t.into()));
+    }
+    let kv = h / 2;
+    let mut tensor = |name: &str, dims: Vec<u64>| {
+        let n: u64 = dims.iter().product();
+        match odd_tensor {
+            Some((odd, dtype)) if odd == name => {
+                let bytes = dtype.bytes_for(n).unwrap() as usize;
+                w.tensor(name, dims, dtype, vec![0u8; bytes]);
+            }
+            _ => {
+                w.tensor(
+                    name,
+                    dims,
+                    GgmlType::F32,
+                    f32_bytes(n as usize, name.len() as u32),
+                );
+            }
+        }
+    };
+    tensor("token_embd.weight", vec![h, vocab]);
+    tensor("output_norm.weight", vec![h]);
+    tensor("blk.0.attn_norm.weight", vec![h]);
+    tensor("blk.0.ffn_norm.weight", vec![h]);
+    tensor("blk.0.attn_q.weight", vec![h, h]);
+    tensor("blk.0.attn_k.weight", vec![h, kv]);
+    tensor("blk.0.attn_v.weight", vec![h, kv]);
+    tensor("blk.0.attn_output.weight", vec![h, h]);
+    tensor("blk.0.ffn_gate.weight", vec![h, ff]);
+    tensor("blk.0.ffn_up.weight", vec![h, ff]);
+    tensor("blk.0.ffn_down.weight", vec![ff, h]);
+    w
+}
+
+fn write(dir: &Path, name: &str, w: &GgufWriter) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, w.to_bytes()).unwrap();
+    p
+}
+
+fn load_err(path: &Path) -> String {
+    match Model::load(path, &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_tiny_f32_gguf_loads_and_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "tiny.gguf",
+        &tiny_gguf(
+            "llama",
+            None,
+            Some("{% for m in messages %}{{ m.content }}{% endfor %}"),
+        ),
+    );
+    let m = Model::load(&p, &LoadOptions::default()).unwrap();
+    let ids = m.tokenize("hello").unwrap();
+    let mut req = wick_engine::GenerationRequest::new(ids).max_tokens(5);
+    req.ignore_eos = true;
+    let out = m
+        .generate(&req, |_| std::ops::ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(out.tokens.len(), 5);
+}
+
+#[test]
+fn missing_file() {
+    let e = load_err(Path::new("/nonexistent/model.gguf"));
+    assert!(e.contains("/nonexistent/model.gguf"), "{e}");
+}
+
+#[test]
+fn not_a_gguf_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("notes.gguf");
+    std::fs::write(&p, "just some text, not a model").unwrap();
+    let e = load_err(&p);
+    assert!(
+        e.contains("notes.gguf") && e.contains("not a GGUF file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unsupported_architecture_lists_the_supported_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "mamba.gguf", &tiny_gguf("mamba", None, None));
+    let e = load_err(&p);
+    assert!(
+        e.contains("mamba.gguf")
+            && e.contains("unsupported architecture 'mamba'")
+            && e.contains("qwen3"),
+        "{e}"
+    );
+}
+
+#[test]
+fn unsupported_quant_type_names_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "iq.gguf",
+        &tiny_gguf(
+            "llama",
+            Some(("blk.0.ffn_up.weight", GgmlType::Iq4Nl)),
+            None,
+        ),
+    );
+    let e = load_err(&p);
+    assert!(
+        e.contains("blk.0.ffn_up.weight") && e.contains("IQ4_NL"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_template_that_raises_reports_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = "{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}ok";
+    let p = write(dir.path(), "t.gguf", &tiny_gguf("llama", None, Some(t)));
+    let m = Model::load(&p, &LoadOptions::default()).unwrap();
+    let e = m
+        .render_chat(
+            &[serde_json::json!({"role": "system", "content": "x"})],
+            None,
+            &Default::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("System role not supported"), "{e}");
+    let none = write(dir.path(), "none.gguf", &tiny_gguf("llama", None, None));
+    let m = Model::load(&none, &LoadOptions::default()).unwrap();
+    assert!(matches!(
+        m.render_chat(&[], None, &Default::default()),
+        Err(EngineError::NoChatTemplate(_))
+    ));
+}
+
+#[test]
+fn truncated_real_model_files() {
+    let src = std::fs::read(smollm2()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for len in [0, 3, 100, 1 << 20, 5 << 20, src.len() / 2, src.len() - 1] {
+        let p = dir.path().join(format!("cut-{len}.gguf"));
+        std::fs::write(&p, &src[..len]).unwrap();
+        let e = load_err(&p);
+        assert!(e.contains(&format!("cut-{len}.gguf")), "{e}");
+        assert!(
+            e.contains("truncated") || e.contains("not a GGUF") || e.contains("remain"),
+            "cut at {len}: {e}"
+        );
+    }
+}
+
+#[test]
+fn bit_flipped_headers_never_panic() {
+    let mut bytes = std::fs::read(smollm2()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("flipped.gguf");
+    // Offsets across the magic, counts, metadata keys/values and the tensor directory.
+    let offsets = [
+        0usize, 5, 9, 17, 24, 40, 200, 1_000, 10_000, 100_000, 500_000, 1_000_000, 1_600_000,
+        1_700_000, 1_750_000,
+    ];
+    for &at in &offsets {
+        for bit in [0u8, 6] {
+            bytes[at] ^= 1 << bit;
+            std::fs::write(&p, &bytes).unwrap();
+            // Either a clean error or a model that loads; never a panic.
+            let result =
+                std::panic::catch_unwind(|| Model::load(&p, &LoadOptions::default()).map(|_| ()));
+            assert!(result.is_ok(), "panic with bit {bit} of byte {at} flipped");
+            bytes[at] ^= 1 << bit;
+        }
+    }
+}

