@@ -9,6 +9,7 @@ args=()
 for c in $CASES; do args+=(--case "$c"); done
 for m in "$@"; do
   echo "== $m"
+  python3 scripts/gpu/model_facts.py $W/models/$m >> $OUT/facts.jsonl
   $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --json --warmup 1 --runs 2 "${args[@]}" \
     2>>$OUT/bench.err | sed "s/^{/{\"engine\":\"wick\",\"variant\":\"default\",\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
   for v in ${VARIANTS:-}; do

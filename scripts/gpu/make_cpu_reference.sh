@@ -22,11 +22,11 @@ mkdir -p "$OUT"
 SMOL=$HOME_DIR/models/smollm2-135m-instruct
 QWEN=$HOME_DIR/models/qwen2.5-coder-0.5b-instruct
 
-"$TORCH_PY" - "$SMOL" "$QWEN" "$OUT" <<'PY'
+"$TORCH_PY" - "$SMOL" "$QWEN" "$OUT" "$HERE" <<'PY'
 import os, sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-smol, qwen, out = sys.argv[1:]
+smol, qwen, out, here = sys.argv[1:]
 for name, d, f in [("tok-smollm", smol, "SmolLM2-135M-Instruct.Q4_1.gguf"),
                    ("tok-qwen", qwen, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")]:
     t = AutoTokenizer.from_pretrained(d, gguf_file=f)
@@ -48,6 +48,9 @@ if not os.path.isdir(dst):
     os.makedirs(dst)
     save_file(sd, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
     cfg.save_pretrained(dst)
+    sys.path.insert(0, here)
+    from make_models import add_legacy_rope_theta
+    add_legacy_rope_theta(dst)
     AutoTokenizer.from_pretrained(os.path.join(out, "tok-smollm")).save_pretrained(dst)
 PY
 

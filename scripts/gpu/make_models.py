@@ -11,6 +11,7 @@ SHAPE: llama3-8b | qwen2.5-0.5b | tiny-llama | tiny-qwen2
 DTYPE: bfloat16 | float16 | float32
 """
 import argparse
+import json
 import os
 import shutil
 import time
@@ -49,6 +50,19 @@ SHAPES = {
 }
 
 
+def add_legacy_rope_theta(model_dir):
+    """transformers 5 writes `rope_parameters`; mlx-lm (0.32) and older readers take the
+    top-level `rope_theta` and default to 10000 without it: write both."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in cfg:
+        cfg["rope_theta"] = theta
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -80,6 +94,7 @@ def main():
     model.eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True, max_shard_size="50GB")
+    add_legacy_rope_theta(args.out)
     for f in os.listdir(args.tokenizer):
         if f.startswith("tokenizer") or f.endswith(".jinja") or f == "special_tokens_map.json":
             shutil.copy(os.path.join(args.tokenizer, f), args.out)

@@ -14,6 +14,7 @@ tar -C $W -xJf $W/tokenizer.tar.xz
 TOK=$W/$(tar -tJf $W/tokenizer.tar.xz | head -1 | cut -d/ -f1)
 python3 scripts/gpu/ceilings.py > $OUT/ceilings.json 2> $OUT/ceilings.err
 cat $OUT/ceilings.json
+cp $OUT/ceilings.json $W/
 python3 scripts/gpu/make_models.py $W/models/llama3-8b-bf16 llama3-8b bfloat16 $TOK 2>&1 | tail -2
 python3 scripts/gpu/make_models.py $W/models/qwen2.5-0.5b-bf16 qwen2.5-0.5b bfloat16 $TOK 2>&1 | tail -2
 du -sh $W/models/* $W/*

@@ -6,6 +6,7 @@ set -uo pipefail
 W=/tmp/wick
 source scripts/gpu/env.sh || exit 1
 mkdir -p $OUT
+cp $W/ceilings.json $OUT/ 2>/dev/null
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > $OUT/gpu_state.txt 2>&1
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())" 2>&1 | tee $OUT/mlx.txt
 $W/wick --version
@@ -15,3 +16,4 @@ for q in 8 4; do
 done
 bash scripts/gpu/check.sh ${CHECK_MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16 llama3-8b-4bit}
 bash scripts/gpu/bench.sh ${MODELS:-llama3-8b-bf16 qwen2.5-0.5b-bf16}
+python3 scripts/gpu/summarize.py $OUT | tee $OUT/summary.md

@@ -147,6 +147,7 @@ fn check(dir: &Path, mlx_tol: f64, candle_tol: Option<f64>, near_tie: f32) {
 
     let mlx = load(dir, BackendKind::Mlx);
     let (rel, max) = distance(&all_logits(&mlx, &r.prompt), &r.logits);
+    eprintln!("{name}: mlx vs mlx-lm: prompt logits rel {rel:.2e} (max {max:.2e})");
     let (exact, ties) = teacher_forced(&mlx, &r, near_tie);
     let same = free_running(&mlx, &r);
     eprintln!(

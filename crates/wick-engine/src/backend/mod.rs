@@ -301,6 +301,20 @@ pub trait Backend: Send + Sync + 'static {
         head_dim: usize,
         window: Option<usize>,
     ) -> Self::KvLayer;
+    /// Empty caches of one layer for sequences that will be fed prompts of `lens` tokens
+    /// and then decoded in lockstep; a backend may lay them out together so that a step
+    /// of all of them is one write and one attention call. Independent caches by default.
+    fn new_kv_layers(
+        &self,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        lens: &[usize],
+    ) -> Vec<Self::KvLayer> {
+        lens.iter()
+            .map(|_| self.new_kv_layer(kv_heads, head_dim, window))
+            .collect()
+    }
     /// Rebuilds a cache from a host copy.
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<Self::KvLayer>;
     /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending

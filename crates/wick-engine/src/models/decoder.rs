@@ -464,6 +464,27 @@ impl<B: Backend> Decoder<B> {
         }
     }
 
+    /// Empty caches for sequences that will be fed prompts of `lens` tokens and then be
+    /// decoded in lockstep (see [`Backend::new_kv_layers`]).
+    pub fn new_lockstep_caches(&self, lens: &[usize]) -> Vec<SequenceCache<B>> {
+        let mut caches: Vec<SequenceCache<B>> = lens
+            .iter()
+            .map(|_| SequenceCache {
+                layers: Vec::with_capacity(self.layers.len()),
+            })
+            .collect();
+        for l in &self.layers {
+            let a = &l.attention;
+            let per_seq = self
+                .backend
+                .new_kv_layers(a.kv_heads, a.head_dim, a.window, lens);
+            for (cache, layer) in caches.iter_mut().zip(per_seq) {
+                cache.layers.push(layer);
+            }
+        }
+        caches
+    }
+
     /// Rebuilds a cache from host copies (as made by [`SequenceCache::snapshot`]).
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<SequenceCache<B>> {
         if layers.len() != self.layers.len() {

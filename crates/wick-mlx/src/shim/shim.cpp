@@ -300,14 +300,19 @@ int wm_array_from_bytes(const void* data, size_t nbytes, const int32_t* dims, in
 
 int wm_array_read(wm_array a, void* out, size_t nbytes) {
   return guarded([&] {
-    auto c = mx::contiguous(a->a);
-    c.eval();
-    if (c.nbytes() != nbytes) {
-      throw std::invalid_argument("wm_array_read: array holds " + std::to_string(c.nbytes()) +
+    // Wait for the array itself (no new graph node: a read of ids that were queued with
+    // async_eval must not also wait for work queued after them).
+    mx::array arr = a->a;
+    arr.eval();
+    if (!arr.flags().row_contiguous) {
+      arr = mx::contiguous(arr);
+      arr.eval();
+    }
+    if (arr.nbytes() != nbytes) {
+      throw std::invalid_argument("wm_array_read: array holds " + std::to_string(arr.nbytes()) +
                                   " bytes, buffer " + std::to_string(nbytes));
     }
-    if (!c.flags().row_contiguous) throw std::runtime_error("wm_array_read: not row-contiguous");
-    std::memcpy(out, c.data<char>(), nbytes);
+    std::memcpy(out, arr.data<char>(), nbytes);
   });
 }
 

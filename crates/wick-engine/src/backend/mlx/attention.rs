@@ -3,7 +3,7 @@
 //! boolean mask for sliding windows); explicit score math only for score soft-capping.
 use wick_mlx::{Array, AttentionMask, Dtype, Stream};
 
-use super::kv::MlxKvLayer;
+use super::kv::{self, MlxKvLayer};
 use super::mlx_err;
 use crate::backend::{AttentionParams, AttentionSegment};
 use crate::Result;
@@ -77,6 +77,56 @@ fn softcapped(
     s.reshape(&out, &[1, h, m, hd]).map_err(e)
 }
 
+/// One decode step of `n` sequences sharing a left-padded buffer (row `i` = segment `i`
+/// = batch row `i`): one write and one attention call for all; `None` when the batch is
+/// not such a step.
+fn lockstep_decode(
+    s: &Stream,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    segments: &mut [AttentionSegment<'_, MlxKvLayer>],
+    p: &AttentionParams,
+) -> Result<Option<Array>> {
+    let n = segments.len();
+    if n < 2
+        || p.window.is_some()
+        || p.softcap.is_some()
+        || segments
+            .iter()
+            .enumerate()
+            .any(|(i, g)| g.rows != (i..i + 1))
+    {
+        return Ok(None);
+    }
+    let layers: Vec<&MlxKvLayer> = segments.iter().map(|g| &*g.cache).collect();
+    let Some((batch, end)) = kv::lockstep(&layers) else {
+        return Ok(None);
+    };
+    let (h, hk, hd) = (p.heads as i32, p.kv_heads as i32, p.head_dim as i32);
+    let n32 = n as i32;
+    let e = mlx_err;
+    let k4 = s.reshape(k, &[n32, hk, 1, hd]).map_err(e)?;
+    let v4 = s.reshape(v, &[n32, hk, 1, hd]).map_err(e)?;
+    let q4 = s.reshape(q, &[n32, h, 1, hd]).map_err(e)?;
+    let mut caches: Vec<&mut MlxKvLayer> = segments.iter_mut().map(|g| &mut *g.cache).collect();
+    let (keys, values, pads) = MlxKvLayer::lockstep_step(&mut caches, &batch, end, &k4, &v4)?;
+    let out = if pads.iter().any(|&pad| pad > 0) {
+        let cols = end + 1;
+        let visible: Vec<u8> = pads
+            .iter()
+            .flat_map(|&pad| (0..cols).map(move |j| (j >= pad) as u8))
+            .collect();
+        let m = Array::from_bytes(&visible, &[n32, 1, 1, cols as i32], Dtype::Bool).map_err(e)?;
+        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::Array(&m))
+            .map_err(e)?
+    } else {
+        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::None)
+            .map_err(e)?
+    };
+    Ok(Some(s.reshape(&out, &[n32, h * hd]).map_err(e)?))
+}
+
 /// See the module docs; `q` `[n, H·D]`, `k`/`v` `[n, Hk·D]`, returns `[n, H·D]`.
 pub(crate) fn attend(
     s: &Stream,
@@ -87,6 +137,9 @@ pub(crate) fn attend(
     p: &AttentionParams,
 ) -> Result<Array> {
     let (h, hk, hd) = (p.heads, p.kv_heads, p.head_dim);
+    if let Some(out) = lockstep_decode(s, q, k, v, segments, p)? {
+        return Ok(out);
+    }
     let mut outs = Vec::with_capacity(segments.len());
     let single = segments.len() == 1;
     for seg in segments.iter_mut() {

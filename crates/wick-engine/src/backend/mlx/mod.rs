@@ -373,6 +373,10 @@ impl Backend for MlxBackend {
     }
 
     fn ids_to_host(&self, ids: &Array) -> Result<Vec<u32>> {
+        // argmax yields u32 already: read the queued array itself, adding no node.
+        if ids.dtype() == Dtype::U32 {
+            return ids.to_vec::<u32>().map_err(mlx_err);
+        }
         let ids = self.stream.astype(ids, Dtype::U32).map_err(mlx_err)?;
         ids.to_vec::<u32>().map_err(mlx_err)
     }
@@ -391,6 +395,22 @@ impl Backend for MlxBackend {
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> MlxKvLayer {
         MlxKvLayer::new(self.stream, self.dtype, kv_heads, head_dim, window)
+    }
+
+    fn new_kv_layers(
+        &self,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        lens: &[usize],
+    ) -> Vec<MlxKvLayer> {
+        if window.is_some() || lens.len() < 2 {
+            return lens
+                .iter()
+                .map(|_| self.new_kv_layer(kv_heads, head_dim, window))
+                .collect();
+        }
+        MlxKvLayer::new_shared(self.stream, self.dtype, kv_heads, head_dim, lens)
     }
 
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<MlxKvLayer> {
