@@ -3,8 +3,9 @@
 
     mlx_lm_bench.py MODEL_DIR --case 512:128:1 --case 128:128:8 ... [--runs 2] [--warmup 1]
 
-Uses mlx-lm's own generation loops exactly as `mlx_lm.benchmark` does (stream_generate
-for batch 1, batch_generate above; prefill step 2048; end-of-sequence ignored) with the
+Uses mlx-lm's own generation loops as `mlx_lm.benchmark` does (stream_generate for
+batch 1, batch_generate above, with all B sequences in one decode batch where
+`mlx_lm.benchmark` would cap it at 32; prefill step 2048; end-of-sequence ignored) with the
 synthetic prompt ids wick uses, and prints one JSON line per case with mlx-lm's own
 prompt_tps / generation_tps (mean of the timed runs).
 """
@@ -44,8 +45,10 @@ def main():
                                          prefill_step_size=args.prefill_step_size):
                     pass
                 return r.prompt_tps, r.generation_tps
+            # All b sequences decode together (mlx-lm's defaults cap a batch at 32).
             stats = batch_generate(model, tokenizer, prompts, max_tokens=g,
-                                   prefill_step_size=args.prefill_step_size).stats
+                                   prefill_step_size=args.prefill_step_size,
+                                   completion_batch_size=b, prefill_batch_size=b).stats
             return stats.prompt_tps, stats.generation_tps
 
         for _ in range(args.warmup):

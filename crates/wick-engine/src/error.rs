@@ -97,6 +97,9 @@ pub enum EngineError {
     /// The KV cache cannot do what was asked (e.g. trim a wrapped sliding window).
     #[error("kv cache: {0}")]
     Cache(String),
+    /// The prompt cache could not be set up (SSD directory, configuration).
+    #[error("prompt cache: {0}")]
+    PromptCache(#[from] wick_cache::CacheError),
     /// A compute backend failed.
     #[error("{backend} backend: {message}")]
     Backend {

@@ -31,8 +31,10 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod cache_value;
 pub mod config;
 mod error;
+mod fingerprint;
 pub mod models;
 pub mod sampler;
 pub mod weights;

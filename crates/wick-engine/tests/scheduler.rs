@@ -73,6 +73,7 @@ fn batched_greedy_equals_single_runs() {
             max_batch: 4,
             max_queue: 16,
             step_token_budget: 7,
+            ..EngineConfig::default()
         },
     )
     .unwrap();
@@ -122,6 +123,7 @@ fn queue_limit_and_invalid_requests_are_refused_up_front() {
             max_batch: 1,
             max_queue: 1,
             step_token_budget: 64,
+            ..EngineConfig::default()
         },
     )
     .unwrap();

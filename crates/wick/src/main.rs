@@ -25,23 +25,31 @@ enum Command {
     Ls(commands::ls::LsArgs),
     /// Tool-call utilities.
     Tools(commands::tools::ToolsArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::ServeArgs),
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // A server logs its requests by default; the other commands only warnings.
+    let default_log = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WICK_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| default_log.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Pull(a) => commands::pull::run(a),
         Command::Ls(a) => commands::ls::run(a),
         Command::Tools(a) => commands::tools::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

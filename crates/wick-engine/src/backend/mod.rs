@@ -231,6 +231,15 @@ pub trait Backend: Send + Sync + 'static {
         w: &Self::Matrix,
         bias: Option<&Self::Tensor>,
     ) -> Result<Self::Tensor>;
+    /// [`Backend::linear`] of one input with several matrices (q/k/v, gate/up): a backend
+    /// may quantize the input once and run the products as one parallel section.
+    fn linear_many(
+        &self,
+        x: &Self::Tensor,
+        ws: &[(&Self::Matrix, Option<&Self::Tensor>)],
+    ) -> Result<Vec<Self::Tensor>> {
+        ws.iter().map(|&(w, b)| self.linear(x, w, b)).collect()
+    }
     /// Elementwise sum.
     fn add(&self, a: &Self::Tensor, b: &Self::Tensor) -> Result<Self::Tensor>;
     /// Multiplies by a scalar.

@@ -25,6 +25,10 @@ pub struct GenerationRequest {
     /// Decode special tokens into the text (tool-call markers are special tokens in
     /// some vocabularies); end-of-sequence tokens are never decoded.
     pub keep_special_text: bool,
+    /// Prompt-cache namespace: KV computed under one namespace never seeds another. `""`
+    /// for the base model; the server sets the adapter names joined with `+`
+    /// ([`wick_cache::namespace::for_adapters`]).
+    pub cache_namespace: String,
 }
 
 impl GenerationRequest {
@@ -38,6 +42,7 @@ impl GenerationRequest {
             ignore_eos: false,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             keep_special_text: true,
+            cache_namespace: String::new(),
         }
     }
 

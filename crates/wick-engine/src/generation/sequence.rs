@@ -161,6 +161,7 @@ impl Sequence {
         logits: Option<&Logits>,
         took: Duration,
     ) -> Result<Option<TokenEvent>> {
+        let _ = model;
         if step.prefill > 0 {
             self.fed += step.prefill;
             self.prefill_time += took;
@@ -172,15 +173,25 @@ impl Sequence {
         };
         let mut row = logits.last().to_vec();
         let sampled = self.sampler.sample(&mut row, &self.history);
-        let id = sampled.id;
+        self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)
+            .map(Some)
+    }
+
+    /// Records a sampled token: history, text, stop strings, limits.
+    fn accept(
+        &mut self,
+        id: u32,
+        logprob: f32,
+        top_logprobs: Vec<(u32, f32)>,
+    ) -> Result<TokenEvent> {
         self.generated.push(id);
         self.history.push(id);
         self.pending = id;
         let mut event = TokenEvent {
             id,
             text: String::new(),
-            logprob: sampled.logprob,
-            top_logprobs: sampled.top_logprobs,
+            logprob,
+            top_logprobs,
             last: false,
         };
         if !self.ignore_eos && self.eos.contains(&id) {
@@ -205,8 +216,57 @@ impl Sequence {
                 }
             }
         }
-        let _ = model;
-        Ok(Some(event))
+        Ok(event)
+    }
+
+    /// Continues a generation from a checkpoint: `cache` holds the prompt and all of
+    /// `generated` but the last token, which was sampled and not yet fed. The generated
+    /// tokens are replayed through the text stream (their events, to send to the client,
+    /// come back with the sequence) and the sampler continues at the step after them, so
+    /// a seeded or greedy request continues exactly as it would have.
+    pub fn resume(
+        model: &Model,
+        request: &GenerationRequest,
+        cache: KvCache,
+        generated: &[u32],
+    ) -> Result<(Self, Vec<TokenEvent>)> {
+        let prompt = request.prompt.len();
+        if generated.is_empty() || cache.len() + 1 != prompt + generated.len() {
+            return Err(crate::EngineError::Cache(format!(
+                "a checkpoint of {} cached tokens cannot continue {} prompt and {} generated tokens",
+                cache.len(),
+                prompt,
+                generated.len()
+            )));
+        }
+        let mut seq = Sequence::new(model, request, model.new_cache())?;
+        seq.cache = cache;
+        seq.fed = prompt;
+        seq.cached = prompt;
+        let mut events = Vec::with_capacity(generated.len());
+        for &id in generated {
+            if seq.finish.is_some() {
+                break;
+            }
+            events.push(seq.accept(id, f32::NAN, Vec::new())?);
+        }
+        seq.sampler.set_step(generated.len() as u64);
+        Ok((seq, events))
+    }
+
+    /// The prompt.
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    /// The sequence's cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// The tokens the cache holds (prompt, then generated tokens already fed).
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.history[..self.cache.len().min(self.history.len())]
     }
 
     /// Stops the sequence at the caller's request.

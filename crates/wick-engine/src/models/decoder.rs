@@ -332,6 +332,18 @@ impl<B: Backend> Loader<'_, B> {
     }
 }
 
+fn three<T>(v: Vec<T>) -> Result<[T; 3]> {
+    <[T; 3]>::try_from(v).map_err(|v| {
+        EngineError::InvalidInput(format!("backend returned {} products for 3", v.len()))
+    })
+}
+
+fn two<T>(v: Vec<T>) -> Result<[T; 2]> {
+    <[T; 2]>::try_from(v).map_err(|v| {
+        EngineError::InvalidInput(format!("backend returned {} products for 2", v.len()))
+    })
+}
+
 /// f32 values of a float weight.
 fn floats(w: &HostWeight<'_>) -> Result<Vec<f32>> {
     let b = &w.bytes;
@@ -629,11 +641,17 @@ impl<B: Backend> Decoder<B> {
                     q_bias,
                     k_bias,
                     v_bias,
-                } => (
-                    be.linear(&h, q, q_bias.as_ref())?,
-                    be.linear(&h, k, k_bias.as_ref())?,
-                    be.linear(&h, v, v_bias.as_ref())?,
-                ),
+                } => {
+                    let [q, k, v] = three(be.linear_many(
+                        &h,
+                        &[
+                            (q, q_bias.as_ref()),
+                            (k, k_bias.as_ref()),
+                            (v, v_bias.as_ref()),
+                        ],
+                    )?)?;
+                    (q, k, v)
+                }
                 QkvProjection::Fused { qkv, bias, widths } => {
                     let all = be.linear(&h, qkv, bias.as_ref())?;
                     let mut parts = be.split_columns(&all, widths)?.into_iter();
@@ -677,8 +695,7 @@ impl<B: Backend> Decoder<B> {
             x = sum;
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
-                    let gate = be.linear(&hf, gate, None)?;
-                    let up = be.linear(&hf, up, None)?;
+                    let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
                     be.glu(&gate, &up, cfg.activation)?
                 }
                 GateUpProjection::Fused { gate_up, width } => {

@@ -3,6 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::cache::{CacheTracking, Started};
 use super::handle::{Pending, Shared};
 use super::{Completion, EngineEvent};
 use crate::generation::{Sequence, SequenceStep};
@@ -12,6 +13,7 @@ use crate::model::{Model, Step};
 struct Active {
     seq: Sequence,
     req: Pending,
+    cache: Option<CacheTracking>,
 }
 
 impl Active {
@@ -55,46 +57,128 @@ pub(crate) fn run(model: &Model, shared: &Shared) {
         );
     }
     c.running.store(0, Ordering::Relaxed);
+    if let Some(cache) = &shared.cache {
+        cache.tiers.set_busy(false);
+    }
 }
 
-/// Moves waiting requests into the batch; sleeps when there is nothing to do. Returns
-/// false when the engine should exit.
+/// Moves waiting requests into the batch; sleeps when there is nothing to do (telling
+/// the cache's writer the engine is idle). Returns false when the engine should exit.
+/// Cache lookups (which may read the SSD) run with the queue unlocked, so `submit`
+/// never waits on them.
 fn admit(model: &Model, shared: &Shared, running: &mut Vec<Active>) -> bool {
     let c = &shared.counters;
-    let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
     loop {
-        while running.len() < shared.config.max_batch {
-            let Some(p) = q.waiting.pop_front() else {
-                break;
-            };
-            if p.cancel.load(Ordering::Relaxed) || p.events.is_closed() {
-                c.cancelled.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            match Sequence::new(model, &p.request, model.new_cache()) {
-                Ok(seq) => {
-                    tracing::debug!(
-                        request = p.id,
-                        waited_ms = p.submitted.elapsed().as_millis() as u64,
-                        "admitted"
-                    );
-                    running.push(Active { seq, req: p });
+        let taken: Vec<Pending> = {
+            let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                let mut taken = Vec::new();
+                while running.len() + taken.len() < shared.config.max_batch {
+                    let Some(p) = q.waiting.pop_front() else {
+                        break;
+                    };
+                    if p.cancel.load(Ordering::Relaxed) || p.events.is_closed() {
+                        c.cancelled.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    taken.push(p);
                 }
-                Err(e) => {
-                    c.failed.fetch_add(1, Ordering::Relaxed);
-                    let _ = p.events.send(EngineEvent::Failed(e.to_string()));
+                c.queued.store(q.waiting.len(), Ordering::Relaxed);
+                if !taken.is_empty() || !running.is_empty() {
+                    break taken;
                 }
+                if q.shutting_down || shared.abort.load(Ordering::Relaxed) {
+                    return false;
+                }
+                if let Some(cache) = &shared.cache {
+                    cache.tiers.set_busy(false);
+                }
+                q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
             }
+        };
+        if taken.is_empty() {
+            return true;
         }
-        c.queued.store(q.waiting.len(), Ordering::Relaxed);
+        if let Some(cache) = &shared.cache {
+            cache.tiers.set_busy(true);
+        }
+        for p in taken {
+            start(model, shared, p, running);
+        }
         if !running.is_empty() {
             return true;
         }
-        if q.shutting_down || shared.abort.load(Ordering::Relaxed) {
-            return false;
-        }
-        q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
     }
+}
+
+/// Builds a request's sequence (from the cache when it can) and adds it to the batch.
+fn start(model: &Model, shared: &Shared, p: Pending, running: &mut Vec<Active>) {
+    let c = &shared.counters;
+    let started = match &shared.cache {
+        Some(cache) => cache.start(model, &p.request),
+        None => Sequence::new(model, &p.request, model.new_cache()).map(|seq| Started {
+            seq,
+            replay: Vec::new(),
+            tracking: None,
+        }),
+    };
+    match started {
+        Ok(Started {
+            seq,
+            replay,
+            tracking,
+        }) => {
+            tracing::debug!(
+                request = p.id,
+                waited_ms = p.submitted.elapsed().as_millis() as u64,
+                cached = seq.usage().cached_tokens,
+                replayed = replay.len(),
+                "admitted"
+            );
+            for event in replay {
+                let _ = p.events.send(EngineEvent::Token(event));
+            }
+            let a = Active {
+                seq,
+                req: p,
+                cache: tracking,
+            };
+            if a.seq.is_finished() {
+                // A checkpoint replay that already reached the end.
+                complete(model, shared, a);
+            } else {
+                running.push(a);
+            }
+        }
+        Err(e) => {
+            c.failed.fetch_add(1, Ordering::Relaxed);
+            let _ = p.events.send(EngineEvent::Failed(e.to_string()));
+        }
+    }
+}
+
+/// Hands a finished sequence's KV to the cache and its result to the client.
+fn complete(model: &Model, shared: &Shared, a: Active) {
+    let c = &shared.counters;
+    let out = a.seq.finish(model);
+    let cancelled = out.finish_reason == crate::generation::FinishReason::Cancelled;
+    if let (Some(cache), Some(t)) = (&shared.cache, &a.cache) {
+        let mut tokens = a.req.request.prompt.clone();
+        tokens.extend_from_slice(&out.tokens);
+        tokens.truncate(out.cache.len());
+        cache.finish(t, &tokens, out.cache, !cancelled);
+    }
+    if cancelled {
+        c.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    c.completed.fetch_add(1, Ordering::Relaxed);
+    let _ = a.req.events.send(EngineEvent::Done(Completion {
+        finish_reason: out.finish_reason,
+        usage: out.usage,
+        tokens: out.tokens,
+        text: out.text,
+    }));
 }
 
 /// Plans and runs one forward pass over the batch.
@@ -205,22 +289,18 @@ fn step(model: &Model, shared: &Shared, running: &mut Vec<Active>) {
         c.decode_tps_milli
             .store((ema * 1000.0) as u64, Ordering::Relaxed);
     }
+    if let Some(cache) = &shared.cache {
+        for (a, plan) in running.iter_mut().zip(&plans) {
+            if let (Some(plan), Some(t)) = (plan, a.cache.as_mut()) {
+                cache.after_step(t, &a.seq, plan);
+            }
+        }
+    }
     for (i, ok) in finished.into_iter().rev() {
         let a = running.swap_remove(i);
         if !ok {
             continue;
         }
-        let out = a.seq.finish(model);
-        if out.finish_reason == crate::generation::FinishReason::Cancelled {
-            c.cancelled.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        c.completed.fetch_add(1, Ordering::Relaxed);
-        let _ = a.req.events.send(EngineEvent::Done(Completion {
-            finish_reason: out.finish_reason,
-            usage: out.usage,
-            tokens: out.tokens,
-            text: out.text,
-        }));
+        complete(model, shared, a);
     }
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use super::cache::EngineCache;
 use super::stats::{EngineCounters, EngineStats};
-use super::{EngineConfig, EngineEvent};
+use super::{EngineConfig, EngineEvent, FlushReport, ScanReport};
 use crate::generation::GenerationRequest;
 use crate::model::Model;
 use crate::EngineError;
@@ -54,6 +55,8 @@ pub(crate) struct Shared {
     pub config: EngineConfig,
     /// Set when a shutdown's grace period ran out: running requests are cancelled.
     pub abort: AtomicBool,
+    /// The prompt cache, when on.
+    pub cache: Option<EngineCache>,
 }
 
 /// Starts engine loops.
@@ -61,7 +64,11 @@ pub struct Engine;
 
 impl Engine {
     /// Starts the engine thread for `model`.
+    ///
+    /// With an SSD cache directory this opens and scans it first (a directory another
+    /// process holds, or one that cannot be created, is an error).
     pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        let cache = EngineCache::new(&model, &config)?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 waiting: VecDeque::new(),
@@ -72,6 +79,7 @@ impl Engine {
             counters: EngineCounters::default(),
             config,
             abort: AtomicBool::new(false),
+            cache,
         });
         let loop_shared = shared.clone();
         let loop_model = model.clone();
@@ -152,9 +160,46 @@ impl EngineHandle {
         })
     }
 
-    /// Current counters.
+    /// Current counters, the prompt cache's included.
     pub fn stats(&self) -> EngineStats {
-        self.shared.counters.snapshot()
+        let mut stats = self.shared.counters.snapshot();
+        if let Some(cache) = &self.shared.cache {
+            stats.prompt_cache = cache.tiers.stats();
+        }
+        stats
+    }
+
+    /// Makes every prompt-cache entry durable on the SSD tier within `timeout`: waits
+    /// for pending writes, then writes each RAM entry not yet on disk. `durable` in the
+    /// report is true only when everything is on disk (answer `POST /admin/cache/flush`
+    /// with 200 then, 503 otherwise). Without an SSD tier nothing needs flushing:
+    /// `enabled` is false and `durable` true. Safe to call while requests run, and after
+    /// [`EngineHandle::shutdown`] (the shutdown path: drain, then flush).
+    pub fn flush_cache(&self, timeout: Duration) -> FlushReport {
+        match &self.shared.cache {
+            Some(cache) => cache.flush(timeout),
+            None => FlushReport {
+                enabled: false,
+                durable: true,
+                ..FlushReport::default()
+            },
+        }
+    }
+
+    /// What the SSD tier's start-up scan found (`None` without an SSD tier).
+    pub fn cache_scan_report(&self) -> Option<ScanReport> {
+        self.shared
+            .cache
+            .as_ref()
+            .and_then(|c| c.tiers.scan_report().cloned())
+    }
+
+    /// The fingerprint directory of the SSD tier, if any.
+    pub fn ssd_cache_path(&self) -> Option<std::path::PathBuf> {
+        self.shared
+            .cache
+            .as_ref()
+            .and_then(|c| c.tiers.ssd().map(|s| s.dir().to_path_buf()))
     }
 
     /// Stops accepting requests, fails the waiting ones, lets running ones finish for up

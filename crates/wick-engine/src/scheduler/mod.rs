@@ -2,6 +2,11 @@
 //! batched forward pass per step (continuous batching); callers talk to it through a
 //! cloneable [`EngineHandle`] and get each request's tokens back on its own channel.
 //!
+//! With the prompt cache on ([`EngineConfig::prompt_cache_bytes`]), admission reuses the
+//! longest cached prefix of each prompt (RAM, or the SSD tier after a restart), finished
+//! sequences put their KV back, and generation checkpoints let an identical request
+//! resume after a crash; see `cache.rs`.
+//!
 //! ```no_run
 //! # async fn demo(model: std::sync::Arc<wick_engine::Model>) -> Result<(), Box<dyn std::error::Error>> {
 //! use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
@@ -17,16 +22,20 @@
 //! }
 //! # Ok(()) }
 //! ```
+mod cache;
 mod engine_loop;
 mod handle;
 mod stats;
 
 pub use handle::{Engine, EngineHandle, RequestHandle, SubmitError};
 pub use stats::EngineStats;
+pub use wick_cache::{CacheStats, FlushReport, ScanReport, SsdStats};
+
+use std::path::PathBuf;
 
 use crate::generation::{FinishReason, TokenEvent, Usage};
 
-/// How the engine loop schedules work.
+/// How the engine loop schedules work and caches prompts.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Sequences decoded together at most.
@@ -37,7 +46,28 @@ pub struct EngineConfig {
     /// Tokens one forward pass may carry: decode tokens first, the rest goes to
     /// prompt chunks, so a long prompt never stalls the others' decoding for long.
     pub step_token_budget: usize,
+    /// RAM prompt cache byte cap (`--prompt-cache` GiB × 2³⁰); 0 turns the cache off.
+    pub prompt_cache_bytes: u64,
+    /// SSD cold tier directory (`--ssd-cache DIR`); needs the RAM cache.
+    pub ssd_cache_dir: Option<PathBuf>,
+    /// SSD tier byte cap (`--ssd-cache-max` GiB × 2³⁰); 0 = unlimited.
+    pub ssd_cache_max_bytes: u64,
+    /// Hash-check every SSD payload at start-up (`--ssd-cache-verify`); payloads are
+    /// always checked when restored.
+    pub ssd_cache_verify: bool,
+    /// Snapshot RAM cache entries to the SSD after each put (debounced, while idle).
+    pub ssd_write_behind: bool,
+    /// Save a generation checkpoint every this many generated tokens
+    /// (`--generation-checkpoint N`, needs the SSD tier); 0 = off.
+    pub generation_checkpoint_tokens: usize,
+    /// On models with sliding-window layers, a prefill that computed at least this many
+    /// tokens also stores a prompt-only entry, which stays reusable when the
+    /// prompt+generation entry cannot be trimmed (a wrapped window ring).
+    pub prompt_boundary_min_tokens: usize,
 }
+
+/// Default RAM prompt-cache cap: 8 GiB.
+pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 8 << 30;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -45,6 +75,13 @@ impl Default for EngineConfig {
             max_batch: 8,
             max_queue: 64,
             step_token_budget: 512,
+            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
+            ssd_cache_dir: None,
+            ssd_cache_max_bytes: 0,
+            ssd_cache_verify: false,
+            ssd_write_behind: true,
+            generation_checkpoint_tokens: 0,
+            prompt_boundary_min_tokens: 256,
         }
     }
 }

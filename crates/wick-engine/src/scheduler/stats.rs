@@ -46,6 +46,8 @@ pub struct EngineStats {
     pub kv_bytes: u64,
     /// Recent aggregate decode rate, tokens per second.
     pub decode_tokens_per_second: f64,
+    /// The prompt cache (RAM tier; `ssd` holds the SSD tier's counters).
+    pub prompt_cache: wick_cache::CacheStats,
 }
 
 impl EngineCounters {
@@ -64,6 +66,7 @@ impl EngineCounters {
             failed: self.failed.load(o),
             kv_bytes: self.kv_bytes.load(o),
             decode_tokens_per_second: self.decode_tps_milli.load(o) as f64 / 1000.0,
+            prompt_cache: wick_cache::CacheStats::default(),
         }
     }
 }

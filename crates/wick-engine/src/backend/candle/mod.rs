@@ -1,48 +1,98 @@
-//! The candle backend: CPU, portable, the default.
+//! The CPU backend (named after candle, which it grew from), portable, the default.
 //!
-//! Matrix products go through candle (`QMatMul` keeps GGUF quantized weights quantized
-//! and uses candle's SIMD kernels; dense weights use its gemm). Rotary embeddings and
-//! attention over the host KV cache are our own kernels.
+//! Activations are [`HostTensor`]s: row-major f32 matrices in recycled buffers. The work
+//! is done by wick's own CPU kernels (`wick-kernels`): weight matrices of the common
+//! formats (F32/F16/BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) are repacked at
+//! load and multiplied by runtime-dispatched SIMD kernels on a low-latency thread pool;
+//! norms, gated activations and residual adds are kernels writing straight into the
+//! result. Other quantized formats (Q2_K, Q3_K …) fall back to candle's `QMatMul`.
+//! Rotary embeddings and attention over the host KV cache are our own code too.
+//! `WICK_PROFILE=1` prints the time spent in each op.
 mod attention;
 mod kv;
+mod profile;
 mod rope;
+mod tensor;
+
+use std::cell::RefCell;
+use std::sync::Arc;
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Module, Storage, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use wick_gguf::GgmlType;
+use wick_kernels::elementwise::{self, GluActivation};
+use wick_kernels::{Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat};
 
 pub use kv::CpuKvLayer;
 pub use rope::CpuRope;
+pub use tensor::HostTensor;
 
 use super::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
 };
 use crate::{EngineError, Result};
 
-/// A weight matrix on the candle backend.
+/// A weight matrix on the CPU backend.
 #[derive(Debug)]
 pub enum CandleMatrix {
-    /// GGUF-quantized, multiplied without dequantizing.
+    /// Repacked for wick's kernels (float formats and the common quantized ones).
+    Packed(Arc<PackedMatrix>),
+    /// Another GGUF-quantized format, multiplied by candle without dequantizing.
     Quantized {
         /// The product operator.
         op: QMatMul,
         /// The quantized tensor (also used for embedding lookups).
-        tensor: std::sync::Arc<QTensor>,
+        tensor: Arc<QTensor>,
     },
-    /// Dense f32.
-    Dense(Tensor),
 }
 
-/// candle on the CPU.
+/// The CPU backend: wick's kernels, candle for the rare formats they do not cover.
 #[derive(Debug, Clone)]
 pub struct CandleBackend {
     device: Device,
+    pool: &'static ThreadPool,
+    isa: Isa,
 }
 
 impl Default for CandleBackend {
     fn default() -> Self {
         CandleBackend {
             device: Device::Cpu,
+            pool: ThreadPool::global(),
+            isa: Isa::best(),
+        }
+    }
+}
+
+thread_local! {
+    /// Quantized activations of the last product on this thread, reused so a decode
+    /// step allocates no kernel scratch.
+    static ACTIVATIONS: RefCell<QuantizedActivations> = RefCell::new(QuantizedActivations::new());
+}
+
+/// The kernels' name for a file's element type, when they handle it.
+fn kernel_format(t: GgmlType) -> Option<WeightFormat> {
+    Some(match t {
+        GgmlType::F32 => WeightFormat::F32,
+        GgmlType::F16 => WeightFormat::F16,
+        GgmlType::Bf16 => WeightFormat::Bf16,
+        GgmlType::Q4_0 => WeightFormat::Q4_0,
+        GgmlType::Q4_1 => WeightFormat::Q4_1,
+        GgmlType::Q5_0 => WeightFormat::Q5_0,
+        GgmlType::Q5_1 => WeightFormat::Q5_1,
+        GgmlType::Q8_0 => WeightFormat::Q8_0,
+        GgmlType::Q4K => WeightFormat::Q4K,
+        GgmlType::Q5K => WeightFormat::Q5K,
+        GgmlType::Q6K => WeightFormat::Q6K,
+        _ => return None,
+    })
+}
+
+impl From<wick_kernels::KernelError> for EngineError {
+    fn from(e: wick_kernels::KernelError) -> Self {
+        EngineError::Backend {
+            backend: "candle",
+            message: e.to_string(),
         }
     }
 }
@@ -86,51 +136,109 @@ impl CandleBackend {
         })
     }
 
-    /// A dense f32 tensor from float bytes (F32/F16/BF16).
-    fn dense(&self, w: &HostWeight<'_>) -> Result<Tensor> {
-        let dtype = match w.dtype {
-            GgmlType::F32 => DType::F32,
-            GgmlType::F16 => DType::F16,
-            GgmlType::Bf16 => DType::BF16,
-            _ => {
-                let q = qtensor_from_ggml(
-                    Self::ggml_dtype(w)?,
-                    &w.bytes,
-                    w.shape.clone(),
-                    &self.device,
-                )?;
-                return Ok(q.dequantize(&self.device)?);
-            }
-        };
-        let t = Tensor::from_raw_buffer(&w.bytes, dtype, &w.shape, &self.device)?;
-        Ok(t.to_dtype(DType::F32)?)
-    }
-
-    /// Runs `f` on the contiguous f32 data of `t`.
-    fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
-        let (storage, layout) = t.storage_and_layout();
-        let (start, end) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| Self::err("tensor is not contiguous"))?;
-        match &*storage {
-            Storage::Cpu(cpu) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
-            _ => Err(Self::err(
-                "only CPU tensors are supported by the candle backend's kernels",
-            )),
+    /// Every element of a weight as f32, in file order.
+    pub(crate) fn floats(&self, w: &HostWeight<'_>) -> Result<Vec<f32>> {
+        let len: usize = w.shape.iter().product();
+        if let Some(format) = kernel_format(w.dtype) {
+            let mut out = vec![0f32; len];
+            wick_kernels::ggml::dequantize_row(format, &w.bytes, &mut out)
+                .map_err(|e| Self::err(format!("'{}': {e}", w.name)))?;
+            return Ok(out);
         }
+        let q = qtensor_from_ggml(
+            Self::ggml_dtype(w)?,
+            &w.bytes,
+            w.shape.clone(),
+            &self.device,
+        )?;
+        Ok(q.dequantize(&self.device)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
     }
 
-    fn host(t: &Tensor) -> Result<Vec<f32>> {
-        Self::with_slice(t, |s| s.to_vec())
+    /// A candle copy of `x` (for the `QMatMul` fallback).
+    fn to_candle(&self, x: &HostTensor) -> Result<Tensor> {
+        Ok(Tensor::from_slice(
+            x.data(),
+            (x.rows(), x.cols()),
+            &self.device,
+        )?)
     }
 
-    fn tensor(&self, data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
-        Ok(Tensor::from_vec(data, shape, &self.device)?)
+    fn from_candle(t: &Tensor) -> Result<HostTensor> {
+        let (rows, cols) = t.dims2()?;
+        let data = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        HostTensor::from_vec(data, rows, cols)
+    }
+
+    /// A tensor shaped like `like`, every element written by `f`.
+    fn map(
+        like: &HostTensor,
+        f: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<HostTensor> {
+        HostTensor::build(like.rows(), like.cols(), |out| f(like.data(), out))
+    }
+
+    fn same_shape(op: &str, a: &HostTensor, b: &HostTensor) -> Result<()> {
+        if (a.rows(), a.cols()) != (b.rows(), b.cols()) {
+            return Err(Self::err(format!(
+                "{op}: shapes [{}, {}] and [{}, {}] differ",
+                a.rows(),
+                a.cols(),
+                b.rows(),
+                b.cols()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Several products of one input in one kernel call.
+    fn packed_linear_many(
+        &self,
+        x: &HostTensor,
+        ws: &[&PackedMatrix],
+        biases: &[Option<&HostTensor>],
+    ) -> Result<Vec<HostTensor>> {
+        let n = x.rows();
+        if let Some(w) = ws.iter().find(|w| w.cols() != x.cols()) {
+            return Err(Self::err(format!(
+                "input of width {} for a matrix of {} columns",
+                x.cols(),
+                w.cols()
+            )));
+        }
+        let mut bufs: Vec<Vec<f32>> = ws.iter().map(|w| tensor::buffer(n * w.rows())).collect();
+        {
+            let mut products: Vec<Product<'_>> = bufs
+                .iter_mut()
+                .zip(ws)
+                .zip(biases)
+                .map(|((out, &weight), bias)| Product {
+                    weight,
+                    out,
+                    bias: bias.map(|b| b.data()),
+                })
+                .collect();
+            ACTIVATIONS.with(|act| {
+                wick_kernels::matmul(
+                    self.pool,
+                    self.isa,
+                    x.data(),
+                    n,
+                    &mut products,
+                    &mut act.borrow_mut(),
+                )
+            })?;
+        }
+        bufs.into_iter()
+            .zip(ws)
+            .map(|(b, w)| HostTensor::from_vec(b, n, w.rows()))
+            .collect()
     }
 }
 
 impl Backend for CandleBackend {
-    type Tensor = Tensor;
+    type Tensor = HostTensor;
     type Matrix = CandleMatrix;
     type Rope = CpuRope;
     type KvLayer = CpuKvLayer;
@@ -147,129 +255,218 @@ impl Backend for CandleBackend {
                 w.name, w.shape
             )));
         }
-        match w.dtype {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {
-                Ok(CandleMatrix::Dense(self.dense(&w)?))
-            }
-            _ => {
-                let q = qtensor_from_ggml(
-                    Self::ggml_dtype(&w)?,
-                    &w.bytes,
-                    w.shape.clone(),
-                    &self.device,
-                )?;
-                let tensor = std::sync::Arc::new(q);
-                let op = QMatMul::from_arc(tensor.clone())?;
-                Ok(CandleMatrix::Quantized { op, tensor })
-            }
+        if let Some(format) = kernel_format(w.dtype) {
+            let m = PackedMatrix::from_ggml(format, w.shape[0], w.shape[1], &w.bytes)
+                .map_err(|e| Self::err(format!("'{}': {e}", w.name)))?;
+            return Ok(CandleMatrix::Packed(Arc::new(m)));
         }
+        let q = qtensor_from_ggml(
+            Self::ggml_dtype(&w)?,
+            &w.bytes,
+            w.shape.clone(),
+            &self.device,
+        )?;
+        let tensor = Arc::new(q);
+        let op = QMatMul::from_arc(tensor.clone())?;
+        Ok(CandleMatrix::Quantized { op, tensor })
     }
 
-    fn vector(&self, w: HostWeight<'_>) -> Result<Tensor> {
-        let t = self.dense(&w)?;
-        Ok(t.flatten_all()?)
+    fn vector(&self, w: HostWeight<'_>) -> Result<HostTensor> {
+        let data = self.floats(&w)?;
+        let len = data.len();
+        HostTensor::from_vec(data, 1, len)
     }
 
     fn matrix_shape(&self, m: &CandleMatrix) -> (usize, usize) {
-        let dims = match m {
-            CandleMatrix::Quantized { tensor, .. } => tensor.shape().dims().to_vec(),
-            CandleMatrix::Dense(t) => t.dims().to_vec(),
-        };
-        (dims[0], dims[1])
+        match m {
+            CandleMatrix::Packed(p) => (p.rows(), p.cols()),
+            CandleMatrix::Quantized { tensor, .. } => {
+                let dims = tensor.shape().dims();
+                (dims[0], dims[1])
+            }
+        }
     }
 
     fn matrix_bytes(&self, m: &CandleMatrix) -> usize {
         match m {
+            CandleMatrix::Packed(p) => p.byte_size(),
             CandleMatrix::Quantized { tensor, .. } => tensor.storage_size_in_bytes(),
-            CandleMatrix::Dense(t) => t.elem_count() * t.dtype().size_in_bytes(),
         }
     }
 
-    fn embed(&self, table: &CandleMatrix, ids: &[u32]) -> Result<Tensor> {
-        let (vocab, _) = self.matrix_shape(table);
+    fn embed(&self, table: &CandleMatrix, ids: &[u32]) -> Result<HostTensor> {
+        let _t = profile::op("embed", ids.len());
+        let (vocab, hidden) = self.matrix_shape(table);
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::InvalidInput(format!(
                 "token id {bad} is outside the vocabulary ({vocab})"
             )));
         }
-        let ids_t = Tensor::new(ids, &self.device)?;
-        Ok(match table {
+        match table {
+            CandleMatrix::Packed(p) => HostTensor::build(ids.len(), hidden, |out| {
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(hidden)) {
+                    p.dequantize_row(id as usize, row)?;
+                }
+                Ok(())
+            }),
             CandleMatrix::Quantized { tensor, .. } => {
-                tensor.embedding(&ids_t)?.to_dtype(DType::F32)?
+                let ids_t = Tensor::new(ids, &self.device)?;
+                Self::from_candle(&tensor.embedding(&ids_t)?)
             }
-            CandleMatrix::Dense(t) => t.index_select(&ids_t, 0)?,
+        }
+    }
+
+    fn linear(
+        &self,
+        x: &HostTensor,
+        w: &CandleMatrix,
+        bias: Option<&HostTensor>,
+    ) -> Result<HostTensor> {
+        let mut out = self.linear_many(x, &[(w, bias)])?;
+        out.pop().ok_or_else(|| Self::err("no product"))
+    }
+
+    fn linear_many(
+        &self,
+        x: &HostTensor,
+        ws: &[(&CandleMatrix, Option<&HostTensor>)],
+    ) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("linear", x.rows());
+        let packed: Vec<&PackedMatrix> = ws
+            .iter()
+            .filter_map(|(w, _)| match w {
+                CandleMatrix::Packed(p) => Some(&**p),
+                CandleMatrix::Quantized { .. } => None,
+            })
+            .collect();
+        if packed.len() == ws.len() && ws.len() <= wick_kernels::MAX_PRODUCTS {
+            let biases: Vec<Option<&HostTensor>> = ws.iter().map(|(_, b)| *b).collect();
+            return self.packed_linear_many(x, &packed, &biases);
+        }
+        ws.iter()
+            .map(|&(w, bias)| match w {
+                CandleMatrix::Packed(p) => {
+                    Ok(self.packed_linear_many(x, &[&**p], &[bias])?.remove(0))
+                }
+                CandleMatrix::Quantized { op, .. } => {
+                    let mut y = op.forward(&self.to_candle(x)?)?;
+                    if let Some(b) = bias {
+                        y = y.broadcast_add(&Tensor::from_slice(
+                            b.data(),
+                            b.cols(),
+                            &self.device,
+                        )?)?;
+                    }
+                    Self::from_candle(&y)
+                }
+            })
+            .collect()
+    }
+
+    fn add(&self, a: &HostTensor, b: &HostTensor) -> Result<HostTensor> {
+        let _t = profile::op("add", a.rows());
+        Self::same_shape("add", a, b)?;
+        Self::map(a, |a, out| {
+            Ok(elementwise::add(self.isa, a, b.data(), out)?)
         })
     }
 
-    fn linear(&self, x: &Tensor, w: &CandleMatrix, bias: Option<&Tensor>) -> Result<Tensor> {
-        let y = match w {
-            CandleMatrix::Quantized { op, .. } => op.forward(x)?,
-            CandleMatrix::Dense(t) => x.matmul(&t.t()?)?,
-        };
-        Ok(match bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
+    fn scale(&self, x: &HostTensor, s: f32) -> Result<HostTensor> {
+        let _t = profile::op("scale", x.rows());
+        Self::map(x, |x, out| Ok(elementwise::scale(self.isa, x, s, out)?))
+    }
+
+    fn rms_norm(&self, x: &HostTensor, weight: &HostTensor, eps: f32) -> Result<HostTensor> {
+        let _t = profile::op("rms_norm", x.rows());
+        Self::map(x, |x, out| {
+            Ok(elementwise::rms_norm(
+                self.pool,
+                self.isa,
+                x,
+                weight.data(),
+                eps,
+                out,
+            )?)
         })
     }
 
-    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        Ok(a.add(b)?)
-    }
-
-    fn scale(&self, x: &Tensor, s: f32) -> Result<Tensor> {
-        Ok(x.affine(s as f64, 0.0)?)
-    }
-
-    fn rms_norm(&self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
-        let n = weight.elem_count();
-        let dims = x.dims().to_vec();
-        let flat = x.reshape((x.elem_count() / n, n))?;
-        let y = candle_nn::ops::rms_norm(&flat, weight, eps)?;
-        Ok(y.reshape(dims)?)
-    }
-
-    fn split_columns(&self, x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+    fn split_columns(&self, x: &HostTensor, widths: &[usize]) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("split_columns", x.rows());
+        let cols = x.cols();
+        if widths.iter().sum::<usize>() != cols {
+            return Err(Self::err(format!(
+                "split of {cols} columns into {widths:?}"
+            )));
+        }
         let mut at = 0;
         let mut out = Vec::with_capacity(widths.len());
         for &w in widths {
-            out.push(x.narrow(1, at, w)?.contiguous()?);
+            out.push(HostTensor::build(x.rows(), w, |o| {
+                for (src, dst) in x
+                    .data()
+                    .chunks_exact(cols)
+                    .zip(o.chunks_exact_mut(w.max(1)))
+                {
+                    dst.copy_from_slice(&src[at..at + w]);
+                }
+                Ok(())
+            })?);
             at += w;
         }
         Ok(out)
     }
 
-    fn glu(&self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
-        let g = match act {
-            Activation::Silu => gate.silu()?,
-            Activation::GeluTanh => gate.gelu()?,
+    fn glu(&self, gate: &HostTensor, up: &HostTensor, act: Activation) -> Result<HostTensor> {
+        let _t = profile::op("glu", gate.rows());
+        Self::same_shape("glu", gate, up)?;
+        let act = match act {
+            Activation::Silu => GluActivation::Silu,
+            Activation::GeluTanh => GluActivation::GeluTanh,
         };
-        Ok(g.mul(up)?)
+        Self::map(gate, |g, out| {
+            Ok(elementwise::glu(
+                self.pool,
+                self.isa,
+                act,
+                g,
+                up.data(),
+                out,
+            )?)
+        })
     }
 
-    fn softcap(&self, x: &Tensor, cap: f32) -> Result<Tensor> {
-        Ok(x.affine(1.0 / cap as f64, 0.0)?
-            .tanh()?
-            .affine(cap as f64, 0.0)?)
+    fn softcap(&self, x: &HostTensor, cap: f32) -> Result<HostTensor> {
+        let _t = profile::op("softcap", x.rows());
+        Self::map(x, |x, out| Ok(elementwise::softcap(self.isa, x, cap, out)?))
     }
 
-    fn select_rows(&self, x: &Tensor, rows: &[usize]) -> Result<Tensor> {
-        let (n, _) = x.dims2()?;
-        if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| i == r) {
+    fn select_rows(&self, x: &HostTensor, rows: &[usize]) -> Result<HostTensor> {
+        let _t = profile::op("select_rows", rows.len());
+        if rows.len() == x.rows() && rows.iter().enumerate().all(|(i, &r)| i == r) {
             return Ok(x.clone());
         }
-        let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        Ok(x.index_select(&Tensor::new(ids.as_slice(), &self.device)?, 0)?)
+        let cols = x.cols();
+        if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows()) {
+            return Err(Self::err(format!("row {bad} of a {}-row tensor", x.rows())));
+        }
+        HostTensor::build(rows.len(), cols, |out| {
+            for (&r, o) in rows.iter().zip(out.chunks_exact_mut(cols)) {
+                o.copy_from_slice(&x.data()[r * cols..(r + 1) * cols]);
+            }
+            Ok(())
+        })
     }
 
-    fn to_host(&self, x: &Tensor) -> Result<Vec<f32>> {
-        Self::host(&x.contiguous()?)
+    fn to_host(&self, x: &HostTensor) -> Result<Vec<f32>> {
+        let _t = profile::op("to_host", x.rows());
+        Ok(x.data().to_vec())
     }
 
-    fn argmax(&self, logits: &Tensor) -> Result<Vec<u32>> {
-        let (_, vocab) = logits.dims2()?;
-        let data = self.to_host(logits)?;
-        Ok(data
-            .chunks_exact(vocab.max(1))
+    fn argmax(&self, logits: &HostTensor) -> Result<Vec<u32>> {
+        let _t = profile::op("argmax", logits.rows());
+        Ok(logits
+            .data()
+            .chunks_exact(logits.cols().max(1))
             .map(|row| {
                 let mut best = 0;
                 for (i, &v) in row.iter().enumerate() {
@@ -282,7 +479,7 @@ impl Backend for CandleBackend {
             .collect())
     }
 
-    fn embed_ids(&self, table: &CandleMatrix, ids: &Vec<u32>) -> Result<Tensor> {
+    fn embed_ids(&self, table: &CandleMatrix, ids: &Vec<u32>) -> Result<HostTensor> {
         self.embed(table, ids)
     }
 
@@ -291,13 +488,17 @@ impl Backend for CandleBackend {
     }
 
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CpuRope> {
+        let _t = profile::op("rope_table", positions.len());
         Ok(CpuRope::new(positions, spec))
     }
 
-    fn rope(&self, x: &Tensor, heads: usize, table: &CpuRope) -> Result<Tensor> {
-        let mut data = Self::host(x)?;
-        table.apply(&mut data, heads);
-        self.tensor(data, x.dims())
+    fn rope(&self, x: &HostTensor, heads: usize, table: &CpuRope) -> Result<HostTensor> {
+        let _t = profile::op("rope", x.rows());
+        Self::map(x, |x, out| {
+            out.copy_from_slice(x);
+            table.apply(out, heads);
+            Ok(())
+        })
     }
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CpuKvLayer {
@@ -310,15 +511,15 @@ impl Backend for CandleBackend {
 
     fn attention(
         &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
         segments: &mut [AttentionSegment<'_, CpuKvLayer>],
         params: &AttentionParams,
-    ) -> Result<Tensor> {
+    ) -> Result<HostTensor> {
+        let _t = profile::op("attention", q.rows());
         let row = params.kv_heads * params.head_dim;
-        let k = Self::host(k)?;
-        let v = Self::host(v)?;
+        let (k, v) = (k.data(), v.data());
         let mut starts = Vec::with_capacity(segments.len());
         for seg in segments.iter_mut() {
             starts.push(seg.cache.len);
@@ -335,11 +536,13 @@ impl Backend for CandleBackend {
                     });
                 }
             }
-            Self::with_slice(q, |qs| attention::attend(qs, &rows, params))?
+            // Attention runs on rayon's threads: let ours sleep instead of spinning.
+            self.pool.rest();
+            attention::attend(q.data(), &rows, params)
         };
         for seg in segments.iter_mut() {
             seg.cache.evict();
         }
-        self.tensor(out, q.dims())
+        HostTensor::from_vec(out, q.rows(), q.cols())
     }
 }

@@ -5,7 +5,7 @@ use wick_gguf::GgmlType;
 use wick_mlx::{Array, Dtype, Quantized};
 
 use super::{mlx_err, MlxBackend, MlxMatrix};
-use crate::backend::candle::{CandleBackend, CandleMatrix};
+use crate::backend::candle::CandleBackend;
 use crate::backend::{Backend, HostWeight};
 use crate::weights::affine::from_gguf_blocks;
 use crate::weights::AffineWeight;
@@ -49,15 +49,9 @@ fn to_compute(be: &MlxBackend, a: Array) -> Result<Array> {
     Ok(a)
 }
 
-/// f32 values of a GGUF-quantized weight, dequantized by candle's kernels.
+/// f32 values of a GGUF-quantized weight, dequantized by the CPU backend's kernels.
 fn dequantize_gguf(w: &HostWeight<'_>) -> Result<Vec<f32>> {
-    match CandleBackend::cpu().matrix(w.clone())? {
-        CandleMatrix::Quantized { tensor, .. } => {
-            let t = tensor.dequantize(&candle_core::Device::Cpu)?;
-            Ok(t.flatten_all()?.to_vec1::<f32>()?)
-        }
-        CandleMatrix::Dense(t) => Ok(t.flatten_all()?.to_vec1::<f32>()?),
-    }
+    CandleBackend::cpu().floats(w)
 }
 
 /// A weight matrix from a file.

@@ -1,0 +1,51 @@
+//! Cache namespaces: KV computed under one adapter set never seeds another.
+//!
+//! A namespace is a string: `""` for the base model, the adapter names joined with `+`
+//! otherwise. Generation checkpoints live in namespaces of their own
+//! (`__generation_checkpoint__:<key>`), which prefix lookups never search.
+
+/// The prefix of generation-checkpoint namespaces.
+pub const CHECKPOINT_PREFIX: &str = "__generation_checkpoint__:";
+
+/// The namespace of the base model (no adapters).
+pub const BASE: &str = "";
+
+/// The directory a namespace's files live in: `base` for the base model, the hex xxh3 of
+/// the name otherwise (names may hold any character; directory names may not).
+pub fn dir_name(ns: &str) -> String {
+    if ns.is_empty() {
+        "base".to_string()
+    } else {
+        format!("ns-{:016x}", xxhash_rust::xxh3::xxh3_64(ns.as_bytes()))
+    }
+}
+
+/// Whether `ns` is a generation-checkpoint namespace.
+pub fn is_checkpoint(ns: &str) -> bool {
+    ns.starts_with(CHECKPOINT_PREFIX)
+}
+
+/// The namespace adapters `names` compute under (order matters: it is the stacking order).
+pub fn for_adapters<S: AsRef<str>>(names: &[S]) -> String {
+    names
+        .iter()
+        .map(AsRef::as_ref)
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(dir_name(""), "base");
+        assert_ne!(dir_name("a"), dir_name("b"));
+        assert!(dir_name("a/../../x").starts_with("ns-"));
+        assert_eq!(for_adapters(&["a", "b"]), "a+b");
+        assert_eq!(for_adapters::<&str>(&[]), BASE);
+        assert!(is_checkpoint("__generation_checkpoint__:00ff"));
+        assert!(!is_checkpoint("lora"));
+    }
+}

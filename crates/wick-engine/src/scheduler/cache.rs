@@ -1,0 +1,193 @@
+//! The engine loop's use of the prompt cache: what happens at admission (resume from a
+//! generation checkpoint, else reuse the longest cached prefix), after each step
+//! (prompt-boundary entry, periodic checkpoints) and when a sequence ends (put its KV
+//! back, drop its checkpoints).
+use std::sync::Arc;
+use std::time::Duration;
+
+use wick_cache::{
+    CacheValue, CheckpointKey, KeyBuilder, PromptCache, PromptCacheConfig, SsdConfig,
+};
+
+use super::EngineConfig;
+use crate::generation::{GenerationRequest, Sequence, SequenceStep, TokenEvent};
+use crate::model::{KvCache, Model};
+use crate::{EngineError, Result};
+
+/// The prompt cache as the engine uses it.
+pub(crate) struct EngineCache {
+    /// The tiers.
+    pub tiers: PromptCache<KvCache>,
+    fingerprint: String,
+    checkpoint_every: usize,
+    /// Prefill length that earns a prompt-boundary entry (`None`: the model has no
+    /// sliding-window layer, so a longer entry can always be trimmed and none is needed).
+    boundary_min: Option<usize>,
+}
+
+/// What the cache tracks about a running sequence.
+pub(crate) struct CacheTracking {
+    ns: Arc<str>,
+    checkpoint: Option<CheckpointKey>,
+    boundary_pending: bool,
+}
+
+/// A sequence ready to run, and the tokens to replay to the client first.
+pub(crate) struct Started {
+    pub seq: Sequence,
+    pub replay: Vec<TokenEvent>,
+    pub tracking: Option<CacheTracking>,
+}
+
+impl EngineCache {
+    /// The cache for `config`, or `None` when it is off.
+    pub fn new(model: &Model, config: &EngineConfig) -> Result<Option<EngineCache>> {
+        if config.ssd_cache_dir.is_some() && config.prompt_cache_bytes == 0 {
+            return Err(EngineError::InvalidInput(
+                "the SSD cache needs the RAM prompt cache (prompt_cache_bytes is 0)".into(),
+            ));
+        }
+        if config.generation_checkpoint_tokens > 0 && config.ssd_cache_dir.is_none() {
+            return Err(EngineError::InvalidInput(
+                "generation checkpoints need the SSD cache (ssd_cache_dir is not set)".into(),
+            ));
+        }
+        if config.prompt_cache_bytes == 0 {
+            return Ok(None);
+        }
+        let fingerprint = model.fingerprint();
+        let tiers = PromptCache::new(PromptCacheConfig {
+            ram_bytes: usize::try_from(config.prompt_cache_bytes).unwrap_or(usize::MAX),
+            ssd: config.ssd_cache_dir.as_ref().map(|dir| SsdConfig {
+                root: dir.clone(),
+                fingerprint: fingerprint.clone(),
+                model: model.info().name.clone(),
+                max_bytes: config.ssd_cache_max_bytes,
+                verify: config.ssd_cache_verify,
+            }),
+            write_behind: config.ssd_write_behind,
+            ..PromptCacheConfig::default()
+        })?;
+        let windowed = model.config().layer_windows.iter().any(Option::is_some);
+        Ok(Some(EngineCache {
+            tiers,
+            fingerprint,
+            checkpoint_every: config.generation_checkpoint_tokens,
+            boundary_min: windowed.then_some(config.prompt_boundary_min_tokens),
+        }))
+    }
+
+    /// The identity of a generation: everything that decides its tokens. The seed of a
+    /// greedy request decides nothing and is left out.
+    pub fn checkpoint_key(&self, request: &GenerationRequest) -> CheckpointKey {
+        let mut sampling = request.sampling.clone();
+        if sampling.is_greedy() {
+            sampling.seed = 0;
+        }
+        let stop = serde_json::to_string(&request.stop).unwrap_or_default();
+        KeyBuilder::default()
+            .str("fingerprint", &self.fingerprint)
+            .str("namespace", &request.cache_namespace)
+            .tokens("prompt", &request.prompt)
+            .u64("max_tokens", request.max_tokens as u64)
+            .str("sampling", &format!("{sampling:?}"))
+            .str("stop", &stop)
+            .u64("ignore_eos", u64::from(request.ignore_eos))
+            .u64("keep_special_text", u64::from(request.keep_special_text))
+            .finish()
+    }
+
+    fn checkpoints_for(&self, request: &GenerationRequest) -> Option<CheckpointKey> {
+        let eligible = self.checkpoint_every > 0
+            && self.tiers.checkpoints_available()
+            && request.sampling.logprobs.is_none();
+        eligible.then(|| self.checkpoint_key(request))
+    }
+
+    /// Builds the sequence for `request`: resumed from its latest checkpoint when there
+    /// is one, else on the longest cached prefix of its prompt.
+    pub fn start(&self, model: &Model, request: &GenerationRequest) -> Result<Started> {
+        let ns: Arc<str> = request.cache_namespace.as_str().into();
+        let checkpoint = self.checkpoints_for(request);
+        if let Some(key) = checkpoint {
+            if let Some(r) = self.tiers.find_checkpoint(key, &ns, &request.prompt, model) {
+                match Sequence::resume(model, request, r.value, &r.generated) {
+                    Ok((seq, replay)) => {
+                        tracing::info!(
+                            replayed = replay.len(),
+                            "resuming a generation from its checkpoint"
+                        );
+                        return Ok(Started {
+                            seq,
+                            replay,
+                            tracking: Some(CacheTracking {
+                                ns,
+                                checkpoint,
+                                boundary_pending: false,
+                            }),
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "checkpoint unusable; starting over"),
+                }
+            }
+        }
+        let hit = self.tiers.lookup(&ns, &request.prompt, model);
+        let computed = request.prompt.len() - hit.cached;
+        let seq = Sequence::new(
+            model,
+            request,
+            hit.value.unwrap_or_else(|| model.new_cache()),
+        )?;
+        Ok(Started {
+            seq,
+            replay: Vec::new(),
+            tracking: Some(CacheTracking {
+                ns,
+                checkpoint,
+                boundary_pending: self.boundary_min.is_some_and(|min| computed >= min),
+            }),
+        })
+    }
+
+    /// After a forward pass of `plan`: a prompt-boundary entry once the prompt is in,
+    /// a checkpoint every N generated tokens.
+    pub fn after_step(&self, t: &mut CacheTracking, seq: &Sequence, plan: &SequenceStep) {
+        if t.boundary_pending && plan.prefill > 0 && seq.is_decoding() {
+            t.boundary_pending = false;
+            let prompt = seq.prompt();
+            match seq.cache().fork(prompt.len()) {
+                Ok(kv) => self.tiers.put(&t.ns, prompt, kv),
+                Err(e) => tracing::warn!(error = %e, "prompt-boundary entry skipped"),
+            }
+        }
+        let Some(key) = t.checkpoint else { return };
+        let n = seq.generated().len();
+        if n == 0 || seq.is_finished() || !n.is_multiple_of(self.checkpoint_every) {
+            return;
+        }
+        match seq.cache().to_host() {
+            Ok(host) => self
+                .tiers
+                .save_checkpoint(key, &t.ns, seq.prompt(), seq.generated(), host),
+            Err(e) => tracing::warn!(error = %e, "generation checkpoint skipped"),
+        }
+    }
+
+    /// A sequence ended: its KV goes back to the cache; a completed generation's
+    /// checkpoints are removed (a cancelled one keeps its latest).
+    pub fn finish(&self, t: &CacheTracking, tokens: &[u32], kv: KvCache, completed: bool) {
+        if tokens.len() == kv.len() && !kv.is_empty() {
+            self.tiers.put(&t.ns, tokens, kv);
+        }
+        if completed {
+            if let Some(key) = t.checkpoint {
+                self.tiers.remove_checkpoints(key);
+            }
+        }
+    }
+
+    /// Makes every cache entry durable within `timeout`.
+    pub fn flush(&self, timeout: Duration) -> wick_cache::FlushReport {
+        self.tiers.flush(timeout)
+    }
+}

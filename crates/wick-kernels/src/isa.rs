@@ -1,0 +1,66 @@
+//! Which instruction set the kernels run on, detected once at run time.
+use std::sync::OnceLock;
+
+/// A kernel family. The binary carries all of them; [`Isa::best`] picks the fastest the
+/// CPU has, so one build runs on any x86-64 (and, through [`Isa::Scalar`], anywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust, no intrinsics.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C (Haswell, Zen 1 and later).
+    Avx2,
+    /// x86-64 AVX-512 F/BW/VL with VNNI (Ice Lake, Zen 4 and later): `vpdpbusd` does four
+    /// u8×i8 products per 32-bit lane.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Whether this CPU can run the family.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every family this CPU can run, slowest first (tests run each).
+    pub fn available() -> Vec<Isa> {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| i.is_available())
+            .collect()
+    }
+
+    /// The fastest available family, detected once. `WICK_ISA=scalar|avx2|avx512` caps it
+    /// (to compare families or to reproduce a result of a smaller machine).
+    pub fn best() -> Isa {
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let cap = match std::env::var("WICK_ISA").ok().as_deref() {
+                Some("scalar") => Isa::Scalar,
+                Some("avx2") => Isa::Avx2,
+                _ => Isa::Avx512Vnni,
+            };
+            Isa::available()
+                .into_iter()
+                .filter(|&i| i <= cap)
+                .max()
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+}

@@ -1,0 +1,379 @@
+//! The server's errors: [`ApiError`] for requests, mapped to an HTTP status and OpenAI's error
+//! body in one place ([`IntoResponse`]), and [`StartupError`] for `serve` itself.
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use wick_engine::sampler::SamplingError;
+use wick_engine::scheduler::SubmitError;
+use wick_engine::EngineError;
+
+/// Seconds a client is told to wait after a full queue (`Retry-After`).
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// Why a request was refused or failed. Every variant has a status, an OpenAI `type`, a
+/// stable `code` and, where one field is to blame, a `param`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON.
+    #[error("invalid JSON body: {0}")]
+    InvalidJson(String),
+    /// A field has the wrong type or an out-of-range value.
+    #[error("{param}: {message}")]
+    InvalidField {
+        /// The field's path, e.g. `messages[1].role`.
+        param: String,
+        /// What is wrong, e.g. `must be at least 1, got 0`.
+        message: String,
+    },
+    /// A required field is missing or empty.
+    #[error("{param} is required")]
+    Missing {
+        /// The field.
+        param: String,
+    },
+    /// A field asks for something wick does not do (yet).
+    #[error("{param}: {message}")]
+    Unsupported {
+        /// The field.
+        param: String,
+        /// What is not supported and what to do instead.
+        message: String,
+    },
+    /// The prompt plus the tokens to generate do not fit the context.
+    #[error(
+        "this request needs {needed} tokens of context (prompt {prompt} + max_tokens {max_tokens}) \
+         but the model's context is {limit} tokens; shorten the prompt or lower max_tokens"
+    )]
+    ContextOverflow {
+        /// The field holding the prompt (`messages` or `prompt`).
+        param: &'static str,
+        /// Prompt tokens.
+        prompt: usize,
+        /// Tokens asked for.
+        max_tokens: usize,
+        /// `prompt + max_tokens`.
+        needed: usize,
+        /// The context limit.
+        limit: usize,
+    },
+    /// The chat template or the tokenizer rejected the conversation.
+    #[error("prompt build failed: {0}")]
+    PromptBuild(String),
+    /// `--api-key` is set and the request did not carry it.
+    #[error("invalid or missing API key: send `Authorization: Bearer <key>`")]
+    Unauthorized,
+    /// No route for this path.
+    #[error("no route for {method} {path}")]
+    RouteNotFound {
+        /// The method.
+        method: String,
+        /// The path.
+        path: String,
+    },
+    /// No model with this id is served.
+    #[error("model '{id}' not found (served: {served})")]
+    ModelNotFound {
+        /// The id asked for.
+        id: String,
+        /// The served model's id.
+        served: String,
+    },
+    /// The route exists, but not with this method.
+    #[error("method {method} is not allowed for {path}")]
+    MethodNotAllowed {
+        /// The method.
+        method: String,
+        /// The path.
+        path: String,
+    },
+    /// The body is larger than the server accepts.
+    #[error("request body too large (limit {limit} bytes)")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// Too many requests are waiting.
+    #[error("the server is busy: {limit} requests are already waiting; retry later")]
+    QueueFull {
+        /// The queue limit.
+        limit: usize,
+    },
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// Generation failed inside the engine.
+    #[error("generation failed: {0}")]
+    Generation(String),
+    /// A bug: a panic or an impossible state.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A field with a bad value.
+    pub fn field(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::InvalidField {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A field asking for something unsupported.
+    pub fn unsupported(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::Unsupported {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidJson(_)
+            | ApiError::InvalidField { .. }
+            | ApiError::Missing { .. }
+            | ApiError::Unsupported { .. }
+            | ApiError::ContextOverflow { .. }
+            | ApiError::PromptBuild(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Generation(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's error `type`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "authentication_error",
+            ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => "not_found_error",
+            ApiError::QueueFull { .. } => "rate_limit_error",
+            ApiError::ShuttingDown => "service_unavailable_error",
+            ApiError::Generation(_) | ApiError::Internal(_) => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// A stable machine name of the variant (`code` in the body, a label in `/metrics`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::InvalidField { .. } => "invalid_value",
+            ApiError::Missing { .. } => "missing_required_parameter",
+            ApiError::Unsupported { .. } => "unsupported_parameter",
+            ApiError::ContextOverflow { .. } => "context_length_exceeded",
+            ApiError::PromptBuild(_) => "prompt_build_failed",
+            ApiError::Unauthorized => "invalid_api_key",
+            ApiError::RouteNotFound { .. } => "route_not_found",
+            ApiError::ModelNotFound { .. } => "model_not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::ShuttingDown => "shutting_down",
+            ApiError::Generation(_) => "generation_failed",
+            ApiError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// The request field to blame, if one is.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::InvalidField { param, .. }
+            | ApiError::Missing { param }
+            | ApiError::Unsupported { param, .. } => Some(param),
+            ApiError::ContextOverflow { param, .. } => Some(param),
+            ApiError::ModelNotFound { .. } => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.error_type(),
+            "param": self.param(),
+            "code": self.code(),
+        }})
+    }
+}
+
+/// Marks an error response so the metrics layer can count it by code.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), "{self}");
+        } else {
+            tracing::debug!(code = self.code(), "client error: {self}");
+        }
+        let mut response = (status, axum::Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        match self {
+            ApiError::QueueFull { .. } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            }
+            ApiError::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response.extensions_mut().insert(ErrorCode(self.code()));
+        response
+    }
+}
+
+impl From<SamplingError> for ApiError {
+    fn from(e: SamplingError) -> Self {
+        let param = match &e {
+            SamplingError::OutOfRange { field, .. } => field,
+            SamplingError::TooManyTopLogprobs { .. } => "top_logprobs",
+            SamplingError::LogitBiasNotFinite { .. }
+            | SamplingError::LogitBiasTokenOutOfVocab { .. } => "logit_bias",
+        };
+        // The sampler's messages start with the field name, which `param` already gives.
+        let message = e.to_string();
+        let message = message
+            .strip_prefix(param)
+            .map(str::trim_start)
+            .unwrap_or(&message)
+            .to_string();
+        ApiError::field(param.to_string(), message)
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Sampling(s) => s.into(),
+            EngineError::ContextOverflow { needed, limit } => ApiError::InvalidField {
+                param: "max_tokens".into(),
+                message: format!(
+                    "the request needs {needed} tokens of context but the model allows {limit}"
+                ),
+            },
+            EngineError::InvalidInput(m) => ApiError::field("prompt", m),
+            EngineError::Tokenizer(t) => ApiError::PromptBuild(t.to_string()),
+            EngineError::Template(t) => ApiError::PromptBuild(t.to_string()),
+            EngineError::NoChatTemplate(_) => ApiError::PromptBuild(e.to_string()),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Invalid(e) => e.into(),
+            SubmitError::QueueFull { limit } => ApiError::QueueFull { limit },
+            SubmitError::ShuttingDown => ApiError::ShuttingDown,
+        }
+    }
+}
+
+/// Why `wick serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The address is taken or not ours to bind.
+    #[error("cannot listen on {addr}: {source}{hint}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+        /// Advice for the common case.
+        hint: &'static str,
+    },
+    /// The `--chat-template` file could not be read or compiled.
+    #[error("chat template {source_name}: {reason}")]
+    ChatTemplate {
+        /// The file.
+        source_name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The engine did not start.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The server loop failed.
+    #[error("server error: {0}")]
+    Serve(std::io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_client_error_is_4xx_and_has_the_openai_shape() {
+        let errors = [
+            ApiError::InvalidJson("x".into()),
+            ApiError::field("temperature", "must be >= 0"),
+            ApiError::Missing {
+                param: "messages".into(),
+            },
+            ApiError::unsupported("n", "only 1"),
+            ApiError::ContextOverflow {
+                param: "messages",
+                prompt: 10,
+                max_tokens: 5,
+                needed: 15,
+                limit: 12,
+            },
+            ApiError::PromptBuild("bad".into()),
+            ApiError::Unauthorized,
+            ApiError::RouteNotFound {
+                method: "GET".into(),
+                path: "/x".into(),
+            },
+            ApiError::ModelNotFound {
+                id: "a".into(),
+                served: "b".into(),
+            },
+            ApiError::MethodNotAllowed {
+                method: "GET".into(),
+                path: "/v1/chat/completions".into(),
+            },
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::QueueFull { limit: 1 },
+        ];
+        for e in errors {
+            assert!(e.status().is_client_error(), "{e:?}");
+            let body = e.body();
+            let err = &body["error"];
+            assert!(err["message"].is_string());
+            assert!(err["type"].is_string());
+            assert!(err["code"].is_string());
+            assert!(err.get("param").is_some());
+        }
+        assert!(ApiError::Internal("x".into()).status().is_server_error());
+    }
+
+    #[test]
+    fn queue_full_says_when_to_retry() {
+        let response = ApiError::QueueFull { limit: 4 }.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+    }
+
+    #[test]
+    fn sampling_errors_name_their_field() {
+        let e: ApiError = SamplingError::OutOfRange {
+            field: "top_p",
+            bound: "in (0, 1]",
+            value: 2.0,
+        }
+        .into();
+        assert_eq!(e.param(), Some("top_p"));
+        assert_eq!(e.to_string(), "top_p: must be in (0, 1], got 2");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+}

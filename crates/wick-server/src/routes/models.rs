@@ -1,0 +1,46 @@
+//! `GET /v1/models` and `GET /v1/models/{id}`: the served model.
+use axum::extract::{Path, State};
+use axum::Json;
+
+use crate::error::ApiError;
+use crate::openai::models::{ModelCard, ModelList};
+use crate::state::AppState;
+
+fn card(state: &AppState) -> ModelCard {
+    let info = state.model().info();
+    let caps = state.template_capabilities();
+    ModelCard {
+        id: state.config().model_id.clone(),
+        object: "model",
+        created: state.started_unix(),
+        owned_by: "wick",
+        context_window: info.context_length,
+        arch: info.arch.to_string(),
+        reasoning: caps.is_some_and(|c| c.uses_think_tags),
+        tools: caps.is_some_and(|c| c.uses_tools),
+    }
+}
+
+/// Lists the served model.
+pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![card(&state)],
+    })
+}
+
+/// The served model when `id` names it (its id or the model's file name), else 404.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ModelCard>, ApiError> {
+    let served = &state.config().model_id;
+    if &id == served || id == state.model().info().name {
+        Ok(Json(card(&state)))
+    } else {
+        Err(ApiError::ModelNotFound {
+            id,
+            served: served.clone(),
+        })
+    }
+}

@@ -1,0 +1,126 @@
+//! Operational endpoints: `/health`, `/v1` (endpoint index), `/stats`, `/metrics`, and the
+//! answers for unknown routes and wrong methods.
+use axum::extract::State;
+use axum::http::{header, Method, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The endpoints `GET /v1` lists.
+pub const ENDPOINTS: &[&str] = &[
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "GET /v1/models",
+    "GET /v1/models/{id}",
+    "GET /v1",
+    "GET /health",
+    "GET /stats",
+    "GET /metrics",
+];
+
+/// `{"status": "ok"}`, byte for byte.
+pub async fn health() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"status": "ok"}"#,
+    )
+        .into_response()
+}
+
+/// Name, version, model and endpoints.
+pub async fn index(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "name": "wick",
+        "version": env!("CARGO_PKG_VERSION"),
+        "model": state.config().model_id,
+        "endpoints": ENDPOINTS,
+    }))
+}
+
+/// Runtime state: queue, batch, speed, cache and memory.
+pub async fn stats(State(state): State<AppState>) -> Json<Value> {
+    let engine = state.engine();
+    let s = engine.stats();
+    let cfg = engine.config();
+    let info = state.model().info();
+    Json(json!({
+        "server": {
+            "model": state.config().model_id,
+            "model_path": info.path.display().to_string(),
+            "arch": info.arch.to_string(),
+            "backend": info.backend,
+            "context_length": info.context_length,
+            "tool_format": state.tool_format().name(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "started_at": state.started_unix(),
+            "uptime_s": state.uptime_secs(),
+        },
+        "queue": {"waiting": s.queued, "limit": cfg.max_queue},
+        "batch": {
+            "configured": cfg.max_batch,
+            "active_rows": s.running,
+            "last_batch_size": s.last_batch_size,
+            "last_step_tokens": s.last_step_tokens,
+            "step_token_budget": cfg.step_token_budget,
+        },
+        "tokens_per_second": {"decode": s.decode_tokens_per_second},
+        "cache": {"kv_bytes": s.kv_bytes, "prompt_cache": Value::Null},
+        "memory": {
+            "weights_bytes": info.weight_bytes,
+            "kv_bytes": s.kv_bytes,
+            "rss_bytes": resident_bytes(),
+        },
+        "requests": {
+            "in_flight": state.metrics().generations_in_flight(),
+            "completed": s.completed,
+            "cancelled": s.cancelled,
+            "failed": s.failed,
+            "tool_call_repairs": state.metrics().repairs(),
+        },
+        "engine": s,
+    }))
+}
+
+/// Prometheus text format.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let engine = state.engine();
+    let cfg = engine.config();
+    let text = state
+        .metrics()
+        .render(&engine.stats(), cfg.max_batch, cfg.max_queue);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// 404 for unknown routes.
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::RouteNotFound {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+/// 405 for a known route with the wrong method.
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+/// Resident memory of this process (Linux `/proc`; `null` elsewhere).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

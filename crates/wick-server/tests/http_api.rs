@@ -1,0 +1,346 @@
+//! The HTTP layer end to end on the tiny model: response shapes, streams, limits, errors.
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use support::*;
+use wick_engine::scheduler::EngineConfig;
+
+fn chat_body(extra: Value) -> Value {
+    let mut body = json!({
+        "model": "whatever",
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 5,
+        "ignore_eos": true,
+        "temperature": 0,
+    });
+    if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
+        b.extend(e);
+    }
+    body
+}
+
+#[tokio::test]
+async fn health_is_exact() {
+    let r = router(&state());
+    let a = send(&r, get("/health")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.body.as_ref(), br#"{"status": "ok"}"#);
+    assert_eq!(a.headers["content-type"], "application/json");
+}
+
+#[tokio::test]
+async fn chat_whole_reply() {
+    let r = router(&state());
+    let a = send(&r, post_json("/v1/chat/completions", &chat_body(json!({})))).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let v = a.json();
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "tiny");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt > 3);
+    assert_eq!(v["usage"]["total_tokens"], prompt + 5);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert!(v["choices"][0]["logprobs"].is_null());
+}
+
+#[tokio::test]
+async fn chat_stream_frames_match_the_whole_reply() {
+    let st = state();
+    let r = router(&st);
+    let whole = send(
+        &r,
+        post_json("/v1/chat/completions", &chat_body(json!({"max_tokens": 8}))),
+    )
+    .await
+    .json();
+    let a = send(
+        &r,
+        post_json(
+            "/v1/chat/completions",
+            &chat_body(
+                json!({"max_tokens": 8, "stream": true, "stream_options": {"include_usage": true},
+                              "logprobs": true, "top_logprobs": 2}),
+            ),
+        ),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let frames = a.sse_data();
+    assert_eq!(frames.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = frames[..frames.len() - 1]
+        .iter()
+        .map(|f| serde_json::from_str(f).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut text = String::new();
+    let mut logprobs = 0;
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["id"], chunks[0]["id"]);
+        for choice in c["choices"].as_array().unwrap() {
+            text.push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+            if let Some(content) = choice["logprobs"]["content"].as_array() {
+                logprobs += content.len();
+                for e in content {
+                    assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        text,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    assert_eq!(logprobs, 8);
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 8);
+}
+
+#[tokio::test]
+async fn completions_with_token_ids_and_echo() {
+    let r = router(&state());
+    let a = send(
+        &r,
+        post_json(
+            "/v1/completions",
+            &json!({"prompt": [10, 20, 30], "max_tokens": 4, "ignore_eos": true, "echo": true,
+                    "logprobs": 1, "temperature": 0}),
+        ),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text());
+    let v = a.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 7);
+    assert!(lp["token_logprobs"][0].is_null());
+    assert!(lp["token_logprobs"][6].is_number());
+    let text_prompt = send(
+        &r,
+        post_json(
+            "/v1/completions",
+            &json!({"prompt": "hello", "max_tokens": 2, "stream": true}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        text_prompt.sse_data().last().map(String::as_str),
+        Some("[DONE]")
+    );
+}
+
+#[tokio::test]
+async fn client_errors_have_the_openai_shape() {
+    let r = router(&state());
+    send(&r, post_raw("/v1/chat/completions", "{nope"))
+        .await
+        .assert_error(StatusCode::BAD_REQUEST, "invalid_json");
+    let e = send(
+        &r,
+        post_json(
+            "/v1/chat/completions",
+            &chat_body(json!({"temperature": "x"})),
+        ),
+    )
+    .await;
+    assert_eq!(
+        e.assert_error(StatusCode::BAD_REQUEST, "invalid_value")["error"]["param"],
+        "temperature"
+    );
+    send(
+        &r,
+        post_json("/v1/chat/completions", &json!({"messages": []})),
+    )
+    .await
+    .assert_error(StatusCode::BAD_REQUEST, "missing_required_parameter");
+    send(
+        &r,
+        post_json("/v1/chat/completions", &chat_body(json!({"n": 2}))),
+    )
+    .await
+    .assert_error(StatusCode::BAD_REQUEST, "unsupported_parameter");
+    send(
+        &r,
+        post_json(
+            "/v1/chat/completions",
+            &chat_body(json!({"max_tokens": 100000})),
+        ),
+    )
+    .await
+    .assert_error(StatusCode::BAD_REQUEST, "context_length_exceeded");
+    send(&r, get("/nowhere"))
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "route_not_found");
+    send(&r, get("/v1/models/other"))
+        .await
+        .assert_error(StatusCode::NOT_FOUND, "model_not_found");
+    send(&r, get("/v1/chat/completions"))
+        .await
+        .assert_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+    assert_eq!(send(&r, get("/v1/models/tiny")).await.json()["id"], "tiny");
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413() {
+    let st = state_with(EngineConfig::default(), |c| c.max_body_bytes = 1000);
+    let r = router(&st);
+    let big = chat_body(json!({"messages": [{"role": "user", "content": "a".repeat(5000)}]}));
+    send(&r, post_json("/v1/chat/completions", &big))
+        .await
+        .assert_error(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+}
+
+#[tokio::test]
+async fn api_key_guards_everything_but_health() {
+    let st = state_with(EngineConfig::default(), |c| c.api_key = Some("k".into()));
+    let r = router(&st);
+    assert_eq!(send(&r, get("/health")).await.status, StatusCode::OK);
+    for path in ["/v1/models", "/stats", "/metrics", "/v1"] {
+        let a = send(&r, get(path)).await;
+        a.assert_error(StatusCode::UNAUTHORIZED, "invalid_api_key");
+        assert_eq!(a.headers["www-authenticate"], "Bearer");
+    }
+    let ok = axum::http::Request::get("/v1/models")
+        .header("authorization", "Bearer k")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    assert_eq!(send(&r, ok).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn full_queue_is_429_with_retry_after() {
+    let st = state_with(
+        EngineConfig {
+            max_batch: 1,
+            max_queue: 0,
+            step_token_budget: 64,
+            ..EngineConfig::default()
+        },
+        |_| {},
+    );
+    let r = router(&st);
+    let a = send(&r, post_json("/v1/chat/completions", &chat_body(json!({})))).await;
+    a.assert_error(StatusCode::TOO_MANY_REQUESTS, "queue_full");
+    assert_eq!(a.headers["retry-after"], "1");
+}
+
+#[tokio::test]
+async fn hanging_up_cancels_the_generation() {
+    let st = state();
+    let r = router(&st);
+    let body = chat_body(json!({"max_tokens": 1500, "stream": true}));
+    let frames = first_frames_then_hang_up(&r, post_json("/v1/chat/completions", &body), 3).await;
+    assert_eq!(frames.len(), 3);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = st.engine().stats();
+        if s.cancelled >= 1 && s.running == 0 {
+            assert!(s.generated_tokens_total < 1500, "{s:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {s:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn stats_and_metrics_report_requests() {
+    let st = state();
+    let r = router(&st);
+    send(&r, post_json("/v1/chat/completions", &chat_body(json!({})))).await;
+    send(&r, get("/missing")).await;
+    let stats = send(&r, get("/stats")).await.json();
+    assert_eq!(stats["engine"]["completed"], 1);
+    assert_eq!(stats["queue"]["limit"], 64);
+    let metrics = send(&r, get("/metrics")).await.text();
+    assert!(metrics.contains(
+        "wick_http_requests_total{route=\"/v1/chat/completions\",method=\"POST\",status=\"200\"} 1"
+    ), "{metrics}");
+    assert!(metrics.contains("wick_http_errors_total{code=\"route_not_found\"} 1"));
+    assert!(metrics.contains("wick_generation_tokens_total 5"));
+    assert!(metrics.contains("wick_time_to_first_token_seconds_count 1"));
+    assert!(metrics.contains("wick_inter_token_latency_seconds_count 4"));
+}
+
+#[tokio::test]
+async fn a_prompt_that_opens_think_streams_reasoning() {
+    let template = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/python/templates/think.jinja"),
+    )
+    .expect("think template");
+    let st = state_with(EngineConfig::default(), |c| {
+        c.chat_template = Some(("think.jinja".into(), template))
+    });
+    let r = router(&st);
+    let whole = send(
+        &r,
+        post_json("/v1/chat/completions", &chat_body(json!({"max_tokens": 6}))),
+    )
+    .await
+    .json();
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["content"], "", "{whole}");
+    let reasoning = message["reasoning_content"]
+        .as_str()
+        .expect("reasoning")
+        .to_string();
+    assert!(!reasoning.is_empty());
+    let streamed = send(
+        &r,
+        post_json(
+            "/v1/chat/completions",
+            &chat_body(json!({"max_tokens": 6, "stream": true})),
+        ),
+    )
+    .await;
+    let mut text = String::new();
+    for frame in streamed.sse_data() {
+        if frame == "[DONE]" {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&frame).unwrap();
+        text.push_str(
+            v["choices"][0]["delta"]["reasoning_content"]
+                .as_str()
+                .unwrap_or(""),
+        );
+        assert!(v["choices"][0]["delta"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty());
+    }
+    assert_eq!(text, reasoning);
+    // Thinking off: the template closes the block, the output is content.
+    let off = send(
+        &r,
+        post_json(
+            "/v1/chat/completions",
+            &chat_body(json!({"chat_template_kwargs": {"enable_thinking": false}})),
+        ),
+    )
+    .await
+    .json();
+    assert!(
+        off["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{off}"
+    );
+}

@@ -1,0 +1,61 @@
+"""Discovery and operations endpoints: /health, /v1, /v1/models, /stats, /metrics."""
+import re
+
+
+def test_health_body_is_exact(server):
+    with server.http() as h:
+        r = h.get("/health")
+    assert r.status_code == 200
+    assert r.content == b'{"status": "ok"}'
+    assert r.headers["content-type"] == "application/json"
+
+
+def test_index(server):
+    with server.http() as h:
+        body = h.get("/v1").json()
+    assert body["name"] == "wick" and body["model"] == "smollm2-135m-instruct"
+    assert "POST /v1/chat/completions" in body["endpoints"]
+
+
+def test_models(client, server):
+    models = client.models.list()
+    ids = [m.id for m in models.data]
+    assert ids == ["smollm2-135m-instruct"]
+    m = client.models.retrieve("smollm2-135m-instruct")
+    assert m.id == "smollm2-135m-instruct" and m.owned_by == "wick"
+    assert m.model_extra["context_window"] == server.stats()["server"]["context_length"]
+
+
+def test_stats_fields(server, client):
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    s = server.stats()
+    assert set(s) >= {"server", "queue", "batch", "tokens_per_second", "cache", "memory", "requests", "engine"}
+    assert s["queue"]["limit"] == 64 and s["batch"]["configured"] == 8
+    assert s["memory"]["weights_bytes"] > 10_000_000
+    assert s["memory"]["rss_bytes"] > s["memory"]["weights_bytes"] / 4
+    assert s["engine"]["completed"] >= 1
+    assert s["tokens_per_second"]["decode"] >= 0
+
+
+def test_metrics_prometheus_text(server, client):
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                   stream=True).close()
+    with server.http() as h:
+        h.get("/no/such/route")
+        r = h.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert re.search(r'wick_http_requests_total\{route="/v1/chat/completions",method="POST",status="200"\} \d+', text)
+    assert re.search(r'wick_http_requests_total\{route="unmatched",method="GET",status="404"\} \d+', text)
+    assert re.search(r'wick_http_errors_total\{code="route_not_found"\} \d+', text)
+    for name in ["wick_time_to_first_token_seconds_bucket", "wick_inter_token_latency_seconds_count",
+                 "wick_prompt_tokens_total", "wick_generation_tokens_total", "wick_queue_depth",
+                 "wick_batch_size", "wick_running_sequences", "wick_kv_cache_bytes"]:
+        assert name in text, name
+    count = re.search(r"wick_time_to_first_token_seconds_count (\d+)", text)
+    assert int(count.group(1)) >= 1
+    # every sample line parses as `name{labels} value`
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            assert re.fullmatch(r'[a-z_]+(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? ([-+0-9.eE]+|NaN|\+Inf)', line), line
