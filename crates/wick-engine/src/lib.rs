@@ -43,9 +43,11 @@ pub use error::{EngineError, Result};
 pub mod generation;
 mod model;
 
+pub use backend::BackendKind;
 pub use generation::{
     FinishReason, GenerationOutput, GenerationRequest, Sequence, SequenceStep, TokenEvent, Usage,
 };
 pub use model::{GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step};
 pub use models::decoder::{Logits, LogitsRequest};
+pub use models::greedy::GreedyRun;
 pub mod scheduler;

@@ -10,11 +10,14 @@ use wick_gguf::GgufFile;
 
 use crate::backend::candle::block_pool::BlockPool;
 use crate::backend::candle::{CandleBackend, CpuKvLayer};
-use crate::backend::KvLayerSnapshot;
+#[cfg(feature = "mlx")]
+use crate::backend::mlx::MlxBackend;
+use crate::backend::{Backend, BackendKind, KvLayerSnapshot};
 use crate::config::ModelConfig;
 use crate::models::decoder::{BatchItem, Decoder, Logits, LogitsRequest, SequenceCache};
+use crate::models::greedy::{self, GreedyRun};
 use crate::models::Arch;
-use crate::weights::{GgufWeights, SafetensorsWeights};
+use crate::weights::{GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource};
 use crate::{EngineError, Result};
 
 /// The file format a model was loaded from.
@@ -63,65 +66,159 @@ pub struct GenerationDefaults {
 pub struct LoadOptions {
     /// Overrides the context limit (never above what the model was trained for).
     pub context_length: Option<usize>,
+    /// The compute backend (candle unless asked otherwise).
+    pub backend: BackendKind,
+}
+
+/// The decoder on the backend the model was loaded onto.
+enum AnyDecoder {
+    Candle(Decoder<CandleBackend>),
+    #[cfg(feature = "mlx")]
+    Mlx(Decoder<MlxBackend>),
+}
+
+/// A cache of one of the backends.
+#[derive(Clone)]
+enum AnyCache {
+    Candle(SequenceCache<CandleBackend>),
+    #[cfg(feature = "mlx")]
+    Mlx(SequenceCache<MlxBackend>),
+}
+
+/// Runs `$body` with `$d` bound to the decoder, whatever its backend.
+macro_rules! with_decoder {
+    ($any:expr, $d:ident => $body:expr) => {
+        match $any {
+            AnyDecoder::Candle($d) => $body,
+            #[cfg(feature = "mlx")]
+            AnyDecoder::Mlx($d) => $body,
+        }
+    };
+}
+
+/// Runs `$body` with `$c` bound to the cache, whatever its backend.
+macro_rules! with_cache {
+    ($any:expr, $c:ident => $body:expr) => {
+        match $any {
+            AnyCache::Candle($c) => $body,
+            #[cfg(feature = "mlx")]
+            AnyCache::Mlx($c) => $body,
+        }
+    };
+}
+
+/// Backend-specific cache access for the generic paths of [`Model`].
+trait CacheOf: Backend + Sized {
+    fn wrap(cache: SequenceCache<Self>) -> AnyCache;
+    fn unwrap(cache: &mut AnyCache) -> Result<&mut SequenceCache<Self>>;
+}
+
+impl CacheOf for CandleBackend {
+    fn wrap(cache: SequenceCache<Self>) -> AnyCache {
+        AnyCache::Candle(cache)
+    }
+    fn unwrap(cache: &mut AnyCache) -> Result<&mut SequenceCache<Self>> {
+        match cache {
+            AnyCache::Candle(c) => Ok(c),
+            #[cfg(feature = "mlx")]
+            _ => Err(other_backend()),
+        }
+    }
+}
+
+#[cfg(feature = "mlx")]
+impl CacheOf for MlxBackend {
+    fn wrap(cache: SequenceCache<Self>) -> AnyCache {
+        AnyCache::Mlx(cache)
+    }
+    fn unwrap(cache: &mut AnyCache) -> Result<&mut SequenceCache<Self>> {
+        match cache {
+            AnyCache::Mlx(c) => Ok(c),
+            _ => Err(other_backend()),
+        }
+    }
+}
+
+#[cfg(feature = "mlx")]
+fn other_backend() -> EngineError {
+    EngineError::Cache("cache belongs to a model on another backend".into())
 }
 
 /// A sequence's KV cache, whatever the backend.
 #[derive(Clone)]
 pub struct KvCache {
-    inner: SequenceCache<CandleBackend>,
+    inner: AnyCache,
 }
 
 impl KvCache {
     /// Tokens cached (the next token's position).
     pub fn len(&self) -> usize {
-        self.inner.len()
+        with_cache!(&self.inner, c => c.len())
     }
 
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
+        with_cache!(&self.inner, c => c.is_empty())
     }
 
     /// Whether the cache can be cut back to `len` tokens (a sliding window that already
     /// dropped keys cannot).
     pub fn can_trim_to(&self, len: usize) -> bool {
-        self.inner.can_trim_to(len)
+        with_cache!(&self.inner, c => c.can_trim_to(len))
     }
 
     /// Forgets every token from position `len` on.
     pub fn trim(&mut self, len: usize) -> Result<()> {
-        self.inner.trim(len)
+        with_cache!(&mut self.inner, c => c.trim(len))
     }
 
     /// Bytes held.
     pub fn byte_size(&self) -> usize {
-        self.inner.byte_size()
+        with_cache!(&self.inner, c => c.byte_size())
     }
 
     /// Host copies of every layer (for persistence).
     pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
-        self.inner.snapshot()
+        with_cache!(&self.inner, c => c.snapshot())
+    }
+
+    /// The CPU backend's paged layers; block accounting applies to them only (an MLX
+    /// cache has none, so it is never charged to the block pool).
+    fn cpu_layers(&self) -> &[CpuKvLayer] {
+        match &self.inner {
+            AnyCache::Candle(c) => c.layers(),
+            #[cfg(feature = "mlx")]
+            AnyCache::Mlx(_) => &[],
+        }
+    }
+
+    fn cpu_layers_mut(&mut self) -> &mut [CpuKvLayer] {
+        match &mut self.inner {
+            AnyCache::Candle(c) => c.layers_mut(),
+            #[cfg(feature = "mlx")]
+            AnyCache::Mlx(_) => &mut [],
+        }
     }
 
     /// Charges the blocks this cache holds to `pool` (the caller checked there is room);
     /// from now on its new blocks are charged there too, and dropping the cache gives
     /// them back. A clone is never charged until attached itself.
     pub fn attach(&mut self, pool: &Arc<BlockPool>) {
-        for l in self.inner.layers_mut() {
+        for l in self.cpu_layers_mut() {
             l.attach(pool);
         }
     }
 
     /// Gives the pool charge back (the blocks stay with the cache).
     pub fn detach(&mut self) {
-        for l in self.inner.layers_mut() {
+        for l in self.cpu_layers_mut() {
             l.detach();
         }
     }
 
     /// Whether the cache is charged to a pool.
     pub fn is_attached(&self) -> bool {
-        self.inner.layers().iter().any(CpuKvLayer::is_attached)
+        self.cpu_layers().iter().any(CpuKvLayer::is_attached)
     }
 
     /// Blocks held, all layers together.
@@ -156,18 +253,17 @@ impl KvCache {
     /// needs no room.
     pub fn reserve(&mut self, tokens: usize) -> bool {
         let need: Vec<usize> = self
-            .inner
-            .layers()
+            .cpu_layers()
             .iter()
             .map(|l| l.extra_blocks_for(tokens))
             .collect();
-        let Some(pool) = self.inner.layers().iter().find_map(|l| l.pool().cloned()) else {
+        let Some(pool) = self.cpu_layers().iter().find_map(|l| l.pool().cloned()) else {
             return true;
         };
         if !pool.try_charge(need.iter().sum()) {
             return false;
         }
-        for (l, n) in self.inner.layers_mut().iter_mut().zip(need) {
+        for (l, n) in self.cpu_layers_mut().iter_mut().zip(need) {
             l.add_reserved(n);
         }
         true
@@ -199,7 +295,7 @@ pub struct Step<'a> {
 /// # Ok::<(), wick_engine::EngineError>(())
 /// ```
 pub struct Model {
-    decoder: Decoder<CandleBackend>,
+    decoder: AnyDecoder,
     tokenizer: Tokenizer,
     template: Option<Arc<ChatTemplate>>,
     template_source: Option<String>,
@@ -232,10 +328,18 @@ impl Model {
     /// Loads a `.gguf` file or a Hugging Face model directory.
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(io(path))?;
+        if !opts.backend.available() {
+            return Err(EngineError::Backend {
+                backend: opts.backend.name(),
+                message: "wick was built without the `mlx` cargo feature (build with \
+                          `--features mlx` against an MLX runtime; see docs/mlx.md)"
+                    .into(),
+            });
+        }
         let mut model = if meta.is_dir() {
-            Self::load_hf(path)?
+            Self::load_hf(path, opts.backend)?
         } else {
-            Self::load_gguf(path)?
+            Self::load_gguf(path, opts.backend)?
         };
         if let Some(n) = opts.context_length {
             model.info.context_length = n.min(model.info.context_length).max(1);
@@ -251,7 +355,7 @@ impl Model {
         Ok(model)
     }
 
-    fn load_gguf(path: &Path) -> Result<Model> {
+    fn load_gguf(path: &Path, backend: BackendKind) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let source = path.display().to_string();
         let cfg = ModelConfig::from_gguf(file.metadata(), &source)?;
@@ -260,7 +364,8 @@ impl Model {
             .metadata()
             .opt_str("tokenizer.chat_template")?
             .map(str::to_string);
-        let decoder = Decoder::load(CandleBackend::cpu(), cfg, &GgufWeights::new(&file))?;
+        // GGUF scales are exact in f32 (see backend::mlx).
+        let decoder = load_decoder(backend, cfg, &GgufWeights::new(&file), MlxDtype::F32)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -276,7 +381,7 @@ impl Model {
         )
     }
 
-    fn load_hf(dir: &Path) -> Result<Model> {
+    fn load_hf(dir: &Path, backend: BackendKind) -> Result<Model> {
         let source = dir.display().to_string();
         let config = read_json(&dir.join("config.json"))?.ok_or_else(|| EngineError::Config {
             source_name: source.clone(),
@@ -285,9 +390,12 @@ impl Model {
         let cfg = ModelConfig::from_hf(&config, &source)?;
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let weights = SafetensorsWeights::open(dir)?;
+        let quantization = MlxQuantization::from_config(&config, &source)?;
         // Gemma's sandwich norms use other Hugging Face names.
         let gemma = cfg.arch == Arch::Gemma3;
-        let decoder = Decoder::load(CandleBackend::cpu(), cfg, &weights.canonical(gemma))?;
+        let named = weights.canonical(gemma).with_quantization(quantization);
+        let dtype = MlxDtype::of_checkpoint(&config, &named);
+        let decoder = load_decoder(backend, cfg, &named, dtype)?;
         let template_source = hf_chat_template(dir)?;
         let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
         let defaults = GenerationDefaults {
@@ -328,7 +436,7 @@ impl Model {
     }
 
     fn assemble(
-        decoder: Decoder<CandleBackend>,
+        decoder: AnyDecoder,
         tokenizer: Tokenizer,
         template_source: Option<String>,
         defaults: GenerationDefaults,
@@ -336,7 +444,9 @@ impl Model {
         path: &Path,
         format: ModelFormat,
     ) -> Result<Model> {
-        let cfg = decoder.config();
+        let cfg = with_decoder!(&decoder, d => d.config());
+        let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
+        let backend = with_decoder!(&decoder, d => d.backend().name());
         let mut eos: Vec<u32> = cfg.eos_token_ids.clone();
         for &id in tokenizer.eos_ids() {
             if !eos.contains(&id) {
@@ -360,8 +470,8 @@ impl Model {
             format,
             arch: cfg.arch,
             context_length: cfg.context_length,
-            weight_bytes: decoder.weight_bytes(),
-            backend: "candle",
+            weight_bytes,
+            backend,
         };
         Ok(Model {
             decoder,
@@ -381,7 +491,7 @@ impl Model {
 
     /// The architecture configuration.
     pub fn config(&self) -> &ModelConfig {
-        self.decoder.config()
+        with_decoder!(&self.decoder, d => d.config())
     }
 
     /// The tokenizer.
@@ -456,28 +566,135 @@ impl Model {
     /// An empty cache for one sequence.
     pub fn new_cache(&self) -> KvCache {
         KvCache {
-            inner: self.decoder.new_cache(),
+            inner: with_decoder!(&self.decoder, d => wrap_cache(d.new_cache())),
         }
     }
 
     /// Rebuilds a cache from [`KvCache::snapshot`] output.
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<KvCache> {
         Ok(KvCache {
-            inner: self.decoder.cache_from_snapshot(layers)?,
+            inner: with_decoder!(&self.decoder, d => wrap_cache(d.cache_from_snapshot(layers)?)),
         })
     }
 
     /// One batched forward pass over several sequences.
     pub fn forward(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<Logits>>> {
-        let mut batch: Vec<BatchItem<'_, CandleBackend>> = steps
-            .iter_mut()
-            .map(|s| BatchItem {
-                tokens: s.tokens,
-                cache: &mut s.cache.inner,
-                logits: s.logits,
+        with_decoder!(&self.decoder, d => forward_on(d, steps))
+    }
+
+    /// Greedy generation of `max_tokens` tokens for every prompt, in lockstep, with the
+    /// argmax taken on the backend and each decode step queued before the host reads the
+    /// previous step's ids (no logits leave the device). Prompts longer than
+    /// `prefill_chunk` are fed in chunks. End-of-sequence ids do not stop a sequence.
+    pub fn generate_greedy(
+        &self,
+        prompts: &[Vec<u32>],
+        max_tokens: usize,
+        prefill_chunk: usize,
+    ) -> Result<GreedyRun> {
+        let limit = self.info.context_length;
+        for p in prompts {
+            if p.is_empty() {
+                return Err(EngineError::InvalidInput("the prompt is empty".into()));
+            }
+            if p.len() + max_tokens > limit {
+                return Err(EngineError::ContextOverflow {
+                    needed: p.len() + max_tokens,
+                    limit,
+                });
+            }
+        }
+        with_decoder!(&self.decoder, d => greedy::run(d, prompts, max_tokens, prefill_chunk))
+    }
+}
+
+fn wrap_cache<B: CacheOf>(cache: SequenceCache<B>) -> AnyCache {
+    B::wrap(cache)
+}
+
+fn forward_on<B: CacheOf>(d: &Decoder<B>, steps: &mut [Step<'_>]) -> Result<Vec<Option<Logits>>> {
+    let mut batch: Vec<BatchItem<'_, B>> = Vec::with_capacity(steps.len());
+    for s in steps.iter_mut() {
+        batch.push(BatchItem {
+            tokens: s.tokens,
+            cache: B::unwrap(&mut s.cache.inner)?,
+            logits: s.logits,
+        });
+    }
+    d.forward(&mut batch)
+}
+
+/// Activation dtype for the MLX backend, chosen from the checkpoint (candle ignores it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MlxDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl MlxDtype {
+    /// `config.json`'s `torch_dtype`/`dtype`, else the embedding table's scales or
+    /// weight type; bf16 when nothing says.
+    fn of_checkpoint(config: &Value, weights: &dyn WeightSource) -> MlxDtype {
+        let named = config
+            .get("torch_dtype")
+            .or_else(|| config.get("dtype"))
+            .and_then(Value::as_str);
+        let from_file = || -> Option<wick_gguf::GgmlType> {
+            if let Ok(Some(a)) = weights.affine("token_embd.weight") {
+                return Some(a.scales.dtype);
+            }
+            weights
+                .get("token_embd.weight")
+                .ok()
+                .flatten()
+                .map(|w| w.dtype)
+        };
+        match named {
+            Some("float32") => MlxDtype::F32,
+            Some("float16") => MlxDtype::F16,
+            Some("bfloat16") => MlxDtype::Bf16,
+            _ => match from_file() {
+                Some(wick_gguf::GgmlType::F32) => MlxDtype::F32,
+                Some(wick_gguf::GgmlType::F16) => MlxDtype::F16,
+                _ => MlxDtype::Bf16,
+            },
+        }
+    }
+}
+
+/// Loads the decoder onto `backend`.
+fn load_decoder(
+    backend: BackendKind,
+    cfg: ModelConfig,
+    src: &dyn WeightSource,
+    dtype: MlxDtype,
+) -> Result<AnyDecoder> {
+    match backend {
+        BackendKind::Candle => Ok(AnyDecoder::Candle(Decoder::load(
+            CandleBackend::cpu(),
+            cfg,
+            src,
+        )?)),
+        #[cfg(feature = "mlx")]
+        BackendKind::Mlx => {
+            let be = crate::backend::mlx::MlxBackend::for_checkpoint(match dtype {
+                MlxDtype::F32 => wick_mlx::Dtype::F32,
+                MlxDtype::F16 => wick_mlx::Dtype::F16,
+                MlxDtype::Bf16 => wick_mlx::Dtype::BF16,
+            })?;
+            let d = Decoder::load(be, cfg, src)?;
+            d.backend().log_load_report();
+            Ok(AnyDecoder::Mlx(d))
+        }
+        #[cfg(not(feature = "mlx"))]
+        BackendKind::Mlx => {
+            let _ = dtype;
+            Err(EngineError::Backend {
+                backend: "mlx",
+                message: "wick was built without the `mlx` cargo feature".into(),
             })
-            .collect();
-        self.decoder.forward(&mut batch)
+        }
     }
 }
 

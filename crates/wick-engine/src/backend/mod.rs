@@ -2,15 +2,68 @@
 //!
 //! Architectures in [`crate::models`] call only [`Backend`] methods, so the same decoder
 //! runs on candle (CPU, portable, the default) and on other compute backends (MLX on
-//! GPUs). A backend owns its tensor type, its weight-matrix type (dense or quantized) and
-//! its KV-cache storage.
+//! GPUs, cargo feature `mlx`). A backend owns its tensor type, its weight-matrix type
+//! (dense or quantized) and its KV-cache storage.
 pub mod candle;
+#[cfg(feature = "mlx")]
+pub mod mlx;
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use wick_gguf::GgmlType;
 
-use crate::Result;
+use crate::weights::AffineWeight;
+use crate::{EngineError, Result};
+
+/// The compute backends a model can be loaded onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// candle on the CPU: portable, GGUF quantized kernels, the default.
+    #[default]
+    Candle,
+    /// MLX (cargo feature `mlx`): its GPU backend where the runtime has one (CUDA,
+    /// Metal), else its CPU backend.
+    Mlx,
+}
+
+impl BackendKind {
+    /// The name `--backend` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Candle => "candle",
+            BackendKind::Mlx => "mlx",
+        }
+    }
+
+    /// Whether this build can run the backend.
+    pub fn available(self) -> bool {
+        match self {
+            BackendKind::Candle => true,
+            BackendKind::Mlx => cfg!(feature = "mlx"),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "candle" | "cpu" => Ok(BackendKind::Candle),
+            "mlx" => Ok(BackendKind::Mlx),
+            other => Err(EngineError::InvalidInput(format!(
+                "unknown backend '{other}' (expected candle or mlx)"
+            ))),
+        }
+    }
+}
 
 /// A weight as it comes out of a file: element type, row-major shape, little-endian bytes.
 /// GGUF quantized blocks and safetensors F32/F16/BF16 all fit (`GgmlType` covers both).
@@ -141,13 +194,28 @@ pub trait Backend: Send + Sync + 'static {
     type Rope: Send + Sync;
     /// KV storage of one layer of one sequence.
     type KvLayer: KvLayer;
+    /// Token ids computed on the backend (a device-side argmax), so the next step can
+    /// be queued before the host reads them.
+    type Ids: Send + Sync;
 
     /// Short name for logs and errors.
     fn name(&self) -> &'static str;
 
     /// Uploads a weight matrix; quantized types stay quantized where the backend can.
     fn matrix(&self, w: HostWeight<'_>) -> Result<Self::Matrix>;
-    /// Uploads a 1-D weight (norm scale, bias) as f32.
+    /// Uploads a matrix stored in MLX's affine quantized layout. Backends that cannot
+    /// multiply it as is (the default) dequantize it on the host and upload that.
+    fn affine_matrix(&self, w: AffineWeight<'_>) -> Result<Self::Matrix> {
+        let values = w.dequantize()?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.matrix(HostWeight {
+            name: w.name,
+            dtype: GgmlType::F32,
+            shape: vec![w.rows, w.cols],
+            bytes: Cow::Owned(bytes),
+        })
+    }
+    /// Uploads a 1-D weight (norm scale, bias) in the backend's activation type.
     fn vector(&self, w: HostWeight<'_>) -> Result<Self::Tensor>;
     /// `[out, in]` of a matrix.
     fn matrix_shape(&self, m: &Self::Matrix) -> (usize, usize);
@@ -178,6 +246,36 @@ pub trait Backend: Send + Sync + 'static {
     fn scale(&self, x: &Self::Tensor, s: f32) -> Result<Self::Tensor>;
     /// RMS normalization of every `weight.len()`-long group of `x`, times `weight`.
     fn rms_norm(&self, x: &Self::Tensor, weight: &Self::Tensor, eps: f32) -> Result<Self::Tensor>;
+    /// `(x + y, rms_norm(x + y) · weight)`: the residual add and the next norm, which a
+    /// backend may do in one pass (one kernel launch instead of two on a GPU).
+    fn add_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        y: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        let sum = self.add(x, y)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
+    /// Whether `parts` (matrices that multiply the same input) should be joined into one
+    /// matrix of stacked rows by [`Backend::fuse_matrices`]: one bigger product instead of
+    /// several small ones. Backends where that does not pay say no (the default).
+    fn can_fuse(&self, parts: &[&Self::Matrix]) -> bool {
+        let _ = parts;
+        false
+    }
+    /// Stacks the rows of `parts` (for which [`Backend::can_fuse`] said yes).
+    fn fuse_matrices(&self, parts: Vec<Self::Matrix>) -> Result<Self::Matrix> {
+        let _ = parts;
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "this backend does not fuse matrices".into(),
+        })
+    }
+    /// Consecutive column blocks of `x`, `widths` wide (the outputs of a fused product).
+    fn split_columns(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
     /// `cap * tanh(x / cap)`.
@@ -186,6 +284,19 @@ pub trait Backend: Send + Sync + 'static {
     fn select_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Result<Self::Tensor>;
     /// Copies a tensor to the host as f32, row-major.
     fn to_host(&self, x: &Self::Tensor) -> Result<Vec<f32>>;
+
+    /// Row-wise argmax of logits `[n, vocab]` (the first maximum), kept on the backend.
+    fn argmax(&self, logits: &Self::Tensor) -> Result<Self::Ids>;
+    /// Embedding rows for ids the backend holds (as [`Backend::embed`]).
+    fn embed_ids(&self, table: &Self::Matrix, ids: &Self::Ids) -> Result<Self::Tensor>;
+    /// The ids on the host; waits for them.
+    fn ids_to_host(&self, ids: &Self::Ids) -> Result<Vec<u32>>;
+    /// Starts computing `ids` and all they depend on, without waiting. Eager backends
+    /// have already computed them.
+    fn schedule(&self, ids: &Self::Ids) -> Result<()> {
+        let _ = ids;
+        Ok(())
+    }
 
     /// Rotary angles for `positions` (one per row of the batch).
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<Self::Rope>;
@@ -199,6 +310,20 @@ pub trait Backend: Send + Sync + 'static {
         head_dim: usize,
         window: Option<usize>,
     ) -> Self::KvLayer;
+    /// Empty caches of one layer for sequences that will be fed prompts of `lens` tokens
+    /// and then decoded in lockstep; a backend may lay them out together so that a step
+    /// of all of them is one write and one attention call. Independent caches by default.
+    fn new_kv_layers(
+        &self,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        lens: &[usize],
+    ) -> Vec<Self::KvLayer> {
+        lens.iter()
+            .map(|_| self.new_kv_layer(kv_heads, head_dim, window))
+            .collect()
+    }
     /// Rebuilds a cache from a host copy.
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<Self::KvLayer>;
     /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending

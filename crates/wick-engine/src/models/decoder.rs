@@ -23,6 +23,14 @@ pub enum LogitsRequest {
     All,
 }
 
+/// Where the new tokens of a forward pass come from.
+enum Input<'a, B: Backend> {
+    /// Ids on the host, flattened over the batch.
+    Host(&'a [u32]),
+    /// One id per sequence, held by the backend.
+    Backend(&'a B::Ids),
+}
+
 /// One sequence's part of a batched forward pass.
 pub struct BatchItem<'a, B: Backend> {
     /// New tokens, appended after what the cache holds.
@@ -117,21 +125,39 @@ impl<B: Backend> SequenceCache<B> {
     }
 }
 
+/// The attention's input projections: three products, or one over stacked rows where
+/// the backend prefers that ([`Backend::can_fuse`]).
+enum QkvProjection<B: Backend> {
+    Separate {
+        q: B::Matrix,
+        k: B::Matrix,
+        v: B::Matrix,
+        q_bias: Option<B::Tensor>,
+        k_bias: Option<B::Tensor>,
+        v_bias: Option<B::Tensor>,
+    },
+    Fused {
+        qkv: B::Matrix,
+        bias: Option<B::Tensor>,
+        widths: [usize; 3],
+    },
+}
+
+/// The MLP's gate and up projections, separate or fused like [`QkvProjection`].
+enum GateUpProjection<B: Backend> {
+    Separate { gate: B::Matrix, up: B::Matrix },
+    Fused { gate_up: B::Matrix, width: usize },
+}
+
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
-    q: B::Matrix,
-    k: B::Matrix,
-    v: B::Matrix,
+    qkv: QkvProjection<B>,
     o: B::Matrix,
-    q_bias: Option<B::Tensor>,
-    k_bias: Option<B::Tensor>,
-    v_bias: Option<B::Tensor>,
     q_norm: Option<B::Tensor>,
     k_norm: Option<B::Tensor>,
     post_attn_norm: Option<B::Tensor>,
     ffn_norm: B::Tensor,
-    gate: B::Matrix,
-    up: B::Matrix,
+    gate_up: GateUpProjection<B>,
     down: B::Matrix,
     post_ffw_norm: Option<B::Tensor>,
     attention: AttentionParams,
@@ -181,6 +207,19 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
+        if let Some(w) = self.src.affine(name)? {
+            if [w.rows, w.cols] != [rows, cols] {
+                return Err(EngineError::ShapeMismatch {
+                    source_name: self.src.source_name(),
+                    tensor: w.name.clone(),
+                    expected: vec![rows, cols],
+                    found: vec![w.rows, w.cols],
+                });
+            }
+            let m = self.backend.affine_matrix(w)?;
+            self.bytes += self.backend.matrix_bytes(&m);
+            return Ok(m);
+        }
         let w = self.required(name)?;
         self.check(&w, &[rows, cols])?;
         let m = self.backend.matrix(w)?;
@@ -216,6 +255,79 @@ impl<B: Backend> Loader<'_, B> {
             name: w.name,
             dtype: GgmlType::F32,
             shape: w.shape,
+            bytes: Cow::Owned(bytes),
+        };
+        Ok(Some(self.backend.vector(w)?))
+    }
+
+    /// Layer `i`'s Q/K/V projections, fused when the backend prefers one product (the
+    /// biases, if any, then joined on the host).
+    fn qkv(&mut self, i: usize, q_dim: usize, kv_dim: usize) -> Result<QkvProjection<B>> {
+        let h = self.cfg.hidden_size;
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let q = self.matrix(&n("attn_q.weight"), q_dim, h)?;
+        let k = self.matrix(&n("attn_k.weight"), kv_dim, h)?;
+        let v = self.matrix(&n("attn_v.weight"), kv_dim, h)?;
+        let bias_names = [
+            (n("attn_q.bias"), q_dim),
+            (n("attn_k.bias"), kv_dim),
+            (n("attn_v.bias"), kv_dim),
+        ];
+        if self.backend.can_fuse(&[&q, &k, &v]) {
+            let qkv = self.backend.fuse_matrices(vec![q, k, v])?;
+            return Ok(QkvProjection::Fused {
+                qkv,
+                bias: self.joined_vector(&bias_names)?,
+                widths: [q_dim, kv_dim, kv_dim],
+            });
+        }
+        let [(qb, ql), (kb, kl), (vb, vl)] = &bias_names;
+        Ok(QkvProjection::Separate {
+            q,
+            k,
+            v,
+            q_bias: self.vector(qb, *ql)?,
+            k_bias: self.vector(kb, *kl)?,
+            v_bias: self.vector(vb, *vl)?,
+        })
+    }
+
+    /// Layer `i`'s gate and up projections, fused when the backend prefers it.
+    fn gate_up(&mut self, i: usize) -> Result<GateUpProjection<B>> {
+        let (h, f) = (self.cfg.hidden_size, self.cfg.intermediate_size);
+        let gate = self.matrix(&format!("blk.{i}.ffn_gate.weight"), f, h)?;
+        let up = self.matrix(&format!("blk.{i}.ffn_up.weight"), f, h)?;
+        if self.backend.can_fuse(&[&gate, &up]) {
+            let gate_up = self.backend.fuse_matrices(vec![gate, up])?;
+            return Ok(GateUpProjection::Fused { gate_up, width: f });
+        }
+        Ok(GateUpProjection::Separate { gate, up })
+    }
+
+    /// The 1-D weights `names` end to end (zeros for absent ones), or `None` when none
+    /// of them exists.
+    fn joined_vector(&mut self, names: &[(String, usize)]) -> Result<Option<B::Tensor>> {
+        let mut values = Vec::new();
+        let mut any = false;
+        for (name, len) in names {
+            match self.src.get(name)? {
+                Some(w) => {
+                    self.check(&w, &[*len])?;
+                    values.extend(floats(&w)?);
+                    any = true;
+                }
+                None => values.extend(std::iter::repeat_n(0.0f32, *len)),
+            }
+        }
+        if !any {
+            return Ok(None);
+        }
+        self.bytes += values.len() * 4;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let w = HostWeight {
+            name: names.first().map(|(n, _)| n.clone()).unwrap_or_default(),
+            dtype: GgmlType::F32,
+            shape: vec![values.len()],
             bytes: Cow::Owned(bytes),
         };
         Ok(Some(self.backend.vector(w)?))
@@ -295,13 +407,8 @@ impl<B: Backend> Decoder<B> {
             let window = cfg.layer_windows[i];
             layers.push(Layer {
                 attn_norm: ld.required_norm(&n("attn_norm.weight"), h)?,
-                q: ld.matrix(&n("attn_q.weight"), q_dim, h)?,
-                k: ld.matrix(&n("attn_k.weight"), kv_dim, h)?,
-                v: ld.matrix(&n("attn_v.weight"), kv_dim, h)?,
+                qkv: ld.qkv(i, q_dim, kv_dim)?,
                 o: ld.matrix(&n("attn_output.weight"), h, q_dim)?,
-                q_bias: ld.vector(&n("attn_q.bias"), q_dim)?,
-                k_bias: ld.vector(&n("attn_k.bias"), kv_dim)?,
-                v_bias: ld.vector(&n("attn_v.bias"), kv_dim)?,
                 q_norm: ld.norm(&n("attn_q_norm.weight"), hd)?,
                 k_norm: ld.norm(&n("attn_k_norm.weight"), hd)?,
                 post_attn_norm: if cfg.sandwich_norms {
@@ -310,8 +417,7 @@ impl<B: Backend> Decoder<B> {
                     None
                 },
                 ffn_norm: ld.required_norm(&n("ffn_norm.weight"), h)?,
-                gate: ld.matrix(&n("ffn_gate.weight"), cfg.intermediate_size, h)?,
-                up: ld.matrix(&n("ffn_up.weight"), cfg.intermediate_size, h)?,
+                gate_up: ld.gate_up(i)?,
                 down: ld.matrix(&n("ffn_down.weight"), h, cfg.intermediate_size)?,
                 post_ffw_norm: if cfg.sandwich_norms {
                     Some(ld.required_norm(&n("post_ffw_norm.weight"), h)?)
@@ -380,6 +486,27 @@ impl<B: Backend> Decoder<B> {
         }
     }
 
+    /// Empty caches for sequences that will be fed prompts of `lens` tokens and then be
+    /// decoded in lockstep (see [`Backend::new_kv_layers`]).
+    pub fn new_lockstep_caches(&self, lens: &[usize]) -> Vec<SequenceCache<B>> {
+        let mut caches: Vec<SequenceCache<B>> = lens
+            .iter()
+            .map(|_| SequenceCache {
+                layers: Vec::with_capacity(self.layers.len()),
+            })
+            .collect();
+        for l in &self.layers {
+            let a = &l.attention;
+            let per_seq = self
+                .backend
+                .new_kv_layers(a.kv_heads, a.head_dim, a.window, lens);
+            for (cache, layer) in caches.iter_mut().zip(per_seq) {
+                cache.layers.push(layer);
+            }
+        }
+        caches
+    }
+
     /// Rebuilds a cache from host copies (as made by [`SequenceCache::snapshot`]).
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<SequenceCache<B>> {
         if layers.len() != self.layers.len() {
@@ -408,106 +535,23 @@ impl<B: Backend> Decoder<B> {
     /// Runs the new tokens of every item through the model, appending to each cache,
     /// and returns the requested logits per item.
     pub fn forward(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Option<Logits>>> {
-        let be = &self.backend;
-        let cfg = &self.cfg;
         let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(batch.len());
         for item in batch.iter() {
-            if item.tokens.is_empty() {
-                return Err(EngineError::InvalidInput(
-                    "a sequence in the batch has no new tokens".into(),
-                ));
-            }
-            if item.cache.layers.len() != self.layers.len() {
-                return Err(EngineError::Cache("cache belongs to another model".into()));
-            }
-            let start = item.cache.len();
-            ranges.push(ids.len()..ids.len() + item.tokens.len());
             ids.extend_from_slice(item.tokens);
-            positions.extend(start..start + item.tokens.len());
         }
-        let rope = be.rope_table(&positions, &self.rope)?;
-        let rope_local = self
-            .rope_local
-            .as_ref()
-            .map(|s| be.rope_table(&positions, s))
-            .transpose()?;
-
-        let mut x = be.embed(&self.embed, &ids)?;
-        if cfg.scale_embeddings {
-            x = be.scale(&x, (cfg.hidden_size as f32).sqrt())?;
-        }
-        for (li, layer) in self.layers.iter().enumerate() {
-            let h = be.rms_norm(&x, &layer.attn_norm, cfg.rms_eps)?;
-            let [mut q, mut k, v] = three(be.linear_many(
-                &h,
-                &[
-                    (&layer.q, layer.q_bias.as_ref()),
-                    (&layer.k, layer.k_bias.as_ref()),
-                    (&layer.v, layer.v_bias.as_ref()),
-                ],
-            )?)?;
-            if let Some(w) = &layer.q_norm {
-                q = be.rms_norm(&q, w, cfg.rms_eps)?;
-            }
-            if let Some(w) = &layer.k_norm {
-                k = be.rms_norm(&k, w, cfg.rms_eps)?;
-            }
-            let table = match (&rope_local, layer.local_rope) {
-                (Some(local), true) => local,
-                _ => &rope,
-            };
-            let q = be.rope(&q, layer.attention.heads, table)?;
-            let k = be.rope(&k, layer.attention.kv_heads, table)?;
-            let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = batch
-                .iter_mut()
-                .zip(&ranges)
-                .map(|(item, r)| AttentionSegment {
-                    rows: r.clone(),
-                    cache: &mut item.cache.layers[li],
-                })
-                .collect();
-            let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
-            let mut o = be.linear(&attn, &layer.o, None)?;
-            if let Some(w) = &layer.post_attn_norm {
-                o = be.rms_norm(&o, w, cfg.rms_eps)?;
-            }
-            x = be.add(&x, &o)?;
-            let h = be.rms_norm(&x, &layer.ffn_norm, cfg.rms_eps)?;
-            let [gate, up] = two(be.linear_many(&h, &[(&layer.gate, None), (&layer.up, None)])?)?;
-            let mut m = be.linear(&be.glu(&gate, &up, cfg.activation)?, &layer.down, None)?;
-            if let Some(w) = &layer.post_ffw_norm {
-                m = be.rms_norm(&m, w, cfg.rms_eps)?;
-            }
-            x = be.add(&x, &m)?;
-        }
-
-        let mut rows = Vec::new();
-        let mut counts = Vec::with_capacity(batch.len());
-        for (item, r) in batch.iter().zip(&ranges) {
-            let before = rows.len();
-            match item.logits {
-                LogitsRequest::None => {}
-                LogitsRequest::Last => rows.push(r.end - 1),
-                LogitsRequest::All => rows.extend(r.clone()),
-            }
-            counts.push(rows.len() - before);
-        }
-        if rows.is_empty() {
+        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
+        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
+        let mut caches: Vec<&mut SequenceCache<B>> =
+            batch.iter_mut().map(|i| &mut *i.cache).collect();
+        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
-        }
-        let x = be.select_rows(&x, &rows)?;
-        let x = be.rms_norm(&x, &self.norm, cfg.rms_eps)?;
-        let mut logits = be.linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)?;
-        if let Some(cap) = cfg.final_softcap {
-            logits = be.softcap(&logits, cap)?;
-        }
-        let data = be.to_host(&logits)?;
-        let vocab = cfg.vocab_size;
+        };
+        let data = self.backend.to_host(&logits)?;
+        let vocab = self.cfg.vocab_size;
         let mut out = Vec::with_capacity(batch.len());
         let mut at = 0;
-        for n in counts {
+        for n in rows {
             if n == 0 {
                 out.push(None);
             } else {
@@ -520,5 +564,197 @@ impl<B: Backend> Decoder<B> {
             }
         }
         Ok(out)
+    }
+
+    /// Like [`Decoder::forward`] with the last position's logits of every item, but
+    /// returns their argmax on the backend without copying logits to the host.
+    pub fn forward_argmax(&self, batch: &mut [BatchItem<'_, B>]) -> Result<B::Ids> {
+        let mut ids = Vec::new();
+        for item in batch.iter() {
+            ids.extend_from_slice(item.tokens);
+        }
+        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
+        let requests = vec![LogitsRequest::Last; batch.len()];
+        let mut caches: Vec<&mut SequenceCache<B>> =
+            batch.iter_mut().map(|i| &mut *i.cache).collect();
+        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
+        self.backend.argmax(&logits)
+    }
+
+    /// One decode step of several sequences whose new token each is an id the backend
+    /// holds (`ids[i]` for `caches[i]`), typically the previous step's argmax: the step is
+    /// built without waiting for those ids. Returns the next ids, scheduled.
+    pub fn decode_ids(&self, ids: &B::Ids, caches: &mut [&mut SequenceCache<B>]) -> Result<B::Ids> {
+        let counts = vec![1; caches.len()];
+        let requests = vec![LogitsRequest::Last; caches.len()];
+        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests)?;
+        let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
+        let next = self.backend.argmax(&logits)?;
+        self.backend.schedule(&next)?;
+        Ok(next)
+    }
+
+    /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
+    /// returning the logits rows `requests` ask for (or `None` when none is asked) and
+    /// how many rows belong to each sequence.
+    fn run(
+        &self,
+        input: Input<'_, B>,
+        caches: &mut [&mut SequenceCache<B>],
+        counts: &[usize],
+        requests: &[LogitsRequest],
+    ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
+        let be = &self.backend;
+        let cfg = &self.cfg;
+        let mut positions = Vec::new();
+        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(caches.len());
+        let mut total = 0;
+        for (cache, &n) in caches.iter().zip(counts) {
+            if n == 0 {
+                return Err(EngineError::InvalidInput(
+                    "a sequence in the batch has no new tokens".into(),
+                ));
+            }
+            if cache.layers.len() != self.layers.len() {
+                return Err(EngineError::Cache("cache belongs to another model".into()));
+            }
+            let start = cache.len();
+            ranges.push(total..total + n);
+            total += n;
+            positions.extend(start..start + n);
+        }
+        let rope = be.rope_table(&positions, &self.rope)?;
+        let rope_local = self
+            .rope_local
+            .as_ref()
+            .map(|s| be.rope_table(&positions, s))
+            .transpose()?;
+
+        let mut x = match input {
+            Input::Host(ids) => be.embed(&self.embed, ids)?,
+            Input::Backend(ids) => be.embed_ids(&self.embed, ids)?,
+        };
+        if cfg.scale_embeddings {
+            x = be.scale(&x, (cfg.hidden_size as f32).sqrt())?;
+        }
+        let mut h = match self.layers.first() {
+            Some(first) => be.rms_norm(&x, &first.attn_norm, cfg.rms_eps)?,
+            None => x.clone(),
+        };
+        for (li, layer) in self.layers.iter().enumerate() {
+            let (mut q, mut k, v) = match &layer.qkv {
+                QkvProjection::Separate {
+                    q,
+                    k,
+                    v,
+                    q_bias,
+                    k_bias,
+                    v_bias,
+                } => {
+                    let [q, k, v] = three(be.linear_many(
+                        &h,
+                        &[
+                            (q, q_bias.as_ref()),
+                            (k, k_bias.as_ref()),
+                            (v, v_bias.as_ref()),
+                        ],
+                    )?)?;
+                    (q, k, v)
+                }
+                QkvProjection::Fused { qkv, bias, widths } => {
+                    let all = be.linear(&h, qkv, bias.as_ref())?;
+                    let mut parts = be.split_columns(&all, widths)?.into_iter();
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(q), Some(k), Some(v)) => (q, k, v),
+                        _ => {
+                            return Err(EngineError::Backend {
+                                backend: be.name(),
+                                message: "split_columns returned too few parts".into(),
+                            })
+                        }
+                    }
+                }
+            };
+            if let Some(w) = &layer.q_norm {
+                q = be.rms_norm(&q, w, cfg.rms_eps)?;
+            }
+            if let Some(w) = &layer.k_norm {
+                k = be.rms_norm(&k, w, cfg.rms_eps)?;
+            }
+            let table = match (&rope_local, layer.local_rope) {
+                (Some(local), true) => local,
+                _ => &rope,
+            };
+            let q = be.rope(&q, layer.attention.heads, table)?;
+            let k = be.rope(&k, layer.attention.kv_heads, table)?;
+            let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
+                .iter_mut()
+                .zip(&ranges)
+                .map(|(cache, r)| AttentionSegment {
+                    rows: r.clone(),
+                    cache: &mut cache.layers[li],
+                })
+                .collect();
+            let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
+            let mut o = be.linear(&attn, &layer.o, None)?;
+            if let Some(w) = &layer.post_attn_norm {
+                o = be.rms_norm(&o, w, cfg.rms_eps)?;
+            }
+            let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, cfg.rms_eps)?;
+            x = sum;
+            let act = match &layer.gate_up {
+                GateUpProjection::Separate { gate, up } => {
+                    let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
+                    be.glu(&gate, &up, cfg.activation)?
+                }
+                GateUpProjection::Fused { gate_up, width } => {
+                    let both = be.linear(&hf, gate_up, None)?;
+                    match be.split_columns(&both, &[*width, *width])?.as_slice() {
+                        [gate, up] => be.glu(gate, up, cfg.activation)?,
+                        _ => {
+                            return Err(EngineError::Backend {
+                                backend: be.name(),
+                                message: "split_columns returned too few parts".into(),
+                            })
+                        }
+                    }
+                }
+            };
+            let mut m = be.linear(&act, &layer.down, None)?;
+            if let Some(w) = &layer.post_ffw_norm {
+                m = be.rms_norm(&m, w, cfg.rms_eps)?;
+            }
+            match self.layers.get(li + 1) {
+                Some(next) => {
+                    let (sum, hn) = be.add_rms_norm(&x, &m, &next.attn_norm, cfg.rms_eps)?;
+                    x = sum;
+                    h = hn;
+                }
+                None => x = be.add(&x, &m)?,
+            }
+        }
+
+        let mut rows = Vec::new();
+        let mut per_item = Vec::with_capacity(caches.len());
+        for (request, r) in requests.iter().zip(&ranges) {
+            let before = rows.len();
+            match request {
+                LogitsRequest::None => {}
+                LogitsRequest::Last => rows.push(r.end - 1),
+                LogitsRequest::All => rows.extend(r.clone()),
+            }
+            per_item.push(rows.len() - before);
+        }
+        if rows.is_empty() {
+            return Ok((None, per_item));
+        }
+        let x = be.select_rows(&x, &rows)?;
+        let x = be.rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let mut logits = be.linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)?;
+        if let Some(cap) = cfg.final_softcap {
+            logits = be.softcap(&logits, cap)?;
+        }
+        Ok((Some(logits), per_item))
     }
 }

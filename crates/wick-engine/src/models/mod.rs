@@ -5,6 +5,7 @@
 //! switching on the config's flags (biases, Q/K norms, sandwich norms, activation …).
 pub mod decoder;
 mod gemma3;
+pub mod greedy;
 mod llama;
 mod qwen2;
 mod qwen3;

@@ -1,10 +1,12 @@
-//! Where weights come from: GGUF files and Hugging Face safetensors directories, behind
-//! one lookup by canonical (GGUF-style) tensor name.
+//! Where weights come from: GGUF files and Hugging Face safetensors directories (plain
+//! or MLX-quantized), behind one lookup by canonical (GGUF-style) tensor name.
+pub mod affine;
 mod gguf;
 mod safetensors;
 
+pub use self::affine::AffineWeight;
 pub use self::gguf::GgufWeights;
-pub use self::safetensors::SafetensorsWeights;
+pub use self::safetensors::{AffineParams, HfNamedWeights, MlxQuantization, SafetensorsWeights};
 
 use crate::backend::HostWeight;
 use crate::Result;
@@ -18,4 +20,10 @@ pub trait WeightSource {
     fn get(&self, name: &str) -> Result<Option<HostWeight<'_>>>;
     /// Whether a weight exists.
     fn contains(&self, name: &str) -> bool;
+    /// The matrix `name` when the file stores it in MLX's affine quantized layout
+    /// (packed weight + scales + biases); `None` when it is stored any other way.
+    fn affine(&self, name: &str) -> Result<Option<AffineWeight<'_>>> {
+        let _ = name;
+        Ok(None)
+    }
 }

@@ -1,4 +1,6 @@
-//! Weights from (possibly sharded) Hugging Face `*.safetensors` files.
+//! Weights from (possibly sharded) Hugging Face `*.safetensors` files, including
+//! MLX-quantized checkpoints (mlx-community layout: U32 packed `.weight` with `.scales`
+//! and `.biases`, described by `config.json`'s `quantization`).
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
@@ -7,13 +9,22 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use wick_gguf::GgmlType;
 
-use super::WeightSource;
+use super::{AffineWeight, WeightSource};
 use crate::backend::HostWeight;
 use crate::{EngineError, Result};
 
+/// How a tensor's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    /// A float type.
+    Float(GgmlType),
+    /// Packed quantized words (MLX affine layout).
+    U32,
+}
+
 struct Entry {
     file: usize,
-    dtype: GgmlType,
+    dtype: Stored,
     shape: Vec<usize>,
     range: (usize, usize),
 }
@@ -105,15 +116,25 @@ impl SafetensorsWeights {
         self.entries.keys().map(String::as_str)
     }
 
-    /// The raw (Hugging Face) tensor `name`.
+    /// The raw (Hugging Face) float tensor `name` (`None` for packed U32 tensors too:
+    /// see [`SafetensorsWeights::packed`]).
     pub fn raw(&self, name: &str) -> Option<HostWeight<'_>> {
         let e = self.entries.get(name)?;
+        let Stored::Float(dtype) = e.dtype else {
+            return None;
+        };
         Some(HostWeight {
             name: name.to_string(),
-            dtype: e.dtype,
+            dtype,
             shape: e.shape.clone(),
             bytes: Cow::Borrowed(&self.maps[e.file][e.range.0..e.range.1]),
         })
+    }
+
+    /// The bytes and shape of the packed U32 tensor `name`.
+    pub fn packed(&self, name: &str) -> Option<(&[u8], &[usize])> {
+        let e = self.entries.get(name)?;
+        (e.dtype == Stored::U32).then(|| (&self.maps[e.file][e.range.0..e.range.1], &e.shape[..]))
     }
 }
 
@@ -151,9 +172,10 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
             continue;
         }
         let dtype = match info.get("dtype").and_then(|d| d.as_str()) {
-            Some("F32") => GgmlType::F32,
-            Some("F16") => GgmlType::F16,
-            Some("BF16") => GgmlType::Bf16,
+            Some("F32") => Stored::Float(GgmlType::F32),
+            Some("F16") => Stored::Float(GgmlType::F16),
+            Some("BF16") => Stored::Float(GgmlType::Bf16),
+            Some("U32") => Stored::U32,
             Some(other) => {
                 return Err(EngineError::UnsupportedDtype {
                     source_name: path.display().to_string(),
@@ -180,7 +202,10 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
             ));
         };
         let elements: usize = shape.iter().product();
-        let elem_size = if dtype == GgmlType::F32 { 4 } else { 2 };
+        let elem_size = match dtype {
+            Stored::Float(GgmlType::F32) | Stored::U32 => 4,
+            Stored::Float(_) => 2,
+        };
         if start > end || end > data_len || end - start != elements * elem_size {
             return Err(bad(
                 path,
@@ -255,12 +280,103 @@ fn hf_name_gemma(canonical: &str) -> Option<String> {
 pub struct HfNamedWeights<'a> {
     pub(crate) inner: &'a SafetensorsWeights,
     pub(crate) gemma: bool,
+    pub(crate) quantization: Option<MlxQuantization>,
 }
 
 impl SafetensorsWeights {
     /// This directory under canonical names; `gemma` selects the sandwich-norm naming.
     pub fn canonical(&self, gemma: bool) -> HfNamedWeights<'_> {
-        HfNamedWeights { inner: self, gemma }
+        HfNamedWeights {
+            inner: self,
+            gemma,
+            quantization: None,
+        }
+    }
+}
+
+impl HfNamedWeights<'_> {
+    /// Reads packed matrices with `q` (from `config.json`, see [`MlxQuantization`]).
+    pub fn with_quantization(mut self, q: Option<MlxQuantization>) -> Self {
+        self.quantization = q;
+        self
+    }
+}
+
+/// `(bits, group_size)` of one quantized module.
+pub type AffineParams = (u32, usize);
+
+/// `config.json`'s `quantization` (or `quantization_config`) of an MLX-quantized
+/// checkpoint: defaults plus per-module overrides keyed by module path
+/// (`model.layers.3.mlp.down_proj`, `lm_head` …), where `false` means "left unquantized".
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MlxQuantization {
+    /// Default `(bits, group_size)`.
+    pub default: AffineParams,
+    /// Per-module values (`None`: not quantized).
+    pub overrides: HashMap<String, Option<AffineParams>>,
+}
+
+impl MlxQuantization {
+    /// Parses the quantization section of a Hugging Face `config.json`; `Ok(None)` when
+    /// the model is not MLX-quantized. Non-affine modes (mxfp4 …) are refused.
+    pub fn from_config(config: &serde_json::Value, source: &str) -> Result<Option<Self>> {
+        let Some(q) = config
+            .get("quantization")
+            .or_else(|| config.get("quantization_config"))
+            .and_then(|q| q.as_object())
+        else {
+            return Ok(None);
+        };
+        let err = |reason: String| EngineError::Config {
+            source_name: source.to_string(),
+            reason,
+        };
+        let params = |v: &serde_json::Map<String, serde_json::Value>, what: &str| {
+            let bits = v.get("bits").and_then(|b| b.as_u64());
+            let gs = v.get("group_size").and_then(|g| g.as_u64());
+            match (bits, gs) {
+                (Some(b), Some(g)) => Ok((b as u32, g as usize)),
+                _ => Err(err(format!(
+                    "quantization of {what} needs integer bits and group_size"
+                ))),
+            }
+        };
+        if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
+            if mode != "affine" {
+                return Err(err(format!(
+                    "quantization mode '{mode}' is not supported (only MLX affine)"
+                )));
+            }
+        }
+        if q.get("bits").is_none() && q.get("quant_method").is_some() {
+            // A transformers quantization_config of another method (gptq, awq …).
+            return Err(err(format!(
+                "quantization method {} is not supported (only MLX affine)",
+                q["quant_method"]
+            )));
+        }
+        let default = params(q, "the model")?;
+        let mut overrides = HashMap::new();
+        for (k, v) in q {
+            match v {
+                serde_json::Value::Object(m) => {
+                    overrides.insert(k.clone(), Some(params(m, k)?));
+                }
+                serde_json::Value::Bool(false) => {
+                    overrides.insert(k.clone(), None);
+                }
+                _ => {}
+            }
+        }
+        Ok(Some(MlxQuantization { default, overrides }))
+    }
+
+    /// `(bits, group_size)` of module `path`, `None` when it is left unquantized.
+    pub fn module(&self, path: &str) -> Option<AffineParams> {
+        match self.overrides.get(path) {
+            Some(p) => *p,
+            None => Some(self.default),
+        }
     }
 }
 
@@ -286,7 +402,69 @@ impl WeightSource for HfNamedWeights<'_> {
     }
 
     fn get(&self, name: &str) -> Result<Option<HostWeight<'_>>> {
-        Ok(self.map(name).and_then(|n| self.inner.raw(&n)))
+        let Some(hf) = self.map(name) else {
+            return Ok(None);
+        };
+        if self.inner.packed(&hf).is_some() {
+            return Err(EngineError::UnsupportedDtype {
+                source_name: self.source_name(),
+                tensor: hf,
+                dtype: "U32 (packed; only matrices may be quantized)".into(),
+            });
+        }
+        Ok(self.inner.raw(&hf))
+    }
+
+    fn affine(&self, name: &str) -> Result<Option<AffineWeight<'_>>> {
+        let Some(hf) = self.map(name) else {
+            return Ok(None);
+        };
+        let Some((packed, shape)) = self.inner.packed(&hf) else {
+            return Ok(None);
+        };
+        let source = self.source_name();
+        let module = hf.strip_suffix(".weight").unwrap_or(&hf);
+        let Some(q) = &self.quantization else {
+            return Err(EngineError::Config {
+                source_name: source,
+                reason: format!(
+                    "'{hf}' is packed (U32) but config.json has no `quantization` section"
+                ),
+            });
+        };
+        let Some((bits, group_size)) = q.module(module) else {
+            return Err(EngineError::Config {
+                source_name: source,
+                reason: format!("'{hf}' is packed but config.json says it is not quantized"),
+            });
+        };
+        let side = |suffix: &str| {
+            let n = format!("{module}.{suffix}");
+            self.inner
+                .raw(&n)
+                .ok_or_else(|| EngineError::MissingTensor {
+                    source_name: self.source_name(),
+                    tensor: n,
+                })
+        };
+        let [rows, words] = shape[..] else {
+            return Err(EngineError::Config {
+                source_name: source,
+                reason: format!("packed '{hf}' is not 2-D: {shape:?}"),
+            });
+        };
+        let w = AffineWeight {
+            name: hf.clone(),
+            rows,
+            cols: words * 32 / bits.max(1) as usize,
+            bits,
+            group_size,
+            packed: Cow::Borrowed(packed),
+            scales: side("scales")?,
+            biases: side("biases")?,
+        };
+        w.validate()?;
+        Ok(Some(w))
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -297,6 +475,28 @@ impl WeightSource for HfNamedWeights<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mlx_quantization_config_with_overrides() {
+        let cfg = serde_json::json!({
+            "quantization": {"group_size": 64, "bits": 4,
+                "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8},
+                "lm_head": false}
+        });
+        let q = MlxQuantization::from_config(&cfg, "c").unwrap().unwrap();
+        assert_eq!(q.module("model.layers.1.self_attn.q_proj"), Some((4, 64)));
+        assert_eq!(q.module("model.layers.0.mlp.down_proj"), Some((8, 32)));
+        assert_eq!(q.module("lm_head"), None);
+        assert!(MlxQuantization::from_config(&serde_json::json!({}), "c")
+            .unwrap()
+            .is_none());
+        let fp4 =
+            serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}});
+        assert!(MlxQuantization::from_config(&fp4, "c")
+            .unwrap_err()
+            .to_string()
+            .contains("mxfp4"));
+    }
 
     #[test]
     fn names_map_to_hugging_face() {

@@ -3,9 +3,10 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
+use anyhow::Context;
 use clap::Args;
 use serde_json::json;
-use wick_engine::{GenerationRequest, LoadOptions, Model};
+use wick_engine::{BackendKind, GenerationRequest, LoadOptions, Model};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -20,7 +21,10 @@ pub struct BenchArgs {
     /// Runs (the median is reported).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Print JSON.
+    /// Untimed runs before the timed ones (kernel compilation, caches).
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// Print JSON (one line per case).
     #[arg(long)]
     json: bool,
     /// Load a running server (`--url`) with this many concurrent streaming chat
@@ -36,6 +40,22 @@ pub struct BenchArgs {
     /// With --concurrency: sampling temperature of the requests.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    /// Compute backend: candle (CPU) or mlx (needs a build with `--features mlx`).
+    #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
+    backend: String,
+    /// Sequences decoded together. Above 1, and always on mlx, the greedy lockstep path
+    /// is measured (argmax on the backend, next step queued before ids are read); with 1
+    /// on candle, the regular sampler path.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Cases `PROMPT:GEN:BATCH` run on one loaded model (repeatable); replaces
+    /// --prompt-tokens, --gen-tokens and --batch.
+    #[arg(long = "case")]
+    cases: Vec<String>,
+    /// Use prompt ids `100 + (7919·i + 13) mod 32000` instead of tokenized text (the
+    /// same ids scripts/gpu/mlx_lm_bench.py feeds mlx-lm).
+    #[arg(long)]
+    synthetic_prompt: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -54,6 +74,33 @@ fn peak_rss() -> Option<u64> {
         .map(|kb| kb * 1024)
 }
 
+/// One measured configuration.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    prompt: usize,
+    gen: usize,
+    batch: usize,
+}
+
+fn parse_case(s: &str) -> anyhow::Result<Case> {
+    let parts: Vec<usize> = s
+        .split(':')
+        .map(|p| p.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--case {s}: expected PROMPT:GEN:BATCH"))?;
+    match parts[..] {
+        [prompt, gen, batch] if prompt > 0 && batch > 0 => Ok(Case { prompt, gen, batch }),
+        _ => anyhow::bail!("--case {s}: expected PROMPT:GEN:BATCH with PROMPT, BATCH ≥ 1"),
+    }
+}
+
+/// The synthetic prompt of `n` ids (see `--synthetic-prompt`).
+fn synthetic_ids(n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| 100 + ((7919 * i + 13) % 32000) as u32)
+        .collect()
+}
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(concurrency) = args.concurrency {
         return super::load::run(super::load::LoadSpec {
@@ -67,51 +114,94 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
     }
     let path = crate::model_arg::resolve(args.model.as_deref())?;
+    let backend: BackendKind = args.backend.parse()?;
     let t = Instant::now();
-    let model = Model::load(&path, &LoadOptions::default())?;
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            backend,
+            ..LoadOptions::default()
+        },
+    )?;
     let load_s = t.elapsed().as_secs_f64();
-    // A deterministic prompt of ordinary text, cut to the requested length.
-    let text = "The quick brown fox jumps over the lazy dog. ".repeat(args.prompt_tokens / 8 + 8);
-    let mut ids = model.tokenize(&text)?;
-    ids.truncate(args.prompt_tokens.max(1));
-    let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    for run in 0..args.runs.max(1) {
-        let mut request = GenerationRequest::new(ids.clone()).max_tokens(args.gen_tokens);
-        request.ignore_eos = true;
-        request.prefill_chunk = args.prompt_tokens.max(1);
-        let out = model.generate(&request, |_| ControlFlow::Continue(()))?;
-        pp.push(out.usage.prefill_tps());
-        tg.push(out.usage.decode_tps());
-        if !args.json {
-            eprintln!(
-                "run {}: prompt {:.1} tok/s, decode {:.1} tok/s",
-                run + 1,
-                out.usage.prefill_tps(),
-                out.usage.decode_tps()
+    let cases = if args.cases.is_empty() {
+        vec![Case {
+            prompt: args.prompt_tokens.max(1),
+            gen: args.gen_tokens,
+            batch: args.batch.max(1),
+        }]
+    } else {
+        args.cases
+            .iter()
+            .map(|c| parse_case(c))
+            .collect::<anyhow::Result<_>>()?
+    };
+    for case in cases {
+        let ids = if args.synthetic_prompt {
+            synthetic_ids(case.prompt)
+        } else {
+            // A deterministic prompt of ordinary text, cut to the requested length.
+            let text = "The quick brown fox jumps over the lazy dog. ".repeat(case.prompt / 8 + 8);
+            let mut ids = model.tokenize(&text)?;
+            ids.truncate(case.prompt);
+            ids
+        };
+        let lockstep = case.batch > 1 || backend != BackendKind::Candle;
+        let mut pp = Vec::new();
+        let mut tg = Vec::new();
+        for run in 0..args.warmup + args.runs.max(1) {
+            let (prompt_tps, decode_tps) = if lockstep {
+                let prompts = vec![ids.clone(); case.batch];
+                let out = model.generate_greedy(&prompts, case.gen.max(2), case.prompt)?;
+                (out.prefill_tps(), out.decode_tps())
+            } else {
+                let mut request = GenerationRequest::new(ids.clone()).max_tokens(case.gen);
+                request.ignore_eos = true;
+                request.prefill_chunk = case.prompt;
+                let out = model.generate(&request, |_| ControlFlow::Continue(()))?;
+                (out.usage.prefill_tps(), out.usage.decode_tps())
+            };
+            let warm = run < args.warmup;
+            if !args.json {
+                eprintln!(
+                    "{} {}: prompt {prompt_tps:.1} tok/s, decode {decode_tps:.1} tok/s (batch {})",
+                    if warm { "warmup" } else { "run" },
+                    run + 1,
+                    case.batch
+                );
+            }
+            if !warm {
+                pp.push(prompt_tps);
+                tg.push(decode_tps);
+            }
+        }
+        let (pp, tg) = (median(pp), median(tg));
+        let peak = peak_rss().unwrap_or(0);
+        if args.json {
+            println!(
+                "{}",
+                json!({"model": model.info().name, "backend": model.info().backend, "threads": rayon_threads(),
+                       "prompt_tokens": ids.len(), "gen_tokens": case.gen, "batch": case.batch,
+                       "mode": if lockstep { "greedy-lockstep" } else { "sampler" },
+                       "runs": args.runs, "warmup": args.warmup, "prompt_tps": pp, "decode_tps": tg,
+                       "weight_bytes": model.info().weight_bytes,
+                       "peak_rss_bytes": peak, "load_seconds": load_s})
+            );
+        } else {
+            println!(
+                "{} [{} batch {}]: prompt {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s | peak RSS {:.0} MiB | load {:.2}s (median of {})",
+                model.info().name,
+                model.info().backend,
+                case.batch,
+                ids.len(),
+                pp,
+                case.gen,
+                tg,
+                peak as f64 / (1 << 20) as f64,
+                load_s,
+                args.runs
             );
         }
-    }
-    let (pp, tg) = (median(pp), median(tg));
-    let peak = peak_rss().unwrap_or(0);
-    if args.json {
-        println!(
-            "{}",
-            json!({"model": model.info().name, "backend": model.info().backend, "threads": rayon_threads(), "prompt_tokens": ids.len(), "gen_tokens": args.gen_tokens,
-                   "runs": args.runs, "prompt_tps": pp, "decode_tps": tg, "peak_rss_bytes": peak, "load_seconds": load_s})
-        );
-    } else {
-        println!(
-            "{}: prompt {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s | peak RSS {:.0} MiB | load {:.2}s (median of {})",
-            model.info().name,
-            ids.len(),
-            pp,
-            args.gen_tokens,
-            tg,
-            peak as f64 / (1 << 20) as f64,
-            load_s,
-            args.runs
-        );
     }
     Ok(())
 }

@@ -54,6 +54,10 @@ pub struct GenerateArgs {
     /// Context length limit (default: the model's).
     #[arg(long)]
     ctx_size: Option<usize>,
+    /// Compute backend: candle (CPU) or mlx (GPU when the MLX runtime has one; needs a
+    /// build with `--features mlx`).
+    #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
+    backend: String,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -81,6 +85,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         &path,
         &LoadOptions {
             context_length: args.ctx_size,
+            backend: args.backend.parse()?,
         },
     )?;
     let text = if args.raw {
@@ -119,6 +124,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if args.json {
         let v = json!({
             "model": model.info().name,
+            "backend": model.info().backend,
             "prompt_ids": ids,
             "ids": out.tokens,
             "text": out.text,

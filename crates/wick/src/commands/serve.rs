@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Context length limit (default: the model's).
     #[arg(long, env = "WICK_CTX_SIZE")]
     ctx_size: Option<usize>,
+    /// Compute backend: candle (CPU) or mlx (GPU when the MLX runtime has one; needs a
+    /// build with `--features mlx`).
+    #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
+    backend: String,
     /// Tool-call format (hermes, qwen-xml, glm, minicpm, gemma4, llama3, mistral); detected from the chat template when absent.
     #[arg(long, env = "WICK_TOOL_PARSER")]
     tool_parser: Option<String>,
@@ -328,6 +332,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         &path,
         &LoadOptions {
             context_length: args.ctx_size,
+            backend: args.backend.parse()?,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

@@ -138,7 +138,7 @@ impl CandleBackend {
     }
 
     /// Every element of a weight as f32, in file order.
-    fn floats(&self, w: &HostWeight<'_>) -> Result<Vec<f32>> {
+    pub(crate) fn floats(&self, w: &HostWeight<'_>) -> Result<Vec<f32>> {
         let len: usize = w.shape.iter().product();
         if let Some(format) = kernel_format(w.dtype) {
             let mut out = vec![0f32; len];
@@ -243,6 +243,7 @@ impl Backend for CandleBackend {
     type Matrix = CandleMatrix;
     type Rope = CpuRope;
     type KvLayer = CpuKvLayer;
+    type Ids = Vec<u32>;
 
     fn name(&self) -> &'static str {
         "candle"
@@ -390,6 +391,32 @@ impl Backend for CandleBackend {
         })
     }
 
+    fn split_columns(&self, x: &HostTensor, widths: &[usize]) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("split_columns", x.rows());
+        let cols = x.cols();
+        if widths.iter().sum::<usize>() != cols {
+            return Err(Self::err(format!(
+                "split of {cols} columns into {widths:?}"
+            )));
+        }
+        let mut at = 0;
+        let mut out = Vec::with_capacity(widths.len());
+        for &w in widths {
+            out.push(HostTensor::build(x.rows(), w, |o| {
+                for (src, dst) in x
+                    .data()
+                    .chunks_exact(cols)
+                    .zip(o.chunks_exact_mut(w.max(1)))
+                {
+                    dst.copy_from_slice(&src[at..at + w]);
+                }
+                Ok(())
+            })?);
+            at += w;
+        }
+        Ok(out)
+    }
+
     fn glu(&self, gate: &HostTensor, up: &HostTensor, act: Activation) -> Result<HostTensor> {
         let _t = profile::op("glu", gate.rows());
         Self::same_shape("glu", gate, up)?;
@@ -434,6 +461,31 @@ impl Backend for CandleBackend {
     fn to_host(&self, x: &HostTensor) -> Result<Vec<f32>> {
         let _t = profile::op("to_host", x.rows());
         Ok(x.data().to_vec())
+    }
+
+    fn argmax(&self, logits: &HostTensor) -> Result<Vec<u32>> {
+        let _t = profile::op("argmax", logits.rows());
+        Ok(logits
+            .data()
+            .chunks_exact(logits.cols().max(1))
+            .map(|row| {
+                let mut best = 0;
+                for (i, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            })
+            .collect())
+    }
+
+    fn embed_ids(&self, table: &CandleMatrix, ids: &Vec<u32>) -> Result<HostTensor> {
+        self.embed(table, ids)
+    }
+
+    fn ids_to_host(&self, ids: &Vec<u32>) -> Result<Vec<u32>> {
+        Ok(ids.clone())
     }
 
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CpuRope> {

@@ -1,0 +1,430 @@
+//! The MLX backend (cargo feature `mlx`): MLX's GPU backend (CUDA from the `mlx-cuda-13`
+//! wheel, Metal on Apple) or its CPU backend, through `wick-mlx`.
+//!
+//! Activations are in one compute dtype (the checkpoint's bf16/f16 for safetensors, f32
+//! for GGUF, whose scales are exact in f32). Matrices are dense in that dtype or in MLX's
+//! affine quantized layout, multiplied by MLX's quantized matmul: mlx-community
+//! checkpoints load as they are, and GGUF `Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K` blocks are
+//! re-laid out losslessly (see [`crate::weights::affine`]); other GGUF types are
+//! dequantized. Norms, rotary embeddings and attention use MLX's fused `fast` kernels,
+//! the gated MLP activation is fused by `mx::compile`. Nothing runs until logits or ids
+//! are read, so a whole forward pass is one lazy graph; [`Backend::schedule`] starts a
+//! step before the host reads the previous step's ids.
+mod attention;
+mod kernels;
+mod kv;
+mod load;
+mod rope;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use wick_mlx::{Array, Device, GluActivation, MlxError, Quantized, Stream};
+
+pub use kv::MlxKvLayer;
+pub use rope::MlxRope;
+/// MLX element types (the backend's compute dtype is one of bf16, f16, f32).
+pub use wick_mlx::Dtype;
+
+use super::{
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
+};
+use crate::weights::AffineWeight;
+use crate::{EngineError, Result};
+
+pub(crate) fn mlx_err(e: MlxError) -> EngineError {
+    EngineError::Backend {
+        backend: "mlx",
+        message: e.to_string(),
+    }
+}
+
+/// A weight matrix on MLX.
+#[derive(Debug)]
+pub enum MlxMatrix {
+    /// Dense `[out, in]` in the compute dtype.
+    Dense(Array),
+    /// MLX affine quantization.
+    Affine {
+        /// Packed weight, scales and biases.
+        q: Quantized,
+        /// `[out, in]`.
+        shape: (usize, usize),
+    },
+}
+
+/// Where the MLX backend runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MlxDevice {
+    /// The runtime's GPU (CUDA or Metal).
+    Gpu,
+    /// MLX's CPU backend.
+    Cpu,
+}
+
+/// MLX on one device, computing in one dtype.
+#[derive(Debug, Clone)]
+pub struct MlxBackend {
+    stream: Stream,
+    dtype: Dtype,
+    report: Arc<Mutex<BTreeMap<String, usize>>>,
+    tuning: Arc<kernels::Tuning>,
+}
+
+impl MlxBackend {
+    /// A backend on `device` computing in `dtype` (bf16, f16 or f32).
+    pub fn new(device: MlxDevice, dtype: Dtype) -> Result<Self> {
+        if !matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+            return Err(EngineError::InvalidInput(format!(
+                "MLX compute dtype must be bfloat16, float16 or float32, not {dtype}"
+            )));
+        }
+        let device = match device {
+            MlxDevice::Gpu => Device::Gpu,
+            MlxDevice::Cpu => Device::Cpu,
+        };
+        let stream = Stream::new(device).map_err(mlx_err)?;
+        Ok(MlxBackend {
+            tuning: Arc::new(kernels::Tuning::from_env(stream.device() == Device::Gpu)),
+            stream,
+            dtype,
+            report: Arc::default(),
+        })
+    }
+
+    /// The backend a checkpoint of float type `dtype` runs on: the default device, the
+    /// checkpoint's dtype. `WICK_MLX_DEVICE=gpu|cpu` and `WICK_MLX_DTYPE=bf16|f16|f32`
+    /// override both.
+    pub fn for_checkpoint(dtype: Dtype) -> Result<Self> {
+        let device = match std::env::var("WICK_MLX_DEVICE").as_deref() {
+            Ok("cpu") => MlxDevice::Cpu,
+            Ok("gpu") => MlxDevice::Gpu,
+            Ok(other) => {
+                return Err(EngineError::InvalidInput(format!(
+                    "WICK_MLX_DEVICE={other}: expected gpu or cpu"
+                )))
+            }
+            Err(_) => Self::default_device(),
+        };
+        let dtype = match std::env::var("WICK_MLX_DTYPE").as_deref() {
+            Ok("bf16") | Ok("bfloat16") => Dtype::BF16,
+            Ok("f16") | Ok("float16") => Dtype::F16,
+            Ok("f32") | Ok("float32") => Dtype::F32,
+            Ok(other) => {
+                return Err(EngineError::InvalidInput(format!(
+                    "WICK_MLX_DTYPE={other}: expected bf16, f16 or f32"
+                )))
+            }
+            Err(_) => dtype,
+        };
+        let be = Self::new(device, dtype)?;
+        tracing::info!(
+            mlx = %wick_mlx::version(),
+            device = ?be.device(),
+            dtype = %be.dtype(),
+            tuning = %be.tuning,
+            "MLX backend"
+        );
+        Ok(be)
+    }
+
+    /// Logs how the weights were brought in (one line per kind of conversion); GGUF
+    /// types that had to be dequantized are logged as warnings (more memory, no
+    /// quantized kernels).
+    pub fn log_load_report(&self) {
+        for (what, count) in self.load_report() {
+            if what.contains("dequantized") {
+                tracing::warn!("MLX load: {count} matrices {what}");
+            } else {
+                tracing::info!("MLX load: {count} matrices {what}");
+            }
+        }
+    }
+
+    /// The GPU when the runtime has one, else the CPU.
+    pub fn default_device() -> MlxDevice {
+        if wick_mlx::gpu_available() {
+            MlxDevice::Gpu
+        } else {
+            MlxDevice::Cpu
+        }
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> MlxDevice {
+        match self.stream.device() {
+            Device::Gpu => MlxDevice::Gpu,
+            Device::Cpu => MlxDevice::Cpu,
+        }
+    }
+
+    /// The activation dtype.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The stream every operation runs on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// How each loaded matrix was brought into MLX (`"Q4_1 → affine 4-bit g32
+    /// (lossless)"` …) and how many matrices went that way.
+    pub fn load_report(&self) -> Vec<(String, usize)> {
+        self.report
+            .lock()
+            .map(|r| r.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn note(&self, what: String) {
+        if let Ok(mut r) = self.report.lock() {
+            *r.entry(what).or_default() += 1;
+        }
+    }
+
+    fn cols(x: &Array) -> i32 {
+        x.shape().last().copied().unwrap_or(0)
+    }
+}
+
+impl Backend for MlxBackend {
+    type Tensor = Array;
+    type Matrix = MlxMatrix;
+    type Rope = MlxRope;
+    type KvLayer = MlxKvLayer;
+    type Ids = Array;
+
+    fn name(&self) -> &'static str {
+        "mlx"
+    }
+
+    fn matrix(&self, w: HostWeight<'_>) -> Result<MlxMatrix> {
+        load::matrix(self, w)
+    }
+
+    fn affine_matrix(&self, w: AffineWeight<'_>) -> Result<MlxMatrix> {
+        load::affine(self, w, None)
+    }
+
+    fn vector(&self, w: HostWeight<'_>) -> Result<Array> {
+        let a = load::float(self, &w)?;
+        let n = a.size() as i32;
+        self.stream.reshape(&a, &[n]).map_err(mlx_err)
+    }
+
+    fn matrix_shape(&self, m: &MlxMatrix) -> (usize, usize) {
+        match m {
+            MlxMatrix::Dense(a) => {
+                let s = a.shape();
+                (s[0] as usize, s[1] as usize)
+            }
+            MlxMatrix::Affine { shape, .. } => *shape,
+        }
+    }
+
+    fn matrix_bytes(&self, m: &MlxMatrix) -> usize {
+        match m {
+            MlxMatrix::Dense(a) => a.nbytes(),
+            MlxMatrix::Affine { q, .. } => {
+                q.weight.nbytes() + q.scales.nbytes() + q.biases.nbytes()
+            }
+        }
+    }
+
+    fn embed(&self, table: &MlxMatrix, ids: &[u32]) -> Result<Array> {
+        let (vocab, _) = self.matrix_shape(table);
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary ({vocab})"
+            )));
+        }
+        let ids = Array::from_slice(ids, &[ids.len() as i32]).map_err(mlx_err)?;
+        self.embed_ids(table, &ids)
+    }
+
+    fn linear(&self, x: &Array, w: &MlxMatrix, bias: Option<&Array>) -> Result<Array> {
+        let s = &self.stream;
+        let y = match w {
+            MlxMatrix::Dense(w) => kernels::dense_product(self, &self.tuning, x, w)?,
+            MlxMatrix::Affine { q, .. } => s.quantized_matmul(x, q).map_err(mlx_err)?,
+        };
+        match bias {
+            Some(b) => s.add(&y, b).map_err(mlx_err),
+            None => Ok(y),
+        }
+    }
+
+    fn add(&self, a: &Array, b: &Array) -> Result<Array> {
+        self.stream.add(a, b).map_err(mlx_err)
+    }
+
+    fn scale(&self, x: &Array, k: f32) -> Result<Array> {
+        self.stream.scale(x, k).map_err(mlx_err)
+    }
+
+    fn rms_norm(&self, x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+        let s = &self.stream;
+        let n = weight.size() as i32;
+        let cols = Self::cols(x);
+        if cols == n {
+            return s.rms_norm(x, weight, eps).map_err(mlx_err);
+        }
+        // Per-head norms (Qwen 3's q/k norms): groups of `n` within each row.
+        let rows = x.shape()[0];
+        let g = s.reshape(x, &[rows, cols / n.max(1), n]).map_err(mlx_err)?;
+        let y = s.rms_norm(&g, weight, eps).map_err(mlx_err)?;
+        s.reshape(&y, &[rows, cols]).map_err(mlx_err)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &Array,
+        y: &Array,
+        weight: &Array,
+        eps: f32,
+    ) -> Result<(Array, Array)> {
+        if let Some(pair) = kernels::add_rms_norm(self, &self.tuning, x, y, weight, eps)? {
+            return Ok(pair);
+        }
+        let sum = self.add(x, y)?;
+        let normed = self.rms_norm(&sum, weight, eps)?;
+        Ok((sum, normed))
+    }
+
+    fn can_fuse(&self, parts: &[&MlxMatrix]) -> bool {
+        self.tuning.fuse && load::can_stack(parts)
+    }
+
+    fn fuse_matrices(&self, parts: Vec<MlxMatrix>) -> Result<MlxMatrix> {
+        load::stack(self, parts)
+    }
+
+    fn split_columns(&self, x: &Array, widths: &[usize]) -> Result<Vec<Array>> {
+        let rows = x.shape()[0];
+        let mut at = 0i32;
+        let mut out = Vec::with_capacity(widths.len());
+        for &w in widths {
+            let w = w as i32;
+            out.push(
+                self.stream
+                    .slice(x, &[0, at], &[rows, at + w])
+                    .map_err(mlx_err)?,
+            );
+            at += w;
+        }
+        Ok(out)
+    }
+
+    fn glu(&self, gate: &Array, up: &Array, act: Activation) -> Result<Array> {
+        let act = match act {
+            Activation::Silu => GluActivation::Silu,
+            Activation::GeluTanh => GluActivation::GeluTanh,
+        };
+        self.stream.glu(gate, up, act).map_err(mlx_err)
+    }
+
+    fn softcap(&self, x: &Array, cap: f32) -> Result<Array> {
+        self.stream.softcap(x, cap).map_err(mlx_err)
+    }
+
+    fn select_rows(&self, x: &Array, rows: &[usize]) -> Result<Array> {
+        let n = x.shape()[0] as usize;
+        if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| i == r) {
+            return Ok(x.clone());
+        }
+        if rows.len() == 1 {
+            let r = rows[0] as i32;
+            return self
+                .stream
+                .slice(x, &[r, 0], &[r + 1, Self::cols(x)])
+                .map_err(mlx_err);
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let idx = Array::from_slice(&idx, &[idx.len() as i32]).map_err(mlx_err)?;
+        self.stream.take(x, &idx, 0).map_err(mlx_err)
+    }
+
+    fn to_host(&self, x: &Array) -> Result<Vec<f32>> {
+        let x = self.stream.astype(x, Dtype::F32).map_err(mlx_err)?;
+        x.to_vec::<f32>().map_err(mlx_err)
+    }
+
+    fn argmax(&self, logits: &Array) -> Result<Array> {
+        self.stream.argmax(logits, -1).map_err(mlx_err)
+    }
+
+    fn embed_ids(&self, table: &MlxMatrix, ids: &Array) -> Result<Array> {
+        let s = &self.stream;
+        match table {
+            MlxMatrix::Dense(t) => s.take(t, ids, 0).map_err(mlx_err),
+            MlxMatrix::Affine { q, .. } => {
+                let rows = Quantized {
+                    weight: s.take(&q.weight, ids, 0).map_err(mlx_err)?,
+                    scales: s.take(&q.scales, ids, 0).map_err(mlx_err)?,
+                    biases: s.take(&q.biases, ids, 0).map_err(mlx_err)?,
+                    group_size: q.group_size,
+                    bits: q.bits,
+                };
+                let x = s.dequantize(&rows).map_err(mlx_err)?;
+                s.astype(&x, self.dtype).map_err(mlx_err)
+            }
+        }
+    }
+
+    fn ids_to_host(&self, ids: &Array) -> Result<Vec<u32>> {
+        // argmax yields u32 already: read the queued array itself, adding no node.
+        if ids.dtype() == Dtype::U32 {
+            return ids.to_vec::<u32>().map_err(mlx_err);
+        }
+        let ids = self.stream.astype(ids, Dtype::U32).map_err(mlx_err)?;
+        ids.to_vec::<u32>().map_err(mlx_err)
+    }
+
+    fn schedule(&self, ids: &Array) -> Result<()> {
+        wick_mlx::async_eval(&[ids]).map_err(mlx_err)
+    }
+
+    fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<MlxRope> {
+        MlxRope::new(positions, spec)
+    }
+
+    fn rope(&self, x: &Array, heads: usize, table: &MlxRope) -> Result<Array> {
+        table.apply(&self.stream, x, heads)
+    }
+
+    fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> MlxKvLayer {
+        MlxKvLayer::new(self.stream, self.dtype, kv_heads, head_dim, window)
+    }
+
+    fn new_kv_layers(
+        &self,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        lens: &[usize],
+    ) -> Vec<MlxKvLayer> {
+        if window.is_some() || lens.len() < 2 {
+            return lens
+                .iter()
+                .map(|_| self.new_kv_layer(kv_heads, head_dim, window))
+                .collect();
+        }
+        MlxKvLayer::new_shared(self.stream, self.dtype, kv_heads, head_dim, lens)
+    }
+
+    fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<MlxKvLayer> {
+        MlxKvLayer::from_snapshot(self.stream, self.dtype, s)
+    }
+
+    fn attention(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        segments: &mut [AttentionSegment<'_, MlxKvLayer>],
+        params: &AttentionParams,
+    ) -> Result<Array> {
+        attention::attend(&self.stream, q, k, v, segments, params)
+    }
+}

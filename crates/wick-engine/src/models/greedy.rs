@@ -1,0 +1,108 @@
+//! Greedy decoding of a batch of prompts in lockstep, with the argmax on the backend and
+//! the host out of the device's way: step `n + 1` is built from step `n`'s ids while the
+//! device still computes them, queued, and only then are step `n`'s ids read — the one
+//! wait per step is for the sampled ids themselves.
+use std::time::{Duration, Instant};
+
+use super::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache};
+use crate::backend::Backend;
+use crate::Result;
+
+/// What [`crate::Model::generate_greedy`] produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GreedyRun {
+    /// Generated ids per prompt (`max_tokens` each).
+    pub tokens: Vec<Vec<u32>>,
+    /// Prompt tokens fed.
+    pub prompt_tokens: usize,
+    /// From the start until the first generated ids were on the host.
+    pub prefill_time: Duration,
+    /// From then until the last ids were on the host.
+    pub decode_time: Duration,
+}
+
+impl GreedyRun {
+    /// Prompt tokens per second.
+    pub fn prefill_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Generated tokens per second after the first, over the whole batch.
+    pub fn decode_tps(&self) -> f64 {
+        let steps: usize = self.tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
+        steps as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Runs the prompts (each non-empty, lengths checked by the caller) on fresh caches.
+pub(crate) fn run<B: Backend>(
+    d: &Decoder<B>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    chunk: usize,
+) -> Result<GreedyRun> {
+    let chunk = chunk.max(1);
+    let be = d.backend();
+    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let mut caches: Vec<SequenceCache<B>> = d.new_lockstep_caches(&lens);
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::with_capacity(max_tokens); prompts.len()];
+    let prompt_tokens = prompts.iter().map(Vec::len).sum();
+    let started = Instant::now();
+    if prompts.is_empty() || max_tokens == 0 {
+        return Ok(GreedyRun {
+            tokens,
+            prompt_tokens: 0,
+            prefill_time: Duration::ZERO,
+            decode_time: Duration::ZERO,
+        });
+    }
+    // Everything but each prompt's last chunk, one sequence at a time.
+    for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
+        let head = (p.len() - 1) / chunk * chunk;
+        for part in p[..head].chunks(chunk) {
+            d.forward(&mut [BatchItem {
+                tokens: part,
+                cache,
+                logits: LogitsRequest::None,
+            }])?;
+        }
+    }
+    // The last chunks together; their argmax is the first generated token.
+    let mut items: Vec<BatchItem<'_, B>> = prompts
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(p, cache)| BatchItem {
+            tokens: &p[(p.len() - 1) / chunk * chunk..],
+            cache,
+            logits: LogitsRequest::Last,
+        })
+        .collect();
+    let mut current = d.forward_argmax(&mut items)?;
+    drop(items);
+    for (t, id) in tokens.iter_mut().zip(be.ids_to_host(&current)?) {
+        t.push(id);
+    }
+    let prefill_time = started.elapsed();
+    let decoding = Instant::now();
+    let mut refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+    for step in 1..max_tokens {
+        let next = d.decode_ids(&current, &mut refs)?;
+        if step > 1 {
+            for (t, id) in tokens.iter_mut().zip(be.ids_to_host(&current)?) {
+                t.push(id);
+            }
+        }
+        current = next;
+    }
+    if max_tokens > 1 {
+        for (t, id) in tokens.iter_mut().zip(be.ids_to_host(&current)?) {
+            t.push(id);
+        }
+    }
+    Ok(GreedyRun {
+        tokens,
+        prompt_tokens,
+        prefill_time,
+        decode_time: decoding.elapsed(),
+    })
+}

@@ -1,0 +1,211 @@
+//! The MLX backend (on MLX's CPU device) on the real GGUF models: greedy tokens against
+//! llama.cpp's goldens (the acceptance of tests/llamacpp_reference.rs) and logits against
+//! the candle backend on the same file. Needs `--features mlx` and `wick pull` of the
+//! models. MLX runs GGUF in f32 with the Q4/Q5/Q8 blocks re-laid out losslessly as MLX
+//! affine groups, so its logits are the exact dequantized product; candle and llama.cpp
+//! quantize activations to 8 bits inside their dot products, which moves logits by
+//! ~0.05–0.3 on these small models (hence the near-tie allowance).
+#![cfg(feature = "mlx")]
+use std::path::{Path, PathBuf};
+
+use wick_engine::backend::candle::CandleBackend;
+use wick_engine::backend::mlx::{Dtype, MlxBackend, MlxDevice};
+use wick_engine::backend::Backend;
+use wick_engine::config::ModelConfig;
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::weights::GgufWeights;
+
+/// llama.cpp margin below which a different kernel may pick the other token.
+const NEAR_TIE: f64 = 0.25;
+
+fn wick_home() -> PathBuf {
+    std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").expect("HOME")).join(".cache/wick"))
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+struct Golden {
+    file: PathBuf,
+    cases: Vec<serde_json::Value>,
+}
+
+fn golden(name: &str) -> Golden {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/goldens/llamacpp")
+        .join(format!("{name}.json"));
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let file = wick_home()
+        .join("models")
+        .join(name)
+        .join(g["file"].as_str().unwrap());
+    assert!(
+        file.is_file(),
+        "{} is missing: run `wick pull {name}`",
+        file.display()
+    );
+    Golden {
+        file,
+        cases: g["cases"].as_array().unwrap().clone(),
+    }
+}
+
+fn load<B: Backend>(backend: B, file: &Path, gguf: &wick_gguf::GgufFile) -> Decoder<B> {
+    let cfg = ModelConfig::from_gguf(gguf.metadata(), &file.display().to_string()).unwrap();
+    Decoder::load(backend, cfg, &GgufWeights::new(gguf)).unwrap()
+}
+
+/// Logits of every position of `tokens`.
+fn all_logits<B: Backend>(d: &Decoder<B>, tokens: &[u32]) -> wick_engine::Logits {
+    let mut cache = d.new_cache();
+    let out = d
+        .forward(&mut [BatchItem {
+            tokens,
+            cache: &mut cache,
+            logits: LogitsRequest::All,
+        }])
+        .unwrap();
+    out.into_iter().next().flatten().unwrap()
+}
+
+fn check(name: &str, cases: usize) {
+    let g = golden(name);
+    let gguf = wick_gguf::GgufFile::open(&g.file).unwrap();
+    let mlx = load(
+        MlxBackend::new(MlxDevice::Cpu, Dtype::F32).unwrap(),
+        &g.file,
+        &gguf,
+    );
+    let candle = load(CandleBackend::cpu(), &g.file, &gguf);
+    let (mut agree, mut total, mut long_runs) = (0usize, 0usize, 0usize);
+    let (mut diff2, mut norm2) = (0f64, 0f64);
+    let mut worst_top5 = 0f32;
+    let mut report = Vec::new();
+    for case in g.cases.iter().take(cases) {
+        let case_name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let continuation = ids(&case["continuation_ids"]);
+        let gaps: Vec<f64> = case["continuation_top2_gaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        // Teacher forced against llama.cpp, and every logit against candle.
+        let mut all = prompt.clone();
+        all.extend_from_slice(&continuation[..continuation.len() - 1]);
+        let ours = all_logits(&mlx, &all);
+        let theirs = all_logits(&candle, &all);
+        for (a, b) in ours.data.iter().zip(&theirs.data) {
+            diff2 += ((a - b) as f64).powi(2);
+            norm2 += (*b as f64).powi(2);
+        }
+        // The first step's top logits are close to llama.cpp's.
+        let first = ours.row(prompt.len() - 1);
+        for p in case["first_step_top20"].as_array().unwrap().iter().take(5) {
+            let (id, v) = (
+                p[0].as_u64().unwrap() as usize,
+                p[1].as_f64().unwrap() as f32,
+            );
+            worst_top5 = worst_top5.max((first[id] - v).abs());
+        }
+        for (i, &want) in continuation.iter().enumerate() {
+            total += 1;
+            let got = argmax(ours.row(prompt.len() - 1 + i));
+            if got == want {
+                agree += 1;
+            } else {
+                assert!(
+                    gaps[i] < NEAR_TIE,
+                    "{name}/{case_name} teacher-forced step {i}: chose {got}, llama.cpp {want} with a clear margin {}",
+                    gaps[i]
+                );
+            }
+        }
+        // Free running through the pipelined greedy path (argmax on the backend).
+        let mut cache = mlx.new_cache();
+        let mut current = mlx
+            .forward_argmax(&mut [BatchItem {
+                tokens: &prompt,
+                cache: &mut cache,
+                logits: LogitsRequest::Last,
+            }])
+            .unwrap();
+        let mut same = 0;
+        for &want in &continuation {
+            let id = mlx.backend().ids_to_host(&current).unwrap()[0];
+            if id != want {
+                assert!(
+                    gaps[same] < NEAR_TIE,
+                    "{name}/{case_name} free-running step {same}: chose {id}, llama.cpp {want} with a clear margin {}",
+                    gaps[same]
+                );
+                break;
+            }
+            same += 1;
+            current = mlx.decode_ids(&current, &mut [&mut cache]).unwrap();
+        }
+        long_runs += usize::from(same >= 16 || same == continuation.len());
+        report.push(format!("{case_name}: {same}/{}", continuation.len()));
+    }
+    let rate = agree as f64 / total as f64;
+    let rel = (diff2 / norm2).sqrt();
+    eprintln!(
+        "{name} on MLX (cpu, f32): teacher-forced {agree}/{total} ({:.1}%), free-running {}; \
+         ‖logits − candle‖/‖candle‖ {rel:.4}, first-step top-5 vs llama.cpp within {worst_top5:.3}",
+        rate * 100.0,
+        report.join(", ")
+    );
+    assert!(
+        rate >= 0.97,
+        "{name}: teacher-forced agreement {:.1}%",
+        rate * 100.0
+    );
+    let n = report.len();
+    assert!(
+        long_runs * 8 >= n * 5,
+        "{name}: only {long_runs}/{n} prompts kept ≥ 16 greedy tokens: {}",
+        report.join(", ")
+    );
+    assert!(
+        rel < 0.05,
+        "{name}: MLX logits are {rel:.4} (relative) from candle's"
+    );
+    assert!(
+        worst_top5 < 1.0,
+        "{name}: first-step top-5 logits differ from llama.cpp's by up to {worst_top5}"
+    );
+}
+
+#[test]
+fn smollm2_on_mlx_matches_llama_cpp_and_candle() {
+    check("smollm2-135m-instruct", 8);
+}
+
+#[test]
+fn qwen2_5_coder_on_mlx_matches_llama_cpp_and_candle() {
+    check("qwen2.5-coder-0.5b-instruct", 4);
+}
+
+#[test]
+fn gemma3_on_mlx_matches_llama_cpp_and_candle() {
+    check("gemma-3-270m", 4);
+}

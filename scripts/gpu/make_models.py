@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Makes random-weight Hugging Face models of real shapes (for benchmarks and checks).
+
+Needs torch + transformers (both present in PyTorch's venv on the GPU machine). Weights
+are drawn on the GPU when there is one (seeded), saved as safetensors in the requested
+dtype, with the tokenizer files of TOKENIZER_DIR copied next to them.
+
+    make_models.py OUT_DIR SHAPE DTYPE TOKENIZER_DIR [--seed N]
+
+SHAPE: llama3-8b | qwen2.5-0.5b | tiny-llama | tiny-qwen2
+DTYPE: bfloat16 | float16 | float32
+"""
+import argparse
+import json
+import os
+import shutil
+import time
+
+import torch
+import transformers
+
+SHAPES = {
+    # Llama-3-8B: 32 layers, hidden 4096, 32 heads / 8 KV heads, MLP 14336, vocab 128256.
+    "llama3-8b": dict(
+        model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    # Qwen2.5-0.5B: 24 layers, hidden 896, 14 heads / 2 KV heads, MLP 4864, Q/K/V biases.
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    # Tiny shapes for CPU checks (CI-sized).
+    "tiny-llama": dict(
+        model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=49152,
+        max_position_embeddings=4096, rope_theta=100000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    ),
+    "tiny-qwen2": dict(
+        model_type="qwen2", hidden_size=128, intermediate_size=320, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=151936,
+        max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def add_legacy_rope_theta(model_dir):
+    """transformers 5 writes `rope_parameters`; mlx-lm (0.32) and older readers take the
+    top-level `rope_theta` and default to 10000 without it: write both."""
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in cfg:
+        cfg["rope_theta"] = theta
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("dtype", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("tokenizer")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--std", type=float, default=0.02,
+                    help="initializer range (weights ~ N(0, std))")
+    args = ap.parse_args()
+    t0 = time.time()
+    spec = dict(SHAPES[args.shape])
+    model_type = spec.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **spec, initializer_range=args.std)
+    config.bos_token_id = None
+    config.eos_token_id = None
+    dtype = getattr(torch, args.dtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # transformers' init leaves norms at one; give them some spread so norms matter.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.copy_(0.02 * torch.randn_like(p))
+    model.eval()
+    os.makedirs(args.out, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True, max_shard_size="50GB")
+    add_legacy_rope_theta(args.out)
+    for f in os.listdir(args.tokenizer):
+        if f.startswith("tokenizer") or f.endswith(".jinja") or f == "special_tokens_map.json":
+            shutil.copy(os.path.join(args.tokenizer, f), args.out)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"{args.out}: {args.shape} {args.dtype}, {n / 1e9:.3f} B parameters, "
+          f"{time.time() - t0:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

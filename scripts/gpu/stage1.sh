@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# H200, first call (carry: carry/a). Keeps the first wheel half and the small files in
+# /tmp/wick (the machine keeps /tmp while it stays warm: call stage2.sh right after),
+# makes the random-weight models with transformers on the GPU, measures the ceilings.
+set -uo pipefail
+G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
+W=/tmp/wick
+mkdir -p $W/models $OUT
+cp -r carry/a/. $W/
+{ nvidia-smi; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv;
+  python3 --version; uname -a; nproc; free -g; df -h /tmp;
+  SP=/opt/torch/.venv/lib/python3.12/site-packages/nvidia; ls $SP $SP/cu13/lib | head -80;
+  ls /usr/local/cuda*/include/cuda_bf16.h 2>&1; which nvcc; } > $OUT/env.txt 2>&1
+tar -C $W -xJf $W/tokenizer.tar.xz
+TOK=$W/$(tar -tJf $W/tokenizer.tar.xz | head -1 | cut -d/ -f1)
+if [ -z "${SKIP_CEILINGS:-}" ]; then
+  timeout 120 python3 $G/ceilings.py > $OUT/ceilings.json 2> $OUT/ceilings.err
+  cat $OUT/ceilings.json
+  cp $OUT/ceilings.json $W/
+fi
+# MAKE: SHAPE:DTYPE pairs; the folder is SHAPE-bf16 / -f16 / -f32.
+for sd in ${MAKE:-llama3-8b:bfloat16 qwen2.5-0.5b:bfloat16}; do
+  shape=${sd%%:*}; dtype=${sd##*:}
+  case $dtype in bfloat16) tag=bf16 ;; float16) tag=f16 ;; *) tag=f32 ;; esac
+  timeout 300 python3 $G/make_models.py $W/models/$shape-$tag $shape $dtype $TOK 2>&1 | tail -1
+done
+du -sh $W/models/* $W/*
