@@ -3,8 +3,8 @@
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use cpu_time::ThreadCpuTime;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use wick_kernels::elementwise::{self, GluActivation};
 use wick_kernels::{Isa, ThreadPool};
 
