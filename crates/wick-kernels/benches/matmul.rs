@@ -1,6 +1,7 @@
-//! Quantized and float products at the shapes of the models wick runs: one token (decode)
-//! and a 128-token prompt chunk (compute-bound), on one thread, timed in thread CPU time
-//! (see `support/cpu_time.rs`). Throughput is multiply-adds per second.
+//! Quantized and float products at the shapes of the models wick runs: one token (decode),
+//! 2, 4 and 8 tokens (batched decode) and a 128-token prompt chunk (compute-bound), on one
+//! thread, timed in thread CPU time (see `support/cpu_time.rs`). Throughput is
+//! multiply-adds per second.
 #[path = "support/cpu_time.rs"]
 mod cpu_time;
 
@@ -51,8 +52,8 @@ fn products(c: &mut Criterion<ThreadCpuTime>) {
         let w = matrix(format, rows, cols);
         let mut group = c.benchmark_group(format!("matmul/{name}"));
         group.sample_size(10);
-        for n in [1usize, 128] {
-            if rows > 100_000 && n > 1 {
+        for n in [1usize, 2, 4, 8, 128] {
+            if rows > 100_000 && n > 8 {
                 continue;
             }
             let x: Vec<f32> = (0..n * cols)

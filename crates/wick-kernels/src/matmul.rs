@@ -78,7 +78,9 @@ pub fn matmul(
     let act = &*act;
 
     // Work units: runs of `group` strips of one matrix, numbered across matrices.
-    let group = if n == 1 { 8 } else { 2 };
+    // Batched decode (a few tokens) tiles up to four strips at once, so its units are as
+    // wide as single-token decode's; long inputs keep narrow units for balance.
+    let group = if n <= 8 { 8 } else { 2 };
     let mut outputs = [None; MAX_PRODUCTS];
     let mut first_unit = [0usize; MAX_PRODUCTS + 1];
     let mut macs = 0usize;
