@@ -223,17 +223,12 @@ impl KvCache {
 
     /// Blocks held, all layers together.
     pub fn blocks(&self) -> usize {
-        self.inner
-            .layers()
-            .iter()
-            .map(CpuKvLayer::block_count)
-            .sum()
+        self.cpu_layers().iter().map(CpuKvLayer::block_count).sum()
     }
 
     /// Blocks charged to the pool, all layers together (0 when not attached).
     pub fn charged_blocks(&self) -> usize {
-        self.inner
-            .layers()
+        self.cpu_layers()
             .iter()
             .map(CpuKvLayer::charged_blocks)
             .sum()
@@ -241,8 +236,7 @@ impl KvCache {
 
     /// Blocks the pool must grant before `tokens` more tokens can be appended.
     pub fn blocks_to_append(&self, tokens: usize) -> usize {
-        self.inner
-            .layers()
+        self.cpu_layers()
             .iter()
             .map(|l| l.extra_blocks_for(tokens))
             .sum()
