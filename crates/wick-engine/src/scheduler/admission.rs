@@ -46,8 +46,9 @@ pub fn available_memory() -> Option<u64> {
 }
 
 impl KvAdmission {
-    /// Sizes the pool for `model` under `budget`.
-    pub fn new(model: &Model, budget: KvBudget, chunk: usize) -> Result<Self> {
+    /// Sizes the pool for `model` under `budget`. A fractional budget leaves out
+    /// `reserved_bytes` (the RAM prompt cache's cap), which shares the same memory.
+    pub fn new(model: &Model, budget: KvBudget, chunk: usize, reserved_bytes: u64) -> Result<Self> {
         let block_bytes = model.kv_block_bytes().max(1);
         let bytes = match budget {
             KvBudget::Unbounded => None,
@@ -59,7 +60,21 @@ impl KvAdmission {
                     )));
                 }
                 match available_memory() {
-                    Some(avail) => Some((avail as f64 * f) as u64),
+                    Some(avail) => {
+                        let share = (avail as f64 * f) as u64;
+                        // Never below a tenth of the share: a huge prompt-cache cap must
+                        // not leave running sequences without room.
+                        let pool = share.saturating_sub(reserved_bytes).max(share / 10);
+                        if pool < share {
+                            tracing::info!(
+                                share,
+                                reserved_bytes,
+                                pool,
+                                "KV pool leaves room for the RAM prompt cache"
+                            );
+                        }
+                        Some(pool)
+                    }
                     None => {
                         tracing::warn!(
                             "cannot read the available memory; the KV pool has no budget"

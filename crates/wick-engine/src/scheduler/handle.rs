@@ -72,7 +72,12 @@ impl Engine {
     /// process holds, or one that cannot be created, is an error).
     pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle, EngineError> {
         let cache = EngineCache::new(&model, &config)?;
-        let admission = KvAdmission::new(&model, config.kv_budget, config.step_token_budget)?;
+        let admission = KvAdmission::new(
+            &model,
+            config.kv_budget,
+            config.step_token_budget,
+            config.prompt_cache_bytes,
+        )?;
         tracing::info!(
             weights_mib = model.info().weight_bytes / (1 << 20),
             "{}",
