@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
+use wick_server::sse::SseReader;
 use wick_server::{AppState, ServerConfig};
 
 const PROMPT: &str = "Write a detailed story about a lighthouse keeper.";
@@ -91,23 +92,15 @@ async fn over_http(addr: std::net::SocketAddr, path: &str, body: Value) -> Resul
     let mut first = None;
     let mut last = started;
     let mut tokens = 0usize;
-    let mut buffer = String::new();
+    let mut reader = SseReader::default();
     while let Some(frame) = body.frame().await {
         let frame = frame?;
         let Some(data) = frame.data_ref() else {
             continue;
         };
         let now = Instant::now();
-        buffer.push_str(&String::from_utf8_lossy(data));
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            let Some(payload) = event.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            if payload == "[DONE]" {
-                continue;
-            }
-            let v: Value = serde_json::from_str(payload)?;
+        for payload in reader.push(data) {
+            let v: Value = serde_json::from_str(&payload)?;
             let choice = &v["choices"][0];
             let text = choice["text"]
                 .as_str()

@@ -44,3 +44,45 @@ pub fn response(events: impl Stream<Item = Event> + Send + 'static) -> Response 
     });
     Sse::new(guarded).into_response()
 }
+
+/// The client side: splits a response body, fed in whatever chunks the network delivers,
+/// into the JSON payloads of its `data:` events (`[DONE]` and other lines left out). Bytes
+/// are buffered until an event is complete, so a character split across chunks survives.
+#[derive(Debug, Default)]
+pub struct SseReader {
+    buffer: Vec<u8>,
+}
+
+impl SseReader {
+    /// Adds `chunk` and returns the payloads of the events it completed.
+    pub fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        self.buffer.extend_from_slice(chunk);
+        let mut payloads = Vec::new();
+        while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+            let event = String::from_utf8_lossy(&event);
+            if let Some(payload) = event.trim().strip_prefix("data: ") {
+                if payload != "[DONE]" {
+                    payloads.push(payload.to_string());
+                }
+            }
+        }
+        payloads
+    }
+}
+
+#[cfg(test)]
+mod reader_tests {
+    use super::SseReader;
+
+    #[test]
+    fn events_split_anywhere_come_out_whole() {
+        let stream = "data: {\"t\":\"é\"}\n\n: keep-alive\n\ndata: {\"t\":2}\n\ndata: [DONE]\n\n";
+        for cut in 0..stream.len() {
+            let mut r = SseReader::default();
+            let mut got = r.push(&stream.as_bytes()[..cut]);
+            got.extend(r.push(&stream.as_bytes()[cut..]));
+            assert_eq!(got, ["{\"t\":\"é\"}", "{\"t\":2}"], "cut at {cut}");
+        }
+    }
+}

@@ -79,6 +79,35 @@ pub struct HostWeight<'a> {
     pub bytes: std::borrow::Cow<'a, [u8]>,
 }
 
+impl HostWeight<'_> {
+    /// The values of a float (F32/F16/BF16) weight as f32; `role` names what the weight
+    /// is for in the error another element type gets.
+    pub(crate) fn float_values(&self, role: &str) -> Result<Vec<f32>> {
+        let b = &self.bytes;
+        Ok(match self.dtype {
+            GgmlType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            GgmlType::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            GgmlType::Bf16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(EngineError::UnsupportedDtype {
+                    source_name: role.into(),
+                    tensor: self.name.clone(),
+                    dtype: other.to_string(),
+                })
+            }
+        })
+    }
+}
+
 /// Activation function of the gated MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
@@ -162,6 +191,26 @@ pub struct KvLayerSnapshot {
     pub keys: Vec<f32>,
     /// Values, same layout.
     pub values: Vec<f32>,
+}
+
+/// The trimmability rule every backend's KV layer follows: a layer of `len` tokens whose
+/// first kept token is `start` (a sliding `window` dropped the ones before) can be cut to
+/// `to` tokens only while every key the shorter sequence's next query sees is still there.
+pub(crate) fn can_trim(len: usize, start: usize, window: Option<usize>, to: usize) -> bool {
+    if to > len {
+        return false;
+    }
+    match window {
+        None => true,
+        Some(w) => start <= (to + 1).saturating_sub(w),
+    }
+}
+
+/// The error of a trim that [`can_trim`] refuses.
+pub(crate) fn untrimmable(len: usize, start: usize, to: usize) -> EngineError {
+    EngineError::Cache(format!(
+        "cannot trim a sliding-window cache of {len} tokens (first kept {start}) to {to}"
+    ))
 }
 
 /// Per-layer, per-sequence key/value storage of a backend.

@@ -246,7 +246,7 @@ impl<B: Backend> Loader<'_, B> {
             return Ok(Some(self.backend.vector(w)?));
         }
         // Stored as an offset from one: upload 1 + w as f32.
-        let values = floats(&w)?;
+        let values = w.float_values("norm weight")?;
         let bytes: Vec<u8> = values
             .iter()
             .flat_map(|v| (v + 1.0).to_le_bytes())
@@ -313,7 +313,7 @@ impl<B: Backend> Loader<'_, B> {
             match self.src.get(name)? {
                 Some(w) => {
                     self.check(&w, &[*len])?;
-                    values.extend(floats(&w)?);
+                    values.extend(w.float_values("norm weight")?);
                     any = true;
                 }
                 None => values.extend(std::iter::repeat_n(0.0f32, *len)),
@@ -351,32 +351,6 @@ fn three<T>(v: Vec<T>) -> Result<[T; 3]> {
 fn two<T>(v: Vec<T>) -> Result<[T; 2]> {
     <[T; 2]>::try_from(v).map_err(|v| {
         EngineError::InvalidInput(format!("backend returned {} products for 2", v.len()))
-    })
-}
-
-/// f32 values of a float weight.
-fn floats(w: &HostWeight<'_>) -> Result<Vec<f32>> {
-    let b = &w.bytes;
-    Ok(match w.dtype {
-        GgmlType::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        GgmlType::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        GgmlType::Bf16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(EngineError::UnsupportedDtype {
-                source_name: "norm weight".into(),
-                tensor: w.name.clone(),
-                dtype: other.to_string(),
-            })
-        }
     })
 }
 

@@ -42,32 +42,6 @@ fn bad(name: &str, reason: impl Into<String>) -> EngineError {
     }
 }
 
-/// f32 values of a float host weight.
-pub(crate) fn float_values(w: &HostWeight<'_>) -> Result<Vec<f32>> {
-    let b = &w.bytes;
-    Ok(match w.dtype {
-        GgmlType::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        GgmlType::F16 => b
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        GgmlType::Bf16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => {
-            return Err(EngineError::UnsupportedDtype {
-                source_name: "affine weight".into(),
-                tensor: w.name.clone(),
-                dtype: other.to_string(),
-            })
-        }
-    })
-}
-
 impl AffineWeight<'_> {
     /// Checks that the pieces fit together: supported bits and group size, packed bytes
     /// and scale/bias shapes that match `rows × cols`.
@@ -150,8 +124,8 @@ impl AffineWeight<'_> {
     /// The float matrix `[rows, cols]` this stands for, row-major.
     pub fn dequantize(&self) -> Result<Vec<f32>> {
         self.validate()?;
-        let scales = float_values(&self.scales)?;
-        let biases = float_values(&self.biases)?;
+        let scales = self.scales.float_values("affine weight")?;
+        let biases = self.biases.float_values("affine weight")?;
         let groups = self.cols / self.group_size;
         let mut out = Vec::with_capacity(self.rows * self.cols);
         for r in 0..self.rows {

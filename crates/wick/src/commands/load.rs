@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
+use wick_server::sse::SseReader;
 
 /// What one load run is asked to do.
 pub struct LoadSpec {
@@ -116,23 +117,15 @@ async fn one_stream(authority: &str, prefix: &str, body: Value) -> Result<Stream
     let mut gaps = Vec::new();
     let mut frames = 0usize;
     let mut usage = (0usize, 0usize);
-    let mut buffer = String::new();
+    let mut reader = SseReader::default();
     while let Some(frame) = body.frame().await {
         let frame = frame?;
         let Some(data) = frame.data_ref() else {
             continue;
         };
         let now = Instant::now();
-        buffer.push_str(&String::from_utf8_lossy(data));
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            let Some(payload) = event.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            if payload == "[DONE]" {
-                continue;
-            }
-            let v: Value = serde_json::from_str(payload)?;
+        for payload in reader.push(data) {
+            let v: Value = serde_json::from_str(&payload)?;
             if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                 usage = (
                     u["prompt_tokens"].as_u64().unwrap_or(0) as usize,

@@ -264,21 +264,12 @@ impl KvLayer for CpuKvLayer {
     }
 
     fn can_trim_to(&self, len: usize) -> bool {
-        if len > self.len {
-            return false;
-        }
-        match self.window {
-            None => true,
-            Some(w) => self.start <= (len + 1).saturating_sub(w),
-        }
+        crate::backend::can_trim(self.len, self.start, self.window, len)
     }
 
     fn trim(&mut self, len: usize) -> Result<()> {
         if !self.can_trim_to(len) {
-            return Err(EngineError::Cache(format!(
-                "cannot trim a sliding-window cache of {} tokens (first kept {}) to {len}",
-                self.len, self.start
-            )));
+            return Err(crate::backend::untrimmable(self.len, self.start, len));
         }
         if len <= self.start {
             // Only possible for len == start == 0 (or a window that dropped nothing).
