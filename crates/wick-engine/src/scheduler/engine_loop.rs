@@ -237,14 +237,18 @@ fn complete(model: &Model, shared: &Shared, a: Active) {
     let c = &shared.counters;
     let out = a.seq.finish(model);
     let cancelled = out.finish_reason == crate::generation::FinishReason::Cancelled;
+    let mut kv = out.cache;
     if let (Some(cache), Some(t)) = (&shared.cache, &a.cache) {
         let mut tokens = a.req.request.prompt.clone();
         tokens.extend_from_slice(&out.tokens);
-        tokens.truncate(out.cache.len());
+        tokens.truncate(kv.len());
         // The entry leaves the block pool; the prompt cache accounts for it from now on.
-        let mut kv = out.cache;
         kv.detach();
         cache.finish(t, &tokens, kv, !cancelled);
+    } else {
+        // Back to the pool before the client hears it is done, so a caller that reads
+        // the stats after its last event sees the blocks free.
+        drop(kv);
     }
     if cancelled {
         c.cancelled.fetch_add(1, Ordering::Relaxed);
