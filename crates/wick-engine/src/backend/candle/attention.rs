@@ -17,22 +17,60 @@ fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
     }
 }
 
+/// Blocks whose loads are started ahead of the one being computed.
+const PREFETCH_AHEAD: usize = 2;
+
 /// Calls `f(block, first_slot, n)` for each run of consecutive positions `from..to` that
-/// lie in one block.
+/// lie in one block, and `warm(block)` on each block [`PREFETCH_AHEAD`] runs before `f`
+/// reaches it (the first ones up front).
 #[inline]
 fn for_each_run(
     cache: &CpuKvLayer,
     from: usize,
     to: usize,
+    warm: impl Fn(&KvBlock),
     mut f: impl FnMut(&KvBlock, usize, usize),
 ) {
+    // Runs after the first start on block boundaries.
+    let run_start = |i: usize| (from - from % BLOCK_TOKENS) + i * BLOCK_TOKENS;
+    for i in 0..PREFETCH_AHEAD {
+        let pos = run_start(i).max(from);
+        if pos < to {
+            warm(cache.locate(pos).0);
+        }
+    }
     let mut pos = from;
+    let mut i = 0;
     while pos < to {
+        let ahead = run_start(i + PREFETCH_AHEAD);
+        if ahead < to {
+            warm(cache.locate(ahead).0);
+        }
         let (block, slot) = cache.locate(pos);
         let n = (BLOCK_TOKENS - slot).min(to - pos);
         f(block, slot, n);
         pos += n;
+        i += 1;
     }
+}
+
+/// Asks the CPU to start loading `data` into its caches: blocks are separate allocations,
+/// so the hardware prefetcher stops at each block's end, and a decode step's KV reads
+/// come from memory. A hint only; it never faults.
+#[inline(always)]
+fn prefetch(data: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in data.chunks(16) {
+        // SAFETY: a prefetch hint reads nothing architecturally and cannot fault; the
+        // address is inside `data` anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// Partial sums per score: dimension `d` goes to accumulator `d % LANES`, the
@@ -42,71 +80,149 @@ fn for_each_run(
 /// are re-quantized between layers amplify even last-bit differences).
 const LANES: usize = 16;
 
-/// `q · k` of one query head (`q`, `hd` values) against every slot of a block's
-/// transposed keys of one KV head (`kt`, `[hd][slot]`): sixteen-wide products across the
-/// slots, no horizontal sums.
-#[inline]
-fn block_scores(q: &[f32], kt: &[f32], hd: usize) -> [f32; BLOCK_TOKENS] {
+/// Query heads handled together: each key and value row is loaded once for all of them,
+/// and their independent sums keep the vector units busy (four heads' accumulators still
+/// fit the registers).
+const MAX_GROUP: usize = 4;
+
+/// `q · k` of `G` query heads (`qs`, `[G][hd]`) against every slot of a block's transposed
+/// keys of one KV head (`kt`, `[hd][slot]`): sixteen-wide products across the slots, no
+/// horizontal sums.
+#[inline(always)]
+fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLOCK_TOKENS]; G] {
     let main = hd - hd % LANES;
-    let mut sum = [0f32; BLOCK_TOKENS];
+    let key = |d: usize| -> &[f32; BLOCK_TOKENS] {
+        let k = &kt[d * BLOCK_TOKENS..(d + 1) * BLOCK_TOKENS];
+        k.try_into().expect("a key row is one block wide")
+    };
+    let mut sum = [[0f32; BLOCK_TOKENS]; G];
     if main > 0 {
         for lane in 0..LANES {
-            // Accumulator `lane` over dimensions lane, lane + 16, …: two live vectors, so
-            // the compiler keeps everything in registers.
-            let mut acc = [0f32; BLOCK_TOKENS];
+            let mut acc = [[0f32; BLOCK_TOKENS]; G];
             for d in (lane..main).step_by(LANES) {
-                let qd = q[d];
-                for (a, &k) in acc
-                    .iter_mut()
-                    .zip(&kt[d * BLOCK_TOKENS..(d + 1) * BLOCK_TOKENS])
-                {
-                    *a += qd * k;
+                let k = key(d);
+                for (g, acc) in acc.iter_mut().enumerate() {
+                    let qd = qs[g * hd + d];
+                    for (a, &k) in acc.iter_mut().zip(k) {
+                        *a += qd * k;
+                    }
                 }
             }
-            for (s, &a) in sum.iter_mut().zip(&acc) {
-                *s += a;
+            for (sum, acc) in sum.iter_mut().zip(&acc) {
+                for (s, &a) in sum.iter_mut().zip(acc) {
+                    *s += a;
+                }
             }
         }
     }
     for d in main..hd {
-        let qd = q[d];
-        for (s, &k) in sum
-            .iter_mut()
-            .zip(&kt[d * BLOCK_TOKENS..(d + 1) * BLOCK_TOKENS])
-        {
-            *s += qd * k;
+        let k = key(d);
+        for (g, sum) in sum.iter_mut().enumerate() {
+            let qd = qs[g * hd + d];
+            for (s, &k) in sum.iter_mut().zip(k) {
+                *s += qd * k;
+            }
         }
     }
     sum
 }
 
-/// Writes the scores of query heads `qs` (`[heads][hd]`) for slots `slot .. slot + n` of
-/// `block` into column `t ..` of `scores` (`[head][position]`, `stride` positions a row).
-#[allow(clippy::too_many_arguments)]
-fn score_run(
+/// Scaled (and soft-capped) scores of the `G` query heads `qs` for positions `lo .. hi`
+/// into `scores` (`[G][n]`).
+#[inline(always)]
+fn group_scores<const G: usize>(
     qs: &[f32],
-    block: &KvBlock,
+    src: &RowSource<'_>,
+    (lo, hi): (usize, usize),
     kvh: usize,
-    slot: usize,
-    n: usize,
     p: &AttentionParams,
     scores: &mut [f32],
-    (t, stride): (usize, usize),
 ) {
     let hd = p.head_dim;
-    let kt = block.head_keys(kvh, hd);
-    let mut put = |g: usize, acc: &[f32; BLOCK_TOKENS]| {
-        let out = &mut scores[g * stride + t..g * stride + t + n];
-        for (o, &a) in out.iter_mut().zip(&acc[slot..slot + n]) {
-            let mut s = a * p.scale;
-            if let Some(cap) = p.softcap {
-                s = cap * (s / cap).tanh();
+    let n = hi - lo;
+    let mut t = 0;
+    let warm = |b: &KvBlock| prefetch(b.head_keys(kvh, hd));
+    for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
+        let sums = block_scores::<G>(qs, block.head_keys(kvh, hd), hd);
+        for (g, sum) in sums.iter().enumerate() {
+            let out = &mut scores[g * n + t..g * n + t + len];
+            for (o, &a) in out.iter_mut().zip(&sum[slot..slot + len]) {
+                let mut s = a * p.scale;
+                if let Some(cap) = p.softcap {
+                    s = cap * (s / cap).tanh();
+                }
+                *o = s;
             }
-            *o = s;
         }
-    };
-    for (g, q) in qs.chunks_exact(hd).enumerate() {
-        put(g, &block_scores(q, kt, hd));
+        t += len;
+    });
+}
+
+/// Width of the value accumulators of one head: four vector registers.
+const VALUE_TILE: usize = 64;
+
+/// `out[g] = Σ_t weights[g][t] · v_t` for the `G` heads, over positions `lo .. hi` of KV
+/// head `kvh`; each value row is loaded once for all heads. Every output sums its terms in
+/// position order from zero, as a plain loop would.
+#[inline(always)]
+fn group_values<const G: usize>(
+    weights: &[f32],
+    src: &RowSource<'_>,
+    (lo, hi): (usize, usize),
+    kvh: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let n = hi - lo;
+    let row = src.cache.row();
+    let mut d0 = 0;
+    while d0 + VALUE_TILE <= hd {
+        let mut acc = [[0f32; VALUE_TILE]; G];
+        let mut t = 0;
+        let warm = |b: &KvBlock| {
+            for v in b.values.chunks_exact(row) {
+                prefetch(&v[kvh * hd + d0..kvh * hd + d0 + VALUE_TILE]);
+            }
+        };
+        for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
+            let values = &block.values[slot * row..(slot + len) * row];
+            for (i, v) in values.chunks_exact(row).enumerate() {
+                let v: &[f32; VALUE_TILE] = v[kvh * hd + d0..kvh * hd + d0 + VALUE_TILE]
+                    .try_into()
+                    .expect("one value tile");
+                for (g, acc) in acc.iter_mut().enumerate() {
+                    let wt = weights[g * n + t + i];
+                    for (a, &x) in acc.iter_mut().zip(v) {
+                        *a += wt * x;
+                    }
+                }
+            }
+            t += len;
+        });
+        for (g, acc) in acc.iter().enumerate() {
+            out[g * hd + d0..g * hd + d0 + VALUE_TILE].copy_from_slice(acc);
+        }
+        d0 += VALUE_TILE;
+    }
+    if d0 < hd {
+        let mut t = 0;
+        for_each_run(
+            src.cache,
+            lo,
+            hi,
+            |_| {},
+            |block, slot, len| {
+                let values = &block.values[slot * row..(slot + len) * row];
+                for (i, v) in values.chunks_exact(row).enumerate() {
+                    let v = &v[kvh * hd + d0..(kvh + 1) * hd];
+                    for g in 0..G {
+                        let wt = weights[g * n + t + i];
+                        axpy(&mut out[g * hd + d0..(g + 1) * hd], wt, v);
+                    }
+                }
+                t += len;
+            },
+        );
     }
 }
 
@@ -129,7 +245,7 @@ struct Scratch {
 }
 
 /// Attention of the query heads `h0 .. h0 + qs.len() / hd`, which all read KV head `kvh`,
-/// for one row: every key is loaded once for all of them.
+/// for one row, up to [`MAX_GROUP`] heads at a time sharing every key and value load.
 fn attend_heads(
     qs: &[f32],
     src: &RowSource<'_>,
@@ -140,23 +256,33 @@ fn attend_heads(
 ) {
     let hd = p.head_dim;
     let heads = qs.len() / hd;
-    let row = src.cache.row();
-    let hi = src.pos;
+    let hi = src.pos + 1;
     let lo = match p.window {
-        Some(w) => (hi + 1).saturating_sub(w),
+        Some(w) => hi.saturating_sub(w),
         None => 0,
     }
     .max(src.cache.start);
-    let n = hi + 1 - lo;
+    let n = hi - lo;
     sc.scores.clear();
     sc.scores.resize(heads * n, 0.0);
     sc.max.clear();
     sc.max.resize(heads, f32::NEG_INFINITY);
-    let mut t = 0;
-    for_each_run(src.cache, lo, hi + 1, |block, slot, len| {
-        score_run(qs, block, kvh, slot, len, p, &mut sc.scores, (t, n));
-        t += len;
-    });
+    let span = (lo, hi);
+    let mut h = 0;
+    while h < heads {
+        let g = (heads - h).min(MAX_GROUP);
+        let (q, scores) = (
+            &qs[h * hd..(h + g) * hd],
+            &mut sc.scores[h * n..(h + g) * n],
+        );
+        match g {
+            4 => group_scores::<4>(q, src, span, kvh, p, scores),
+            3 => group_scores::<3>(q, src, span, kvh, p, scores),
+            2 => group_scores::<2>(q, src, span, kvh, p, scores),
+            _ => group_scores::<1>(q, src, span, kvh, p, scores),
+        }
+        h += g;
+    }
     for g in 0..heads {
         sc.max[g] = sc.scores[g * n..(g + 1) * n]
             .iter()
@@ -177,36 +303,20 @@ fn attend_heads(
             *w *= inv;
         }
     }
-    for (g, o) in out.chunks_exact_mut(hd).enumerate() {
-        let w = &sc.scores[g * n..(g + 1) * n];
-        // 64 dimensions at a time in a register-sized accumulator, the rest one by one.
-        let mut d0 = 0;
-        while d0 + 64 <= hd {
-            let mut acc = [0f32; 64];
-            let mut t = 0;
-            for_each_run(src.cache, lo, hi + 1, |block, slot, len| {
-                let values = &block.values[slot * row..(slot + len) * row];
-                for (v, &wt) in values.chunks_exact(row).zip(&w[t..t + len]) {
-                    let v = &v[kvh * hd + d0..kvh * hd + d0 + 64];
-                    for (a, &x) in acc.iter_mut().zip(v) {
-                        *a += wt * x;
-                    }
-                }
-                t += len;
-            });
-            o[d0..d0 + 64].copy_from_slice(&acc);
-            d0 += 64;
+    let mut h = 0;
+    while h < heads {
+        let g = (heads - h).min(MAX_GROUP);
+        let (w, o) = (
+            &sc.scores[h * n..(h + g) * n],
+            &mut out[h * hd..(h + g) * hd],
+        );
+        match g {
+            4 => group_values::<4>(w, src, span, kvh, hd, o),
+            3 => group_values::<3>(w, src, span, kvh, hd, o),
+            2 => group_values::<2>(w, src, span, kvh, hd, o),
+            _ => group_values::<1>(w, src, span, kvh, hd, o),
         }
-        if d0 < hd {
-            let mut t = 0;
-            for_each_run(src.cache, lo, hi + 1, |block, slot, len| {
-                let values = &block.values[slot * row..(slot + len) * row];
-                for (v, &wt) in values.chunks_exact(row).zip(&w[t..t + len]) {
-                    axpy(&mut o[d0..], wt, &v[kvh * hd + d0..(kvh + 1) * hd]);
-                }
-                t += len;
-            });
-        }
+        h += g;
     }
 }
 
@@ -315,6 +425,146 @@ mod tests {
             }
         }
         out
+    }
+
+    /// One head's attention at position `pos` of contiguous `[token][kv_head][hd]` keys and
+    /// values in the order the kernels promise: each score's dimensions summed in sixteen
+    /// lane accumulators (dimension `d` into lane `d % 16`), the lanes added in order, then
+    /// the tail; weights and values summed position by position from zero.
+    fn ordered_reference(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        pos: usize,
+        p: &AttentionParams,
+    ) -> Vec<f32> {
+        let hd = p.head_dim;
+        let row = p.kv_heads * hd;
+        let main = hd - hd % 16;
+        let mut out = vec![0f32; p.heads * hd];
+        for h in 0..p.heads {
+            let kvh = h / (p.heads / p.kv_heads);
+            let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let q = &q[h * hd..(h + 1) * hd];
+            let scores: Vec<f32> = (lo..=pos)
+                .map(|j| {
+                    let k = &keys[j * row + kvh * hd..][..hd];
+                    let mut sum = 0f32;
+                    if main > 0 {
+                        for lane in 0..16 {
+                            let mut acc = 0f32;
+                            for d in (lane..main).step_by(16) {
+                                acc += q[d] * k[d];
+                            }
+                            sum += acc;
+                        }
+                    }
+                    for d in main..hd {
+                        sum += q[d] * k[d];
+                    }
+                    let mut s = sum * p.scale;
+                    if let Some(cap) = p.softcap {
+                        s = cap * (s / cap).tanh();
+                    }
+                    s
+                })
+                .collect();
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let inv = 1.0 / weights.iter().sum::<f32>();
+            for (j, w) in (lo..=pos).zip(&weights) {
+                let w = w * inv;
+                let v = &values[j * row + kvh * hd..][..hd];
+                for d in 0..hd {
+                    out[h * hd + d] += w * v[d];
+                }
+            }
+        }
+        out
+    }
+
+    /// Grouped heads (one to four sharing each load, seven split four and three), head
+    /// sizes with and without a sixteen-dimension tail or a 64-wide value tile: every
+    /// output is bit for bit the ordered reference's, for decode rows of several sequences
+    /// and for a prompt chunk.
+    #[test]
+    fn grouped_heads_keep_the_promised_summation_order() {
+        let be = CandleBackend::cpu();
+        for (heads, kv_heads, head_dim, window, softcap) in [
+            (9, 3, 64, None, None),
+            (14, 2, 64, None, None),
+            (4, 1, 256, Some(40), Some(30.0)),
+            (6, 6, 80, None, None),
+            (8, 2, 24, None, None),
+            (2, 1, 128, None, None),
+        ] {
+            let p = AttentionParams {
+                heads,
+                kv_heads,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                window,
+                softcap,
+            };
+            let (q_w, kv_w) = (heads * head_dim, kv_heads * head_dim);
+            let lens = [75usize, 33, 130];
+            let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..lens.len())
+                .map(|s| {
+                    let n = lens[s];
+                    let seed = 100 + 10 * s as u64;
+                    (
+                        noise(seed, n * q_w).iter().map(|x| 3.0 * x).collect(),
+                        noise(seed + 1, n * kv_w).iter().map(|x| 3.0 * x).collect(),
+                        noise(seed + 2, n * kv_w),
+                    )
+                })
+                .collect();
+            let mut caches: Vec<CpuKvLayer> = lens
+                .iter()
+                .map(|_| be.new_kv_layer(kv_heads, head_dim, window))
+                .collect();
+            // A prompt chunk of all but the last token of each, then one decode row each.
+            for last in [false, true] {
+                let (mut q, mut k, mut v, mut rows) = (vec![], vec![], vec![], vec![]);
+                for (s, &n) in lens.iter().enumerate() {
+                    let span = if last { n - 1..n } else { 0..n - 1 };
+                    let at = q.len() / q_w;
+                    q.extend_from_slice(&data[s].0[span.start * q_w..span.end * q_w]);
+                    k.extend_from_slice(&data[s].1[span.start * kv_w..span.end * kv_w]);
+                    v.extend_from_slice(&data[s].2[span.start * kv_w..span.end * kv_w]);
+                    rows.push((at..at + span.len(), span));
+                }
+                let total = q.len() / q_w;
+                let out = {
+                    let q = HostTensor::from_vec(q, total, q_w).unwrap();
+                    let k = HostTensor::from_vec(k, total, kv_w).unwrap();
+                    let v = HostTensor::from_vec(v, total, kv_w).unwrap();
+                    let mut segments: Vec<AttentionSegment<'_, CpuKvLayer>> = caches
+                        .iter_mut()
+                        .zip(&rows)
+                        .map(|(cache, (r, _))| AttentionSegment {
+                            rows: r.clone(),
+                            cache,
+                        })
+                        .collect();
+                    be.attention(&q, &k, &v, &mut segments, &p).unwrap()
+                };
+                for (s, (r, span)) in rows.iter().enumerate() {
+                    let (qs, ks, vs) = &data[s];
+                    for (i, pos) in span.clone().enumerate() {
+                        let want =
+                            ordered_reference(&qs[pos * q_w..(pos + 1) * q_w], ks, vs, pos, &p);
+                        let got = &out.data()[(r.start + i) * q_w..(r.start + i + 1) * q_w];
+                        assert!(
+                            got.iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{heads}/{kv_heads} heads of {head_dim}, sequence {s} position {pos}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Three sequences of different lengths, fed in uneven chunks in shared batches,
