@@ -5,7 +5,7 @@
 //! Also a 512-token prompt chunk of one sequence (prefill).
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use wick_engine::backend::candle::{CandleBackend, CpuKvLayer, HostTensor};
+use wick_engine::backend::candle::{CandleBackend, CpuKvLayer, HostTensor, KvDtype};
 use wick_engine::backend::{AttentionParams, AttentionSegment, Backend, KvLayer};
 
 fn noise(seed: u64, n: usize) -> Vec<f32> {
@@ -102,19 +102,23 @@ fn step(be: &CandleBackend, s: &Shape, caches: &mut [Vec<CpuKvLayer>], rows_each
 }
 
 fn bench_attention(c: &mut Criterion) {
-    let be = CandleBackend::cpu();
     let mut g = c.benchmark_group("attention_decode_step");
     g.sample_size(20);
-    for s in shapes() {
-        for seqs in [1usize, 8] {
-            let mut caches = filled(&be, &s, seqs, 300);
-            g.throughput(Throughput::Elements(seqs as u64));
-            g.bench_function(BenchmarkId::new(s.name, format!("{seqs}x300")), |b| {
-                b.iter(|| step(&be, &s, &mut caches, 1))
-            });
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let be = CandleBackend::cpu().with_kv_dtype(dtype);
+        for s in shapes() {
+            for seqs in [1usize, 8] {
+                let mut caches = filled(&be, &s, seqs, 300);
+                g.throughput(Throughput::Elements(seqs as u64));
+                let id = format!("{}/{seqs}x300", dtype.name());
+                g.bench_function(BenchmarkId::new(s.name, id), |b| {
+                    b.iter(|| step(&be, &s, &mut caches, 1))
+                });
+            }
         }
     }
     g.finish();
+    let be = CandleBackend::cpu();
     let mut g = c.benchmark_group("attention_prefill_chunk");
     g.sample_size(10);
     let s = &shapes()[0];

@@ -36,6 +36,7 @@ impl Model {
         let mut b = KeyBuilder::default()
             .str("numerics", KV_NUMERICS)
             .str("backend", info.backend)
+            .str("kv_type", info.kv_type)
             .str("arch", &info.arch.to_string())
             .str("config", &format!("{:?}", self.config()));
         match info.format {

@@ -9,7 +9,7 @@ use wick_chat::tokenizer::Tokenizer;
 use wick_gguf::GgufFile;
 
 use crate::backend::candle::block_pool::BlockPool;
-use crate::backend::candle::{CandleBackend, CpuKvLayer};
+use crate::backend::candle::{CandleBackend, CpuKvLayer, KvDtype};
 #[cfg(feature = "mlx")]
 use crate::backend::mlx::MlxBackend;
 use crate::backend::{Backend, BackendKind, KvLayerSnapshot};
@@ -46,6 +46,9 @@ pub struct ModelInfo {
     pub weight_bytes: usize,
     /// Compute backend name.
     pub backend: &'static str,
+    /// How the KV cache stores numbers (`f16`, `f32`; the MLX backend keeps the
+    /// checkpoint's compute type, `mlx`).
+    pub kv_type: &'static str,
 }
 
 /// Sampling defaults from `generation_config.json` (absent fields are `None`).
@@ -68,6 +71,10 @@ pub struct LoadOptions {
     pub context_length: Option<usize>,
     /// The compute backend (candle unless asked otherwise).
     pub backend: BackendKind,
+    /// How the CPU backend's KV cache stores numbers. Default: f16 for GGUF files (as
+    /// llama.cpp does; it halves the memory batched decode streams), f32 for Hugging Face
+    /// directories (the checkpoint's reference numerics).
+    pub kv_dtype: Option<KvDtype>,
 }
 
 /// The decoder on the backend the model was loaded onto.
@@ -331,9 +338,9 @@ impl Model {
             });
         }
         let mut model = if meta.is_dir() {
-            Self::load_hf(path, opts.backend)?
+            Self::load_hf(path, opts.backend, opts.kv_dtype.unwrap_or(KvDtype::F32))?
         } else {
-            Self::load_gguf(path, opts.backend)?
+            Self::load_gguf(path, opts.backend, opts.kv_dtype.unwrap_or(KvDtype::F16))?
         };
         if let Some(n) = opts.context_length {
             model.info.context_length = n.min(model.info.context_length).max(1);
@@ -344,12 +351,13 @@ impl Model {
             backend = model.info.backend,
             weights_mib = model.info.weight_bytes / (1 << 20),
             context = model.info.context_length,
+            kv = model.info.kv_type,
             "model loaded"
         );
         Ok(model)
     }
 
-    fn load_gguf(path: &Path, backend: BackendKind) -> Result<Model> {
+    fn load_gguf(path: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let source = path.display().to_string();
         let cfg = ModelConfig::from_gguf(file.metadata(), &source)?;
@@ -359,7 +367,7 @@ impl Model {
             .opt_str("tokenizer.chat_template")?
             .map(str::to_string);
         // GGUF scales are exact in f32 (see backend::mlx).
-        let decoder = load_decoder(backend, cfg, &GgufWeights::new(&file), MlxDtype::F32)?;
+        let decoder = load_decoder(backend, cfg, &GgufWeights::new(&file), MlxDtype::F32, kv)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -375,7 +383,7 @@ impl Model {
         )
     }
 
-    fn load_hf(dir: &Path, backend: BackendKind) -> Result<Model> {
+    fn load_hf(dir: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
         let source = dir.display().to_string();
         let config = read_json(&dir.join("config.json"))?.ok_or_else(|| EngineError::Config {
             source_name: source.clone(),
@@ -389,7 +397,7 @@ impl Model {
         let gemma = cfg.arch == Arch::Gemma3;
         let named = weights.canonical(gemma).with_quantization(quantization);
         let dtype = MlxDtype::of_checkpoint(&config, &named);
-        let decoder = load_decoder(backend, cfg, &named, dtype)?;
+        let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
         let template_source = hf_chat_template(dir)?;
         let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
         let defaults = GenerationDefaults {
@@ -441,6 +449,11 @@ impl Model {
         let cfg = with_decoder!(&decoder, d => d.config());
         let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
         let backend = with_decoder!(&decoder, d => d.backend().name());
+        let kv_type = match &decoder {
+            AnyDecoder::Candle(d) => d.backend().kv_dtype().name(),
+            #[cfg(feature = "mlx")]
+            AnyDecoder::Mlx(_) => "mlx",
+        };
         let mut eos: Vec<u32> = cfg.eos_token_ids.clone();
         for &id in tokenizer.eos_ids() {
             if !eos.contains(&id) {
@@ -466,6 +479,7 @@ impl Model {
             context_length: cfg.context_length,
             weight_bytes,
             backend,
+            kv_type,
         };
         Ok(Model {
             decoder,
@@ -546,15 +560,20 @@ impl Model {
     }
 
     /// Bytes of one KV block of one layer (keys and values of
-    /// [`BLOCK_TOKENS`](crate::backend::candle::block_pool::BLOCK_TOKENS) tokens, f32),
-    /// the unit of the block pool.
+    /// [`BLOCK_TOKENS`](crate::backend::candle::block_pool::BLOCK_TOKENS) tokens in the
+    /// cache's number type; f32 on the MLX backend), the unit of the block pool.
     pub fn kv_block_bytes(&self) -> usize {
         let cfg = self.config();
+        let number = match &self.decoder {
+            AnyDecoder::Candle(d) => d.backend().kv_dtype().bytes(),
+            #[cfg(feature = "mlx")]
+            AnyDecoder::Mlx(_) => std::mem::size_of::<f32>(),
+        };
         crate::backend::candle::block_pool::BLOCK_TOKENS
             * cfg.num_kv_heads
             * cfg.head_dim
             * 2
-            * std::mem::size_of::<f32>()
+            * number
     }
 
     /// An empty cache for one sequence.
@@ -663,10 +682,11 @@ fn load_decoder(
     cfg: ModelConfig,
     src: &dyn WeightSource,
     dtype: MlxDtype,
+    kv: KvDtype,
 ) -> Result<AnyDecoder> {
     match backend {
         BackendKind::Candle => Ok(AnyDecoder::Candle(Decoder::load(
-            CandleBackend::cpu(),
+            CandleBackend::cpu().with_kv_dtype(kv),
             cfg,
             src,
         )?)),

@@ -78,3 +78,11 @@ pub fn print_progress(event: PullEvent) {
         _ => {}
     }
 }
+
+/// The `--kv-type` flag: `None` leaves the choice to the model format.
+pub fn kv_dtype(
+    arg: Option<&str>,
+) -> anyhow::Result<Option<wick_engine::backend::candle::KvDtype>> {
+    arg.map(|s| s.parse().map_err(anyhow::Error::msg))
+        .transpose()
+}

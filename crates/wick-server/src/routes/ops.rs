@@ -62,6 +62,7 @@ pub async fn stats(State(state): State<AppState>) -> Json<Value> {
             "model_path": info.path.display().to_string(),
             "arch": info.arch.to_string(),
             "backend": info.backend,
+            "kv_type": info.kv_type,
             "context_length": info.context_length,
             "tool_format": state.tool_format().name(),
             "version": env!("CARGO_PKG_VERSION"),

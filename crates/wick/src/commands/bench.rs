@@ -43,6 +43,11 @@ pub struct BenchArgs {
     /// Compute backend: candle (CPU) or mlx (needs a build with `--features mlx`).
     #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
     backend: String,
+    /// How the CPU KV cache stores keys and values: f16 (halves the memory batched decode
+    /// reads; llama.cpp's default) or f32. Default: f16 for GGUF files, f32 for Hugging
+    /// Face directories.
+    #[arg(long, env = "WICK_KV_TYPE", value_parser = ["f16", "f32"])]
+    kv_type: Option<String>,
     /// Sequences decoded together. Above 1, and always on mlx, the greedy lockstep path
     /// is measured (argmax on the backend, next step queued before ids are read); with 1
     /// on candle, the regular sampler path.
@@ -120,6 +125,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         &path,
         &LoadOptions {
             backend,
+            kv_dtype: crate::model_arg::kv_dtype(args.kv_type.as_deref())?,
             ..LoadOptions::default()
         },
     )?;
@@ -180,7 +186,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.json {
             println!(
                 "{}",
-                json!({"model": model.info().name, "backend": model.info().backend, "threads": rayon_threads(),
+                json!({"model": model.info().name, "backend": model.info().backend, "kv_type": model.info().kv_type, "threads": rayon_threads(),
                        "prompt_tokens": ids.len(), "gen_tokens": case.gen, "batch": case.batch,
                        "mode": if lockstep { "greedy-lockstep" } else { "sampler" },
                        "runs": args.runs, "warmup": args.warmup, "prompt_tps": pp, "decode_tps": tg,

@@ -58,6 +58,11 @@ pub struct GenerateArgs {
     /// build with `--features mlx`).
     #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
     backend: String,
+    /// How the CPU KV cache stores keys and values: f16 (halves the memory batched decode
+    /// reads; llama.cpp's default) or f32. Default: f16 for GGUF files, f32 for Hugging
+    /// Face directories.
+    #[arg(long, env = "WICK_KV_TYPE", value_parser = ["f16", "f32"])]
+    kv_type: Option<String>,
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
@@ -86,6 +91,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         &LoadOptions {
             context_length: args.ctx_size,
             backend: args.backend.parse()?,
+            kv_dtype: crate::model_arg::kv_dtype(args.kv_type.as_deref())?,
         },
     )?;
     let text = if args.raw {

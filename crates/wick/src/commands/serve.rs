@@ -59,6 +59,11 @@ pub struct ServeArgs {
     /// build with `--features mlx`).
     #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
     backend: String,
+    /// How the CPU KV cache stores keys and values: f16 (halves the memory batched decode
+    /// reads; llama.cpp's default) or f32. Default: f16 for GGUF files, f32 for Hugging
+    /// Face directories.
+    #[arg(long, env = "WICK_KV_TYPE", value_parser = ["f16", "f32"])]
+    kv_type: Option<String>,
     /// Tool-call format (hermes, qwen-xml, glm, minicpm, gemma4, llama3, mistral); detected from the chat template when absent.
     #[arg(long, env = "WICK_TOOL_PARSER")]
     tool_parser: Option<String>,
@@ -333,6 +338,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         &LoadOptions {
             context_length: args.ctx_size,
             backend: args.backend.parse()?,
+            kv_dtype: crate::model_arg::kv_dtype(args.kv_type.as_deref())?,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;

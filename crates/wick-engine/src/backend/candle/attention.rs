@@ -54,25 +54,6 @@ fn for_each_run(
     }
 }
 
-/// Asks the CPU to start loading `data` into its caches: blocks are separate allocations,
-/// so the hardware prefetcher stops at each block's end, and a decode step's KV reads
-/// come from memory. A hint only; it never faults.
-#[inline(always)]
-fn prefetch(data: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in data.chunks(16) {
-        // SAFETY: a prefetch hint reads nothing architecturally and cannot fault; the
-        // address is inside `data` anyway.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}
-
 /// Partial sums per score: dimension `d` goes to accumulator `d % LANES`, the
 /// accumulators are added in order at the end and a tail past the last multiple of
 /// `LANES` after that — the summation order of a sixteen-lane dot product, so scores
@@ -137,13 +118,14 @@ fn group_scores<const G: usize>(
     kvh: usize,
     p: &AttentionParams,
     scores: &mut [f32],
+    buf: &mut Vec<f32>,
 ) {
     let hd = p.head_dim;
     let n = hi - lo;
     let mut t = 0;
-    let warm = |b: &KvBlock| prefetch(b.head_keys(kvh, hd));
+    let warm = |b: &KvBlock| b.prefetch_head_keys(kvh, hd);
     for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
-        let sums = block_scores::<G>(qs, block.head_keys(kvh, hd), hd);
+        let sums = block_scores::<G>(qs, block.head_keys(kvh, hd, buf), hd);
         for (g, sum) in sums.iter().enumerate() {
             let out = &mut scores[g * n + t..g * n + t + len];
             for (o, &a) in out.iter_mut().zip(&sum[slot..slot + len]) {
@@ -172,24 +154,24 @@ fn group_values<const G: usize>(
     kvh: usize,
     hd: usize,
     out: &mut [f32],
+    buf: &mut Vec<f32>,
 ) {
     let n = hi - lo;
-    let row = src.cache.row();
-    let mut d0 = 0;
-    while d0 + VALUE_TILE <= hd {
-        let mut acc = [[0f32; VALUE_TILE]; G];
-        let mut t = 0;
-        let warm = |b: &KvBlock| {
-            for v in b.values.chunks_exact(row) {
-                prefetch(&v[kvh * hd + d0..kvh * hd + d0 + VALUE_TILE]);
-            }
-        };
-        for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
-            let values = &block.values[slot * row..(slot + len) * row];
-            for (i, v) in values.chunks_exact(row).enumerate() {
-                let v: &[f32; VALUE_TILE] = v[kvh * hd + d0..kvh * hd + d0 + VALUE_TILE]
+    let tiles = hd / VALUE_TILE;
+    let mut t = 0;
+    let warm = |b: &KvBlock| b.prefetch_head_values(kvh, hd);
+    for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
+        let values = block.head_values(kvh, hd, slot..slot + len, buf);
+        for tile in 0..tiles {
+            let d0 = tile * VALUE_TILE;
+            let mut acc: [[f32; VALUE_TILE]; G] = std::array::from_fn(|g| {
+                out[g * hd + d0..g * hd + d0 + VALUE_TILE]
                     .try_into()
-                    .expect("one value tile");
+                    .expect("one value tile")
+            });
+            for (i, v) in values.chunks_exact(hd).enumerate() {
+                let v: &[f32; VALUE_TILE] =
+                    v[d0..d0 + VALUE_TILE].try_into().expect("one value tile");
                 for (g, acc) in acc.iter_mut().enumerate() {
                     let wt = weights[g * n + t + i];
                     for (a, &x) in acc.iter_mut().zip(v) {
@@ -197,33 +179,39 @@ fn group_values<const G: usize>(
                     }
                 }
             }
-            t += len;
-        });
-        for (g, acc) in acc.iter().enumerate() {
-            out[g * hd + d0..g * hd + d0 + VALUE_TILE].copy_from_slice(acc);
+            for (g, acc) in acc.iter().enumerate() {
+                out[g * hd + d0..g * hd + d0 + VALUE_TILE].copy_from_slice(acc);
+            }
         }
-        d0 += VALUE_TILE;
-    }
-    if d0 < hd {
-        let mut t = 0;
-        for_each_run(
-            src.cache,
-            lo,
-            hi,
-            |_| {},
-            |block, slot, len| {
-                let values = &block.values[slot * row..(slot + len) * row];
-                for (i, v) in values.chunks_exact(row).enumerate() {
-                    let v = &v[kvh * hd + d0..(kvh + 1) * hd];
-                    for g in 0..G {
-                        let wt = weights[g * n + t + i];
-                        axpy(&mut out[g * hd + d0..(g + 1) * hd], wt, v);
-                    }
+        let d0 = tiles * VALUE_TILE;
+        if d0 < hd {
+            for (i, v) in values.chunks_exact(hd).enumerate() {
+                for g in 0..G {
+                    let wt = weights[g * n + t + i];
+                    axpy(&mut out[g * hd + d0..(g + 1) * hd], wt, &v[d0..]);
                 }
-                t += len;
-            },
-        );
+            }
+        }
+        t += len;
+    });
+}
+
+/// The largest of `xs` (−∞ when empty), sixteen lanes at a time: a maximum does not
+/// depend on the order it is taken in.
+#[inline]
+fn max_of(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
     }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    lanes.iter().fold(tail, |m, &x| m.max(x))
 }
 
 /// Where one row of the batch reads from: its cache and its position.
@@ -242,6 +230,8 @@ struct Scratch {
     scores: Vec<f32>,
     /// Per head: running max, then `1 / Σ exp`.
     max: Vec<f32>,
+    /// A block's keys or values converted to f32 (KV caches stored as halves).
+    kv: Vec<f32>,
 }
 
 /// Attention of the query heads `h0 .. h0 + qs.len() / hd`, which all read KV head `kvh`,
@@ -276,25 +266,23 @@ fn attend_heads(
             &mut sc.scores[h * n..(h + g) * n],
         );
         match g {
-            4 => group_scores::<4>(q, src, span, kvh, p, scores),
-            3 => group_scores::<3>(q, src, span, kvh, p, scores),
-            2 => group_scores::<2>(q, src, span, kvh, p, scores),
-            _ => group_scores::<1>(q, src, span, kvh, p, scores),
+            4 => group_scores::<4>(q, src, span, kvh, p, scores, &mut sc.kv),
+            3 => group_scores::<3>(q, src, span, kvh, p, scores, &mut sc.kv),
+            2 => group_scores::<2>(q, src, span, kvh, p, scores, &mut sc.kv),
+            _ => group_scores::<1>(q, src, span, kvh, p, scores, &mut sc.kv),
         }
         h += g;
     }
     for g in 0..heads {
-        sc.max[g] = sc.scores[g * n..(g + 1) * n]
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-    }
-    for g in 0..heads {
-        let max = sc.max[g];
         let weights = &mut sc.scores[g * n..(g + 1) * n];
+        let max = max_of(weights);
+        // The sum runs in position order as each weight is made, which is the order a
+        // separate sum over the weights would take.
+        let mut sum = 0f32;
         for s in weights.iter_mut() {
             *s = (*s - max).exp();
+            sum += *s;
         }
-        let sum: f32 = weights.iter().sum();
         sc.max[g] = 1.0 / sum;
     }
     for g in 0..heads {
@@ -311,10 +299,10 @@ fn attend_heads(
             &mut out[h * hd..(h + g) * hd],
         );
         match g {
-            4 => group_values::<4>(w, src, span, kvh, hd, o),
-            3 => group_values::<3>(w, src, span, kvh, hd, o),
-            2 => group_values::<2>(w, src, span, kvh, hd, o),
-            _ => group_values::<1>(w, src, span, kvh, hd, o),
+            4 => group_values::<4>(w, src, span, kvh, hd, o, &mut sc.kv),
+            3 => group_values::<3>(w, src, span, kvh, hd, o, &mut sc.kv),
+            2 => group_values::<2>(w, src, span, kvh, hd, o, &mut sc.kv),
+            _ => group_values::<1>(w, src, span, kvh, hd, o, &mut sc.kv),
         }
         h += g;
     }
@@ -372,7 +360,7 @@ pub(crate) fn attend(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::candle::{CandleBackend, HostTensor};
+    use crate::backend::candle::{CandleBackend, HostTensor, KvDtype};
     use crate::backend::{AttentionSegment, Backend, KvLayer};
 
     /// Deterministic values in `[-1, 1)`.
@@ -489,7 +477,18 @@ mod tests {
     /// and for a prompt chunk.
     #[test]
     fn grouped_heads_keep_the_promised_summation_order() {
-        let be = CandleBackend::cpu();
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            grouped_heads_in_order(dtype);
+        }
+    }
+
+    fn grouped_heads_in_order(dtype: KvDtype) {
+        let be = CandleBackend::cpu().with_kv_dtype(dtype);
+        // What the cache keeps of a number.
+        let stored = |x: f32| match dtype {
+            KvDtype::F32 => x,
+            KvDtype::F16 => half::f16::from_f32(x).to_f32(),
+        };
         for (heads, kv_heads, head_dim, window, softcap) in [
             (9, 3, 64, None, None),
             (14, 2, 64, None, None),
@@ -516,6 +515,16 @@ mod tests {
                         noise(seed, n * q_w).iter().map(|x| 3.0 * x).collect(),
                         noise(seed + 1, n * kv_w).iter().map(|x| 3.0 * x).collect(),
                         noise(seed + 2, n * kv_w),
+                    )
+                })
+                .collect();
+            // The reference sees the keys and values as the cache stores them.
+            let kept: Vec<(Vec<f32>, Vec<f32>)> = data
+                .iter()
+                .map(|(_, k, v)| {
+                    (
+                        k.iter().map(|&x| stored(x)).collect(),
+                        v.iter().map(|&x| stored(x)).collect(),
                     )
                 })
                 .collect();
@@ -550,7 +559,7 @@ mod tests {
                     be.attention(&q, &k, &v, &mut segments, &p).unwrap()
                 };
                 for (s, (r, span)) in rows.iter().enumerate() {
-                    let (qs, ks, vs) = &data[s];
+                    let (qs, (ks, vs)) = (&data[s].0, &kept[s]);
                     for (i, pos) in span.clone().enumerate() {
                         let want =
                             ordered_reference(&qs[pos * q_w..(pos + 1) * q_w], ks, vs, pos, &p);
@@ -559,7 +568,7 @@ mod tests {
                             got.iter()
                                 .zip(&want)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{heads}/{kv_heads} heads of {head_dim}, sequence {s} position {pos}"
+                            "{dtype:?}: {heads}/{kv_heads} heads of {head_dim}, sequence {s} position {pos}"
                         );
                     }
                 }

@@ -14,57 +14,240 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 /// Tokens per block. 16 keeps the waste of a sequence's last, partly filled block small
 /// (≤ 15 tokens per layer) while a block of a small model (3 KV heads × 64 dims) is still
 /// 12 KiB of keys, long enough for the attention loop to stream through.
 pub const BLOCK_TOKENS: usize = 16;
 
+/// How the CPU KV cache stores keys and values.
+///
+/// `F16` (llama.cpp's default) halves the bytes that batched decode attention streams
+/// from memory; every stored number is rounded to the nearest half, and attention computes
+/// in f32 on the converted values. `F32` keeps the activations exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// IEEE half precision.
+    F16,
+}
+
+impl KvDtype {
+    /// The name `--kv-type` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
+    /// Bytes of one stored number.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(KvDtype::F32),
+            "f16" | "float16" | "half" => Ok(KvDtype::F16),
+            other => Err(format!("unknown KV type `{other}` (expected f32 or f16)")),
+        }
+    }
+}
+
+/// The numbers of one block's keys or values, in the cache's [`KvDtype`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum KvData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl KvData {
+    fn zeroed(dtype: KvDtype, n: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => KvData::F32(vec![0.0; n]),
+            KvDtype::F16 => KvData::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    #[inline]
+    fn set(&mut self, i: usize, x: f32) {
+        match self {
+            KvData::F32(d) => d[i] = x,
+            KvData::F16(d) => d[i] = f16::from_f32(x),
+        }
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            KvData::F32(d) => d[i],
+            KvData::F16(d) => d[i].to_f32(),
+        }
+    }
+
+    /// Elements `range` as f32: borrowed when stored as f32, else converted into `buf`.
+    #[inline]
+    fn f32s<'a>(&'a self, range: std::ops::Range<usize>, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        match self {
+            KvData::F32(d) => &d[range],
+            KvData::F16(d) => {
+                buf.resize(range.len(), 0.0);
+                d[range].convert_to_f32_slice(buf);
+                buf
+            }
+        }
+    }
+
+    /// Starts loading elements `range` into the CPU caches.
+    #[inline]
+    fn prefetch(&self, range: std::ops::Range<usize>) {
+        match self {
+            KvData::F32(d) => prefetch(&d[range]),
+            KvData::F16(d) => prefetch(&d[range]),
+        }
+    }
+
+    fn byte_size(&self) -> usize {
+        match self {
+            KvData::F32(d) => d.capacity() * 4,
+            KvData::F16(d) => d.capacity() * 2,
+        }
+    }
+}
+
+/// Asks the CPU to start loading `data` into its caches: blocks are separate allocations,
+/// so the hardware prefetcher stops at each block's end and a decode step's KV reads
+/// would come from memory one miss at a time. A hint only; it never faults.
+#[inline(always)]
+fn prefetch<T>(data: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let start = data.as_ptr().cast::<i8>();
+        for offset in (0..std::mem::size_of_val(data)).step_by(64) {
+            // SAFETY: a prefetch hint reads nothing architecturally and cannot fault; the
+            // address is inside `data` anyway.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    start.add(offset),
+                )
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
+}
+
 /// Keys and values of [`BLOCK_TOKENS`] consecutive tokens of one layer.
 ///
 /// Keys are stored transposed, `[kv_head][dim][slot]`, so attention computes the scores
 /// of a whole block as sixteen-wide vector products with no horizontal sums; values are
-/// token-major, `[slot][kv_head][dim]`, the rows attention adds up. Slots past the
-/// layer's length hold stale or zero data and are never read.
+/// head-major, `[kv_head][slot][dim]`, so the rows one head adds up are contiguous. Slots
+/// past the layer's length hold stale or zero data and are never read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvBlock {
-    pub(crate) keys: Vec<f32>,
-    pub(crate) values: Vec<f32>,
+    keys: KvData,
+    values: KvData,
 }
 
 impl KvBlock {
-    /// A zeroed block for tokens of `row` floats.
-    pub(crate) fn with_row(row: usize) -> Self {
+    /// A zeroed block for tokens of `row` numbers.
+    pub(crate) fn with_row(row: usize, dtype: KvDtype) -> Self {
         KvBlock {
-            keys: vec![0.0; BLOCK_TOKENS * row],
-            values: vec![0.0; BLOCK_TOKENS * row],
+            keys: KvData::zeroed(dtype, BLOCK_TOKENS * row),
+            values: KvData::zeroed(dtype, BLOCK_TOKENS * row),
         }
     }
 
-    /// Stores one token's keys and values (`row` floats each, `[kv_head][dim]`) in `slot`.
+    /// Stores one token's keys and values (`[kv_head][head_dim]` each) in `slot`.
     #[inline]
-    pub(crate) fn write(&mut self, slot: usize, keys: &[f32], values: &[f32]) {
-        let row = keys.len();
+    pub(crate) fn write(&mut self, slot: usize, head_dim: usize, keys: &[f32], values: &[f32]) {
         for (i, &k) in keys.iter().enumerate() {
-            self.keys[i * BLOCK_TOKENS + slot] = k;
+            self.keys.set(i * BLOCK_TOKENS + slot, k);
         }
-        self.values[slot * row..(slot + 1) * row].copy_from_slice(values);
+        for (h, v) in values.chunks_exact(head_dim).enumerate() {
+            let at = (h * BLOCK_TOKENS + slot) * head_dim;
+            for (d, &x) in v.iter().enumerate() {
+                self.values.set(at + d, x);
+            }
+        }
     }
 
-    /// Appends the keys and values of `slot` (`[kv_head][dim]`) to `keys` and `values`.
-    pub(crate) fn read(&self, slot: usize, row: usize, keys: &mut Vec<f32>, values: &mut Vec<f32>) {
-        keys.extend((0..row).map(|i| self.keys[i * BLOCK_TOKENS + slot]));
-        values.extend_from_slice(&self.values[slot * row..(slot + 1) * row]);
+    /// Appends the keys and values of `slot` (`[kv_head][head_dim]`, `row` numbers) to
+    /// `keys` and `values`.
+    pub(crate) fn read(
+        &self,
+        slot: usize,
+        row: usize,
+        head_dim: usize,
+        keys: &mut Vec<f32>,
+        values: &mut Vec<f32>,
+    ) {
+        keys.extend((0..row).map(|i| self.keys.get(i * BLOCK_TOKENS + slot)));
+        values.extend((0..row).map(|i| {
+            let (h, d) = (i / head_dim, i % head_dim);
+            self.values.get((h * BLOCK_TOKENS + slot) * head_dim + d)
+        }));
     }
 
-    /// Transposed keys of KV head `h`: `[dim][slot]`.
+    fn head_range(h: usize, head_dim: usize) -> std::ops::Range<usize> {
+        h * head_dim * BLOCK_TOKENS..(h + 1) * head_dim * BLOCK_TOKENS
+    }
+
+    /// Transposed keys of KV head `h` as f32, `[dim][slot]` (converted into `buf` when
+    /// stored as halves).
     #[inline]
-    pub(crate) fn head_keys(&self, h: usize, head_dim: usize) -> &[f32] {
-        &self.keys[h * head_dim * BLOCK_TOKENS..(h + 1) * head_dim * BLOCK_TOKENS]
+    pub(crate) fn head_keys<'a>(
+        &'a self,
+        h: usize,
+        head_dim: usize,
+        buf: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        self.keys.f32s(Self::head_range(h, head_dim), buf)
+    }
+
+    /// Starts loading the keys of KV head `h`.
+    #[inline]
+    pub(crate) fn prefetch_head_keys(&self, h: usize, head_dim: usize) {
+        self.keys.prefetch(Self::head_range(h, head_dim));
+    }
+
+    /// Values of KV head `h` for slots `slots` as f32, `[slot][dim]` (converted into
+    /// `buf` when stored as halves).
+    #[inline]
+    pub(crate) fn head_values<'a>(
+        &'a self,
+        h: usize,
+        head_dim: usize,
+        slots: std::ops::Range<usize>,
+        buf: &'a mut Vec<f32>,
+    ) -> &'a [f32] {
+        let at = h * BLOCK_TOKENS * head_dim;
+        self.values
+            .f32s(at + slots.start * head_dim..at + slots.end * head_dim, buf)
+    }
+
+    /// Starts loading the values of KV head `h`.
+    #[inline]
+    pub(crate) fn prefetch_head_values(&self, h: usize, head_dim: usize) {
+        self.values.prefetch(Self::head_range(h, head_dim));
     }
 
     /// Bytes the block's buffers occupy.
     pub(crate) fn byte_size(&self) -> usize {
-        (self.keys.capacity() + self.values.capacity()) * std::mem::size_of::<f32>()
+        self.keys.byte_size() + self.values.byte_size()
     }
 }
 

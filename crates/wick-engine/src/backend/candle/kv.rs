@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::block_pool::{BlockLease, BlockPool, KvBlock, BLOCK_TOKENS};
+use super::block_pool::{BlockLease, BlockPool, KvBlock, KvDtype, BLOCK_TOKENS};
 use crate::backend::{KvLayer, KvLayerSnapshot};
 use crate::{EngineError, Result};
 
@@ -24,6 +24,8 @@ pub struct CpuKvLayer {
     pub(crate) kv_heads: usize,
     pub(crate) head_dim: usize,
     pub(crate) window: Option<usize>,
+    /// How the blocks store numbers.
+    pub(crate) dtype: KvDtype,
     /// Logical position of the first valid token.
     pub(crate) start: usize,
     /// Logical position of slot 0 of the first block (a multiple of [`BLOCK_TOKENS`]).
@@ -42,6 +44,7 @@ impl Clone for CpuKvLayer {
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             window: self.window,
+            dtype: self.dtype,
             start: self.start,
             base: self.base,
             len: self.len,
@@ -66,11 +69,17 @@ fn blocks_spanning(base: usize, end: usize) -> usize {
 }
 
 impl CpuKvLayer {
-    pub(crate) fn new(kv_heads: usize, head_dim: usize, window: Option<usize>) -> Self {
+    pub(crate) fn new(
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        dtype: KvDtype,
+    ) -> Self {
         CpuKvLayer {
             kv_heads,
             head_dim,
             window,
+            dtype,
             start: 0,
             base: 0,
             len: 0,
@@ -179,11 +188,13 @@ impl CpuKvLayer {
             let offset = self.len - self.base;
             let (index, slot) = (offset / BLOCK_TOKENS, offset % BLOCK_TOKENS);
             if index == self.blocks.len() {
-                self.blocks.push_back(Arc::new(KvBlock::with_row(row)));
+                self.blocks
+                    .push_back(Arc::new(KvBlock::with_row(row, self.dtype)));
             }
             // Copies the block first if a clone shares it.
             Arc::make_mut(&mut self.blocks[index]).write(
                 slot,
+                self.head_dim,
                 &keys[t * row..(t + 1) * row],
                 &values[t * row..(t + 1) * row],
             );
@@ -224,7 +235,7 @@ impl CpuKvLayer {
     pub(crate) fn key(&self, pos: usize, h: usize) -> Vec<f32> {
         let (block, slot) = self.locate(pos);
         let (mut k, mut v) = (Vec::new(), Vec::new());
-        block.read(slot, self.row(), &mut k, &mut v);
+        block.read(slot, self.row(), self.head_dim, &mut k, &mut v);
         k[h * self.head_dim..(h + 1) * self.head_dim].to_vec()
     }
 
@@ -232,11 +243,13 @@ impl CpuKvLayer {
     #[cfg(test)]
     pub(crate) fn value(&self, pos: usize, h: usize) -> Vec<f32> {
         let (block, slot) = self.locate(pos);
-        let at = slot * self.row() + h * self.head_dim;
-        block.values[at..at + self.head_dim].to_vec()
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        block.read(slot, self.row(), self.head_dim, &mut k, &mut v);
+        v[h * self.head_dim..(h + 1) * self.head_dim].to_vec()
     }
 
-    pub(crate) fn from_snapshot(s: &KvLayerSnapshot) -> Result<Self> {
+    /// Rebuilds a layer from its host copy, storing numbers as `dtype`.
+    pub(crate) fn from_snapshot(s: &KvLayerSnapshot, dtype: KvDtype) -> Result<Self> {
         let row = s.kv_heads * s.head_dim;
         let stored = s.len.checked_sub(s.start).ok_or_else(|| {
             EngineError::Cache(format!("snapshot start {} > len {}", s.start, s.len))
@@ -249,7 +262,7 @@ impl CpuKvLayer {
                 stored * row
             )));
         }
-        let mut layer = CpuKvLayer::new(s.kv_heads, s.head_dim, s.window);
+        let mut layer = CpuKvLayer::new(s.kv_heads, s.head_dim, s.window, dtype);
         layer.base = s.start - s.start % BLOCK_TOKENS;
         layer.start = s.start;
         layer.len = s.start;
@@ -296,7 +309,7 @@ impl KvLayer for CpuKvLayer {
         let mut pos = self.start;
         while pos < self.len {
             let (block, slot) = self.locate(pos);
-            block.read(slot, row, &mut keys, &mut values);
+            block.read(slot, row, self.head_dim, &mut keys, &mut values);
             pos += 1;
         }
         KvLayerSnapshot {
@@ -320,7 +333,7 @@ mod tests {
     }
 
     fn filled(n: usize, window: Option<usize>) -> CpuKvLayer {
-        let mut l = CpuKvLayer::new(2, 4, window);
+        let mut l = CpuKvLayer::new(2, 4, window, KvDtype::F32);
         let mut at = 0;
         for chunk in [1, 7, 16, 3, 40, 1, 1] {
             let take = chunk.min(n - at);
@@ -364,7 +377,7 @@ mod tests {
         let s = l.snapshot();
         assert_eq!(s.start, l.base);
         assert_eq!(s.keys, tokens(l.base, 200 - l.base, 8));
-        let back = CpuKvLayer::from_snapshot(&s).unwrap();
+        let back = CpuKvLayer::from_snapshot(&s, KvDtype::F32).unwrap();
         assert_eq!(back, l);
     }
 
@@ -405,7 +418,7 @@ mod tests {
     #[test]
     fn leases_follow_the_block_table() {
         let pool = BlockPool::new(100);
-        let mut l = CpuKvLayer::new(2, 4, Some(32));
+        let mut l = CpuKvLayer::new(2, 4, Some(32), KvDtype::F32);
         l.attach(&pool);
         assert!(l.reserve(20));
         assert_eq!(pool.used(), 2);

@@ -24,6 +24,7 @@ use wick_gguf::GgmlType;
 use wick_kernels::elementwise::{self, GluActivation};
 use wick_kernels::{Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat};
 
+pub use block_pool::KvDtype;
 pub use kv::CpuKvLayer;
 pub use rope::CpuRope;
 pub use tensor::HostTensor;
@@ -53,6 +54,7 @@ pub struct CandleBackend {
     device: Device,
     pool: &'static ThreadPool,
     isa: Isa,
+    kv_dtype: KvDtype,
 }
 
 impl Default for CandleBackend {
@@ -61,6 +63,7 @@ impl Default for CandleBackend {
             device: Device::Cpu,
             pool: ThreadPool::global(),
             isa: Isa::best(),
+            kv_dtype: KvDtype::F32,
         }
     }
 }
@@ -99,9 +102,22 @@ impl From<wick_kernels::KernelError> for EngineError {
 }
 
 impl CandleBackend {
-    /// The CPU backend.
+    /// The CPU backend, with an f32 KV cache.
     pub fn cpu() -> Self {
         Self::default()
+    }
+
+    /// The same backend, storing KV caches it creates as `dtype`.
+    pub fn with_kv_dtype(self, dtype: KvDtype) -> Self {
+        CandleBackend {
+            kv_dtype: dtype,
+            ..self
+        }
+    }
+
+    /// How this backend's KV caches store numbers.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
     }
 
     fn err(message: impl Into<String>) -> EngineError {
@@ -503,11 +519,11 @@ impl Backend for CandleBackend {
     }
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CpuKvLayer {
-        CpuKvLayer::new(kv_heads, head_dim, window)
+        CpuKvLayer::new(kv_heads, head_dim, window, self.kv_dtype)
     }
 
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<CpuKvLayer> {
-        CpuKvLayer::from_snapshot(s)
+        CpuKvLayer::from_snapshot(s, self.kv_dtype)
     }
 
     fn attention(
