@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use wick_kernels::ThreadPool;
 
 use super::block_pool::{KvBlock, BLOCK_TOKENS};
+use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
 use crate::backend::AttentionParams;
 
@@ -228,8 +229,8 @@ const SERIAL_WORK: usize = 1 << 15;
 struct Scratch {
     /// `[head][position]` scores, then weights.
     scores: Vec<f32>,
-    /// Per head: running max, then `1 / Σ exp`.
-    max: Vec<f32>,
+    /// Per head: `1 / Σ exp`.
+    inv_sum: Vec<f32>,
     /// A block's keys or values converted to f32 (KV caches stored as halves).
     kv: Vec<f32>,
 }
@@ -255,8 +256,8 @@ fn attend_heads(
     let n = hi - lo;
     sc.scores.clear();
     sc.scores.resize(heads * n, 0.0);
-    sc.max.clear();
-    sc.max.resize(heads, f32::NEG_INFINITY);
+    sc.inv_sum.clear();
+    sc.inv_sum.resize(heads, 0.0);
     let span = (lo, hi);
     let mut h = 0;
     while h < heads {
@@ -273,20 +274,29 @@ fn attend_heads(
         }
         h += g;
     }
-    for g in 0..heads {
-        let weights = &mut sc.scores[g * n..(g + 1) * n];
+    for weights in sc.scores.chunks_exact_mut(n) {
         let max = max_of(weights);
-        // The sum runs in position order as each weight is made, which is the order a
-        // separate sum over the weights would take.
-        let mut sum = 0f32;
         for s in weights.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
+            *s -= max;
         }
-        sc.max[g] = 1.0 / sum;
+        exp_in_place(weights);
+    }
+    // Each head's weights are summed in position order; eight heads at a time, so the
+    // eight dependent chains of additions overlap.
+    for h0 in (0..heads).step_by(8) {
+        let hs = (heads - h0).min(8);
+        let mut sums = [0f32; 8];
+        for t in 0..n {
+            for (g, sum) in sums[..hs].iter_mut().enumerate() {
+                *sum += sc.scores[(h0 + g) * n + t];
+            }
+        }
+        for (g, sum) in sums[..hs].iter().enumerate() {
+            sc.inv_sum[h0 + g] = 1.0 / sum;
+        }
     }
     for g in 0..heads {
-        let inv = sc.max[g];
+        let inv = sc.inv_sum[g];
         for w in &mut sc.scores[g * n..(g + 1) * n] {
             *w *= inv;
         }

@@ -10,6 +10,7 @@
 //! `WICK_PROFILE=1` prints the time spent in each op.
 mod attention;
 pub mod block_pool;
+mod exp;
 mod kv;
 mod profile;
 mod rope;
