@@ -243,6 +243,59 @@ fn every_kernel_family_matches_the_reference_and_each_other() {
     }
 }
 
+/// Batched decode must not change a sequence's numbers: every row of a many-token call
+/// equals, bit for bit, a one-token call on that row alone (the engine's "batched output
+/// equals running alone" rests on this), for every family and every tile width.
+#[test]
+fn each_row_of_a_batch_equals_its_own_call() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(777);
+    for format in WeightFormat::ALL {
+        // 133 rows: a padded last strip after an odd number of full ones.
+        let (rows, cols) = (133, cols_for(format) * 2);
+        let bytes = random_matrix(format, rows, cols, &mut rng);
+        let packed = PackedMatrix::from_ggml(format, rows, cols, &bytes).unwrap();
+        let bias: Vec<f32> = (0..rows).map(|_| rng.normal_ish()).collect();
+        let n = 19;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.normal_ish()).collect();
+        for isa in Isa::available() {
+            let mut act = QuantizedActivations::new();
+            let mut run = |x: &[f32], n: usize| {
+                let mut out = vec![f32::NAN; n * rows];
+                matmul(
+                    &pool,
+                    isa,
+                    x,
+                    n,
+                    &mut [Product {
+                        weight: &packed,
+                        out: &mut out,
+                        bias: Some(&bias),
+                    }],
+                    &mut act,
+                )
+                .unwrap();
+                out
+            };
+            let alone: Vec<Vec<f32>> = (0..n)
+                .map(|t| run(&x[t * cols..(t + 1) * cols], 1))
+                .collect();
+            for m in (2..=n).filter(|m| *m <= 9 || *m == 16 || *m == n) {
+                let batch = run(&x[..m * cols], m);
+                for (t, want) in alone.iter().take(m).enumerate() {
+                    let got = &batch[t * rows..(t + 1) * rows];
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{format:?} {isa:?}: row {t} of {m} differs from its own call"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn several_matrices_share_one_call() {
     let pool = ThreadPool::new(2);
