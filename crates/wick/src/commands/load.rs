@@ -35,6 +35,8 @@ struct Stream {
     ttft: Duration,
     gaps: Vec<Duration>,
     decode: Duration,
+    /// When each content frame arrived.
+    frames: Vec<Instant>,
     completion_tokens: usize,
     prompt_tokens: usize,
 }
@@ -115,7 +117,7 @@ async fn one_stream(authority: &str, prefix: &str, body: Value) -> Result<Stream
     let mut first = None;
     let mut last = started;
     let mut gaps = Vec::new();
-    let mut frames = 0usize;
+    let mut times = Vec::new();
     let mut usage = (0usize, 0usize);
     let mut reader = SseReader::default();
     while let Some(frame) = body.frame().await {
@@ -139,7 +141,7 @@ async fn one_stream(authority: &str, prefix: &str, body: Value) -> Result<Stream
                 }
                 first.get_or_insert(now);
                 last = now;
-                frames += 1;
+                times.push(now);
             }
         }
     }
@@ -148,9 +150,32 @@ async fn one_stream(authority: &str, prefix: &str, body: Value) -> Result<Stream
         ttft: first - started,
         gaps,
         decode: last - first,
-        completion_tokens: if usage.1 > 0 { usage.1 } else { frames },
+        completion_tokens: if usage.1 > 0 { usage.1 } else { times.len() },
+        frames: times,
         prompt_tokens: usage.0,
     })
+}
+
+/// Tokens per second over the window in which every stream was decoding (from the last
+/// stream's first token to the first stream's last token): no prompt of another stream is
+/// being prefilled then, so this is the batch's own decode rate. Each content frame counts
+/// as the stream's tokens over its frames (one token a frame, unless the server held text
+/// back). `None` when the streams never all decoded at once.
+fn steady_decode_rate(streams: &[Stream]) -> Option<f64> {
+    let from = streams.iter().filter_map(|s| s.frames.first()).max()?;
+    let to = streams.iter().filter_map(|s| s.frames.last()).min()?;
+    let secs = to.checked_duration_since(*from)?.as_secs_f64();
+    if secs <= 0.0 {
+        return None;
+    }
+    let tokens: f64 = streams
+        .iter()
+        .map(|s| {
+            let inside = s.frames.iter().filter(|t| *t > from && *t <= to).count();
+            inside as f64 * s.completion_tokens as f64 / s.frames.len().max(1) as f64
+        })
+        .sum();
+    Some(tokens / secs)
 }
 
 /// The `p`-th percentile (0–100) of sorted values, nearest rank.
@@ -229,6 +254,9 @@ fn report(spec: &LoadSpec, streams: &[Stream], wall: f64) {
         })
         .sum::<f64>()
         / spec.rounds.max(1) as f64;
+    let steady = (spec.rounds == 1)
+        .then(|| steady_decode_rate(streams))
+        .flatten();
     let ttft = sorted_ms(streams.iter().map(|s| s.ttft));
     let itl = sorted_ms(streams.iter().flat_map(|s| s.gaps.iter().copied()));
     let p = |v: &[f64]| [50.0, 90.0, 99.0].map(|q| percentile(v, q));
@@ -241,6 +269,7 @@ fn report(spec: &LoadSpec, streams: &[Stream], wall: f64) {
                 "prompt_tokens_avg": prompt_avg, "gen_tokens": spec.gen_tokens,
                 "wall_seconds": wall, "output_tokens": output,
                 "output_tps": output as f64 / wall, "decode_tps": per_client,
+                "steady_decode_tps": steady,
                 "ttft_ms": {"p50": t[0], "p90": t[1], "p99": t[2]},
                 "itl_ms": {"p50": i[0], "p90": i[1], "p99": i[2]},
             })
@@ -255,9 +284,12 @@ fn report(spec: &LoadSpec, streams: &[Stream], wall: f64) {
             wall
         );
         println!(
-            "  output {:.1} tok/s | decode {:.1} tok/s (sum of streams)",
+            "  output {:.1} tok/s | decode {:.1} tok/s (sum of streams){}",
             output as f64 / wall,
-            per_client
+            per_client,
+            steady
+                .map(|r| format!(" | {r:.1} tok/s while all decode"))
+                .unwrap_or_default()
         );
         println!(
             "  TTFT ms p50 {:.1} p90 {:.1} p99 {:.1} | ITL ms p50 {:.1} p90 {:.1} p99 {:.1}",

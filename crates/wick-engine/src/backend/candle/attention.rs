@@ -19,7 +19,7 @@ fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
 }
 
 /// Blocks whose loads are started ahead of the one being computed.
-const PREFETCH_AHEAD: usize = 2;
+const PREFETCH_AHEAD: usize = 4;
 
 /// Calls `f(block, first_slot, n)` for each run of consecutive positions `from..to` that
 /// lie in one block, and `warm(block)` on each block [`PREFETCH_AHEAD`] runs before `f`
@@ -124,7 +124,12 @@ fn group_scores<const G: usize>(
     let hd = p.head_dim;
     let n = hi - lo;
     let mut t = 0;
-    let warm = |b: &KvBlock| b.prefetch_head_keys(kvh, hd);
+    // The values follow the keys into the caches, so the value pass after the softmax
+    // finds them there.
+    let warm = |b: &KvBlock| {
+        b.prefetch_head_keys(kvh, hd);
+        b.prefetch_head_values(kvh, hd);
+    };
     for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
         let sums = block_scores::<G>(qs, block.head_keys(kvh, hd, buf), hd);
         for (g, sum) in sums.iter().enumerate() {

@@ -140,7 +140,7 @@ fn prefetch<T>(data: &[T]) {
             // SAFETY: a prefetch hint reads nothing architecturally and cannot fault; the
             // address is inside `data` anyway.
             unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
                     start.add(offset),
                 )
             };
