@@ -202,6 +202,22 @@ fn group_values<const G: usize>(
     });
 }
 
+/// `1 / Σ_t weights[g][t]` of `G` heads (`weights` is `[G][n]`), each sum in position
+/// order from zero; the `G` running sums stay in registers.
+#[inline(always)]
+fn inverse_sums<const G: usize>(weights: &[f32], n: usize, out: &mut [f32]) {
+    let rows: [&[f32]; G] = std::array::from_fn(|g| &weights[g * n..(g + 1) * n]);
+    let mut sums = [0f32; G];
+    for t in 0..n {
+        for (sum, row) in sums.iter_mut().zip(&rows) {
+            *sum += row[t];
+        }
+    }
+    for (o, sum) in out.iter_mut().zip(sums) {
+        *o = 1.0 / sum;
+    }
+}
+
 /// The largest of `xs` (−∞ when empty), sixteen lanes at a time: a maximum does not
 /// depend on the order it is taken in.
 #[inline]
@@ -286,19 +302,19 @@ fn attend_heads(
         }
         exp_in_place(weights);
     }
-    // Each head's weights are summed in position order; eight heads at a time, so the
-    // eight dependent chains of additions overlap.
-    for h0 in (0..heads).step_by(8) {
-        let hs = (heads - h0).min(8);
-        let mut sums = [0f32; 8];
-        for t in 0..n {
-            for (g, sum) in sums[..hs].iter_mut().enumerate() {
-                *sum += sc.scores[(h0 + g) * n + t];
-            }
+    // Each head's weights are summed in position order; up to four heads at a time, so
+    // their dependent chains of additions overlap.
+    let mut h = 0;
+    while h < heads {
+        let g = (heads - h).min(MAX_GROUP);
+        let (w, inv) = (&sc.scores[h * n..(h + g) * n], &mut sc.inv_sum[h..h + g]);
+        match g {
+            4 => inverse_sums::<4>(w, n, inv),
+            3 => inverse_sums::<3>(w, n, inv),
+            2 => inverse_sums::<2>(w, n, inv),
+            _ => inverse_sums::<1>(w, n, inv),
         }
-        for (g, sum) in sums[..hs].iter().enumerate() {
-            sc.inv_sum[h0 + g] = 1.0 / sum;
-        }
+        h += g;
     }
     for g in 0..heads {
         let inv = sc.inv_sum[g];
