@@ -5,11 +5,11 @@
 //! values are then decoded with the parameter's schema (the template writes strings raw and
 //! everything else as JSON).
 
-use super::grammar::{reject_through, valid_name, ArgText, BodyGrammar, BodyStep, Opening};
-use super::repair::RepairKind;
-use super::scan::{
-    decode_entities, decode_xml_value, find_first, leading_ws, prefix_of, stray_len, Prefix,
+use super::grammar::{
+    reject_through, tagged_entries_step, valid_name, ArgText, BodyGrammar, BodyStep, Opening,
 };
+use super::repair::RepairKind;
+use super::scan::{decode_entities, decode_xml_value, find_first, leading_ws, prefix_of, Prefix};
 use super::schema::ToolBox;
 use super::tagged::CLOSE as TOOL_CALL_CLOSE;
 
@@ -62,47 +62,17 @@ pub(crate) fn open(
 
 /// Reads the next key/value pair or the end of the call.
 pub(crate) fn step(text: &str, at_end: bool) -> BodyStep {
-    let ws = leading_ws(text);
-    let rest = &text[ws..];
-    let unclosed = BodyStep::End {
-        len: text.len(),
-        repair: Some(RepairKind::UnclosedBlock),
-    };
-    if rest.is_empty() {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
-    }
-    let matches = [prefix_of(rest, KEY_OPEN), prefix_of(rest, TOOL_CALL_CLOSE)];
-    if matches[0] == Prefix::Full {
-        return pair(text, ws, at_end);
-    }
-    if matches[1] == Prefix::Full {
-        return BodyStep::End {
-            len: ws + TOOL_CALL_CLOSE.len(),
-            repair: None,
-        };
-    }
-    if matches.contains(&Prefix::Partial) {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
-    }
-    let stray = stray_len(rest);
-    BodyStep::Skip {
-        len: ws + stray,
-        repair: Some(RepairKind::StrayText),
-    }
+    tagged_entries_step(text, at_end, (KEY_OPEN, TOOL_CALL_CLOSE), pair)
 }
 
 /// `<arg_key>K</arg_key> <arg_value>V</arg_value>` at `at` of `text`.
 fn pair(text: &str, at: usize, at_end: bool) -> BodyStep {
-    let unclosed = BodyStep::End {
-        len: text.len(),
-        repair: Some(RepairKind::UnclosedBlock),
-    };
     let key_at = at + KEY_OPEN.len();
     let Some((key_len, which)) = find_first(
         &text[key_at..],
         &[KEY_CLOSE, KEY_OPEN, VALUE_OPEN, TOOL_CALL_CLOSE],
     ) else {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
+        return BodyStep::short(text, at_end);
     };
     if which != 0 {
         return BodyStep::Skip {
@@ -117,7 +87,7 @@ fn pair(text: &str, at: usize, at_end: bool) -> BodyStep {
         Prefix::Full => {}
         Prefix::Partial if !at_end => return BodyStep::NeedMore,
         _ if value_tag_at == text.len() => {
-            return if at_end { unclosed } else { BodyStep::NeedMore };
+            return BodyStep::short(text, at_end);
         }
         _ => {
             return BodyStep::Skip {
@@ -129,7 +99,7 @@ fn pair(text: &str, at: usize, at_end: bool) -> BodyStep {
     let value_at = value_tag_at + VALUE_OPEN.len();
     let value = &text[value_at..];
     let Some((end, which)) = find_first(value, &[VALUE_CLOSE, KEY_OPEN, TOOL_CALL_CLOSE]) else {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
+        return BodyStep::short(text, at_end);
     };
     let len = if which == 0 {
         value_at + end + VALUE_CLOSE.len()

@@ -9,6 +9,7 @@
 
 use serde_json::{Map, Value};
 
+use super::scan::{leading_ws, prefix_of, stray_len, Prefix};
 use super::schema::ToolBox;
 use super::{gemma4, hermes_json, llama3_json, minicpm, mistral, tagged};
 use super::{RepairKind, ToolCallError};
@@ -125,6 +126,55 @@ pub(crate) enum BodyStep {
         len: usize,
         repair: Option<RepairKind>,
     },
+}
+
+impl BodyStep {
+    /// What a body that stops short of its end answers: wait for more text, or, at the end
+    /// of the output, end the call there (repaired as an unclosed block).
+    pub(crate) fn short(text: &str, at_end: bool) -> BodyStep {
+        if at_end {
+            BodyStep::End {
+                len: text.len(),
+                repair: Some(RepairKind::UnclosedBlock),
+            }
+        } else {
+            BodyStep::NeedMore
+        }
+    }
+}
+
+/// One step through a call body made of tagged entries (GLM's `<arg_key>` pairs,
+/// MiniCPM's `<param>`s): after whitespace, `entry_open` starts an entry, which `entry`
+/// reads from its offset; `close` ends the call; a tag cut short waits for more text;
+/// anything else is skipped as stray text.
+pub(crate) fn tagged_entries_step(
+    text: &str,
+    at_end: bool,
+    (entry_open, close): (&str, &str),
+    entry: impl FnOnce(&str, usize, bool) -> BodyStep,
+) -> BodyStep {
+    let ws = leading_ws(text);
+    let rest = &text[ws..];
+    if rest.is_empty() {
+        return BodyStep::short(text, at_end);
+    }
+    let matches = [prefix_of(rest, entry_open), prefix_of(rest, close)];
+    if matches[0] == Prefix::Full {
+        return entry(text, ws, at_end);
+    }
+    if matches[1] == Prefix::Full {
+        return BodyStep::End {
+            len: ws + close.len(),
+            repair: None,
+        };
+    }
+    if matches.contains(&Prefix::Partial) {
+        return BodyStep::short(text, at_end);
+    }
+    BodyStep::Skip {
+        len: ws + stray_len(rest),
+        repair: Some(RepairKind::StrayText),
+    }
 }
 
 /// Decides what the block that starts `text` (at its marker) is.

@@ -5,9 +5,11 @@
 //! verbatim; a `</param>` inside CDATA does not end the value. Values are then decoded with the
 //! parameter's schema.
 
-use super::grammar::{reject_through, valid_name, ArgText, BodyGrammar, BodyStep, Opening};
+use super::grammar::{
+    reject_through, tagged_entries_step, valid_name, ArgText, BodyGrammar, BodyStep, Opening,
+};
 use super::repair::RepairKind;
-use super::scan::{decode_xml_value, find_first, leading_ws, prefix_of, stray_len, Prefix};
+use super::scan::{decode_xml_value, find_first, leading_ws, prefix_of, Prefix};
 use super::schema::ToolBox;
 use super::ToolCallError;
 
@@ -80,45 +82,15 @@ pub(crate) fn open(text: &str, at_end: bool, tools: ToolBox<'_>) -> Opening {
 
 /// Reads the next `<param>` or the end of the function.
 pub(crate) fn step(text: &str, at_end: bool) -> BodyStep {
-    let ws = leading_ws(text);
-    let rest = &text[ws..];
-    let unclosed = BodyStep::End {
-        len: text.len(),
-        repair: Some(RepairKind::UnclosedBlock),
-    };
-    if rest.is_empty() {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
-    }
-    let matches = [prefix_of(rest, PARAM_OPEN), prefix_of(rest, FUNCTION_CLOSE)];
-    if matches[0] == Prefix::Full {
-        return param(text, ws, at_end);
-    }
-    if matches[1] == Prefix::Full {
-        return BodyStep::End {
-            len: ws + FUNCTION_CLOSE.len(),
-            repair: None,
-        };
-    }
-    if matches.contains(&Prefix::Partial) {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
-    }
-    let stray = stray_len(rest);
-    BodyStep::Skip {
-        len: ws + stray,
-        repair: Some(RepairKind::StrayText),
-    }
+    tagged_entries_step(text, at_end, (PARAM_OPEN, FUNCTION_CLOSE), param)
 }
 
 /// `<param name="K">V</param>` at `at` of `text`.
 fn param(text: &str, at: usize, at_end: bool) -> BodyStep {
-    let unclosed = BodyStep::End {
-        len: text.len(),
-        repair: Some(RepairKind::UnclosedBlock),
-    };
     let attr_at = at + PARAM_OPEN.len();
     let (key, attr_len) = match quoted_attribute(&text[attr_at..]) {
         Ok(Some(found)) => found,
-        Ok(None) => return if at_end { unclosed } else { BodyStep::NeedMore },
+        Ok(None) => return BodyStep::short(text, at_end),
         Err(()) => {
             return BodyStep::Skip {
                 len: attr_at,
@@ -134,7 +106,7 @@ fn param(text: &str, at: usize, at_end: bool) -> BodyStep {
     let search_from = match prefix_of(&value[lead..], CDATA_OPEN) {
         Prefix::Full => match value[lead + CDATA_OPEN.len()..].find(CDATA_CLOSE) {
             Some(close) => lead + CDATA_OPEN.len() + close + CDATA_CLOSE.len(),
-            None => return if at_end { unclosed } else { BodyStep::NeedMore },
+            None => return BodyStep::short(text, at_end),
         },
         Prefix::Partial if !at_end => return BodyStep::NeedMore,
         _ => 0,
@@ -143,7 +115,7 @@ fn param(text: &str, at: usize, at_end: bool) -> BodyStep {
         &value[search_from..],
         &[PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE],
     ) else {
-        return if at_end { unclosed } else { BodyStep::NeedMore };
+        return BodyStep::short(text, at_end);
     };
     let end = search_from + end;
     let len = if which == 0 {
