@@ -84,6 +84,18 @@ enum AnyDecoder {
     Mlx(Decoder<MlxBackend>),
 }
 
+impl AnyDecoder {
+    /// How the CPU backend's KV cache stores numbers; `None` on MLX, which keeps the
+    /// checkpoint's compute type.
+    fn kv_dtype(&self) -> Option<KvDtype> {
+        match self {
+            AnyDecoder::Candle(d) => Some(d.backend().kv_dtype()),
+            #[cfg(feature = "mlx")]
+            AnyDecoder::Mlx(_) => None,
+        }
+    }
+}
+
 /// A cache of one of the backends.
 #[derive(Clone)]
 enum AnyCache {
@@ -449,11 +461,7 @@ impl Model {
         let cfg = with_decoder!(&decoder, d => d.config());
         let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
         let backend = with_decoder!(&decoder, d => d.backend().name());
-        let kv_type = match &decoder {
-            AnyDecoder::Candle(d) => d.backend().kv_dtype().name(),
-            #[cfg(feature = "mlx")]
-            AnyDecoder::Mlx(_) => "mlx",
-        };
+        let kv_type = decoder.kv_dtype().map_or("mlx", KvDtype::name);
         let mut eos: Vec<u32> = cfg.eos_token_ids.clone();
         for &id in tokenizer.eos_ids() {
             if !eos.contains(&id) {
@@ -564,11 +572,10 @@ impl Model {
     /// cache's number type; f32 on the MLX backend), the unit of the block pool.
     pub fn kv_block_bytes(&self) -> usize {
         let cfg = self.config();
-        let number = match &self.decoder {
-            AnyDecoder::Candle(d) => d.backend().kv_dtype().bytes(),
-            #[cfg(feature = "mlx")]
-            AnyDecoder::Mlx(_) => std::mem::size_of::<f32>(),
-        };
+        let number = self
+            .decoder
+            .kv_dtype()
+            .map_or(std::mem::size_of::<f32>(), KvDtype::bytes);
         crate::backend::candle::block_pool::BLOCK_TOKENS
             * cfg.num_kv_heads
             * cfg.head_dim

@@ -33,12 +33,25 @@ pub struct LoadSpec {
 #[derive(Debug, Clone)]
 struct Stream {
     ttft: Duration,
-    gaps: Vec<Duration>,
-    decode: Duration,
-    /// When each content frame arrived.
+    /// When each content frame arrived (at least one).
     frames: Vec<Instant>,
     completion_tokens: usize,
     prompt_tokens: usize,
+}
+
+impl Stream {
+    /// From the first content frame to the last.
+    fn decode(&self) -> Duration {
+        match (self.frames.first(), self.frames.last()) {
+            (Some(first), Some(last)) => *last - *first,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The inter-token gaps: between consecutive content frames.
+    fn gaps(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.frames.windows(2).map(|w| w[1] - w[0])
+    }
 }
 
 /// `host:port` and the path prefix of a base URL.
@@ -114,9 +127,6 @@ async fn one_stream(authority: &str, prefix: &str, body: Value) -> Result<Stream
         bail!("HTTP {status}: {}", String::from_utf8_lossy(&body));
     }
     let mut body = response.into_body();
-    let mut first = None;
-    let mut last = started;
-    let mut gaps = Vec::new();
     let mut times = Vec::new();
     let mut usage = (0usize, 0usize);
     let mut reader = SseReader::default();
@@ -136,20 +146,13 @@ async fn one_stream(authority: &str, prefix: &str, body: Value) -> Result<Stream
             }
             let text = v["choices"][0]["delta"]["content"].as_str().unwrap_or("");
             if !text.is_empty() {
-                if first.is_some() {
-                    gaps.push(now - last);
-                }
-                first.get_or_insert(now);
-                last = now;
                 times.push(now);
             }
         }
     }
-    let first = first.context("the stream carried no token")?;
+    let first = *times.first().context("the stream carried no token")?;
     Ok(Stream {
         ttft: first - started,
-        gaps,
-        decode: last - first,
         completion_tokens: if usage.1 > 0 { usage.1 } else { times.len() },
         frames: times,
         prompt_tokens: usage.0,
@@ -245,7 +248,7 @@ fn report(spec: &LoadSpec, streams: &[Stream], wall: f64) {
     let per_client: f64 = streams
         .iter()
         .map(|s| {
-            let secs = s.decode.as_secs_f64();
+            let secs = s.decode().as_secs_f64();
             if secs > 0.0 {
                 s.completion_tokens.saturating_sub(1) as f64 / secs
             } else {
@@ -258,7 +261,7 @@ fn report(spec: &LoadSpec, streams: &[Stream], wall: f64) {
         .then(|| steady_decode_rate(streams))
         .flatten();
     let ttft = sorted_ms(streams.iter().map(|s| s.ttft));
-    let itl = sorted_ms(streams.iter().flat_map(|s| s.gaps.iter().copied()));
+    let itl = sorted_ms(streams.iter().flat_map(Stream::gaps));
     let p = |v: &[f64]| [50.0, 90.0, 99.0].map(|q| percentile(v, q));
     let (t, i) = (p(&ttft), p(&itl));
     if spec.json {

@@ -202,10 +202,11 @@ fn group_values<const G: usize>(
     });
 }
 
-/// `1 / Σ_t weights[g][t]` of `G` heads (`weights` is `[G][n]`), each sum in position
-/// order from zero; the `G` running sums stay in registers.
+/// Divides each of `G` heads' weights (`weights` is `[G][n]`) by their sum — multiplies
+/// by its inverse — with each sum taken in position order from zero; the `G` running sums
+/// stay in registers, so their dependent chains of additions overlap.
 #[inline(always)]
-fn inverse_sums<const G: usize>(weights: &[f32], n: usize, out: &mut [f32]) {
+fn normalize<const G: usize>(weights: &mut [f32], n: usize) {
     let rows: [&[f32]; G] = std::array::from_fn(|g| &weights[g * n..(g + 1) * n]);
     let mut sums = [0f32; G];
     for t in 0..n {
@@ -213,9 +214,31 @@ fn inverse_sums<const G: usize>(weights: &[f32], n: usize, out: &mut [f32]) {
             *sum += row[t];
         }
     }
-    for (o, sum) in out.iter_mut().zip(sums) {
-        *o = 1.0 / sum;
+    for (row, sum) in weights.chunks_exact_mut(n).zip(sums) {
+        let inv = 1.0 / sum;
+        for w in row {
+            *w *= inv;
+        }
     }
+}
+
+/// The heads `0 .. heads` in runs of at most [`MAX_GROUP`], the runs that share loads.
+fn head_groups(heads: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..heads)
+        .step_by(MAX_GROUP)
+        .map(move |h| h..(h + MAX_GROUP).min(heads))
+}
+
+/// Calls `$f::<G>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run `$r`.
+macro_rules! by_group {
+    ($r:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $r.len() {
+            4 => $f::<4>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            _ => $f::<1>($($arg),*),
+        }
+    };
 }
 
 /// The largest of `xs` (−∞ when empty), sixteen lanes at a time: a maximum does not
@@ -250,8 +273,6 @@ const SERIAL_WORK: usize = 1 << 15;
 struct Scratch {
     /// `[head][position]` scores, then weights.
     scores: Vec<f32>,
-    /// Per head: `1 / Σ exp`.
-    inv_sum: Vec<f32>,
     /// A block's keys or values converted to f32 (KV caches stored as halves).
     kv: Vec<f32>,
 }
@@ -277,23 +298,13 @@ fn attend_heads(
     let n = hi - lo;
     sc.scores.clear();
     sc.scores.resize(heads * n, 0.0);
-    sc.inv_sum.clear();
-    sc.inv_sum.resize(heads, 0.0);
     let span = (lo, hi);
-    let mut h = 0;
-    while h < heads {
-        let g = (heads - h).min(MAX_GROUP);
+    for r in head_groups(heads) {
         let (q, scores) = (
-            &qs[h * hd..(h + g) * hd],
-            &mut sc.scores[h * n..(h + g) * n],
+            &qs[r.start * hd..r.end * hd],
+            &mut sc.scores[r.start * n..r.end * n],
         );
-        match g {
-            4 => group_scores::<4>(q, src, span, kvh, p, scores, &mut sc.kv),
-            3 => group_scores::<3>(q, src, span, kvh, p, scores, &mut sc.kv),
-            2 => group_scores::<2>(q, src, span, kvh, p, scores, &mut sc.kv),
-            _ => group_scores::<1>(q, src, span, kvh, p, scores, &mut sc.kv),
-        }
-        h += g;
+        by_group!(r, group_scores(q, src, span, kvh, p, scores, &mut sc.kv));
     }
     for weights in sc.scores.chunks_exact_mut(n) {
         let max = max_of(weights);
@@ -302,40 +313,15 @@ fn attend_heads(
         }
         exp_in_place(weights);
     }
-    // Each head's weights are summed in position order; up to four heads at a time, so
-    // their dependent chains of additions overlap.
-    let mut h = 0;
-    while h < heads {
-        let g = (heads - h).min(MAX_GROUP);
-        let (w, inv) = (&sc.scores[h * n..(h + g) * n], &mut sc.inv_sum[h..h + g]);
-        match g {
-            4 => inverse_sums::<4>(w, n, inv),
-            3 => inverse_sums::<3>(w, n, inv),
-            2 => inverse_sums::<2>(w, n, inv),
-            _ => inverse_sums::<1>(w, n, inv),
-        }
-        h += g;
+    for r in head_groups(heads) {
+        by_group!(r, normalize(&mut sc.scores[r.start * n..r.end * n], n));
     }
-    for g in 0..heads {
-        let inv = sc.inv_sum[g];
-        for w in &mut sc.scores[g * n..(g + 1) * n] {
-            *w *= inv;
-        }
-    }
-    let mut h = 0;
-    while h < heads {
-        let g = (heads - h).min(MAX_GROUP);
+    for r in head_groups(heads) {
         let (w, o) = (
-            &sc.scores[h * n..(h + g) * n],
-            &mut out[h * hd..(h + g) * hd],
+            &sc.scores[r.start * n..r.end * n],
+            &mut out[r.start * hd..r.end * hd],
         );
-        match g {
-            4 => group_values::<4>(w, src, span, kvh, hd, o, &mut sc.kv),
-            3 => group_values::<3>(w, src, span, kvh, hd, o, &mut sc.kv),
-            2 => group_values::<2>(w, src, span, kvh, hd, o, &mut sc.kv),
-            _ => group_values::<1>(w, src, span, kvh, hd, o, &mut sc.kv),
-        }
-        h += g;
+        by_group!(r, group_values(w, src, span, kvh, hd, o, &mut sc.kv));
     }
 }
 
