@@ -228,10 +228,14 @@ impl KvCache {
         }
     }
 
-    /// Gives the pool charge back (the blocks stay with the cache).
+    /// Gives the pool charge back (the blocks stay with the cache). On MLX, moves the
+    /// cache out of the batch buffer it decoded in, so that a stored cache holds no row of
+    /// a running batch.
     pub fn detach(&mut self) {
-        for l in self.cpu_layers_mut() {
-            l.detach();
+        match &mut self.inner {
+            AnyCache::Candle(c) => c.layers_mut().iter_mut().for_each(CpuKvLayer::detach),
+            #[cfg(feature = "mlx")]
+            AnyCache::Mlx(c) => c.layers_mut().iter_mut().for_each(|l| l.leave_batch()),
         }
     }
 
@@ -602,6 +606,13 @@ impl Model {
         with_decoder!(&self.decoder, d => forward_on(d, steps))
     }
 
+    /// [`Model::forward`] returning, for each step that asks for the last position's
+    /// logits, their argmax instead: picked on the backend, so only the ids reach the
+    /// host. Steps ask for [`LogitsRequest::Last`] or [`LogitsRequest::None`].
+    pub fn forward_argmax(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<u32>>> {
+        with_decoder!(&self.decoder, d => argmax_on(d, steps))
+    }
+
     /// Greedy generation of `max_tokens` tokens for every prompt, in lockstep, with the
     /// argmax taken on the backend and each decode step queued before the host reads the
     /// previous step's ids (no logits leave the device). Prompts longer than
@@ -632,16 +643,39 @@ fn wrap_cache<B: CacheOf>(cache: SequenceCache<B>) -> AnyCache {
     B::wrap(cache)
 }
 
+/// The decoder's view of `steps`.
+fn batch_of<'a, B: CacheOf>(steps: &'a mut [Step<'_>]) -> Result<Vec<BatchItem<'a, B>>> {
+    steps
+        .iter_mut()
+        .map(|s| {
+            Ok(BatchItem {
+                tokens: s.tokens,
+                cache: B::unwrap(&mut s.cache.inner)?,
+                logits: s.logits,
+            })
+        })
+        .collect()
+}
+
 fn forward_on<B: CacheOf>(d: &Decoder<B>, steps: &mut [Step<'_>]) -> Result<Vec<Option<Logits>>> {
-    let mut batch: Vec<BatchItem<'_, B>> = Vec::with_capacity(steps.len());
-    for s in steps.iter_mut() {
-        batch.push(BatchItem {
-            tokens: s.tokens,
-            cache: B::unwrap(&mut s.cache.inner)?,
-            logits: s.logits,
-        });
+    d.forward(&mut batch_of(steps)?)
+}
+
+fn argmax_on<B: CacheOf>(d: &Decoder<B>, steps: &mut [Step<'_>]) -> Result<Vec<Option<u32>>> {
+    let wants: Vec<bool> = steps
+        .iter()
+        .map(|s| s.logits != LogitsRequest::None)
+        .collect();
+    if !wants.contains(&true) {
+        forward_on(d, steps)?;
+        return Ok(vec![None; steps.len()]);
     }
-    d.forward(&mut batch)
+    let ids = d.forward_argmax(&mut batch_of(steps)?)?;
+    let mut ids = d.backend().ids_to_host(&ids)?.into_iter();
+    Ok(wants
+        .into_iter()
+        .map(|w| if w { ids.next() } else { None })
+        .collect())
 }
 
 /// Activation dtype for the MLX backend, chosen from the checkpoint (candle ignores it).

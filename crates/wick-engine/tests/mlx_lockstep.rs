@@ -7,6 +7,7 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
+use wick_engine::backend::candle::KvDtype;
 use wick_engine::backend::BackendKind;
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 
@@ -23,11 +24,14 @@ fn model_path() -> PathBuf {
     p
 }
 
+/// The model on `backend`; candle keeps its KV cache in f32 like MLX here, so the two
+/// differ only in how the products are computed.
 fn load(backend: BackendKind) -> Model {
     Model::load(
         &model_path(),
         &LoadOptions {
             backend,
+            kv_dtype: Some(KvDtype::F32),
             ..LoadOptions::default()
         },
     )
@@ -157,4 +161,149 @@ fn cache_copies_and_snapshots_continue_like_the_original() {
     // Trimming back and refeeding gives the same logits again.
     cache.trim(ps[0].len()).unwrap();
     assert_eq!(run(&mut cache, &[42]), a);
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    row.iter()
+        .enumerate()
+        .fold(0, |b, (j, &v)| if v > row[b] { j } else { b }) as u32
+}
+
+/// Greedy tokens of `prompts` fed through `Model::forward` the way the scheduler feeds a
+/// continuous batch: sequence `i` arrives at step `arrivals[i]`, its prompt goes in chunks
+/// of 4 tokens beside the others' decode steps, and its cache is dropped once it has
+/// `STEPS` tokens while the others go on (so sequences join and leave the MLX batch
+/// buffer mid-run). Before its last token, the first sequence's cache is replaced by a
+/// clone (taken out of the buffer) and, for the second, by a trimmed-and-refed copy; the
+/// third's cache is detached and stored when it ends, and makes one more token at the end.
+fn continuous(m: &Model, prompts: &[Vec<u32>], arrivals: &[usize]) -> Vec<Vec<u32>> {
+    use wick_engine::{KvCache, LogitsRequest, Step};
+    struct Seq {
+        fed: usize,
+        out: Vec<u32>,
+        cache: Option<KvCache>,
+    }
+    let mut stored = None;
+    let mut seqs: Vec<Seq> = prompts
+        .iter()
+        .map(|_| Seq {
+            fed: 0,
+            out: Vec::new(),
+            cache: Some(m.new_cache()),
+        })
+        .collect();
+    for step in 0.. {
+        if seqs.iter().all(|s| s.cache.is_none()) {
+            break;
+        }
+        let inputs: Vec<Option<(Vec<u32>, LogitsRequest)>> = seqs
+            .iter()
+            .zip(prompts)
+            .zip(arrivals)
+            .map(|((s, p), &at)| {
+                s.cache.as_ref()?;
+                if step < at {
+                    return None;
+                }
+                Some(if s.fed < p.len() {
+                    let end = (s.fed + 4).min(p.len());
+                    let want = if end == p.len() {
+                        LogitsRequest::Last
+                    } else {
+                        LogitsRequest::None
+                    };
+                    (p[s.fed..end].to_vec(), want)
+                } else {
+                    (vec![*s.out.last().unwrap()], LogitsRequest::Last)
+                })
+            })
+            .collect();
+        let mut steps: Vec<Step<'_>> = seqs
+            .iter_mut()
+            .zip(&inputs)
+            .filter_map(|(s, i)| {
+                let (tokens, logits) = i.as_ref()?;
+                Some(Step {
+                    tokens,
+                    cache: s.cache.as_mut()?,
+                    logits: *logits,
+                })
+            })
+            .collect();
+        let mut outs = m.forward(&mut steps).unwrap().into_iter();
+        drop(steps);
+        for (i, (s, input)) in seqs.iter_mut().zip(&inputs).enumerate() {
+            let Some((tokens, _)) = input else { continue };
+            if s.fed < prompts[i].len() {
+                s.fed += tokens.len();
+            }
+            if let Some(logits) = outs.next().unwrap() {
+                s.out.push(argmax(logits.last()));
+            }
+            if s.out.len() == STEPS {
+                if let Some(mut cache) = s.cache.take() {
+                    if i == 2 {
+                        // Stored like the prompt cache stores a finished sequence.
+                        cache.detach();
+                        stored = Some(cache);
+                    }
+                }
+            } else if s.out.len() == STEPS - 1 && i < 2 {
+                let cache = s.cache.as_mut().unwrap();
+                if i == 0 {
+                    *cache = cache.clone();
+                } else {
+                    // Drop the last token and feed it again alone.
+                    let len = cache.len();
+                    cache.trim(len - 1).unwrap();
+                    let last = prompts[i]
+                        .iter()
+                        .chain(&s.out)
+                        .nth(len - 1)
+                        .copied()
+                        .unwrap();
+                    m.forward(&mut [Step {
+                        tokens: &[last],
+                        cache,
+                        logits: LogitsRequest::None,
+                    }])
+                    .unwrap();
+                }
+            }
+        }
+    }
+    // The stored cache continues where its sequence stopped.
+    let (mut cache, third) = (stored.unwrap(), &seqs[2].out);
+    let logits = m
+        .forward(&mut [Step {
+            tokens: &third[STEPS - 1..],
+            cache: &mut cache,
+            logits: LogitsRequest::Last,
+        }])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let mut outs: Vec<Vec<u32>> = seqs.into_iter().map(|s| s.out).collect();
+    outs[2].push(argmax(logits.last()));
+    outs
+}
+
+#[test]
+fn continuous_batch_steps_equal_each_sequence_alone() {
+    let mlx = load(BackendKind::Mlx);
+    let mut ps = prompts(&mlx);
+    let more = prompts(&mlx);
+    ps.extend(more.into_iter().map(|mut p| {
+        p.insert(0, p[0]);
+        p
+    }));
+    // Arrivals spread so that sequences join a running batch, one arrives after the
+    // first has left, and the batch grows past its first size.
+    let arrivals = [0, 2, 3, 14, 15, 20];
+    let batched = continuous(&mlx, &ps, &arrivals);
+    for (i, p) in ps.iter().enumerate() {
+        // The third sequence's stored cache made one more token.
+        let n = if i == 2 { STEPS + 1 } else { STEPS };
+        assert_eq!(batched[i], sampled(&mlx, p, n), "prompt {i}");
+    }
 }

@@ -246,19 +246,35 @@ impl Array {
     /// Evaluates the array and copies its elements out, row-major. `T` must match the
     /// array's dtype (convert with [`crate::Stream::astype`] first).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.read_range(0, self.size())
+    }
+
+    /// Evaluates the array and copies elements `start..start + len` (row-major) out:
+    /// rows of a result without a copy of the whole.
+    pub fn read_range<T: Element>(&self, start: usize, len: usize) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
             return Err(MlxError::InvalidArgument {
-                op: "to_vec",
+                op: "read_range",
                 reason: format!("array is {}, asked for {}", self.dtype(), T::DTYPE),
             });
         }
-        let mut out = vec![T::default(); self.size()];
-        let nbytes = std::mem::size_of_val(out.as_slice());
-        // SAFETY: `out` has exactly `nbytes` writable bytes; the shim checks the size.
-        check(
-            unsafe { ffi::wm_array_read(self.raw, out.as_mut_ptr().cast::<u8>(), nbytes) },
-            "read",
-        )?;
+        let size = std::mem::size_of::<T>();
+        let mut out: Vec<T> = Vec::with_capacity(len);
+        // SAFETY: `out` has room for `len` elements (`len · size` bytes); the shim checks
+        // the range against the array and either fills all of them or fails, and only
+        // then is the length set. Element types are plain numbers: any bytes are valid.
+        unsafe {
+            check(
+                ffi::wm_array_read(
+                    self.raw,
+                    start * size,
+                    out.as_mut_ptr().cast::<u8>(),
+                    len * size,
+                ),
+                "read",
+            )?;
+            out.set_len(len);
+        }
         Ok(out)
     }
 
@@ -267,7 +283,7 @@ impl Array {
         let mut out = vec![0u8; self.nbytes()];
         // SAFETY: `out` is exactly as long as the array's bytes; the shim checks it.
         check(
-            unsafe { ffi::wm_array_read(self.raw, out.as_mut_ptr(), out.len()) },
+            unsafe { ffi::wm_array_read(self.raw, 0, out.as_mut_ptr(), out.len()) },
             "read",
         )?;
         Ok(out)

@@ -331,8 +331,10 @@ pub trait Backend: Send + Sync + 'static {
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
     /// Rows `rows` of `x`, in that order.
     fn select_rows(&self, x: &Self::Tensor, rows: &[usize]) -> Result<Self::Tensor>;
-    /// Copies a tensor to the host as f32, row-major.
-    fn to_host(&self, x: &Self::Tensor) -> Result<Vec<f32>>;
+    /// Copies `x` `[n, cols]` to the host as f32 in consecutive groups of `groups[i]`
+    /// rows, one row-major vector per group (empty for 0 rows): each sequence's logits
+    /// with one copy and no copy of the whole.
+    fn rows_to_host(&self, x: &Self::Tensor, groups: &[usize]) -> Result<Vec<Vec<f32>>>;
 
     /// Row-wise argmax of logits `[n, vocab]` (the first maximum), kept on the backend.
     fn argmax(&self, logits: &Self::Tensor) -> Result<Self::Ids>;
@@ -359,20 +361,6 @@ pub trait Backend: Send + Sync + 'static {
         head_dim: usize,
         window: Option<usize>,
     ) -> Self::KvLayer;
-    /// Empty caches of one layer for sequences that will be fed prompts of `lens` tokens
-    /// and then decoded in lockstep; a backend may lay them out together so that a step
-    /// of all of them is one write and one attention call. Independent caches by default.
-    fn new_kv_layers(
-        &self,
-        kv_heads: usize,
-        head_dim: usize,
-        window: Option<usize>,
-        lens: &[usize],
-    ) -> Vec<Self::KvLayer> {
-        lens.iter()
-            .map(|_| self.new_kv_layer(kv_heads, head_dim, window))
-            .collect()
-    }
     /// Rebuilds a cache from a host copy.
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<Self::KvLayer>;
     /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending

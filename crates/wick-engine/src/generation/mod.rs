@@ -71,7 +71,7 @@ impl Model {
             if let Some(event) = seq.advance(
                 self,
                 &step,
-                out.into_iter().next().flatten().as_ref(),
+                out.into_iter().next().flatten(),
                 started.elapsed(),
             )? {
                 if on_token(&event).is_break() {

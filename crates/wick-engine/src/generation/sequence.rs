@@ -162,28 +162,55 @@ impl Sequence {
         (tokens, &mut self.cache)
     }
 
-    /// Records a finished forward pass of `step`; samples when logits came back.
+    /// Records a finished forward pass of `step`; samples when logits came back (in
+    /// place: the sampler's processors rewrite the last row).
     pub fn advance(
         &mut self,
         model: &Model,
         step: &SequenceStep,
-        logits: Option<&Logits>,
+        logits: Option<Logits>,
         took: Duration,
     ) -> Result<Option<TokenEvent>> {
         let _ = model;
+        self.record(step, took);
+        let Some(mut logits) = logits else {
+            return Ok(None);
+        };
+        let sampled = self.sampler.sample(logits.last_mut(), &self.history);
+        self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)
+            .map(Some)
+    }
+
+    /// Whether this sequence's next token is the argmax of the raw logits (see
+    /// [`crate::sampler::SamplingParams::is_raw_argmax`]), so a forward pass may return just that.
+    pub fn takes_raw_argmax(&self) -> bool {
+        self.sampler.params().is_raw_argmax()
+    }
+
+    /// [`Self::advance`] for a pass that returned the argmax `id` instead of logits (only
+    /// when [`Self::takes_raw_argmax`]): the same token the sampler would have picked.
+    pub fn advance_to(
+        &mut self,
+        step: &SequenceStep,
+        id: Option<u32>,
+        took: Duration,
+    ) -> Result<Option<TokenEvent>> {
+        self.record(step, took);
+        let Some(id) = id else {
+            return Ok(None);
+        };
+        self.sampler.set_step(self.sampler.step() + 1);
+        self.accept(id, f32::NAN, Vec::new()).map(Some)
+    }
+
+    /// Counts the tokens `step` fed and its time.
+    fn record(&mut self, step: &SequenceStep, took: Duration) {
         if step.prefill > 0 {
             self.fed += step.prefill;
             self.prefill_time += took;
         } else {
             self.decode_time += took;
         }
-        let Some(logits) = logits else {
-            return Ok(None);
-        };
-        let mut row = logits.last().to_vec();
-        let sampled = self.sampler.sample(&mut row, &self.history);
-        self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)
-            .map(Some)
     }
 
     /// Records a sampled token: history, text, stop strings, limits.

@@ -62,6 +62,12 @@ impl Logits {
     pub fn last(&self) -> &[f32] {
         self.row(self.rows.saturating_sub(1))
     }
+
+    /// The last row, to rewrite.
+    pub fn last_mut(&mut self) -> &mut [f32] {
+        let i = self.rows.saturating_sub(1);
+        &mut self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
 }
 
 /// The KV cache of one sequence: one backend cache per layer.
@@ -460,27 +466,6 @@ impl<B: Backend> Decoder<B> {
         }
     }
 
-    /// Empty caches for sequences that will be fed prompts of `lens` tokens and then be
-    /// decoded in lockstep (see [`Backend::new_kv_layers`]).
-    pub fn new_lockstep_caches(&self, lens: &[usize]) -> Vec<SequenceCache<B>> {
-        let mut caches: Vec<SequenceCache<B>> = lens
-            .iter()
-            .map(|_| SequenceCache {
-                layers: Vec::with_capacity(self.layers.len()),
-            })
-            .collect();
-        for l in &self.layers {
-            let a = &l.attention;
-            let per_seq = self
-                .backend
-                .new_kv_layers(a.kv_heads, a.head_dim, a.window, lens);
-            for (cache, layer) in caches.iter_mut().zip(per_seq) {
-                cache.layers.push(layer);
-            }
-        }
-        caches
-    }
-
     /// Rebuilds a cache from host copies (as made by [`SequenceCache::snapshot`]).
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<SequenceCache<B>> {
         if layers.len() != self.layers.len() {
@@ -521,38 +506,41 @@ impl<B: Backend> Decoder<B> {
         let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
         };
-        let data = self.backend.to_host(&logits)?;
         let vocab = self.cfg.vocab_size;
-        let mut out = Vec::with_capacity(batch.len());
-        let mut at = 0;
-        for n in rows {
-            if n == 0 {
-                out.push(None);
-            } else {
-                out.push(Some(Logits {
+        let data = self.backend.rows_to_host(&logits, &rows)?;
+        Ok(rows
+            .into_iter()
+            .zip(data)
+            .map(|(n, data)| {
+                (n > 0).then_some(Logits {
                     rows: n,
                     vocab,
-                    data: data[at * vocab..(at + n) * vocab].to_vec(),
-                }));
-                at += n;
-            }
-        }
-        Ok(out)
+                    data,
+                })
+            })
+            .collect())
     }
 
-    /// Like [`Decoder::forward`] with the last position's logits of every item, but
-    /// returns their argmax on the backend without copying logits to the host.
+    /// Like [`Decoder::forward`], but returns the argmax of the last position of every
+    /// item that asks for [`LogitsRequest::Last`] (in order), kept on the backend, without
+    /// copying logits to the host. Items ask for `Last` or `None`.
     pub fn forward_argmax(&self, batch: &mut [BatchItem<'_, B>]) -> Result<B::Ids> {
+        if batch.iter().any(|i| i.logits == LogitsRequest::All) {
+            return Err(EngineError::InvalidInput(
+                "an argmax forward pass returns one token per sequence, not every position".into(),
+            ));
+        }
         let mut ids = Vec::new();
         for item in batch.iter() {
             ids.extend_from_slice(item.tokens);
         }
         let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
-        let requests = vec![LogitsRequest::Last; batch.len()];
+        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
         let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
-        let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
+        let logits =
+            logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
         self.backend.argmax(&logits)
     }
 

@@ -43,8 +43,7 @@ pub(crate) fn run<B: Backend>(
 ) -> Result<GreedyRun> {
     let chunk = chunk.max(1);
     let be = d.backend();
-    let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let mut caches: Vec<SequenceCache<B>> = d.new_lockstep_caches(&lens);
+    let mut caches: Vec<SequenceCache<B>> = prompts.iter().map(|_| d.new_cache()).collect();
     let mut tokens: Vec<Vec<u32>> = vec![Vec::with_capacity(max_tokens); prompts.len()];
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let started = Instant::now();

@@ -101,6 +101,18 @@ impl SamplingParams {
         self.temperature == 0.0
     }
 
+    /// Whether the next token is the argmax of the model's raw logits: greedy, with no
+    /// logit processor and no log-probabilities asked for. The backend may then pick it
+    /// without the logits leaving the device.
+    pub fn is_raw_argmax(&self) -> bool {
+        self.is_greedy()
+            && self.logprobs.is_none()
+            && self.logit_bias.is_empty()
+            && (self.repetition_penalty == 0.0 || self.repetition_penalty == 1.0)
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+    }
+
     /// Checks every field against its bound; the error names the field, the bound and the
     /// value.
     pub fn validate(&self) -> Result<(), SamplingError> {

@@ -5,11 +5,14 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use rayon::prelude::*;
+
 use super::cache::{CacheTracking, Started};
 use super::handle::{Pending, Shared};
 use super::{Completion, EngineEvent};
 use crate::generation::{Sequence, SequenceStep};
 use crate::model::{Model, Step};
+use crate::models::decoder::{Logits, LogitsRequest};
 
 /// A sequence in the running batch and the request it serves.
 struct Active {
@@ -331,8 +334,26 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
     }
 }
 
+/// What a forward pass gave one sequence.
+enum StepOutput {
+    /// Logits to sample from (none for a non-final prompt chunk).
+    Logits(Option<Logits>),
+    /// The token, picked on the backend (none for a non-final prompt chunk).
+    Token(Option<u32>),
+}
+
 /// Plans and runs one forward pass over the batch.
 fn step(model: &Model, shared: &Shared, b: &mut Batch) {
+    let started = Instant::now();
+    run_step(model, shared, b);
+    let nanos = started.elapsed().as_nanos() as u64;
+    shared
+        .counters
+        .step_nanos
+        .fetch_add(nanos, Ordering::Relaxed);
+}
+
+fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     let c = &shared.counters;
     let plans = plan(model, shared, b);
     let running = &mut b.running;
@@ -349,6 +370,11 @@ fn step(model: &Model, shared: &Shared, b: &mut Batch) {
         .zip(&plans)
         .map(|(a, p)| p.as_ref().map(|p| a.seq.input_tokens(p)))
         .collect();
+    // When every sequence that samples this step takes the raw argmax, the backend picks
+    // the tokens and no logits leave it.
+    let argmax_only = running.iter().zip(&plans).all(|(a, p)| {
+        p.as_ref().is_none_or(|p| p.logits == LogitsRequest::None) || a.seq.takes_raw_argmax()
+    });
     let started = Instant::now();
     let result = {
         let mut steps: Vec<Step<'_>> = running
@@ -363,9 +389,19 @@ fn step(model: &Model, shared: &Shared, b: &mut Batch) {
                 })
             })
             .collect();
-        model.forward(&mut steps)
+        if argmax_only {
+            model
+                .forward_argmax(&mut steps)
+                .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
+        } else {
+            model
+                .forward(&mut steps)
+                .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>())
+        }
     };
     let took = started.elapsed();
+    c.forward_nanos
+        .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     let outputs = match result {
         Ok(o) => o,
         Err(e) => {
@@ -389,13 +425,34 @@ fn step(model: &Model, shared: &Shared, b: &mut Batch) {
     let prefill: usize = plans.iter().flatten().map(|p| p.prefill).sum();
     c.prompt_tokens.fetch_add(prefill as u64, Ordering::Relaxed);
 
+    let sampling = Instant::now();
+    // Sampling (and detokenizing) is per sequence: spread over the cores.
     let mut outputs = outputs.into_iter();
+    let mut work: Vec<(usize, &mut Active, &SequenceStep, Option<StepOutput>)> = running
+        .iter_mut()
+        .zip(&plans)
+        .enumerate()
+        .filter_map(|(i, (a, p))| Some((i, a, p.as_ref()?, None)))
+        .collect();
+    for w in &mut work {
+        w.3 = outputs.next();
+    }
+    let advanced: Vec<_> = work
+        .into_par_iter()
+        .map(|(i, a, plan, output)| {
+            let event = match output {
+                Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took),
+                Some(StepOutput::Logits(logits)) => a.seq.advance(model, plan, logits, took),
+                None => a.seq.advance(model, plan, None, took),
+            };
+            (i, event)
+        })
+        .collect();
     let mut sampled = 0u64;
     let mut finished = Vec::new();
-    for (i, (a, plan)) in running.iter_mut().zip(&plans).enumerate() {
-        let Some(plan) = plan else { continue };
-        let logits = outputs.next().flatten();
-        match a.seq.advance(model, plan, logits.as_ref(), took) {
+    for (i, event) in advanced {
+        let a = &mut running[i];
+        match event {
             Ok(Some(event)) => {
                 sampled += 1;
                 if a.req.events.send(EngineEvent::Token(event)).is_err() {
@@ -419,6 +476,8 @@ fn step(model: &Model, shared: &Shared, b: &mut Batch) {
         }
     }
     c.generated_tokens.fetch_add(sampled, Ordering::Relaxed);
+    c.sampling_nanos
+        .fetch_add(sampling.elapsed().as_nanos() as u64, Ordering::Relaxed);
     if decoding > 0 {
         let tps = decoding as f64 / took.as_secs_f64().max(1e-9);
         let old = c.decode_tps_milli.load(Ordering::Relaxed) as f64 / 1000.0;

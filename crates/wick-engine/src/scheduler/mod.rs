@@ -37,7 +37,8 @@ mod stats;
 pub use admission::{available_memory, KvBudget};
 pub use handle::{Engine, EngineHandle, RequestHandle, SubmitError};
 pub use stats::{
-    EngineStats, HistogramSnapshot, KvPoolStats, BATCH_SIZE_BUCKETS, STEP_TOKEN_BUCKETS,
+    EngineStats, HistogramSnapshot, KvPoolStats, StepSeconds, BATCH_SIZE_BUCKETS,
+    STEP_TOKEN_BUCKETS,
 };
 pub use wick_cache::{CacheStats, FlushReport, ScanReport, SsdStats};
 

@@ -141,6 +141,11 @@ pub struct EngineCounters {
     pub(crate) batch_sizes: CountHistogram,
     /// Tokens per forward pass.
     pub(crate) step_tokens: CountHistogram,
+    /// Time in steps, nanoseconds: all of it, the forward passes, and sampling and
+    /// sending the tokens.
+    pub(crate) step_nanos: AtomicU64,
+    pub(crate) forward_nanos: AtomicU64,
+    pub(crate) sampling_nanos: AtomicU64,
 }
 
 impl Default for EngineCounters {
@@ -162,8 +167,22 @@ impl Default for EngineCounters {
             preempted_waiting: AtomicUsize::new(0),
             batch_sizes: CountHistogram::new(BATCH_SIZE_BUCKETS),
             step_tokens: CountHistogram::new(STEP_TOKEN_BUCKETS),
+            step_nanos: AtomicU64::new(0),
+            forward_nanos: AtomicU64::new(0),
+            sampling_nanos: AtomicU64::new(0),
         }
     }
+}
+
+/// Where the engine loop's time went, all time, in seconds.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StepSeconds {
+    /// Whole steps: planning, the forward pass, sampling, the prompt cache, finishing.
+    pub total: f64,
+    /// Forward passes, logits on the host included.
+    pub forward: f64,
+    /// Sampling the tokens and handing them to the requests.
+    pub sampling: f64,
 }
 
 /// A snapshot of the engine's counters.
@@ -205,6 +224,8 @@ pub struct EngineStats {
     pub batch_size: HistogramSnapshot,
     /// Tokens per forward pass.
     pub step_tokens: HistogramSnapshot,
+    /// Where the steps' time went.
+    pub step_seconds: StepSeconds,
 }
 
 impl EngineCounters {
@@ -229,6 +250,11 @@ impl EngineCounters {
             kv_pool: KvPoolStats::default(),
             batch_size: self.batch_sizes.snapshot(),
             step_tokens: self.step_tokens.snapshot(),
+            step_seconds: StepSeconds {
+                total: self.step_nanos.load(o) as f64 / 1e9,
+                forward: self.forward_nanos.load(o) as f64 / 1e9,
+                sampling: self.sampling_nanos.load(o) as f64 / 1e9,
+            },
         }
     }
 }

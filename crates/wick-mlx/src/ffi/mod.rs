@@ -54,7 +54,7 @@ extern "C" {
         dtype: i32,
         out: *mut wm_array,
     ) -> c_int;
-    pub fn wm_array_read(a: wm_array, out: *mut u8, nbytes: usize) -> c_int;
+    pub fn wm_array_read(a: wm_array, offset: usize, out: *mut u8, nbytes: usize) -> c_int;
 
     pub fn wm_eval(arrays: *const wm_array, n: usize) -> c_int;
     pub fn wm_async_eval(arrays: *const wm_array, n: usize) -> c_int;

@@ -52,7 +52,7 @@ pub unsafe fn wm_array_from_bytes(
 ) -> c_int {
     -1
 }
-pub unsafe fn wm_array_read(_a: wm_array, _out: *mut u8, _nbytes: usize) -> c_int {
+pub unsafe fn wm_array_read(_a: wm_array, _offset: usize, _out: *mut u8, _nbytes: usize) -> c_int {
     -1
 }
 pub unsafe fn wm_eval(_arrays: *const wm_array, _n: usize) -> c_int {

@@ -298,7 +298,7 @@ int wm_array_from_bytes(const void* data, size_t nbytes, const int32_t* dims, in
   });
 }
 
-int wm_array_read(wm_array a, void* out, size_t nbytes) {
+int wm_array_read(wm_array a, size_t offset, void* out, size_t nbytes) {
   return guarded([&] {
     // Wait for the array itself (no new graph node: a read of ids that were queued with
     // async_eval must not also wait for work queued after them).
@@ -308,11 +308,12 @@ int wm_array_read(wm_array a, void* out, size_t nbytes) {
       arr = mx::contiguous(arr);
       arr.eval();
     }
-    if (arr.nbytes() != nbytes) {
+    if (offset > arr.nbytes() || nbytes > arr.nbytes() - offset) {
       throw std::invalid_argument("wm_array_read: array holds " + std::to_string(arr.nbytes()) +
-                                  " bytes, buffer " + std::to_string(nbytes));
+                                  " bytes, asked for " + std::to_string(nbytes) + " from " +
+                                  std::to_string(offset));
     }
-    std::memcpy(out, arr.data<char>(), nbytes);
+    std::memcpy(out, arr.data<char>() + offset, nbytes);
   });
 }
 

@@ -53,8 +53,9 @@ int wm_array_dtype(wm_array a, int32_t* out);
 // Copies `nbytes` of host data into a new array (the bytes are copied before return).
 int wm_array_from_bytes(const void* data, size_t nbytes, const int32_t* shape,
                         int32_t ndim, int32_t dtype, wm_array* out);
-// Evaluates `a` and copies its elements (row-major, as its dtype) to `out`.
-int wm_array_read(wm_array a, void* out, size_t nbytes);
+// Evaluates `a` and copies `nbytes` of its bytes (row-major, as its dtype) from byte
+// `offset` on to `out`.
+int wm_array_read(wm_array a, size_t offset, void* out, size_t nbytes);
 
 // Evaluation.
 int wm_eval(const wm_array* arrays, size_t n);

@@ -268,7 +268,8 @@ fn report(spec: &LoadSpec, streams: &[Stream], wall: f64) {
         println!(
             "{}",
             json!({
-                "concurrency": spec.concurrency, "requests": streams.len(),
+                "concurrency": spec.concurrency, "temperature": spec.temperature,
+                "requests": streams.len(),
                 "prompt_tokens_avg": prompt_avg, "gen_tokens": spec.gen_tokens,
                 "wall_seconds": wall, "output_tokens": output,
                 "output_tps": output as f64 / wall, "decode_tps": per_client,

@@ -475,9 +475,23 @@ impl Backend for CandleBackend {
         })
     }
 
-    fn to_host(&self, x: &HostTensor) -> Result<Vec<f32>> {
+    fn rows_to_host(&self, x: &HostTensor, groups: &[usize]) -> Result<Vec<Vec<f32>>> {
         let _t = profile::op("to_host", x.rows());
-        Ok(x.data().to_vec())
+        let cols = x.cols();
+        let mut at = 0;
+        let mut out = Vec::with_capacity(groups.len());
+        for &n in groups {
+            let part = x.data().get(at * cols..(at + n) * cols).ok_or_else(|| {
+                EngineError::InvalidInput(format!(
+                    "rows {at}..{} of a {}-row tensor",
+                    at + n,
+                    x.rows()
+                ))
+            })?;
+            out.push(part.to_vec());
+            at += n;
+        }
+        Ok(out)
     }
 
     fn argmax(&self, logits: &HostTensor) -> Result<Vec<u32>> {

@@ -1,9 +1,11 @@
 //! Attention on MLX: per sequence, append the new keys/values to its cache and run MLX's
 //! fused scaled-dot-product attention over the cache (causal for several new rows, a
 //! boolean mask for sliding windows); explicit score math only for score soft-capping.
+//! Sequences decoding one token each go together through a batch buffer (`arena.rs`).
 use wick_mlx::{Array, AttentionMask, Dtype, Stream};
 
-use super::kv::{self, MlxKvLayer};
+use super::arena;
+use super::kv::MlxKvLayer;
 use super::mlx_err;
 use crate::backend::{AttentionParams, AttentionSegment};
 use crate::Result;
@@ -77,54 +79,21 @@ fn softcapped(
     s.reshape(&out, &[1, h, m, hd]).map_err(e)
 }
 
-/// One decode step of `n` sequences sharing a left-padded buffer (row `i` = segment `i`
-/// = batch row `i`): one write and one attention call for all; `None` when the batch is
-/// not such a step.
-fn lockstep_decode(
-    s: &Stream,
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    segments: &mut [AttentionSegment<'_, MlxKvLayer>],
-    p: &AttentionParams,
-) -> Result<Option<Array>> {
-    let n = segments.len();
-    if n < 2
-        || p.window.is_some()
-        || p.softcap.is_some()
+/// Which segments of a step decode through a batch buffer (`arena.rs`): those of one new
+/// token, when there are several or one is already in a buffer. None for layers the
+/// buffer does not serve (sliding windows, soft-capped scores).
+fn batched(segments: &[AttentionSegment<'_, MlxKvLayer>], p: &AttentionParams) -> Vec<bool> {
+    let mut single: Vec<bool> = segments.iter().map(|g| g.rows.len() == 1).collect();
+    let count = single.iter().filter(|&&b| b).count();
+    let worth = count > 1
         || segments
             .iter()
-            .enumerate()
-            .any(|(i, g)| g.rows != (i..i + 1))
-    {
-        return Ok(None);
+            .zip(&single)
+            .any(|(g, &b)| b && arena::in_arena(g.cache));
+    if !worth || p.window.is_some() || p.softcap.is_some() {
+        single.fill(false);
     }
-    let layers: Vec<&MlxKvLayer> = segments.iter().map(|g| &*g.cache).collect();
-    let Some((batch, end)) = kv::lockstep(&layers) else {
-        return Ok(None);
-    };
-    let (h, hk, hd) = (p.heads as i32, p.kv_heads as i32, p.head_dim as i32);
-    let n32 = n as i32;
-    let e = mlx_err;
-    let k4 = s.reshape(k, &[n32, hk, 1, hd]).map_err(e)?;
-    let v4 = s.reshape(v, &[n32, hk, 1, hd]).map_err(e)?;
-    let q4 = s.reshape(q, &[n32, h, 1, hd]).map_err(e)?;
-    let mut caches: Vec<&mut MlxKvLayer> = segments.iter_mut().map(|g| &mut *g.cache).collect();
-    let (keys, values, pads) = MlxKvLayer::lockstep_step(&mut caches, &batch, end, &k4, &v4)?;
-    let out = if pads.iter().any(|&pad| pad > 0) {
-        let cols = end + 1;
-        let visible: Vec<u8> = pads
-            .iter()
-            .flat_map(|&pad| (0..cols).map(move |j| (j >= pad) as u8))
-            .collect();
-        let m = Array::from_bytes(&visible, &[n32, 1, 1, cols as i32], Dtype::Bool).map_err(e)?;
-        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::Array(&m))
-            .map_err(e)?
-    } else {
-        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::None)
-            .map_err(e)?
-    };
-    Ok(Some(s.reshape(&out, &[n32, h * hd]).map_err(e)?))
+    single
 }
 
 /// See the module docs; `q` `[n, H·D]`, `k`/`v` `[n, Hk·D]`, returns `[n, H·D]`.
@@ -136,59 +105,105 @@ pub(crate) fn attend(
     segments: &mut [AttentionSegment<'_, MlxKvLayer>],
     p: &AttentionParams,
 ) -> Result<Array> {
-    let (h, hk, hd) = (p.heads, p.kv_heads, p.head_dim);
-    if let Some(out) = lockstep_decode(s, q, k, v, segments, p)? {
-        return Ok(out);
-    }
+    let in_batch = batched(segments, p);
     let mut outs = Vec::with_capacity(segments.len());
-    let single = segments.len() == 1;
-    for seg in segments.iter_mut() {
-        let (a, b) = (seg.rows.start, seg.rows.end);
-        let m = b - a;
-        let (qs, ks, vs) = if single {
-            (q.clone(), k.clone(), v.clone())
-        } else {
-            (rows(s, q, a, b)?, rows(s, k, a, b)?, rows(s, v, a, b)?)
-        };
-        let cache = &mut *seg.cache;
-        let q_start = cache.len;
-        cache.append(
-            &heads_first(s, &ks, m, hk, hd)?,
-            &heads_first(s, &vs, m, hk, hd)?,
-            m,
-        )?;
-        let q4 = heads_first(s, &qs, m, h, hd)?;
-        // Keys any of the new queries may see.
-        let key_start = match p.window {
-            Some(w) => (q_start + 1).saturating_sub(w).max(cache.start),
-            None => cache.start,
-        };
-        let (keys, values) = cache.range(key_start, cache.len)?;
-        let windowed = p.window.is_some_and(|w| m > 1 && cache.len - key_start > w);
-        let out = if let Some(cap) = p.softcap {
-            let visible = mask(q_start, m, key_start, cache.len, p.window)?;
-            softcapped(s, &q4, &keys, &values, m, &visible, p, cap)?
-        } else if m == 1 {
-            s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::None)
-                .map_err(mlx_err)?
-        } else if windowed {
-            let visible = mask(q_start, m, key_start, cache.len, p.window)?;
-            s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::Array(&visible))
-                .map_err(mlx_err)?
-        } else {
-            s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::Causal)
-                .map_err(mlx_err)?
-        };
-        let out = s.transpose(&out, &[0, 2, 1, 3]).map_err(mlx_err)?;
-        outs.push(
-            s.reshape(&out, &[m as i32, (h * hd) as i32])
-                .map_err(mlx_err)?,
+    // Rows of the batch in the order of the rows of `outs`.
+    let mut order: Vec<usize> = Vec::new();
+    if in_batch.contains(&true) {
+        let rows: Vec<usize> = segments
+            .iter()
+            .zip(&in_batch)
+            .filter(|(_, &b)| b)
+            .map(|(g, _)| g.rows.start)
+            .collect();
+        let mut layers: Vec<&mut MlxKvLayer> = segments
+            .iter_mut()
+            .zip(&in_batch)
+            .filter(|(_, &b)| b)
+            .map(|(g, _)| &mut *g.cache)
+            .collect();
+        let (qb, kb, vb) = (
+            arena::gather(s, q, &rows)?,
+            arena::gather(s, k, &rows)?,
+            arena::gather(s, v, &rows)?,
         );
-        cache.evict()?;
+        outs.push(arena::decode_step(s, &mut layers, &qb, &kb, &vb, p)?);
+        order.extend(rows);
     }
-    if outs.len() == 1 {
-        return Ok(outs.remove(0));
+    let single = segments.len() == 1;
+    for (seg, _) in segments.iter_mut().zip(&in_batch).filter(|(_, &b)| !b) {
+        order.extend(seg.rows.clone());
+        outs.push(one_sequence(s, q, k, v, seg, p, single)?);
     }
-    let refs: Vec<&Array> = outs.iter().collect();
-    s.concatenate(&refs, 0).map_err(mlx_err)
+    let joined = if outs.len() == 1 {
+        outs.remove(0)
+    } else {
+        let refs: Vec<&Array> = outs.iter().collect();
+        s.concatenate(&refs, 0).map_err(mlx_err)?
+    };
+    if order.iter().enumerate().all(|(i, &r)| i == r) {
+        return Ok(joined);
+    }
+    // Back to batch order: row r of the result is row `at[r]` of `joined`.
+    let mut at = vec![0; order.len()];
+    for (i, &r) in order.iter().enumerate() {
+        at[r] = i;
+    }
+    arena::gather(s, &joined, &at)
+}
+
+/// Attention of one sequence's new rows over its own cache (`whole`: the batch is this
+/// sequence alone, so `q`/`k`/`v` need no slicing). Returns `[m, H·D]`.
+fn one_sequence(
+    s: &Stream,
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    seg: &mut AttentionSegment<'_, MlxKvLayer>,
+    p: &AttentionParams,
+    whole: bool,
+) -> Result<Array> {
+    let (h, hk, hd) = (p.heads, p.kv_heads, p.head_dim);
+    let (a, b) = (seg.rows.start, seg.rows.end);
+    let m = b - a;
+    let (qs, ks, vs) = if whole {
+        (q.clone(), k.clone(), v.clone())
+    } else {
+        (rows(s, q, a, b)?, rows(s, k, a, b)?, rows(s, v, a, b)?)
+    };
+    let cache = &mut *seg.cache;
+    let q_start = cache.len;
+    cache.append(
+        &heads_first(s, &ks, m, hk, hd)?,
+        &heads_first(s, &vs, m, hk, hd)?,
+        m,
+    )?;
+    let q4 = heads_first(s, &qs, m, h, hd)?;
+    // Keys any of the new queries may see.
+    let key_start = match p.window {
+        Some(w) => (q_start + 1).saturating_sub(w).max(cache.start),
+        None => cache.start,
+    };
+    let (keys, values) = cache.range(key_start, cache.len)?;
+    let windowed = p.window.is_some_and(|w| m > 1 && cache.len - key_start > w);
+    let out = if let Some(cap) = p.softcap {
+        let visible = mask(q_start, m, key_start, cache.len, p.window)?;
+        softcapped(s, &q4, &keys, &values, m, &visible, p, cap)?
+    } else if m == 1 {
+        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::None)
+            .map_err(mlx_err)?
+    } else if windowed {
+        let visible = mask(q_start, m, key_start, cache.len, p.window)?;
+        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::Array(&visible))
+            .map_err(mlx_err)?
+    } else {
+        s.sdpa(&q4, &keys, &values, p.scale, AttentionMask::Causal)
+            .map_err(mlx_err)?
+    };
+    let out = s.transpose(&out, &[0, 2, 1, 3]).map_err(mlx_err)?;
+    let out = s
+        .reshape(&out, &[m as i32, (h * hd) as i32])
+        .map_err(mlx_err)?;
+    cache.evict()?;
+    Ok(out)
 }

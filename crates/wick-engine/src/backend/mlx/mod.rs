@@ -10,6 +10,7 @@
 //! the gated MLP activation is fused by `mx::compile`. Nothing runs until logits or ids
 //! are read, so a whole forward pass is one lazy graph; [`Backend::schedule`] starts a
 //! step before the host reads the previous step's ids.
+mod arena;
 mod attention;
 mod kernels;
 mod kv;
@@ -345,9 +346,16 @@ impl Backend for MlxBackend {
         self.stream.take(x, &idx, 0).map_err(mlx_err)
     }
 
-    fn to_host(&self, x: &Array) -> Result<Vec<f32>> {
+    fn rows_to_host(&self, x: &Array, groups: &[usize]) -> Result<Vec<Vec<f32>>> {
         let x = self.stream.astype(x, Dtype::F32).map_err(mlx_err)?;
-        x.to_vec::<f32>().map_err(mlx_err)
+        let cols = x.shape().get(1).copied().unwrap_or(0) as usize;
+        let mut at = 0;
+        let mut out = Vec::with_capacity(groups.len());
+        for &n in groups {
+            out.push(x.read_range::<f32>(at * cols, n * cols).map_err(mlx_err)?);
+            at += n;
+        }
+        Ok(out)
     }
 
     fn argmax(&self, logits: &Array) -> Result<Array> {
@@ -395,22 +403,6 @@ impl Backend for MlxBackend {
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> MlxKvLayer {
         MlxKvLayer::new(self.stream, self.dtype, kv_heads, head_dim, window)
-    }
-
-    fn new_kv_layers(
-        &self,
-        kv_heads: usize,
-        head_dim: usize,
-        window: Option<usize>,
-        lens: &[usize],
-    ) -> Vec<MlxKvLayer> {
-        if window.is_some() || lens.len() < 2 {
-            return lens
-                .iter()
-                .map(|_| self.new_kv_layer(kv_heads, head_dim, window))
-                .collect();
-        }
-        MlxKvLayer::new_shared(self.stream, self.dtype, kv_heads, head_dim, lens)
     }
 
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<MlxKvLayer> {
