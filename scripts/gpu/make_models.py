@@ -70,12 +70,17 @@ def main():
     ap.add_argument("dtype", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("tokenizer")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=int,
+                    help="vocabulary size instead of the shape's (so that a tokenizer with "
+                         "more ids than the shape's vocabulary can be served)")
     ap.add_argument("--std", type=float, default=0.02,
                     help="initializer range (weights ~ N(0, std))")
     args = ap.parse_args()
     t0 = time.time()
     spec = dict(SHAPES[args.shape])
     model_type = spec.pop("model_type")
+    if args.vocab:
+        spec["vocab_size"] = args.vocab
     config = transformers.AutoConfig.for_model(model_type, **spec, initializer_range=args.std)
     config.bos_token_id = None
     config.eos_token_id = None

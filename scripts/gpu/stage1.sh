@@ -18,10 +18,12 @@ if [ -z "${SKIP_CEILINGS:-}" ]; then
   cat $OUT/ceilings.json
   cp $OUT/ceilings.json $W/
 fi
-# MAKE: SHAPE:DTYPE pairs; the folder is SHAPE-bf16 / -f16 / -f32.
+# MAKE: SHAPE:DTYPE[:VOCAB]; the folder is SHAPE-bf16 / -f16 / -f32, with -vVOCAB when
+# the vocabulary is not the shape's (the tokenizer's ids must fit it to serve chat).
 for sd in ${MAKE:-llama3-8b:bfloat16 qwen2.5-0.5b:bfloat16}; do
-  shape=${sd%%:*}; dtype=${sd##*:}
+  IFS=: read -r shape dtype vocab <<< "$sd"
   case $dtype in bfloat16) tag=bf16 ;; float16) tag=f16 ;; *) tag=f32 ;; esac
-  timeout 300 python3 $G/make_models.py $W/models/$shape-$tag $shape $dtype $TOK 2>&1 | tail -1
+  dir=$W/models/$shape-$tag${vocab:+-v$vocab}
+  timeout 300 python3 $G/make_models.py $dir $shape $dtype $TOK ${vocab:+--vocab $vocab} 2>&1 | tail -1
 done
 du -sh $W/models/* $W/*
