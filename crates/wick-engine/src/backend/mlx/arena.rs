@@ -285,8 +285,8 @@ pub(crate) fn gather(s: &Stream, x: &Array, index: &[usize]) -> Result<Array> {
     s.take(x, &index_array(index)?, 0).map_err(mlx_err)
 }
 
-/// Whether a decode step of this layer should go through an arena: it is already in one
-/// (so it stays there), or it is one of several.
+/// Whether this layer is a row of a batch buffer (its decode steps then stay batched, even
+/// alone, rather than copying it out).
 pub(crate) fn in_arena(layer: &MlxKvLayer) -> bool {
     matches!(layer.storage, Storage::Row(_))
 }
