@@ -1,7 +1,7 @@
 //! Continuous batching under a KV memory budget, with the real default model: batched
 //! output equals each request run alone even when the pool is so small that sequences
 //! wait and get preempted, no block leaks, and requests that could never fit are
-//! refused before any work.
+//! refused before any work; greedy tokens picked on the backend equal the host sampler's.
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -190,4 +190,75 @@ fn requests_that_could_never_fit_are_refused_before_any_work() {
         },
     );
     assert!(tiny.is_err());
+}
+
+/// Greedy requests without log-probabilities get their tokens picked on the backend (no
+/// logits reach the host); with log-probabilities the host sampler picks them from the
+/// logits. Both give each request's tokens run alone through `Model::generate`.
+#[test]
+fn backend_argmax_and_host_sampler_pick_the_same_greedy_tokens() {
+    let model = default_model();
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            prompt_cache_bytes: 0,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let requests: Vec<GenerationRequest> = [10usize, 70, 25]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let mut r =
+                GenerationRequest::new(prompt(&model, &format!("Note {i}:"), n)).max_tokens(24);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let with_logprobs = |r: &GenerationRequest| {
+        r.clone().sampling(SamplingParams {
+            logprobs: Some(2),
+            ..SamplingParams::default()
+        })
+    };
+    for r in &requests {
+        assert!(r.sampling.is_raw_argmax());
+        assert!(!with_logprobs(r).sampling.is_raw_argmax());
+    }
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let on_backend: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (h, want)) in on_backend.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&collect(h), want, "request {i}, argmax on the backend");
+    }
+    let on_host: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(with_logprobs(r)).unwrap())
+        .collect();
+    for (i, (mut h, want)) in on_host.into_iter().zip(&alone).enumerate() {
+        let mut ids = Vec::new();
+        while let Some(e) = h.blocking_next() {
+            match e {
+                EngineEvent::Token(t) => {
+                    assert!(t.logprob.is_finite() && t.top_logprobs.len() == 2);
+                    ids.push(t.id);
+                }
+                EngineEvent::Done(_) => break,
+                EngineEvent::Failed(e) => panic!("request failed: {e}"),
+            }
+        }
+        assert_eq!(&ids, want, "request {i}, sampled on the host");
+    }
+    assert!(engine.shutdown(Duration::from_secs(5)));
 }
