@@ -331,9 +331,17 @@ impl MlxQuantization {
             source_name: source.to_string(),
             reason,
         };
-        let params = |v: &serde_json::Map<String, serde_json::Value>, what: &str| {
-            let bits = v.get("bits").and_then(|b| b.as_u64());
-            let gs = v.get("group_size").and_then(|g| g.as_u64());
+        // `bits`/`group_size` of a module; an override may leave either out or null
+        // (mlx-lm's mixed recipes write `"group_size": null`), meaning the model's value.
+        let params = |v: &serde_json::Map<String, serde_json::Value>,
+                      what: &str,
+                      inherit: Option<AffineParams>| {
+            let field = |key: &str, inherited: Option<u64>| match v.get(key) {
+                None | Some(serde_json::Value::Null) => inherited,
+                Some(x) => x.as_u64(),
+            };
+            let bits = field("bits", inherit.map(|p| u64::from(p.0)));
+            let gs = field("group_size", inherit.map(|p| p.1 as u64));
             match (bits, gs) {
                 (Some(b), Some(g)) => Ok((b as u32, g as usize)),
                 _ => Err(err(format!(
@@ -355,12 +363,12 @@ impl MlxQuantization {
                 q["quant_method"]
             )));
         }
-        let default = params(q, "the model")?;
+        let default = params(q, "the model", None)?;
         let mut overrides = HashMap::new();
         for (k, v) in q {
             match v {
                 serde_json::Value::Object(m) => {
-                    overrides.insert(k.clone(), Some(params(m, k)?));
+                    overrides.insert(k.clone(), Some(params(m, k, Some(default))?));
                 }
                 serde_json::Value::Bool(false) => {
                     overrides.insert(k.clone(), None);
@@ -481,11 +489,16 @@ mod tests {
         let cfg = serde_json::json!({
             "quantization": {"group_size": 64, "bits": 4,
                 "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8},
+                "model.layers.0.mlp.up_proj": {"group_size": null, "bits": 6, "mode": "affine"},
                 "lm_head": false}
         });
         let q = MlxQuantization::from_config(&cfg, "c").unwrap().unwrap();
         assert_eq!(q.module("model.layers.1.self_attn.q_proj"), Some((4, 64)));
         assert_eq!(q.module("model.layers.0.mlp.down_proj"), Some((8, 32)));
+        // A null group size is the model's.
+        assert_eq!(q.module("model.layers.0.mlp.up_proj"), Some((6, 64)));
+        let no_default = serde_json::json!({"quantization": {"group_size": null, "bits": 4}});
+        assert!(MlxQuantization::from_config(&no_default, "c").is_err());
         assert_eq!(q.module("lm_head"), None);
         assert!(MlxQuantization::from_config(&serde_json::json!({}), "c")
             .unwrap()
