@@ -3,14 +3,14 @@
 //! tokens, retire finished sequences — repeat.
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
 use super::cache::{CacheTracking, Started};
 use super::handle::{Pending, Shared};
 use super::{Completion, EngineEvent};
-use crate::generation::{Sequence, SequenceStep};
+use crate::generation::{Sequence, SequenceStep, TokenEvent};
 use crate::model::{Model, Step};
 use crate::models::decoder::{Logits, LogitsRequest};
 
@@ -342,6 +342,36 @@ enum StepOutput {
     Token(Option<u32>),
 }
 
+/// Hands each planned sequence its share of a forward pass (sampling, detokenizing),
+/// spread over the cores: those are per sequence. Returns each one's index in `running`
+/// and its token event, if it sampled one.
+fn advance_all(
+    model: &Model,
+    running: &mut [Active],
+    plans: &[Option<SequenceStep>],
+    outputs: Vec<StepOutput>,
+    took: Duration,
+) -> Vec<(usize, crate::Result<Option<TokenEvent>>)> {
+    let mut outputs = outputs.into_iter();
+    let work: Vec<(usize, &mut Active, &SequenceStep, Option<StepOutput>)> = running
+        .iter_mut()
+        .zip(plans)
+        .enumerate()
+        .filter_map(|(i, (a, p))| Some((i, a, p.as_ref()?)))
+        .map(|(i, a, p)| (i, a, p, outputs.next()))
+        .collect();
+    work.into_par_iter()
+        .map(|(i, a, plan, output)| {
+            let event = match output {
+                Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took),
+                Some(StepOutput::Logits(logits)) => a.seq.advance(model, plan, logits, took),
+                None => a.seq.advance(model, plan, None, took),
+            };
+            (i, event)
+        })
+        .collect()
+}
+
 /// Plans and runs one forward pass over the batch.
 fn step(model: &Model, shared: &Shared, b: &mut Batch) {
     let started = Instant::now();
@@ -426,28 +456,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     c.prompt_tokens.fetch_add(prefill as u64, Ordering::Relaxed);
 
     let sampling = Instant::now();
-    // Sampling (and detokenizing) is per sequence: spread over the cores.
-    let mut outputs = outputs.into_iter();
-    let mut work: Vec<(usize, &mut Active, &SequenceStep, Option<StepOutput>)> = running
-        .iter_mut()
-        .zip(&plans)
-        .enumerate()
-        .filter_map(|(i, (a, p))| Some((i, a, p.as_ref()?, None)))
-        .collect();
-    for w in &mut work {
-        w.3 = outputs.next();
-    }
-    let advanced: Vec<_> = work
-        .into_par_iter()
-        .map(|(i, a, plan, output)| {
-            let event = match output {
-                Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took),
-                Some(StepOutput::Logits(logits)) => a.seq.advance(model, plan, logits, took),
-                None => a.seq.advance(model, plan, None, took),
-            };
-            (i, event)
-        })
-        .collect();
+    let advanced = advance_all(model, running, &plans, outputs, took);
     let mut sampled = 0u64;
     let mut finished = Vec::new();
     for (i, event) in advanced {
