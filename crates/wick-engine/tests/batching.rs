@@ -39,6 +39,19 @@ fn collect(mut h: wick_engine::scheduler::RequestHandle) -> Vec<u32> {
     panic!("channel closed without Done");
 }
 
+/// Each request's tokens run alone through `Model::generate` (the host sampler).
+fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
+    requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect()
+}
+
 /// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
 /// huge string is slow).
 fn prompt(model: &Model, topic: &str, words: usize) -> Vec<u32> {
@@ -75,15 +88,7 @@ fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
             r
         })
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect();
+    let alone = run_alone(&model, &requests);
     let longest = requests
         .iter()
         .map(|r| r.prompt.len() + r.max_tokens)
@@ -226,15 +231,7 @@ fn backend_argmax_and_host_sampler_pick_the_same_greedy_tokens() {
         assert!(r.sampling.is_raw_argmax());
         assert!(!with_logprobs(r).sampling.is_raw_argmax());
     }
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect();
+    let alone = run_alone(&model, &requests);
     let on_backend: Vec<_> = requests
         .iter()
         .map(|r| engine.submit(r.clone()).unwrap())
