@@ -5,16 +5,18 @@ use std::sync::Mutex;
 
 use wick_kernels::ThreadPool;
 
-use super::block_pool::{KvBlock, BLOCK_TOKENS};
+use half::f16;
+
+use super::block_pool::{KvBlock, KvDtype, KvNumber, BLOCK_TOKENS};
 use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
 use crate::backend::AttentionParams;
 
 /// `out += w * v`
 #[inline]
-fn axpy(out: &mut [f32], w: f32, v: &[f32]) {
-    for (o, x) in out.iter_mut().zip(v) {
-        *o += w * x;
+fn axpy<E: KvNumber>(out: &mut [f32], w: f32, v: &[E]) {
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o += w * x.to_f32();
     }
 }
 
@@ -55,12 +57,16 @@ fn for_each_run(
     }
 }
 
-/// Partial sums per score: dimension `d` goes to accumulator `d % LANES`, the
-/// accumulators are added in order at the end and a tail past the last multiple of
-/// `LANES` after that — the summation order of a sixteen-lane dot product, so scores
-/// come out bit for bit as a plain `q · k` loop computes them (models whose activations
-/// are re-quantized between layers amplify even last-bit differences).
+/// Sixteen-wide lanes of the position-wise reductions (maximum, softmax sum).
 const LANES: usize = 16;
+
+/// Partial sums per score: dimension `d` goes to partial `d % PARTS`, and a score is
+/// `(p0 + p1) + (p2 + p3)` plus the dimensions past the last multiple of `PARTS`, added
+/// in order. Four partials are enough independent additions per head to keep the vector
+/// adders busy while every key row is still loaded once, in memory order. Every path
+/// (decode, prompt chunks, any batch) sums in this order, so a sequence gets the same
+/// bits alone or batched.
+const PARTS: usize = 4;
 
 /// Query heads handled together: each key and value row is loaded once for all of them,
 /// and their independent sums keep the vector units busy (four heads' accumulators still
@@ -69,40 +75,40 @@ const MAX_GROUP: usize = 4;
 
 /// `q · k` of `G` query heads (`qs`, `[G][hd]`) against every slot of a block's transposed
 /// keys of one KV head (`kt`, `[hd][slot]`): sixteen-wide products across the slots, no
-/// horizontal sums.
+/// horizontal sums, in the [`PARTS`] order.
 #[inline(always)]
-fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLOCK_TOKENS]; G] {
-    let main = hd - hd % LANES;
-    let key = |d: usize| -> &[f32; BLOCK_TOKENS] {
-        let k = &kt[d * BLOCK_TOKENS..(d + 1) * BLOCK_TOKENS];
-        k.try_into().expect("a key row is one block wide")
-    };
-    let mut sum = [[0f32; BLOCK_TOKENS]; G];
-    if main > 0 {
-        for lane in 0..LANES {
-            let mut acc = [[0f32; BLOCK_TOKENS]; G];
-            for d in (lane..main).step_by(LANES) {
-                let k = key(d);
-                for (g, acc) in acc.iter_mut().enumerate() {
-                    let qd = qs[g * hd + d];
-                    for (a, &k) in acc.iter_mut().zip(k) {
-                        *a += qd * k;
-                    }
-                }
-            }
-            for (sum, acc) in sum.iter_mut().zip(&acc) {
-                for (s, &a) in sum.iter_mut().zip(acc) {
-                    *s += a;
+fn block_scores<const G: usize, E: KvNumber>(
+    qs: &[f32],
+    kt: &[E],
+    hd: usize,
+) -> [[f32; BLOCK_TOKENS]; G] {
+    const { assert!(BLOCK_TOKENS == 16, "a key row is one sixteen-number load") };
+    let main = hd - hd % PARTS;
+    let q: [&[f32]; G] = std::array::from_fn(|g| &qs[g * hd..(g + 1) * hd]);
+    let mut part = [[[0f32; BLOCK_TOKENS]; PARTS]; G];
+    for (c, rows) in kt[..main * BLOCK_TOKENS]
+        .chunks_exact(PARTS * BLOCK_TOKENS)
+        .enumerate()
+    {
+        for (j, row) in rows.chunks_exact(BLOCK_TOKENS).enumerate() {
+            let k = E::load16(row);
+            for (part, q) in part.iter_mut().zip(&q) {
+                let qd = q[c * PARTS + j];
+                for (a, &k) in part[j].iter_mut().zip(&k) {
+                    *a += qd * k;
                 }
             }
         }
     }
-    for d in main..hd {
-        let k = key(d);
-        for (g, sum) in sum.iter_mut().enumerate() {
-            let qd = qs[g * hd + d];
-            for (s, &k) in sum.iter_mut().zip(k) {
-                *s += qd * k;
+    let mut sum = [[0f32; BLOCK_TOKENS]; G];
+    for ((sum, part), q) in sum.iter_mut().zip(&part).zip(&q) {
+        for (i, s) in sum.iter_mut().enumerate() {
+            *s = (part[0][i] + part[1][i]) + (part[2][i] + part[3][i]);
+        }
+        for d in main..hd {
+            let k = E::load16(&kt[d * BLOCK_TOKENS..]);
+            for (s, &k) in sum.iter_mut().zip(&k) {
+                *s += q[d] * k;
             }
         }
     }
@@ -112,14 +118,13 @@ fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLO
 /// Scaled (and soft-capped) scores of the `G` query heads `qs` for positions `lo .. hi`
 /// into `scores` (`[G][n]`).
 #[inline(always)]
-fn group_scores<const G: usize>(
+fn group_scores<const G: usize, E: KvNumber>(
     qs: &[f32],
     src: &RowSource<'_>,
     (lo, hi): (usize, usize),
     kvh: usize,
     p: &AttentionParams,
     scores: &mut [f32],
-    buf: &mut Vec<f32>,
 ) {
     let hd = p.head_dim;
     let n = hi - lo;
@@ -131,7 +136,7 @@ fn group_scores<const G: usize>(
         b.prefetch_head_values(kvh, hd);
     };
     for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
-        let sums = block_scores::<G>(qs, block.head_keys(kvh, hd, buf), hd);
+        let sums = block_scores::<G, E>(qs, block.head_keys(kvh, hd), hd);
         for (g, sum) in sums.iter().enumerate() {
             let out = &mut scores[g * n + t..g * n + t + len];
             for (o, &a) in out.iter_mut().zip(&sum[slot..slot + len]) {
@@ -149,25 +154,34 @@ fn group_scores<const G: usize>(
 /// Width of the value accumulators of one head: four vector registers.
 const VALUE_TILE: usize = 64;
 
+/// The first [`VALUE_TILE`] numbers of `v` as f32, sixteen per load.
+#[inline(always)]
+fn value_tile<E: KvNumber>(v: &[E]) -> [f32; VALUE_TILE] {
+    let mut tile = [0f32; VALUE_TILE];
+    for (c, part) in tile.chunks_exact_mut(16).enumerate() {
+        part.copy_from_slice(&E::load16(&v[c * 16..]));
+    }
+    tile
+}
+
 /// `out[g] = Σ_t weights[g][t] · v_t` for the `G` heads, over positions `lo .. hi` of KV
 /// head `kvh`; each value row is loaded once for all heads. Every output sums its terms in
 /// position order from zero, as a plain loop would.
 #[inline(always)]
-fn group_values<const G: usize>(
+fn group_values<const G: usize, E: KvNumber>(
     weights: &[f32],
     src: &RowSource<'_>,
     (lo, hi): (usize, usize),
     kvh: usize,
     hd: usize,
     out: &mut [f32],
-    buf: &mut Vec<f32>,
 ) {
     let n = hi - lo;
     let tiles = hd / VALUE_TILE;
     let mut t = 0;
     let warm = |b: &KvBlock| b.prefetch_head_values(kvh, hd);
     for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
-        let values = block.head_values(kvh, hd, slot..slot + len, buf);
+        let values: &[E] = block.head_values(kvh, hd, slot..slot + len);
         for tile in 0..tiles {
             let d0 = tile * VALUE_TILE;
             let mut acc: [[f32; VALUE_TILE]; G] = std::array::from_fn(|g| {
@@ -176,11 +190,10 @@ fn group_values<const G: usize>(
                     .expect("one value tile")
             });
             for (i, v) in values.chunks_exact(hd).enumerate() {
-                let v: &[f32; VALUE_TILE] =
-                    v[d0..d0 + VALUE_TILE].try_into().expect("one value tile");
+                let v = value_tile(&v[d0..]);
                 for (g, acc) in acc.iter_mut().enumerate() {
                     let wt = weights[g * n + t + i];
-                    for (a, &x) in acc.iter_mut().zip(v) {
+                    for (a, &x) in acc.iter_mut().zip(&v) {
                         *a += wt * x;
                     }
                 }
@@ -203,23 +216,30 @@ fn group_values<const G: usize>(
 }
 
 /// Divides each of `G` heads' weights (`weights` is `[G][n]`) by their sum — multiplies
-/// by its inverse — with each sum taken in position order from zero; the `G` running sums
-/// stay in registers, so their dependent chains of additions overlap.
+/// by its inverse. A sum is taken in [`LANES`] lanes (position `t` into lane `t % LANES`,
+/// up to the last multiple of `LANES`), the lanes added in order, then the tail in order.
 #[inline(always)]
 fn normalize<const G: usize>(weights: &mut [f32], n: usize) {
-    let rows: [&[f32]; G] = std::array::from_fn(|g| &weights[g * n..(g + 1) * n]);
-    let mut sums = [0f32; G];
-    for t in 0..n {
-        for (sum, row) in sums.iter_mut().zip(&rows) {
-            *sum += row[t];
-        }
-    }
-    for (row, sum) in weights.chunks_exact_mut(n).zip(sums) {
-        let inv = 1.0 / sum;
+    for row in weights.chunks_exact_mut(n).take(G) {
+        let inv = 1.0 / lane_sum(row);
         for w in row {
             *w *= inv;
         }
     }
+}
+
+/// The sum of `xs` in the [`normalize`] order.
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    let sum = lanes.iter().fold(0f32, |s, &l| s + l);
+    chunks.remainder().iter().fold(sum, |s, &x| s + x)
 }
 
 /// The heads `0 .. heads` in runs of at most [`MAX_GROUP`], the runs that share loads.
@@ -229,14 +249,15 @@ fn head_groups(heads: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         .map(move |h| h..(h + MAX_GROUP).min(heads))
 }
 
-/// Calls `$f::<G>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run `$r`.
+/// Calls `$f::<G $(, $t)?>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run
+/// `$r`.
 macro_rules! by_group {
-    ($r:expr, $f:ident($($arg:expr),* $(,)?)) => {
+    ($r:expr, $f:ident $(::<$t:ty>)?($($arg:expr),* $(,)?)) => {
         match $r.len() {
-            4 => $f::<4>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            _ => $f::<1>($($arg),*),
+            4 => $f::<4 $(, $t)?>($($arg),*),
+            3 => $f::<3 $(, $t)?>($($arg),*),
+            2 => $f::<2 $(, $t)?>($($arg),*),
+            _ => $f::<1 $(, $t)?>($($arg),*),
         }
     };
 }
@@ -268,23 +289,30 @@ pub(crate) struct RowSource<'a> {
 /// Multiply-adds under which attention stays on the calling thread.
 const SERIAL_WORK: usize = 1 << 15;
 
-/// Reused buffers of one thread's attention work.
-#[derive(Default)]
-struct Scratch {
-    /// `[head][position]` scores, then weights.
-    scores: Vec<f32>,
-    /// A block's keys or values converted to f32 (KV caches stored as halves).
-    kv: Vec<f32>,
-}
-
 /// Attention of the query heads `h0 .. h0 + qs.len() / hd`, which all read KV head `kvh`,
-/// for one row, up to [`MAX_GROUP`] heads at a time sharing every key and value load.
+/// for one row, up to [`MAX_GROUP`] heads at a time sharing every key and value load;
+/// `scores` is reused scratch.
 fn attend_heads(
     qs: &[f32],
     src: &RowSource<'_>,
     kvh: usize,
     p: &AttentionParams,
-    sc: &mut Scratch,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    match src.cache.dtype {
+        KvDtype::F32 => attend_heads_as::<f32>(qs, src, kvh, p, scores, out),
+        KvDtype::F16 => attend_heads_as::<f16>(qs, src, kvh, p, scores, out),
+    }
+}
+
+/// [`attend_heads`] over a cache storing numbers of type `E`.
+fn attend_heads_as<E: KvNumber>(
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
+    p: &AttentionParams,
+    scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let hd = p.head_dim;
@@ -296,17 +324,17 @@ fn attend_heads(
     }
     .max(src.cache.start);
     let n = hi - lo;
-    sc.scores.clear();
-    sc.scores.resize(heads * n, 0.0);
+    scores.clear();
+    scores.resize(heads * n, 0.0);
     let span = (lo, hi);
     for r in head_groups(heads) {
-        let (q, scores) = (
+        let (q, s) = (
             &qs[r.start * hd..r.end * hd],
-            &mut sc.scores[r.start * n..r.end * n],
+            &mut scores[r.start * n..r.end * n],
         );
-        by_group!(r, group_scores(q, src, span, kvh, p, scores, &mut sc.kv));
+        by_group!(r, group_scores::<E>(q, src, span, kvh, p, s));
     }
-    for weights in sc.scores.chunks_exact_mut(n) {
+    for weights in scores.chunks_exact_mut(n) {
         let max = max_of(weights);
         for s in weights.iter_mut() {
             *s -= max;
@@ -314,14 +342,14 @@ fn attend_heads(
         exp_in_place(weights);
     }
     for r in head_groups(heads) {
-        by_group!(r, normalize(&mut sc.scores[r.start * n..r.end * n], n));
+        by_group!(r, normalize(&mut scores[r.start * n..r.end * n], n));
     }
     for r in head_groups(heads) {
         let (w, o) = (
-            &sc.scores[r.start * n..r.end * n],
+            &scores[r.start * n..r.end * n],
             &mut out[r.start * hd..r.end * hd],
         );
-        by_group!(r, group_values(w, src, span, kvh, hd, o, &mut sc.kv));
+        by_group!(r, group_values::<E>(w, src, span, kvh, hd, o));
     }
 }
 
@@ -353,7 +381,7 @@ pub(crate) fn attend(
     let units: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per_unit * hd).map(Mutex::new).collect();
     let next = AtomicUsize::new(0);
     let work = |_thread: usize| {
-        let mut sc = Scratch::default();
+        let mut scores = Vec::new();
         loop {
             let u = next.fetch_add(1, Ordering::Relaxed);
             if u >= units.len() {
@@ -362,7 +390,7 @@ pub(crate) fn attend(
             let (r, h0) = (u / units_per_row, (u % units_per_row) * per_unit);
             let qs = &q[(r * p.heads + h0) * hd..(r * p.heads + h0 + per_unit) * hd];
             let mut o = units[u].lock().unwrap_or_else(|e| e.into_inner());
-            attend_heads(qs, &rows[r], h0 / group, p, &mut sc, &mut o);
+            attend_heads(qs, &rows[r], h0 / group, p, &mut scores, &mut o);
         }
     };
     if work_size < SERIAL_WORK {
@@ -433,9 +461,10 @@ mod tests {
     }
 
     /// One head's attention at position `pos` of contiguous `[token][kv_head][hd]` keys and
-    /// values in the order the kernels promise: each score's dimensions summed in sixteen
-    /// lane accumulators (dimension `d` into lane `d % 16`), the lanes added in order, then
-    /// the tail; weights and values summed position by position from zero.
+    /// values in the order the kernels promise: each score's dimensions summed in four
+    /// partials (dimension `d` into partial `d % 4`) combined as `(p0 + p1) + (p2 + p3)`,
+    /// then the tail; the softmax sum in sixteen lanes (position `t` into lane `t % 16`)
+    /// added in order, then its tail; values summed position by position from zero.
     fn ordered_reference(
         q: &[f32],
         keys: &[f32],
@@ -445,7 +474,7 @@ mod tests {
     ) -> Vec<f32> {
         let hd = p.head_dim;
         let row = p.kv_heads * hd;
-        let main = hd - hd % 16;
+        let main = hd - hd % 4;
         let mut out = vec![0f32; p.heads * hd];
         for h in 0..p.heads {
             let kvh = h / (p.heads / p.kv_heads);
@@ -454,16 +483,11 @@ mod tests {
             let scores: Vec<f32> = (lo..=pos)
                 .map(|j| {
                     let k = &keys[j * row + kvh * hd..][..hd];
-                    let mut sum = 0f32;
-                    if main > 0 {
-                        for lane in 0..16 {
-                            let mut acc = 0f32;
-                            for d in (lane..main).step_by(16) {
-                                acc += q[d] * k[d];
-                            }
-                            sum += acc;
-                        }
+                    let mut part = [0f32; 4];
+                    for d in 0..main {
+                        part[d % 4] += q[d] * k[d];
                     }
+                    let mut sum = (part[0] + part[1]) + (part[2] + part[3]);
                     for d in main..hd {
                         sum += q[d] * k[d];
                     }
@@ -476,7 +500,15 @@ mod tests {
                 .collect();
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-            let inv = 1.0 / weights.iter().sum::<f32>();
+            let main = weights.len() - weights.len() % 16;
+            let mut lanes = [0f32; 16];
+            for (t, w) in weights[..main].iter().enumerate() {
+                lanes[t % 16] += w;
+            }
+            let total = weights[main..]
+                .iter()
+                .fold(lanes.iter().sum::<f32>(), |s, w| s + w);
+            let inv = 1.0 / total;
             for (j, w) in (lo..=pos).zip(&weights) {
                 let w = w * inv;
                 let v = &values[j * row + kvh * hd..][..hd];
@@ -489,7 +521,7 @@ mod tests {
     }
 
     /// Grouped heads (one to four sharing each load, seven split four and three), head
-    /// sizes with and without a sixteen-dimension tail or a 64-wide value tile: every
+    /// sizes with and without a tail past the four partials or a 64-wide value tile: every
     /// output is bit for bit the ordered reference's, for decode rows of several sequences
     /// and for a prompt chunk.
     #[test]
@@ -513,6 +545,7 @@ mod tests {
             (6, 6, 80, None, None),
             (8, 2, 24, None, None),
             (2, 1, 128, None, None),
+            (3, 1, 18, None, None),
         ] {
             let p = AttentionParams {
                 heads,

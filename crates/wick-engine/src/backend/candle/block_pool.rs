@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use half::f16;
-use half::slice::HalfFloatSliceExt;
 
 /// Tokens per block. 16 keeps the waste of a sequence's last, partly filled block small
 /// (≤ 15 tokens per layer) while a block of a small model (3 KV heads × 64 dims) is still
@@ -98,19 +97,6 @@ impl KvData {
         }
     }
 
-    /// Elements `range` as f32: borrowed when stored as f32, else converted into `buf`.
-    #[inline]
-    fn f32s<'a>(&'a self, range: std::ops::Range<usize>, buf: &'a mut Vec<f32>) -> &'a [f32] {
-        match self {
-            KvData::F32(d) => &d[range],
-            KvData::F16(d) => {
-                buf.resize(range.len(), 0.0);
-                d[range].convert_to_f32_slice(buf);
-                buf
-            }
-        }
-    }
-
     /// Starts loading elements `range` into the CPU caches.
     #[inline]
     fn prefetch(&self, range: std::ops::Range<usize>) {
@@ -125,6 +111,93 @@ impl KvData {
             KvData::F32(d) => d.capacity() * 4,
             KvData::F16(d) => d.capacity() * 2,
         }
+    }
+}
+
+/// A number type KV blocks store, which attention reads as f32 sixteen at a time: the
+/// conversion happens in registers, next to the products that use it, so a block is read
+/// from memory once and never copied. Half to f32 is exact, so every path (AVX-512F, F16C,
+/// scalar) gives the same bits.
+pub(crate) trait KvNumber: Copy {
+    /// `data`'s numbers when they are of this type.
+    fn of(data: &KvData) -> Option<&[Self]>;
+
+    /// The first sixteen numbers of `src` as f32.
+    fn load16(src: &[Self]) -> [f32; 16];
+
+    /// One number as f32.
+    fn to_f32(self) -> f32;
+}
+
+impl KvNumber for f32 {
+    #[inline(always)]
+    fn of(data: &KvData) -> Option<&[f32]> {
+        match data {
+            KvData::F32(d) => Some(d),
+            KvData::F16(_) => None,
+        }
+    }
+
+    #[inline(always)]
+    fn load16(src: &[f32]) -> [f32; 16] {
+        src[..16].try_into().expect("sixteen numbers")
+    }
+
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvNumber for f16 {
+    #[inline(always)]
+    fn of(data: &KvData) -> Option<&[f16]> {
+        match data {
+            KvData::F16(d) => Some(d),
+            KvData::F32(_) => None,
+        }
+    }
+
+    #[inline(always)]
+    fn load16(src: &[f16]) -> [f32; 16] {
+        let src: &[f16; 16] = src[..16].try_into().expect("sixteen numbers");
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+        {
+            use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps};
+            // SAFETY: the build enables AVX-512F (checked by the cfg), and the load reads
+            // the 32 bytes of `src`, unaligned.
+            unsafe {
+                let halves = _mm256_loadu_si256(src.as_ptr().cast());
+                std::mem::transmute::<_, [f32; 16]>(_mm512_cvtph_ps(halves))
+            }
+        }
+        #[cfg(all(
+            target_arch = "x86_64",
+            target_feature = "f16c",
+            not(target_feature = "avx512f")
+        ))]
+        {
+            use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
+            // SAFETY: the build enables F16C (checked by the cfg), and the loads read the
+            // 32 bytes of `src`, unaligned.
+            unsafe {
+                let lo = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().cast()));
+                let hi = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(8).cast()));
+                std::mem::transmute::<_, [f32; 16]>([lo, hi])
+            }
+        }
+        #[cfg(not(all(
+            target_arch = "x86_64",
+            any(target_feature = "avx512f", target_feature = "f16c")
+        )))]
+        {
+            std::array::from_fn(|i| src[i].to_f32())
+        }
+    }
+
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
     }
 }
 
@@ -206,16 +279,17 @@ impl KvBlock {
         h * head_dim * BLOCK_TOKENS..(h + 1) * head_dim * BLOCK_TOKENS
     }
 
-    /// Transposed keys of KV head `h` as f32, `[dim][slot]` (converted into `buf` when
-    /// stored as halves).
+    /// Transposed keys of KV head `h`, `[dim][slot]`, as stored (`E` is the cache's
+    /// number type).
     #[inline]
-    pub(crate) fn head_keys<'a>(
-        &'a self,
-        h: usize,
-        head_dim: usize,
-        buf: &'a mut Vec<f32>,
-    ) -> &'a [f32] {
-        self.keys.f32s(Self::head_range(h, head_dim), buf)
+    pub(crate) fn head_keys<E: KvNumber>(&self, h: usize, head_dim: usize) -> &[E] {
+        &Self::numbers(&self.keys)[Self::head_range(h, head_dim)]
+    }
+
+    /// `data` as numbers of type `E`, the type every block of a cache stores.
+    #[inline(always)]
+    fn numbers<E: KvNumber>(data: &KvData) -> &[E] {
+        E::of(data).expect("attention reads a block as the KV type of its cache")
     }
 
     /// Starts loading the keys of KV head `h`.
@@ -224,19 +298,16 @@ impl KvBlock {
         self.keys.prefetch(Self::head_range(h, head_dim));
     }
 
-    /// Values of KV head `h` for slots `slots` as f32, `[slot][dim]` (converted into
-    /// `buf` when stored as halves).
+    /// Values of KV head `h` for slots `slots`, `[slot][dim]`, as stored.
     #[inline]
-    pub(crate) fn head_values<'a>(
-        &'a self,
+    pub(crate) fn head_values<E: KvNumber>(
+        &self,
         h: usize,
         head_dim: usize,
         slots: std::ops::Range<usize>,
-        buf: &'a mut Vec<f32>,
-    ) -> &'a [f32] {
+    ) -> &[E] {
         let at = h * BLOCK_TOKENS * head_dim;
-        self.values
-            .f32s(at + slots.start * head_dim..at + slots.end * head_dim, buf)
+        &Self::numbers(&self.values)[at + slots.start * head_dim..at + slots.end * head_dim]
     }
 
     /// Starts loading the values of KV head `h`.
