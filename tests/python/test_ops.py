@@ -59,3 +59,22 @@ def test_metrics_prometheus_text(server, client):
     for line in text.splitlines():
         if line and not line.startswith("#"):
             assert re.fullmatch(r'[a-z_]+(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? ([-+0-9.eE]+|NaN|\+Inf)', line), line
+
+
+def test_server_heap_asks_for_huge_pages(server):
+    """Where the kernel gives transparent huge pages only on request (THP `madvise`) and the
+    C library is glibc, `wick` re-executes itself with glibc's huge-page tunable, so the
+    weights and KV blocks it streams every step sit on 2 MiB pages."""
+    import os
+    import platform
+    from pathlib import Path
+
+    import pytest
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or not thp.exists():
+        pytest.skip("glibc Linux with transparent huge pages only")
+    if "[madvise]" not in thp.read_text() or "GLIBC_TUNABLES" in os.environ:
+        pytest.skip("the kernel does not want a request, or the tunables are the caller's")
+    environ = Path(f"/proc/{server.proc.pid}/environ").read_bytes().split(b"\0")
+    assert b"GLIBC_TUNABLES=glibc.malloc.hugetlb=1" in environ

@@ -1,5 +1,6 @@
 //! The `wick` command: a thin clap layer over the wick crates.
 mod commands;
+mod huge_pages;
 mod model_arg;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    huge_pages::enable();
     let cli = Cli::parse();
     // A server logs its requests by default; the other commands only warnings.
     let default_log = match cli.command {
