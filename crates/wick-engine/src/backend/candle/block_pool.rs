@@ -105,13 +105,6 @@ impl KvData {
             KvData::F16(d) => prefetch(&d[range]),
         }
     }
-
-    fn byte_size(&self) -> usize {
-        match self {
-            KvData::F32(d) => d.capacity() * 4,
-            KvData::F16(d) => d.capacity() * 2,
-        }
-    }
 }
 
 /// A number type KV blocks store, which attention reads as f32 sixteen at a time: the
@@ -314,11 +307,6 @@ impl KvBlock {
     #[inline]
     pub(crate) fn prefetch_head_values(&self, h: usize, head_dim: usize) {
         self.values.prefetch(Self::head_range(h, head_dim));
-    }
-
-    /// Bytes the block's buffers occupy.
-    pub(crate) fn byte_size(&self) -> usize {
-        self.keys.byte_size() + self.values.byte_size()
     }
 }
 

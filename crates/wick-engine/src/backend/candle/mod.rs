@@ -499,15 +499,7 @@ impl Backend for CandleBackend {
         Ok(logits
             .data()
             .chunks_exact(logits.cols().max(1))
-            .map(|row| {
-                let mut best = 0;
-                for (i, &v) in row.iter().enumerate() {
-                    if v > row[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            })
+            .map(first_max)
             .collect())
     }
 
@@ -574,5 +566,72 @@ impl Backend for CandleBackend {
             seg.cache.evict();
         }
         HostTensor::from_vec(out, q.rows(), q.cols())
+    }
+}
+
+/// The index of the first largest number of `row`, NaNs never chosen (0 when `row[0]` is
+/// NaN, as a running `>` comparison from `row[0]` gives): the maximum is found sixteen
+/// lanes at a time (it does not depend on order), then its first position.
+fn first_max(row: &[f32]) -> u32 {
+    if row.first().is_none_or(|x| x.is_nan()) {
+        return 0;
+    }
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    row.iter().position(|&x| x == max).unwrap_or(0) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_max;
+
+    /// The running comparison the backend argmax must agree with (the host sampler's
+    /// greedy pick keeps the first of equal maxima too).
+    fn running(row: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    #[test]
+    fn first_max_is_the_running_comparison() {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for len in [1usize, 5, 16, 17, 100, 49152] {
+            for case in 0..20 {
+                // Few distinct values, so maxima tie; some NaNs and infinities.
+                let mut row: Vec<f32> = (0..len).map(|_| (next() % 7) as f32 - 3.0).collect();
+                match case % 4 {
+                    1 => row[next() as usize % len] = f32::NAN,
+                    2 => row[0] = f32::NAN,
+                    3 => row[next() as usize % len] = f32::INFINITY,
+                    _ => {}
+                }
+                assert_eq!(first_max(&row), running(&row), "len {len} case {case}");
+            }
+        }
+        assert_eq!(first_max(&[f32::NEG_INFINITY; 3]), 0);
+        assert_eq!(first_max(&[0.0, -0.0, 0.0]), 0);
+        assert_eq!(first_max(&[-0.0, 0.0]), 0);
+        assert_eq!(first_max(&[]), 0);
     }
 }
