@@ -47,7 +47,9 @@ pub use backend::BackendKind;
 pub use generation::{
     FinishReason, GenerationOutput, GenerationRequest, Sequence, SequenceStep, TokenEvent, Usage,
 };
-pub use model::{GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step};
+pub use model::{
+    DeviceMemory, GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step,
+};
 pub use models::decoder::{Logits, LogitsRequest};
 pub use models::greedy::GreedyRun;
 pub mod scheduler;

@@ -94,6 +94,53 @@ impl AnyDecoder {
             AnyDecoder::Mlx(_) => None,
         }
     }
+
+    /// Bytes of one number of the KV cache: the CPU backend's KV type, or on MLX the
+    /// activation type the caches keep.
+    fn kv_number_bytes(&self) -> usize {
+        match self {
+            AnyDecoder::Candle(d) => d.backend().kv_dtype().bytes(),
+            #[cfg(feature = "mlx")]
+            AnyDecoder::Mlx(d) => d.backend().dtype().size(),
+        }
+    }
+
+    /// The accelerator memory the KV cache lives in, when it is not host RAM: `None` on
+    /// the CPU (candle, or MLX on its CPU device).
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        match self {
+            AnyDecoder::Candle(_) => None,
+            #[cfg(feature = "mlx")]
+            AnyDecoder::Mlx(d) => {
+                if d.backend().device() != crate::backend::mlx::MlxDevice::Gpu {
+                    return None;
+                }
+                // Buffers MLX cached while loading are free for the KV cache to take.
+                if let Err(e) = wick_mlx::clear_cache() {
+                    tracing::warn!("MLX clear_cache: {e}");
+                }
+                match wick_mlx::gpu_memory() {
+                    Ok(m) => m.map(|m| DeviceMemory {
+                        total: m.total as u64,
+                        free: m.free as u64,
+                    }),
+                    Err(e) => {
+                        tracing::warn!("cannot read the GPU's memory: {e}");
+                        None
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An accelerator's memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// All of it.
+    pub total: u64,
+    /// What could still be allocated now.
+    pub free: u64,
 }
 
 /// A cache of one of the backends.
@@ -573,18 +620,20 @@ impl Model {
 
     /// Bytes of one KV block of one layer (keys and values of
     /// [`BLOCK_TOKENS`](crate::backend::candle::block_pool::BLOCK_TOKENS) tokens in the
-    /// cache's number type; f32 on the MLX backend), the unit of the block pool.
+    /// cache's number type), the unit of the block pool.
     pub fn kv_block_bytes(&self) -> usize {
         let cfg = self.config();
-        let number = self
-            .decoder
-            .kv_dtype()
-            .map_or(std::mem::size_of::<f32>(), KvDtype::bytes);
+        let number = self.decoder.kv_number_bytes();
         crate::backend::candle::block_pool::BLOCK_TOKENS
             * cfg.num_kv_heads
             * cfg.head_dim
             * 2
             * number
+    }
+
+    /// The GPU memory the model's KV cache would live in (`None` when that is host RAM).
+    pub fn device_memory(&self) -> Option<DeviceMemory> {
+        self.decoder.device_memory()
     }
 
     /// An empty cache for one sequence.

@@ -27,4 +27,6 @@ mod stream;
 pub use array::{async_eval, eval, Array, Dtype, Element};
 pub use error::{MlxError, Result};
 pub use ops::{AttentionMask, GluActivation, Quantized, RopeOffset};
-pub use stream::{clear_cache, gpu_available, memory, version, Device, MemoryStats, Stream};
+pub use stream::{
+    clear_cache, gpu_available, gpu_memory, memory, version, Device, GpuMemory, MemoryStats, Stream,
+};

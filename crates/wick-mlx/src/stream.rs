@@ -92,6 +92,29 @@ pub fn memory() -> Result<MemoryStats> {
     Ok(m)
 }
 
+/// A GPU's memory, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuMemory {
+    /// All of it.
+    pub total: usize,
+    /// What this process could still allocate now.
+    pub free: usize,
+}
+
+/// The first GPU's memory (`None` without a GPU). On CUDA the free figure is the
+/// device's (NVML, else `cudaMemGetInfo`); on Metal the recommended working set less
+/// MLX's live arrays. MLX's cached buffers count as used: [`clear_cache`] first to count
+/// them free.
+pub fn gpu_memory() -> Result<Option<GpuMemory>> {
+    let mut m = GpuMemory::default();
+    // SAFETY: valid out pointers.
+    check(
+        unsafe { ffi::wm_gpu_memory(&mut m.total, &mut m.free) },
+        "gpu_memory",
+    )?;
+    Ok((m.total > 0).then_some(m))
+}
+
 /// Returns cached buffers to the system.
 pub fn clear_cache() -> Result<()> {
     // SAFETY: no arguments.

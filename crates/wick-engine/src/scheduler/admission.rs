@@ -18,7 +18,8 @@ pub enum KvBudget {
     /// This many bytes (`--kv-memory 2G`).
     Bytes(u64),
     /// This fraction of the memory available once the weights are loaded
-    /// (`--gpu-memory-utilization 0.9`; on the CPU backend, available RAM).
+    /// (`--gpu-memory-utilization 0.9`): the GPU's free memory when the model runs on one,
+    /// else available RAM.
     Fraction(f64),
 }
 
@@ -59,7 +60,18 @@ impl KvAdmission {
                         "the KV memory fraction must be in (0, 1], got {f}"
                     )));
                 }
-                match available_memory() {
+                let available = match model.device_memory() {
+                    Some(gpu) => {
+                        tracing::info!(
+                            free = gpu.free,
+                            total = gpu.total,
+                            "KV pool sized from the GPU's free memory"
+                        );
+                        Some(gpu.free)
+                    }
+                    None => available_memory(),
+                };
+                match available {
                     Some(avail) => {
                         let share = (avail as f64 * f) as u64;
                         // Never below a tenth of the share: a huge prompt-cache cap must

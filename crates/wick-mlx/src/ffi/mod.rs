@@ -39,6 +39,7 @@ extern "C" {
     pub fn wm_new_stream(device_type: i32, out: *mut wm_stream) -> c_int;
     pub fn wm_synchronize(s: wm_stream) -> c_int;
     pub fn wm_memory(active: *mut usize, peak: *mut usize, cache: *mut usize) -> c_int;
+    pub fn wm_gpu_memory(total: *mut usize, free_bytes: *mut usize) -> c_int;
     pub fn wm_clear_cache() -> c_int;
 
     pub fn wm_array_free(a: wm_array);

@@ -26,6 +26,9 @@ pub unsafe fn wm_synchronize(_s: wm_stream) -> c_int {
 pub unsafe fn wm_memory(_active: *mut usize, _peak: *mut usize, _cache: *mut usize) -> c_int {
     -1
 }
+pub unsafe fn wm_gpu_memory(_total: *mut usize, _free_bytes: *mut usize) -> c_int {
+    -1
+}
 pub unsafe fn wm_clear_cache() -> c_int {
     -1
 }

@@ -253,6 +253,37 @@ int wm_memory(size_t* active, size_t* peak, size_t* cache) {
   });
 }
 
+int wm_gpu_memory(size_t* total, size_t* free_bytes) {
+  return guarded([&] {
+    *total = 0;
+    *free_bytes = 0;
+    if (!mx::is_available(mx::Device::gpu)) {
+      return;
+    }
+    const auto& info = mx::gpu::device_info(0);
+    auto number = [&](const char* key) -> size_t {
+      auto it = info.find(key);
+      if (it == info.end()) {
+        return 0;
+      }
+      const size_t* v = std::get_if<size_t>(&it->second);
+      return v ? *v : 0;
+    };
+    *total = number("total_memory");
+    if (*total == 0) {
+      *total = number("memory_size");
+    }
+    *free_bytes = number("free_memory");
+    if (*free_bytes == 0) {
+      // Metal reports no free memory; what it recommends for one process, less what
+      // MLX holds, is what is left to use.
+      size_t working_set = number("max_recommended_working_set_size");
+      size_t active = mx::get_active_memory();
+      *free_bytes = working_set > active ? working_set - active : 0;
+    }
+  });
+}
+
 int wm_clear_cache(void) { return guarded([&] { mx::clear_cache(); }); }
 
 void wm_array_free(wm_array a) {

@@ -42,6 +42,9 @@ int wm_synchronize(wm_stream s);
 
 // Memory.
 int wm_memory(size_t* active, size_t* peak, size_t* cache);
+// The GPU's total memory and what is free now (CUDA: as NVML or cudaMemGetInfo report it;
+// Metal: the recommended working set less MLX's live arrays); zeros without a GPU.
+int wm_gpu_memory(size_t* total, size_t* free_bytes);
 int wm_clear_cache(void);
 
 // Array handles.
