@@ -215,16 +215,14 @@ fn group_values<const G: usize, E: KvNumber>(
     });
 }
 
-/// Divides each of `G` heads' weights (`weights` is `[G][n]`) by their sum — multiplies
-/// by its inverse. A sum is taken in [`LANES`] lanes (position `t` into lane `t % LANES`,
-/// up to the last multiple of `LANES`), the lanes added in order, then the tail in order.
+/// Divides one head's weights by their sum — multiplies by its inverse. The sum is taken
+/// in [`LANES`] lanes (position `t` into lane `t % LANES`, up to the last multiple of
+/// `LANES`), the lanes added in order, then the tail in order.
 #[inline(always)]
-fn normalize<const G: usize>(weights: &mut [f32], n: usize) {
-    for row in weights.chunks_exact_mut(n).take(G) {
-        let inv = 1.0 / lane_sum(row);
-        for w in row {
-            *w *= inv;
-        }
+fn normalize(weights: &mut [f32]) {
+    let inv = 1.0 / lane_sum(weights);
+    for w in weights {
+        *w *= inv;
     }
 }
 
@@ -249,15 +247,14 @@ fn head_groups(heads: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         .map(move |h| h..(h + MAX_GROUP).min(heads))
 }
 
-/// Calls `$f::<G $(, $t)?>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run
-/// `$r`.
+/// Calls `$f::<G, $t>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run `$r`.
 macro_rules! by_group {
-    ($r:expr, $f:ident $(::<$t:ty>)?($($arg:expr),* $(,)?)) => {
+    ($r:expr, $f:ident::<$t:ty>($($arg:expr),* $(,)?)) => {
         match $r.len() {
-            4 => $f::<4 $(, $t)?>($($arg),*),
-            3 => $f::<3 $(, $t)?>($($arg),*),
-            2 => $f::<2 $(, $t)?>($($arg),*),
-            _ => $f::<1 $(, $t)?>($($arg),*),
+            4 => $f::<4, $t>($($arg),*),
+            3 => $f::<3, $t>($($arg),*),
+            2 => $f::<2, $t>($($arg),*),
+            _ => $f::<1, $t>($($arg),*),
         }
     };
 }
@@ -340,9 +337,7 @@ fn attend_heads_as<E: KvNumber>(
             *s -= max;
         }
         exp_in_place(weights);
-    }
-    for r in head_groups(heads) {
-        by_group!(r, normalize(&mut scores[r.start * n..r.end * n], n));
+        normalize(weights);
     }
     for r in head_groups(heads) {
         let (w, o) = (
