@@ -623,12 +623,10 @@ impl Model {
     /// cache's number type), the unit of the block pool.
     pub fn kv_block_bytes(&self) -> usize {
         let cfg = self.config();
-        let number = self.decoder.kv_number_bytes();
-        crate::backend::candle::block_pool::BLOCK_TOKENS
-            * cfg.num_kv_heads
-            * cfg.head_dim
-            * 2
-            * number
+        crate::backend::candle::block_pool::block_bytes(
+            cfg.num_kv_heads * cfg.head_dim,
+            self.decoder.kv_number_bytes(),
+        )
     }
 
     /// The GPU memory the model's KV cache would live in (`None` when that is host RAM).

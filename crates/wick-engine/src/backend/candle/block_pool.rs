@@ -21,6 +21,12 @@ use half::f16;
 /// 12 KiB of keys, long enough for the attention loop to stream through.
 pub const BLOCK_TOKENS: usize = 16;
 
+/// Bytes of one block of one layer: keys and values of [`BLOCK_TOKENS`] tokens of `row`
+/// numbers (KV heads × head size) of `number_bytes` each.
+pub fn block_bytes(row: usize, number_bytes: usize) -> usize {
+    BLOCK_TOKENS * row * 2 * number_bytes
+}
+
 /// How the CPU KV cache stores keys and values.
 ///
 /// `F16` (llama.cpp's default) halves the bytes that batched decode attention streams

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::block_pool::{BlockLease, BlockPool, KvBlock, KvDtype, BLOCK_TOKENS};
+use super::block_pool::{block_bytes, BlockLease, BlockPool, KvBlock, KvDtype, BLOCK_TOKENS};
 use crate::backend::{KvLayer, KvLayerSnapshot};
 use crate::{EngineError, Result};
 
@@ -300,7 +300,7 @@ impl KvLayer for CpuKvLayer {
     fn byte_size(&self) -> usize {
         // Every block of a layer has the same size; counting them spares the engine loop,
         // which sums this over all running sequences each step, a walk over every block.
-        self.blocks.len() * BLOCK_TOKENS * self.row() * 2 * self.dtype.bytes()
+        self.blocks.len() * block_bytes(self.row(), self.dtype.bytes())
     }
 
     fn snapshot(&self) -> KvLayerSnapshot {
