@@ -60,8 +60,12 @@ def test_weather_call_is_parsed(weather_reply, qwen_server):
 
 def test_stream_yields_the_same_call(qwen, weather_reply):
     whole = weather_reply.choices[0].message.tool_calls[0]
-    calls, content, finish = {}, "", None
+    calls, content, finish, repairs = {}, "", None, {}
     for chunk in ask(qwen, stream=True):
+        # Repairs come in the finish chunk, top level (never as a call delta without
+        # `function`, which client libraries' stream helpers reject).
+        for entry in (chunk.model_extra or {}).get("wick_repairs", []):
+            repairs[entry["index"]] = entry["repairs"]
         for c in chunk.choices:
             content += c.delta.content or ""
             finish = c.finish_reason or finish
@@ -72,16 +76,31 @@ def test_stream_yields_the_same_call(qwen, weather_reply):
                     entry["id"] = tc.id
                 if tc.function and tc.function.name:
                     entry["name"] = tc.function.name
-                if tc.function and tc.function.arguments:
+                assert tc.function is not None, "a call delta without function"
+                if tc.function.arguments:
                     entry["arguments"] += tc.function.arguments
-                entry["repairs"] += (tc.model_extra or {}).get("wick_repairs", [])
     assert finish == "tool_calls"
     assert list(calls) == [0]
     assert re.fullmatch(r"call_[0-9a-f]{8}", calls[0]["id"])
     assert calls[0]["name"] == whole.function.name
     assert json.loads(calls[0]["arguments"]) == json.loads(whole.function.arguments)
-    assert calls[0]["repairs"] == (whole.model_extra or {}).get("wick_repairs", [])
+    assert repairs.get(0, []) == (whole.model_extra or {}).get("wick_repairs", [])
     assert content == "", "markup leaked into content"
+
+
+def test_sdk_stream_helper_assembles_the_call(qwen, weather_reply):
+    # The openai SDK's stream() helper asserts that every tool-call delta has `function`.
+    whole = weather_reply.choices[0].message.tool_calls[0]
+    with qwen.chat.completions.stream(model="qwen2.5-coder-0.5b-instruct", temperature=0,
+                                      messages=ASK, tools=WEATHER, max_tokens=48) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == whole.function.name
+    assert json.loads(call.function.arguments) == json.loads(whole.function.arguments)
 
 
 def test_tool_result_round_trips(qwen, weather_reply):
@@ -107,3 +126,23 @@ def test_tool_choice_none_disables_parsing(qwen):
     r = ask(qwen, tool_choice="none", max_tokens=8)
     assert not r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_call_cut_by_max_tokens_says_length(qwen):
+    # The call is cut inside its arguments and repaired: still a cut reply.
+    r = ask(qwen, max_tokens=12)
+    choice = r.choices[0]
+    assert choice.message.tool_calls, choice
+    assert choice.finish_reason == "length", choice
+    chunks = list(ask(qwen, max_tokens=12, stream=True))
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+
+
+def test_early_stop_on_one_call_reports_cached_tokens(qwen):
+    # parallel_tool_calls=false ends the reply at the first complete call, before the engine
+    # is done; its usage must still count the prompt tokens that came from the cache.
+    ask(qwen, parallel_tool_calls=False)
+    r = ask(qwen, parallel_tool_calls=False)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.usage.prompt_tokens_details.cached_tokens > 0, r.usage

@@ -89,9 +89,10 @@ impl Generation {
     }
 
     /// Stops early (the reply is complete without more tokens): records what was
-    /// generated; dropping the generation then cancels it in the engine.
-    pub fn stop_early(&mut self) {
-        self.record(self.prompt_tokens, 0, self.tokens);
+    /// generated (`cached` of the prompt tokens came from the cache); dropping the
+    /// generation then cancels it in the engine.
+    pub fn stop_early(&mut self, cached: usize) {
+        self.record(self.prompt_tokens, cached, self.tokens);
     }
 }
 

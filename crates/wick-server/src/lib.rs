@@ -7,8 +7,9 @@
 //! `generation_config.json` → built-in) → prompt building on blocking workers ([`prompt`])
 //! → admission into the engine's queue ([`generation::Generation`]; a full queue is 429) →
 //! the engine thread (continuous batching, in `wick-engine`) → the request's token channel
-//! → the reply parser ([`reply`]: `<think>` split, then tool calls) → a JSON body or SSE
-//! frames ([`sse`]). Every failure is an [`ApiError`], mapped to status and body in one
+//! → the reply pipeline ([`reply`]: `<think>` split, then tool calls, finish reason and
+//! usage, the same for every protocol) → the protocol's encoder ([`encoders`]: a JSON body
+//! or SSE frames). Every failure is an [`ApiError`], mapped to status and body in one
 //! place. Dropping a response (client gone) drops its [`generation::Generation`], which
 //! cancels the work in the engine within one step.
 //!
@@ -30,6 +31,7 @@
 
 pub mod cache_report;
 pub mod config;
+pub mod encoders;
 pub mod error;
 pub mod extract;
 pub mod generation;

@@ -146,7 +146,11 @@ fn call_from_envelope(
             })
         }
     };
-    tools.check(&name)?;
+    // Untagged JSON naming a tool that was not offered is data, not a call.
+    match rule {
+        Envelope::Bare => tools.strict().check(&name)?,
+        Envelope::Tagged => tools.check(&name)?,
+    }
     Ok(ParsedCall {
         name,
         arguments,

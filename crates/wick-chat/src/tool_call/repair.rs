@@ -39,6 +39,10 @@ pub enum RepairKind {
     DuplicateKey,
     /// A Gemma 4 value that is not JSON-like (`city:Paris`) was taken as raw text.
     BareValue,
+    /// Call markup named a tool that was not offered: it is returned as a call anyway (so an
+    /// agent can answer "no such tool" and the model retry) instead of leaking the markup into
+    /// the content. Bare JSON naming an unknown tool is not markup and stays content.
+    UnknownTool,
 }
 
 impl RepairKind {
@@ -57,6 +61,7 @@ impl RepairKind {
             RepairKind::StrayText => "stray_text",
             RepairKind::DuplicateKey => "duplicate_key",
             RepairKind::BareValue => "bare_value",
+            RepairKind::UnknownTool => "unknown_tool",
         }
     }
 }

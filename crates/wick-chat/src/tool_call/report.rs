@@ -95,7 +95,7 @@ mod tests {
     #[test]
     fn says_why_nothing_parsed() {
         let tools = [ToolSpec::from_openai(0, &serde_json::json!({"name": "g"})).unwrap()];
-        let text = "<tool_call>{\"name\": \"f\"}</tool_call>";
+        let text = "<tool_call>{\"name\": 3}</tool_call>";
         let outcome = parse_with_ids(
             ToolFormat::HermesJson,
             text,
@@ -108,11 +108,24 @@ mod tests {
             "{shown}"
         );
         assert!(
-            shown.contains("at byte 0: unknown tool 'f' (offered: g) [unknown_tool]"),
+            shown.contains("at byte 0: ") && shown.contains("[invalid_name]"),
             "{shown}"
         );
         let plain = parse_with_ids(ToolFormat::Gemma4, "hi", &[], CallIdSource::counter());
         assert!(render(&plain).contains("no tool calls: no gemma4 tool-call markup found"));
-        assert_eq!(to_json(&outcome)["failures"][0]["kind"], "unknown_tool");
+        assert_eq!(to_json(&outcome)["failures"][0]["kind"], "invalid_name");
+        // A call to a tool that was not offered is a call, marked.
+        let unknown = "<tool_call>{\"name\": \"f\"}</tool_call>";
+        let outcome = parse_with_ids(
+            ToolFormat::HermesJson,
+            unknown,
+            &tools,
+            CallIdSource::counter(),
+        );
+        assert!(
+            render(&outcome).contains("repairs: unknown_tool"),
+            "{}",
+            render(&outcome)
+        );
     }
 }

@@ -92,11 +92,37 @@ impl ToolSpec {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ToolBox<'a> {
     specs: &'a [ToolSpec],
+    /// Accept names that were not offered (the stream marks such calls `unknown_tool`).
+    accept_unknown: bool,
 }
 
 impl<'a> ToolBox<'a> {
     pub(crate) fn new(specs: &'a [ToolSpec]) -> Self {
-        ToolBox { specs }
+        ToolBox {
+            specs,
+            accept_unknown: false,
+        }
+    }
+
+    /// A tool box that lets call markup name tools that were not offered.
+    pub(crate) fn accepting_unknown(specs: &'a [ToolSpec]) -> Self {
+        ToolBox {
+            specs,
+            accept_unknown: true,
+        }
+    }
+
+    /// The same tools, refusing names that were not offered.
+    pub(crate) fn strict(self) -> Self {
+        ToolBox {
+            accept_unknown: false,
+            ..self
+        }
+    }
+
+    /// Whether `name` was offered (every name is when no tools were given).
+    pub(crate) fn offers(&self, name: &str) -> bool {
+        self.specs.is_empty() || self.find(name).is_some()
     }
 
     /// The spec named `name`, if offered.
@@ -106,7 +132,7 @@ impl<'a> ToolBox<'a> {
 
     /// Checks that `name` may be called.
     pub(crate) fn check(&self, name: &str) -> Result<(), ToolCallError> {
-        if self.specs.is_empty() || self.find(name).is_some() {
+        if self.accept_unknown || self.offers(name) {
             return Ok(());
         }
         Err(ToolCallError::UnknownTool {

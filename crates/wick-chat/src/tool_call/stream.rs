@@ -85,6 +85,8 @@ pub struct ToolCallStream {
     after_markup: bool,
     /// A bare JSON call may start at the next non-whitespace character.
     json_start: bool,
+    /// The last block was bare JSON calls: a comma may separate the next one.
+    after_bare: bool,
     /// `text.len()` must reach this before a pending decision is retried.
     retry_at: usize,
     finished: bool,
@@ -137,6 +139,7 @@ impl ToolCallStream {
             mode: Mode::Prose,
             after_markup: false,
             json_start: true,
+            after_bare: false,
             retry_at: 0,
             finished: false,
             outcome: ParseOutcome {
@@ -240,6 +243,12 @@ impl ToolCallStream {
                 return Flow::Wait;
             }
             self.after_markup = false;
+            // `{call}, {call}`: the comma belongs to the calls' markup.
+            if std::mem::take(&mut self.after_bare) && self.text[self.pos..].starts_with(',') {
+                self.pos += 1;
+                self.after_markup = true;
+                return Flow::Continue;
+            }
         }
         let rest_at = self.pos;
         let rest = &self.text[rest_at..];
@@ -315,7 +324,7 @@ impl ToolCallStream {
         }
         let gap = marker - kept;
         let start = self.pos + gap;
-        let tools = ToolBox::new(&self.tools);
+        let tools = ToolBox::accepting_unknown(&self.tools);
         let opening = match grammar::open(block, &self.text[start..], at_end, tools) {
             // A grammar must decide at the end; a refusal is the safe answer.
             Opening::NeedMore if at_end => Opening::Reject {
@@ -339,7 +348,8 @@ impl ToolCallStream {
                     error,
                 });
                 self.pos = start + len;
-                self.json_start = false;
+                // JSON that is not a call may be followed by one that is.
+                self.json_start = block == grammar::Block::BareJson;
                 Flow::Continue
             }
             Opening::Call {
@@ -362,6 +372,11 @@ impl ToolCallStream {
                     arguments_json: String::new(),
                     repairs: Vec::new(),
                 });
+                let repairs = if tools.offers(&name) {
+                    Vec::new()
+                } else {
+                    vec![RepairKind::UnknownTool]
+                };
                 self.mode = Mode::Call(OpenCall {
                     index,
                     id,
@@ -369,18 +384,23 @@ impl ToolCallStream {
                     grammar,
                     arguments: Map::new(),
                     json: String::new(),
-                    repairs: Vec::new(),
+                    repairs,
                 });
                 self.pos = start + body.max(1);
                 Flow::Continue
             }
             Opening::Calls { calls, len } => {
-                for call in calls {
+                let offered: Vec<bool> = calls.iter().map(|c| tools.offers(&c.name)).collect();
+                for (mut call, offered) in calls.into_iter().zip(offered) {
+                    if !offered {
+                        record(&mut call.repairs, RepairKind::UnknownTool);
+                    }
                     self.emit_whole_call(call, events);
                 }
                 self.pos = start + len.max(1);
                 self.after_markup = true;
                 self.json_start = true;
+                self.after_bare = block == grammar::Block::BareJson;
                 Flow::Continue
             }
             Opening::Reasoning { body } => {
@@ -631,5 +651,80 @@ mod tests {
         assert_eq!(partial_suffix("abc<chan", "<channel|>"), 5);
         assert_eq!(partial_suffix("abc", "<channel|>"), 0);
         assert_eq!(partial_suffix("é<", "<channel|>"), 1);
+    }
+}
+
+#[cfg(test)]
+mod leak_tests {
+    //! Markup that used to reach the content (issue: tool-call markup leaking).
+    use super::*;
+    use serde_json::json;
+
+    fn weather() -> Vec<ToolSpec> {
+        ToolSpec::list_from_openai(&[json!({"type": "function", "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})])
+        .unwrap()
+    }
+
+    fn parse_all(format: ToolFormat, text: &str) -> ParseOutcome {
+        // Every split point gives the same outcome.
+        let tools = weather();
+        let whole = {
+            let mut s = ToolCallStream::with_ids(format, &tools, CallIdSource::counter());
+            s.push(text);
+            s.into_outcome()
+        };
+        for cut in (1..text.len()).filter(|&i| text.is_char_boundary(i)) {
+            let mut s = ToolCallStream::with_ids(format, &tools, CallIdSource::counter());
+            s.push(&text[..cut]);
+            s.push(&text[cut..]);
+            let split = s.into_outcome();
+            assert_eq!(split.content, whole.content, "cut at {cut}");
+            assert_eq!(split.calls.len(), whole.calls.len(), "cut at {cut}");
+        }
+        whole
+    }
+
+    #[test]
+    fn a_tagged_call_to_a_tool_not_offered_is_a_call_marked_unknown_tool() {
+        let text = "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>";
+        let out = parse_all(ToolFormat::HermesJson, text);
+        assert_eq!(out.content, "");
+        assert_eq!(out.calls.len(), 1);
+        assert_eq!(out.calls[0].name, "read_file");
+        assert_eq!(out.calls[0].repairs, vec![RepairKind::UnknownTool]);
+        // XML-style markup too.
+        let xml = "<tool_call>\n<function=read_file>\n<parameter=path>\na\n</parameter>\n</function>\n</tool_call>";
+        let out = parse_all(ToolFormat::QwenXml, xml);
+        assert_eq!(out.content, "");
+        assert_eq!(out.calls[0].repairs, vec![RepairKind::UnknownTool]);
+    }
+
+    #[test]
+    fn bare_json_naming_an_unknown_tool_stays_content() {
+        let text = "{\"name\": \"Bob\", \"arguments\": {\"age\": 3}}";
+        let out = parse_all(ToolFormat::HermesJson, text);
+        assert_eq!(out.content, text);
+        assert!(out.calls.is_empty());
+    }
+
+    #[test]
+    fn comma_separated_bare_calls_are_all_calls() {
+        let call = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}";
+        let text = format!("{call}, {}", call.replace("\"A\"", "\"B\""));
+        let out = parse_all(ToolFormat::HermesJson, &text);
+        assert_eq!(out.content, "");
+        assert_eq!(out.calls.len(), 2);
+        assert_eq!(out.calls[1].arguments, json!({"city": "B"}));
+    }
+
+    #[test]
+    fn a_bare_call_after_other_json_is_a_call() {
+        let text = "{\"note\": 1}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"A\"}}";
+        let out = parse_all(ToolFormat::HermesJson, text);
+        assert_eq!(out.content, "{\"note\": 1}");
+        assert_eq!(out.calls.len(), 1);
+        assert_eq!(out.calls[0].repairs, vec![RepairKind::BareJson]);
     }
 }

@@ -164,8 +164,12 @@ pub fn check_invariants(
         if parsed != call.arguments {
             return Err("arguments_json does not parse back to arguments".into());
         }
-        if !tools.is_empty() && !tools.iter().any(|tool| tool.name == call.name) {
-            return Err(format!("call to unoffered tool {}", call.name));
+        let offered = tools.is_empty() || tools.iter().any(|tool| tool.name == call.name);
+        if offered == call.repairs.contains(&RepairKind::UnknownTool) {
+            return Err(format!(
+                "call to {} marked unknown_tool: {}",
+                call.name, !offered
+            ));
         }
         let id_ok = call.id.len() == 13
             && call.id.starts_with("call_")

@@ -103,6 +103,9 @@ pub struct TokenEvent {
     /// Whether this token ended the generation (an end-of-sequence token, a stop string,
     /// or the length limit).
     pub last: bool,
+    /// Prompt tokens that came from a cache (the same on every token of a request), so a
+    /// reply that ends before the engine's `Done` still reports them.
+    pub cached_tokens: usize,
 }
 
 /// Token counts and timings of a generation.

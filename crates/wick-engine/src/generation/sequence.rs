@@ -229,6 +229,7 @@ impl Sequence {
             logprob,
             top_logprobs,
             last: false,
+            cached_tokens: self.cached,
         };
         if !self.ignore_eos && self.eos.contains(&id) {
             self.finish = Some(FinishReason::EndOfSequence);

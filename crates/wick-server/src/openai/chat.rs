@@ -163,6 +163,19 @@ pub struct ChatCompletionChunk {
     /// Only in the last chunk, with `stream_options.include_usage`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Non-standard, in the finish chunk only: the repairs wick applied to parse the calls
+    /// (absent when none). A top-level field, so no client reads it as a call delta.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub wick_repairs: Vec<CallRepairs>,
+}
+
+/// The repairs one streamed call needed.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallRepairs {
+    /// The call's `index`.
+    pub index: usize,
+    /// Repair kinds, in order.
+    pub repairs: Vec<&'static str>,
 }
 
 /// `choices[i]` of a chunk.
@@ -197,7 +210,7 @@ pub struct Delta {
 
 /// A piece of a tool call in a stream: the first carries id, type and name, later ones
 /// argument text.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ToolCallDelta {
     /// The call's position in the reply.
     pub index: usize,
@@ -207,12 +220,8 @@ pub struct ToolCallDelta {
     /// `function` (first piece).
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<&'static str>,
-    /// Name (first piece) or arguments text.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Name (first piece) or arguments text; every piece has it.
     pub function: Option<FunctionDelta>,
-    /// Non-standard: the repairs wick applied (in the piece that ends the call, when any).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub wick_repairs: Vec<&'static str>,
 }
 
 /// `tool_calls[i].function` of a chunk.
