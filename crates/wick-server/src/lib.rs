@@ -30,6 +30,7 @@
 
 pub mod cache_report;
 pub mod config;
+pub mod connections;
 pub mod error;
 pub mod extract;
 pub mod generation;
