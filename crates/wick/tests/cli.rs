@@ -20,8 +20,28 @@ fn tiny_model() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../wick-engine/tests/goldens/hf/qwen2")
 }
 
+/// Runs `c` to its end; a command still running after a minute (a server that should have
+/// refused to start) is killed and fails the test.
 fn run(c: &mut Command) -> Output {
-    c.stdin(Stdio::null()).output().expect("wick runs")
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wick runs");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("output");
+            panic!(
+                "still running after a minute: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
 }
 
 fn stderr(o: &Output) -> String {
