@@ -80,6 +80,8 @@ fn fd_soft_limit() -> Option<u64> {
         if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0
             && limit.rlim_cur != libc::RLIM_INFINITY
         {
+            // `rlim_t` is not `u64` on every target.
+            #[allow(clippy::unnecessary_cast)]
             return Some(limit.rlim_cur as u64);
         }
     }

@@ -13,6 +13,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt (chat template applied unless --raw).
