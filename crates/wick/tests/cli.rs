@@ -101,7 +101,11 @@ struct Server {
 
 impl Server {
     fn start(args: &[&std::ffi::OsStr]) -> Server {
-        let dir = tempfile::tempdir().unwrap();
+        Server::start_in(tempfile::tempdir().unwrap(), args)
+    }
+
+    /// Starts with `dir` as `WICK_HOME`.
+    fn start_in(dir: tempfile::TempDir, args: &[&std::ffi::OsStr]) -> Server {
         let log = dir.path().join("stderr.log");
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -179,11 +183,7 @@ fn a_hugging_face_snapshot_path_is_served_as_its_repo_and_logs_have_no_colours()
     let snapshot = cache
         .path()
         .join("models--TinyOrg--tiny-qwen2/snapshots/0123456789abcdef0123456789abcdef01234567");
-    std::fs::create_dir_all(&snapshot).unwrap();
-    for entry in std::fs::read_dir(tiny_model()).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), snapshot.join(entry.file_name())).unwrap();
-    }
+    copy_tiny_model(&snapshot);
     let server = Server::start(&[snapshot.as_os_str()]);
     assert_eq!(served_id(&server), "TinyOrg/tiny-qwen2");
     // The id it was served under before (the snapshot's directory name) still names it.
@@ -193,6 +193,25 @@ fn a_hugging_face_snapshot_path_is_served_as_its_repo_and_logs_have_no_colours()
     let log = server.log_text();
     assert!(log.contains("ready"), "{log}");
     assert!(!log.contains('\u{1b}'), "ANSI codes in a log file: {log:?}");
+}
+
+fn copy_tiny_model(to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(tiny_model()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn a_query_is_served_under_the_name_it_matched() {
+    let home = tempfile::tempdir().unwrap();
+    copy_tiny_model(&home.path().join("models/tiny-qwen2-test-model"));
+    let server = Server::start_in(home, &["tiny-qwen2-test".as_ref()]);
+    assert_eq!(served_id(&server), "tiny-qwen2-test-model");
+    // What was typed still names it.
+    let typed = server.get("/v1/models/tiny-qwen2-test");
+    assert!(typed.starts_with("HTTP/1.1 200"), "{typed}");
 }
 
 #[test]
