@@ -547,7 +547,52 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{check_api_key, check_origin, hf_repo_of, parse_bytes};
+    use std::path::Path;
+
+    #[test]
+    fn empty_or_padded_api_keys_are_refused() {
+        assert!(check_api_key(Some(""), None).is_err());
+        assert!(check_api_key(Some("  "), None).is_err());
+        assert!(check_api_key(None, Some("".into())).is_err());
+        assert!(check_api_key(Some(" k"), None).is_err());
+        assert_eq!(check_api_key(Some("k"), None).unwrap(), Some("k".into()));
+        assert_eq!(
+            check_api_key(None, Some("k".into())).unwrap(),
+            Some("k".into())
+        );
+        assert_eq!(check_api_key(None, None).unwrap(), None);
+    }
+
+    #[test]
+    fn cors_origins_are_exact_origins() {
+        assert_eq!(
+            check_origin("http://localhost:3000/").unwrap(),
+            "http://localhost:3000"
+        );
+        assert!(check_origin("https://app.example").is_ok());
+        for bad in [
+            "*",
+            "localhost:3000",
+            "http://",
+            "http://a/b",
+            "ftp://x",
+            "http://*.x",
+        ] {
+            assert!(check_origin(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hugging_face_cache_paths_name_their_repo() {
+        let snapshot = Path::new("/c/hub/models--Qwen--Qwen2.5-0.5B/snapshots/abc123");
+        assert_eq!(hf_repo_of(snapshot).as_deref(), Some("Qwen/Qwen2.5-0.5B"));
+        assert_eq!(
+            hf_repo_of(&snapshot.join("model.gguf")).as_deref(),
+            Some("Qwen/Qwen2.5-0.5B")
+        );
+        assert_eq!(hf_repo_of(Path::new("/models/qwen/abc123")), None);
+    }
 
     #[test]
     fn byte_counts_take_binary_suffixes() {
