@@ -399,3 +399,29 @@ fn request_types_know_every_field_they_read() {
         "{chat:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_is_408_and_the_connection_closes() {
+    let st = state_with(EngineConfig::default(), |c| {
+        c.body_timeout = Duration::from_millis(300);
+        c.min_body_rate = 1000;
+    });
+    let (addr, _stop) = start(st).await;
+    let started = Instant::now();
+    // 100 kB announced, 10 bytes sent, then nothing.
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"messages\"";
+    let answer = tokio::task::spawn_blocking(move || exchange(addr, head, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
