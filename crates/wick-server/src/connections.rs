@@ -361,6 +361,11 @@ pub async fn serve(
                         conn.as_mut().graceful_shutdown();
                     }
                     _ = shutdown.wait_for(|s| *s), if !graceful => {
+                        // No request in progress (at most some header bytes): close now
+                        // rather than wait out the header timeout.
+                        if registry.is_idle(id) {
+                            break;
+                        }
                         graceful = true;
                         conn.as_mut().graceful_shutdown();
                     }

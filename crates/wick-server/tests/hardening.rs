@@ -425,3 +425,31 @@ async fn a_body_that_stalls_is_408_and_the_connection_closes() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_half_sent_headers() {
+    let st = state_with(EngineConfig::default(), |c| {
+        c.header_timeout = Duration::from_secs(60)
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(wick_server::serve(listener, st, async move {
+        let _ = rx.await;
+    }));
+    let mut half = TcpStream::connect(addr).unwrap();
+    half.write_all(b"GET /hea").unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("shutdown waited for the half-open connection")
+        .unwrap()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
