@@ -1,8 +1,8 @@
 //! Running `python3 -m pip download` and turning its failures into clear errors.
 //!
 //! pip does the talking to PyPI (index lookup, proxies, certificates, retries); its own
-//! progress goes to the terminal. Its error output is shown too, and its tail is kept to
-//! tell an unreachable index from a missing package.
+//! progress goes to our stderr (stdout is for results). Its error output is shown too, and
+//! its tail is kept to tell an unreachable index from a missing package.
 use std::ffi::{OsStr, OsString};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -105,7 +105,8 @@ impl Pip {
         command.arg(&requirement);
         let mut child = command
             .stdin(Stdio::null())
-            .stdout(Stdio::inherit())
+            // pip's progress is not a result: our stdout is kept for those.
+            .stdout(Stdio::from(std::io::stderr()))
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| HubError::PythonMissing {

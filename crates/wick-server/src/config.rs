@@ -7,6 +7,19 @@ use wick_chat::tool_call::ToolFormat;
 /// Request body limit when none is configured.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
+/// How long a connection may take to send a request's headers, counted from when it opened
+/// or answered its previous request (so it is also the keep-alive idle timeout).
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request body may take before [`DEFAULT_MIN_BODY_RATE`] applies.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes per second a request body must average once [`DEFAULT_BODY_TIMEOUT`] has passed.
+pub const DEFAULT_MIN_BODY_RATE: u64 = 64 << 10;
+
+/// Open connections at most; past it the longest-idle connection is closed for a new one.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -62,6 +75,22 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Bound on a prompt-cache flush (the admin endpoint's and the one at shutdown).
     pub cache_flush_timeout: Duration,
+    /// Other names `/v1/models/{id}` answers to (what the user typed, the file name).
+    pub model_aliases: Vec<String>,
+    /// Host names (besides localhost, IP addresses and the bind address) that `Host`
+    /// headers may carry; `*` allows any (DNS-rebinding protection off).
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins (`scheme://host[:port]`) allowed to call the API cross-origin; empty:
+    /// no CORS headers, cross-origin requests refused.
+    pub cors_origins: Vec<String>,
+    /// The header-read (and keep-alive idle) timeout.
+    pub header_timeout: Duration,
+    /// Time a request body may take before the minimum rate applies.
+    pub body_timeout: Duration,
+    /// Bytes per second a request body must average after `body_timeout`.
+    pub min_body_rate: u64,
+    /// Open connections at most.
+    pub max_connections: usize,
 }
 
 impl ServerConfig {
@@ -76,6 +105,13 @@ impl ServerConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             cache_flush_timeout: DEFAULT_CACHE_FLUSH_TIMEOUT,
+            model_aliases: Vec::new(),
+            allowed_hosts: Vec::new(),
+            cors_origins: Vec::new(),
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            min_body_rate: DEFAULT_MIN_BODY_RATE,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }

@@ -71,6 +71,37 @@ pub enum ApiError {
     /// `--api-key` is set and the request did not carry it.
     #[error("invalid or missing API key: send `Authorization: Bearer <key>`")]
     Unauthorized,
+    /// The `Host` header names a host this server does not answer to (DNS-rebinding
+    /// protection; `--allowed-hosts` adds names).
+    #[error("Host '{host}' is not allowed: wick answers to localhost, IP addresses, the --host name and --allowed-hosts (add it with --allowed-hosts {host})")]
+    HostNotAllowed {
+        /// The host asked for (without the port).
+        host: String,
+    },
+    /// A browser sent the request from another origin (`--cors-origin` allows one).
+    #[error("cross-origin request from '{origin}' refused: start wick with --cors-origin {origin} to allow that page")]
+    OriginNotAllowed {
+        /// The `Origin` header.
+        origin: String,
+    },
+    /// A POST body that is not declared as JSON.
+    #[error("Content-Type must be application/json, got '{content_type}'")]
+    UnsupportedMediaType {
+        /// The `Content-Type` header (empty when absent).
+        content_type: String,
+    },
+    /// The request body arrived too slowly.
+    #[error("the request body arrived too slowly ({received} bytes in {seconds:.1} s; at least {min_rate} bytes/s after the first {grace_s:.0} s)")]
+    BodyTimeout {
+        /// Bytes received before giving up.
+        received: usize,
+        /// Seconds spent waiting.
+        seconds: f64,
+        /// The minimum rate (`--min-body-rate`).
+        min_rate: u64,
+        /// The grace period (`--body-timeout`).
+        grace_s: f64,
+    },
     /// No route for this path.
     #[error("no route for {method} {path}")]
     RouteNotFound {
@@ -146,6 +177,11 @@ impl ApiError {
             | ApiError::KvCapacityExceeded { .. }
             | ApiError::PromptBuild(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::HostNotAllowed { .. } | ApiError::OriginNotAllowed { .. } => {
+                StatusCode::FORBIDDEN
+            }
+            ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -161,6 +197,9 @@ impl ApiError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "authentication_error",
+            ApiError::HostNotAllowed { .. } | ApiError::OriginNotAllowed { .. } => {
+                "permission_error"
+            }
             ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => "not_found_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
             ApiError::ShuttingDown => "service_unavailable_error",
@@ -180,6 +219,10 @@ impl ApiError {
             ApiError::KvCapacityExceeded { .. } => "kv_capacity_exceeded",
             ApiError::PromptBuild(_) => "prompt_build_failed",
             ApiError::Unauthorized => "invalid_api_key",
+            ApiError::HostNotAllowed { .. } => "host_not_allowed",
+            ApiError::OriginNotAllowed { .. } => "origin_not_allowed",
+            ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
+            ApiError::BodyTimeout { .. } => "body_timeout",
             ApiError::RouteNotFound { .. } => "route_not_found",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
@@ -299,12 +342,14 @@ impl From<SubmitError> for ApiError {
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     /// The address is taken or not ours to bind.
-    #[error("cannot listen on {addr}: {source}{hint}")]
+    // The OS error is part of the message, not a `source`: error reports that print the
+    // chain would show it twice.
+    #[error("cannot listen on {addr}: {reason}{hint}")]
     Bind {
         /// The address.
         addr: String,
         /// The OS error.
-        source: std::io::Error,
+        reason: std::io::Error,
         /// Advice for the common case.
         hint: &'static str,
     },
@@ -360,6 +405,21 @@ mod tests {
             },
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::QueueFull { limit: 1 },
+            ApiError::HostNotAllowed {
+                host: "evil.example".into(),
+            },
+            ApiError::OriginNotAllowed {
+                origin: "http://evil.example".into(),
+            },
+            ApiError::UnsupportedMediaType {
+                content_type: "text/plain".into(),
+            },
+            ApiError::BodyTimeout {
+                received: 1,
+                seconds: 10.0,
+                min_rate: 1024,
+                grace_s: 10.0,
+            },
         ];
         for e in errors {
             assert!(e.status().is_client_error(), "{e:?}");

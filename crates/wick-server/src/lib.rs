@@ -31,6 +31,7 @@
 
 pub mod cache_report;
 pub mod config;
+pub mod connections;
 pub mod encoders;
 pub mod error;
 pub mod extract;

@@ -2,10 +2,14 @@
 //! SIGTERM, then a bounded shutdown — stop accepting, let in-flight generations finish
 //! within the grace period, cancel the rest, then flush the prompt cache to the SSD tier
 //! within its own timeout.
+//!
+//! Connections are served by [`crate::connections`]: a header-read timeout, a cap on open
+//! connections that closes the longest-idle one for a newcomer, and a graceful close.
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::connections;
 use crate::error::StartupError;
 use crate::routes::app;
 use crate::state::AppState;
@@ -21,8 +25,8 @@ pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, StartupError
     } else {
         format!("{host}:{port}")
     };
-    let listener = std::net::TcpListener::bind(&addr).map_err(|source| {
-        let hint = match source.kind() {
+    let listener = std::net::TcpListener::bind(&addr).map_err(|reason| {
+        let hint = match reason.kind() {
             std::io::ErrorKind::AddrInUse => {
                 " (another process is listening there: stop it or pick another --port)"
             }
@@ -31,13 +35,14 @@ pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, StartupError
         };
         StartupError::Bind {
             addr: addr.clone(),
-            source,
+            reason,
             hint,
         }
     })?;
     listener
         .set_nonblocking(true)
         .map_err(StartupError::Serve)?;
+    connections::widen_backlog(&listener);
     Ok(listener)
 }
 
@@ -79,11 +84,10 @@ pub async fn serve(
     let engine = state.engine().clone();
     let grace = state.config().shutdown_grace;
     let flush_timeout = state.config().cache_flush_timeout;
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app(state)).with_graceful_shutdown(async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    });
-    let mut server = tokio::spawn(async move { server.await });
+    let limits = connections::Limits::from_config(state.config());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server = connections::serve(listener, app(state), limits, stop_rx);
+    let mut server = tokio::spawn(server);
     tokio::select! {
         result = &mut server => {
             return match result {
@@ -162,6 +166,7 @@ pub fn run(
         .thread_name("wick-http")
         .build()
         .map_err(StartupError::Serve)?;
+    connections::raise_fd_limit();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(StartupError::Serve)?;
         let addr = listener.local_addr().map_err(StartupError::Serve)?;

@@ -100,6 +100,14 @@ impl AppState {
         &self.config
     }
 
+    /// Whether `id` names the served model: its id, one of its aliases (what was typed on
+    /// the command line) or its file name.
+    pub fn answers_to(&self, id: &str) -> bool {
+        id == self.config.model_id
+            || self.config.model_aliases.iter().any(|a| a == id)
+            || id == self.model().info().name
+    }
+
     /// The `--chat-template` override, if any.
     pub fn template_override(&self) -> Option<&Arc<ChatTemplate>> {
         self.template.as_ref()

@@ -7,12 +7,14 @@ use clap::{Parser, Subcommand};
 
 /// wick: run open-weights LLMs locally — generate, serve, benchmark.
 #[derive(Parser)]
-#[command(name = "wick", version, about)]
+#[command(name = "wick", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt (chat template applied unless --raw).
@@ -44,6 +46,8 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| default_log.into()),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: logs redirected to a file stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),

@@ -8,10 +8,31 @@ use wick_hub::{catalog, HubError, PullEvent, PullOptions, Store};
 /// Resolves `arg` (default: the embedded default model) to a path, pulling catalog
 /// models on first use.
 pub fn resolve(arg: Option<&str>) -> anyhow::Result<PathBuf> {
+    resolve_named(arg).map(|r| r.path)
+}
+
+/// A resolved model argument.
+pub struct Resolved {
+    /// The GGUF file or model directory.
+    pub path: PathBuf,
+    /// The canonical name of what a query matched (the store's or Hugging Face cache's
+    /// name, a catalog name), or the file name for a path.
+    pub name: String,
+    /// The argument was a path, not a name.
+    pub is_path: bool,
+}
+
+/// [`resolve`], keeping the name the argument resolved to.
+pub fn resolve_named(arg: Option<&str>) -> anyhow::Result<Resolved> {
     let store = Store::from_env()?;
     let query = arg.unwrap_or(catalog::DEFAULT_MODEL);
+    let is_path = !query.is_empty() && std::path::Path::new(query).exists();
     match store.resolve(query) {
-        Ok(m) => Ok(m.path),
+        Ok(m) => Ok(Resolved {
+            path: m.path,
+            name: m.name,
+            is_path,
+        }),
         Err(HubError::NotDownloaded { item, .. }) => {
             eprintln!(
                 "{} is not downloaded yet: fetching it ({:.0} MB)…",
@@ -19,7 +40,11 @@ pub fn resolve(arg: Option<&str>) -> anyhow::Result<PathBuf> {
                 item.download_bytes() as f64 / 1e6
             );
             let pulled = store.pull(item, &PullOptions::default(), &mut print_progress)?;
-            Ok(pulled.path)
+            Ok(Resolved {
+                path: pulled.path,
+                name: item.name.to_string(),
+                is_path: false,
+            })
         }
         Err(e) => Err(e).with_context(|| format!("cannot find model '{query}'")),
     }

@@ -4,7 +4,7 @@ use serde_json::{Map, Value};
 
 use super::{SamplingFields, Usage};
 use crate::error::ApiError;
-use crate::extract::{typed, RequestBody};
+use crate::extract::{struct_fields, typed, RequestBody};
 
 /// A chat completion request. Unknown fields are ignored; `model` is not checked (the served
 /// model answers and its id is echoed back).
@@ -40,6 +40,14 @@ impl RequestBody for ChatCompletionRequest {
         let mut request: ChatCompletionRequest = typed(value)?;
         request.sampling = typed(value)?;
         Ok(request)
+    }
+
+    fn known_fields() -> Vec<&'static str> {
+        [
+            struct_fields::<ChatCompletionRequest>(),
+            struct_fields::<SamplingFields>(),
+        ]
+        .concat()
     }
 }
 

@@ -4,7 +4,7 @@ use serde_json::{Map, Value};
 
 use super::{SamplingFields, Usage};
 use crate::error::ApiError;
-use crate::extract::{typed, RequestBody};
+use crate::extract::{struct_fields, typed, RequestBody};
 
 /// A text completion request.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -32,6 +32,14 @@ impl RequestBody for CompletionRequest {
         let mut request: CompletionRequest = typed(value)?;
         request.sampling = typed(value)?;
         Ok(request)
+    }
+
+    fn known_fields() -> Vec<&'static str> {
+        [
+            struct_fields::<CompletionRequest>(),
+            struct_fields::<SamplingFields>(),
+        ]
+        .concat()
     }
 }
 

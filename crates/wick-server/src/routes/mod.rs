@@ -35,6 +35,8 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(from_fn(middleware::catch_panic))
+        .layer(from_fn_with_state(state.clone(), middleware::guard))
+        .layer(from_fn(middleware::close_if_body_unread))
         .layer(from_fn_with_state(state.clone(), middleware::observe))
         .with_state(state)
 }

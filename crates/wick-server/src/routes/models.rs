@@ -29,13 +29,13 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     })
 }
 
-/// The served model when `id` names it (its id or the model's file name), else 404.
+/// The served model when `id` names it (its id, an alias or the model's file name), else 404.
 pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
     let served = &state.config().model_id;
-    if &id == served || id == state.model().info().name {
+    if state.answers_to(&id) {
         Ok(Json(card(&state)))
     } else {
         Err(ApiError::ModelNotFound {

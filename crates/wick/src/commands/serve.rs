@@ -40,9 +40,50 @@ pub struct ServeArgs {
     /// Default repetition penalty (1 = off).
     #[arg(long, env = "WICK_REPETITION_PENALTY")]
     repetition_penalty: Option<f32>,
-    /// Require `Authorization: Bearer <KEY>` on every route but /health.
+    /// Require `Authorization: Bearer <KEY>` on every route but /health (an empty key is refused).
     #[arg(long, env = "WICK_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Host names `Host` headers may carry besides localhost, IP addresses and --host
+    /// (DNS-rebinding protection); comma-separated; `*` allows any.
+    #[arg(
+        long,
+        env = "WICK_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        value_name = "HOSTS"
+    )]
+    allowed_hosts: Vec<String>,
+    /// A web page origin (`http://localhost:3000`) allowed to call the API from a browser;
+    /// comma-separated for several. Without it, cross-origin requests are refused.
+    #[arg(
+        long,
+        env = "WICK_CORS_ORIGIN",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    cors_origin: Vec<String>,
+    /// Seconds a connection has to send a request's headers, from its opening or its
+    /// previous answer (so also the keep-alive idle timeout).
+    #[arg(
+        long,
+        env = "WICK_HEADER_TIMEOUT",
+        value_name = "SECONDS",
+        default_value_t = 10.0
+    )]
+    header_timeout: f64,
+    /// Seconds a request body may take before --min-body-rate applies.
+    #[arg(
+        long,
+        env = "WICK_BODY_TIMEOUT",
+        value_name = "SECONDS",
+        default_value_t = 10.0
+    )]
+    body_timeout: f64,
+    /// Bytes per second a request body must average after --body-timeout (K, M suffixes; 0 = no minimum).
+    #[arg(long, env = "WICK_MIN_BODY_RATE", value_parser = parse_bytes, default_value = "64K")]
+    min_body_rate: u64,
+    /// Open connections at most; past it the longest-idle one is closed for a new one.
+    #[arg(long, env = "WICK_MAX_CONNECTIONS", default_value_t = wick_server::config::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     /// Requests that may wait for a batch slot before new ones get 429.
     #[arg(long, env = "WICK_MAX_QUEUE", default_value_t = 64)]
     max_queue: usize,
@@ -193,7 +234,45 @@ struct Checked {
     engine: EngineConfig,
 }
 
-fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Checked> {
+/// `--api-key`: an empty (or blank) key is refused, not read as "no authentication".
+/// `env` is `WICK_API_KEY` as set (clap reads an empty variable as absent).
+fn check_api_key(
+    flag: Option<&str>,
+    env: Option<std::ffi::OsString>,
+) -> anyhow::Result<Option<String>> {
+    let given = match flag {
+        Some(key) => Some(key.to_string()),
+        None => env.map(|v| v.to_string_lossy().into_owned()),
+    };
+    match given {
+        Some(key) if key.trim().is_empty() => anyhow::bail!(
+            "--api-key (or WICK_API_KEY) is empty: give a non-empty key, or unset it to serve \
+             without authentication"
+        ),
+        Some(key) if key.trim() != key => anyhow::bail!(
+            "--api-key (or WICK_API_KEY) starts or ends with whitespace: clients cannot send it"
+        ),
+        other => Ok(other),
+    }
+}
+
+/// A `--cors-origin`: `scheme://host[:port]`, as browsers send it in `Origin`.
+fn check_origin(origin: &str) -> anyhow::Result<String> {
+    let origin = origin.trim().trim_end_matches('/');
+    let rest = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let valid = rest.is_some_and(|r| !r.is_empty() && !r.contains(['/', '?', '#', '*', ' ', '@']));
+    anyhow::ensure!(
+        valid,
+        "--cors-origin '{origin}' is not an origin like http://localhost:3000 (scheme, host \
+         and port, no path; `*` is not accepted)"
+    );
+    Ok(origin.to_string())
+}
+
+/// Checks the flags; the model id is set once the model argument is resolved.
+fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
     let positive = |name: &str, v: usize| {
         anyhow::ensure!(v > 0, "--{name} must be at least 1");
         Ok(())
@@ -236,11 +315,36 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
         }
         None => None,
     };
-    let model_id = args
-        .model_id
-        .clone()
-        .unwrap_or_else(|| model_name(args, model_path));
-    let mut config = ServerConfig::new(model_id);
+    let api_key = check_api_key(args.api_key.as_deref(), std::env::var_os("WICK_API_KEY"))?;
+    let seconds = |flag: &str, v: f64| {
+        anyhow::ensure!(
+            v.is_finite() && v > 0.0 && v < 1e9,
+            "--{flag} must be a number of seconds > 0, got {v}"
+        );
+        Ok(Duration::from_secs_f64(v))
+    };
+    let header_timeout = seconds("header-timeout", args.header_timeout)?;
+    let body_timeout = seconds("body-timeout", args.body_timeout)?;
+    positive("max-connections", args.max_connections)?;
+    let cors_origins = args
+        .cors_origin
+        .iter()
+        .map(|o| check_origin(o))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut allowed_hosts: Vec<String> = args
+        .allowed_hosts
+        .iter()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| !h.is_empty())
+        .collect();
+    allowed_hosts.push(args.host.trim_matches(['[', ']']).to_ascii_lowercase());
+    let mut config = ServerConfig::new(String::new());
+    config.allowed_hosts = allowed_hosts;
+    config.cors_origins = cors_origins;
+    config.header_timeout = header_timeout;
+    config.body_timeout = body_timeout;
+    config.min_body_rate = args.min_body_rate;
+    config.max_connections = args.max_connections;
     config.defaults = SamplingDefaults {
         max_tokens: args.max_tokens,
         temperature: args.temperature,
@@ -249,7 +353,7 @@ fn check(args: &ServeArgs, model_path: &std::path::Path) -> anyhow::Result<Check
         min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
     };
-    config.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    config.api_key = api_key;
     config.tool_format = tool_format;
     config.chat_template = chat_template;
     config.max_body_bytes = args.max_body_bytes;
@@ -310,27 +414,91 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// The served id: the store name the user typed (or the default model's), else the file or
-/// directory name.
-fn model_name(args: &ServeArgs, path: &std::path::Path) -> String {
-    let typed = args
-        .model
-        .clone()
-        .unwrap_or_else(|| wick_hub::catalog::DEFAULT_MODEL.to_string());
-    let is_path =
-        typed.contains(std::path::MAIN_SEPARATOR) || std::path::Path::new(&typed).exists();
-    if !is_path {
-        return typed;
+/// The model being served and the names it answers to.
+struct ServedModel {
+    path: PathBuf,
+    /// `--model-id`, else the model's name (see [`model_name`]).
+    id: String,
+    /// What was typed and the file name, when they differ from `id`.
+    aliases: Vec<String>,
+}
+
+/// The served id when no `--model-id` is given: a store or Hugging Face cache name (the
+/// canonical one, not the substring typed), the Hugging Face repo of a cache snapshot path,
+/// a GGUF's `general.name`, else the file or directory name.
+fn model_name(resolved: &crate::model_arg::Resolved) -> String {
+    if !resolved.is_path {
+        return resolved.name.clone();
+    }
+    let path = std::fs::canonicalize(&resolved.path).unwrap_or_else(|_| resolved.path.clone());
+    if let Some(repo) = hf_repo_of(&path) {
+        return repo;
+    }
+    if let Some(name) = gguf_general_name(&path) {
+        return name;
     }
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or(typed)
+        .unwrap_or_else(|| resolved.name.clone())
+}
+
+/// `ORG/NAME` for a path inside a Hugging Face cache (`models--ORG--NAME/snapshots/<commit>`).
+fn hf_repo_of(path: &std::path::Path) -> Option<String> {
+    path.ancestors().find_map(|dir| {
+        let name = dir.file_name()?.to_str()?;
+        let repo = name.strip_prefix("models--")?;
+        let (org, model) = repo.split_once("--")?;
+        (!org.is_empty() && !model.is_empty()).then(|| format!("{org}/{model}"))
+    })
+}
+
+/// A GGUF file's `general.name`, when it is a usable id (non-empty, one line, short).
+fn gguf_general_name(path: &std::path::Path) -> Option<String> {
+    let is_gguf = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if !is_gguf {
+        return None;
+    }
+    let file = wick_gguf::GgufFile::open(path).ok()?;
+    let name = file.metadata().opt_str("general.name").ok()??.trim();
+    let usable = !name.is_empty() && name.len() <= 128 && !name.chars().any(char::is_control);
+    usable.then(|| name.to_string())
+}
+
+fn served_model(args: &ServeArgs) -> anyhow::Result<ServedModel> {
+    let resolved = crate::model_arg::resolve_named(args.model.as_deref())?;
+    let id = match &args.model_id {
+        Some(id) => {
+            anyhow::ensure!(!id.trim().is_empty(), "--model-id must not be empty");
+            id.clone()
+        }
+        None => model_name(&resolved),
+    };
+    let mut aliases = Vec::new();
+    let typed = args
+        .model
+        .as_deref()
+        .unwrap_or(wick_hub::catalog::DEFAULT_MODEL);
+    for alias in [typed.to_string(), resolved.name.clone()] {
+        if alias != id && !alias.is_empty() && !aliases.contains(&alias) {
+            aliases.push(alias);
+        }
+    }
+    Ok(ServedModel {
+        path: resolved.path,
+        id,
+        aliases,
+    })
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let started = Instant::now();
-    let path = crate::model_arg::resolve(args.model.as_deref())?;
-    let checked = check(&args, &path)?;
+    let mut checked = check(&args)?;
+    let served = served_model(&args)?;
+    let path = served.path;
+    checked.config.model_id = served.id;
+    checked.config.model_aliases = served.aliases;
     // Bind before loading the model: a busy port fails at once.
     let listener = wick_server::bind(&args.host, args.port)?;
     let model = Model::load(
@@ -379,7 +547,52 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{check_api_key, check_origin, hf_repo_of, parse_bytes};
+    use std::path::Path;
+
+    #[test]
+    fn empty_or_padded_api_keys_are_refused() {
+        assert!(check_api_key(Some(""), None).is_err());
+        assert!(check_api_key(Some("  "), None).is_err());
+        assert!(check_api_key(None, Some("".into())).is_err());
+        assert!(check_api_key(Some(" k"), None).is_err());
+        assert_eq!(check_api_key(Some("k"), None).unwrap(), Some("k".into()));
+        assert_eq!(
+            check_api_key(None, Some("k".into())).unwrap(),
+            Some("k".into())
+        );
+        assert_eq!(check_api_key(None, None).unwrap(), None);
+    }
+
+    #[test]
+    fn cors_origins_are_exact_origins() {
+        assert_eq!(
+            check_origin("http://localhost:3000/").unwrap(),
+            "http://localhost:3000"
+        );
+        assert!(check_origin("https://app.example").is_ok());
+        for bad in [
+            "*",
+            "localhost:3000",
+            "http://",
+            "http://a/b",
+            "ftp://x",
+            "http://*.x",
+        ] {
+            assert!(check_origin(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hugging_face_cache_paths_name_their_repo() {
+        let snapshot = Path::new("/c/hub/models--Qwen--Qwen2.5-0.5B/snapshots/abc123");
+        assert_eq!(hf_repo_of(snapshot).as_deref(), Some("Qwen/Qwen2.5-0.5B"));
+        assert_eq!(
+            hf_repo_of(&snapshot.join("model.gguf")).as_deref(),
+            Some("Qwen/Qwen2.5-0.5B")
+        );
+        assert_eq!(hf_repo_of(Path::new("/models/qwen/abc123")), None);
+    }
 
     #[test]
     fn byte_counts_take_binary_suffixes() {
