@@ -15,6 +15,12 @@ def test_index(server):
         body = h.get("/v1").json()
     assert body["name"] == "wick" and body["model"] == "smollm2-135m-instruct"
     assert "POST /v1/chat/completions" in body["endpoints"]
+    # The list is the router's own: every listed GET without a parameter answers.
+    with server.http() as h:
+        for endpoint in body["endpoints"]:
+            method, path = endpoint.split(" ", 1)
+            if method == "GET" and "{" not in path:
+                assert h.get(path).status_code == 200, endpoint
 
 
 def test_models(client, server):

@@ -5,34 +5,84 @@ pub mod completions;
 pub mod models;
 pub mod ops;
 
+use std::sync::Arc;
+
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::routing::{get, post};
-use axum::Router;
+use axum::routing::{get, post, MethodRouter};
+use axum::{Extension, Router};
 
 use crate::middleware;
 use crate::state::AppState;
 
+/// The endpoints a router serves, as `GET /v1` lists them: recorded as routes are added, so
+/// the list cannot drift from the router.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints(pub Arc<Vec<String>>);
+
+/// A router that records each route it adds.
+struct Table {
+    router: Router<AppState>,
+    listed: Vec<String>,
+}
+
+impl Table {
+    fn new() -> Self {
+        Table {
+            router: Router::new(),
+            listed: Vec::new(),
+        }
+    }
+
+    fn route(mut self, method: &str, path: &str, handler: MethodRouter<AppState>) -> Self {
+        // `{*id}` is axum's syntax; the list shows the parameter.
+        self.listed
+            .push(format!("{method} {}", path.replace("{*", "{")));
+        self.router = self.router.route(path, handler);
+        self
+    }
+
+    fn get<H, T>(self, path: &str, handler: H) -> Self
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        self.route("GET", path, get(handler))
+    }
+
+    fn post<H, T>(self, path: &str, handler: H) -> Self
+    where
+        H: Handler<T, AppState>,
+        T: 'static,
+    {
+        self.route("POST", path, post(handler))
+    }
+}
+
 /// The whole HTTP application for `state`; tests drive it without a socket.
 pub fn app(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
-        .route("/v1/completions", post(completions::completions))
-        .route("/v1/models", get(models::list))
-        .route("/v1/models/{*id}", get(models::get))
-        .route("/v1", get(ops::index))
-        .route("/stats", get(ops::stats))
-        .route("/metrics", get(ops::metrics))
-        .route("/admin/cache/flush", post(admin::flush_cache))
-        .route_layer(from_fn_with_state(
-            state.clone(),
-            middleware::require_api_key,
-        ));
-    let open = Router::new().route("/health", get(ops::health));
+    let api = Table::new()
+        .post("/v1/chat/completions", chat::chat_completions)
+        .post("/v1/completions", completions::completions)
+        .get("/v1/models", models::list)
+        .get("/v1/models/{*id}", models::get)
+        .get("/v1", ops::index)
+        .get("/stats", ops::stats)
+        .get("/metrics", ops::metrics)
+        .post("/admin/cache/flush", admin::flush_cache);
+    let open = Table::new().get("/health", ops::health);
+    let mut listed = api.listed;
+    listed.extend(open.listed);
+    let api = api.router.route_layer(from_fn_with_state(
+        state.clone(),
+        middleware::require_api_key,
+    ));
     let limit = state.config().max_body_bytes;
-    api.merge(open)
+    api.merge(open.router)
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(Extension(Endpoints(Arc::new(listed))))
         .layer(DefaultBodyLimit::max(limit))
         .layer(from_fn(middleware::catch_panic))
         .layer(from_fn_with_state(state.clone(), middleware::guard))

@@ -3,27 +3,15 @@
 use axum::extract::State;
 use axum::http::{header, Method, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Value};
 
 use wick_engine::scheduler::EngineStats;
 
 use crate::cache_report;
 use crate::error::ApiError;
+use crate::routes::Endpoints;
 use crate::state::AppState;
-
-/// The endpoints `GET /v1` lists.
-pub const ENDPOINTS: &[&str] = &[
-    "POST /v1/chat/completions",
-    "POST /v1/completions",
-    "GET /v1/models",
-    "GET /v1/models/{id}",
-    "GET /v1",
-    "GET /health",
-    "GET /stats",
-    "GET /metrics",
-    "POST /admin/cache/flush",
-];
 
 /// `{"status": "ok"}`, byte for byte.
 pub async fn health() -> Response {
@@ -35,12 +23,15 @@ pub async fn health() -> Response {
 }
 
 /// Name, version, model and endpoints.
-pub async fn index(State(state): State<AppState>) -> Json<Value> {
+pub async fn index(
+    State(state): State<AppState>,
+    Extension(endpoints): Extension<Endpoints>,
+) -> Json<Value> {
     Json(json!({
         "name": "wick",
         "version": env!("CARGO_PKG_VERSION"),
         "model": state.config().model_id,
-        "endpoints": ENDPOINTS,
+        "endpoints": endpoints.0.as_slice(),
     }))
 }
 

@@ -32,13 +32,6 @@ pub struct ValidChat {
     pub generation: ValidGeneration,
 }
 
-impl ValidChat {
-    /// Whether tool calls are parsed from the reply.
-    pub fn tools_active(&self) -> bool {
-        !self.tool_specs.is_empty()
-    }
-}
-
 /// Checks `req` against the served model and settings.
 pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidChat, ApiError> {
     let messages = match req.messages {
