@@ -90,8 +90,8 @@ def loopback_only():
 
 # LiteLLM fetches its model cost map from the network at import unless told to use the copy
 # it ships; `llm` loads no third-party plugins with an empty LLM_LOAD_PLUGINS.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("LLM_LOAD_PLUGINS", "")
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+os.environ["LLM_LOAD_PLUGINS"] = ""
 with loopback_only():
     import litellm
     import llm
@@ -100,10 +100,15 @@ litellm.suppress_debug_info = True
 pytestmark = pytest.mark.filterwarnings("ignore:.*`ReadOnly` qualifier:UserWarning")
 
 
-@pytest.fixture(autouse=True)
-def no_outside_traffic():
+@pytest.fixture(autouse=True, scope="module")
+def guard():
     with loopback_only():
         yield
+
+
+@pytest.fixture(autouse=True)
+def no_outside_traffic(guard):
+    yield
     assert not OUTSIDE, f"traffic beyond loopback: {OUTSIDE}"
 
 
