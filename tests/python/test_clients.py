@@ -144,10 +144,8 @@ def via_litellm(base: str) -> tuple[str, dict]:
 
 def via_llm(base: str, user_path, monkeypatch) -> tuple[str, dict]:
     # An OpenAI-compatible model is configured the way `llm`'s users do it, in a user dir.
-    (user_path / "extra-openai-models.yaml").write_text(json.dumps([{
-        "model_id": "wick-qwen", "model_name": MODEL, "api_base": base + "/v1",
-        "supports_tools": True,
-    }]))
+    (user_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: wick-qwen\n  model_name: {MODEL}\n  api_base: {base}/v1\n  supports_tools: true\n")
     monkeypatch.setenv("LLM_USER_PATH", str(user_path))
     model = llm.get_model("wick-qwen")
     seen = []
