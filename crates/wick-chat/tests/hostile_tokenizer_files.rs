@@ -39,3 +39,17 @@ fn dense_vocabularies_with_small_holes_still_load() {
     assert_eq!(tok.vocab_size(), 6);
     assert_eq!(tok.encode("b c", false).unwrap(), [1, 5]);
 }
+
+#[test]
+fn a_malformed_literal_inside_the_pipeline_is_an_error() {
+    // Found by wick-fuzz: a damaged `false` (`f\x02\x00se`) in the byte-level pre-tokenizer
+    // made the tokenizers library panic while parsing.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        include_bytes!("corpus/hostile/tokenizer_panics_tokenizers.json"),
+    )
+    .unwrap();
+    let err = Tokenizer::from_hf_dir(dir.path()).expect_err("malformed file");
+    assert!(err.to_string().contains("tokenizer.json"), "{err}");
+}

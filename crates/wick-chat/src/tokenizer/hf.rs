@@ -184,7 +184,14 @@ fn config_ids(config: Option<&Value>, key: &str) -> Vec<u32> {
 /// Loads a Hugging Face tokenizer directory.
 pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
     let tokenizer_path: PathBuf = dir.join("tokenizer.json");
-    let hf = tokenizers::Tokenizer::from_file(&tokenizer_path).map_err(|e| {
+    // `tokenizers` panics on some malformed files (a bad literal inside a pre-tokenizer is
+    // reported through `unwrap`): a hostile file must be an error, not a crash.
+    let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(&tokenizer_path))
+        .map_err(|_| TokenizerError::HfConfig {
+            path: tokenizer_path.clone(),
+            reason: "not a usable tokenizer.json: the tokenizers library could not parse it".into(),
+        })?;
+    let hf = parsed.map_err(|e| {
         if !tokenizer_path.exists() {
             TokenizerError::Io {
                 path: tokenizer_path.clone(),
