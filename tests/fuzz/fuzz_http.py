@@ -53,12 +53,19 @@ HOSTILE_VALUES = [
 
 def rand_value(rng: random.Random):
     if rng.random() < 0.1:
-        depth = rng.randint(50, 3000)
-        v = [] if rng.random() < 0.5 else {}
-        for _ in range(depth):
-            v = [v] if rng.random() < 0.5 else {"k": v}
-        return v
+        # Deep nesting, spliced in as text after encoding (Python's own copy/dumps recurse).
+        return f"__DEEP_{rng.randint(50, 3000)}__"
     return copy.deepcopy(rng.choice(HOSTILE_VALUES))
+
+
+def expand_deep(raw: bytes) -> bytes:
+    """Replaces each `"__DEEP_n__"` with n nested arrays / objects."""
+    def deep(m):
+        n = int(m.group(1))
+        opener = b'{"k":' if n % 2 else b"["
+        closer = b"}" if n % 2 else b"]"
+        return opener * n + b"0" + closer * n
+    return re.sub(rb'"__DEEP_(\d+)__"', deep, raw)
 
 
 def paths_of(value, prefix=()):
@@ -119,6 +126,21 @@ def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
     return bytes(b)
 
 
+def post_bounded(http: httpx.Client, endpoint: str, raw: bytes, headers: dict, limit: float):
+    """POSTs and reads the answer for at most `limit` seconds in all (a mutated max_tokens can
+    stream for minutes); a longer answer is cut by disconnecting, which the server must
+    survive. Returns (status, start of the body); status "slow" when cut."""
+    started = time.monotonic()
+    with http.stream("POST", endpoint, content=raw, headers=headers) as r:
+        body = b""
+        for chunk in r.iter_bytes():
+            if len(body) < 4096:
+                body += chunk
+            if time.monotonic() - started > limit:
+                return "slow", body.decode(errors="replace")
+        return r.status_code, body.decode(errors="replace")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,7 +191,8 @@ def main() -> int:
         proc, base, log = start_server(args.serve_args)
     rng = random.Random(args.seed)
     stats = {e: {"tried": 0, "status": {}} for e in endpoints}
-    failures = []
+    failures, dropped = [], []
+    prev = "nothing"
     deadline = time.monotonic() + args.secs
     try:
         with httpx.Client(base_url=base, timeout=args.timeout) as http:
@@ -178,27 +201,38 @@ def main() -> int:
                 body = rng.choice(seeds.get(endpoint) or seeds["generic"])
                 if rng.random() < 0.85:
                     body = mutate_json(body, rng)
-                try:
-                    raw = json.dumps(body).encode()
-                except (ValueError, RecursionError):
-                    raw = b"[" * 10000
+                raw = expand_deep(json.dumps(body).encode())
                 if rng.random() < 0.25:
                     raw = mutate_bytes(raw, rng)
                 ctype = rng.choice(["application/json"] * 8 + ["text/plain", "application/json; charset=latin-1", ""])
                 headers = {"content-type": ctype} if ctype else {}
                 s = stats[endpoint]
                 s["tried"] += 1
+                what = f"{len(raw)} bytes, content-type {ctype!r}, after {prev}: " + raw[:300].decode(errors="replace")
                 try:
-                    r = http.post(endpoint, content=raw, headers=headers)
-                    code = r.status_code
-                    if code >= 500:
-                        failures.append((endpoint, code, raw[:300], r.text[:300]))
+                    code, text = post_bounded(http, endpoint, raw, headers, args.timeout)
+                    if isinstance(code, int) and code >= 500:
+                        failures.append((endpoint, code, what, text[:300]))
                 except httpx.TimeoutException:
                     code = "timeout"  # a long generation or a slow answer; not a crash
                 except httpx.HTTPError as e:
-                    code = type(e).__name__
-                    failures.append((endpoint, code, raw[:300], str(e)))
+                    # Sent on a kept-alive connection the server had closed? The same body on
+                    # a fresh connection tells a dropped connection from a request that kills
+                    # its answer.
+                    try:
+                        with httpx.Client(base_url=base, timeout=args.timeout) as fresh:
+                            retry, text = post_bounded(fresh, endpoint, raw, headers, args.timeout)
+                        code = f"dropped-keepalive-then-{retry}"
+                        dropped.append((endpoint, what, str(e)))
+                        if isinstance(retry, int) and retry >= 500:
+                            failures.append((endpoint, retry, what, text[:300]))
+                    except httpx.TimeoutException:
+                        code = "dropped-keepalive-then-timeout"
+                    except httpx.HTTPError as e2:
+                        code = type(e2).__name__
+                        failures.append((endpoint, code, what, str(e2)))
                 s["status"][str(code)] = s["status"].get(str(code), 0) + 1
+                prev = f"{endpoint} -> {code}"
             health = httpx.get(base + "/health", timeout=10).status_code
     finally:
         if proc is not None:
@@ -219,6 +253,13 @@ def main() -> int:
             failures.append(("exit", proc.returncode, b"", "wick serve did not exit cleanly on SIGTERM"))
     if health != 200:
         failures.append(("/health", health, b"", "server not healthy after fuzzing"))
+    if dropped:
+        print(f"{len(dropped)} requests sent on a kept-alive connection got no answer (the same body "
+              f"on a fresh connection did); first: {dropped[0]}")
+        for endpoint, what, _ in dropped:
+            print(f"  dropped: {endpoint} {what[:160]}")
+        if os.environ.get("WICK_FUZZ_STRICT_KEEPALIVE") == "1":
+            failures.append(("keep-alive", len(dropped), "", "connections closed without Connection: close"))
     for f in failures:
         print("FAILURE:", f)
     return 1 if failures else 0
