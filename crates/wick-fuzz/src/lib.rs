@@ -148,6 +148,9 @@ pub struct Report {
 /// Whether one input was accepted (`Ok(true)`), refused with an error (`Ok(false)`).
 pub type Outcome = bool;
 
+/// The code under test of a target: runs one input, returns whether it was accepted.
+pub type RunOne = Box<dyn FnMut(&[u8]) -> Outcome>;
+
 /// A fuzz target: seeds, a dictionary, and the code to run on one input.
 pub struct Target {
     /// Short name (`gguf`, `ssd` …).
@@ -157,7 +160,7 @@ pub struct Target {
     /// Fragments worth inserting.
     pub dict: Vec<Vec<u8>>,
     /// Runs one input; returns whether it was accepted. Panics are findings.
-    pub run: Box<dyn FnMut(&[u8]) -> Outcome>,
+    pub run: RunOne,
 }
 
 /// Runs `target` for `budget` (seeds first, unmutated), saving panicking inputs in `out_dir`.

@@ -33,7 +33,7 @@ pub async fn chat_prompt(
     state: &AppState,
     mut messages: Vec<Value>,
     mut tools: Vec<Value>,
-    kwargs: Map<String, Value>,
+    mut kwargs: Map<String, Value>,
 ) -> Result<ChatPrompt, ApiError> {
     let state = state.clone();
     blocking(move || {
@@ -44,7 +44,6 @@ pub async fn chat_prompt(
             Some(t) => Some(t.source()),
             None => model.chat_template().map(ChatTemplate::source),
         };
-        let mut kwargs = kwargs;
         let marker = pick_marker(
             messages.iter().chain(&tools).chain(kwargs.values()),
             template_source,

@@ -367,7 +367,7 @@ pub fn ssd() -> anyhow::Result<Target> {
                 }
             }
             let accepted = accepted.is_ok();
-            if count % 16 == 0 {
+            if count.is_multiple_of(16) {
                 // The same bytes under the entry's own name, then a scan and a lookup.
                 if std::fs::write(&entry_path, input).is_ok() {
                     let opened = wick_cache::ssd::SsdTier::open(cfg.clone());
