@@ -19,10 +19,25 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 echo "== rust tests"
 cargo test --release --workspace
 
+# The full-disk test mounts a tmpfs, so it needs root; a plain `cargo test` lists it as ignored.
+if [ "$(id -u)" = 0 ]; then
+  echo "== full-disk test (root: mounts a small tmpfs)"
+  cargo test --release -p wick-engine --test prompt_cache -- --ignored full_disk_never_fails_a_request
+else
+  echo "== SKIPPED full-disk test: it needs root to mount a tmpfs"
+fi
+
+# Mutation fuzzing on stable, bounded: GGUF, safetensors, HF JSON configs, SSD cache files,
+# tool-call texts, chat templates (WICK_FUZZ_SECS per target; findings fail the run).
+echo "== fuzz files and texts (${WICK_FUZZ_SECS:-30}s per target)"
+cargo run --release -p wick-fuzz -- --secs "${WICK_FUZZ_SECS:-30}"
+
 if [ -d tests/python ]; then
   echo "== python tests (openai SDK against wick serve)"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
   .venv/bin/python -m pytest -q tests/python
+  echo "== fuzz HTTP bodies on every POST endpoint (${WICK_FUZZ_SECS:-30}s)"
+  .venv/bin/python tests/fuzz/fuzz_http.py --secs "${WICK_FUZZ_SECS:-30}"
 fi
 echo "== all tests passed"

@@ -49,6 +49,13 @@ pub enum CacheError {
         /// What the reader expected.
         expected: String,
     },
+    /// A path in the cache directory is not a regular file (a directory, FIFO, socket, device
+    /// or symbolic link): never opened for reading, never ours.
+    #[error("{} is not a regular file", path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
     /// An entry is larger than the tier may hold.
     #[error("an entry of {bytes} bytes exceeds the {tier} limit of {limit} bytes")]
     TooLarge {
@@ -106,6 +113,7 @@ impl CacheError {
             CacheError::Corrupt { .. } => "corrupt",
             CacheError::UnsupportedVersion { .. } => "unsupported_version",
             CacheError::Mismatch { .. } => "mismatch",
+            CacheError::NotAFile { .. } => "not_a_file",
             CacheError::TooLarge { .. } => "too_large",
             CacheError::InvalidSnapshot(_) => "invalid_snapshot",
             CacheError::LengthMismatch { .. } => "length_mismatch",

@@ -147,7 +147,29 @@ pub(crate) struct GgufKeys<'a> {
     pub arch: &'a str,
 }
 
+/// The most decoder layers a configuration may claim. Checked before anything is sized by the
+/// layer count; the loader then requires each layer's tensors, so a file cannot claim more
+/// layers than it holds. Published models have at most a few hundred.
+pub(crate) const MAX_LAYERS: usize = 1 << 12;
+
+/// A layer count from `source`'s `key`, refused above [`MAX_LAYERS`].
+fn checked_layers(layers: usize, key: &str, source: &str) -> Result<usize> {
+    if layers > MAX_LAYERS {
+        return Err(EngineError::Config {
+            source_name: source.to_string(),
+            reason: format!("'{key}' is {layers}; at most {MAX_LAYERS} layers are supported"),
+        });
+    }
+    Ok(layers)
+}
+
 impl GgufKeys<'_> {
+    /// The layer count under `key`, checked before anything is sized by it.
+    pub fn layer_count(&self, key: &str) -> Result<usize> {
+        let full = format!("{}.{key}", self.arch);
+        let layers = self.usize(key)?;
+        checked_layers(layers, &full, &self.meta.path().display().to_string())
+    }
     pub fn usize(&self, key: &str) -> Result<usize> {
         Ok(self.meta.get_u64(&format!("{}.{key}", self.arch))? as usize)
     }
@@ -172,6 +194,39 @@ pub(crate) struct HfKeys<'a> {
 }
 
 impl HfKeys<'_> {
+    /// The layer count under `key`, checked before anything is sized by it.
+    pub fn layer_count(&self, key: &str) -> Result<usize> {
+        checked_layers(self.usize(key)?, key, self.source)
+    }
+
+    /// The MLP activation named by `hidden_activation` or `hidden_act`; `default` when neither
+    /// is given. `gelu` is taken as the tanh approximation only where that is the default
+    /// (Gemma, as transformers does); a name wick does not implement is an error.
+    pub fn activation(&self, default: Activation) -> Result<Activation> {
+        let key = if self.get("hidden_activation").is_some() {
+            "hidden_activation"
+        } else {
+            "hidden_act"
+        };
+        let Some(value) = self.get(key) else {
+            return Ok(default);
+        };
+        let name = value
+            .as_str()
+            .ok_or_else(|| self.bad(key, "must be a string"))?;
+        match name {
+            "silu" | "swish" => Ok(Activation::Silu),
+            "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" | "gelu_fast" => {
+                Ok(Activation::GeluTanh)
+            }
+            "gelu" if default == Activation::GeluTanh => Ok(Activation::GeluTanh),
+            other => Err(self.bad(
+                key,
+                &format!("'{other}' is not a supported activation (silu, gelu_pytorch_tanh)"),
+            )),
+        }
+    }
+
     fn bad(&self, key: &str, what: &str) -> EngineError {
         EngineError::Config {
             source_name: self.source.to_string(),
@@ -268,6 +323,71 @@ impl HfKeys<'_> {
     }
 }
 
+/// Checks a `generation_config.json` before its defaults are used: an object whose sampling
+/// fields wick reads are numbers in range (or null), and whose token ids are ids.
+pub(crate) fn check_generation_config(gen: &Value, source: &str) -> Result<()> {
+    let bad = |reason: String| EngineError::Config {
+        source_name: source.to_string(),
+        reason,
+    };
+    let Some(obj) = gen.as_object() else {
+        return Err(bad(format!(
+            "must be a JSON object, not {}",
+            match gen {
+                Value::Null => "null",
+                Value::Bool(_) => "a boolean",
+                Value::Number(_) => "a number",
+                Value::String(_) => "a string",
+                Value::Array(_) => "an array",
+                Value::Object(_) => "an object",
+            }
+        )));
+    };
+    let number = |key: &str, ok: fn(f64) -> bool, range: &str| -> Result<()> {
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(()),
+            Some(v) => match v.as_f64() {
+                Some(x) if ok(x) => Ok(()),
+                _ => Err(bad(format!("'{key}' is {v}; it must be a number {range}"))),
+            },
+        }
+    };
+    number(
+        "temperature",
+        |x| (x as f32).is_finite() && x >= 0.0,
+        ">= 0",
+    )?;
+    number("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
+    number(
+        "repetition_penalty",
+        |x| (x as f32).is_finite() && x > 0.0,
+        "> 0",
+    )?;
+    match obj.get("top_k") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64().is_some() => {}
+        Some(v) => {
+            return Err(bad(format!(
+                "'top_k' is {v}; it must be a non-negative integer"
+            )))
+        }
+    }
+    for key in ["eos_token_id", "bos_token_id", "pad_token_id"] {
+        let is_id = |v: &Value| v.as_u64().is_some_and(|id| id <= u64::from(u32::MAX));
+        match obj.get(key) {
+            None | Some(Value::Null) => {}
+            Some(v) if is_id(v) => {}
+            Some(Value::Array(a)) if a.iter().all(is_id) => {}
+            Some(v) => {
+                return Err(bad(format!(
+                    "'{key}' is {v}; it must be a token id or a list of them"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Token ids of a JSON field that may hold one number or a list.
 pub(crate) fn hf_ids(json: &Value, key: &str) -> Vec<u32> {
     match json.get(key) {
@@ -357,11 +477,142 @@ impl ModelConfig {
                 self.num_layers
             ));
         }
+        self.validate_numbers()
+            .map_err(|reason| EngineError::Config {
+                source_name: source.to_string(),
+                reason,
+            })
+    }
+
+    /// Sizes within what any real model has (so that products of them cannot overflow) and
+    /// floating-point parameters that are finite and in range.
+    fn validate_numbers(&self) -> std::result::Result<(), String> {
+        const MAX_DIM: usize = 1 << 20;
+        const MAX_VOCAB: usize = 1 << 24;
+        for (name, value, max) in [
+            ("hidden size", self.hidden_size, MAX_DIM),
+            ("intermediate size", self.intermediate_size, MAX_DIM * 4),
+            ("head count", self.num_heads, 1 << 12),
+            ("head dimension", self.head_dim, 1 << 14),
+            ("vocabulary size", self.vocab_size, MAX_VOCAB),
+            ("context length", self.context_length, 1 << 30),
+        ] {
+            if value > max {
+                return Err(format!("{name} {value} is above the supported {max}"));
+            }
+        }
+        if self.context_length == 0 {
+            return Err("context length must be positive".into());
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0 && self.rms_eps < 1.0) {
+            return Err(format!(
+                "RMS-norm epsilon (rms_norm_eps / attention.layer_norm_rms_epsilon) is {}; it must be a finite number in [0, 1)",
+                self.rms_eps
+            ));
+        }
+        let ropes = std::iter::once(("rope theta (rope_theta / rope.freq_base)", &self.rope))
+            .chain(self.rope_local.iter().map(|r| ("local rope theta", r)));
+        for (name, rope) in ropes {
+            if !(rope.theta.is_finite() && rope.theta > 0.0) {
+                return Err(format!(
+                    "{name} is {}; it must be a positive finite number",
+                    rope.theta
+                ));
+            }
+            let factors: Vec<f64> = match &rope.scaling {
+                RopeScaling::None => Vec::new(),
+                RopeScaling::Linear { factor } => vec![*factor],
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position,
+                } => vec![
+                    *factor,
+                    *low_freq_factor,
+                    *high_freq_factor,
+                    *original_max_position,
+                ],
+                RopeScaling::Factors(f) => f.iter().map(|&v| f64::from(v)).collect(),
+            };
+            if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(format!(
+                    "rope scaling parameter {f} must be a positive finite number"
+                ));
+            }
+        }
+        for (name, cap) in [
+            ("attention soft cap", self.attn_softcap),
+            ("final logit soft cap", self.final_softcap),
+        ] {
+            if let Some(c) = cap.filter(|c| !(c.is_finite() && *c > 0.0)) {
+                return Err(format!("{name} {c} must be a positive finite number"));
+            }
+        }
+        if !self.attn_scale.is_finite() || self.attn_scale <= 0.0 {
+            return Err(format!(
+                "attention scale {} must be a positive finite number",
+                self.attn_scale
+            ));
+        }
         Ok(())
     }
 
     /// Bytes of KV cache one token takes in f32, summed over layers.
     pub fn kv_bytes_per_token(&self) -> usize {
         self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+    }
+}
+
+#[cfg(test)]
+mod validation_tests {
+    use super::*;
+
+    #[test]
+    fn generation_config_must_be_an_object_of_numbers() {
+        let check = |v: Value| check_generation_config(&v, "generation_config.json");
+        for bad in [
+            serde_json::json!([]),
+            Value::Null,
+            serde_json::json!("x"),
+            serde_json::json!({"temperature": "x"}),
+            serde_json::json!({"temperature": -1.0}),
+            serde_json::json!({"top_p": 0.0}),
+            serde_json::json!({"top_p": 1.5}),
+            serde_json::json!({"top_k": -3}),
+            serde_json::json!({"top_k": 2.5}),
+            serde_json::json!({"repetition_penalty": 0}),
+            serde_json::json!({"repetition_penalty": 1e300}),
+            serde_json::json!({"eos_token_id": "2"}),
+            serde_json::json!({"eos_token_id": [1, -2]}),
+            serde_json::json!({"eos_token_id": 8589934592u64}),
+        ] {
+            let err = check(bad.clone()).expect_err(&bad.to_string()).to_string();
+            assert!(err.contains("generation_config.json"), "{err}");
+        }
+        let err = check(serde_json::json!({"temperature": "x"}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'temperature'"), "{err}");
+        for good in [
+            serde_json::json!({}),
+            serde_json::json!({"temperature": 0.7, "top_p": 0.9, "top_k": 20,
+                               "repetition_penalty": 1.05, "eos_token_id": [1, 2],
+                               "bos_token_id": 1, "pad_token_id": null, "do_sample": true}),
+        ] {
+            check(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn layer_counts_are_bounded_before_use() {
+        assert!(checked_layers(MAX_LAYERS, "k", "f").is_ok());
+        let err = checked_layers(1 << 40, "num_hidden_layers", "config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("config.json") && err.contains("num_hidden_layers"),
+            "{err}"
+        );
     }
 }

@@ -452,7 +452,7 @@ impl Model {
             source_name: source.clone(),
             reason: "no config.json: not a Hugging Face model directory".into(),
         })?;
-        let cfg = ModelConfig::from_hf(&config, &source)?;
+        let cfg = ModelConfig::from_hf(&config, &dir.join("config.json").display().to_string())?;
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let weights = SafetensorsWeights::open(dir)?;
         let quantization = MlxQuantization::from_config(&config, &source)?;
@@ -462,7 +462,9 @@ impl Model {
         let dtype = MlxDtype::of_checkpoint(&config, &named);
         let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
         let template_source = hf_chat_template(dir)?;
-        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+        let gen_path = dir.join("generation_config.json");
+        let gen = read_json(&gen_path)?.unwrap_or_else(|| Value::Object(Default::default()));
+        crate::config::check_generation_config(&gen, &gen_path.display().to_string())?;
         let defaults = GenerationDefaults {
             temperature: gen
                 .get("temperature")

@@ -33,8 +33,25 @@ fn tiny_gguf(
     odd_tensor: Option<(&str, GgmlType)>,
     template: Option<&str>,
 ) -> GgufWriter {
+    tiny_gguf_with(arch, odd_tensor, template, &[])
+}
+
+/// [`tiny_gguf`] with metadata values replaced (`overrides`: full key, value).
+fn tiny_gguf_with(
+    arch: &str,
+    odd_tensor: Option<(&str, GgmlType)>,
+    template: Option<&str>,
+    overrides: &[(&str, V)],
+) -> GgufWriter {
     let (h, ff, vocab) = (32u64, 64u64, 256u64 + 3);
     let mut w = GgufWriter::new();
+    for (key, value) in overrides {
+        w.metadata(*key, value.clone());
+    }
+    let mut w = Overriding {
+        w,
+        skip: overrides.iter().map(|(k, _)| k.to_string()).collect(),
+    };
     let mut tokens: Vec<V> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         .iter()
         .map(|s| V::String(s.to_string()))
@@ -76,6 +93,7 @@ fn tiny_gguf(
     if let Some(t) = template {
         w.metadata("tokenizer.chat_template", V::String(t.into()));
     }
+    let mut w = w.w;
     let kv = h / 2;
     let mut tensor = |name: &str, dims: Vec<u64>| {
         let n: u64 = dims.iter().product();
@@ -106,6 +124,22 @@ fn tiny_gguf(
     tensor("blk.0.ffn_up.weight", vec![h, ff]);
     tensor("blk.0.ffn_down.weight", vec![ff, h]);
     w
+}
+
+/// A writer that drops metadata keys already given as overrides.
+struct Overriding {
+    w: GgufWriter,
+    skip: Vec<String>,
+}
+
+impl Overriding {
+    fn metadata(&mut self, key: impl Into<String>, value: V) -> &mut Self {
+        let key = key.into();
+        if !self.skip.contains(&key) {
+            self.w.metadata(key, value);
+        }
+        self
+    }
 }
 
 fn write(dir: &Path, name: &str, w: &GgufWriter) -> PathBuf {
@@ -251,5 +285,96 @@ fn bit_flipped_headers_never_panic() {
             assert!(result.is_ok(), "panic with bit {bit} of byte {at} flipped");
             bytes[at] ^= 1 << bit;
         }
+    }
+}
+
+#[test]
+fn absurd_layer_counts_are_errors_not_aborts() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, value) in [
+        ("u32max", V::U32(u32::MAX)),
+        ("trillion", V::U64(1_000_000_000_000)),
+    ] {
+        let w = tiny_gguf_with("llama", None, None, &[("llama.block_count", value)]);
+        let p = write(dir.path(), &format!("{name}.gguf"), &w);
+        let e = load_err(&p);
+        assert!(
+            e.contains(&format!("{name}.gguf")) && e.contains("llama.block_count"),
+            "{e}"
+        );
+    }
+    // A count the tensors do not back: two layers claimed, one held.
+    let w = tiny_gguf_with("llama", None, None, &[("llama.block_count", V::U32(2))]);
+    let p = write(dir.path(), "two.gguf", &w);
+    let e = load_err(&p);
+    assert!(
+        e.contains("two.gguf") && e.contains("says 2 layers but the weights hold 1"),
+        "{e}"
+    );
+    // A Hugging Face config.json claiming 10^12 layers fails on the config, before any
+    // allocation sized by it.
+    let hf = dir.path().join("hf");
+    std::fs::create_dir(&hf).unwrap();
+    std::fs::write(
+        hf.join("config.json"),
+        r#"{"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2,
+            "num_hidden_layers": 1000000000000, "vocab_size": 259, "intermediate_size": 64}"#,
+    )
+    .unwrap();
+    let e = load_err(&hf);
+    assert!(
+        e.contains("config.json") && e.contains("num_hidden_layers"),
+        "{e}"
+    );
+}
+
+#[test]
+fn non_finite_or_negative_norm_and_rope_parameters_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let eps = "llama.attention.layer_norm_rms_epsilon";
+    let base = "llama.rope.freq_base";
+    let cases = [
+        ("eps-nan", eps, V::F32(f32::NAN), "epsilon"),
+        ("eps-inf", eps, V::F32(f32::INFINITY), "epsilon"),
+        ("eps-neg", eps, V::F32(-1e-5), "epsilon"),
+        ("base-nan", base, V::F32(f32::NAN), "freq_base"),
+        ("base-neg", base, V::F32(-10000.0), "freq_base"),
+        ("base-zero", base, V::F32(0.0), "freq_base"),
+        ("base-inf", base, V::F64(f64::INFINITY), "freq_base"),
+    ];
+    for (name, key, value, field) in cases {
+        let w = tiny_gguf_with("llama", None, None, &[(key, value)]);
+        let p = write(dir.path(), &format!("{name}.gguf"), &w);
+        let e = load_err(&p);
+        assert!(
+            e.contains(&format!("{name}.gguf")) && e.contains(field),
+            "{name}: {e}"
+        );
+    }
+}
+
+#[test]
+fn unknown_hidden_act_and_bad_hf_numbers_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |extra: &str| {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2,
+                "num_hidden_layers": 1, "vocab_size": 259, "intermediate_size": 64{extra}}}"#
+        )
+    };
+    for (name, extra, field) in [
+        ("act", r#", "hidden_act": "relu_squared""#, "hidden_act"),
+        ("act-type", r#", "hidden_act": 3"#, "hidden_act"),
+        ("eps", r#", "rms_norm_eps": -0.5"#, "rms_norm_eps"),
+        ("theta", r#", "rope_theta": -1"#, "rope_theta"),
+    ] {
+        let hf = dir.path().join(name);
+        std::fs::create_dir(&hf).unwrap();
+        std::fs::write(hf.join("config.json"), config(extra)).unwrap();
+        let e = load_err(&hf);
+        assert!(
+            e.contains("config.json") && e.contains(field),
+            "{name}: {e}"
+        );
     }
 }

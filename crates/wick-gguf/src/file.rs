@@ -65,6 +65,33 @@ impl std::fmt::Debug for GgufFile {
     }
 }
 
+/// Rejects tensors whose bytes overlap (as llama.cpp does): two tensors sharing bytes means
+/// a damaged or crafted directory (an offset of 0 repeated, a type changed so sizes grew), and
+/// loading it would compute with garbage. Zero-length tensors overlap nothing.
+fn check_no_overlap(path: &Path, header_end: u64, tensors: &[TensorInfo]) -> Result<(), GgufError> {
+    let mut order: Vec<&TensorInfo> = tensors.iter().filter(|t| t.len > 0).collect();
+    order.sort_by_key(|t| t.offset);
+    for pair in order.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.offset + a.len > b.offset {
+            return Err(GgufError::Corrupt {
+                path: path.to_path_buf(),
+                offset: header_end,
+                reason: format!(
+                    "tensor '{}' (bytes {}..{}) overlaps tensor '{}' (bytes {}..{})",
+                    a.name,
+                    a.offset,
+                    a.offset + a.len,
+                    b.name,
+                    b.offset,
+                    b.offset + b.len
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl GgufFile {
     /// Opens, maps and validates `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
@@ -141,6 +168,7 @@ impl GgufFile {
                 len,
             });
         }
+        check_no_overlap(&path, header.end, &tensors)?;
         Ok(GgufFile {
             path,
             map,

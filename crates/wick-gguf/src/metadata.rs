@@ -126,6 +126,11 @@ impl Metadata {
         }
     }
 
+    /// The file the metadata was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// All entries in file order.
     pub fn entries(&self) -> &[(String, MetadataValue)] {
         &self.entries

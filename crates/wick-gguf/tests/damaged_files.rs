@@ -106,3 +106,51 @@ fn not_gguf() {
     let e = open_bytes(b"").unwrap_err();
     assert!(matches!(e, GgufError::BadMagic { .. }), "{e}");
 }
+
+/// Byte position of `tensor`'s data offset field in a `sample()`-style header (name, dims
+/// count, two dims, type, offset).
+fn offset_field(bytes: &[u8], tensor: &[u8]) -> usize {
+    let at = bytes
+        .windows(tensor.len())
+        .position(|w| w == tensor)
+        .expect("tensor name in header");
+    at + tensor.len() + 4 + 16 + 4
+}
+
+#[test]
+fn overlapping_tensors_are_rejected() {
+    let mut bytes = sample();
+    let field = offset_field(&bytes, b"b.weight");
+    // b.weight's offset 0: it would read a.weight's bytes.
+    bytes[field..field + 8].copy_from_slice(&0u64.to_le_bytes());
+    let err = open_bytes(&bytes).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, GgufError::Corrupt { .. }) && msg.contains("overlaps"),
+        "{msg}"
+    );
+    assert!(msg.contains("a.weight") && msg.contains("b.weight") && msg.contains("m.gguf"));
+
+    // a.weight's type made wider (F32 -> F64) so its bytes run into b.weight's.
+    let mut bytes = sample();
+    let type_at = offset_field(&bytes, b"a.weight") - 4;
+    bytes[type_at..type_at + 4].copy_from_slice(&28u32.to_le_bytes());
+    // Pad the file so that the wider tensor still fits in it: only the overlap is wrong.
+    bytes.extend_from_slice(&[0u8; 512]);
+    let msg = open_bytes(&bytes).unwrap_err().to_string();
+    assert!(msg.contains("overlaps"), "{msg}");
+}
+
+#[test]
+fn out_of_file_tensor_ranges_are_rejected() {
+    let mut bytes = sample();
+    let field = offset_field(&bytes, b"b.weight");
+    bytes[field..field + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    assert!(matches!(
+        open_bytes(&bytes),
+        Err(GgufError::Truncated { .. })
+    ));
+    // An offset that overflows when added to the data start.
+    bytes[field..field + 8].copy_from_slice(&(u64::MAX - 31).to_le_bytes());
+    assert!(open_bytes(&bytes).is_err());
+}

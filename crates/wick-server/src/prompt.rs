@@ -2,7 +2,8 @@
 //! detokenization run on `spawn_blocking` workers, so a huge prompt never stalls other
 //! requests.
 use serde_json::{Map, Value};
-use wick_chat::chat_template::{normalize_messages, starts_in_thinking, ChatInput};
+use wick_chat::chat_template::{normalize_messages, starts_in_thinking, ChatInput, ChatTemplate};
+use wick_chat::tokenizer::pick_marker;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -26,17 +27,42 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Renders `messages` (with `tools` and template `kwargs`) through the chat template in force
-/// and tokenizes the result.
+/// and tokenizes the result. Everything the client sent is user text: special-token text in
+/// it is tokenized as plain text, only the template's own markup becomes control tokens.
 pub async fn chat_prompt(
     state: &AppState,
-    messages: Vec<Value>,
-    tools: Vec<Value>,
-    kwargs: Map<String, Value>,
+    mut messages: Vec<Value>,
+    mut tools: Vec<Value>,
+    mut kwargs: Map<String, Value>,
 ) -> Result<ChatPrompt, ApiError> {
     let state = state.clone();
     blocking(move || {
+        let model = state.model();
+        let tokenizer = model.tokenizer();
+        let override_template = state.template_override();
+        let template_source = match &override_template {
+            Some(t) => Some(t.source()),
+            None => model.chat_template().map(ChatTemplate::source),
+        };
+        let marker = pick_marker(
+            messages.iter().chain(&tools).chain(kwargs.values()),
+            template_source,
+        )
+        .ok_or_else(|| {
+            ApiError::field(
+                "messages",
+                "the messages use every Unicode noncharacter; wick needs one free to mark them",
+            )
+        })?;
+        let mut marked = false;
+        for value in messages.iter_mut().chain(tools.iter_mut()) {
+            marked |= tokenizer.mark_user_json(value, marker);
+        }
+        for value in kwargs.values_mut() {
+            marked |= tokenizer.mark_user_json(value, marker);
+        }
         let tools = (!tools.is_empty()).then_some(tools);
-        let text = match state.template_override() {
+        let text = match override_template {
             Some(template) => template
                 .render(&ChatInput {
                     messages: normalize_messages(messages),
@@ -45,17 +71,34 @@ pub async fn chat_prompt(
                     kwargs,
                 })
                 .map_err(|e| ApiError::PromptBuild(e.to_string()))?,
-            None => state
-                .model()
-                .render_chat(&messages, tools.as_deref(), &kwargs)?,
+            None => model.render_chat(&messages, tools.as_deref(), &kwargs)?,
         };
-        let ids = state.model().tokenize(&text)?;
+        let (text, ids) = if marked {
+            let (clean, ids) = tokenizer
+                .encode_marked(&text, marker, true)
+                .map_err(|e| ApiError::PromptBuild(e.to_string()))?;
+            (clean, drop_doubled_bos(ids, tokenizer.bos_id()))
+        } else {
+            let ids = model.tokenize(&text)?;
+            (text, ids)
+        };
         Ok(ChatPrompt {
             starts_in_thinking: starts_in_thinking(&text),
             ids,
         })
     })
     .await
+}
+
+/// A BOS the template wrote after the one the tokenizer added is not doubled (as
+/// `Model::tokenize` does).
+fn drop_doubled_bos(mut ids: Vec<u32>, bos: Option<u32>) -> Vec<u32> {
+    if let (Some(bos), true) = (bos, ids.len() >= 2) {
+        if ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+    }
+    ids
 }
 
 /// Tokenizes raw prompt text (special-token text parsed, BOS as the model wants it).

@@ -66,6 +66,9 @@ pub struct ScanReport {
     pub removed_mismatched: usize,
     /// Entries evicted to meet the byte cap.
     pub evicted: usize,
+    /// Paths that are not regular files (directories, FIFOs, sockets, devices, symbolic
+    /// links), left alone.
+    pub skipped_not_files: usize,
 }
 
 /// One indexed file.
@@ -187,6 +190,40 @@ impl Index {
             .min_by_key(|(_, e)| e.mtime)
             .map(|(id, _)| *id)
     }
+}
+
+/// Opens a cache file for reading without ever blocking: `O_NONBLOCK` (a FIFO or device put in
+/// the directory would otherwise hang the open) and `O_NOFOLLOW`, then `fstat` must say it is a
+/// regular file. Anything else is [`CacheError::NotAFile`].
+fn open_regular(path: &Path) -> Result<(File, fs::Metadata)> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW);
+    }
+    let f = options.open(path).map_err(|source| {
+        // O_NOFOLLOW on a symbolic link fails with ELOOP.
+        #[cfg(unix)]
+        if source.raw_os_error() == Some(libc::ELOOP) {
+            return CacheError::NotAFile {
+                path: path.to_path_buf(),
+            };
+        }
+        CacheError::Io {
+            op: "open",
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    let meta = f.metadata().map_err(CacheError::io("stat", path))?;
+    if !meta.is_file() {
+        return Err(CacheError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok((f, meta))
 }
 
 fn remove_quietly(path: &Path) {
@@ -421,7 +458,7 @@ impl SsdTier {
 
     fn read_entry(&self, entry: &SsdEntry, usable: usize) -> Result<KvSnapshot> {
         let path = &entry.path;
-        let mut f = File::open(path).map_err(CacheError::io("open", path))?;
+        let (mut f, _) = open_regular(path)?;
         let h = format::read_header(&mut f, path)?;
         let mismatch = |field, found: String, expected: String| CacheError::Mismatch {
             path: path.clone(),
@@ -699,6 +736,14 @@ fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
         for file in files.flatten() {
             let path = file.path();
             let name = file.file_name().to_string_lossy().into_owned();
+            // Only regular files are ours: a directory, FIFO, socket, device or symbolic link
+            // (whatever its name) is left alone without a word. `open_regular` checks again
+            // after opening, for a file swapped in between.
+            if !file.file_type().is_ok_and(|t| t.is_file()) {
+                tracing::debug!(path = %path.display(), "not a regular file; skipped");
+                report.skipped_not_files += 1;
+                continue;
+            }
             if name.ends_with(".tmp") {
                 remove_quietly(&path);
                 report.removed_orphans += 1;
@@ -722,6 +767,10 @@ fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
                 Err(CacheError::Io { op, source, .. }) => {
                     tracing::warn!(path = %path.display(), op, error = %source, "cannot read an SSD cache file; skipped");
                 }
+                Err(CacheError::NotAFile { .. }) => {
+                    tracing::debug!(path = %path.display(), "not a regular file; skipped");
+                    report.skipped_not_files += 1;
+                }
                 Err(e) => {
                     match e {
                         CacheError::UnsupportedVersion { .. } => report.removed_unsupported += 1,
@@ -738,8 +787,7 @@ fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
 }
 
 fn scan_file(path: &Path, dir_label: &str, cfg: &SsdConfig) -> Result<(FileHeader, fs::Metadata)> {
-    let mut f = File::open(path).map_err(CacheError::io("open", path))?;
-    let meta = f.metadata().map_err(CacheError::io("stat", path))?;
+    let (mut f, meta) = open_regular(path)?;
     let h = format::read_header(&mut f, path)?;
     let mismatch = |field, found: String, expected: String| CacheError::Mismatch {
         path: path.to_path_buf(),

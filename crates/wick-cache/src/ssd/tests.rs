@@ -269,3 +269,67 @@ fn checkpoints_are_isolated_and_replaced() {
     assert!(ssd.find_checkpoint(key, "", &prompt).is_none());
     assert_eq!(files(ssd.dir()).len(), 0);
 }
+
+#[cfg(unix)]
+#[test]
+fn special_files_never_block_the_scan_and_are_skipped_quietly() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let root = tempfile::tempdir().unwrap();
+    let t: Vec<u32> = (0..40).collect();
+    {
+        let (ssd, _) = SsdTier::open(cfg(root.path())).unwrap();
+        ssd.store("base", &t, &snap(&t), None).unwrap();
+    }
+    let real = files(&root.path().join("fp1")).pop().unwrap();
+    let ns_dir = real.parent().unwrap().to_path_buf();
+    // A FIFO with an entry's name: opening it for reading without O_NONBLOCK waits forever
+    // for a writer.
+    let fifo = ns_dir.join(format!("{}fifo.{EXTENSION}", "0".repeat(8)));
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    // The real entry's name taken by a FIFO too (so the name filter cannot save the scan).
+    let squatted = real.with_extension("tmpfifo");
+    fs::rename(&real, &squatted).unwrap();
+    let c_real = std::ffi::CString::new(real.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_real.as_ptr(), 0o644) }, 0);
+    // A directory and a symbolic link named like entries.
+    fs::create_dir(ns_dir.join(format!("dir.{EXTENSION}"))).unwrap();
+    std::os::unix::fs::symlink(&squatted, ns_dir.join(format!("link.{EXTENSION}"))).unwrap();
+
+    let (tx, rx) = mpsc::channel();
+    let root_path = root.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(SsdTier::open(cfg(&root_path)).map(|(_, report)| report));
+    });
+    let report = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the scan hung on a special file")
+        .unwrap();
+    assert_eq!(report.entries, 0);
+    assert_eq!(report.skipped_not_files, 4, "{report:?}");
+    assert_eq!(report.removed_corrupt + report.removed_mismatched, 0);
+    // Nothing that is not ours was removed.
+    assert!(fifo.exists() && real.exists() && ns_dir.join(format!("dir.{EXTENSION}")).is_dir());
+}
+
+#[cfg(unix)]
+#[test]
+fn open_regular_refuses_what_is_not_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    fs::write(&file, b"x").unwrap();
+    assert!(open_regular(&file).is_ok());
+    assert!(matches!(
+        open_regular(dir.path()),
+        Err(CacheError::NotAFile { .. })
+    ));
+    let link = dir.path().join("l");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    assert!(matches!(
+        open_regular(&link),
+        Err(CacheError::NotAFile { .. })
+    ));
+}

@@ -123,6 +123,8 @@ pub struct ChatTemplate {
     /// Variables the template reads without setting them first (`messages`, `tools`,
     /// `enable_thinking`, `xml_tools` …), with attribute paths (`message.content`).
     variables: BTreeSet<String>,
+    /// The source it was compiled from.
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -158,6 +160,7 @@ impl ChatTemplate {
             env,
             special,
             variables,
+            source: source.to_string(),
             capabilities: TemplateCapabilities {
                 uses_tools: false,
                 uses_think_tags: capabilities::mentions_think_tags(source),
@@ -173,6 +176,11 @@ impl ChatTemplate {
     /// What the template supports.
     pub fn capabilities(&self) -> TemplateCapabilities {
         self.capabilities
+    }
+
+    /// The template's source, as given.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The special tokens given at construction.

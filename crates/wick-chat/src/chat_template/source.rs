@@ -53,8 +53,9 @@ fn find_block_tags(source: &str) -> Vec<BlockTag<'_>> {
         let start = at + offset;
         let rest = &source[start..];
         if !in_raw && rest.starts_with("{#") {
-            at = match rest.find("#}") {
-                Some(end) => start + end + 2,
+            // The closing `#}` comes after the opening `{#` (`{#}` does not close itself).
+            at = match rest[2..].find("#}") {
+                Some(end) => start + 2 + end + 2,
                 None => source.len(),
             };
             continue;
@@ -63,7 +64,10 @@ fn find_block_tags(source: &str) -> Vec<BlockTag<'_>> {
             at = start + 1;
             continue;
         }
-        let Some(end) = rest.find("%}") else { break };
+        // The closing `%}` comes after the opening `{%` (in `{%}` they overlap).
+        let Some(end) = rest[2..].find("%}").map(|e| e + 2) else {
+            break;
+        };
         let inner = &rest[2..end];
         let trimmed = inner
             .trim_start_matches(['-', '+'])
@@ -110,6 +114,22 @@ mod tests {
         let src = "{# {% generation %} #}{% raw %}{% generation %}{% endraw %}{{ 'generation' }}{% if x %}y{% endif %}";
         assert_eq!(prepare(src), src);
         assert!(!has_generation_tags(src));
+    }
+
+    #[test]
+    fn overlapping_tag_marks_do_not_panic() {
+        // Found by wick-fuzz: `{%}` once sliced `rest[2..1]`.
+        for src in [
+            "{%}",
+            "{%}}",
+            "a{%}{% generation %}b",
+            "{#}",
+            "{#}#}{% generation %}",
+        ] {
+            let _ = prepare(src);
+            let _ = has_generation_tags(src);
+        }
+        assert_eq!(prepare("{#}{% generation %}#}"), "{#}{% generation %}#}");
     }
 
     #[test]

@@ -50,16 +50,18 @@ pub(crate) struct GgufCodec {
 }
 
 impl GgufCodec {
-    /// Appends the ids of `text` (no BOS/EOS) to `out`.
+    /// Appends the ids of `text` (no BOS/EOS) to `out`; a control token covering one of `marks`
+    /// (sorted byte offsets of user text) stays text.
     pub fn encode(
         &self,
         hf: &tokenizers::Tokenizer,
         text: &str,
         parse_special: bool,
+        marks: &[usize],
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
         let mut after_token = true;
-        for fragment in self.splitter.split(text, parse_special) {
+        for fragment in self.splitter.split_marked(text, parse_special, marks) {
             match fragment {
                 Fragment::Token(id) => {
                     out.push(id);
@@ -126,6 +128,11 @@ impl GgufCodec {
             }
         }
         Ok(())
+    }
+
+    /// The special-token splitter of the vocabulary.
+    pub fn splitter(&self) -> &SpecialTokenSplitter {
+        &self.splitter
     }
 
     /// The bytes token `id` renders to, special tokens included.

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+use super::special_tokens::{Fragment, SpecialTokenSplitter};
 use super::token_attrs::TokenAttrs;
 use super::{Backend, Shared, TokenizerError};
 
@@ -12,12 +13,75 @@ use super::{Backend, Shared, TokenizerError};
 pub(crate) struct HfCodec {
     /// A copy that leaves special-token strings as text, made on first use.
     literal: OnceLock<Box<tokenizers::Tokenizer>>,
+    /// Finds added tokens in prompts that carry marked user text, made on first use.
+    splitter: OnceLock<SpecialTokenSplitter>,
+    /// What the post-processor puts before and after a text, probed on first use.
+    frame: OnceLock<(Vec<u32>, Vec<u32>)>,
     /// `tokenizer_config.json` sets neither `add_bos_token` nor `add_eos_token`: BOS/EOS are
     /// whatever the pipeline's post-processor adds.
     framed_by_post_processor: bool,
 }
 
 impl HfCodec {
+    fn literal<'a>(&'a self, s: &Shared) -> &'a tokenizers::Tokenizer {
+        self.literal.get_or_init(|| {
+            let mut copy = s.hf.clone();
+            copy.set_encode_special_tokens(true);
+            Box::new(copy)
+        })
+    }
+
+    /// The added-token splitter over the vocabulary.
+    pub fn splitter<'a>(&'a self, s: &Shared) -> &'a SpecialTokenSplitter {
+        self.splitter
+            .get_or_init(|| SpecialTokenSplitter::new(&s.pieces, &s.attrs))
+    }
+
+    /// Ids of `text` in which a special token covering one of `marks` (sorted byte offsets of
+    /// user text) stays text: the text is cut at the other added tokens, and each piece between
+    /// them encoded with special tokens left as text.
+    pub fn encode_marked(
+        &self,
+        s: &Shared,
+        text: &str,
+        marks: &[usize],
+        add_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let failed = |e: tokenizers::Error| TokenizerError::Encode {
+            reason: e.to_string(),
+        };
+        let literal = self.literal(s);
+        let mut body = Vec::with_capacity(text.len() / 3 + 2);
+        for fragment in self.splitter(s).split_marked(text, true, marks) {
+            match fragment {
+                Fragment::Token(id) => body.push(id),
+                Fragment::Text(piece) => {
+                    body.extend_from_slice(literal.encode(piece, false).map_err(failed)?.get_ids())
+                }
+            }
+        }
+        if !add_special {
+            return Ok(body);
+        }
+        let (before, after) = if self.framed_by_post_processor {
+            self.frame.get_or_init(|| post_processor_frame(&s.hf))
+        } else {
+            &(
+                if s.add_bos {
+                    s.bos.into_iter().collect()
+                } else {
+                    Vec::new()
+                },
+                s.suffix.clone(),
+            )
+        };
+        let mut ids = Vec::with_capacity(before.len() + body.len() + after.len());
+        ids.extend_from_slice(before);
+        ids.extend_from_slice(&body);
+        ids.extend_from_slice(after);
+        Ok(ids)
+    }
+
     /// Ids of `text`, framed with BOS/EOS when `add_special`.
     pub fn encode(
         &self,
@@ -29,11 +93,7 @@ impl HfCodec {
         let hf = if parse_special {
             &s.hf
         } else {
-            self.literal.get_or_init(|| {
-                let mut copy = s.hf.clone();
-                copy.set_encode_special_tokens(true);
-                Box::new(copy)
-            })
+            self.literal(s)
         };
         let failed = |e: tokenizers::Error| TokenizerError::Encode {
             reason: e.to_string(),
@@ -55,6 +115,24 @@ impl HfCodec {
             ids.extend_from_slice(&s.suffix);
         }
         Ok(ids)
+    }
+}
+
+/// The ids the post-processor puts before and after a text, found by encoding one letter with
+/// and without special tokens.
+fn post_processor_frame(hf: &tokenizers::Tokenizer) -> (Vec<u32>, Vec<u32>) {
+    let ids = |add: bool| {
+        hf.encode("a", add)
+            .map(|e| e.get_ids().to_vec())
+            .unwrap_or_default()
+    };
+    let (with, without) = (ids(true), ids(false));
+    match with
+        .windows(without.len().max(1))
+        .position(|w| !without.is_empty() && w == without.as_slice())
+    {
+        Some(at) => (with[..at].to_vec(), with[at + without.len()..].to_vec()),
+        None => (Vec::new(), Vec::new()),
     }
 }
 
@@ -106,7 +184,14 @@ fn config_ids(config: Option<&Value>, key: &str) -> Vec<u32> {
 /// Loads a Hugging Face tokenizer directory.
 pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
     let tokenizer_path: PathBuf = dir.join("tokenizer.json");
-    let hf = tokenizers::Tokenizer::from_file(&tokenizer_path).map_err(|e| {
+    // `tokenizers` panics on some malformed files (a bad literal inside a pre-tokenizer is
+    // reported through `unwrap`): a hostile file must be an error, not a crash.
+    let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(&tokenizer_path))
+        .map_err(|_| TokenizerError::HfConfig {
+            path: tokenizer_path.clone(),
+            reason: "not a usable tokenizer.json: the tokenizers library could not parse it".into(),
+        })?;
+    let hf = parsed.map_err(|e| {
         if !tokenizer_path.exists() {
             TokenizerError::Io {
                 path: tokenizer_path.clone(),
@@ -125,7 +210,26 @@ pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
 
     let vocab = hf.get_vocab(true);
     let size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
-    let mut pieces = vec![String::new(); size];
+    // Ids index tables below: they must be (nearly) dense, not one absurd id in a small list.
+    let limit = vocab.len().saturating_mul(2).max(1024);
+    if size > limit {
+        return Err(TokenizerError::HfConfig {
+            path: tokenizer_path,
+            reason: format!(
+                "token ids reach {} but the vocabulary has {} tokens",
+                size - 1,
+                vocab.len()
+            ),
+        });
+    }
+    let mut pieces = Vec::new();
+    pieces
+        .try_reserve_exact(size)
+        .map_err(|e| TokenizerError::HfConfig {
+            path: tokenizer_path.clone(),
+            reason: format!("cannot hold {size} token ids: {e}"),
+        })?;
+    pieces.resize(size, String::new());
     for (piece, id) in vocab {
         pieces[id as usize] = piece;
     }
@@ -195,6 +299,8 @@ pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
         hf,
         backend: Backend::Hf(HfCodec {
             literal: OnceLock::new(),
+            splitter: OnceLock::new(),
+            frame: OnceLock::new(),
             framed_by_post_processor,
         }),
         pieces,

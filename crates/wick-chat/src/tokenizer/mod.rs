@@ -43,6 +43,7 @@ mod pre_tokenizer;
 mod special_tokens;
 mod spm;
 mod token_attrs;
+mod user_text;
 mod wordpiece;
 
 use std::borrow::Cow;
@@ -50,6 +51,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::TokenizerError;
+pub use user_text::pick_marker;
 
 use gguf_tokenizer::GgufCodec;
 use hf::HfCodec;
@@ -140,7 +142,7 @@ impl Tokenizer {
                 if add_special && s.add_bos {
                     ids.extend(s.bos);
                 }
-                codec.encode(&s.hf, text, parse_special, &mut ids)?;
+                codec.encode(&s.hf, text, parse_special, &[], &mut ids)?;
                 if add_special {
                     ids.extend_from_slice(&s.suffix);
                 }

@@ -1,6 +1,13 @@
 //! Cutting special and user-defined tokens out of text before the model sees it, as llama.cpp
 //! does: the longest token first, every occurrence of it, then the next longest in what is left,
 //! with the whitespace stripping some models ask for around their special tokens.
+//!
+//! Text that came from a user (a chat message inside a rendered template) may be *marked*: a
+//! control token is not cut out where it covers a mark, so a user cannot forge the template's
+//! markup by typing it. [`SpecialTokenSplitter::marks_in`] finds where marks go.
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
 use super::token_attrs::TokenAttrs;
 
 /// A piece of input: text for the model, or a token found verbatim.
@@ -33,6 +40,16 @@ pub(crate) struct SpecialTokenSplitter {
     /// Longest text first; ties by id.
     entries: Vec<Entry>,
     nodes: Vec<TrieNode>,
+    /// Proper suffixes of the control tokens' texts, made on first use (see `marks_in`).
+    control_suffixes: OnceLock<ControlSuffixes>,
+}
+
+/// The proper suffixes of the control tokens' texts, to tell whether a string starts with the
+/// end of a control token that text before it could complete.
+#[derive(Debug, Default)]
+struct ControlSuffixes {
+    set: HashSet<Box<[u8]>>,
+    longest: usize,
 }
 
 impl SpecialTokenSplitter {
@@ -70,12 +87,88 @@ impl SpecialTokenSplitter {
         for node in &mut nodes {
             node.children.sort_unstable();
         }
-        SpecialTokenSplitter { entries, nodes }
+        SpecialTokenSplitter {
+            entries,
+            nodes,
+            control_suffixes: OnceLock::new(),
+        }
     }
 
     /// Cuts `text` into fragments. User-defined tokens are always cut out; control and unknown
     /// tokens only when `parse_special`.
+    #[cfg(test)]
     pub fn split<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+        self.split_marked(text, parse_special, &[])
+    }
+
+    /// Byte offsets in `user_text` where a control or unknown token's text begins: whole, cut
+    /// off by the end of the string (text after it could complete the token), or — offset 0 —
+    /// the string starts with the end of one. Empty for text that cannot form a control token.
+    pub fn marks_in(&self, user_text: &str) -> Vec<usize> {
+        let bytes = user_text.as_bytes();
+        let mut marks = Vec::new();
+        let suffixes = self
+            .control_suffixes
+            .get_or_init(|| self.build_control_suffixes());
+        if (1..=suffixes.longest.min(bytes.len()))
+            .any(|n| user_text.is_char_boundary(n) && suffixes.set.contains(&bytes[..n]))
+        {
+            marks.push(0);
+        }
+        for start in 0..bytes.len() {
+            if !user_text.is_char_boundary(start) || marks.last() == Some(&start) {
+                continue;
+            }
+            let mut node = 0usize;
+            let mut reached_end = true;
+            for &b in &bytes[start..] {
+                let children = &self.nodes[node].children;
+                match children.binary_search_by(|(c, _)| c.cmp(&b)) {
+                    Ok(i) => node = children[i].1 as usize,
+                    Err(_) => {
+                        reached_end = false;
+                        break;
+                    }
+                }
+                if self.entry_is_special(node) {
+                    break;
+                }
+            }
+            // A whole control token, or a prefix of some token running to the end of the text
+            // (which may be a control token's prefix: marking a user-defined one is harmless).
+            if self.entry_is_special(node) || (reached_end && node != 0) {
+                marks.push(start);
+            }
+        }
+        marks
+    }
+
+    fn entry_is_special(&self, node: usize) -> bool {
+        self.nodes[node]
+            .entry
+            .is_some_and(|index| self.entries[index as usize].attrs.is_special())
+    }
+
+    fn build_control_suffixes(&self) -> ControlSuffixes {
+        let mut suffixes = ControlSuffixes::default();
+        for entry in self.entries.iter().filter(|e| e.attrs.is_special()) {
+            let text = entry.text.as_str();
+            for (at, _) in text.char_indices().skip(1) {
+                suffixes.set.insert(text.as_bytes()[at..].into());
+            }
+            suffixes.longest = suffixes.longest.max(text.len());
+        }
+        suffixes
+    }
+
+    /// Like [`split`](Self::split), but a control or unknown token is not cut out where it
+    /// covers one of `marks` (sorted byte offsets into `text`): there it stays text.
+    pub fn split_marked<'t>(
+        &self,
+        text: &'t str,
+        parse_special: bool,
+        marks: &[usize],
+    ) -> Vec<Fragment<'t>> {
         if text.is_empty() {
             return Vec::new();
         }
@@ -99,12 +192,18 @@ impl SpecialTokenSplitter {
                     next.push(part);
                     continue;
                 };
+                let mut from = start;
                 while start < end {
-                    let Some(at) = text[start..end].find(needle) else {
+                    let Some(at) = text[from..end].find(needle) else {
                         next.push(Part::Text(start, end));
                         break;
                     };
-                    let hit = start + at;
+                    let hit = from + at;
+                    if entry.attrs.is_special() && covers_mark(marks, hit, hit + needle.len()) {
+                        // User text: leave it, look for the token further on.
+                        from = hit + text[hit..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
                     let mut left_end = hit;
                     if entry.attrs.contains(TokenAttrs::LSTRIP) {
                         while left_end > start && is_c_space(text.as_bytes()[left_end - 1]) {
@@ -121,6 +220,7 @@ impl SpecialTokenSplitter {
                             start += 1;
                         }
                     }
+                    from = start;
                 }
             }
             parts = next;
@@ -160,6 +260,12 @@ impl SpecialTokenSplitter {
         found.dedup();
         found
     }
+}
+
+/// Whether a mark lies in `start..end` (`marks` sorted).
+fn covers_mark(marks: &[usize], start: usize, end: usize) -> bool {
+    let first = marks.partition_point(|&m| m < start);
+    marks.get(first).is_some_and(|&m| m < end)
 }
 
 /// C's `isspace` in the "C" locale, which llama.cpp uses for stripping.

@@ -360,6 +360,24 @@ fn two<T>(v: Vec<T>) -> Result<[T; 2]> {
     })
 }
 
+/// The configuration's layer count must be the number of layers the weights hold: the last
+/// layer's norm present and none after it. Checked before anything is sized by the count.
+fn check_layer_count(cfg: &ModelConfig, src: &dyn WeightSource) -> Result<()> {
+    let norm = |i: usize| format!("blk.{i}.attn_norm.weight");
+    let n = cfg.num_layers;
+    let holds_last = n > 0 && src.contains(&norm(n - 1));
+    if !holds_last || src.contains(&norm(n)) {
+        let held = (0..=crate::config::MAX_LAYERS)
+            .take_while(|&i| src.contains(&norm(i)))
+            .count();
+        return Err(EngineError::Config {
+            source_name: src.source_name(),
+            reason: format!("the configuration says {n} layers but the weights hold {held}"),
+        });
+    }
+    Ok(())
+}
+
 impl<B: Backend> Decoder<B> {
     /// Loads every weight of `cfg`'s architecture from `src` onto `backend`.
     pub fn load(backend: B, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
@@ -369,6 +387,7 @@ impl<B: Backend> Decoder<B> {
             cfg: &cfg,
             bytes: 0,
         };
+        check_layer_count(&cfg, src)?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q_dim, kv_dim) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
         let embed = ld.matrix("token_embd.weight", cfg.vocab_size, h)?;

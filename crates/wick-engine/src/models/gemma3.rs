@@ -53,6 +53,8 @@ pub(super) fn from_gguf(keys: &GgufKeys<'_>, _source: &str) -> Result<ModelConfi
 pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     let mut cfg = llama::base_from_hf(keys, Arch::Gemma3, 1_000_000.0, true)?;
     apply_gemma(&mut cfg);
+    // Checked against the names wick implements (Gemma's default is the tanh GELU).
+    cfg.activation = keys.activation(Activation::GeluTanh)?;
     cfg.norm_weight_offset = true;
     cfg.head_dim = keys.opt_usize("head_dim")?.unwrap_or(256);
     cfg.rotary_dims = cfg.head_dim;

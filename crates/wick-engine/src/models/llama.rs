@@ -16,7 +16,7 @@ pub(super) fn base_from_gguf(
     let head_dim = keys
         .opt_usize("attention.key_length")?
         .unwrap_or(hidden / heads.max(1));
-    let layers = keys.usize("block_count")?;
+    let layers = keys.layer_count("block_count")?;
     let scaling = match keys.opt_str("rope.scaling.type")? {
         Some("linear") => RopeScaling::Linear {
             factor: keys.opt_f64("rope.scaling.factor")?.unwrap_or(1.0),
@@ -75,7 +75,7 @@ pub(super) fn base_from_hf(
     let hidden = keys.usize("hidden_size")?;
     let heads = keys.usize("num_attention_heads")?;
     let head_dim = keys.opt_usize("head_dim")?.unwrap_or(hidden / heads.max(1));
-    let layers = keys.usize("num_hidden_layers")?;
+    let layers = keys.layer_count("num_hidden_layers")?;
     let rotary = keys
         .opt_f64("partial_rotary_factor")?
         .map(|f| (head_dim as f64 * f) as usize)
@@ -100,7 +100,11 @@ pub(super) fn base_from_hf(
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         attn_softcap: None,
         final_softcap: None,
-        activation: Activation::Silu,
+        activation: keys.activation(if arch == Arch::Gemma3 {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        })?,
         scale_embeddings: false,
         sandwich_norms: false,
         norm_weight_offset: false,

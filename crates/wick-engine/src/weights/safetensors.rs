@@ -201,12 +201,15 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
                 format!("tensor '{name}' data_offsets must be two numbers"),
             ));
         };
-        let elements: usize = shape.iter().product();
         let elem_size = match dtype {
             Stored::Float(GgmlType::F32) | Stored::U32 => 4,
             Stored::Float(_) => 2,
         };
-        if start > end || end > data_len || end - start != elements * elem_size {
+        let bytes = shape
+            .iter()
+            .try_fold(elem_size, |n: usize, &d| n.checked_mul(d))
+            .ok_or_else(|| bad(path, format!("tensor '{name}' shape {shape:?} overflows")))?;
+        if start > end || end > data_len || end - start != bytes {
             return Err(bad(
                 path,
                 format!("tensor '{name}' bytes {start}..{end} do not match shape {shape:?} or the file size (truncated?)"),
@@ -220,6 +223,19 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
                 shape,
                 range: (header_end + start, header_end + end),
             },
+        ));
+    }
+    // Two tensors sharing bytes: a damaged or crafted header (as the safetensors format forbids).
+    let mut ranges: Vec<(usize, usize, &str)> = out
+        .iter()
+        .filter(|(_, e)| e.range.1 > e.range.0)
+        .map(|(n, e)| (e.range.0, e.range.1, n.as_str()))
+        .collect();
+    ranges.sort_unstable();
+    if let Some(pair) = ranges.windows(2).find(|p| p[0].1 > p[1].0) {
+        return Err(bad(
+            path,
+            format!("tensor '{}' overlaps tensor '{}'", pair[0].2, pair[1].2),
         ));
     }
     Ok(out)
@@ -509,6 +525,54 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("mxfp4"));
+    }
+
+    fn file_bytes(header: serde_json::Value, data_len: usize) -> Vec<u8> {
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&json);
+        bytes.resize(bytes.len() + data_len, 0);
+        bytes
+    }
+
+    #[test]
+    fn overlapping_and_overflowing_tensors_are_rejected() {
+        let path = Path::new("model.safetensors");
+        let ok = file_bytes(
+            serde_json::json!({
+                "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                "b": {"dtype": "F16", "shape": [4], "data_offsets": [16, 24]},
+            }),
+            24,
+        );
+        assert_eq!(parse_header(path, &ok, 0).unwrap().len(), 2);
+        let overlap = file_bytes(
+            serde_json::json!({
+                "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                "b": {"dtype": "F16", "shape": [4], "data_offsets": [8, 16]},
+            }),
+            24,
+        );
+        let Err(err) = parse_header(path, &overlap, 0) else {
+            panic!("overlapping tensors were accepted");
+        };
+        let msg = err.to_string();
+        assert!(
+            msg.contains("overlaps") && msg.contains("model.safetensors"),
+            "{msg}"
+        );
+        // A shape whose product wraps around to the byte count must not pass.
+        let wraps = file_bytes(
+            serde_json::json!({
+                "a": {"dtype": "F32", "shape": [4611686018427387904u64, 4, 1], "data_offsets": [0, 0]},
+            }),
+            0,
+        );
+        let Err(err) = parse_header(path, &wraps, 0) else {
+            panic!("a wrapping shape was accepted");
+        };
+        let msg = err.to_string();
+        assert!(msg.contains("overflows"), "{msg}");
     }
 
     #[test]
