@@ -83,7 +83,11 @@ def test_json_schema_replies_validate(client, name):
 
 
 def test_json_object(client):
-    reply = chat(client, "Describe a cat as JSON.", response_format={"type": "json_object"})
+    reply = chat(
+        client, 'Reply with a JSON object like {"name": "Tom"} for a cat.', max_tokens=128,
+        response_format={"type": "json_object"},
+    )
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0]
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
 
 
