@@ -170,21 +170,18 @@ impl Grammars {
     /// allows them where it may end).
     pub fn new(tokenizer: &Tokenizer, eos_ids: &[u32]) -> Result<Grammars, ConstraintError> {
         let words = trie_words(tokenizer);
-        let Some(&eos) = eos_ids.first() else {
-            return Err(ConstraintError::Unavailable(
-                "the model has no end-of-sequence token".into(),
-            ));
-        };
         let vocab_size = u32::try_from(words.len())
             .map_err(|_| ConstraintError::Unavailable("the vocabulary is too large".into()))?;
-        if eos_ids.iter().any(|&id| id >= vocab_size) {
+        // A configured end id past the tokenizer's vocabulary can never be allowed anyway.
+        let eos_ids: Vec<u32> = eos_ids.iter().copied().filter(|&id| id < vocab_size).collect();
+        let Some(&eos) = eos_ids.first() else {
             return Err(ConstraintError::Unavailable(
-                "an end-of-sequence id is outside the vocabulary".into(),
+                "the model has no end-of-sequence token in its vocabulary".into(),
             ));
-        }
+        };
         let mut info = TokRxInfo::new(vocab_size, eos);
         info.tok_bos = tokenizer.bos_id().filter(|&id| id < vocab_size);
-        let trie = TokTrie::from(&info, &words).with_eos_tokens(eos_ids);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos_ids);
         let canonical = is_canonical(tokenizer, &trie);
         let env: TokEnv = Arc::new(VocabEnv {
             trie,
@@ -277,6 +274,18 @@ impl Constraint {
     /// How long compiling took.
     pub fn compile_time(&self) -> Duration {
         self.inner.compile_time
+    }
+
+    /// How many tokens the grammar allows first, computed on a fresh matcher (benchmarks
+    /// and diagnostics: this is the cost of one full mask).
+    pub fn first_mask_allowed(&self) -> Result<usize, ConstraintError> {
+        let mut matcher = self
+            .inner
+            .proto
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Ok(matcher.compute_mask().map_err(failed)?.num_set())
     }
 
     /// The matcher state of a new sequence with `prompt`.

@@ -239,6 +239,21 @@ pub fn forced_tool_spec(
     Ok(ConstraintSpec::Lark(lark))
 }
 
+/// [`forced_tool_spec`] then [`compile`]: the constraint of a forced tool call, for any
+/// endpoint (chat's `tool_choice`, Anthropic's `any` / `tool`, the Responses API's).
+pub fn forced_tool_constraint(
+    model: &Model,
+    param: &str,
+    forced: &ForcedTool,
+    tools: &[ToolSpec],
+    format: ToolFormat,
+    parallel: bool,
+    reasoning: bool,
+) -> Result<Constraint, ApiError> {
+    let spec = forced_tool_spec(param, forced, tools, format, parallel, model)?;
+    compile(model, param, &spec, reasoning)
+}
+
 /// Compiles `spec` for the served model; a grammar that does not compile is a 400 naming
 /// `param`, with llguidance's message. With `reasoning`, a prompt that ends inside a
 /// `<think>` block gets its constraint after `</think>`.
