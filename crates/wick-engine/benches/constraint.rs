@@ -63,7 +63,10 @@ fn typical_schema() -> ConstraintSpec {
 
 fn bench_constraint(c: &mut Criterion) {
     let models = [
-        ("smollm2", "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        (
+            "smollm2",
+            "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
         (
             "qwen2.5",
             "qwen2.5-coder-0.5b-instruct/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",

@@ -160,7 +160,10 @@ pub struct Grammars {
 impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Grammars")
-            .field("vocab_size", &self.factory.tok_env().tok_trie().vocab_size())
+            .field(
+                "vocab_size",
+                &self.factory.tok_env().tok_trie().vocab_size(),
+            )
             .finish()
     }
 }
@@ -173,7 +176,11 @@ impl Grammars {
         let vocab_size = u32::try_from(words.len())
             .map_err(|_| ConstraintError::Unavailable("the vocabulary is too large".into()))?;
         // A configured end id past the tokenizer's vocabulary can never be allowed anyway.
-        let eos_ids: Vec<u32> = eos_ids.iter().copied().filter(|&id| id < vocab_size).collect();
+        let eos_ids: Vec<u32> = eos_ids
+            .iter()
+            .copied()
+            .filter(|&id| id < vocab_size)
+            .collect();
         let Some(&eos) = eos_ids.first() else {
             return Err(ConstraintError::Unavailable(
                 "the model has no end-of-sequence token in its vocabulary".into(),
@@ -188,8 +195,8 @@ impl Grammars {
             tokenizer: tokenizer.clone(),
             canonical,
         });
-        let mut factory =
-            ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Unavailable(e.to_string()))?;
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| ConstraintError::Unavailable(e.to_string()))?;
         factory.quiet();
         *factory.limits_mut() = ParserLimits {
             // The message of a failed request names the problem; the grammar dump would
@@ -213,7 +220,11 @@ impl Grammars {
             return Err(ConstraintError::Invalid(e));
         }
         let took = started.elapsed();
-        tracing::debug!(kind = spec.kind(), compile_us = took.as_micros() as u64, "grammar compiled");
+        tracing::debug!(
+            kind = spec.kind(),
+            compile_us = took.as_micros() as u64,
+            "grammar compiled"
+        );
         Ok(Constraint {
             inner: Arc::new(Compiled {
                 proto: Mutex::new(matcher),
@@ -489,7 +500,11 @@ mod tests {
                 std::path::Path::new(&std::env::var("HOME").unwrap_or_default()).join(".cache/wick")
             });
         let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-        assert!(path.is_file(), "{} missing: run `wick pull default`", path.display());
+        assert!(
+            path.is_file(),
+            "{} missing: run `wick pull default`",
+            path.display()
+        );
         let gguf = wick_gguf::GgufFile::open(&path).unwrap();
         Tokenizer::from_gguf(&gguf).unwrap()
     }
@@ -514,7 +529,9 @@ mod tests {
         // split across byte-level tokens included.
         let text = "{\"name\": \"Zoë 東京\", \"n\": [1, 2.5]}\n\tend";
         let ids = tok.encode_literal(text, false).unwrap();
-        assert!(ids.iter().any(|&id| std::str::from_utf8(trie.token(id)).is_err()));
+        assert!(ids
+            .iter()
+            .any(|&id| std::str::from_utf8(trie.token(id)).is_err()));
         assert_eq!(trie.decode(&ids), text.as_bytes());
     }
 
@@ -616,7 +633,9 @@ mod tests {
         assert!(row.is_active());
         let four = tok.encode_literal("4", false).unwrap()[0];
         assert!(row.allows(four).unwrap());
-        assert!(!row.allows(tok.encode_literal("hello", false).unwrap()[0]).unwrap());
+        assert!(!row
+            .allows(tok.encode_literal("hello", false).unwrap()[0])
+            .unwrap());
         // A closed block in the prompt: the grammar applies at once.
         let closed = tok.encode_literal("<think>x</think>", false).unwrap();
         assert!(c.start(&closed).is_active());

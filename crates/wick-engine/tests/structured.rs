@@ -27,9 +27,7 @@ fn default_model() -> Arc<Model> {
 }
 
 fn chat(model: &Model, user: &str) -> Vec<u32> {
-    let text = format!(
-        "<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-    );
+    let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
     model.tokenize(&text).unwrap()
 }
 
@@ -66,11 +64,23 @@ fn a_constrained_reply_parses_and_ends_with_the_grammar() {
         let out = model
             .generate(&request, |_| ControlFlow::Continue(()))
             .unwrap();
-        assert_eq!(out.finish_reason, FinishReason::EndOfSequence, "{}", out.text);
-        let v: Value = serde_json::from_str(&out.text).unwrap_or_else(|e| panic!("{e}: {}", out.text));
-        assert!(v["name"].as_str().is_some_and(|n| n.chars().count() <= 12), "{v}");
+        assert_eq!(
+            out.finish_reason,
+            FinishReason::EndOfSequence,
+            "{}",
+            out.text
+        );
+        let v: Value =
+            serde_json::from_str(&out.text).unwrap_or_else(|e| panic!("{e}: {}", out.text));
+        assert!(
+            v["name"].as_str().is_some_and(|n| n.chars().count() <= 12),
+            "{v}"
+        );
         assert!((0..=120).contains(&v["age"].as_i64().unwrap()), "{v}");
-        assert!(["admin", "user"].contains(&v["role"].as_str().unwrap()), "{v}");
+        assert!(
+            ["admin", "user"].contains(&v["role"].as_str().unwrap()),
+            "{v}"
+        );
     }
 }
 
@@ -88,7 +98,11 @@ fn a_grammar_unfinished_at_max_tokens_ends_with_length() {
         .generate(&request, |_| ControlFlow::Continue(()))
         .unwrap();
     assert_eq!(out.finish_reason, FinishReason::Length);
-    assert!(out.text.chars().all(|ch| ch == 'a') && !out.text.is_empty(), "{}", out.text);
+    assert!(
+        out.text.chars().all(|ch| ch == 'a') && !out.text.is_empty(),
+        "{}",
+        out.text
+    );
 }
 
 /// Constrained and free rows in one batch, with a pool that forces preemption: every row's
@@ -158,6 +172,9 @@ fn constrained_rows_survive_batching_and_preemption() {
         assert_eq!(&ids, want, "request {i} differs from its single run");
     }
     let stats = engine.stats();
-    assert!(stats.preemptions > 0, "the pool was meant to force preemption: {stats:?}");
+    assert!(
+        stats.preemptions > 0,
+        "the pool was meant to force preemption: {stats:?}"
+    );
     assert!(engine.shutdown(Duration::from_secs(5)));
 }

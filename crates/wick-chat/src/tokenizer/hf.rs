@@ -76,7 +76,11 @@ pub(crate) fn vocabulary_bytes(
             .iter()
             .filter_map(|d| d.get("type").and_then(Value::as_str))
             .collect(),
-        None => decoder.get("type").and_then(Value::as_str).into_iter().collect(),
+        None => decoder
+            .get("type")
+            .and_then(Value::as_str)
+            .into_iter()
+            .collect(),
     };
     let byte_level = kinds.contains(&"ByteLevel")
         || (kinds.is_empty() && pieces.iter().any(|p| p.starts_with('\u{120}')));

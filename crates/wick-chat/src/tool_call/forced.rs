@@ -144,18 +144,27 @@ mod tests {
     #[test]
     fn hermes_grammar_wraps_each_tool_envelope_in_tags() {
         let tools = [
-            tool("get_weather", json!({"type": "object", "properties": {"city": {"type": "string"}}})),
+            tool(
+                "get_weather",
+                json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            ),
             tool("now", Value::Null),
         ];
         let g = forced_call_grammar(ToolFormat::HermesJson, &tools, false, &|_| None).unwrap();
         assert!(g.starts_with("start: call\n"), "{g}");
-        assert!(g.contains(r#"call: "<tool_call>" "\n" body "\n" "</tool_call>""#), "{g}");
+        assert!(
+            g.contains(r#"call: "<tool_call>" "\n" body "\n" "</tool_call>""#),
+            "{g}"
+        );
         assert!(g.contains(r#""name":{"const":"get_weather"}"#), "{g}");
         assert!(g.contains(r#""name":{"const":"now"}"#), "{g}");
         assert_eq!(g.matches("%json").count(), 2);
         let parallel =
             forced_call_grammar(ToolFormat::HermesJson, &tools, true, &|_| None).unwrap();
-        assert!(parallel.starts_with(r#"start: call ("\n" call)*"#), "{parallel}");
+        assert!(
+            parallel.starts_with(r#"start: call ("\n" call)*"#),
+            "{parallel}"
+        );
     }
 
     #[test]
@@ -166,7 +175,10 @@ mod tests {
         assert!(g.starts_with(r#"start: <[9]> "[" body "]""#), "{g}");
         assert!(g.contains(r#""arguments":{"type":"object"}"#), "{g}");
         let parallel = forced_call_grammar(ToolFormat::Mistral, &tools, true, &ids).unwrap();
-        assert!(parallel.starts_with(r#"start: <[9]> "[" body (", " body)* "]""#), "{parallel}");
+        assert!(
+            parallel.starts_with(r#"start: <[9]> "[" body (", " body)* "]""#),
+            "{parallel}"
+        );
     }
 
     #[test]
@@ -179,7 +191,10 @@ mod tests {
         let e = envelope(&t, "arguments");
         assert_eq!(e["$defs"]["P"]["type"], "integer");
         assert!(e["properties"]["arguments"].get("$defs").is_none());
-        assert_eq!(e["properties"]["arguments"]["properties"]["p"]["$ref"], "#/$defs/P");
+        assert_eq!(
+            e["properties"]["arguments"]["properties"]["p"]["$ref"],
+            "#/$defs/P"
+        );
     }
 
     #[test]

@@ -208,7 +208,10 @@ fn named_function(choice: &Map<String, Value>) -> Result<String, ApiError> {
         .and_then(Value::as_str)
         .filter(|n| !n.trim().is_empty());
     name.map(|n| n.trim().to_string()).ok_or_else(|| {
-        ApiError::field("tool_choice.function.name", "must name one of the offered tools")
+        ApiError::field(
+            "tool_choice.function.name",
+            "must name one of the offered tools",
+        )
     })
 }
 

@@ -77,7 +77,9 @@ fn make_strict(schema: &mut Value) {
     match schema {
         Value::Object(map) => {
             let is_object = map.get("type").is_some_and(|t| {
-                t == "object" || t.as_array().is_some_and(|a| a.iter().any(|t| t == "object"))
+                t == "object"
+                    || t.as_array()
+                        .is_some_and(|a| a.iter().any(|t| t == "object"))
             }) || map.contains_key("properties");
             if is_object && !map.contains_key("additionalProperties") {
                 map.insert("additionalProperties".into(), Value::Bool(false));
@@ -89,8 +91,15 @@ fn make_strict(schema: &mut Value) {
                             children.values_mut().for_each(make_strict);
                         }
                     }
-                    "items" | "additionalProperties" | "not" | "contains" | "if" | "then"
-                    | "else" | "unevaluatedProperties" | "propertyNames" => make_strict(value),
+                    "items"
+                    | "additionalProperties"
+                    | "not"
+                    | "contains"
+                    | "if"
+                    | "then"
+                    | "else"
+                    | "unevaluatedProperties"
+                    | "propertyNames" => make_strict(value),
                     "anyOf" | "oneOf" | "allOf" | "prefixItems" => {
                         if let Value::Array(list) = value {
                             list.iter_mut().for_each(make_strict);
@@ -148,7 +157,10 @@ pub fn vllm_spec(f: &SamplingFields) -> Result<Option<(String, ConstraintSpec)>,
         let names: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
         return Err(ApiError::field(
             param.clone(),
-            format!("only one structured-output constraint may be given, got {}", names.join(", ")),
+            format!(
+                "only one structured-output constraint may be given, got {}",
+                names.join(", ")
+            ),
         ));
     }
     let kind = param.rsplit(['.', '_']).next().unwrap_or_default();
@@ -160,11 +172,18 @@ pub fn vllm_spec(f: &SamplingFields) -> Result<Option<(String, ConstraintSpec)>,
     };
     let spec = match kind {
         "json" => match value {
-            Value::String(s) => ConstraintSpec::JsonSchema(serde_json::from_str(s).map_err(
-                |e| ApiError::field(param.clone(), format!("is not valid JSON: {e}")),
-            )?),
+            Value::String(s) => {
+                ConstraintSpec::JsonSchema(serde_json::from_str(s).map_err(|e| {
+                    ApiError::field(param.clone(), format!("is not valid JSON: {e}"))
+                })?)
+            }
             Value::Object(_) | Value::Bool(_) => ConstraintSpec::JsonSchema((*value).clone()),
-            _ => return Err(ApiError::field(param.clone(), "must be a JSON Schema object")),
+            _ => {
+                return Err(ApiError::field(
+                    param.clone(),
+                    "must be a JSON Schema object",
+                ))
+            }
         },
         "object" => match value {
             Value::Bool(true) => ConstraintSpec::JsonObject,
@@ -263,7 +282,9 @@ pub fn compile(
     spec: &ConstraintSpec,
     reasoning: bool,
 ) -> Result<Constraint, ApiError> {
-    let grammars = model.grammars().map_err(|e| ApiError::unsupported(param, e.to_string()))?;
+    let grammars = model
+        .grammars()
+        .map_err(|e| ApiError::unsupported(param, e.to_string()))?;
     let constraint = grammars.compile(spec).map_err(|e| match e {
         ConstraintError::Invalid(message) => ApiError::field(param, message),
         other => ApiError::unsupported(param, other.to_string()),
@@ -298,9 +319,14 @@ mod tests {
         }));
         assert_eq!(s["additionalProperties"], false);
         assert_eq!(s["properties"]["a"]["additionalProperties"], false);
-        assert!(s["properties"]["a"]["properties"]["b"].get("additionalProperties").is_none());
+        assert!(s["properties"]["a"]["properties"]["b"]
+            .get("additionalProperties")
+            .is_none());
         assert_eq!(s["properties"]["c"]["items"]["additionalProperties"], false);
-        assert_eq!(s["properties"]["d"]["anyOf"][0]["additionalProperties"], true);
+        assert_eq!(
+            s["properties"]["d"]["anyOf"][0]["additionalProperties"],
+            true
+        );
         assert_eq!(s["$defs"]["E"]["additionalProperties"], false);
     }
 
@@ -325,11 +351,17 @@ mod tests {
             &json!({"type": "json_schema", "name": "x", "schema": {"type": "object"}}),
         )
         .unwrap();
-        assert_eq!(flat, Some(ConstraintSpec::JsonSchema(json!({"type": "object"}))));
+        assert_eq!(
+            flat,
+            Some(ConstraintSpec::JsonSchema(json!({"type": "object"})))
+        );
         for (bad, param) in [
             (json!({"type": "xml"}), "response_format.type"),
             (json!("json"), "response_format"),
-            (json!({"type": "json_schema", "json_schema": {"schema": 3}}), "response_format.json_schema.schema"),
+            (
+                json!({"type": "json_schema", "json_schema": {"schema": 3}}),
+                "response_format.json_schema.schema",
+            ),
         ] {
             let e = response_format_spec("response_format", &bad).unwrap_err();
             assert_eq!(e.param(), Some(param), "{bad}: {e}");
@@ -343,14 +375,26 @@ mod tests {
     #[test]
     fn vllm_fields_map_to_specs() {
         let cases = [
-            (r#"{"structured_outputs": {"regex": "a+"}}"#, ConstraintSpec::Regex("a+".into())),
-            (r#"{"guided_regex": "a+"}"#, ConstraintSpec::Regex("a+".into())),
+            (
+                r#"{"structured_outputs": {"regex": "a+"}}"#,
+                ConstraintSpec::Regex("a+".into()),
+            ),
+            (
+                r#"{"guided_regex": "a+"}"#,
+                ConstraintSpec::Regex("a+".into()),
+            ),
             (
                 r#"{"structured_outputs": {"choice": ["x", "y"]}}"#,
                 ConstraintSpec::Choice(vec!["x".into(), "y".into()]),
             ),
-            (r#"{"guided_choice": ["x"]}"#, ConstraintSpec::Choice(vec!["x".into()])),
-            (r#"{"guided_grammar": "start: \"a\""}"#, ConstraintSpec::Lark("start: \"a\"".into())),
+            (
+                r#"{"guided_choice": ["x"]}"#,
+                ConstraintSpec::Choice(vec!["x".into()]),
+            ),
+            (
+                r#"{"guided_grammar": "start: \"a\""}"#,
+                ConstraintSpec::Lark("start: \"a\"".into()),
+            ),
             (
                 r#"{"guided_json": "{\"type\": \"integer\"}"}"#,
                 ConstraintSpec::JsonSchema(json!({"type": "integer"})),
@@ -370,11 +414,17 @@ mod tests {
             .unwrap();
         assert_eq!(param, "structured_outputs.regex");
         for (json, param) in [
-            (r#"{"guided_regex": "a", "guided_choice": ["b"]}"#, "guided_regex"),
+            (
+                r#"{"guided_regex": "a", "guided_choice": ["b"]}"#,
+                "guided_regex",
+            ),
             (r#"{"structured_outputs": {}}"#, "structured_outputs"),
             (r#"{"guided_choice": []}"#, "guided_choice"),
             (r#"{"guided_json": "{nope"}"#, "guided_json"),
-            (r#"{"structured_outputs": {"regex": 3}}"#, "structured_outputs.regex"),
+            (
+                r#"{"structured_outputs": {"regex": 3}}"#,
+                "structured_outputs.regex",
+            ),
         ] {
             let e = vllm_spec(&fields(json)).unwrap_err();
             assert_eq!(e.param(), Some(param), "{json}: {e}");
