@@ -299,8 +299,8 @@ impl Constraint {
         Ok(matcher.compute_mask().map_err(failed)?.num_set())
     }
 
-    /// The matcher state of a new sequence with `prompt`.
-    pub(crate) fn start(&self, prompt: &[u32]) -> RowConstraint {
+    /// The matcher state of a new sequence with `prompt` (the engine keeps one per row).
+    pub fn start(&self, prompt: &[u32]) -> RowConstraint {
         let matcher = self
             .inner
             .proto
@@ -354,7 +354,7 @@ impl PartialEq for Constraint {
 }
 
 /// One sequence's grammar state.
-pub(crate) struct RowConstraint {
+pub struct RowConstraint {
     matcher: Matcher,
     env: TokEnv,
     /// Bytes that must be generated before the grammar applies (a reasoning block's close).
@@ -408,7 +408,8 @@ impl RowConstraint {
         Ok(picked)
     }
 
-    fn allows(&mut self, id: u32) -> Result<bool, ConstraintError> {
+    /// Whether the grammar accepts `id` next (it is not consumed).
+    pub fn allows(&mut self, id: u32) -> Result<bool, ConstraintError> {
         if id as usize >= self.env.tok_trie().vocab_size() {
             return Ok(false);
         }
