@@ -460,8 +460,8 @@ fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) {
 pub(crate) type GrammarsSlot = OnceLock<Result<Arc<Grammars>, ConstraintError>>;
 
 impl Model {
-    /// The model's grammar machinery, built on first use (tens of milliseconds for a large
-    /// vocabulary) and shared by every request after.
+    /// The model's grammar machinery, built on first use (0.4 s for a 49k vocabulary, 1.5 s
+    /// for 152k on two cores) and shared by every request after.
     pub fn grammars(&self) -> Result<Arc<Grammars>, ConstraintError> {
         self.grammars
             .get_or_init(|| {
