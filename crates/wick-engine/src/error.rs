@@ -4,6 +4,9 @@ use std::path::PathBuf;
 /// Errors from loading models and running them.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// Structured output failed (a grammar that does not compile, a matcher error).
+    #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
     /// The GGUF container is unreadable or damaged.
     #[error(transparent)]
     Gguf(#[from] wick_gguf::GgufError),

@@ -33,6 +33,7 @@
 pub mod backend;
 mod cache_value;
 pub mod config;
+pub mod constraint;
 mod error;
 mod fingerprint;
 pub mod models;

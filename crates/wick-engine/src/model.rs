@@ -366,6 +366,8 @@ pub struct Model {
     info: ModelInfo,
     defaults: GenerationDefaults,
     eos: Vec<u32>,
+    /// Structured output's token trie and parser factory, built on first use.
+    pub(crate) grammars: crate::constraint::GrammarsSlot,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
@@ -550,6 +552,7 @@ impl Model {
             info,
             defaults,
             eos,
+            grammars: Default::default(),
         })
     }
 

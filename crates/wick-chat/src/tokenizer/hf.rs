@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use super::special_tokens::{Fragment, SpecialTokenSplitter};
+use super::piece_decoder::{byte_token_value, PieceStyle, PieceTable};
 use super::token_attrs::TokenAttrs;
 use super::{Backend, Shared, TokenizerError};
 
@@ -134,6 +135,54 @@ fn post_processor_frame(hf: &tokenizers::Tokenizer) -> (Vec<u32>, Vec<u32>) {
         Some(at) => (with[..at].to_vec(), with[at + without.len()..].to_vec()),
         None => (Vec::new(), Vec::new()),
     }
+}
+
+/// Every token's bytes (see [`super::Tokenizer::vocabulary_bytes`]): the pipeline's decoder says
+/// how pieces spell bytes — GPT-2's byte alphabet (`ByteLevel`) or UTF-8 with `▁` for a space
+/// (`Metaspace`, or `Replace` + `ByteFallback`, where `<0xXX>` pieces are single bytes).
+pub(crate) fn vocabulary_bytes(
+    hf: &tokenizers::Tokenizer,
+    pieces: &[String],
+    attrs: &[TokenAttrs],
+) -> Vec<Vec<u8>> {
+    let decoder = hf
+        .get_decoder()
+        .and_then(|d| serde_json::to_value(d).ok())
+        .unwrap_or(Value::Null);
+    let kinds: Vec<&str> = match decoder.get("decoders").and_then(Value::as_array) {
+        Some(list) => list
+            .iter()
+            .filter_map(|d| d.get("type").and_then(Value::as_str))
+            .collect(),
+        None => decoder
+            .get("type")
+            .and_then(Value::as_str)
+            .into_iter()
+            .collect(),
+    };
+    let byte_level = kinds.contains(&"ByteLevel")
+        || (kinds.is_empty() && pieces.iter().any(|p| p.starts_with('\u{120}')));
+    let style = if byte_level {
+        PieceStyle::ByteLevel
+    } else {
+        PieceStyle::Spaced
+    };
+    let byte_fallback = kinds.contains(&"ByteFallback");
+    let attrs: Vec<TokenAttrs> = pieces
+        .iter()
+        .zip(attrs)
+        .map(|(piece, &attr)| {
+            if byte_fallback && attr == TokenAttrs::NORMAL && byte_token_value(piece).is_some() {
+                TokenAttrs::BYTE
+            } else {
+                attr
+            }
+        })
+        .collect();
+    let table = PieceTable::new(pieces, &attrs, style);
+    (0..pieces.len() as u32)
+        .map(|id| table.piece(id).map(<[u8]>::to_vec).unwrap_or_default())
+        .collect()
 }
 
 /// Reads a JSON file; `None` when it does not exist.

@@ -261,6 +261,21 @@ impl Tokenizer {
         self.shared.add_bos
     }
 
+    /// Every token's bytes, by id, as a grammar engine must see them: exactly the bytes the
+    /// token adds to the text (a byte-level piece that is half a UTF-8 character gives that
+    /// half, unlike [`token_bytes`](Self::token_bytes) of a Hugging Face tokenizer, which
+    /// decodes through UTF-8), control and user-defined tokens as their text, unused tokens
+    /// empty. Whether a token is special is [`is_special`](Self::is_special).
+    pub fn vocabulary_bytes(&self) -> Vec<Vec<u8>> {
+        let s = &*self.shared;
+        match &s.backend {
+            Backend::Gguf(codec) => (0..s.pieces.len() as u32)
+                .map(|id| codec.piece(id).map(<[u8]>::to_vec).unwrap_or_default())
+                .collect(),
+            Backend::Hf(_) => hf::vocabulary_bytes(&s.hf, &s.pieces, &s.attrs),
+        }
+    }
+
     /// The underlying `tokenizers` tokenizer. For GGUF models it carries the same vocabulary,
     /// added tokens and pre-tokenizer, but Hugging Face's rules for special tokens, which differ
     /// from llama.cpp's in corner cases; prefer [`encode`](Self::encode) and

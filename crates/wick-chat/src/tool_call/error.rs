@@ -77,6 +77,12 @@ pub enum ToolCallError {
         /// What is wrong.
         reason: String,
     },
+    /// Calls cannot be forced in this format: its arguments are not one JSON body.
+    #[error("forcing a tool call (tool_choice 'required' or a named function) is not supported for the {format} tool-call format")]
+    UnsupportedForcedFormat {
+        /// The format's name.
+        format: &'static str,
+    },
 }
 
 impl ToolCallError {
@@ -93,6 +99,7 @@ impl ToolCallError {
             ToolCallError::UnsupportedPayload { .. } => "unsupported_payload",
             ToolCallError::UnknownFormat { .. } => "unknown_format",
             ToolCallError::InvalidToolSpec { .. } => "invalid_tool_spec",
+            ToolCallError::UnsupportedForcedFormat { .. } => "unsupported_forced_format",
         }
     }
 }

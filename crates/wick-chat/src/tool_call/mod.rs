@@ -45,6 +45,7 @@
 //! ```
 
 mod error;
+mod forced;
 mod gemma4;
 mod glm;
 mod grammar;
@@ -62,6 +63,7 @@ mod stream;
 mod tagged;
 
 pub use error::ToolCallError;
+pub use forced::{envelope, forced_call_grammar};
 pub use outcome::{CallIdSource, ParseFailure, ParseOutcome, ToolCall};
 pub use repair::RepairKind;
 pub use schema::ToolSpec;

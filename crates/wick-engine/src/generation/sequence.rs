@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::request::{FinishReason, GenerationOutput, GenerationRequest, TokenEvent, Usage};
 use super::text::TextStream;
+use crate::constraint::RowConstraint;
 use crate::model::{KvCache, Model};
 use crate::models::decoder::{Logits, LogitsRequest};
 use crate::sampler::{Sampler, SamplerTokens};
@@ -37,6 +38,8 @@ pub struct Sequence {
     cached: usize,
     cache: KvCache,
     sampler: Sampler,
+    /// The grammar state of a structured-output request.
+    constraint: Option<RowConstraint>,
     text: TextStream,
     generated: Vec<u32>,
     pending: u32,
@@ -77,6 +80,11 @@ impl Sequence {
             preemptions: 0,
             cached,
             cache,
+            constraint: request
+                .sampling
+                .constraint
+                .as_ref()
+                .map(|c| c.start(&request.prompt)),
             sampler,
             text: TextStream::new(model.tokenizer(), &request.stop, request.keep_special_text),
             generated: Vec::new(),
@@ -176,7 +184,10 @@ impl Sequence {
         let Some(mut logits) = logits else {
             return Ok(None);
         };
-        let sampled = self.sampler.sample(logits.last_mut(), &self.history);
+        let sampled = match self.constraint.as_mut().filter(|c| c.is_active()) {
+            Some(c) => c.sample(&mut self.sampler, logits.last_mut(), &self.history)?,
+            None => self.sampler.sample(logits.last_mut(), &self.history),
+        };
         self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)
             .map(Some)
     }
@@ -231,7 +242,11 @@ impl Sequence {
             last: false,
             cached_tokens: self.cached,
         };
-        if !self.ignore_eos && self.eos.contains(&id) {
+        let eos = !self.ignore_eos && self.eos.contains(&id);
+        if let (Some(c), false) = (self.constraint.as_mut(), eos) {
+            c.commit(id)?;
+        }
+        if eos {
             self.finish = Some(FinishReason::EndOfSequence);
         } else {
             let (text, stopped) = self.text.push(id)?;
@@ -239,6 +254,10 @@ impl Sequence {
             if let Some(stop) = stopped {
                 self.finish = Some(FinishReason::StopString(stop));
             }
+        }
+        if self.finish.is_none() && self.constraint.as_ref().is_some_and(RowConstraint::is_done) {
+            // The grammar is complete and allows nothing more.
+            self.finish = Some(FinishReason::EndOfSequence);
         }
         if self.finish.is_none() && self.generated.len() >= self.max_tokens {
             self.finish = Some(FinishReason::Length);

@@ -49,6 +49,8 @@ pub struct SamplingParams {
     /// Log-probabilities to report: `None` = none, `Some(k)` = the chosen token's plus the
     /// `k` most likely ones (`Some(0)` = only the chosen token's).
     pub logprobs: Option<usize>,
+    /// Structured output: the grammar every sampled token must keep the reply within.
+    pub constraint: Option<crate::constraint::Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -69,6 +71,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             seed: 0,
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -111,6 +114,7 @@ impl SamplingParams {
             && (self.repetition_penalty == 0.0 || self.repetition_penalty == 1.0)
             && self.presence_penalty == 0.0
             && self.frequency_penalty == 0.0
+            && self.constraint.is_none()
     }
 
     /// Checks every field against its bound; the error names the field, the bound and the

@@ -85,6 +85,16 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     /// Generate past end-of-sequence tokens (vLLM's extension; for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// vLLM's structured output: `{"json" | "regex" | "choice" | "grammar": …}`.
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older spelling: a JSON Schema (object or JSON text).
+    pub guided_json: Option<Value>,
+    /// vLLM's older spelling: a regular expression.
+    pub guided_regex: Option<Value>,
+    /// vLLM's older spelling: a list of strings.
+    pub guided_choice: Option<Value>,
+    /// vLLM's older spelling: a Lark grammar (llguidance's dialect).
+    pub guided_grammar: Option<Value>,
 }
 
 /// Token counts of a response.

@@ -4,6 +4,7 @@ use serde_json::{Map, Value};
 use wick_chat::tool_call::{ToolCallError, ToolSpec};
 use wick_engine::sampler::MAX_TOP_LOGPROBS;
 
+use super::structured::{compile, forced_tool_spec, response_format_spec, vllm_spec, ForcedTool};
 use super::{resolve_generation, GenerationContext, ValidGeneration};
 use crate::config::BUILTIN_CHAT_MAX_TOKENS;
 use crate::error::ApiError;
@@ -45,23 +46,10 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
     for (i, message) in messages.iter().enumerate() {
         check_message(i, message)?;
     }
-    if let Some(format) = &req.response_format {
-        match format.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(other) => {
-                return Err(ApiError::unsupported(
-                    "response_format",
-                    format!("'{other}' needs constrained decoding, which wick does not do yet; only 'text' is supported"),
-                ))
-            }
-            None => {
-                return Err(ApiError::field(
-                    "response_format",
-                    "must be an object with a 'type'",
-                ))
-            }
-        }
-    }
+    let format_spec = match &req.response_format {
+        None | Some(Value::Null) => None,
+        Some(format) => response_format_spec("response_format", format)?,
+    };
 
     let tools = req.tools.unwrap_or_default();
     let tool_specs = ToolSpec::list_from_openai(&tools).map_err(|e| match e {
@@ -70,21 +58,18 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
         }
         other => ApiError::field("tools", other.to_string()),
     })?;
+    let mut forced = None;
     let tools_on = match &req.tool_choice {
         None | Some(Value::Null) => true,
         Some(Value::String(s)) if s == "auto" => true,
         Some(Value::String(s)) if s == "none" => false,
         Some(Value::String(s)) if s == "required" => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                "'required' needs constrained decoding, which wick does not do yet; use 'auto'",
-            ))
+            forced = Some(ForcedTool::Any);
+            true
         }
-        Some(Value::Object(_)) => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                "forcing a named function needs constrained decoding, which wick does not do yet; use 'auto'",
-            ))
+        Some(Value::Object(choice)) => {
+            forced = Some(ForcedTool::Named(named_function(choice)?));
+            true
         }
         Some(other) => {
             return Err(ApiError::field(
@@ -144,7 +129,7 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
     }
 
     let model = state.model();
-    let generation = resolve_generation(
+    let mut generation = resolve_generation(
         &req.sampling,
         GenerationContext {
             flags: &state.config().defaults,
@@ -155,14 +140,71 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
             vocab_size: model.config().vocab_size,
         },
     )?;
+    let parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
+    let mut specs = Vec::new();
+    if let Some(forced) = &forced {
+        let format = state.tool_format();
+        let spec = forced_tool_spec(
+            "tool_choice",
+            forced,
+            &tool_specs,
+            format,
+            parallel_tool_calls,
+            model,
+        )?;
+        specs.push(("tool_choice".to_string(), spec));
+    }
+    if let Some(spec) = format_spec {
+        specs.push(("response_format".to_string(), spec));
+    }
+    specs.extend(vllm_spec(&req.sampling)?);
+    if let [(first, _), (second, _), ..] = specs.as_slice() {
+        return Err(ApiError::field(
+            second.clone(),
+            format!("cannot be combined with '{first}': a reply follows one constraint"),
+        ));
+    }
+    if let Some((param, spec)) = specs.first() {
+        let reasoning = thinking != Some(false)
+            && state
+                .template_capabilities()
+                .is_some_and(|c| c.uses_think_tags);
+        generation.sampling.constraint = Some(compile(model, param, spec, reasoning)?);
+    }
     Ok(ValidChat {
         messages,
         tools,
         tool_specs,
-        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        parallel_tool_calls,
         template_kwargs,
         logprobs,
         generation,
+    })
+}
+
+/// The function a `tool_choice` object names: OpenAI chat's `{type: function, function:
+/// {name}}` or the flat `{type: function, name}` of the Responses API.
+fn named_function(choice: &Map<String, Value>) -> Result<String, ApiError> {
+    match choice.get("type").and_then(Value::as_str) {
+        Some("function") => {}
+        _ => {
+            return Err(ApiError::field(
+                "tool_choice.type",
+                "must be 'function' in a tool_choice object",
+            ))
+        }
+    }
+    let name = choice
+        .get("function")
+        .and_then(|f| f.get("name"))
+        .or_else(|| choice.get("name"))
+        .and_then(Value::as_str)
+        .filter(|n| !n.trim().is_empty());
+    name.map(|n| n.trim().to_string()).ok_or_else(|| {
+        ApiError::field(
+            "tool_choice.function.name",
+            "must name one of the offered tools",
+        )
     })
 }
 

@@ -3,6 +3,7 @@
 use serde_json::Value;
 use wick_engine::sampler::MAX_TOP_LOGPROBS;
 
+use super::structured::{compile, vllm_spec};
 use super::{resolve_generation, GenerationContext, ValidGeneration};
 use crate::config::BUILTIN_COMPLETION_MAX_TOKENS;
 use crate::error::ApiError;
@@ -60,7 +61,7 @@ pub fn validate(req: CompletionRequest, state: &AppState) -> Result<ValidComplet
         }
     };
     let model = state.model();
-    let generation = resolve_generation(
+    let mut generation = resolve_generation(
         &req.sampling,
         GenerationContext {
             flags: &state.config().defaults,
@@ -71,6 +72,9 @@ pub fn validate(req: CompletionRequest, state: &AppState) -> Result<ValidComplet
             vocab_size: model.config().vocab_size,
         },
     )?;
+    if let Some((param, spec)) = vllm_spec(&req.sampling)? {
+        generation.sampling.constraint = Some(compile(model, &param, &spec, false)?);
+    }
     Ok(ValidCompletion {
         prompt,
         echo: req.echo.unwrap_or(false),

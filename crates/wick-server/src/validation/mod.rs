@@ -2,6 +2,7 @@
 //! defaulting precedence request → server flag → `generation_config.json` → built-in.
 pub mod chat;
 pub mod completion;
+pub mod structured;
 
 use serde_json::{Map, Value};
 use wick_engine::sampler::{fresh_seed, SamplingParams, DEFAULT_PENALTY_CONTEXT};
@@ -210,6 +211,7 @@ pub fn resolve_generation(
         logit_bias: logit_bias(f.logit_bias.as_ref())?,
         seed,
         logprobs: ctx.logprobs,
+        constraint: None,
     };
     sampling.validate_for_vocab(ctx.vocab_size)?;
 

@@ -1,0 +1,180 @@
+//! Structured output with the real default model: constrained replies parse and match
+//! their schema, a batch under a pool small enough to preempt gives each constrained row
+//! exactly its single run, and a grammar that cannot finish within `max_tokens` ends with
+//! `Length`.
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use wick_engine::constraint::{Constraint, ConstraintSpec};
+use wick_engine::sampler::SamplingParams;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
+use wick_engine::{FinishReason, GenerationRequest, LoadOptions, Model};
+
+fn default_model() -> Arc<Model> {
+    let home = std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
+    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} missing: run `wick pull default`",
+        path.display()
+    );
+    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
+}
+
+fn chat(model: &Model, user: &str) -> Vec<u32> {
+    let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    model.tokenize(&text).unwrap()
+}
+
+fn constraint(model: &Model, spec: ConstraintSpec) -> Constraint {
+    model.grammars().unwrap().compile(&spec).unwrap()
+}
+
+fn person() -> ConstraintSpec {
+    ConstraintSpec::JsonSchema(json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "role": {"enum": ["admin", "user"]}
+        },
+        "required": ["name", "age", "role"],
+        "additionalProperties": false
+    }))
+}
+
+#[test]
+fn a_constrained_reply_parses_and_ends_with_the_grammar() {
+    let model = default_model();
+    let c = constraint(&model, person());
+    for (temperature, seed) in [(0.0, 0), (0.9, 7)] {
+        let request = GenerationRequest::new(chat(&model, "Describe a person as JSON."))
+            .max_tokens(80)
+            .sampling(SamplingParams {
+                temperature,
+                seed,
+                constraint: Some(c.clone()),
+                ..SamplingParams::default()
+            });
+        let out = model
+            .generate(&request, |_| ControlFlow::Continue(()))
+            .unwrap();
+        assert_eq!(
+            out.finish_reason,
+            FinishReason::EndOfSequence,
+            "{}",
+            out.text
+        );
+        let v: Value =
+            serde_json::from_str(&out.text).unwrap_or_else(|e| panic!("{e}: {}", out.text));
+        assert!(
+            v["name"].as_str().is_some_and(|n| n.chars().count() <= 12),
+            "{v}"
+        );
+        assert!((0..=120).contains(&v["age"].as_i64().unwrap()), "{v}");
+        assert!(
+            ["admin", "user"].contains(&v["role"].as_str().unwrap()),
+            "{v}"
+        );
+    }
+}
+
+#[test]
+fn a_grammar_unfinished_at_max_tokens_ends_with_length() {
+    let model = default_model();
+    let c = constraint(&model, ConstraintSpec::Regex("a{50}".into()));
+    let request = GenerationRequest::new(chat(&model, "Say a."))
+        .max_tokens(5)
+        .sampling(SamplingParams {
+            constraint: Some(c),
+            ..SamplingParams::default()
+        });
+    let out = model
+        .generate(&request, |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert!(
+        out.text.chars().all(|ch| ch == 'a') && !out.text.is_empty(),
+        "{}",
+        out.text
+    );
+}
+
+/// Constrained and free rows in one batch, with a pool that forces preemption: every row's
+/// tokens equal its run alone, so the matcher kept step through the recompute.
+#[test]
+fn constrained_rows_survive_batching_and_preemption() {
+    let model = default_model();
+    let json = constraint(&model, person());
+    let digits = constraint(&model, ConstraintSpec::Regex("[0-9]{3}-[0-9]{4}".into()));
+    let requests: Vec<GenerationRequest> = (0..6)
+        .map(|i| {
+            let c = match i % 3 {
+                0 => Some(json.clone()),
+                1 => Some(digits.clone()),
+                _ => None,
+            };
+            GenerationRequest::new(chat(&model, &format!("Person number {i}, please.")))
+                .max_tokens(48)
+                .sampling(SamplingParams {
+                    temperature: if i % 2 == 0 { 0.0 } else { 0.8 },
+                    seed: 40 + i as u64,
+                    constraint: c,
+                    ..SamplingParams::default()
+                })
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap();
+    let layers = model.config().num_layers;
+    let blocks = 2 * layers * longest.div_ceil(16) + layers;
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 6,
+            step_token_budget: 64,
+            prompt_cache_bytes: 0,
+            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        let mut ids = Vec::new();
+        while let Some(e) = h.blocking_next() {
+            match e {
+                EngineEvent::Token(t) => ids.push(t.id),
+                EngineEvent::Done(_) => break,
+                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
+            }
+        }
+        assert_eq!(&ids, want, "request {i} differs from its single run");
+    }
+    let stats = engine.stats();
+    assert!(
+        stats.preemptions > 0,
+        "the pool was meant to force preemption: {stats:?}"
+    );
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}
