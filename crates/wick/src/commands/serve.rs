@@ -526,6 +526,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let state = AppState::new(engine, checked.config)?;
+    // The grammar engine's token table takes up to a second or two to build: build it in the
+    // background now, not on the first request that asks for structured output.
+    let model = state.model().clone();
+    std::thread::spawn(move || {
+        if let Err(e) = model.grammars() {
+            tracing::warn!("structured output is unavailable: {e}");
+        }
+    });
     let model_id = state.config().model_id.clone();
     let context = state.model().info().context_length;
     let tool_format = state.tool_format();
