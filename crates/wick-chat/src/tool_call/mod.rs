@@ -454,14 +454,16 @@ mod tests {
         }
     }
 
-    /// A GLM call with no arguments is a bare name in the tags: Hermes refuses it, GLM
-    /// parses it. Prose has no format; markup nothing parses keeps its own format.
+    /// The format that yields calls wins over more specific markup that does not parse
+    /// (prose mentioning Mistral's token before a Hermes call). Prose has no format; markup
+    /// nothing parses keeps its own format.
     #[test]
     fn detection_prefers_the_format_that_parses() {
-        let reply = "<tool_call>get_time\n</tool_call>";
+        let reply = "Mistral models write [TOOL_CALLS] first.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        assert!(parse(ToolFormat::Mistral, reply, &[]).calls.is_empty());
         assert_eq!(
             ToolFormat::detect_in_reply(reply, &[]),
-            Some(ToolFormat::Glm)
+            Some(ToolFormat::HermesJson)
         );
         assert_eq!(ToolFormat::detect_in_reply("Just prose.", &[]), None);
         assert_eq!(
