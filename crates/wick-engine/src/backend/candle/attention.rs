@@ -443,8 +443,8 @@ fn attend_heads_as<E: KvNumber, S: Simd>(
     }
 }
 
-/// Attention for every (row, head) on `pool`; `q` is `[rows][heads][head_dim]`, the
-/// result too. A work unit is one row's query heads of one KV head (the group shares
+/// Attention for every (row, head) on `pool`, with the kernels of the family `isa` (or
+/// the best smaller one the CPU has); `q` is `[rows][heads][head_dim]`, the result too. A work unit is one row's query heads of one KV head (the group shares
 /// every key load), or a single head when that leaves too few units for the threads.
 pub(crate) fn attend(
     pool: &ThreadPool,
