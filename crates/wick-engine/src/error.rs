@@ -132,7 +132,7 @@ pub enum EngineError {
 impl From<candle_core::Error> for EngineError {
     fn from(e: candle_core::Error) -> Self {
         EngineError::Backend {
-            backend: "candle",
+            backend: "cpu",
             message: e.to_string(),
         }
     }

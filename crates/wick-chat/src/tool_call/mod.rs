@@ -244,6 +244,56 @@ impl ToolFormat {
         }
     }
 
+    /// The format a reply is written in, judged from the reply alone (when the model is not
+    /// known, as in `wick tools parse` without `--format` or `--model`); `None` when the text
+    /// holds no markup of any format.
+    ///
+    /// Every format whose distinctive markup appears in the text is a candidate — Gemma 4's
+    /// `<|tool_call>`, GLM's `<arg_key>` and Qwen-XML's `<function=` inside `<tool_call>`,
+    /// MiniCPM's `<function name=`, Mistral's `[TOOL_CALLS]`, Hermes' `<tool_call>`, Llama 3's
+    /// `<|python_tag|>`, and bare JSON for the two JSON formats — and each candidate parses the
+    /// text with `tools`. The one giving the most calls wins, then the one refusing the fewest
+    /// blocks, then the one needing the fewest repairs; a tie goes to the more specific
+    /// markup, in the order above. When no candidate yields a call the most specific one is
+    /// returned, so its reasons for refusing the markup can be shown.
+    pub fn detect_in_reply(text: &str, tools: &[ToolSpec]) -> Option<ToolFormat> {
+        let has = |markup: &str| text.contains(markup);
+        let tagged = has(tagged::OPEN);
+        let json = text.contains('{');
+        let candidates = [
+            (
+                ToolFormat::Gemma4,
+                has(gemma4::CALL_OPEN) || has(gemma4::CHANNEL_OPEN),
+            ),
+            (ToolFormat::Glm, tagged && has("<arg_key>")),
+            (ToolFormat::QwenXml, tagged && has(qwen_xml::FUNCTION_OPEN)),
+            (ToolFormat::MiniCpm, has(minicpm::FUNCTION_OPEN)),
+            (ToolFormat::Mistral, has(mistral::TOOL_CALLS)),
+            (ToolFormat::HermesJson, tagged || json),
+            (ToolFormat::Llama3Json, has(llama3_json::PYTHON_TAG) || json),
+            // A GLM call without arguments is only a name inside the tags.
+            (ToolFormat::Glm, tagged),
+        ];
+        let mut best: Option<(ToolFormat, (usize, usize, usize))> = None;
+        for (format, present) in candidates {
+            if !present {
+                continue;
+            }
+            let outcome = parse_with_ids(format, text, tools, CallIdSource::counter());
+            let repairs: usize = outcome.calls.iter().map(|c| c.repairs.len()).sum();
+            // Larger is better: more calls, fewer refusals, fewer repairs.
+            let score = (
+                outcome.calls.len(),
+                usize::MAX - outcome.failures.len(),
+                usize::MAX - repairs,
+            );
+            if best.is_none_or(|(_, b)| score > b) {
+                best = Some((format, score));
+            }
+        }
+        best.map(|(format, _)| format)
+    }
+
     /// The markers that open markup in this format's prose.
     pub(crate) fn markers(self) -> &'static [Marker] {
         const HERMES: &[Marker] = &[TAGGED, FENCE_JSON];
@@ -350,6 +400,78 @@ mod tests {
         );
         let err = ToolFormat::from_name("nope").unwrap_err();
         assert!(err.to_string().contains("hermes-json, qwen-xml"), "{err}");
+    }
+
+    /// Each format's documented call, pasted with no format named, is detected as that
+    /// format and parses to the call.
+    #[test]
+    fn a_reply_names_its_format() {
+        let tools = ToolSpec::list_from_openai(&[serde_json::json!({"type": "function",
+            "function": {"name": "get_weather", "parameters": {"type": "object",
+                "properties": {"city": {"type": "string"}}}}})])
+        .unwrap();
+        let replies = [
+            (
+                ToolFormat::HermesJson,
+                "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            ),
+            (
+                ToolFormat::QwenXml,
+                "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+            ),
+            (
+                ToolFormat::Glm,
+                "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>",
+            ),
+            (
+                ToolFormat::MiniCpm,
+                "<function name=\"get_weather\"><param name=\"city\">Paris</param></function>",
+            ),
+            (
+                ToolFormat::Gemma4,
+                "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>",
+            ),
+            (
+                ToolFormat::Llama3Json,
+                "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            ),
+            (
+                ToolFormat::Mistral,
+                "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]",
+            ),
+            (
+                ToolFormat::Mistral,
+                "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
+            ),
+        ];
+        for (want, reply) in replies {
+            for tools in [&tools[..], &[]] {
+                let got = ToolFormat::detect_in_reply(reply, tools);
+                assert_eq!(got, Some(want), "{reply}");
+                let outcome = parse(want, reply, tools);
+                assert_eq!(outcome.calls.len(), 1, "{reply}");
+                assert_eq!(outcome.calls[0].name, "get_weather");
+                assert_eq!(outcome.calls[0].arguments_json, r#"{"city":"Paris"}"#);
+            }
+        }
+    }
+
+    /// The format that yields calls wins over more specific markup that does not parse
+    /// (prose mentioning Mistral's token before a Hermes call). Prose has no format; markup
+    /// nothing parses keeps its own format.
+    #[test]
+    fn detection_prefers_the_format_that_parses() {
+        let reply = "Mistral models write [TOOL_CALLS] first.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        assert!(parse(ToolFormat::Mistral, reply, &[]).calls.is_empty());
+        assert_eq!(
+            ToolFormat::detect_in_reply(reply, &[]),
+            Some(ToolFormat::HermesJson)
+        );
+        assert_eq!(ToolFormat::detect_in_reply("Just prose.", &[]), None);
+        assert_eq!(
+            ToolFormat::detect_in_reply("<|tool_call>call:<tool_call|>", &[]),
+            Some(ToolFormat::Gemma4)
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@ use crate::{EngineError, Result};
 /// The compute backends a model can be loaded onto.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendKind {
-    /// candle on the CPU: portable, GGUF quantized kernels, the default.
+    /// The CPU (`--backend cpu`, also accepted as `candle`): wick's own kernels, the
+    /// default.
     #[default]
     Candle,
     /// MLX (cargo feature `mlx`): its GPU backend where the runtime has one (CUDA,
@@ -31,7 +32,7 @@ impl BackendKind {
     /// The name `--backend` takes.
     pub fn name(self) -> &'static str {
         match self {
-            BackendKind::Candle => "candle",
+            BackendKind::Candle => "cpu",
             BackendKind::Mlx => "mlx",
         }
     }
@@ -59,7 +60,7 @@ impl std::str::FromStr for BackendKind {
             "candle" | "cpu" => Ok(BackendKind::Candle),
             "mlx" => Ok(BackendKind::Mlx),
             other => Err(EngineError::InvalidInput(format!(
-                "unknown backend '{other}' (expected candle or mlx)"
+                "unknown backend '{other}' (expected cpu or mlx)"
             ))),
         }
     }

@@ -40,8 +40,9 @@ pub struct BenchArgs {
     /// With --concurrency: sampling temperature of the requests.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
-    /// Compute backend: candle (CPU) or mlx (needs a build with `--features mlx`).
-    #[arg(long, env = "WICK_BACKEND", default_value = "candle", value_parser = ["candle", "mlx"])]
+    /// Compute backend: cpu (wick's own kernels; `candle` is an old name for it) or mlx
+    /// (needs a build with `--features mlx`).
+    #[arg(long, env = "WICK_BACKEND", default_value = "cpu", value_parser = ["cpu", "candle", "mlx"])]
     backend: String,
     /// How the CPU KV cache stores keys and values: f16 (halves the memory batched decode
     /// reads; llama.cpp's default) or f32. Default: f16 for GGUF files, f32 for Hugging
@@ -50,7 +51,7 @@ pub struct BenchArgs {
     kv_type: Option<String>,
     /// Sequences decoded together. Above 1, and always on mlx, the greedy lockstep path
     /// is measured (argmax on the backend, next step queued before ids are read); with 1
-    /// on candle, the regular sampler path.
+    /// on cpu, the regular sampler path.
     #[arg(long, default_value_t = 1)]
     batch: usize,
     /// Cases `PROMPT:GEN:BATCH` run on one loaded model (repeatable); replaces

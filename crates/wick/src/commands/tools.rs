@@ -1,6 +1,6 @@
 //! `wick tools parse`: run a model reply through the tool-call parser and show the calls,
 //! the repairs applied, or why nothing parsed.
-use std::io::Read;
+use std::io::{Read, Write};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -22,8 +22,8 @@ enum ToolsCommand {
 
 #[derive(Args)]
 struct ParseArgs {
-    /// Wire format (hermes, qwen-xml, glm, minicpm, gemma4, llama3, mistral); detected from
-    /// --model's chat template when absent, else hermes.
+    /// Wire format (hermes, qwen-xml, glm, minicpm, gemma4, llama3, mistral); when absent,
+    /// detected from --model's chat template, else from the reply's own markup.
     #[arg(long)]
     format: Option<String>,
     /// The offered tools: an OpenAI `tools` array or a request body holding one.
@@ -40,10 +40,11 @@ struct ParseArgs {
 pub fn run(args: ToolsArgs) -> anyhow::Result<()> {
     match args.command {
         ToolsCommand::Formats => {
-            for f in ToolFormat::all() {
-                println!("{}", f.name());
-            }
-            Ok(())
+            let names: String = ToolFormat::all()
+                .iter()
+                .map(|f| format!("{}\n", f.name()))
+                .collect();
+            emit(&names)
         }
         ToolsCommand::Parse(a) => parse(a),
     }
@@ -84,12 +85,17 @@ fn detect_from_model(arg: &str) -> anyhow::Result<Option<ToolFormat>> {
     Ok(ToolFormat::detect(&template, &arch))
 }
 
+/// Writes `text` to stdout. A reader that went away (`wick tools parse | head`) ends the
+/// output quietly, as in other command-line tools: that is not an error.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to stdout"),
+    }
+}
+
 fn parse(a: ParseArgs) -> anyhow::Result<()> {
-    let format = match (&a.format, &a.model) {
-        (Some(f), _) => ToolFormat::from_name(f)?,
-        (None, Some(m)) => detect_from_model(m)?.unwrap_or(ToolFormat::HermesJson),
-        (None, None) => ToolFormat::HermesJson,
-    };
     let tools: Vec<ToolSpec> = match &a.tools {
         Some(p) => {
             let text =
@@ -102,14 +108,20 @@ fn parse(a: ParseArgs) -> anyhow::Result<()> {
     std::io::stdin()
         .read_to_string(&mut text)
         .context("reading the reply from stdin")?;
+    let format = match (&a.format, &a.model) {
+        (Some(f), _) => ToolFormat::from_name(f)?,
+        (None, Some(m)) => detect_from_model(m)?.unwrap_or(ToolFormat::HermesJson),
+        (None, None) => {
+            ToolFormat::detect_in_reply(&text, &tools).unwrap_or(ToolFormat::HermesJson)
+        }
+    };
     let outcome = tool_call::parse(format, &text, &tools);
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report::to_json(&outcome))?
-        );
+    let shown = if a.json {
+        let mut json = serde_json::to_string_pretty(&report::to_json(&outcome))?;
+        json.push('\n');
+        json
     } else {
-        print!("{}", report::render(&outcome));
-    }
-    Ok(())
+        report::render(&outcome)
+    };
+    emit(&shown)
 }

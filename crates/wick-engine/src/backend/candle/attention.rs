@@ -3,11 +3,13 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use wick_kernels::ThreadPool;
+use wick_kernels::{Isa, ThreadPool};
 
 use half::f16;
 
-use super::block_pool::{KvBlock, KvDtype, KvNumber, BLOCK_TOKENS};
+#[cfg(target_arch = "x86_64")]
+use super::block_pool::{Avx2, Avx512};
+use super::block_pool::{KvBlock, KvDtype, KvNumber, Portable, Simd, BLOCK_TOKENS};
 use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
 use crate::backend::AttentionParams;
@@ -26,7 +28,7 @@ const PREFETCH_AHEAD: usize = 4;
 /// Calls `f(block, first_slot, n)` for each run of consecutive positions `from..to` that
 /// lie in one block, and `warm(block)` on each block [`PREFETCH_AHEAD`] runs before `f`
 /// reaches it (the first ones up front).
-#[inline]
+#[inline(always)]
 fn for_each_run(
     cache: &CpuKvLayer,
     from: usize,
@@ -77,7 +79,8 @@ const MAX_GROUP: usize = 4;
 /// keys of one KV head (`kt`, `[hd][slot]`): sixteen-wide products across the slots, no
 /// horizontal sums, in the [`PARTS`] order.
 #[inline(always)]
-fn block_scores<const G: usize, E: KvNumber>(
+fn block_scores<const G: usize, E: KvNumber, S: Simd>(
+    simd: S,
     qs: &[f32],
     kt: &[E],
     hd: usize,
@@ -91,7 +94,7 @@ fn block_scores<const G: usize, E: KvNumber>(
         .enumerate()
     {
         for (j, row) in rows.chunks_exact(BLOCK_TOKENS).enumerate() {
-            let k = E::load16(row);
+            let k = E::load16(simd, row);
             for (part, q) in part.iter_mut().zip(&q) {
                 let qd = q[c * PARTS + j];
                 for (a, &k) in part[j].iter_mut().zip(&k) {
@@ -106,7 +109,7 @@ fn block_scores<const G: usize, E: KvNumber>(
             *s = (part[0][i] + part[1][i]) + (part[2][i] + part[3][i]);
         }
         for d in main..hd {
-            let k = E::load16(&kt[d * BLOCK_TOKENS..]);
+            let k = E::load16(simd, &kt[d * BLOCK_TOKENS..]);
             for (s, &k) in sum.iter_mut().zip(&k) {
                 *s += q[d] * k;
             }
@@ -118,7 +121,8 @@ fn block_scores<const G: usize, E: KvNumber>(
 /// Scaled (and soft-capped) scores of the `G` query heads `qs` for positions `lo .. hi`
 /// into `scores` (`[G][n]`).
 #[inline(always)]
-fn group_scores<const G: usize, E: KvNumber>(
+fn group_scores<const G: usize, E: KvNumber, S: Simd>(
+    simd: S,
     qs: &[f32],
     src: &RowSource<'_>,
     (lo, hi): (usize, usize),
@@ -136,7 +140,7 @@ fn group_scores<const G: usize, E: KvNumber>(
         b.prefetch_head_values(kvh, hd);
     };
     for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
-        let sums = block_scores::<G, E>(qs, block.head_keys(kvh, hd), hd);
+        let sums = block_scores::<G, E, S>(simd, qs, block.head_keys(kvh, hd), hd);
         for (g, sum) in sums.iter().enumerate() {
             let out = &mut scores[g * n + t..g * n + t + len];
             for (o, &a) in out.iter_mut().zip(&sum[slot..slot + len]) {
@@ -156,10 +160,10 @@ const VALUE_TILE: usize = 64;
 
 /// The first [`VALUE_TILE`] numbers of `v` as f32, sixteen per load.
 #[inline(always)]
-fn value_tile<E: KvNumber>(v: &[E]) -> [f32; VALUE_TILE] {
+fn value_tile<E: KvNumber, S: Simd>(simd: S, v: &[E]) -> [f32; VALUE_TILE] {
     let mut tile = [0f32; VALUE_TILE];
     for (c, part) in tile.chunks_exact_mut(16).enumerate() {
-        part.copy_from_slice(&E::load16(&v[c * 16..]));
+        part.copy_from_slice(&E::load16(simd, &v[c * 16..]));
     }
     tile
 }
@@ -168,7 +172,8 @@ fn value_tile<E: KvNumber>(v: &[E]) -> [f32; VALUE_TILE] {
 /// head `kvh`; each value row is loaded once for all heads. Every output sums its terms in
 /// position order from zero, as a plain loop would.
 #[inline(always)]
-fn group_values<const G: usize, E: KvNumber>(
+fn group_values<const G: usize, E: KvNumber, S: Simd>(
+    simd: S,
     weights: &[f32],
     src: &RowSource<'_>,
     (lo, hi): (usize, usize),
@@ -190,7 +195,7 @@ fn group_values<const G: usize, E: KvNumber>(
                     .expect("one value tile")
             });
             for (i, v) in values.chunks_exact(hd).enumerate() {
-                let v = value_tile(&v[d0..]);
+                let v = value_tile(simd, &v[d0..]);
                 for (g, acc) in acc.iter_mut().enumerate() {
                     let wt = weights[g * n + t + i];
                     for (a, &x) in acc.iter_mut().zip(&v) {
@@ -247,21 +252,21 @@ fn head_groups(heads: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
         .map(move |h| h..(h + MAX_GROUP).min(heads))
 }
 
-/// Calls `$f::<G, $t>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run `$r`.
+/// Calls `$f::<G, $t, $s>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run `$r`.
 macro_rules! by_group {
-    ($r:expr, $f:ident::<$t:ty>($($arg:expr),* $(,)?)) => {
+    ($r:expr, $f:ident::<$t:ty, $s:ty>($($arg:expr),* $(,)?)) => {
         match $r.len() {
-            4 => $f::<4, $t>($($arg),*),
-            3 => $f::<3, $t>($($arg),*),
-            2 => $f::<2, $t>($($arg),*),
-            _ => $f::<1, $t>($($arg),*),
+            4 => $f::<4, $t, $s>($($arg),*),
+            3 => $f::<3, $t, $s>($($arg),*),
+            2 => $f::<2, $t, $s>($($arg),*),
+            _ => $f::<1, $t, $s>($($arg),*),
         }
     };
 }
 
 /// The largest of `xs` (−∞ when empty), sixteen lanes at a time: a maximum does not
 /// depend on the order it is taken in.
-#[inline]
+#[inline(always)]
 fn max_of(xs: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = xs.chunks_exact(LANES);
@@ -286,10 +291,98 @@ pub(crate) struct RowSource<'a> {
 /// Multiply-adds under which attention stays on the calling thread.
 const SERIAL_WORK: usize = 1 << 15;
 
+/// The instruction set attention runs on, chosen once per call of [`attend`]. Every set
+/// computes the same operations in the same order (no fused multiply-adds, no reordered
+/// sums), so all give the same bits; they differ only in vector width.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(Avx512),
+}
+
+impl Kernel {
+    /// The kernel for the family `isa`, or the best smaller one this CPU has.
+    fn for_isa(isa: Isa) -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if isa >= Isa::Avx512Vnni {
+                if let Some(s) = Avx512::detect() {
+                    return Kernel::Avx512(s);
+                }
+            }
+            if isa >= Isa::Avx2 {
+                if let Some(s) = Avx2::detect() {
+                    return Kernel::Avx2(s);
+                }
+            }
+        }
+        let _ = isa;
+        Kernel::Portable
+    }
+}
+
 /// Attention of the query heads `h0 .. h0 + qs.len() / hd`, which all read KV head `kvh`,
 /// for one row, up to [`MAX_GROUP`] heads at a time sharing every key and value load;
-/// `scores` is reused scratch.
+/// `scores` is reused scratch. The body is compiled once per [`Kernel`], each copy with its
+/// instruction set enabled, so the sixteen-wide loops become that set's vector code whatever
+/// CPU the build targets.
 fn attend_heads(
+    kernel: Kernel,
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
+    p: &AttentionParams,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    match kernel {
+        Kernel::Portable => attend_heads_on(Portable, qs, src, kvh, p, scores, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` proves the CPU has AVX2, FMA and F16C.
+        Kernel::Avx2(s) => unsafe { attend_heads_avx2(s, qs, src, kvh, p, scores, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx512` proves the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
+        Kernel::Avx512(s) => unsafe { attend_heads_avx512(s, qs, src, kvh, p, scores, out) },
+    }
+}
+
+/// [`attend_heads`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_heads_avx2(
+    simd: Avx2,
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
+    p: &AttentionParams,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_heads_on(simd, qs, src, kvh, p, scores, out)
+}
+
+/// [`attend_heads`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn attend_heads_avx512(
+    simd: Avx512,
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
+    p: &AttentionParams,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_heads_on(simd, qs, src, kvh, p, scores, out)
+}
+
+/// [`attend_heads`] with the instructions of `simd`, inlined into its caller.
+#[inline(always)]
+fn attend_heads_on<S: Simd>(
+    simd: S,
     qs: &[f32],
     src: &RowSource<'_>,
     kvh: usize,
@@ -298,13 +391,15 @@ fn attend_heads(
     out: &mut [f32],
 ) {
     match src.cache.dtype {
-        KvDtype::F32 => attend_heads_as::<f32>(qs, src, kvh, p, scores, out),
-        KvDtype::F16 => attend_heads_as::<f16>(qs, src, kvh, p, scores, out),
+        KvDtype::F32 => attend_heads_as::<f32, S>(simd, qs, src, kvh, p, scores, out),
+        KvDtype::F16 => attend_heads_as::<f16, S>(simd, qs, src, kvh, p, scores, out),
     }
 }
 
 /// [`attend_heads`] over a cache storing numbers of type `E`.
-fn attend_heads_as<E: KvNumber>(
+#[inline(always)]
+fn attend_heads_as<E: KvNumber, S: Simd>(
+    simd: S,
     qs: &[f32],
     src: &RowSource<'_>,
     kvh: usize,
@@ -329,7 +424,7 @@ fn attend_heads_as<E: KvNumber>(
             &qs[r.start * hd..r.end * hd],
             &mut scores[r.start * n..r.end * n],
         );
-        by_group!(r, group_scores::<E>(q, src, span, kvh, p, s));
+        by_group!(r, group_scores::<E, S>(simd, q, src, span, kvh, p, s));
     }
     for weights in scores.chunks_exact_mut(n) {
         let max = max_of(weights);
@@ -344,21 +439,23 @@ fn attend_heads_as<E: KvNumber>(
             &scores[r.start * n..r.end * n],
             &mut out[r.start * hd..r.end * hd],
         );
-        by_group!(r, group_values::<E>(w, src, span, kvh, hd, o));
+        by_group!(r, group_values::<E, S>(simd, w, src, span, kvh, hd, o));
     }
 }
 
-/// Attention for every (row, head) on `pool`; `q` is `[rows][heads][head_dim]`, the
-/// result too. A work unit is one row's query heads of one KV head (the group shares
+/// Attention for every (row, head) on `pool`, with the kernels of the family `isa` (or
+/// the best smaller one the CPU has); `q` is `[rows][heads][head_dim]`, the result too. A work unit is one row's query heads of one KV head (the group shares
 /// every key load), or a single head when that leaves too few units for the threads.
 pub(crate) fn attend(
     pool: &ThreadPool,
+    isa: Isa,
     q: &[f32],
     rows: &[RowSource<'_>],
     p: &AttentionParams,
 ) -> Vec<f32> {
     let hd = p.head_dim;
     let group = p.heads / p.kv_heads;
+    let kernel = Kernel::for_isa(isa);
     let mut out = vec![0f32; q.len()];
     let per_unit = if rows.len() * p.kv_heads >= 2 * pool.threads() {
         group
@@ -385,7 +482,7 @@ pub(crate) fn attend(
             let (r, h0) = (u / units_per_row, (u % units_per_row) * per_unit);
             let qs = &q[(r * p.heads + h0) * hd..(r * p.heads + h0 + per_unit) * hd];
             let mut o = units[u].lock().unwrap_or_else(|e| e.into_inner());
-            attend_heads(qs, &rows[r], h0 / group, p, &mut scores, &mut o);
+            attend_heads(kernel, qs, &rows[r], h0 / group, p, &mut scores, &mut o);
         }
     };
     if work_size < SERIAL_WORK {
@@ -518,16 +615,18 @@ mod tests {
     /// Grouped heads (one to four sharing each load, seven split four and three), head
     /// sizes with and without a tail past the four partials or a 64-wide value tile: every
     /// output is bit for bit the ordered reference's, for decode rows of several sequences
-    /// and for a prompt chunk.
+    /// and for a prompt chunk, on every instruction set this CPU has.
     #[test]
     fn grouped_heads_keep_the_promised_summation_order() {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
-            grouped_heads_in_order(dtype);
+        for isa in Isa::available() {
+            for dtype in [KvDtype::F32, KvDtype::F16] {
+                grouped_heads_in_order(isa, dtype);
+            }
         }
     }
 
-    fn grouped_heads_in_order(dtype: KvDtype) {
-        let be = CandleBackend::cpu().with_kv_dtype(dtype);
+    fn grouped_heads_in_order(isa: Isa, dtype: KvDtype) {
+        let be = CandleBackend::cpu().with_isa(isa).with_kv_dtype(dtype);
         // What the cache keeps of a number.
         let stored = |x: f32| match dtype {
             KvDtype::F32 => x,
@@ -613,7 +712,7 @@ mod tests {
                             got.iter()
                                 .zip(&want)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{dtype:?}: {heads}/{kv_heads} heads of {head_dim}, sequence {s} position {pos}"
+                            "{isa:?} {dtype:?}: {heads}/{kv_heads} heads of {head_dim}, sequence {s} position {pos}"
                         );
                     }
                 }

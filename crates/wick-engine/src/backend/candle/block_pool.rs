@@ -115,14 +115,14 @@ impl KvData {
 
 /// A number type KV blocks store, which attention reads as f32 sixteen at a time: the
 /// conversion happens in registers, next to the products that use it, so a block is read
-/// from memory once and never copied. Half to f32 is exact, so every path (AVX-512F, F16C,
-/// scalar) gives the same bits.
+/// from memory once and never copied. Half to f32 is exact, so every instruction set
+/// ([`Simd`]) gives the same bits.
 pub(crate) trait KvNumber: Copy {
     /// `data`'s numbers when they are of this type.
     fn of(data: &KvData) -> Option<&[Self]>;
 
-    /// The first sixteen numbers of `src` as f32.
-    fn load16(src: &[Self]) -> [f32; 16];
+    /// The first sixteen numbers of `src` as f32, converted with `simd`'s instructions.
+    fn load16<S: Simd>(simd: S, src: &[Self]) -> [f32; 16];
 
     /// One number as f32.
     fn to_f32(self) -> f32;
@@ -138,7 +138,7 @@ impl KvNumber for f32 {
     }
 
     #[inline(always)]
-    fn load16(src: &[f32]) -> [f32; 16] {
+    fn load16<S: Simd>(_: S, src: &[f32]) -> [f32; 16] {
         src[..16].try_into().expect("sixteen numbers")
     }
 
@@ -158,45 +158,112 @@ impl KvNumber for f16 {
     }
 
     #[inline(always)]
-    fn load16(src: &[f16]) -> [f32; 16] {
-        let src: &[f16; 16] = src[..16].try_into().expect("sixteen numbers");
-        #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-        {
-            use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps};
-            // SAFETY: the build enables AVX-512F (checked by the cfg), and the load reads
-            // the 32 bytes of `src`, unaligned.
-            unsafe {
-                let halves = _mm256_loadu_si256(src.as_ptr().cast());
-                std::mem::transmute::<_, [f32; 16]>(_mm512_cvtph_ps(halves))
-            }
-        }
-        #[cfg(all(
-            target_arch = "x86_64",
-            target_feature = "f16c",
-            not(target_feature = "avx512f")
-        ))]
-        {
-            use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
-            // SAFETY: the build enables F16C (checked by the cfg), and the loads read the
-            // 32 bytes of `src`, unaligned.
-            unsafe {
-                let lo = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().cast()));
-                let hi = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(8).cast()));
-                std::mem::transmute::<_, [f32; 16]>([lo, hi])
-            }
-        }
-        #[cfg(not(all(
-            target_arch = "x86_64",
-            any(target_feature = "avx512f", target_feature = "f16c")
-        )))]
-        {
-            std::array::from_fn(|i| src[i].to_f32())
-        }
+    fn load16<S: Simd>(simd: S, src: &[f16]) -> [f32; 16] {
+        simd.f16x16(src[..16].try_into().expect("sixteen numbers"))
     }
 
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+}
+
+/// An instruction set the CPU was found to have, as a zero-sized proof: a value exists only
+/// where the CPU runs the set's instructions, so kernels generic over it are instantiated
+/// once per set and may use them. The set is chosen at run time; nothing here depends on
+/// the build's target features.
+pub(crate) trait Simd: Copy {
+    /// Sixteen halves as f32 (exact).
+    fn f16x16(self, src: &[f16; 16]) -> [f32; 16];
+}
+
+/// Any CPU: the conversions are portable code.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Portable;
+
+impl Simd for Portable {
+    #[inline(always)]
+    fn f16x16(self, src: &[f16; 16]) -> [f32; 16] {
+        use half::slice::HalfFloatSliceExt;
+        let mut out = [0f32; 16];
+        src.convert_to_f32_slice(&mut out);
+        out
+    }
+}
+
+/// x86-64 with AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2(());
+
+#[cfg(target_arch = "x86_64")]
+impl Avx2 {
+    /// The proof, when this CPU has the set.
+    pub(crate) fn detect() -> Option<Self> {
+        let has = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        has.then_some(Avx2(()))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simd for Avx2 {
+    #[inline(always)]
+    fn f16x16(self, src: &[f16; 16]) -> [f32; 16] {
+        /// # Safety
+        /// The CPU must have F16C (and AVX).
+        #[target_feature(enable = "avx,f16c")]
+        #[inline]
+        unsafe fn convert(src: &[f16; 16]) -> [f32; 16] {
+            use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
+            // SAFETY: the loads read the 32 bytes of `src`, unaligned.
+            unsafe {
+                let lo = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().cast()));
+                let hi = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(8).cast()));
+                std::mem::transmute::<[std::arch::x86_64::__m256; 2], [f32; 16]>([lo, hi])
+            }
+        }
+        // SAFETY: an `Avx2` exists only where the CPU has F16C (`Avx2::detect`).
+        unsafe { convert(src) }
+    }
+}
+
+/// x86-64 with AVX-512 F/BW/VL, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512(());
+
+#[cfg(target_arch = "x86_64")]
+impl Avx512 {
+    /// The proof, when this CPU has the set.
+    pub(crate) fn detect() -> Option<Self> {
+        let has = Avx2::detect().is_some()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
+        has.then_some(Avx512(()))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simd for Avx512 {
+    #[inline(always)]
+    fn f16x16(self, src: &[f16; 16]) -> [f32; 16] {
+        /// # Safety
+        /// The CPU must have AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        unsafe fn convert(src: &[f16; 16]) -> [f32; 16] {
+            use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps};
+            // SAFETY: the load reads the 32 bytes of `src`, unaligned.
+            unsafe {
+                let halves = _mm256_loadu_si256(src.as_ptr().cast());
+                std::mem::transmute::<std::arch::x86_64::__m512, [f32; 16]>(_mm512_cvtph_ps(halves))
+            }
+        }
+        // SAFETY: an `Avx512` exists only where the CPU has AVX-512F (`Avx512::detect`).
+        unsafe { convert(src) }
     }
 }
 

@@ -509,38 +509,4 @@ mod tests {
         assert!(bad.is_empty(), "mismatches (path, x, got, want): {bad:?}");
         assert_eq!(compared, 1u64 << 32);
     }
-
-    /// Prints ns per element of each path and of the scalar `f32::exp` on softmax-like rows.
-    #[test]
-    #[ignore]
-    fn speed() {
-        use std::hint::black_box;
-        use std::time::Instant;
-        for len in [64usize, 512, 4096] {
-            let input: Vec<f32> = (0..len)
-                .map(|i| -((i * 7919 % 1000) as f32) * 0.02)
-                .collect();
-            let reps = (1 << 24) / len;
-            let mut buf = input.clone();
-            let start = Instant::now();
-            for _ in 0..reps {
-                buf.copy_from_slice(&input);
-                for x in buf.iter_mut() {
-                    *x = black_box(*x).exp();
-                }
-                black_box(&mut buf);
-            }
-            let scalar = start.elapsed().as_nanos() as f64 / (reps * len) as f64;
-            println!("len {len}: scalar f32::exp {scalar:.2} ns/elem");
-            for (name, exp) in paths() {
-                let start = Instant::now();
-                for _ in 0..reps {
-                    buf.copy_from_slice(&input);
-                    exp(black_box(&mut buf));
-                }
-                let t = start.elapsed().as_nanos() as f64 / (reps * len) as f64;
-                println!("len {len}: {name} {t:.2} ns/elem ({:.1}x)", scalar / t);
-            }
-        }
-    }
 }

@@ -96,7 +96,7 @@ fn kernel_format(t: GgmlType) -> Option<WeightFormat> {
 impl From<wick_kernels::KernelError> for EngineError {
     fn from(e: wick_kernels::KernelError) -> Self {
         EngineError::Backend {
-            backend: "candle",
+            backend: "cpu",
             message: e.to_string(),
         }
     }
@@ -116,6 +116,12 @@ impl CandleBackend {
         }
     }
 
+    /// The same backend, running its kernels in the family `isa` (or the best smaller one
+    /// the CPU has), to compare families or check that they agree.
+    pub fn with_isa(self, isa: Isa) -> Self {
+        CandleBackend { isa, ..self }
+    }
+
     /// How this backend's KV caches store numbers.
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
@@ -123,7 +129,7 @@ impl CandleBackend {
 
     fn err(message: impl Into<String>) -> EngineError {
         EngineError::Backend {
-            backend: "candle",
+            backend: "cpu",
             message: message.into(),
         }
     }
@@ -263,7 +269,7 @@ impl Backend for CandleBackend {
     type Ids = Vec<u32>;
 
     fn name(&self) -> &'static str {
-        "candle"
+        "cpu"
     }
 
     fn matrix(&self, w: HostWeight<'_>) -> Result<CandleMatrix> {
@@ -560,7 +566,7 @@ impl Backend for CandleBackend {
                     });
                 }
             }
-            attention::attend(self.pool, q.data(), &rows, params)
+            attention::attend(self.pool, self.isa, q.data(), &rows, params)
         };
         for seg in segments.iter_mut() {
             seg.cache.evict();

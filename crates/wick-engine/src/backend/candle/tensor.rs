@@ -92,7 +92,7 @@ impl HostTensor {
     pub fn from_vec(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(EngineError::Backend {
-                backend: "candle",
+                backend: "cpu",
                 message: format!("{} floats for a [{rows}, {cols}] tensor", data.len()),
             });
         }
