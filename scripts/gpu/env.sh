@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sourced on the H200: joins and installs the MLX wheels once (into $W/site; $W is
-# $WICK_GPU_DIR, default /tmp/wick), and sets PYTHONPATH / LD_LIBRARY_PATH so that both wick and mlx-lm use that runtime with
-# the CUDA 13 libraries of PyTorch's venv.
+# $WICK_GPU_DIR, default /tmp/wick), and sets PYTHONPATH / LD_LIBRARY_PATH so that both
+# wick and mlx-lm use that runtime with the CUDA 13 libraries of PyTorch's venv.
 W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 # The CUDA libraries PyTorch installed (the `nvidia` package next to torch).
 SP=${TORCH_NVIDIA_DIR:-$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')} || return 1
