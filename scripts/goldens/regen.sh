@@ -8,9 +8,10 @@
 # Steps: a new venv in $GOLDENS_VENV (default target/goldens/venv; removed first), llama-cpp-python
 # built once from source into target/goldens/wheels with $LLAMA_CMAKE_ARGS, the pinned
 # requirements.txt, the models and test assets through `wick pull` (into $WICK_HOME, default
-# ~/.cache/wick), then the six scripts of this folder. Needs python3 (3.10 or newer) with venv,
+# ~/.cache/wick), then the six scripts of this folder. Needs python3 (3.11 or newer) with venv,
 # cargo (to build wick when target/release/wick is missing), a C++ compiler, and PyPI.
-# Takes ~20 min the first time on 2 cores (the llama.cpp build), a few minutes afterwards.
+# The first run builds llama.cpp (20-40 min on 2 cores); a run after that took 22 min on a
+# busy 2-core machine, most of it the llama.cpp generations.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -39,8 +40,8 @@ GOLDENS=(
   crates/wick-chat/tests/corpus/tool_calls/real_qwen2.5_coder.json
 )
 
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-  || { echo "$PYTHON is older than Python 3.10" >&2; exit 1; }
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || { echo "$PYTHON is older than Python 3.11" >&2; exit 1; }
 
 echo "== fresh venv in $VENV"
 rm -rf "$VENV"
