@@ -2,9 +2,9 @@
 """wick's CPU engine against llama.cpp (llama-cpp-python) on the same models, same
 thread count, measured interleaved in one run so machine load hits both alike.
 
-Run with the reference environment, which has llama-cpp-python:
+Run with a python that has llama-cpp-python, e.g. the venv scripts/goldens/regen.sh makes:
 
-    /work/refenv/bin/python scripts/bench_cpu.py --threads 2 --rounds 3
+    target/goldens/venv/bin/python scripts/bench_cpu.py --threads 2 --rounds 3
 
 Each round runs, for every model, `wick bench MODEL --runs 1 --json` (a fresh process)
 and then llama.cpp in a fresh process (`Llama(path, n_threads=T, n_batch=512)`; the

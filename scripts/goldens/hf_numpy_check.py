@@ -5,7 +5,7 @@ the transformers logits and hidden states in logits.safetensors.
 
 If this passes, the README describes everything an engine needs to reproduce the goldens.
 
-    /work/refenv/bin/python scripts/goldens/hf_numpy_check.py
+    target/goldens/venv/bin/python scripts/goldens/hf_numpy_check.py   # the venv scripts/goldens/regen.sh makes
 """
 
 from __future__ import annotations

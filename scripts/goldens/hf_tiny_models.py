@@ -9,8 +9,8 @@ state after every decoder layer for several id sequences, plus a greedy continua
 Everything lands in crates/wick-engine/tests/goldens/hf/<variant>/; the file formats are described
 in scripts/goldens/README.md. The script is deterministic: run it twice and the files are the same.
 
-Run with the reference environment:
-    /work/refenv/bin/python scripts/goldens/hf_tiny_models.py
+Run in the reference environment (made by scripts/goldens/regen.sh, which runs every golden script):
+    target/goldens/venv/bin/python scripts/goldens/hf_tiny_models.py
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ first generated step. The output is one JSON file per model under
 crates/wick-engine/tests/goldens/llamacpp/. It also prints the prompt and decode speed that
 llama.cpp reached in the same run (for later benchmarks; not part of the goldens).
 
-Run with the reference environment:
-    /work/refenv/bin/python scripts/goldens/llamacpp_greedy.py
+Run in the reference environment (made by scripts/goldens/regen.sh, which runs every golden script):
+    target/goldens/venv/bin/python scripts/goldens/llamacpp_greedy.py
 Models are read from $WICK_HOME/models (default ~/.cache/wick/models).
 """
 

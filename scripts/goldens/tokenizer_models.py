@@ -9,7 +9,7 @@ and per vocabulary: BOS/EOS ids, add_bos, the end-of-generation ids, the ids lla
 special (control or unknown), and the pieces of a deterministic sample of ids (byte tokens
 included) as hex.
 
-Usage: /work/refenv/bin/python scripts/goldens/tokenizer_models.py
+Usage: target/goldens/venv/bin/python scripts/goldens/tokenizer_models.py   (the venv scripts/goldens/regen.sh makes)
 Writes crates/wick-chat/tests/goldens/tokenizer_models.json.
 """
 import ctypes

@@ -6,7 +6,7 @@ one entry per prompt with the raw reply. The expectations (`calls`, `content`, `
 written by hand after reviewing each reply; a rerun keeps them for replies that did not change
 and leaves new replies without expectations, which makes the corpus test fail until reviewed.
 
-Run: /work/refenv/bin/python scripts/goldens/tool_call_qwen_coder.py
+Run: target/goldens/venv/bin/python scripts/goldens/tool_call_qwen_coder.py   (the venv scripts/goldens/regen.sh makes)
 """
 import json
 import os

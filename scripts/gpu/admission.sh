@@ -7,7 +7,7 @@
 # used. Output: $OUT/admission.jsonl, $OUT/admission-*.log.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 source $G/env.sh || exit 1
 mkdir -p $OUT
 m=${1:-qwen2.5-0.5b-bf16}

@@ -8,7 +8,7 @@
 # the same sizes (the ceiling without HTTP, sampling or scheduling) to $OUT/lockstep.jsonl.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 source $G/env.sh || exit 1
 mkdir -p $OUT
 CURVE=${CURVE:-"1 2 4 8 16 32 64"}

@@ -5,7 +5,7 @@
 # WICK_MLX_FUSE=0", commas within one variant); ONLY_VARIANTS=1 runs just those.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 CASES=${CASES:-"512:128:1 2048:16:1 128:128:8 128:128:32 128:128:64"}
 args=()
 for c in $CASES; do args+=(--case "$c"); done

@@ -4,7 +4,7 @@
 # run per model, so a failure on one still checks the others; output in $OUT/check.txt.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 mkdir -p $W/mlx-reference $OUT
 for m in "$@"; do
   ln -sfn $W/models/$m $W/mlx-reference/$m

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Sourced on the H200: joins and installs the MLX wheels once (into /tmp/wick/site), and
-# sets PYTHONPATH / LD_LIBRARY_PATH so that both wick and mlx-lm use that runtime with
-# the CUDA 13 libraries of PyTorch's venv.
-W=/tmp/wick
-SP=/opt/torch/.venv/lib/python3.12/site-packages/nvidia
+# Sourced on the H200: joins and installs the MLX wheels once (into $W/site; $W is
+# $WICK_GPU_DIR, default /tmp/wick), and sets PYTHONPATH / LD_LIBRARY_PATH so that both
+# wick and mlx-lm use that runtime with the CUDA 13 libraries of PyTorch's venv.
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
+# The CUDA libraries PyTorch installed (the `nvidia` package next to torch).
+SP=${TORCH_NVIDIA_DIR:-$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')} || return 1
 if [ ! -f $W/site/.done ]; then
   [ -f carry/b/cudawhl.part01 ] && cp carry/b/cudawhl.part01 $W/
   [ -f $W/cudawhl.part00 ] && [ -f $W/cudawhl.part01 ] || { echo "wheel halves missing: run stage1.sh first on this machine"; return 1; }

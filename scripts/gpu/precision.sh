@@ -5,7 +5,7 @@
 # own kernels and fused products on and off. Output in $OUT/precision.txt.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 source $G/env.sh || exit 1
 mkdir -p $OUT $W/mlx-reference
 B=$W/models/qwen2.5-0.5b-bf16

@@ -26,8 +26,8 @@ cp -r scripts/gpu carry/gpu
 export RUSTFLAGS="-C target-cpu=x86-64-v3"
 cargo build --release --features mlx -p wick --target-dir target/gpu
 cargo test --release --features mlx -p wick-engine --test mlx_reference --no-run \
-  --target-dir target/gpu 2>&1 | tee /tmp/wick-gpu-testbuild.log
-TEST_BIN=$(grep -o 'target/gpu/release/deps/mlx_reference-[0-9a-f]*' /tmp/wick-gpu-testbuild.log | tail -1)
+  --target-dir target/gpu 2>&1 | tee target/gpu/testbuild.log
+TEST_BIN=$(grep -o 'target/gpu/release/deps/mlx_reference-[0-9a-f]*' target/gpu/testbuild.log | tail -1)
 strip -o carry/b/wick target/gpu/release/wick
 strip -o carry/b/mlx_reference "$TEST_BIN"
 xz -T0 -6 carry/b/wick carry/b/mlx_reference

@@ -4,12 +4,12 @@
 # makes the random-weight models with transformers on the GPU, measures the ceilings.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 mkdir -p $W/models $OUT
 cp -r carry/a/. $W/
 { nvidia-smi; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv;
   python3 --version; uname -a; nproc; free -g; df -h /tmp;
-  SP=/opt/torch/.venv/lib/python3.12/site-packages/nvidia; ls $SP $SP/cu13/lib | head -80;
+  SP=${TORCH_NVIDIA_DIR:-$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')}; ls $SP $SP/cu13/lib | head -80;
   ls /usr/local/cuda*/include/cuda_bf16.h 2>&1; which nvcc; } > $OUT/env.txt 2>&1
 tar -C $W -xJf $W/tokenizer.tar.xz
 TOK=$W/$(tar -tJf $W/tokenizer.tar.xz | head -1 | cut -d/ -f1)

@@ -5,7 +5,7 @@
 # bf16 model for comparison.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)
-W=/tmp/wick
+W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 source $G/env.sh || exit 1
 mkdir -p $OUT
 cp $W/ceilings.json $OUT/ 2>/dev/null
