@@ -41,6 +41,7 @@ pub mod weights;
 
 pub use error::{EngineError, Result};
 pub mod generation;
+pub mod kv_pool;
 mod model;
 
 pub use backend::BackendKind;

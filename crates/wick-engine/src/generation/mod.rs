@@ -79,6 +79,6 @@ impl Model {
                 }
             }
         }
-        Ok(seq.finish(self))
+        Ok(seq.finish())
     }
 }

@@ -13,6 +13,11 @@
 //! - when every live row takes part, free rows and the padding all rows share are
 //!   squeezed out (one gather), so the buffer follows the batch down as well as up.
 //!
+//! Under a KV pool with a budget, each row's sequence is charged the buffer's columns
+//! (`kv.rs`); the buffer then grows by exactly the rows that join rather than doubling,
+//! and squeezes out a free row at the next step where every live row takes part, so
+//! rows nobody is charged for do not outlive a step.
+//!
 //! The cost of a row is its padding: each step reads the columns from the row's start of
 //! padding to the end. Prompts of similar length waste little; a sequence far shorter than
 //! the longest reads the longest's length.
@@ -22,7 +27,7 @@ use wick_mlx::{Array, AttentionMask, Dtype, Stream};
 
 use super::kv::{MlxKvLayer, Storage};
 use super::mlx_err;
-use crate::backend::AttentionParams;
+use crate::backend::{AttentionParams, KvLayer};
 use crate::{EngineError, Result};
 
 /// Columns a buffer grows by.
@@ -107,9 +112,15 @@ impl Arena {
         ))
     }
 
-    /// Columns allocated, for memory accounting of one row.
-    pub(crate) fn row_bytes(&self) -> usize {
-        self.capacity * 2 * self.kv_heads * self.head_dim * self.dtype.size()
+    /// Columns allocated (every row has them all).
+    pub(crate) fn columns(&self) -> usize {
+        self.capacity
+    }
+
+    /// Columns allocated once the next step wrote its column.
+    pub(crate) fn columns_after_step(&self) -> usize {
+        self.capacity
+            .max((self.end + 1).div_ceil(COLUMNS) * COLUMNS)
     }
 
     /// Whether `row` holds a sequence of `stored` tokens ending where the next step writes.
@@ -141,12 +152,15 @@ impl Arena {
     }
 
     /// Room for `joining` more rows, sequences of up to `longest` tokens, and one more
-    /// column.
-    fn make_room(&mut self, joining: usize, longest: usize) -> Result<()> {
+    /// column. Spare rows (doubling, so that joins rarely copy the buffer) only when
+    /// `exact` is false: under a budget every row must belong to a charged sequence.
+    fn make_room(&mut self, joining: usize, longest: usize, exact: bool) -> Result<()> {
         let free = self.pads.iter().filter(|p| p.is_none()).count();
         let rows = self.pads.len();
         let rows = if free >= joining {
             rows
+        } else if exact {
+            rows + joining - free
         } else {
             (rows + joining - free).max(2 * rows)
         };
@@ -185,12 +199,18 @@ impl Arena {
 
     /// When `rows` (the participants, in order) are every live row: keeps only them, in
     /// that order, and drops the columns of padding they all share, if that frees a
-    /// quarter of the rows or a block of columns. Returns whether it did.
-    fn squeeze(&mut self, rows: &[usize]) -> Result<bool> {
+    /// quarter of the rows (any row when `eager`) or a block of columns. Returns whether
+    /// it did.
+    fn squeeze(&mut self, rows: &[usize], eager: bool) -> Result<bool> {
         let live = self.pads.iter().filter(|p| p.is_some()).count();
         let free = self.pads.len() - live;
         let lead = rows.iter().filter_map(|&r| self.pads[r]).min().unwrap_or(0);
-        if live != rows.len() || (free < (self.pads.len() / 4).max(1) && lead < COLUMNS) {
+        let enough_rows = if eager {
+            free > 0
+        } else {
+            free >= (self.pads.len() / 4).max(1)
+        };
+        if live != rows.len() || (!enough_rows && lead < COLUMNS) {
             return Ok(false);
         }
         let s = self.stream;
@@ -349,10 +369,12 @@ pub(crate) fn decode_step(
             joining.push((i, kv, stored));
         }
     }
+    // Under a budget the buffer holds only charged rows (see the module docs).
+    let bounded = layers.iter().any(|l| l.in_bounded_pool());
     let mut guard = arena.lock().map_err(|_| poisoned())?;
     let a = &mut *guard;
     let longest = joining.iter().map(|j| j.2).max().unwrap_or(0);
-    a.make_room(joining.len(), longest)?;
+    a.make_room(joining.len(), longest, bounded)?;
     for (i, kv, stored) in joining {
         let row = a.join(kv, stored)?;
         layers[i].storage = Storage::Row(ArenaRow {
@@ -361,7 +383,7 @@ pub(crate) fn decode_step(
         });
     }
     let mut rows = row_of(layers)?;
-    if a.squeeze(&rows)? {
+    if a.squeeze(&rows, bounded)? {
         for (i, l) in layers.iter_mut().enumerate() {
             if let Storage::Row(r) = &mut l.storage {
                 r.row = i;
@@ -417,6 +439,8 @@ pub(crate) fn decode_step(
     let out = gather(s, &out, &rows)?;
     for l in layers.iter_mut() {
         l.len += 1;
+        // The row's charge follows the buffer's columns.
+        l.settle();
     }
     s.reshape(&out, &[n as i32, h * hd]).map_err(e)
 }
