@@ -457,3 +457,137 @@ fn row_of(layers: &[&mut MlxKvLayer]) -> Result<Vec<usize>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use wick_mlx::{Array, Device, Dtype, Stream};
+
+    use super::*;
+    use crate::backend::KvLayer;
+    use crate::kv_pool::BlockPool;
+
+    const KVH: usize = 2;
+    const HD: usize = 8;
+
+    fn params() -> AttentionParams {
+        AttentionParams {
+            heads: KVH,
+            kv_heads: KVH,
+            head_dim: HD,
+            scale: 0.5,
+            window: None,
+            softcap: None,
+        }
+    }
+
+    /// A layer holding `tokens` tokens, attached to `pool`.
+    fn layer(s: Stream, tokens: usize, pool: &Arc<BlockPool>) -> MlxKvLayer {
+        let mut l = MlxKvLayer::new(s, Dtype::F32, KVH, HD, None);
+        l.attach(pool);
+        let shape = [1, KVH as i32, tokens as i32, HD as i32];
+        let k = s.zeros(&shape, Dtype::F32).unwrap();
+        l.append(&k, &k, tokens).unwrap();
+        l
+    }
+
+    /// One batched decode step of `layers`.
+    fn step(s: Stream, layers: &mut [&mut MlxKvLayer]) {
+        let n = layers.len();
+        let x = Array::from_slice(&vec![0.25f32; n * KVH * HD], &[n as i32, (KVH * HD) as i32])
+            .unwrap();
+        decode_step(&s, layers, &x, &x, &x, &params()).unwrap();
+    }
+
+    fn rows_and_columns(l: &MlxKvLayer) -> (usize, usize) {
+        let Storage::Row(r) = &l.storage else {
+            panic!("not in a batch buffer")
+        };
+        let a = r.arena.lock().unwrap();
+        (a.pads.len(), a.capacity)
+    }
+
+    #[test]
+    fn own_buffers_are_charged_their_capacity() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let pool = BlockPool::new(1000);
+        let mut l = layer(s, 10, &pool);
+        // 256 columns = 16 blocks of 16 tokens.
+        assert_eq!(pool.used(), 16);
+        assert_eq!(l.extra_blocks_for(246), 0);
+        assert_eq!(l.extra_blocks_for(247), 16);
+        let k = s.zeros(&[1, KVH as i32, 250, HD as i32], Dtype::F32).unwrap();
+        l.append(&k, &k, 250).unwrap();
+        assert_eq!(pool.used(), 32);
+        let clone = l.clone();
+        assert_eq!(pool.used(), 32, "clones are not charged");
+        drop(l);
+        assert_eq!(pool.used(), 0);
+        assert_eq!(clone.len, 260);
+    }
+
+    #[test]
+    fn batch_rows_are_charged_the_buffer_and_a_budget_keeps_no_spare_rows() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let pool = BlockPool::new(100_000);
+        assert!(pool.is_bounded());
+        let mut a = layer(s, 300, &pool);
+        let mut b = layer(s, 5, &pool);
+        assert_eq!(pool.used(), 32 + 16);
+        step(s, &mut [&mut a, &mut b]);
+        // Both rows have the buffer's 512 columns (the longer one's 301 rounded up).
+        assert_eq!(rows_and_columns(&a), (2, 512));
+        assert_eq!(pool.used(), 2 * 32);
+        // A third joins: exactly one more row, every row charged.
+        let mut c = layer(s, 7, &pool);
+        step(s, &mut [&mut a, &mut b, &mut c]);
+        assert_eq!(rows_and_columns(&a), (3, 512));
+        assert_eq!(pool.used(), 3 * 32);
+        // The long one leaves: its charge goes at once, its row at the next step.
+        drop(a);
+        assert_eq!(pool.used(), 2 * 32);
+        step(s, &mut [&mut b, &mut c]);
+        let (rows, columns) = rows_and_columns(&b);
+        assert_eq!(rows, 2);
+        assert_eq!(pool.used(), 2 * columns / 16);
+        // Leaving the batch (into the prompt cache) moves to buffers of its own.
+        b.detach();
+        b.leave_batch();
+        assert_eq!(pool.used(), columns / 16);
+        assert!(matches!(b.storage, Storage::Own { .. }));
+    }
+
+    /// An arena of `rows` rows, all live, sequences of one token.
+    fn arena_of(s: Stream, rows: usize) -> Arena {
+        let mut a = Arena::new(s, Dtype::F32, KVH, HD);
+        a.make_room(rows, 1, true).unwrap();
+        let one = s.zeros(&[1, KVH as i32, 1, HD as i32], Dtype::F32).unwrap();
+        for _ in 0..rows {
+            a.join(Some((one.clone(), one.clone())), 1).unwrap();
+        }
+        a
+    }
+
+    #[test]
+    fn spare_rows_only_without_a_budget() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let mut a = arena_of(s, 2);
+        a.make_room(1, 0, false).unwrap();
+        assert_eq!(a.pads.len(), 4, "doubles without a budget");
+        let mut b = arena_of(s, 2);
+        b.make_room(1, 0, true).unwrap();
+        assert_eq!(b.pads.len(), 3, "exactly the rows that join under one");
+    }
+
+    #[test]
+    fn under_a_budget_one_free_row_is_squeezed_out() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let mut a = arena_of(s, 8);
+        a.pads[3] = None;
+        let live: Vec<usize> = (0..8).filter(|&r| r != 3).collect();
+        assert!(!a.squeeze(&live, false).unwrap(), "one row of eight is kept spare");
+        assert!(a.squeeze(&live, true).unwrap());
+        assert_eq!(a.pads.len(), 7);
+    }
+}
