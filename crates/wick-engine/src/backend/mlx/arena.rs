@@ -517,9 +517,18 @@ mod tests {
         assert_eq!(pool.used(), 16);
         assert_eq!(l.extra_blocks_for(246), 0);
         assert_eq!(l.extra_blocks_for(247), 16);
-        let k = s.zeros(&[1, KVH as i32, 250, HD as i32], Dtype::F32).unwrap();
-        l.append(&k, &k, 250).unwrap();
+        // A chunk that overflows the partly filled buffer keeps what it held.
+        let twos = Array::from_slice(
+            &vec![2f32; KVH * 250 * HD],
+            &[1, KVH as i32, 250, HD as i32],
+        )
+        .unwrap();
+        l.append(&twos, &twos, 250).unwrap();
         assert_eq!(pool.used(), 32);
+        let keys = l.snapshot().keys;
+        assert_eq!(keys.len(), 260 * KVH * HD);
+        assert!(keys[..10 * KVH * HD].iter().all(|&x| x == 0.0));
+        assert!(keys[10 * KVH * HD..].iter().all(|&x| x == 2.0));
         let clone = l.clone();
         assert_eq!(pool.used(), 32, "clones are not charged");
         drop(l);
@@ -586,7 +595,10 @@ mod tests {
         let mut a = arena_of(s, 8);
         a.pads[3] = None;
         let live: Vec<usize> = (0..8).filter(|&r| r != 3).collect();
-        assert!(!a.squeeze(&live, false).unwrap(), "one row of eight is kept spare");
+        assert!(
+            !a.squeeze(&live, false).unwrap(),
+            "one row of eight is kept spare"
+        );
         assert!(a.squeeze(&live, true).unwrap());
         assert_eq!(a.pads.len(), 7);
     }

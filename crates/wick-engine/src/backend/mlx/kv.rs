@@ -131,7 +131,17 @@ impl MlxKvLayer {
             Some(b) if need <= capacity => (b, capacity),
             old => {
                 let grown = columns_for(need);
-                let fresh = self.buffer(grown, old.as_ref(), at)?;
+                // The old buffer's first `at` columns (its capacity may be larger: a
+                // prompt chunk that overflows a partly filled buffer).
+                let kept = match old {
+                    Some(b) if at > 0 => Some(
+                        self.stream
+                            .slice(&b, &[0; 4], &self.shape(at))
+                            .map_err(mlx_err)?,
+                    ),
+                    _ => None,
+                };
+                let fresh = self.buffer(grown, kept.as_ref(), at)?;
                 (fresh, grown)
             }
         };
