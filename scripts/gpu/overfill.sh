@@ -32,12 +32,12 @@ for _ in $(seq 1 180); do
 done
 max_seq=$(get http://127.0.0.1:$port/stats | python3 -c \
   "import json, sys; print(json.load(sys.stdin)['engine']['kv_pool']['max_sequence_tokens'])")
-# 1. Never fits: twice what the whole pool can hold for one sequence.
+# 1. Never fits: more than the whole pool can hold for one sequence (within the context).
 python3 - "$port" "$max_seq" > $OUT/overfill-never-fits.json <<'EOF'
 import json, sys, urllib.error, urllib.request
 port, max_seq = sys.argv[1], int(sys.argv[2])
 body = json.dumps({"messages": [{"role": "user", "content": "hi"}],
-                   "max_tokens": 2 * max_seq}).encode()
+                   "max_tokens": max_seq + 1}).encode()
 req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body,
                              {"content-type": "application/json"})
 try:
