@@ -3,7 +3,8 @@
 # with --features mlx): the KV pool on the GPU is enforced. One `wick serve MODEL --backend
 # mlx --kv-memory $KV_MEMORY` (default 64M: a few sequences of the load at once), then
 #   1. a request that can never fit the pool alone -> 400 kv_capacity_exceeded;
-#   2. $STREAMS concurrent streams of $PROMPT prompt + $GEN generated tokens, far more
+#   2. $STREAMS concurrent streams of $PROMPT prompt + $GEN generated tokens (admitted
+#      small, they grow while decoding), far more
 #      than the pool holds at once -> they wait and preempt, every one completes, none fails;
 #   3. the server is still up, its log has no out-of-memory, and the pool's peak stayed
 #      within the budget but for the one step an unreserved charge may overshoot.
@@ -18,8 +19,8 @@ m=${1:-qwen2.5-0.5b-bf16}
 port=8422
 kv=${KV_MEMORY:-64M}
 streams=${STREAMS:-32}
-prompt=${PROMPT:-512}
-gen=${GEN:-256}
+prompt=${PROMPT:-128}
+gen=${GEN:-512}
 get() { python3 -c "import sys, urllib.request as u; print(u.urlopen(sys.argv[1]).read().decode())" "$1"; }
 gpu() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 
