@@ -4,8 +4,8 @@
 # mlx --kv-memory $KV_MEMORY` (default 64M: a few sequences of the load at once), then
 #   1. a request that can never fit the pool alone -> 400 kv_capacity_exceeded;
 #   2. $STREAMS concurrent streams of $PROMPT prompt + $GEN generated tokens (admitted
-#      small, they grow while decoding), far more
-#      than the pool holds at once -> they wait and preempt, every one completes, none fails;
+#      small, they outgrow the pool while decoding) -> they wait and preempt, every one
+#      completes, none fails;
 #   3. the server is still up, its log has no out-of-memory, and the pool's peak stayed
 #      within the budget but for the one step an unreserved charge may overshoot.
 # Output: $OUT/overfill.json (figures and verdict), $OUT/overfill-*.log|json. Exit 1 when a
