@@ -166,12 +166,10 @@ impl Sequence {
     /// place: the sampler's processors rewrite the last row).
     pub fn advance(
         &mut self,
-        model: &Model,
         step: &SequenceStep,
         logits: Option<Logits>,
         took: Duration,
     ) -> Result<Option<TokenEvent>> {
-        let _ = model;
         self.record(step, took);
         let Some(mut logits) = logits else {
             return Ok(None);

@@ -357,7 +357,6 @@ enum StepOutput {
 /// spread over the cores: those are per sequence. Returns each one's index in `running`
 /// and its token event, if it sampled one.
 fn advance_all(
-    model: &Model,
     running: &mut [Active],
     plans: &[Option<SequenceStep>],
     outputs: Vec<StepOutput>,
@@ -375,8 +374,8 @@ fn advance_all(
         .map(|(i, a, plan, output)| {
             let event = match output {
                 Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took),
-                Some(StepOutput::Logits(logits)) => a.seq.advance(model, plan, logits, took),
-                None => a.seq.advance(model, plan, None, took),
+                Some(StepOutput::Logits(logits)) => a.seq.advance(plan, logits, took),
+                None => a.seq.advance(plan, None, took),
             };
             (i, event)
         })
@@ -467,7 +466,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     c.prompt_tokens.fetch_add(prefill as u64, Ordering::Relaxed);
 
     let sampling = Instant::now();
-    let advanced = advance_all(model, running, &plans, outputs, took);
+    let advanced = advance_all(running, &plans, outputs, took);
     let mut sampled = 0u64;
     let mut finished = Vec::new();
     for (i, event) in advanced {
