@@ -1,8 +1,8 @@
 //! Cache namespaces: KV computed under one adapter set never seeds another.
 //!
-//! A namespace is a string: `""` for the base model, the adapter names joined with `+`
-//! otherwise. Generation checkpoints live in namespaces of their own
-//! (`__generation_checkpoint__:<key>`), which prefix lookups never search.
+//! A namespace is a string: `""` for the base model; any other string names weights whose
+//! KV must stay apart from the base model's. Generation checkpoints live in namespaces of
+//! their own (`__generation_checkpoint__:<key>`), which prefix lookups never search.
 
 /// The prefix of generation-checkpoint namespaces.
 pub const CHECKPOINT_PREFIX: &str = "__generation_checkpoint__:";
@@ -25,15 +25,6 @@ pub fn is_checkpoint(ns: &str) -> bool {
     ns.starts_with(CHECKPOINT_PREFIX)
 }
 
-/// The namespace adapters `names` compute under (order matters: it is the stacking order).
-pub fn for_adapters<S: AsRef<str>>(names: &[S]) -> String {
-    names
-        .iter()
-        .map(AsRef::as_ref)
-        .collect::<Vec<_>>()
-        .join("+")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,8 +34,6 @@ mod tests {
         assert_eq!(dir_name(""), "base");
         assert_ne!(dir_name("a"), dir_name("b"));
         assert!(dir_name("a/../../x").starts_with("ns-"));
-        assert_eq!(for_adapters(&["a", "b"]), "a+b");
-        assert_eq!(for_adapters::<&str>(&[]), BASE);
         assert!(is_checkpoint("__generation_checkpoint__:00ff"));
         assert!(!is_checkpoint("lora"));
     }

@@ -9,7 +9,8 @@
 //!   [`backend::candle`] is the CPU backend.
 //! - [`Model`] bundles decoder, tokenizer, chat template and defaults; its `forward` runs
 //!   several sequences in one batched pass, each with its own trimmable, cloneable,
-//!   serializable [`KvCache`].
+//!   serializable [`KvCache`], charged while it runs to the [`kv_pool`] (the memory budget,
+//!   the same on every backend).
 //! - [`sampler`] turns logits into tokens (mlx-lm semantics), [`generation`] drives one
 //!   sequence from prompt to finish (chunked prefill, sampling, detokenization, stop
 //!   strings), and [`scheduler`] runs many of them at once on the engine thread.
@@ -42,6 +43,7 @@ pub mod weights;
 
 pub use error::{EngineError, Result};
 pub mod generation;
+pub mod kv_pool;
 mod model;
 
 pub use backend::BackendKind;

@@ -158,8 +158,13 @@ fn dropping_the_handle_cancels_within_a_step() {
         GenerationRequest::new(model.tokenize("Tell me a long story.").unwrap()).max_tokens(2000);
     req.ignore_eos = true;
     let mut h = engine.submit(req).unwrap();
-    // Wait for the first token, then walk away.
+    // Wait for the first token and for the step's figures, then walk away.
     while !matches!(h.blocking_next(), Some(EngineEvent::Token(_))) {}
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while engine.stats().kv_bytes == 0 {
+        assert!(std::time::Instant::now() < deadline, "no KV bytes reported");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     drop(h);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while engine.stats().cancelled == 0 {
@@ -169,7 +174,66 @@ fn dropping_the_handle_cancels_within_a_step() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    // The last running request is gone: nothing is held any more, right away.
     let stats = engine.stats();
-    assert_eq!((stats.cancelled, stats.running, stats.completed), (1, 0, 0));
+    assert_eq!(
+        (
+            stats.cancelled,
+            stats.running,
+            stats.completed,
+            stats.kv_bytes
+        ),
+        (1, 0, 0, 0)
+    );
+    assert_eq!(stats.kv_pool.used_blocks, 0, "{stats:?}");
     assert!(stats.generated_tokens_total < 100, "{stats:?}");
+}
+
+#[test]
+fn a_burst_takes_free_batch_places_before_the_queue_limit() {
+    let model = default_model();
+    // No queue beyond the batch: exactly `max_batch` requests are accepted at once, however
+    // fast they arrive, and a finished one gives its place back.
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 3,
+            max_queue: 0,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let long = || {
+        let mut r =
+            GenerationRequest::new(model.tokenize("Count to a thousand:").unwrap()).max_tokens(400);
+        r.ignore_eos = true;
+        r
+    };
+    let burst: Vec<_> = (0..3).map(|_| engine.submit(long()).unwrap()).collect();
+    assert!(matches!(
+        engine.submit(long()),
+        Err(SubmitError::QueueFull { limit: 0 })
+    ));
+    drop(burst);
+    let short = GenerationRequest::new(model.tokenize("Hi").unwrap()).max_tokens(2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let h = loop {
+        match engine.submit(short.clone()) {
+            Ok(h) => break h,
+            Err(SubmitError::QueueFull { .. }) => {
+                assert!(std::time::Instant::now() < deadline, "places never freed");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    collect(h);
+    // The finished request's place is free the moment its last event arrives.
+    let again: Vec<_> = (0..3)
+        .map(|_| engine.submit(short.clone()).unwrap())
+        .collect();
+    for h in again {
+        collect(h);
+    }
+    assert!(engine.shutdown(std::time::Duration::from_secs(5)));
 }

@@ -235,6 +235,13 @@ async fn full_queue_is_429_with_retry_after() {
         |_| {},
     );
     let r = router(&st);
+    // The one batch place is free: no queue is needed.
+    let a = send(&r, post_json("/v1/chat/completions", &chat_body(json!({})))).await;
+    assert_eq!(a.status, StatusCode::OK);
+    // Taken (and no queue beyond it): refused.
+    let mut long = wick_engine::GenerationRequest::new(vec![1, 2, 3]).max_tokens(1000);
+    long.ignore_eos = true;
+    let _running = st.engine().submit(long).unwrap();
     let a = send(&r, post_json("/v1/chat/completions", &chat_body(json!({})))).await;
     a.assert_error(StatusCode::TOO_MANY_REQUESTS, "queue_full");
     assert_eq!(a.headers["retry-after"], "1");

@@ -10,10 +10,15 @@ pub mod mlx;
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Arc;
 
 use wick_gguf::GgmlType;
 
+use crate::kv_pool::{BlockLease, BlockPool};
 use crate::weights::AffineWeight;
+/// Weights as files hold them (moved to [`crate::weights`]; named here too for the
+/// backends' implementations).
+pub use crate::weights::HostWeight;
 use crate::{EngineError, Result};
 
 /// The compute backends a model can be loaded onto.
@@ -63,49 +68,6 @@ impl std::str::FromStr for BackendKind {
                 "unknown backend '{other}' (expected cpu or mlx)"
             ))),
         }
-    }
-}
-
-/// A weight as it comes out of a file: element type, row-major shape, little-endian bytes.
-/// GGUF quantized blocks and safetensors F32/F16/BF16 all fit (`GgmlType` covers both).
-#[derive(Debug, Clone)]
-pub struct HostWeight<'a> {
-    /// Name as the file spells it (for error messages).
-    pub name: String,
-    /// Element type.
-    pub dtype: GgmlType,
-    /// Row-major shape (`[out, in]` for a matrix).
-    pub shape: Vec<usize>,
-    /// Raw bytes.
-    pub bytes: std::borrow::Cow<'a, [u8]>,
-}
-
-impl HostWeight<'_> {
-    /// The values of a float (F32/F16/BF16) weight as f32; `role` names what the weight
-    /// is for in the error another element type gets.
-    pub(crate) fn float_values(&self, role: &str) -> Result<Vec<f32>> {
-        let b = &self.bytes;
-        Ok(match self.dtype {
-            GgmlType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            GgmlType::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            GgmlType::Bf16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(EngineError::UnsupportedDtype {
-                    source_name: role.into(),
-                    tensor: self.name.clone(),
-                    dtype: other.to_string(),
-                })
-            }
-        })
     }
 }
 
@@ -231,6 +193,53 @@ pub trait KvLayer: Clone + Send + Sync {
     fn byte_size(&self) -> usize;
     /// Host copy.
     fn snapshot(&self) -> KvLayerSnapshot;
+
+    /// Blocks of the KV pool's unit ([`crate::kv_pool::block_bytes`] of this layer) its
+    /// storage holds now: what an attached layer is charged.
+    fn held_blocks(&self) -> usize;
+    /// Blocks its storage will hold once `tokens` more are appended (before any sliding
+    /// window drops old ones).
+    fn blocks_after(&self, tokens: usize) -> usize;
+    /// Most blocks a layer with `window` ever holds for a sequence of `tokens` tokens fed
+    /// at most `chunk` at a time.
+    fn peak_blocks(tokens: usize, window: Option<usize>, chunk: usize) -> usize
+    where
+        Self: Sized;
+    /// The layer's charge to a KV pool, when it is attached to one.
+    fn lease(&self) -> Option<&BlockLease>;
+    /// Sets or clears the charge ([`KvLayer::attach`], [`KvLayer::detach`]).
+    fn lease_mut(&mut self) -> &mut Option<BlockLease>;
+
+    /// Charges the blocks this layer holds to `pool` (past the budget if need be; the
+    /// caller checks room first). A layer already attached is left as it is.
+    fn attach(&mut self, pool: &Arc<BlockPool>) {
+        if self.lease().is_none() {
+            let held = self.held_blocks();
+            pool.charge(held);
+            *self.lease_mut() = Some(BlockLease::new(pool.clone(), held));
+        }
+    }
+    /// Gives the pool charge back; the storage stays.
+    fn detach(&mut self) {
+        *self.lease_mut() = None;
+    }
+    /// Blocks charged to the pool (0 when detached).
+    fn charged_blocks(&self) -> usize {
+        self.lease().map_or(0, BlockLease::charged)
+    }
+    /// Blocks beyond the charge that appending `tokens` needs.
+    fn extra_blocks_for(&self, tokens: usize) -> usize {
+        self.blocks_after(tokens)
+            .saturating_sub(self.charged_blocks())
+    }
+    /// Makes the charge match the storage held (past the budget if the storage grew
+    /// further than reserved: the next reservation then finds the pool full).
+    fn settle(&mut self) {
+        let held = self.held_blocks();
+        if let Some(lease) = self.lease_mut() {
+            lease.settle(held);
+        }
+    }
 }
 
 /// The op surface. Tensors are 2-D row-major `[rows, cols]` activations unless a method

@@ -68,17 +68,14 @@ impl Model {
                     logits: step.logits,
                 }])?
             };
-            if let Some(event) = seq.advance(
-                self,
-                &step,
-                out.into_iter().next().flatten(),
-                started.elapsed(),
-            )? {
+            if let Some(event) =
+                seq.advance(&step, out.into_iter().next().flatten(), started.elapsed())?
+            {
                 if on_token(&event).is_break() {
                     seq.cancel();
                 }
             }
         }
-        Ok(seq.finish(self))
+        Ok(seq.finish())
     }
 }

@@ -26,8 +26,7 @@ pub struct GenerationRequest {
     /// some vocabularies); end-of-sequence tokens are never decoded.
     pub keep_special_text: bool,
     /// Prompt-cache namespace: KV computed under one namespace never seeds another. `""`
-    /// for the base model; the server sets the adapter names joined with `+`
-    /// ([`wick_cache::namespace::for_adapters`]).
+    /// ([`wick_cache::namespace::BASE`]) for the base model.
     pub cache_namespace: String,
 }
 

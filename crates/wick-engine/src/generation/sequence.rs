@@ -174,12 +174,10 @@ impl Sequence {
     /// place: the sampler's processors rewrite the last row).
     pub fn advance(
         &mut self,
-        model: &Model,
         step: &SequenceStep,
         logits: Option<Logits>,
         took: Duration,
     ) -> Result<Option<TokenEvent>> {
-        let _ = model;
         self.record(step, took);
         let Some(mut logits) = logits else {
             return Ok(None);
@@ -320,11 +318,6 @@ impl Sequence {
         &self.cache
     }
 
-    /// The tokens the cache holds (prompt, then generated tokens already fed).
-    pub fn cached_tokens(&self) -> &[u32] {
-        &self.history[..self.cache.len().min(self.history.len())]
-    }
-
     /// Gives up the cache to free its memory (the scheduler needs the blocks for an older
     /// sequence) and continues on `empty`: the next steps recompute the prompt and the
     /// tokens generated so far (without sampling), then decoding goes on where it
@@ -344,11 +337,6 @@ impl Sequence {
     /// Times the sequence was preempted.
     pub fn preemptions(&self) -> usize {
         self.preemptions
-    }
-
-    /// Tokens the cache will hold once the next step of at most `chunk` prompt tokens ran.
-    pub fn tokens_after_step(&self, chunk: usize) -> usize {
-        self.cache.len() + self.next_step(chunk).tokens()
     }
 
     /// Stops the sequence at the caller's request.
@@ -375,7 +363,7 @@ impl Sequence {
     }
 
     /// Ends the sequence and hands back what it produced.
-    pub fn finish(mut self, _model: &Model) -> GenerationOutput {
+    pub fn finish(mut self) -> GenerationOutput {
         let usage = self.usage();
         if !matches!(self.finish, Some(FinishReason::StopString(_))) {
             self.text.flush();

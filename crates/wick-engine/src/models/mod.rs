@@ -10,62 +10,14 @@ mod llama;
 mod qwen2;
 mod qwen3;
 
-use crate::config::{GgufKeys, HfKeys, ModelConfig};
-use crate::Result;
+use serde_json::Value;
+use wick_gguf::Metadata;
 
-/// A supported model architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// Llama 2/3, SmolLM, Mistral-style dense decoders (GGUF `llama`, HF `llama`/`mistral`).
-    Llama,
-    /// Qwen 2 / 2.5: Llama plus Q/K/V biases (GGUF and HF `qwen2`).
-    Qwen2,
-    /// Qwen 3: Q/K RMS norms, no biases (GGUF and HF `qwen3`).
-    Qwen3,
-    /// Gemma 3 text: sandwich norms, GELU, scaled embeddings, interleaved sliding-window
-    /// and global layers with two rotary bases (GGUF `gemma3`, HF `gemma3_text`/`gemma3`).
-    Gemma3,
-}
+pub use crate::config::Arch;
+use crate::config::{GgufKeys, HfKeys, ModelConfig};
+use crate::{EngineError, Result};
 
 impl Arch {
-    /// All architectures, in the order error messages list them.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
-
-    /// The GGUF `general.architecture` name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-
-    /// From a GGUF architecture name.
-    pub fn from_name(name: &str) -> Option<Arch> {
-        Arch::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    /// From a Hugging Face `model_type`.
-    pub fn from_hf_model_type(model_type: &str) -> Option<Arch> {
-        Some(match model_type {
-            "llama" | "mistral" | "smollm" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            "qwen3" => Arch::Qwen3,
-            "gemma3" | "gemma3_text" => Arch::Gemma3,
-            _ => return None,
-        })
-    }
-
-    /// "llama, qwen2, qwen3, gemma3"
-    pub fn supported_list() -> String {
-        Arch::ALL
-            .iter()
-            .map(|a| a.name())
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
     pub(crate) fn config_from_gguf(self, keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
         match self {
             Arch::Llama => llama::from_gguf(keys, source),
@@ -85,8 +37,44 @@ impl Arch {
     }
 }
 
-impl std::fmt::Display for Arch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+impl ModelConfig {
+    /// Reads the configuration of a GGUF file.
+    pub fn from_gguf(meta: &Metadata, source: &str) -> Result<Self> {
+        let arch_name = meta.get_str("general.architecture")?;
+        let arch = Arch::from_name(arch_name).ok_or_else(|| EngineError::UnsupportedArch {
+            source_name: source.to_string(),
+            arch: arch_name.to_string(),
+            supported: Arch::supported_list(),
+        })?;
+        let keys = GgufKeys {
+            meta,
+            arch: arch_name,
+        };
+        let cfg = arch.config_from_gguf(&keys, source)?;
+        cfg.validate(source)?;
+        Ok(cfg)
+    }
+
+    /// Reads a Hugging Face `config.json`.
+    pub fn from_hf(json: &Value, source: &str) -> Result<Self> {
+        let model_type = json.get("model_type").and_then(Value::as_str).unwrap_or("");
+        let arch =
+            Arch::from_hf_model_type(model_type).ok_or_else(|| EngineError::UnsupportedArch {
+                source_name: source.to_string(),
+                arch: model_type.to_string(),
+                supported: Arch::supported_list(),
+            })?;
+        // Multimodal wrappers keep the language model's fields under `text_config`.
+        let text = json
+            .get("text_config")
+            .filter(|t| t.is_object())
+            .unwrap_or(json);
+        let keys = HfKeys { json: text, source };
+        let mut cfg = arch.config_from_hf(&keys)?;
+        if cfg.eos_token_ids.is_empty() {
+            cfg.eos_token_ids = HfKeys { json, source }.ids("eos_token_id");
+        }
+        cfg.validate(source)?;
+        Ok(cfg)
     }
 }

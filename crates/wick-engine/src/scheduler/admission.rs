@@ -2,10 +2,9 @@
 //! and how many blocks a sequence needs before it may start or take a step.
 use std::sync::Arc;
 
-use crate::backend::candle::block_pool::{BlockPool, BLOCK_TOKENS};
-use crate::backend::candle::CpuKvLayer;
 use crate::generation::GenerationRequest;
-use crate::model::Model;
+use crate::kv_pool::{BlockPool, BLOCK_TOKENS};
+use crate::model::{Model, PeakBlocks};
 use crate::{EngineError, Result};
 
 /// How much memory the KV block pool may use.
@@ -34,6 +33,8 @@ pub(crate) struct KvAdmission {
     chunk: usize,
     /// The model's sliding windows, one per layer.
     windows: Vec<Option<usize>>,
+    /// Most blocks a layer holds, as the model's backend stores KV.
+    peak: PeakBlocks,
     /// Longest sequence the whole pool can hold, capped at the context.
     pub max_sequence_tokens: usize,
 }
@@ -106,6 +107,7 @@ impl KvAdmission {
             block_bytes,
             chunk: chunk.max(1),
             windows: model.config().layer_windows.clone(),
+            peak: model.kv_peak_blocks(),
             max_sequence_tokens: 0,
         };
         let context = model.info().context_length;
@@ -125,7 +127,7 @@ impl KvAdmission {
     pub fn blocks_for(&self, tokens: usize) -> usize {
         self.windows
             .iter()
-            .map(|&w| CpuKvLayer::peak_blocks(tokens, w, self.chunk))
+            .map(|&w| (self.peak)(tokens, w, self.chunk))
             .sum()
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use super::cache::{CacheTracking, Started};
-use super::handle::{Pending, Shared};
+use super::queue::{Pending, Shared};
 use super::{Completion, EngineEvent};
 use crate::generation::{Sequence, SequenceStep, TokenEvent};
 use crate::model::{Model, Step};
@@ -25,7 +25,7 @@ struct Active {
 
 impl Active {
     fn gone(&self) -> bool {
-        self.req.cancel.load(Ordering::Relaxed) || self.req.events.is_closed()
+        self.req.is_gone()
     }
 }
 
@@ -68,36 +68,46 @@ pub(crate) fn run(model: &Model, shared: &Shared) {
             }
             break;
         }
-        let gone = |a: &Active| {
+        let mut cancelled = 0;
+        let mut gone = |a: &Active| {
             let gone = a.gone();
             if gone {
-                c.cancelled.fetch_add(1, Ordering::Relaxed);
+                cancelled += 1;
                 tracing::debug!(request = a.req.id, "client gone, request cancelled");
             }
             !gone
         };
-        b.running.retain(gone);
-        b.preempted.retain(gone);
-        c.preempted_waiting
-            .store(b.preempted.len(), Ordering::Relaxed);
-        if b.running.is_empty() {
-            c.running.store(0, Ordering::Relaxed);
-            continue;
+        b.running.retain(&mut gone);
+        b.preempted.retain(&mut gone);
+        // The batch's figures are published before the cancellations are counted, so a
+        // caller that sees its request cancelled also sees the memory it held freed (also
+        // when it was the last one running).
+        publish(shared, &b);
+        c.cancelled.fetch_add(cancelled, Ordering::Relaxed);
+        if !b.running.is_empty() {
+            step(model, shared, &mut b);
+            publish(shared, &b);
         }
-        step(model, shared, &mut b);
-        c.running.store(b.running.len(), Ordering::Relaxed);
-        c.preempted_waiting
-            .store(b.preempted.len(), Ordering::Relaxed);
-        c.kv_bytes.store(
-            b.running.iter().map(|a| a.seq.cache_bytes() as u64).sum(),
-            Ordering::Relaxed,
-        );
     }
-    c.running.store(0, Ordering::Relaxed);
-    c.preempted_waiting.store(0, Ordering::Relaxed);
+    b.running.clear();
+    b.preempted.clear();
+    publish(shared, &b);
     if let Some(cache) = &shared.cache {
         cache.tiers.set_busy(false);
     }
+}
+
+/// Stores the batch's size, the preempted count and the KV bytes the running sequences
+/// hold (0 once the last one is gone).
+fn publish(shared: &Shared, b: &Batch) {
+    let c = &shared.counters;
+    c.running.store(b.running.len(), Ordering::Relaxed);
+    c.preempted_waiting
+        .store(b.preempted.len(), Ordering::Relaxed);
+    c.kv_bytes.store(
+        b.running.iter().map(|a| a.seq.cache_bytes() as u64).sum(),
+        Ordering::Relaxed,
+    );
 }
 
 /// Moves preempted sequences, then waiting requests, into the batch while the batch has
@@ -144,7 +154,7 @@ fn admit(model: &Model, shared: &Shared, b: &mut Batch) -> bool {
                     let Some(p) = q.waiting.front() else {
                         break;
                     };
-                    if p.cancel.load(Ordering::Relaxed) || p.events.is_closed() {
+                    if p.is_gone() {
                         q.waiting.pop_front();
                         c.cancelled.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -223,7 +233,7 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
             b.next_order += 1;
             if a.seq.is_finished() {
                 // A checkpoint replay that already reached the end.
-                complete(model, shared, a);
+                complete(shared, a);
             } else {
                 b.running.push(a);
             }
@@ -236,9 +246,9 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
 }
 
 /// Hands a finished sequence's KV to the cache and its result to the client.
-fn complete(model: &Model, shared: &Shared, a: Active) {
+fn complete(shared: &Shared, mut a: Active) {
     let c = &shared.counters;
-    let out = a.seq.finish(model);
+    let out = a.seq.finish();
     let cancelled = out.finish_reason == crate::generation::FinishReason::Cancelled;
     let mut kv = out.cache;
     if let (Some(cache), Some(t)) = (&shared.cache, &a.cache) {
@@ -258,6 +268,7 @@ fn complete(model: &Model, shared: &Shared, a: Active) {
         return;
     }
     c.completed.fetch_add(1, Ordering::Relaxed);
+    a.req.release();
     let _ = a.req.events.send(EngineEvent::Done(Completion {
         finish_reason: out.finish_reason,
         usage: out.usage,
@@ -346,7 +357,6 @@ enum StepOutput {
 /// spread over the cores: those are per sequence. Returns each one's index in `running`
 /// and its token event, if it sampled one.
 fn advance_all(
-    model: &Model,
     running: &mut [Active],
     plans: &[Option<SequenceStep>],
     outputs: Vec<StepOutput>,
@@ -364,8 +374,8 @@ fn advance_all(
         .map(|(i, a, plan, output)| {
             let event = match output {
                 Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took),
-                Some(StepOutput::Logits(logits)) => a.seq.advance(model, plan, logits, took),
-                None => a.seq.advance(model, plan, None, took),
+                Some(StepOutput::Logits(logits)) => a.seq.advance(plan, logits, took),
+                None => a.seq.advance(plan, None, took),
             };
             (i, event)
         })
@@ -456,7 +466,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     c.prompt_tokens.fetch_add(prefill as u64, Ordering::Relaxed);
 
     let sampling = Instant::now();
-    let advanced = advance_all(model, running, &plans, outputs, took);
+    let advanced = advance_all(running, &plans, outputs, took);
     let mut sampled = 0u64;
     let mut finished = Vec::new();
     for (i, event) in advanced {
@@ -510,6 +520,6 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         if !ok {
             continue;
         }
-        complete(model, shared, a);
+        complete(shared, a);
     }
 }

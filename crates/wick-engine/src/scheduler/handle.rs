@@ -1,16 +1,16 @@
 //! The caller's side of the engine: starting it, submitting requests, reading a
 //! request's events, stats and shutdown.
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::admission::KvAdmission;
 use super::cache::EngineCache;
-use super::stats::{EngineCounters, EngineStats};
+use super::queue::{Pending, Shared};
+use super::stats::EngineStats;
 use super::{EngineConfig, EngineEvent, FlushReport, ScanReport};
 use crate::generation::GenerationRequest;
 use crate::model::Model;
@@ -31,35 +31,6 @@ pub enum SubmitError {
     /// The engine is shutting down.
     #[error("the engine is shutting down")]
     ShuttingDown,
-}
-
-/// A request waiting for a place in the batch.
-pub(crate) struct Pending {
-    pub id: u64,
-    pub request: GenerationRequest,
-    pub events: UnboundedSender<EngineEvent>,
-    pub cancel: Arc<AtomicBool>,
-    pub submitted: Instant,
-}
-
-pub(crate) struct Queue {
-    pub waiting: VecDeque<Pending>,
-    pub shutting_down: bool,
-    pub next_id: u64,
-}
-
-/// State shared by the handles and the engine thread.
-pub(crate) struct Shared {
-    pub queue: Mutex<Queue>,
-    pub wake: Condvar,
-    pub counters: EngineCounters,
-    pub config: EngineConfig,
-    /// Set when a shutdown's grace period ran out: running requests are cancelled.
-    pub abort: AtomicBool,
-    /// The prompt cache, when on.
-    pub cache: Option<EngineCache>,
-    /// The KV block pool and admission figures.
-    pub admission: KvAdmission,
 }
 
 /// Starts engine loops.
@@ -83,19 +54,7 @@ impl Engine {
             "{}",
             admission.describe(&model)
         );
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                waiting: VecDeque::new(),
-                shutting_down: false,
-                next_id: 1,
-            }),
-            wake: Condvar::new(),
-            counters: EngineCounters::default(),
-            config,
-            abort: AtomicBool::new(false),
-            cache,
-            admission,
-        });
+        let shared = Arc::new(Shared::new(config, cache, admission));
         let loop_shared = shared.clone();
         let loop_model = model.clone();
         let thread = std::thread::Builder::new()
@@ -144,24 +103,21 @@ impl EngineHandle {
         let (tx, rx) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let id = {
-            let mut q = lock(&self.shared.queue);
+            let mut q = self.shared.lock_queue();
             if q.shutting_down {
                 return Err(SubmitError::ShuttingDown);
             }
-            if q.waiting.len() >= self.shared.config.max_queue {
+            // Requests the engine has not picked up yet take free batch places first:
+            // only those beyond the batch count against `max_queue`.
+            let Some(slot) = self.shared.try_slot(&q) else {
                 return Err(SubmitError::QueueFull {
                     limit: self.shared.config.max_queue,
                 });
-            }
+            };
             let id = q.next_id;
             q.next_id += 1;
-            q.waiting.push_back(Pending {
-                id,
-                request,
-                events: tx,
-                cancel: cancel.clone(),
-                submitted: Instant::now(),
-            });
+            q.waiting
+                .push_back(Pending::new(id, request, tx, cancel.clone(), slot));
             self.shared
                 .counters
                 .queued
@@ -240,7 +196,7 @@ impl EngineHandle {
     /// to `grace`, then cancels what is left. Returns whether everything finished in time.
     pub fn shutdown(&self, grace: Duration) -> bool {
         {
-            let mut q = lock(&self.shared.queue);
+            let mut q = self.shared.lock_queue();
             q.shutting_down = true;
             for p in q.waiting.drain(..) {
                 let _ = p

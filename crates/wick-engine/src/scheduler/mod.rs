@@ -32,6 +32,7 @@ mod admission;
 mod cache;
 mod engine_loop;
 mod handle;
+mod queue;
 mod stats;
 
 pub use admission::{available_memory, KvBudget};
@@ -51,8 +52,10 @@ use crate::generation::{FinishReason, TokenEvent, Usage};
 pub struct EngineConfig {
     /// Sequences decoded together at most.
     pub max_batch: usize,
-    /// Requests waiting beyond the running batch before `submit` answers
-    /// [`SubmitError::QueueFull`].
+    /// Requests accepted beyond the batch's places before `submit` answers
+    /// [`SubmitError::QueueFull`]: at most `max_batch + max_queue` requests are accepted
+    /// and not finished at once (waiting, running or preempted), so a burst never gets
+    /// refused while batch places are free.
     pub max_queue: usize,
     /// Tokens one forward pass may carry: decode tokens first, the rest goes to
     /// prompt chunks, so a long prompt never stalls the others' decoding for long.

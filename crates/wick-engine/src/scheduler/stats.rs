@@ -1,7 +1,7 @@
 //! Counters the engine loop keeps for `/stats` and `/metrics`.
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::backend::candle::block_pool::PoolUsage;
+use crate::kv_pool::PoolUsage;
 
 /// Upper bounds of the batch-size histogram (sequences per forward pass).
 pub const BATCH_SIZE_BUCKETS: &[u64] = &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128];

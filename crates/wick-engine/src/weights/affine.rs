@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use half::f16;
 use wick_gguf::GgmlType;
 
-use crate::backend::HostWeight;
+use super::HostWeight;
 use crate::{EngineError, Result};
 
 /// A matrix in MLX's affine layout, as read from a file (or re-laid out from GGUF).

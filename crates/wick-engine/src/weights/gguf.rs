@@ -3,8 +3,8 @@ use std::borrow::Cow;
 
 use wick_gguf::GgufFile;
 
+use super::HostWeight;
 use super::WeightSource;
-use crate::backend::HostWeight;
 use crate::Result;
 
 /// Borrowing lookups into a memory-mapped GGUF file.

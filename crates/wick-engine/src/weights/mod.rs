@@ -2,13 +2,14 @@
 //! or MLX-quantized), behind one lookup by canonical (GGUF-style) tensor name.
 pub mod affine;
 mod gguf;
+mod host;
 mod safetensors;
 
 pub use self::affine::AffineWeight;
 pub use self::gguf::GgufWeights;
+pub use self::host::HostWeight;
 pub use self::safetensors::{AffineParams, HfNamedWeights, MlxQuantization, SafetensorsWeights};
 
-use crate::backend::HostWeight;
 use crate::Result;
 
 /// A set of named weights. Names are llama.cpp's: `token_embd.weight`,

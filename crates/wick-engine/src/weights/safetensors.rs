@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use wick_gguf::GgmlType;
 
+use super::HostWeight;
 use super::{AffineWeight, WeightSource};
-use crate::backend::HostWeight;
 use crate::{EngineError, Result};
 
 /// How a tensor's elements are stored.

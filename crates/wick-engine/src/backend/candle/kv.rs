@@ -4,8 +4,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::block_pool::{block_bytes, BlockLease, BlockPool, KvBlock, KvDtype, BLOCK_TOKENS};
+use super::block_pool::{KvBlock, KvDtype};
 use crate::backend::{KvLayer, KvLayerSnapshot};
+use crate::kv_pool::{block_bytes, BlockLease, BLOCK_TOKENS};
 use crate::{EngineError, Result};
 
 /// Keys and values of one layer, in blocks of [`BLOCK_TOKENS`] tokens.
@@ -98,80 +99,17 @@ impl CpuKvLayer {
         self.blocks.len()
     }
 
-    /// Blocks charged to the pool (0 when detached).
-    pub fn charged_blocks(&self) -> usize {
-        self.lease.as_ref().map_or(0, BlockLease::charged)
-    }
-
     /// Whether the cache is charged to a pool.
     pub fn is_attached(&self) -> bool {
         self.lease.is_some()
     }
 
-    /// Blocks the table needs once `tokens` more are appended (before any eviction).
-    pub fn blocks_after(&self, tokens: usize) -> usize {
-        blocks_spanning(self.base, self.len + tokens)
-    }
-
-    /// Most blocks a layer with `window` ever holds for a sequence of `tokens` tokens
-    /// fed at most `chunk` at a time (the peak is right after a chunk is appended and
-    /// before the window drops what it no longer needs).
-    pub fn peak_blocks(tokens: usize, window: Option<usize>, chunk: usize) -> usize {
-        let all = tokens.div_ceil(BLOCK_TOKENS);
-        match window {
-            None => all,
-            // The window, the slack block, the chunk, and one block of misalignment
-            // at each end.
-            Some(w) => all.min((w + chunk.max(1)).div_ceil(BLOCK_TOKENS) + 3),
-        }
-    }
-
-    /// Charges the blocks this layer holds to `pool` (past the budget if need be; the
-    /// caller checks room first). A cache already attached is left as it is.
-    pub(crate) fn attach(&mut self, pool: &Arc<BlockPool>) {
-        if self.lease.is_none() {
-            pool.charge(self.blocks.len());
-            self.lease = Some(BlockLease::new(pool.clone(), self.blocks.len()));
-        }
-    }
-
-    /// Gives the pool charge back; the blocks stay.
-    pub(crate) fn detach(&mut self) {
-        self.lease = None;
-    }
-
-    /// Extra blocks (beyond the charge) appending `tokens` needs.
-    pub(crate) fn extra_blocks_for(&self, tokens: usize) -> usize {
-        self.blocks_after(tokens)
-            .saturating_sub(self.lease.as_ref().map_or(0, BlockLease::charged))
-    }
-
-    /// Records `n` blocks the caller charged to this layer's pool on its behalf.
-    pub(crate) fn add_reserved(&mut self, n: usize) {
-        if let Some(lease) = &mut self.lease {
-            lease.add_charged(n);
-        }
-    }
-
-    /// The pool this layer is charged to.
-    pub(crate) fn pool(&self) -> Option<&Arc<BlockPool>> {
-        self.lease.as_ref().map(BlockLease::pool)
-    }
-
     /// Charges up to the blocks `tokens` more need, if the pool allows.
     pub fn reserve(&mut self, tokens: usize) -> bool {
-        let blocks = self.blocks_after(tokens);
+        let blocks = KvLayer::blocks_after(self, tokens);
         match &mut self.lease {
             Some(lease) => lease.try_grow(blocks),
             None => true,
-        }
-    }
-
-    /// Makes the pool charge match the blocks held.
-    fn settle(&mut self) {
-        let n = self.blocks.len();
-        if let Some(lease) = &mut self.lease {
-            lease.settle(n);
         }
     }
 
@@ -201,7 +139,7 @@ impl CpuKvLayer {
             self.len += 1;
         }
         if self.blocks.len() > self.charged_blocks() {
-            self.settle();
+            KvLayer::settle(self);
         }
     }
 
@@ -220,7 +158,7 @@ impl CpuKvLayer {
         if dropped {
             self.start = self.start.max(self.base);
         }
-        self.settle();
+        KvLayer::settle(self);
     }
 
     /// The block holding logical position `pos`, and the slot in it.
@@ -293,8 +231,34 @@ impl KvLayer for CpuKvLayer {
             self.blocks.truncate(blocks_spanning(self.base, len));
         }
         self.len = len;
-        self.settle();
+        KvLayer::settle(self);
         Ok(())
+    }
+
+    fn held_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn blocks_after(&self, tokens: usize) -> usize {
+        blocks_spanning(self.base, self.len + tokens)
+    }
+
+    fn peak_blocks(tokens: usize, window: Option<usize>, chunk: usize) -> usize {
+        let all = tokens.div_ceil(BLOCK_TOKENS);
+        match window {
+            None => all,
+            // The window, the slack block, the chunk, and one block of misalignment
+            // at each end.
+            Some(w) => all.min((w + chunk.max(1)).div_ceil(BLOCK_TOKENS) + 3),
+        }
+    }
+
+    fn lease(&self) -> Option<&BlockLease> {
+        self.lease.as_ref()
+    }
+
+    fn lease_mut(&mut self) -> &mut Option<BlockLease> {
+        &mut self.lease
     }
 
     fn byte_size(&self) -> usize {
@@ -329,6 +293,7 @@ impl KvLayer for CpuKvLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv_pool::BlockPool;
 
     fn tokens(from: usize, n: usize, row: usize) -> Vec<f32> {
         (from * row..(from + n) * row).map(|i| i as f32).collect()
@@ -435,7 +400,7 @@ mod tests {
             l.evict();
             assert_eq!(pool.used(), l.block_count());
         }
-        assert!(l.block_count() <= CpuKvLayer::peak_blocks(300, Some(32), 1));
+        assert!(l.block_count() <= <CpuKvLayer as KvLayer>::peak_blocks(300, Some(32), 1));
         let c = l.clone();
         assert_eq!(pool.used(), l.block_count(), "clones are not charged");
         drop(l);

@@ -13,6 +13,11 @@
 //! - when every live row takes part, free rows and the padding all rows share are
 //!   squeezed out (one gather), so the buffer follows the batch down as well as up.
 //!
+//! Under a KV pool with a budget, each row's sequence is charged the buffer's columns
+//! (`kv.rs`); the buffer then grows by exactly the rows that join rather than doubling,
+//! and squeezes out a free row at the next step where every live row takes part, so
+//! rows nobody is charged for do not outlive a step.
+//!
 //! The cost of a row is its padding: each step reads the columns from the row's start of
 //! padding to the end. Prompts of similar length waste little; a sequence far shorter than
 //! the longest reads the longest's length.
@@ -22,7 +27,7 @@ use wick_mlx::{Array, AttentionMask, Dtype, Stream};
 
 use super::kv::{MlxKvLayer, Storage};
 use super::mlx_err;
-use crate::backend::AttentionParams;
+use crate::backend::{AttentionParams, KvLayer};
 use crate::{EngineError, Result};
 
 /// Columns a buffer grows by.
@@ -107,9 +112,15 @@ impl Arena {
         ))
     }
 
-    /// Columns allocated, for memory accounting of one row.
-    pub(crate) fn row_bytes(&self) -> usize {
-        self.capacity * 2 * self.kv_heads * self.head_dim * self.dtype.size()
+    /// Columns allocated (every row has them all).
+    pub(crate) fn columns(&self) -> usize {
+        self.capacity
+    }
+
+    /// Columns allocated once the next step wrote its column.
+    pub(crate) fn columns_after_step(&self) -> usize {
+        self.capacity
+            .max((self.end + 1).div_ceil(COLUMNS) * COLUMNS)
     }
 
     /// Whether `row` holds a sequence of `stored` tokens ending where the next step writes.
@@ -141,12 +152,15 @@ impl Arena {
     }
 
     /// Room for `joining` more rows, sequences of up to `longest` tokens, and one more
-    /// column.
-    fn make_room(&mut self, joining: usize, longest: usize) -> Result<()> {
+    /// column. Spare rows (doubling, so that joins rarely copy the buffer) only when
+    /// `exact` is false: under a budget every row must belong to a charged sequence.
+    fn make_room(&mut self, joining: usize, longest: usize, exact: bool) -> Result<()> {
         let free = self.pads.iter().filter(|p| p.is_none()).count();
         let rows = self.pads.len();
         let rows = if free >= joining {
             rows
+        } else if exact {
+            rows + joining - free
         } else {
             (rows + joining - free).max(2 * rows)
         };
@@ -185,12 +199,18 @@ impl Arena {
 
     /// When `rows` (the participants, in order) are every live row: keeps only them, in
     /// that order, and drops the columns of padding they all share, if that frees a
-    /// quarter of the rows or a block of columns. Returns whether it did.
-    fn squeeze(&mut self, rows: &[usize]) -> Result<bool> {
+    /// quarter of the rows (any row when `eager`) or a block of columns. Returns whether
+    /// it did.
+    fn squeeze(&mut self, rows: &[usize], eager: bool) -> Result<bool> {
         let live = self.pads.iter().filter(|p| p.is_some()).count();
         let free = self.pads.len() - live;
         let lead = rows.iter().filter_map(|&r| self.pads[r]).min().unwrap_or(0);
-        if live != rows.len() || (free < (self.pads.len() / 4).max(1) && lead < COLUMNS) {
+        let enough_rows = if eager {
+            free > 0
+        } else {
+            free >= (self.pads.len() / 4).max(1)
+        };
+        if live != rows.len() || (!enough_rows && lead < COLUMNS) {
             return Ok(false);
         }
         let s = self.stream;
@@ -349,10 +369,12 @@ pub(crate) fn decode_step(
             joining.push((i, kv, stored));
         }
     }
+    // Under a budget the buffer holds only charged rows (see the module docs).
+    let bounded = layers.iter().any(|l| l.in_bounded_pool());
     let mut guard = arena.lock().map_err(|_| poisoned())?;
     let a = &mut *guard;
     let longest = joining.iter().map(|j| j.2).max().unwrap_or(0);
-    a.make_room(joining.len(), longest)?;
+    a.make_room(joining.len(), longest, bounded)?;
     for (i, kv, stored) in joining {
         let row = a.join(kv, stored)?;
         layers[i].storage = Storage::Row(ArenaRow {
@@ -361,7 +383,7 @@ pub(crate) fn decode_step(
         });
     }
     let mut rows = row_of(layers)?;
-    if a.squeeze(&rows)? {
+    if a.squeeze(&rows, bounded)? {
         for (i, l) in layers.iter_mut().enumerate() {
             if let Storage::Row(r) = &mut l.storage {
                 r.row = i;
@@ -417,6 +439,8 @@ pub(crate) fn decode_step(
     let out = gather(s, &out, &rows)?;
     for l in layers.iter_mut() {
         l.len += 1;
+        // The row's charge follows the buffer's columns.
+        l.settle();
     }
     s.reshape(&out, &[n as i32, h * hd]).map_err(e)
 }
@@ -432,4 +456,150 @@ fn row_of(layers: &[&mut MlxKvLayer]) -> Result<Vec<usize>> {
             )),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use wick_mlx::{Array, Device, Dtype, Stream};
+
+    use super::*;
+    use crate::backend::KvLayer;
+    use crate::kv_pool::BlockPool;
+
+    const KVH: usize = 2;
+    const HD: usize = 8;
+
+    fn params() -> AttentionParams {
+        AttentionParams {
+            heads: KVH,
+            kv_heads: KVH,
+            head_dim: HD,
+            scale: 0.5,
+            window: None,
+            softcap: None,
+        }
+    }
+
+    /// A layer holding `tokens` tokens, attached to `pool`.
+    fn layer(s: Stream, tokens: usize, pool: &Arc<BlockPool>) -> MlxKvLayer {
+        let mut l = MlxKvLayer::new(s, Dtype::F32, KVH, HD, None);
+        l.attach(pool);
+        let shape = [1, KVH as i32, tokens as i32, HD as i32];
+        let k = s.zeros(&shape, Dtype::F32).unwrap();
+        l.append(&k, &k, tokens).unwrap();
+        l
+    }
+
+    /// One batched decode step of `layers`.
+    fn step(s: Stream, layers: &mut [&mut MlxKvLayer]) {
+        let n = layers.len();
+        let x = Array::from_slice(&vec![0.25f32; n * KVH * HD], &[n as i32, (KVH * HD) as i32])
+            .unwrap();
+        decode_step(&s, layers, &x, &x, &x, &params()).unwrap();
+    }
+
+    fn rows_and_columns(l: &MlxKvLayer) -> (usize, usize) {
+        let Storage::Row(r) = &l.storage else {
+            panic!("not in a batch buffer")
+        };
+        let a = r.arena.lock().unwrap();
+        (a.pads.len(), a.capacity)
+    }
+
+    #[test]
+    fn own_buffers_are_charged_their_capacity() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let pool = BlockPool::new(1000);
+        let mut l = layer(s, 10, &pool);
+        // 256 columns = 16 blocks of 16 tokens.
+        assert_eq!(pool.used(), 16);
+        assert_eq!(l.extra_blocks_for(246), 0);
+        assert_eq!(l.extra_blocks_for(247), 16);
+        // A chunk that overflows the partly filled buffer keeps what it held.
+        let twos = Array::from_slice(
+            &vec![2f32; KVH * 250 * HD],
+            &[1, KVH as i32, 250, HD as i32],
+        )
+        .unwrap();
+        l.append(&twos, &twos, 250).unwrap();
+        assert_eq!(pool.used(), 32);
+        let keys = l.snapshot().keys;
+        assert_eq!(keys.len(), 260 * KVH * HD);
+        assert!(keys[..10 * KVH * HD].iter().all(|&x| x == 0.0));
+        assert!(keys[10 * KVH * HD..].iter().all(|&x| x == 2.0));
+        let clone = l.clone();
+        assert_eq!(pool.used(), 32, "clones are not charged");
+        drop(l);
+        assert_eq!(pool.used(), 0);
+        assert_eq!(clone.len, 260);
+    }
+
+    #[test]
+    fn batch_rows_are_charged_the_buffer_and_a_budget_keeps_no_spare_rows() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let pool = BlockPool::new(100_000);
+        assert!(pool.is_bounded());
+        let mut a = layer(s, 300, &pool);
+        let mut b = layer(s, 5, &pool);
+        assert_eq!(pool.used(), 32 + 16);
+        step(s, &mut [&mut a, &mut b]);
+        // Both rows have the buffer's 512 columns (the longer one's 301 rounded up).
+        assert_eq!(rows_and_columns(&a), (2, 512));
+        assert_eq!(pool.used(), 2 * 32);
+        // A third joins: exactly one more row, every row charged.
+        let mut c = layer(s, 7, &pool);
+        step(s, &mut [&mut a, &mut b, &mut c]);
+        assert_eq!(rows_and_columns(&a), (3, 512));
+        assert_eq!(pool.used(), 3 * 32);
+        // The long one leaves: its charge goes at once, its row at the next step.
+        drop(a);
+        assert_eq!(pool.used(), 2 * 32);
+        step(s, &mut [&mut b, &mut c]);
+        let (rows, columns) = rows_and_columns(&b);
+        assert_eq!(rows, 2);
+        assert_eq!(pool.used(), 2 * columns / 16);
+        // Leaving the batch (into the prompt cache) moves to buffers of its own.
+        b.detach();
+        b.leave_batch();
+        assert_eq!(pool.used(), columns / 16);
+        assert!(matches!(b.storage, Storage::Own { .. }));
+    }
+
+    /// An arena of `rows` rows, all live, sequences of one token.
+    fn arena_of(s: Stream, rows: usize) -> Arena {
+        let mut a = Arena::new(s, Dtype::F32, KVH, HD);
+        a.make_room(rows, 1, true).unwrap();
+        let one = s.zeros(&[1, KVH as i32, 1, HD as i32], Dtype::F32).unwrap();
+        for _ in 0..rows {
+            a.join(Some((one.clone(), one.clone())), 1).unwrap();
+        }
+        a
+    }
+
+    #[test]
+    fn spare_rows_only_without_a_budget() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let mut a = arena_of(s, 2);
+        a.make_room(1, 0, false).unwrap();
+        assert_eq!(a.pads.len(), 4, "doubles without a budget");
+        let mut b = arena_of(s, 2);
+        b.make_room(1, 0, true).unwrap();
+        assert_eq!(b.pads.len(), 3, "exactly the rows that join under one");
+    }
+
+    #[test]
+    fn under_a_budget_one_free_row_is_squeezed_out() {
+        let s = Stream::new(Device::Cpu).unwrap();
+        let mut a = arena_of(s, 8);
+        a.pads[3] = None;
+        let live: Vec<usize> = (0..8).filter(|&r| r != 3).collect();
+        assert!(
+            !a.squeeze(&live, false).unwrap(),
+            "one row of eight is kept spare"
+        );
+        assert!(a.squeeze(&live, true).unwrap());
+        assert_eq!(a.pads.len(), 7);
+    }
 }

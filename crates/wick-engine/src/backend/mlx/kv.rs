@@ -5,15 +5,26 @@
 //! A sequence decoded together with others lives instead in a row of a batch buffer
 //! (`arena.rs`); it moves back into buffers of its own when it is cloned or appended to
 //! outside a batched decode step.
+//!
+//! An attached layer is charged to the KV pool for the columns its buffers allocated (a
+//! batch row: the columns of its batch buffer), in the pool's blocks of
+//! [`BLOCK_TOKENS`] tokens; the charge follows every change of storage.
 use wick_mlx::{Array, Dtype, Stream};
 
 use super::arena::{poisoned, ArenaRow};
 use super::mlx_err;
 use crate::backend::{KvLayer, KvLayerSnapshot};
+use crate::kv_pool::{blocks_for_tokens, BlockLease, BLOCK_TOKENS};
 use crate::{EngineError, Result};
 
-/// Tokens a buffer grows by.
-const BLOCK: usize = 256;
+/// Tokens a buffer grows by (a whole number of the pool's blocks).
+pub(crate) const BLOCK: usize = 256;
+const _: () = assert!(BLOCK.is_multiple_of(BLOCK_TOKENS));
+
+/// Columns of a buffer that holds `tokens` tokens.
+fn columns_for(tokens: usize) -> usize {
+    tokens.div_ceil(BLOCK) * BLOCK
+}
 
 /// Where a layer's keys and values live.
 #[derive(Debug)]
@@ -52,6 +63,8 @@ pub struct MlxKvLayer {
     /// Logical length.
     pub(crate) len: usize,
     pub(crate) storage: Storage,
+    /// The pool charge, when the cache belongs to a running sequence.
+    pub(crate) lease: Option<BlockLease>,
 }
 
 fn cache_err(message: &str) -> EngineError {
@@ -75,6 +88,7 @@ impl MlxKvLayer {
             start: 0,
             len: 0,
             storage: Storage::empty(),
+            lease: None,
         }
     }
 
@@ -116,8 +130,18 @@ impl MlxKvLayer {
         let (buf, capacity) = match buf {
             Some(b) if need <= capacity => (b, capacity),
             old => {
-                let grown = need.div_ceil(BLOCK) * BLOCK;
-                let fresh = self.buffer(grown, old.as_ref(), at)?;
+                let grown = columns_for(need);
+                // The old buffer's first `at` columns (its capacity may be larger: a
+                // prompt chunk that overflows a partly filled buffer).
+                let kept = match old {
+                    Some(b) if at > 0 => Some(
+                        self.stream
+                            .slice(&b, &[0; 4], &self.shape(at))
+                            .map_err(mlx_err)?,
+                    ),
+                    _ => None,
+                };
+                let fresh = self.buffer(grown, kept.as_ref(), at)?;
                 (fresh, grown)
             }
         };
@@ -151,6 +175,7 @@ impl MlxKvLayer {
             capacity: c,
         };
         self.len += m;
+        self.settle();
         Ok(())
     }
 
@@ -158,6 +183,7 @@ impl MlxKvLayer {
     fn move_to_own(&mut self) -> Result<()> {
         if matches!(self.storage, Storage::Row(_)) {
             self.storage = self.detached()?.storage;
+            self.settle();
         }
         Ok(())
     }
@@ -181,7 +207,21 @@ impl MlxKvLayer {
             start: self.start,
             len: self.len,
             storage: Storage::empty(),
+            lease: None,
         }
+    }
+
+    /// Columns its storage allocated (a batch row: its buffer's).
+    pub(crate) fn columns(&self) -> usize {
+        match &self.storage {
+            Storage::Own { capacity, .. } => *capacity,
+            Storage::Row(r) => r.arena.lock().map(|a| a.columns()).unwrap_or(0),
+        }
+    }
+
+    /// Whether the layer is charged to a pool with a budget.
+    pub(crate) fn in_bounded_pool(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| l.pool().is_bounded())
     }
 
     /// Keys and values `[1, kvh, to - from, hd]` of logical positions `from..to`.
@@ -219,13 +259,14 @@ impl MlxKvLayer {
         }
         let (k, v) = self.range(keep_from, self.len)?;
         let n = self.len - keep_from;
-        let capacity = n.div_ceil(BLOCK).max(1) * BLOCK;
+        let capacity = columns_for(n).max(BLOCK);
         self.storage = Storage::Own {
             keys: Some(self.buffer(capacity, Some(&k), n)?),
             values: Some(self.buffer(capacity, Some(&v), n)?),
             capacity,
         };
         self.start = keep_from;
+        self.settle();
         Ok(())
     }
 
@@ -235,7 +276,7 @@ impl MlxKvLayer {
         let stored = self.stored();
         if stored > 0 {
             let (k, v) = self.range(self.start, self.len)?;
-            let capacity = stored.div_ceil(BLOCK) * BLOCK;
+            let capacity = columns_for(stored);
             out.storage = Storage::Own {
                 keys: Some(self.buffer(capacity, Some(&k), stored)?),
                 values: Some(self.buffer(capacity, Some(&v), stored)?),
@@ -335,11 +376,53 @@ impl KvLayer for MlxKvLayer {
     }
 
     fn byte_size(&self) -> usize {
-        let per_column = 2 * self.kv_heads * self.head_dim * self.dtype.size();
-        match &self.storage {
-            Storage::Own { capacity, .. } => capacity * per_column,
-            Storage::Row(r) => r.arena.lock().map(|a| a.row_bytes()).unwrap_or(0),
+        self.columns() * 2 * self.kv_heads * self.head_dim * self.dtype.size()
+    }
+
+    fn held_blocks(&self) -> usize {
+        blocks_for_tokens(self.columns())
+    }
+
+    fn blocks_after(&self, tokens: usize) -> usize {
+        if tokens == 0 {
+            return self.held_blocks();
         }
+        let columns = match &self.storage {
+            // One more token of a batch row is the next column of its buffer.
+            Storage::Row(r) if tokens == 1 => match r.arena.lock() {
+                Ok(a) => a.columns_after_step(),
+                Err(_) => columns_for(self.stored() + 1),
+            },
+            // More moves the row into buffers of its own first.
+            Storage::Row(_) => columns_for(self.stored() + tokens),
+            Storage::Own { capacity, .. } => {
+                let need = self.stored() + tokens;
+                if need <= *capacity {
+                    *capacity
+                } else {
+                    columns_for(need)
+                }
+            }
+        };
+        blocks_for_tokens(columns)
+    }
+
+    fn peak_blocks(tokens: usize, window: Option<usize>, chunk: usize) -> usize {
+        // A window layer keeps up to two windows before it drops one (see `evict`), plus
+        // the chunk just appended.
+        let stored = match window {
+            None => tokens,
+            Some(w) => tokens.min(2 * w + chunk.max(1)),
+        };
+        blocks_for_tokens(columns_for(stored.max(1)))
+    }
+
+    fn lease(&self) -> Option<&BlockLease> {
+        self.lease.as_ref()
+    }
+
+    fn lease_mut(&mut self) -> &mut Option<BlockLease> {
+        &mut self.lease
     }
 
     fn snapshot(&self) -> KvLayerSnapshot {

@@ -1,0 +1,118 @@
+//! [`KvCache`]: one sequence's KV cache on whichever backend, and its charge to the KV
+//! pool ([`crate::kv_pool`]), the same on every backend.
+use std::sync::Arc;
+
+use super::dispatch::{with_cache, AnyCache};
+use crate::backend::{KvLayer, KvLayerSnapshot};
+use crate::kv_pool::BlockPool;
+use crate::Result;
+
+/// A sequence's KV cache, whatever the backend.
+#[derive(Clone)]
+pub struct KvCache {
+    pub(super) inner: AnyCache,
+}
+
+impl KvCache {
+    /// Tokens cached (the next token's position).
+    pub fn len(&self) -> usize {
+        with_cache!(&self.inner, c => c.len())
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        with_cache!(&self.inner, c => c.is_empty())
+    }
+
+    /// Whether the cache can be cut back to `len` tokens (a sliding window that already
+    /// dropped keys cannot).
+    pub fn can_trim_to(&self, len: usize) -> bool {
+        with_cache!(&self.inner, c => c.can_trim_to(len))
+    }
+
+    /// Forgets every token from position `len` on.
+    pub fn trim(&mut self, len: usize) -> Result<()> {
+        with_cache!(&mut self.inner, c => c.trim(len))
+    }
+
+    /// Bytes held.
+    pub fn byte_size(&self) -> usize {
+        with_cache!(&self.inner, c => c.byte_size())
+    }
+
+    /// Host copies of every layer (for persistence).
+    pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
+        with_cache!(&self.inner, c => c.snapshot())
+    }
+
+    /// Charges the blocks this cache holds to `pool` (the caller checked there is room);
+    /// from now on its storage is charged there as it grows and shrinks, and dropping the
+    /// cache gives the charge back. A clone is never charged until attached itself.
+    pub fn attach(&mut self, pool: &Arc<BlockPool>) {
+        with_cache!(&mut self.inner, c => c.layers_mut().iter_mut().for_each(|l| l.attach(pool)))
+    }
+
+    /// Gives the pool charge back (the storage stays with the cache). On MLX, also moves
+    /// the cache out of the batch buffer it decoded in, so that a stored cache holds no
+    /// row of a running batch.
+    pub fn detach(&mut self) {
+        match &mut self.inner {
+            AnyCache::Candle(c) => c.layers_mut().iter_mut().for_each(KvLayer::detach),
+            #[cfg(feature = "mlx")]
+            AnyCache::Mlx(c) => c.layers_mut().iter_mut().for_each(|l| {
+                l.detach();
+                l.leave_batch();
+            }),
+        }
+    }
+
+    /// Whether the cache is charged to a pool.
+    pub fn is_attached(&self) -> bool {
+        with_cache!(&self.inner, c => c.layers().iter().any(|l| l.lease().is_some()))
+    }
+
+    /// Blocks of the pool's unit its storage holds, all layers together.
+    pub fn blocks(&self) -> usize {
+        with_cache!(&self.inner, c => c.layers().iter().map(KvLayer::held_blocks).sum())
+    }
+
+    /// Blocks charged to the pool, all layers together (0 when not attached).
+    pub fn charged_blocks(&self) -> usize {
+        with_cache!(&self.inner, c => c.layers().iter().map(KvLayer::charged_blocks).sum())
+    }
+
+    /// Blocks the pool must grant before `tokens` more tokens can be appended.
+    pub fn blocks_to_append(&self, tokens: usize) -> usize {
+        with_cache!(&self.inner, c => c.layers().iter().map(|l| l.extra_blocks_for(tokens)).sum())
+    }
+
+    /// Charges, all layers or none, the blocks that appending `tokens` more needs.
+    /// Returns false (charging nothing) when the pool has no room. A detached cache
+    /// needs no room.
+    pub fn reserve(&mut self, tokens: usize) -> bool {
+        with_cache!(&mut self.inner, c => reserve_layers(c.layers_mut(), tokens))
+    }
+}
+
+/// [`KvCache::reserve`] over one backend's layers.
+fn reserve_layers<L: KvLayer>(layers: &mut [L], tokens: usize) -> bool {
+    let Some(pool) = layers
+        .iter()
+        .find_map(|l| l.lease().map(|x| x.pool().clone()))
+    else {
+        return true;
+    };
+    let need: Vec<usize> = layers.iter().map(|l| l.extra_blocks_for(tokens)).collect();
+    if !pool.try_charge(need.iter().sum()) {
+        return false;
+    }
+    for (l, n) in layers.iter_mut().zip(need) {
+        if let Some(lease) = l.lease_mut() {
+            lease.add_charged(n);
+        } else {
+            // Not charged itself (never happens to a cache attached whole): give it back.
+            pool.release(n);
+        }
+    }
+    true
+}

@@ -1,0 +1,305 @@
+//! Loading a model: a GGUF file, or a Hugging Face directory (config.json, safetensors,
+//! tokenizer files, chat template, generation_config.json).
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value;
+use wick_chat::chat_template::{ChatTemplate, TemplateTokens};
+use wick_chat::tokenizer::Tokenizer;
+use wick_gguf::GgufFile;
+
+use super::dispatch::{with_decoder, AnyDecoder};
+use super::{GenerationDefaults, LoadOptions, Model, ModelFormat, ModelInfo};
+use crate::backend::candle::{CandleBackend, KvDtype};
+use crate::backend::{Backend, BackendKind};
+use crate::config::ModelConfig;
+use crate::models::decoder::Decoder;
+use crate::models::Arch;
+use crate::weights::{GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource};
+use crate::{EngineError, Result};
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
+    move |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| EngineError::Config {
+            source_name: path.display().to_string(),
+            reason: format!("not valid JSON: {e}"),
+        })
+}
+
+impl Model {
+    /// Loads a `.gguf` file or a Hugging Face model directory.
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Model> {
+        let meta = std::fs::metadata(path).map_err(io(path))?;
+        if !opts.backend.available() {
+            return Err(EngineError::Backend {
+                backend: opts.backend.name(),
+                message: "wick was built without the `mlx` cargo feature (build with \
+                          `--features mlx` against an MLX runtime; see docs/mlx.md)"
+                    .into(),
+            });
+        }
+        let mut model = if meta.is_dir() {
+            Self::load_hf(path, opts.backend, opts.kv_dtype.unwrap_or(KvDtype::F32))?
+        } else {
+            Self::load_gguf(path, opts.backend, opts.kv_dtype.unwrap_or(KvDtype::F16))?
+        };
+        if let Some(n) = opts.context_length {
+            model.info.context_length = n.min(model.info.context_length).max(1);
+        }
+        tracing::info!(
+            model = %model.info.name,
+            arch = %model.info.arch,
+            backend = model.info.backend,
+            weights_mib = model.info.weight_bytes / (1 << 20),
+            context = model.info.context_length,
+            kv = model.info.kv_type,
+            "model loaded"
+        );
+        Ok(model)
+    }
+
+    fn load_gguf(path: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
+        let file = GgufFile::open(path)?;
+        let source = path.display().to_string();
+        let cfg = ModelConfig::from_gguf(file.metadata(), &source)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        let template_source = file
+            .metadata()
+            .opt_str("tokenizer.chat_template")?
+            .map(str::to_string);
+        // GGUF scales are exact in f32 (see backend::mlx).
+        let decoder = load_decoder(backend, cfg, &GgufWeights::new(&file), MlxDtype::F32, kv)?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| source.clone());
+        Self::assemble(
+            decoder,
+            tokenizer,
+            template_source,
+            GenerationDefaults::default(),
+            name,
+            path,
+            ModelFormat::Gguf,
+        )
+    }
+
+    fn load_hf(dir: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
+        let source = dir.display().to_string();
+        let config = read_json(&dir.join("config.json"))?.ok_or_else(|| EngineError::Config {
+            source_name: source.clone(),
+            reason: "no config.json: not a Hugging Face model directory".into(),
+        })?;
+        let cfg = ModelConfig::from_hf(&config, &dir.join("config.json").display().to_string())?;
+        let tokenizer = Tokenizer::from_hf_dir(dir)?;
+        let weights = SafetensorsWeights::open(dir)?;
+        let quantization = MlxQuantization::from_config(&config, &source)?;
+        // Gemma's sandwich norms use other Hugging Face names.
+        let gemma = cfg.arch == Arch::Gemma3;
+        let named = weights.canonical(gemma).with_quantization(quantization);
+        let dtype = MlxDtype::of_checkpoint(&config, &named);
+        let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
+        let template_source = hf_chat_template(dir)?;
+        let gen_path = dir.join("generation_config.json");
+        let gen = read_json(&gen_path)?.unwrap_or_else(|| Value::Object(Default::default()));
+        crate::config::check_generation_config(&gen, &gen_path.display().to_string())?;
+        let defaults = GenerationDefaults {
+            temperature: gen
+                .get("temperature")
+                .and_then(Value::as_f64)
+                .map(|v| v as f32),
+            top_p: gen.get("top_p").and_then(Value::as_f64).map(|v| v as f32),
+            top_k: gen.get("top_k").and_then(Value::as_u64).map(|v| v as usize),
+            repetition_penalty: gen
+                .get("repetition_penalty")
+                .and_then(Value::as_f64)
+                .map(|v| v as f32),
+        };
+        let mut model = {
+            let name = dir
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| source.clone());
+            Self::assemble(
+                decoder,
+                tokenizer,
+                template_source,
+                defaults,
+                name,
+                dir,
+                ModelFormat::HuggingFace,
+            )?
+        };
+        // generation_config's eos ids join the set.
+        let extra = crate::config::hf_ids(&gen, "eos_token_id");
+        for id in extra {
+            if !model.eos.contains(&id) {
+                model.eos.push(id);
+            }
+        }
+        Ok(model)
+    }
+
+    fn assemble(
+        decoder: AnyDecoder,
+        tokenizer: Tokenizer,
+        template_source: Option<String>,
+        defaults: GenerationDefaults,
+        name: String,
+        path: &Path,
+        format: ModelFormat,
+    ) -> Result<Model> {
+        let cfg = with_decoder!(&decoder, d => d.config());
+        let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
+        let backend = with_decoder!(&decoder, d => d.backend().name());
+        let kv_type = decoder.kv_dtype().map_or("mlx", KvDtype::name);
+        let mut eos: Vec<u32> = cfg.eos_token_ids.clone();
+        for &id in tokenizer.eos_ids() {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        let template = match &template_source {
+            Some(src) => {
+                let tokens = TemplateTokens {
+                    bos_token: tokenizer.bos_token().map(str::to_string),
+                    eos_token: tokenizer.eos_token().map(str::to_string),
+                    ..TemplateTokens::default()
+                };
+                Some(Arc::new(ChatTemplate::new(src, tokens)?))
+            }
+            None => None,
+        };
+        let info = ModelInfo {
+            name,
+            path: path.to_path_buf(),
+            format,
+            arch: cfg.arch,
+            context_length: cfg.context_length,
+            weight_bytes,
+            backend,
+            kv_type,
+        };
+        Ok(Model {
+            decoder,
+            tokenizer,
+            template,
+            template_source,
+            info,
+            defaults,
+            eos,
+            grammars: Default::default(),
+        })
+    }
+}
+
+/// Activation dtype for the MLX backend, chosen from the checkpoint (candle ignores it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MlxDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl MlxDtype {
+    /// `config.json`'s `torch_dtype`/`dtype`, else the embedding table's scales or
+    /// weight type; bf16 when nothing says.
+    fn of_checkpoint(config: &Value, weights: &dyn WeightSource) -> MlxDtype {
+        let named = config
+            .get("torch_dtype")
+            .or_else(|| config.get("dtype"))
+            .and_then(Value::as_str);
+        let from_file = || -> Option<wick_gguf::GgmlType> {
+            if let Ok(Some(a)) = weights.affine("token_embd.weight") {
+                return Some(a.scales.dtype);
+            }
+            weights
+                .get("token_embd.weight")
+                .ok()
+                .flatten()
+                .map(|w| w.dtype)
+        };
+        match named {
+            Some("float32") => MlxDtype::F32,
+            Some("float16") => MlxDtype::F16,
+            Some("bfloat16") => MlxDtype::Bf16,
+            _ => match from_file() {
+                Some(wick_gguf::GgmlType::F32) => MlxDtype::F32,
+                Some(wick_gguf::GgmlType::F16) => MlxDtype::F16,
+                _ => MlxDtype::Bf16,
+            },
+        }
+    }
+}
+
+/// Loads the decoder onto `backend`.
+fn load_decoder(
+    backend: BackendKind,
+    cfg: ModelConfig,
+    src: &dyn WeightSource,
+    dtype: MlxDtype,
+    kv: KvDtype,
+) -> Result<AnyDecoder> {
+    match backend {
+        BackendKind::Candle => Ok(AnyDecoder::Candle(Decoder::load(
+            CandleBackend::cpu().with_kv_dtype(kv),
+            cfg,
+            src,
+        )?)),
+        #[cfg(feature = "mlx")]
+        BackendKind::Mlx => {
+            let be = crate::backend::mlx::MlxBackend::for_checkpoint(match dtype {
+                MlxDtype::F32 => wick_mlx::Dtype::F32,
+                MlxDtype::F16 => wick_mlx::Dtype::F16,
+                MlxDtype::Bf16 => wick_mlx::Dtype::BF16,
+            })?;
+            let d = Decoder::load(be, cfg, src)?;
+            d.backend().log_load_report();
+            Ok(AnyDecoder::Mlx(d))
+        }
+        #[cfg(not(feature = "mlx"))]
+        BackendKind::Mlx => {
+            let _ = dtype;
+            Err(EngineError::Backend {
+                backend: "mlx",
+                message: "wick was built without the `mlx` cargo feature".into(),
+            })
+        }
+    }
+}
+
+/// The chat template of a Hugging Face directory: `chat_template.jinja`, else
+/// `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates
+/// of which `default` is used).
+fn hf_chat_template(dir: &Path) -> Result<Option<String>> {
+    let file = dir.join("chat_template.jinja");
+    if file.is_file() {
+        return std::fs::read_to_string(&file).map(Some).map_err(io(&file));
+    }
+    let Some(cfg) = read_json(&dir.join("tokenizer_config.json"))? else {
+        return Ok(None);
+    };
+    Ok(match cfg.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    })
+}
