@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::special_tokens::{Fragment, SpecialTokenSplitter};
 use super::piece_decoder::{byte_token_value, PieceStyle, PieceTable};
+use super::special_tokens::{Fragment, SpecialTokenSplitter};
 use super::token_attrs::TokenAttrs;
 use super::{Backend, Shared, TokenizerError};
 
