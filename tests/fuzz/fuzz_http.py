@@ -3,8 +3,8 @@
 time and checks that no answer is a 5xx, no connection is dropped without an answer, and the
 server still answers /health at the end (and its log has no panic).
 
-Endpoints come from the router source (crates/wick-server/src/routes), so a new endpoint is
-fuzzed as soon as it is routed; seed bodies per endpoint are in http_seeds.json (the generic
+Endpoints come from the server's own `GET /v1` list (recorded by the router), so a new
+endpoint is fuzzed as soon as it is routed; seed bodies per endpoint are in http_seeds.json (the generic
 ones otherwise). Starts its own server from target/release/wick unless --base is given.
 
     python3 tests/fuzz/fuzz_http.py --secs 30           # CI (WICK_FUZZ_SECS also sets it)
@@ -29,19 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
-def post_routes() -> list[str]:
-    """Paths routed with a POST handler anywhere under crates/wick-server/src/routes."""
-    paths = []
-    for rs in sorted((ROOT / "crates/wick-server/src/routes").rglob("*.rs")):
-        text = rs.read_text()
-        for m in re.finditer(r'\.route\(\s*"([^"]+)"\s*,', text):
-            # The method router runs to the next `.route(` (or the end of the chain).
-            rest = text[m.end():]
-            nxt = rest.find(".route(")
-            handlers = rest if nxt < 0 else rest[:nxt]
-            if re.search(r"\bpost\(", handlers) and m.group(1) not in paths:
-                paths.append(m.group(1))
-    return paths
+def post_routes(base: str) -> list[str]:
+    """The POST paths the server routes, from its `GET /v1` list (the router records it as
+    routes are added, so a new endpoint is fuzzed as soon as it is routed)."""
+    listed = httpx.get(base + "/v1", timeout=30).json()["endpoints"]
+    return [e.split(" ", 1)[1] for e in listed if e.startswith("POST ") and "{" not in e]
 
 
 HOSTILE_VALUES = [
@@ -178,17 +170,16 @@ def main() -> int:
     args = ap.parse_args()
 
     seeds = json.loads((HERE / "http_seeds.json").read_text())
-    endpoints = post_routes()
-    if not endpoints:
-        sys.exit("no POST routes found in crates/wick-server/src/routes")
-    for e in endpoints:
-        if e not in seeds:
-            print(f"note: no seeds for {e} in http_seeds.json; using the generic ones")
-
     proc = log = None
     base = args.base
     if base is None:
         proc, base, log = start_server(args.serve_args)
+    endpoints = post_routes(base)
+    if "/v1/chat/completions" not in endpoints:
+        sys.exit(f"the server's GET /v1 lists no chat endpoint: {endpoints}")
+    for e in endpoints:
+        if e not in seeds:
+            print(f"note: no seeds for {e} in http_seeds.json; using the generic ones")
     rng = random.Random(args.seed)
     stats = {e: {"tried": 0, "status": {}} for e in endpoints}
     failures, dropped = [], []
