@@ -2,14 +2,17 @@
 pub mod admin;
 pub mod chat;
 pub mod completions;
+pub mod messages;
 pub mod models;
 pub mod ops;
+pub mod responses;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::Router;
 
+use crate::anthropic::error::anthropic_errors;
 use crate::middleware;
 use crate::state::AppState;
 
@@ -18,6 +21,13 @@ pub fn app(state: AppState) -> Router {
     let api = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*id}", get(models::get))
         .route("/v1", get(ops::index))
@@ -37,6 +47,7 @@ pub fn app(state: AppState) -> Router {
         .layer(from_fn(middleware::catch_panic))
         .layer(from_fn_with_state(state.clone(), middleware::guard))
         .layer(from_fn(middleware::close_if_body_unread))
+        .layer(from_fn(anthropic_errors))
         .layer(from_fn_with_state(state.clone(), middleware::observe))
         .with_state(state)
 }
