@@ -41,6 +41,9 @@ pub struct MessagesRequest {
     pub thinking: Option<Value>,
     /// Accepted and ignored.
     pub metadata: Option<Value>,
+    /// `{effort, format}`: `format` (structured output) is refused until constrained
+    /// decoding exists; `effort` is accepted.
+    pub output_config: Option<Value>,
 }
 
 impl RequestBody for MessagesRequest {
@@ -50,7 +53,17 @@ impl RequestBody for MessagesRequest {
 
     fn known_fields() -> Vec<&'static str> {
         let mut fields = struct_fields::<MessagesRequest>().to_vec();
-        fields.extend(["cache_control", "service_tier", "container", "mcp_servers"]);
+        fields.extend([
+            "cache_control",
+            "service_tier",
+            "container",
+            "mcp_servers",
+            "diagnostics",
+            "speed",
+            "inference_geo",
+            "user_profile_id",
+            "workspace_id",
+        ]);
         fields
     }
 }
@@ -374,7 +387,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
     let mut kwargs = Map::new();
     if let Some(thinking) = &req.thinking {
         match thinking.get("type").and_then(Value::as_str) {
-            Some("enabled" | "adaptive") => {
+            Some("enabled" | "adaptive" | "between_tools") => {
                 kwargs.insert("enable_thinking".into(), Value::Bool(true));
             }
             Some("disabled") => {
@@ -383,9 +396,17 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
             _ => {
                 return Err(ApiError::field(
                     "thinking.type",
-                    "must be 'enabled', 'adaptive' or 'disabled'",
+                    "must be 'enabled', 'adaptive', 'between_tools' or 'disabled'",
                 ))
             }
+        }
+    }
+    if let Some(format) = req.output_config.as_ref().and_then(|c| c.get("format")) {
+        if !format.is_null() {
+            return Err(ApiError::unsupported(
+                "output_config.format",
+                "structured output needs constrained decoding, which wick does not do yet",
+            ));
         }
     }
     let sampling = SamplingFields {
