@@ -208,3 +208,12 @@ def test_streamed_tool_use_accumulates_input(qwen):
     use = [b for b in final.content if b.type == "tool_use"][0]
     assert "paris" in use.input["city"].lower()
     assert "input_json" in kinds or "content_block_delta" in kinds
+
+
+def test_models_answer_both_sdks(server, client):
+    listed = claude(server).models.list()
+    assert listed.data[0].id == client.models.list().data[0].id
+    assert listed.data[0].type == "model" and listed.data[0].created_at.year >= 2024
+    assert listed.has_more is False
+    with httpx.Client(base_url=server.base, timeout=30) as h:
+        assert h.get("/v1/models", params={"client_version": "0.171.0"}).status_code == 200
