@@ -23,6 +23,21 @@ WEATHER = {
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris right now? Use the get_weather tool."}]
 
 
+
+@pytest.fixture(scope="module")
+def server():
+    """A SmolLM2 server of this module's own: its prompt cache does not leak into the
+    session server other files check `cached_tokens` on."""
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    server = WickServer()
+    yield server
+    assert server.stop() == 0, server.logs()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
 def claude(server: WickServer, **kw) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.base, api_key=server.api_key or "none", max_retries=0, **kw)
 

@@ -7,6 +7,8 @@ import httpx
 import openai
 import pytest
 
+from conftest import SMOLLM, WickServer, require_model
+
 SHORT = 12
 WEATHER = {
     "type": "function",
@@ -19,6 +21,21 @@ WEATHER = {
     },
 }
 
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A SmolLM2 server of this module's own: its prompt cache does not leak into the
+    session server other files check `cached_tokens` on."""
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    server = WickServer()
+    yield server
+    assert server.stop() == 0, server.logs()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
 
 def test_text_response(client):
     r = client.responses.create(model="gpt-5", input="Say hello.", instructions="Be brief.",

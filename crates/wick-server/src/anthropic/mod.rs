@@ -44,6 +44,8 @@ pub struct MessagesRequest {
     /// `{effort, format}`: `format` (structured output) is refused until constrained
     /// decoding exists; `effort` is accepted.
     pub output_config: Option<Value>,
+    /// Non-standard (vLLM's extension): generate past end-of-sequence tokens, for benchmarks.
+    pub ignore_eos: Option<bool>,
 }
 
 impl RequestBody for MessagesRequest {
@@ -416,6 +418,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         top_k: req.top_k,
         stop: req.stop_sequences.map(Stop::Many),
         stream: req.stream,
+        ignore_eos: req.ignore_eos,
         ..SamplingFields::default()
     };
     Ok(ChatCompletionRequest {

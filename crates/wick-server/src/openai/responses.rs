@@ -45,6 +45,8 @@ pub struct ResponsesRequest {
     pub stream: Option<bool>,
     /// Echoed back.
     pub metadata: Option<Value>,
+    /// Non-standard (vLLM's extension): generate past end-of-sequence tokens, for benchmarks.
+    pub ignore_eos: Option<bool>,
 }
 
 impl RequestBody for ResponsesRequest {
@@ -332,6 +334,7 @@ pub fn to_chat(
             temperature: req.temperature,
             top_p: req.top_p,
             stream: req.stream,
+            ignore_eos: req.ignore_eos,
             ..SamplingFields::default()
         },
         ..ChatCompletionRequest::default()
