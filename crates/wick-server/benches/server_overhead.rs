@@ -102,9 +102,12 @@ async fn over_http(addr: std::net::SocketAddr, path: &str, body: Value) -> Resul
         for payload in reader.push(data) {
             let v: Value = serde_json::from_str(&payload)?;
             let choice = &v["choices"][0];
+            // OpenAI completions / chat, Anthropic `text_delta`, Responses `output_text.delta`.
             let text = choice["text"]
                 .as_str()
                 .or_else(|| choice["delta"]["content"].as_str())
+                .or_else(|| v["delta"]["text"].as_str())
+                .or_else(|| v["delta"].as_str())
                 .unwrap_or("");
             if !text.is_empty() {
                 first.get_or_insert(now);
@@ -194,12 +197,19 @@ fn main() -> Result<()> {
             json!({"prompt": PROMPT, "max_tokens": 8, "ignore_eos": true, "stream": true}),
         )
         .await?;
+        let messages_body = json!({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+                                   "ignore_eos": true, "temperature": 0, "stream": true});
+        let responses_body = json!({"input": PROMPT, "max_output_tokens": tokens, "store": false,
+                                    "ignore_eos": true, "temperature": 0, "stream": true});
         let (mut d_raw, mut h_raw, mut d_chat, mut h_chat) = (vec![], vec![], vec![], vec![]);
+        let (mut h_messages, mut h_responses) = (vec![], vec![]);
         for _ in 0..runs {
             d_raw.push(direct(&engine, &raw_ids, tokens).await?);
             h_raw.push(over_http(addr, "/v1/completions", raw_body.clone()).await?);
             d_chat.push(direct(&engine, &chat_ids, tokens).await?);
             h_chat.push(over_http(addr, "/v1/chat/completions", chat_body.clone()).await?);
+            h_messages.push(over_http(addr, "/v1/messages", messages_body.clone()).await?);
+            h_responses.push(over_http(addr, "/v1/responses", responses_body.clone()).await?);
         }
         println!("{tokens} tokens per run, greedy, ignore_eos, one request at a time");
         let (dt, dr) = summary("engine direct (raw prompt)", &d_raw);
@@ -213,6 +223,16 @@ fn main() -> Result<()> {
         println!("paired runs  completions: decode ratio {ratio:.3}, TTFT added {added:+.2} ms");
         let (ratio, added) = paired(&d_chat, &h_chat);
         println!("paired runs  chat:        decode ratio {ratio:.3}, TTFT added {added:+.2} ms");
+        // Per streamed token, each agent protocol against chat completions (same prompt).
+        let per_token = |runs: &[Run]| 1000.0 / median(runs.iter().map(|r| r.decode_tps).collect());
+        let chat_ms = per_token(&h_chat);
+        summary("HTTP /v1/messages", &h_messages);
+        summary("HTTP /v1/responses", &h_responses);
+        println!(
+            "per token vs chat: messages {:+.4} ms, responses {:+.4} ms",
+            per_token(&h_messages) - chat_ms,
+            per_token(&h_responses) - chat_ms
+        );
         let _ = stop_tx.send(());
         server.await??;
         anyhow::Ok(())

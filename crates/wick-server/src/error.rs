@@ -69,7 +69,9 @@ pub enum ApiError {
     #[error("prompt build failed: {0}")]
     PromptBuild(String),
     /// `--api-key` is set and the request did not carry it.
-    #[error("invalid or missing API key: send `Authorization: Bearer <key>`")]
+    #[error(
+        "invalid or missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
+    )]
     Unauthorized,
     /// The `Host` header names a host this server does not answer to (DNS-rebinding
     /// protection; `--allowed-hosts` adds names).
@@ -271,6 +273,8 @@ impl IntoResponse for ApiError {
             tracing::debug!(code = self.code(), "client error: {self}");
         }
         let mut response = (status, axum::Json(self.body())).into_response();
+        // Other protocols' layers re-render the error in their own shape.
+        response.extensions_mut().insert(self.clone());
         let headers = response.headers_mut();
         match self {
             ApiError::QueueFull { .. } => {

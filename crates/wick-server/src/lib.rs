@@ -29,6 +29,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod anthropic;
 pub mod cache_report;
 pub mod config;
 pub mod connections;
@@ -42,6 +43,7 @@ pub mod middleware;
 pub mod openai;
 pub mod prompt;
 pub mod reply;
+pub mod response_store;
 pub mod routes;
 mod server;
 pub mod sse;

@@ -342,6 +342,7 @@ pub async fn require_api_key(
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim);
         if !given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
             return Err(ApiError::Unauthorized);

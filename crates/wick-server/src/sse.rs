@@ -61,7 +61,9 @@ impl SseReader {
         while let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
             let event = String::from_utf8_lossy(&event);
-            if let Some(payload) = event.trim().strip_prefix("data: ") {
+            // An `event: <name>` line (Anthropic, Responses) may come before the data.
+            let data = event.lines().find_map(|line| line.strip_prefix("data: "));
+            if let Some(payload) = data {
                 if payload != "[DONE]" {
                     payloads.push(payload.to_string());
                 }
@@ -84,5 +86,12 @@ mod reader_tests {
             got.extend(r.push(&stream.as_bytes()[cut..]));
             assert_eq!(got, ["{\"t\":\"é\"}", "{\"t\":2}"], "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn named_events_give_their_data() {
+        let mut r = SseReader::default();
+        let got = r.push(b"event: message_start\ndata: {\"a\":1}\n\nevent: ping\ndata: {}\n\n");
+        assert_eq!(got, ["{\"a\":1}", "{}"]);
     }
 }

@@ -11,6 +11,7 @@ use wick_engine::Model;
 use crate::config::ServerConfig;
 use crate::error::StartupError;
 use crate::metrics::Metrics;
+use crate::response_store::ResponseStore;
 
 /// Shared server state.
 #[derive(Clone)]
@@ -20,6 +21,7 @@ pub struct AppState {
     template: Option<Arc<ChatTemplate>>,
     tool_format: ToolFormat,
     metrics: Arc<Metrics>,
+    responses: Arc<ResponseStore>,
     started: Arc<Started>,
 }
 
@@ -78,6 +80,7 @@ impl AppState {
             template,
             tool_format,
             metrics: Arc::new(Metrics::default()),
+            responses: Arc::new(ResponseStore::default()),
             started: Arc::new(Started {
                 unix,
                 instant: Instant::now(),
@@ -129,6 +132,11 @@ impl AppState {
     /// The metrics registry.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Stored Responses-API responses.
+    pub fn responses(&self) -> &ResponseStore {
+        &self.responses
     }
 
     /// Unix time the server started.

@@ -5,8 +5,10 @@
 //! Adding a protocol means writing an [`Encoder`] (and a whole-body function): validation
 //! and prompt building are the protocol's own, the generation, parsing, finish reasons and
 //! usage are the pipeline's.
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub mod responses;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -32,10 +34,15 @@ pub trait Encoder: Send + 'static {
     /// The frames of a failure; the stream ends after them.
     fn error(&mut self, error: ApiError) -> Vec<Event>;
 
-    /// A frame to send whenever nothing else was sent for this long (a long prefill),
-    /// beyond the SSE comment keep-alives every stream gets.
-    fn keepalive(&self) -> Option<(Duration, Event)> {
+    /// How long the reply may stay silent (a long prefill) before [`Encoder::idle`] frames
+    /// are sent, beyond the SSE comment keep-alives every stream gets; `None`: never.
+    fn keepalive(&self) -> Option<Duration> {
         None
+    }
+
+    /// The frames sent after [`Encoder::keepalive`]'s silence (Anthropic's `ping`).
+    fn idle(&mut self) -> Vec<Event> {
+        Vec::new()
     }
 }
 
@@ -58,13 +65,15 @@ impl<E: Encoder> Streaming<E> {
                 return None;
             }
             let next = match self.encoder.keepalive() {
-                Some((every, frame)) => {
-                    match tokio::time::timeout(every, self.reply.next()).await {
-                        Ok(next) => next,
-                        // Reading the reply's channel is cancel-safe: nothing is lost.
-                        Err(_) => return Some(frame),
+                Some(every) => match tokio::time::timeout(every, self.reply.next()).await {
+                    Ok(next) => next,
+                    // Reading the reply's channel is cancel-safe: nothing is lost.
+                    Err(_) => {
+                        let frames = self.encoder.idle();
+                        self.pending.extend(frames);
+                        continue;
                     }
-                }
+                },
                 None => self.reply.next().await,
             };
             match next {

@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 pub mod models;
+pub mod responses;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -2,8 +2,10 @@
 pub mod admin;
 pub mod chat;
 pub mod completions;
+pub mod messages;
 pub mod models;
 pub mod ops;
+pub mod responses;
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Router};
 
+use crate::anthropic::error::anthropic_errors;
 use crate::middleware;
 use crate::state::AppState;
 
@@ -35,10 +38,12 @@ impl Table {
         }
     }
 
-    fn route(mut self, method: &str, path: &str, handler: MethodRouter<AppState>) -> Self {
+    fn route(mut self, methods: &[&str], path: &str, handler: MethodRouter<AppState>) -> Self {
         // `{*id}` is axum's syntax; the list shows the parameter.
-        self.listed
-            .push(format!("{method} {}", path.replace("{*", "{")));
+        for method in methods {
+            self.listed
+                .push(format!("{method} {}", path.replace("{*", "{")));
+        }
         self.router = self.router.route(path, handler);
         self
     }
@@ -48,7 +53,7 @@ impl Table {
         H: Handler<T, AppState>,
         T: 'static,
     {
-        self.route("GET", path, get(handler))
+        self.route(&["GET"], path, get(handler))
     }
 
     fn post<H, T>(self, path: &str, handler: H) -> Self
@@ -56,7 +61,7 @@ impl Table {
         H: Handler<T, AppState>,
         T: 'static,
     {
-        self.route("POST", path, post(handler))
+        self.route(&["POST"], path, post(handler))
     }
 }
 
@@ -65,6 +70,14 @@ pub fn app(state: AppState) -> Router {
     let api = Table::new()
         .post("/v1/chat/completions", chat::chat_completions)
         .post("/v1/completions", completions::completions)
+        .post("/v1/messages", messages::messages)
+        .post("/v1/messages/count_tokens", messages::count_tokens)
+        .post("/v1/responses", responses::create)
+        .route(
+            &["GET", "DELETE"],
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .get("/v1/models", models::list)
         .get("/v1/models/{*id}", models::get)
         .get("/v1", ops::index)
@@ -87,6 +100,7 @@ pub fn app(state: AppState) -> Router {
         .layer(from_fn(middleware::catch_panic))
         .layer(from_fn_with_state(state.clone(), middleware::guard))
         .layer(from_fn(middleware::close_if_body_unread))
+        .layer(from_fn(anthropic_errors))
         .layer(from_fn_with_state(state.clone(), middleware::observe))
         .with_state(state)
 }

@@ -3,7 +3,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 
 use crate::error::ApiError;
-use crate::openai::models::{ModelCard, ModelList};
+use crate::openai::models::{rfc3339, ModelCard, ModelList};
 use crate::state::AppState;
 
 fn card(state: &AppState) -> ModelCard {
@@ -12,7 +12,10 @@ fn card(state: &AppState) -> ModelCard {
     ModelCard {
         id: state.config().model_id.clone(),
         object: "model",
+        kind: "model",
+        display_name: state.config().model_id.clone(),
         created: state.started_unix(),
+        created_at: rfc3339(state.started_unix()),
         owned_by: "wick",
         context_window: info.context_length,
         arch: info.arch.to_string(),
@@ -23,9 +26,13 @@ fn card(state: &AppState) -> ModelCard {
 
 /// Lists the served model.
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
+    let card = card(&state);
     Json(ModelList {
         object: "list",
-        data: vec![card(&state)],
+        has_more: false,
+        first_id: Some(card.id.clone()),
+        last_id: Some(card.id.clone()),
+        data: vec![card],
     })
 }
 
