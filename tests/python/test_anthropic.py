@@ -132,9 +132,9 @@ def test_client_errors_have_anthropic_shape(server):
     assert e.value.body["error"]["type"] == "invalid_request_error"
     assert "text only" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as e:
-        c.messages.create(model="claude", max_tokens=4, tool_choice={"type": "any"}, tools=[WEATHER],
+        c.messages.create(model="claude", max_tokens=4, tool_choice={"type": "tool"}, tools=[WEATHER],
                           messages=[{"role": "user", "content": "x"}])
-    assert "constrained decoding" in e.value.body["error"]["message"]
+    assert "names the tool" in e.value.body["error"]["message"]
     with httpx.Client(base_url=server.base, timeout=30) as h:
         r = h.post("/v1/messages", json={"model": "claude", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 400
@@ -223,6 +223,17 @@ def test_streamed_tool_use_accumulates_input(qwen):
     use = [b for b in final.content if b.type == "tool_use"][0]
     assert "paris" in use.input["city"].lower()
     assert "input_json" in kinds or "content_block_delta" in kinds
+
+
+def test_tool_choice_any_and_tool_force_a_call(qwen):
+    # A question that needs no tool still gets a call: decoding is constrained to one.
+    ask = [{"role": "user", "content": "Say hello."}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        r = qwen.messages.create(model="claude", max_tokens=48, extra_body={"temperature": 0},
+                                 tools=[WEATHER], tool_choice=choice, messages=ask)
+        uses = [b for b in r.content if b.type == "tool_use"]
+        assert r.stop_reason == "tool_use" and uses, (choice, r)
+        assert uses[0].name == "get_weather" and isinstance(uses[0].input.get("city"), str), r
 
 
 def test_models_answer_both_sdks(server, client):

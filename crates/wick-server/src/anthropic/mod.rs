@@ -371,12 +371,17 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
             match choice.get("type").and_then(Value::as_str) {
                 Some("auto") => Some(json!("auto")),
                 Some("none") => Some(json!("none")),
-                Some(kind @ ("any" | "tool")) => {
-                    return Err(ApiError::unsupported(
-                        "tool_choice.type",
-                        format!("'{kind}' needs constrained decoding, which wick does not do yet; use 'auto'"),
-                    ))
-                }
+                // Forced calls: the chat validation constrains decoding to a call.
+                Some("any") => Some(json!("required")),
+                Some("tool") => match choice.get("name").and_then(Value::as_str) {
+                    Some(name) => Some(json!({"type": "function", "function": {"name": name}})),
+                    None => {
+                        return Err(ApiError::field(
+                            "tool_choice.name",
+                            "a tool_choice of type 'tool' names the tool",
+                        ))
+                    }
+                },
                 _ => {
                     return Err(ApiError::field(
                         "tool_choice",
@@ -529,8 +534,8 @@ mod tests {
                 "messages[0].content[0].type",
             ),
             (
-                json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}),
-                "tool_choice.type",
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}}),
+                "tool_choice.name",
             ),
             (
                 json!({"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}),
