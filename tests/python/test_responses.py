@@ -106,6 +106,24 @@ def test_other_tool_types_are_tolerated(client):
     assert r.status in ("completed", "incomplete")
 
 
+def test_text_format_json_schema_and_forced_calls(client):
+    # Responses' flat text.format and tool_choice go through the same constrained decoding
+    # as chat's response_format and forced calls.
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+              "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    r = client.responses.create(model="gpt-5", input="Describe a person as JSON.", max_output_tokens=60,
+                                temperature=0, text={"format": {"type": "json_schema", "name": "person",
+                                                                "schema": schema, "strict": True}})
+    person = json.loads(r.output_text)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int), r.output_text
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        r = client.responses.create(model="gpt-5", input="Say hello.", max_output_tokens=48, temperature=0,
+                                    tools=[WEATHER], tool_choice=choice)
+        calls = [o for o in r.output if o.type == "function_call"]
+        assert calls and calls[0].name == "get_weather", (choice, r.output)
+        assert isinstance(json.loads(calls[0].arguments)["city"], str)
+
+
 def test_overlong_prompt_streams_response_failed(server):
     long = " ".join(f"w{i}" for i in range(20000))
     with httpx.Client(base_url=server.base, timeout=120) as h:
