@@ -8,7 +8,7 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import QWEN, SMOLLM, WickServer, require_model
+from conftest import QWEN, SMOLLM, WickServer, _serve, require_model
 
 SHORT = 12
 WEATHER = {
@@ -29,9 +29,7 @@ def server():
     """A SmolLM2 server of this module's own: its prompt cache does not leak into the
     session server other files check `cached_tokens` on."""
     require_model(SMOLLM, "smollm2-135m-instruct")
-    server = WickServer()
-    yield server
-    assert server.stop() == 0, server.logs()
+    yield from _serve()
 
 
 @pytest.fixture(scope="module")
