@@ -66,9 +66,10 @@ e, pool = s["engine"], s["engine"]["kv_pool"]
 never = json.load(open(f"{out}/overfill-never-fits.json"))
 log = open(f"{out}/overfill-serve.log", errors="replace").read()
 oom = bool(re.search(r"out of memory|OutOfMemory|cudaErrorMemoryAllocation|std::bad_alloc", log, re.I))
-# One step may charge past the budget (a sequence joining a longer batch buffer, see
-# docs/batching.md); the next reservation then preempts. Allow a quarter over the total.
-slack = pool["total_blocks"] // 4
+# Joining or widening a batch buffer is reserved before the step (every decoding row is
+# charged the widest row's columns); what is still settled after it (docs/batching.md, "On the
+# GPU") stayed under an eighth of the pool in the runs recorded in docs/benchmarks.md.
+slack = pool["total_blocks"] // 8
 checks = {
     "never_fits_is_400": never["status"] == 400
         and never.get("body", {}).get("error", {}).get("code") == "kv_capacity_exceeded",

@@ -232,6 +232,18 @@ pub trait KvLayer: Clone + Send + Sync {
         self.blocks_after(tokens)
             .saturating_sub(self.charged_blocks())
     }
+    /// Tokens the layer stores once a decode step appended one (after any sliding-window
+    /// eviction): what a step that lays rows side by side must make room for.
+    fn stored_after_step(&self) -> usize {
+        self.len() + 1
+    }
+    /// Blocks its storage holds after a decode step in which the widest participant's
+    /// layer stores `widest` tokens ([`KvLayer::stored_after_step`]). Paged storage holds
+    /// only its own tokens, whatever the others hold; storage that keeps a batch's rows in
+    /// one buffer holds the buffer's width.
+    fn blocks_after_decode_step(&self, _widest: usize) -> usize {
+        self.blocks_after(1)
+    }
     /// Makes the charge match the storage held (past the budget if the storage grew
     /// further than reserved: the next reservation then finds the pool full).
     fn settle(&mut self) {

@@ -90,19 +90,46 @@ impl KvCache {
     /// Returns false (charging nothing) when the pool has no room. A detached cache
     /// needs no room.
     pub fn reserve(&mut self, tokens: usize) -> bool {
-        with_cache!(&mut self.inner, c => reserve_layers(c.layers_mut(), tokens))
+        with_cache!(&mut self.inner, c => reserve_layers(c.layers_mut(), |l| l.extra_blocks_for(tokens)))
+    }
+
+    /// Tokens each layer stores once a decode step appended one
+    /// ([`KvLayer::stored_after_step`]).
+    pub fn stored_after_step(&self) -> Vec<usize> {
+        with_cache!(&self.inner, c => c.layers().iter().map(KvLayer::stored_after_step).collect())
+    }
+
+    /// [`KvCache::reserve`] of one token for a decode step whose participants' layers store
+    /// at most `widest[layer]` tokens after it (the element-wise maximum of their
+    /// [`KvCache::stored_after_step`]): on a backend that decodes a batch in one buffer per
+    /// layer (MLX), joining or widening that buffer is charged before the step rather than
+    /// settled past the budget after it.
+    pub fn reserve_decode_step(&mut self, widest: &[usize]) -> bool {
+        with_cache!(&mut self.inner, c => {
+            let layers = c.layers_mut();
+            let widest: Vec<usize> = (0..layers.len())
+                .map(|i| widest.get(i).copied().unwrap_or(0))
+                .collect();
+            let mut i = 0;
+            reserve_layers(layers, |l| {
+                let w = widest[i];
+                i += 1;
+                l.blocks_after_decode_step(w.max(l.stored_after_step()))
+                    .saturating_sub(l.charged_blocks())
+            })
+        })
     }
 }
 
 /// [`KvCache::reserve`] over one backend's layers.
-fn reserve_layers<L: KvLayer>(layers: &mut [L], tokens: usize) -> bool {
+fn reserve_layers<L: KvLayer>(layers: &mut [L], mut extra: impl FnMut(&L) -> usize) -> bool {
     let Some(pool) = layers
         .iter()
         .find_map(|l| l.lease().map(|x| x.pool().clone()))
     else {
         return true;
     };
-    let need: Vec<usize> = layers.iter().map(|l| l.extra_blocks_for(tokens)).collect();
+    let need: Vec<usize> = layers.iter().map(&mut extra).collect();
     if !pool.try_charge(need.iter().sum()) {
         return false;
     }

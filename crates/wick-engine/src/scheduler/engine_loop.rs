@@ -296,19 +296,34 @@ fn preempt(model: &Model, shared: &Shared, b: &mut Batch, i: usize) {
     b.preempted.insert(at, a);
 }
 
+/// What the widest decoding row stores after this step, per layer: on a backend that
+/// decodes the batch in one buffer per layer, every row is that wide.
+fn widest_decode_rows(b: &Batch) -> Vec<usize> {
+    b.running
+        .iter()
+        .filter(|a| a.seq.is_decoding())
+        .map(|a| a.seq.cache().stored_after_step())
+        .reduce(|w, s| w.iter().zip(&s).map(|(a, b)| *a.max(b)).collect())
+        .unwrap_or_default()
+}
+
 /// Decides what each running sequence feeds this step and reserves the KV blocks for it:
 /// decoding sequences first, oldest first, each preempting the newest running sequence
 /// while the pool has no block for it; then prompt chunks under the step's token budget,
 /// shrunk to what the pool can give. `None` for a sequence that sits this step out.
 fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceStep>> {
     let mut i = 0;
+    let mut widest = widest_decode_rows(b);
     while i < b.running.len() {
-        if !b.running[i].seq.is_decoding() || b.running[i].seq.cache_mut().reserve(1) {
+        if !b.running[i].seq.is_decoding()
+            || b.running[i].seq.cache_mut().reserve_decode_step(&widest)
+        {
             i += 1;
             continue;
         }
         let newest = b.running.len() - 1;
         preempt(model, shared, b, newest);
+        widest = widest_decode_rows(b);
     }
     loop {
         let decoding = b.running.iter().filter(|a| a.seq.is_decoding()).count();

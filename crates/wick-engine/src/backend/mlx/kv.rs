@@ -407,6 +407,18 @@ impl KvLayer for MlxKvLayer {
         blocks_for_tokens(columns)
     }
 
+    fn stored_after_step(&self) -> usize {
+        self.stored() + 1
+    }
+
+    fn blocks_after_decode_step(&self, widest: usize) -> usize {
+        // Every row of a batch buffer is as wide as the buffer, and the buffer is as wide
+        // as its widest row: a sequence joining it, or a longer one moving every row right,
+        // makes this row `widest` tokens wide (rounded up to the buffer's growth).
+        self.blocks_after(1)
+            .max(blocks_for_tokens(columns_for(widest)))
+    }
+
     fn peak_blocks(tokens: usize, window: Option<usize>, chunk: usize) -> usize {
         // A window layer keeps up to two windows before it drops one (see `evict`), plus
         // the chunk just appended.
