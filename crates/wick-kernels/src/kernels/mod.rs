@@ -32,7 +32,9 @@ pub(crate) struct Output {
 unsafe impl Send for Output {}
 unsafe impl Sync for Output {}
 
-/// Const-generic codes of a quantized scheme, shared by the SIMD families.
+/// Const-generic codes of a quantized scheme, shared by the SIMD families (x86-64 only so
+/// far: the portable family takes the scheme as a value).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) mod code {
     /// Code width.
     pub const B4: u8 = 4;
@@ -46,6 +48,7 @@ pub(crate) mod code {
     pub const K16: u8 = 3;
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn bits_code(b: Bits) -> u8 {
     match b {
         Bits::Four => code::B4,
@@ -55,6 +58,7 @@ pub(crate) fn bits_code(b: Bits) -> u8 {
     }
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn scale_code(s: ScaleKind) -> u8 {
     match s {
         ScaleKind::Block { min: false } => code::BLOCK,
@@ -116,6 +120,7 @@ pub(crate) unsafe fn float(
 }
 
 /// Float element code for the SIMD families: 0 f32, 1 f16, 2 bf16.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn float_code(f: WeightFormat) -> u8 {
     match f {
         WeightFormat::F16 => 1,
