@@ -101,6 +101,8 @@ pub struct RopeSpec {
     pub inv_freq: Vec<f32>,
     /// Positions are multiplied by this before the angles (linear scaling: `1/factor`).
     pub position_scale: f32,
+    /// Cosines and sines are multiplied by this (YaRN, LongRoPE; 1 otherwise).
+    pub attention_factor: f32,
 }
 
 impl RopeSpec {
@@ -337,6 +339,29 @@ pub trait Backend: Send + Sync + 'static {
     fn split_columns(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// LayerNorm of every `weight.len()`-long group of `x`: `(x - mean) / sqrt(var + eps)`
+    /// times `weight`, plus `bias` (StarCoder 2). Backends without it say so.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let _ = (x, weight, bias, eps);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "LayerNorm is not implemented on this backend".into(),
+        })
+    }
+    /// `act(x)` elementwise (an ungated MLP). Backends without it say so.
+    fn activation(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+        let _ = (x, act);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "an ungated MLP activation is not implemented on this backend".into(),
+        })
+    }
     /// `cap * tanh(x / cap)`.
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
     /// Rows `rows` of `x`, in that order.
