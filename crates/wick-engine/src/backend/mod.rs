@@ -80,6 +80,18 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// Ops only some backends implement; a model that needs one is refused at load by a
+/// backend without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionalOp {
+    /// [`Backend::layer_norm`].
+    LayerNorm,
+    /// [`Backend::activation`].
+    Activation,
+    /// Rotary cos/sin scaled by [`RopeSpec::attention_factor`] other than 1.
+    RopeAttentionFactor,
+}
+
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -339,6 +351,11 @@ pub trait Backend: Send + Sync + 'static {
     fn split_columns(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// Whether the backend implements `op` (none by default).
+    fn supports(&self, op: OptionalOp) -> bool {
+        let _ = op;
+        false
+    }
     /// LayerNorm of every `weight.len()`-long group of `x`: `(x - mean) / sqrt(var + eps)`
     /// times `weight`, plus `bias` (StarCoder 2). Backends without it say so.
     fn layer_norm(

@@ -6,7 +6,8 @@ use std::ops::Range;
 use wick_gguf::GgmlType;
 
 use crate::backend::{
-    AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, RopeSpec,
+    AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, OptionalOp,
+    RopeSpec,
 };
 use crate::config::{MlpKind, ModelConfig, NormKind};
 use crate::weights::WeightSource;
@@ -398,6 +399,41 @@ impl<B: Backend> Loader<'_, B> {
     }
 }
 
+/// Refuses a model that needs an op `backend` does not implement, before any weight moves.
+fn check_backend_ops<B: Backend>(backend: &B, cfg: &ModelConfig) -> Result<()> {
+    let scaled_rope = std::iter::once(&cfg.rope)
+        .chain(&cfg.rope_local)
+        .any(|r| r.spec(cfg.rope_style, cfg.rotary_dims).attention_factor != 1.0);
+    for (needed, op, what) in [
+        (
+            cfg.features.norm == NormKind::Layer,
+            OptionalOp::LayerNorm,
+            "LayerNorm",
+        ),
+        (
+            cfg.features.mlp == MlpKind::Plain,
+            OptionalOp::Activation,
+            "an ungated MLP",
+        ),
+        (
+            scaled_rope,
+            OptionalOp::RopeAttentionFactor,
+            "rotary cos/sin scaling (yarn, longrope)",
+        ),
+    ] {
+        if needed && !backend.supports(op) {
+            return Err(EngineError::Backend {
+                backend: backend.name(),
+                message: format!(
+                    "{} models need {what}, which this backend does not implement yet; use --backend cpu",
+                    cfg.arch
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The rotary spec of a pass whose longest sequence has `longest` tokens: `fixed` unless
 /// the scaling depends on the length.
 fn spec_for_len<'a>(
@@ -459,6 +495,7 @@ impl<B: Backend> Decoder<B> {
             bytes: 0,
         };
         check_layer_count(&cfg, src)?;
+        check_backend_ops(&backend, &cfg)?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q_dim, kv_dim) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
         let embed = ld.matrix("token_embd.weight", cfg.vocab_size, h)?;

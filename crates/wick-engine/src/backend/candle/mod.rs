@@ -32,7 +32,8 @@ pub use rope::CpuRope;
 pub use tensor::HostTensor;
 
 use super::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot,
+    OptionalOp, RopeSpec,
 };
 use crate::{EngineError, Result};
 
@@ -458,6 +459,14 @@ impl Backend for CandleBackend {
                 out,
             )?)
         })
+    }
+
+    fn supports(&self, op: OptionalOp) -> bool {
+        match op {
+            OptionalOp::LayerNorm | OptionalOp::Activation | OptionalOp::RopeAttentionFactor => {
+                true
+            }
+        }
     }
 
     fn layer_norm(

@@ -21,12 +21,6 @@ pub struct MlxRope {
 
 impl MlxRope {
     pub(crate) fn new(positions: &[usize], spec: &RopeSpec) -> Result<Self> {
-        if spec.attention_factor != 1.0 {
-            return Err(crate::EngineError::Backend {
-                backend: "mlx",
-                message: "rotary scalings that scale cos/sin (yarn, longrope) are not supported on MLX yet".into(),
-            });
-        }
         let pos: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
         let periods: Vec<f32> = spec.inv_freq.iter().map(|f| 1.0 / f).collect();
         Ok(MlxRope {
