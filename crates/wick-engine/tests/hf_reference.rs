@@ -348,3 +348,29 @@ fn a_wrapped_sliding_window_cannot_be_trimmed() {
     );
     assert_eq!(cache.len(), 40);
 }
+
+#[test]
+fn model_load_reads_every_family_from_its_directory() {
+    // The path `wick serve DIR` takes: config.json, per-family tensor names, tokenizer,
+    // chat template; the logits must be the golden's.
+    for variant in VARIANTS {
+        let g = load(variant);
+        let model = wick_engine::Model::load(&dir(variant), &Default::default()).unwrap();
+        assert_eq!(model.config(), g.model.config(), "{variant}");
+        let ids = g.case_ids("len40");
+        let mut cache = model.new_cache();
+        let out = model
+            .forward(&mut [wick_engine::Step {
+                tokens: &ids,
+                cache: &mut cache,
+                logits: LogitsRequest::All,
+            }])
+            .unwrap();
+        assert_close(
+            variant,
+            "Model::load len40",
+            &out[0].as_ref().unwrap().data,
+            &g.expected("len40"),
+        );
+    }
+}

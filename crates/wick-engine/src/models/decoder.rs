@@ -399,12 +399,12 @@ impl<B: Backend> Loader<'_, B> {
     }
 }
 
-/// Refuses a model that needs an op `backend` does not implement, before any weight moves.
-fn check_backend_ops<B: Backend>(backend: &B, cfg: &ModelConfig) -> Result<()> {
+/// The optional backend ops `cfg` needs, each with what it is for.
+pub(crate) fn needed_ops(cfg: &ModelConfig) -> Vec<(OptionalOp, &'static str)> {
     let scaled_rope = std::iter::once(&cfg.rope)
         .chain(&cfg.rope_local)
         .any(|r| r.spec(cfg.rope_style, cfg.rotary_dims).attention_factor != 1.0);
-    for (needed, op, what) in [
+    [
         (
             cfg.features.norm == NormKind::Layer,
             OptionalOp::LayerNorm,
@@ -420,8 +420,17 @@ fn check_backend_ops<B: Backend>(backend: &B, cfg: &ModelConfig) -> Result<()> {
             OptionalOp::RopeAttentionFactor,
             "rotary cos/sin scaling (yarn, longrope)",
         ),
-    ] {
-        if needed && !backend.supports(op) {
+    ]
+    .into_iter()
+    .filter(|(needed, _, _)| *needed)
+    .map(|(_, op, what)| (op, what))
+    .collect()
+}
+
+/// Refuses a model that needs an op `backend` does not implement, before any weight moves.
+fn check_backend_ops<B: Backend>(backend: &B, cfg: &ModelConfig) -> Result<()> {
+    for (op, what) in needed_ops(cfg) {
+        if !backend.supports(op) {
             return Err(EngineError::Backend {
                 backend: backend.name(),
                 message: format!(

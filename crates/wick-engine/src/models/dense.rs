@@ -272,6 +272,26 @@ mod tests {
     }
 
     #[test]
+    fn families_name_the_optional_ops_they_need() {
+        use crate::backend::OptionalOp;
+        let ops = |extra: Value| {
+            let cfg = ModelConfig::from_hf(&with(extra), "c").unwrap();
+            crate::models::decoder::needed_ops(&cfg)
+                .into_iter()
+                .map(|(op, _)| op)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ops(json!({"model_type": "llama"})), vec![]);
+        assert_eq!(
+            ops(json!({"model_type": "starcoder2"})),
+            vec![OptionalOp::LayerNorm, OptionalOp::Activation]
+        );
+        let yarn = json!({"model_type": "mistral", "rope_scaling":
+            {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}});
+        assert_eq!(ops(yarn), vec![OptionalOp::RopeAttentionFactor]);
+    }
+
+    #[test]
     fn bad_multipliers_are_config_errors() {
         for bad in [
             json!({"model_type": "granite", "logits_scaling": 0}),
