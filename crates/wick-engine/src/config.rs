@@ -538,6 +538,8 @@ impl HfKeys<'_> {
                             .unwrap_or(8192.0),
                     },
                     "yarn" | "longrope" | "dynamic" => crate::rope::from_hf(self, kind, s)?,
+                    // Early Phi-3 configs name LongRoPE "su".
+                    "su" => crate::rope::from_hf(self, "longrope", s)?,
                     other => {
                         return Err(self.bad(
                             "rope_scaling",

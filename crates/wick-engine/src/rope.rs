@@ -299,6 +299,25 @@ mod tests {
     }
 
     #[test]
+    fn early_phi3_su_is_longrope_with_top_level_context() {
+        let config = serde_json::json!({
+            "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+            "rope_scaling": {"type": "su", "short_factor": [1.0, 2.0], "long_factor": [3.0, 4.0]}
+        });
+        let keys = HfKeys {
+            json: &config,
+            source: "config.json",
+        };
+        let RopeScaling::LongRope(l) = keys.rope(None, 10_000.0).unwrap().scaling else {
+            panic!("not LongRoPE");
+        };
+        assert_eq!(l.original_max_position, 64);
+        assert_eq!(l.long_factor, vec![3.0, 4.0]);
+        // factor 256 / 64 = 4: sqrt(1 + ln 4 / ln 64).
+        assert!((l.attention_factor - (4f64 / 3.0).sqrt()).abs() < 1e-12);
+    }
+
+    #[test]
     fn bad_scaling_objects_are_clear_errors() {
         for (bad, what) in [
             (
