@@ -114,9 +114,17 @@ class TinyModel:
         return x @ lm_head.T, np.stack(stream)
 
 
+# The variants this forward pass implements (the Llama, Qwen and Gemma 3 layouts above).
+NUMPY_VARIANTS = {"llama", "llama_tied", "qwen2", "qwen3", "gemma3"}
+
+
 def main() -> int:
     failed = False
     for directory in sorted(d for d in ROOT.iterdir() if d.is_dir()):
+        if directory.name not in NUMPY_VARIANTS:
+            # The other families are checked by transformers alone (hf_tiny_models.py).
+            print(f"{directory.name}: not modelled here, skipped")
+            continue
         model = TinyModel(directory)
         golden = load_file(str(directory / "logits.safetensors"))
         reference = json.loads((directory / "reference.json").read_text())

@@ -10,7 +10,7 @@ Everything lands in crates/wick-engine/tests/goldens/hf/<variant>/; the file for
 in scripts/goldens/README.md. The script is deterministic: run it twice and the files are the same.
 
 Run in the reference environment (made by scripts/goldens/regen.sh, which runs every golden script):
-    target/goldens/venv/bin/python scripts/goldens/hf_tiny_models.py
+    target/goldens/venv/bin/python scripts/goldens/hf_tiny_models.py [VARIANT ...]
 """
 
 from __future__ import annotations
@@ -28,14 +28,30 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoTokenizer,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Glm4Config,
+    Glm4ForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
 )
 
 VOCAB_SIZE = 512
@@ -215,13 +231,108 @@ def variants() -> dict:
     }
 
 
+# MiniCPM (a `llama` config with scale_emb / scale_depth / dim_model_base; not in transformers)
+# computes exactly what Granite does with these multipliers: the reference is a Granite model, and
+# the committed config.json is rewritten into MiniCPM's form (see `minicpm_config`).
+MINICPM = {"scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 16}
+MINICPM_LAYERS, MINICPM_HIDDEN, MINICPM_HEAD_DIM = 2, 64, 16
+
+
+def dense_variants() -> dict:
+    """The mainstream dense families: each turns on the switches its name says."""
+    small = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, **common_ids())
+    return {
+        # Mistral: sliding window 8 on every layer, YaRN scaling (factor 4 over 16 positions).
+        "mistral": (MistralForCausalLM, MistralConfig(
+            num_hidden_layers=2, max_position_embeddings=64, sliding_window=8, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16},
+            tie_word_embeddings=False, **small)),
+        # Phi-3: fused qkv_proj / gate_up_proj, rotary on half of each head, LongRoPE (short
+        # factors within the 64 trained positions, cos/sin times sqrt(1 + ln 4 / ln 64)).
+        "phi3": (Phi3ForCausalLM, Phi3Config(
+            num_hidden_layers=2, max_position_embeddings=256, original_max_position_embeddings=64,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5,
+                             "short_factor": [1.0, 1.3, 1.9, 2.6],
+                             "long_factor": [1.5, 2.5, 4.0, 8.0]},
+            tie_word_embeddings=False, **small)),
+        # Gemma 2: (1 + w) sandwich norms, GELU-tanh, sqrt(hidden) embeddings, sliding window 8
+        # on layers 0 and 2, attention soft cap 3 and final soft cap 5 (both bite at these sizes).
+        "gemma2": (Gemma2ForCausalLM, Gemma2Config(
+            num_hidden_layers=3, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"rope_type": "default", "rope_theta": 20000.0},
+            max_position_embeddings=2048, attn_logit_softcapping=3.0, final_logit_softcapping=5.0,
+            tie_word_embeddings=True, **{**small, "num_key_value_heads": 1})),
+        # OLMo 2: norms after attention and MLP only, q/k RMSNorm over all heads at once.
+        "olmo2": (Olmo2ForCausalLM, Olmo2Config(
+            num_hidden_layers=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            tie_word_embeddings=False, **small)),
+        # Granite: embedding / residual / attention multipliers and a logit divisor, Llama 3
+        # rope scaling.
+        "granite": (GraniteForCausalLM, GraniteConfig(
+            num_hidden_layers=2, max_position_embeddings=2048, embedding_multiplier=6.0,
+            residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 32},
+            tie_word_embeddings=False, **small)),
+        # StarCoder 2: LayerNorm with bias, c_fc -> GELU-tanh -> c_proj with biases, biased
+        # q/k/v/o, linear rope scaling (factor 2), tied lm_head.
+        "starcoder2": (Starcoder2ForCausalLM, Starcoder2Config(
+            num_hidden_layers=2, max_position_embeddings=2048, norm_epsilon=1e-5, use_bias=True,
+            sliding_window=None,
+            rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+            tie_word_embeddings=True, **small)),
+        # SmolLM 3: no rotary embedding on layer 1 (NoPE), tied.
+        "smollm3": (SmolLM3ForCausalLM, SmolLM3Config(
+            num_hidden_layers=3, max_position_embeddings=2048, no_rope_layers=[1, 0, 1],
+            rope_parameters={"rope_type": "default", "rope_theta": 2000000.0},
+            tie_word_embeddings=True, **small)),
+        # GLM-4: sandwich norms under GLM's names, fused gate_up_proj, q/k/v biases, rotary on
+        # the first half of each head in interleaved pairs.
+        "glm4": (Glm4ForCausalLM, Glm4Config(
+            num_hidden_layers=2, head_dim=16, max_position_embeddings=2048, attention_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "partial_rotary_factor": 0.5},
+            tie_word_embeddings=False, **small)),
+        # MiniCPM, through Granite (see MINICPM above); an untied lm_head (tied to the x12
+        # embedding the random model only predicts its input).
+        "minicpm": (GraniteForCausalLM, GraniteConfig(
+            num_hidden_layers=MINICPM_LAYERS, max_position_embeddings=2048,
+            embedding_multiplier=MINICPM["scale_emb"],
+            residual_multiplier=MINICPM["scale_depth"] / MINICPM_LAYERS ** 0.5,
+            attention_multiplier=MINICPM_HEAD_DIM ** -0.5,
+            logits_scaling=MINICPM_HIDDEN / MINICPM["dim_model_base"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            tie_word_embeddings=False, **small)),
+    }
+
+
+def minicpm_config(config_path: Path) -> None:
+    """Rewrite the saved Granite config.json into MiniCPM's form: model_type llama plus
+    scale_emb / scale_depth / dim_model_base in place of Granite's multipliers."""
+    config = json.loads(config_path.read_text())
+    for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                "logits_scaling"):
+        del config[key]
+    config.update(MINICPM, model_type="llama", architectures=["MiniCPMForCausalLM"])
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def init_weights(model: torch.nn.Module, gemma_norms: bool, seed: int) -> None:
     """Large-variance random weights so that logits are far from uniform and errors show."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            if "norm" in name:
+            if "norm" in name and name.endswith(".bias"):
+                # LayerNorm shifts (StarCoder 2) are centred on zero.
+                param.copy_(NORM_STD * noise)
+            elif "norm" in name:
                 if not gemma_norms:
                     centre = 1.0
                 elif ".post_attention_layernorm." in name or ".post_feedforward_layernorm." in name:
@@ -323,7 +434,8 @@ def build_variant(name: str, cls, config, raw_tokenizer: Tokenizer, root: Path) 
 
     torch.manual_seed(variant_seed(name))
     model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
-    init_weights(model, gemma_norms=isinstance(config, Gemma3TextConfig), seed=variant_seed(name))
+    gemma_norms = isinstance(config, (Gemma3TextConfig, Gemma2Config))
+    init_weights(model, gemma_norms=gemma_norms, seed=variant_seed(name))
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -371,9 +483,11 @@ def build_variant(name: str, cls, config, raw_tokenizer: Tokenizer, root: Path) 
     continuation, hit_eos, greedy_gap = greedy(model, prompt_ids)
 
     save_file(tensors, str(out_dir / "logits.safetensors"), metadata={"format": "pt"})
+    if name == "minicpm":
+        minicpm_config(out_dir / "config.json")
     reference = {
         "variant": name,
-        "architecture": type(model).__name__,
+        "architecture": type(model).__name__ + (" (as MiniCPM)" if name == "minicpm" else ""),
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "tokenizers": tokenizers.__version__,
@@ -417,8 +531,10 @@ def main() -> int:
     tokenizer = build_tokenizer()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"tokenizers {tokenizers.__version__}")
-    for name, (cls, config) in variants().items():
-        build_variant(name, cls, config, tokenizer, root)
+    wanted = set(sys.argv[1:])
+    for name, (cls, config) in {**variants(), **dense_variants()}.items():
+        if not wanted or name in wanted:
+            build_variant(name, cls, config, tokenizer, root)
     return 0
 
 

@@ -19,11 +19,48 @@ pub enum Arch {
     /// Gemma 3 text: sandwich norms, GELU, scaled embeddings, interleaved sliding-window
     /// and global layers with two rotary bases (GGUF `gemma3`, HF `gemma3_text`/`gemma3`).
     Gemma3,
+    /// Mistral: Llama with a sliding window on every layer (HF `mistral`).
+    Mistral,
+    /// Phi-3: fused QKV and gate/up projections, LongRoPE (GGUF and HF `phi3`).
+    Phi3,
+    /// Gemma 2: sandwich norms, attention and final-logit soft caps, alternating sliding
+    /// window (GGUF and HF `gemma2`).
+    Gemma2,
+    /// OLMo 2: norms after attention and MLP (none before), full-width Q/K norms (GGUF and
+    /// HF `olmo2`).
+    Olmo2,
+    /// Granite: Llama with embedding, residual, attention and logit multipliers (GGUF and
+    /// HF `granite`).
+    Granite,
+    /// StarCoder 2: LayerNorm with bias, plain GELU MLP, biases on every projection (GGUF
+    /// and HF `starcoder2`).
+    Starcoder2,
+    /// SmolLM 3: Llama with rotary embeddings left out on some layers (HF `smollm3`).
+    SmolLm3,
+    /// GLM-4: sandwich norms, fused gate/up, partial interleaved rotary (GGUF and HF `glm4`).
+    Glm4,
+    /// MiniCPM: a Hugging Face `llama` config carrying `scale_emb` / `scale_depth` /
+    /// `dim_model_base` (HF `llama` fingerprinted, or `minicpm`).
+    MiniCpm,
 }
 
 impl Arch {
     /// All architectures, in the order error messages list them.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    pub const ALL: [Arch; 13] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Mistral,
+        Arch::Phi3,
+        Arch::Gemma2,
+        Arch::Olmo2,
+        Arch::Granite,
+        Arch::Starcoder2,
+        Arch::SmolLm3,
+        Arch::Glm4,
+        Arch::MiniCpm,
+    ];
 
     /// The GGUF `general.architecture` name.
     pub fn name(self) -> &'static str {
@@ -32,6 +69,15 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Mistral => "mistral",
+            Arch::Phi3 => "phi3",
+            Arch::Gemma2 => "gemma2",
+            Arch::Olmo2 => "olmo2",
+            Arch::Granite => "granite",
+            Arch::Starcoder2 => "starcoder2",
+            Arch::SmolLm3 => "smollm3",
+            Arch::Glm4 => "glm4",
+            Arch::MiniCpm => "minicpm",
         }
     }
 
@@ -43,15 +89,24 @@ impl Arch {
     /// From a Hugging Face `model_type`.
     pub fn from_hf_model_type(model_type: &str) -> Option<Arch> {
         Some(match model_type {
-            "llama" | "mistral" | "smollm" => Arch::Llama,
+            "llama" | "smollm" => Arch::Llama,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
+            "mistral" => Arch::Mistral,
+            "phi3" => Arch::Phi3,
+            "gemma2" => Arch::Gemma2,
+            "olmo2" => Arch::Olmo2,
+            "granite" => Arch::Granite,
+            "starcoder2" => Arch::Starcoder2,
+            "smollm3" => Arch::SmolLm3,
+            "glm4" => Arch::Glm4,
+            "minicpm" => Arch::MiniCpm,
             _ => return None,
         })
     }
 
-    /// "llama, qwen2, qwen3, gemma3"
+    /// "llama, qwen2, qwen3, gemma3, …"
     pub fn supported_list() -> String {
         Arch::ALL
             .iter()
@@ -90,6 +145,12 @@ pub enum RopeScaling {
     },
     /// Per-pair frequency divisors stored in the file (GGUF `rope_freqs.weight`).
     Factors(Vec<f32>),
+    /// YaRN: frequencies blended between interpolation and extrapolation, cos/sin scaled.
+    Yarn(crate::rope::Yarn),
+    /// LongRoPE (Phi-3): per-pair divisors, short or long by the sequence length.
+    LongRope(crate::rope::LongRope),
+    /// Dynamic NTK: the base grows with the sequence length past the trained context.
+    Dynamic(crate::rope::DynamicNtk),
 }
 
 /// Rotary parameters of one kind of layer.
@@ -102,12 +163,35 @@ pub struct RopeConfig {
 }
 
 impl RopeConfig {
-    /// The rotary spec for heads of `dims` rotated dimensions.
+    /// The rotary spec for heads of `dims` rotated dimensions (for sequences within the
+    /// trained context; see [`RopeConfig::spec_for_len`]).
     pub fn spec(&self, style: RopeStyle, dims: usize) -> RopeSpec {
+        self.spec_for_len(style, dims, 0)
+    }
+
+    /// Whether the frequencies depend on the sequence length (dynamic NTK, LongRoPE), so
+    /// that a forward pass must build them for its own length.
+    pub fn depends_on_length(&self) -> bool {
+        matches!(
+            self.scaling,
+            RopeScaling::Dynamic(_) | RopeScaling::LongRope(_)
+        )
+    }
+
+    /// The rotary spec for a forward pass whose longest sequence reaches `seq_len` tokens.
+    pub fn spec_for_len(&self, style: RopeStyle, dims: usize, seq_len: usize) -> RopeSpec {
         let mut inv_freq = RopeSpec::base_inv_freq(self.theta, dims);
         let mut position_scale = 1.0;
+        let mut attention_factor = 1.0;
         match &self.scaling {
             RopeScaling::None => {}
+            RopeScaling::Yarn(y) => {
+                (inv_freq, attention_factor) = y.inv_freq(self.theta, dims);
+            }
+            RopeScaling::LongRope(l) => {
+                (inv_freq, attention_factor) = l.inv_freq(self.theta, dims, seq_len);
+            }
+            RopeScaling::Dynamic(d) => inv_freq = d.inv_freq(self.theta, dims, seq_len),
             RopeScaling::Linear { factor } => position_scale = (1.0 / factor) as f32,
             RopeScaling::Factors(f) => {
                 for (x, d) in inv_freq.iter_mut().zip(f) {
@@ -143,6 +227,86 @@ impl RopeConfig {
             dims,
             inv_freq,
             position_scale,
+            attention_factor,
+        }
+    }
+}
+
+/// The normalization layers of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NormKind {
+    /// RMS norm times a weight.
+    #[default]
+    Rms,
+    /// LayerNorm (mean and variance) times a weight, plus a bias where the file has one.
+    Layer,
+}
+
+/// The MLP of each layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MlpKind {
+    /// `down(act(gate(x)) * up(x))`.
+    #[default]
+    Gated,
+    /// `down(act(up(x)))` (StarCoder 2).
+    Plain,
+}
+
+/// How a family names its tensors in a Hugging Face checkpoint, where that differs from
+/// Llama's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HfNaming {
+    /// `input_layernorm`, `post_attention_layernorm` (pre-MLP), `mlp.{gate,up,down}_proj`.
+    #[default]
+    Llama,
+    /// Gemma's sandwich norms: `pre_feedforward_layernorm` before the MLP.
+    Gemma,
+    /// GLM-4: `post_self_attn_layernorm`, `post_attention_layernorm` (pre-MLP),
+    /// `post_mlp_layernorm`.
+    Glm4,
+    /// StarCoder 2: `mlp.c_fc` / `mlp.c_proj`.
+    Starcoder2,
+}
+
+/// Family switches the decoder reads beyond the Llama layout; the defaults are Llama's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Features {
+    /// Normalization layers.
+    pub norm: NormKind,
+    /// Norms before attention and MLP (every family but OLMo 2, which only norms outputs).
+    pub pre_norms: bool,
+    /// Q/K norms span the whole projection rather than each head (OLMo 2).
+    pub qk_norm_full: bool,
+    /// MLP kind.
+    pub mlp: MlpKind,
+    /// Embeddings are multiplied by this (Granite `embedding_multiplier`, MiniCPM
+    /// `scale_emb`), after any `sqrt(hidden)` of [`ModelConfig::scale_embeddings`].
+    pub embed_multiplier: Option<f32>,
+    /// Attention and MLP outputs are multiplied by this before the residual add (Granite
+    /// `residual_multiplier`, MiniCPM `scale_depth / sqrt(layers)`).
+    pub residual_multiplier: Option<f32>,
+    /// Logits are multiplied by this (Granite `1 / logits_scaling`, MiniCPM
+    /// `dim_model_base / hidden`).
+    pub logit_multiplier: Option<f32>,
+    /// Per layer, whether it applies rotary embeddings (empty: every layer does; SmolLM 3
+    /// leaves them out on some).
+    pub rope_layers: Vec<bool>,
+    /// Tensor names in Hugging Face checkpoints.
+    pub hf_naming: HfNaming,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            norm: NormKind::Rms,
+            pre_norms: true,
+            qk_norm_full: false,
+            mlp: MlpKind::Gated,
+            embed_multiplier: None,
+            residual_multiplier: None,
+            logit_multiplier: None,
+            rope_layers: Vec::new(),
+            hf_naming: HfNaming::Llama,
         }
     }
 }
@@ -200,6 +364,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence id from the model config.
     pub bos_token_id: Option<u32>,
+    /// Family switches beyond the Llama layout.
+    pub features: Features,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.
@@ -288,7 +454,7 @@ impl HfKeys<'_> {
         }
     }
 
-    fn bad(&self, key: &str, what: &str) -> EngineError {
+    pub(crate) fn bad(&self, key: &str, what: &str) -> EngineError {
         EngineError::Config {
             source_name: self.source.to_string(),
             reason: format!("'{key}' {what}"),
@@ -371,10 +537,15 @@ impl HfKeys<'_> {
                         original_max_position: f("original_max_position_embeddings")
                             .unwrap_or(8192.0),
                     },
+                    "yarn" | "longrope" | "dynamic" => crate::rope::from_hf(self, kind, s)?,
+                    // Early Phi-3 configs name LongRoPE "su".
+                    "su" => crate::rope::from_hf(self, "longrope", s)?,
                     other => {
                         return Err(self.bad(
                             "rope_scaling",
-                            &format!("type '{other}' is not supported (default, linear, llama3)"),
+                            &format!(
+                                "type '{other}' is not supported (default, linear, llama3, yarn, longrope, dynamic)"
+                            ),
                         ))
                     }
                 }
@@ -492,6 +663,15 @@ impl ModelConfig {
                 self.rotary_dims, self.head_dim
             ));
         }
+        for rope in std::iter::once(&self.rope).chain(&self.rope_local) {
+            if let RopeScaling::LongRope(l) = &rope.scaling {
+                l.check(self.rotary_dims)
+                    .map_err(|reason| EngineError::Config {
+                        source_name: source.to_string(),
+                        reason,
+                    })?;
+            }
+        }
         if self.layer_windows.len() != self.num_layers {
             return bad(format!(
                 "{} layer windows for {} layers",
@@ -556,6 +736,9 @@ impl ModelConfig {
                     *original_max_position,
                 ],
                 RopeScaling::Factors(f) => f.iter().map(|&v| f64::from(v)).collect(),
+                RopeScaling::Yarn(y) => y.parameters(),
+                RopeScaling::LongRope(l) => l.parameters(),
+                RopeScaling::Dynamic(d) => d.parameters(),
             };
             if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
                 return Err(format!(
@@ -570,6 +753,24 @@ impl ModelConfig {
             if let Some(c) = cap.filter(|c| !(c.is_finite() && *c > 0.0)) {
                 return Err(format!("{name} {c} must be a positive finite number"));
             }
+        }
+        for (name, m) in [
+            ("embedding multiplier", self.features.embed_multiplier),
+            ("residual multiplier", self.features.residual_multiplier),
+            ("logit multiplier", self.features.logit_multiplier),
+        ] {
+            if let Some(m) = m.filter(|m| !(m.is_finite() && *m != 0.0)) {
+                return Err(format!("{name} {m} must be a finite non-zero number"));
+            }
+        }
+        if !self.features.rope_layers.is_empty()
+            && self.features.rope_layers.len() != self.num_layers
+        {
+            return Err(format!(
+                "{} per-layer rotary flags for {} layers",
+                self.features.rope_layers.len(),
+                self.num_layers
+            ));
         }
         if !self.attn_scale.is_finite() || self.attn_scale <= 0.0 {
             return Err(format!(

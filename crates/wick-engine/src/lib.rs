@@ -4,8 +4,9 @@
 //! How the parts fit:
 //! - [`weights`] reads tensors from GGUF files and safetensors directories under one
 //!   naming; [`config`] reads hyperparameters from GGUF metadata or `config.json`.
-//! - [`models`] holds one file per architecture (llama, qwen2, qwen3, gemma3) and the
-//!   decoder they share, written once against the [`backend::Backend`] op surface;
+//! - [`models`] holds one file per architecture (llama, qwen2, qwen3, gemma3; the other
+//!   dense families in `models/dense.rs`) and the decoder they share, written once against
+//!   the [`backend::Backend`] op surface; [`rope`] holds the long-context rotary scalings;
 //!   [`backend::candle`] is the CPU backend.
 //! - [`Model`] bundles decoder, tokenizer, chat template and defaults; its `forward` runs
 //!   several sequences in one batched pass, each with its own trimmable, cloneable,
@@ -38,6 +39,7 @@ pub mod constraint;
 mod error;
 mod fingerprint;
 pub mod models;
+pub mod rope;
 pub mod sampler;
 pub mod weights;
 

@@ -6,10 +6,25 @@ use std::path::{Path, PathBuf};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::config::ModelConfig;
 use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
-use wick_engine::models::Arch;
 use wick_engine::weights::SafetensorsWeights;
 
-const VARIANTS: [&str; 5] = ["llama", "llama_tied", "qwen2", "qwen3", "gemma3"];
+const VARIANTS: [&str; 14] = [
+    "llama",
+    "llama_tied",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    // The dense families of models/dense.rs (see scripts/goldens/hf_tiny_models.py).
+    "mistral",
+    "phi3",
+    "gemma2",
+    "olmo2",
+    "granite",
+    "starcoder2",
+    "smollm3",
+    "glm4",
+    "minicpm",
+];
 const TOLERANCE: f32 = 1e-4;
 
 fn dir(variant: &str) -> PathBuf {
@@ -33,7 +48,7 @@ fn load(variant: &str) -> Golden {
     let model = Decoder::load(
         CandleBackend::cpu(),
         cfg.clone(),
-        &weights.canonical(cfg.arch == Arch::Gemma3),
+        &weights.canonical_as(cfg.features.hf_naming),
     )
     .unwrap();
     let reference =
@@ -260,7 +275,13 @@ fn greedy_continuation_matches_generate() {
 
 #[test]
 fn cache_trim_and_snapshot_round_trip() {
-    let g = load("gemma3");
+    for variant in VARIANTS {
+        trim_and_snapshot(variant);
+    }
+}
+
+fn trim_and_snapshot(variant: &str) {
+    let g = load(variant);
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
     g.model
@@ -295,7 +316,7 @@ fn cache_trim_and_snapshot_round_trip() {
     let want = g.expected("len40");
     let vocab = g.model.config().vocab_size;
     assert_close(
-        "gemma3",
+        variant,
         "after trim",
         &a[0].as_ref().unwrap().data,
         &want[10 * vocab..],
@@ -326,4 +347,30 @@ fn a_wrapped_sliding_window_cannot_be_trimmed() {
         "the first block (keys 0..16) is gone, so position 20 could not be recomputed"
     );
     assert_eq!(cache.len(), 40);
+}
+
+#[test]
+fn model_load_reads_every_family_from_its_directory() {
+    // The path `wick serve DIR` takes: config.json, per-family tensor names, tokenizer,
+    // chat template; the logits must be the golden's.
+    for variant in VARIANTS {
+        let g = load(variant);
+        let model = wick_engine::Model::load(&dir(variant), &Default::default()).unwrap();
+        assert_eq!(model.config(), g.model.config(), "{variant}");
+        let ids = g.case_ids("len40");
+        let mut cache = model.new_cache();
+        let out = model
+            .forward(&mut [wick_engine::Step {
+                tokens: &ids,
+                cache: &mut cache,
+                logits: LogitsRequest::All,
+            }])
+            .unwrap();
+        assert_close(
+            variant,
+            "Model::load len40",
+            &out[0].as_ref().unwrap().data,
+            &g.expected("len40"),
+        );
+    }
 }

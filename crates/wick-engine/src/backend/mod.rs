@@ -80,6 +80,18 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// Ops only some backends implement; a model that needs one is refused at load by a
+/// backend without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionalOp {
+    /// [`Backend::layer_norm`].
+    LayerNorm,
+    /// [`Backend::activation`].
+    Activation,
+    /// Rotary cos/sin scaled by [`RopeSpec::attention_factor`] other than 1.
+    RopeAttentionFactor,
+}
+
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -101,6 +113,8 @@ pub struct RopeSpec {
     pub inv_freq: Vec<f32>,
     /// Positions are multiplied by this before the angles (linear scaling: `1/factor`).
     pub position_scale: f32,
+    /// Cosines and sines are multiplied by this (YaRN, LongRoPE; 1 otherwise).
+    pub attention_factor: f32,
 }
 
 impl RopeSpec {
@@ -349,6 +363,34 @@ pub trait Backend: Send + Sync + 'static {
     fn split_columns(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// Whether the backend implements `op` (none by default).
+    fn supports(&self, op: OptionalOp) -> bool {
+        let _ = op;
+        false
+    }
+    /// LayerNorm of every `weight.len()`-long group of `x`: `(x - mean) / sqrt(var + eps)`
+    /// times `weight`, plus `bias` (StarCoder 2). Backends without it say so.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let _ = (x, weight, bias, eps);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "LayerNorm is not implemented on this backend".into(),
+        })
+    }
+    /// `act(x)` elementwise (an ungated MLP). Backends without it say so.
+    fn activation(&self, x: &Self::Tensor, act: Activation) -> Result<Self::Tensor> {
+        let _ = (x, act);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "an ungated MLP activation is not implemented on this backend".into(),
+        })
+    }
     /// `cap * tanh(x / cap)`.
     fn softcap(&self, x: &Self::Tensor, cap: f32) -> Result<Self::Tensor>;
     /// Rows `rows` of `x`, in that order.

@@ -14,7 +14,6 @@ use crate::backend::candle::{CandleBackend, KvDtype};
 use crate::backend::{Backend, BackendKind};
 use crate::config::ModelConfig;
 use crate::models::decoder::Decoder;
-use crate::models::Arch;
 use crate::weights::{GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource};
 use crate::{EngineError, Result};
 
@@ -106,9 +105,10 @@ impl Model {
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let weights = SafetensorsWeights::open(dir)?;
         let quantization = MlxQuantization::from_config(&config, &source)?;
-        // Gemma's sandwich norms use other Hugging Face names.
-        let gemma = cfg.arch == Arch::Gemma3;
-        let named = weights.canonical(gemma).with_quantization(quantization);
+        // Some families (Gemma's sandwich norms, GLM-4, StarCoder 2) use other names.
+        let named = weights
+            .canonical_as(cfg.features.hf_naming)
+            .with_quantization(quantization);
         let dtype = MlxDtype::of_checkpoint(&config, &named);
         let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
         let template_source = hf_chat_template(dir)?;

@@ -6,9 +6,10 @@ use std::ops::Range;
 use wick_gguf::GgmlType;
 
 use crate::backend::{
-    AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, RopeSpec,
+    AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, OptionalOp,
+    RopeSpec,
 };
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig, NormKind};
 use crate::weights::WeightSource;
 use crate::{EngineError, Result};
 
@@ -149,25 +150,45 @@ enum QkvProjection<B: Backend> {
     },
 }
 
-/// The MLP's gate and up projections, separate or fused like [`QkvProjection`].
+/// The MLP's gate and up projections, separate or fused like [`QkvProjection`], or the
+/// single input projection of an ungated MLP.
 enum GateUpProjection<B: Backend> {
-    Separate { gate: B::Matrix, up: B::Matrix },
-    Fused { gate_up: B::Matrix, width: usize },
+    Separate {
+        gate: B::Matrix,
+        up: B::Matrix,
+    },
+    Fused {
+        gate_up: B::Matrix,
+        width: usize,
+    },
+    Plain {
+        up: B::Matrix,
+        bias: Option<B::Tensor>,
+    },
+}
+
+/// A norm's scale, and its bias where a LayerNorm has one.
+struct Norm<B: Backend> {
+    weight: B::Tensor,
+    bias: Option<B::Tensor>,
 }
 
 struct Layer<B: Backend> {
-    attn_norm: B::Tensor,
+    attn_norm: Option<Norm<B>>,
     qkv: QkvProjection<B>,
     o: B::Matrix,
+    o_bias: Option<B::Tensor>,
     q_norm: Option<B::Tensor>,
     k_norm: Option<B::Tensor>,
-    post_attn_norm: Option<B::Tensor>,
-    ffn_norm: B::Tensor,
+    post_attn_norm: Option<Norm<B>>,
+    ffn_norm: Option<Norm<B>>,
     gate_up: GateUpProjection<B>,
     down: B::Matrix,
-    post_ffw_norm: Option<B::Tensor>,
+    down_bias: Option<B::Tensor>,
+    post_ffw_norm: Option<Norm<B>>,
     attention: AttentionParams,
     local_rope: bool,
+    use_rope: bool,
 }
 
 /// A loaded decoder-only transformer.
@@ -176,7 +197,7 @@ pub struct Decoder<B: Backend> {
     cfg: ModelConfig,
     embed: B::Matrix,
     output: Option<B::Matrix>,
-    norm: B::Tensor,
+    norm: Norm<B>,
     layers: Vec<Layer<B>>,
     rope: RopeSpec,
     rope_local: Option<RopeSpec>,
@@ -271,6 +292,14 @@ impl<B: Backend> Loader<'_, B> {
     fn qkv(&mut self, i: usize, q_dim: usize, kv_dim: usize) -> Result<QkvProjection<B>> {
         let h = self.cfg.hidden_size;
         let n = |s: &str| format!("blk.{i}.{s}");
+        if self.src.contains(&n("attn_qkv.weight")) {
+            // Stored fused (Phi-3): one product, split after it.
+            return Ok(QkvProjection::Fused {
+                qkv: self.matrix(&n("attn_qkv.weight"), q_dim + 2 * kv_dim, h)?,
+                bias: self.vector(&n("attn_qkv.bias"), q_dim + 2 * kv_dim)?,
+                widths: [q_dim, kv_dim, kv_dim],
+            });
+        }
         let q = self.matrix(&n("attn_q.weight"), q_dim, h)?;
         let k = self.matrix(&n("attn_k.weight"), kv_dim, h)?;
         let v = self.matrix(&n("attn_v.weight"), kv_dim, h)?;
@@ -301,6 +330,18 @@ impl<B: Backend> Loader<'_, B> {
     /// Layer `i`'s gate and up projections, fused when the backend prefers it.
     fn gate_up(&mut self, i: usize) -> Result<GateUpProjection<B>> {
         let (h, f) = (self.cfg.hidden_size, self.cfg.intermediate_size);
+        if self.cfg.features.mlp == MlpKind::Plain {
+            return Ok(GateUpProjection::Plain {
+                up: self.matrix(&format!("blk.{i}.ffn_up.weight"), f, h)?,
+                bias: self.vector(&format!("blk.{i}.ffn_up.bias"), f)?,
+            });
+        }
+        let fused = format!("blk.{i}.ffn_gate_up.weight");
+        if self.src.contains(&fused) {
+            // Stored fused (Phi-3, GLM-4): gate rows first, then up.
+            let gate_up = self.matrix(&fused, 2 * f, h)?;
+            return Ok(GateUpProjection::Fused { gate_up, width: f });
+        }
         let gate = self.matrix(&format!("blk.{i}.ffn_gate.weight"), f, h)?;
         let up = self.matrix(&format!("blk.{i}.ffn_up.weight"), f, h)?;
         if self.backend.can_fuse(&[&gate, &up]) {
@@ -346,6 +387,75 @@ impl<B: Backend> Loader<'_, B> {
                 tensor: name.into(),
             })
     }
+
+    /// The norm `<prefix>.weight` (and `<prefix>.bias` for a LayerNorm).
+    fn full_norm(&mut self, prefix: &str, len: usize) -> Result<Norm<B>> {
+        let weight = self.required_norm(&format!("{prefix}.weight"), len)?;
+        let bias = match self.cfg.features.norm {
+            NormKind::Rms => None,
+            NormKind::Layer => self.vector(&format!("{prefix}.bias"), len)?,
+        };
+        Ok(Norm { weight, bias })
+    }
+}
+
+/// The optional backend ops `cfg` needs, each with what it is for.
+pub(crate) fn needed_ops(cfg: &ModelConfig) -> Vec<(OptionalOp, &'static str)> {
+    let scaled_rope = std::iter::once(&cfg.rope)
+        .chain(&cfg.rope_local)
+        .any(|r| r.spec(cfg.rope_style, cfg.rotary_dims).attention_factor != 1.0);
+    [
+        (
+            cfg.features.norm == NormKind::Layer,
+            OptionalOp::LayerNorm,
+            "LayerNorm",
+        ),
+        (
+            cfg.features.mlp == MlpKind::Plain,
+            OptionalOp::Activation,
+            "an ungated MLP",
+        ),
+        (
+            scaled_rope,
+            OptionalOp::RopeAttentionFactor,
+            "rotary cos/sin scaling (yarn, longrope)",
+        ),
+    ]
+    .into_iter()
+    .filter(|(needed, _, _)| *needed)
+    .map(|(_, op, what)| (op, what))
+    .collect()
+}
+
+/// Refuses a model that needs an op `backend` does not implement, before any weight moves.
+fn check_backend_ops<B: Backend>(backend: &B, cfg: &ModelConfig) -> Result<()> {
+    for (op, what) in needed_ops(cfg) {
+        if !backend.supports(op) {
+            return Err(EngineError::Backend {
+                backend: backend.name(),
+                message: format!(
+                    "{} models need {what}, which this backend does not implement yet; use --backend cpu",
+                    cfg.arch
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The rotary spec of a pass whose longest sequence has `longest` tokens: `fixed` unless
+/// the scaling depends on the length.
+fn spec_for_len<'a>(
+    cfg: &ModelConfig,
+    rope: &crate::config::RopeConfig,
+    fixed: &'a RopeSpec,
+    longest: usize,
+) -> Cow<'a, RopeSpec> {
+    if rope.depends_on_length() {
+        Cow::Owned(rope.spec_for_len(cfg.rope_style, cfg.rotary_dims, longest))
+    } else {
+        Cow::Borrowed(fixed)
+    }
 }
 
 fn three<T>(v: Vec<T>) -> Result<[T; 3]> {
@@ -363,7 +473,13 @@ fn two<T>(v: Vec<T>) -> Result<[T; 2]> {
 /// The configuration's layer count must be the number of layers the weights hold: the last
 /// layer's norm present and none after it. Checked before anything is sized by the count.
 fn check_layer_count(cfg: &ModelConfig, src: &dyn WeightSource) -> Result<()> {
-    let norm = |i: usize| format!("blk.{i}.attn_norm.weight");
+    // OLMo 2 has no pre-attention norm: count its attention outputs instead.
+    let probe = if cfg.features.pre_norms {
+        "attn_norm"
+    } else {
+        "attn_output"
+    };
+    let norm = |i: usize| format!("blk.{i}.{probe}.weight");
     let n = cfg.num_layers;
     let holds_last = n > 0 && src.contains(&norm(n - 1));
     if !holds_last || src.contains(&norm(n)) {
@@ -388,6 +504,7 @@ impl<B: Backend> Decoder<B> {
             bytes: 0,
         };
         check_layer_count(&cfg, src)?;
+        check_backend_ops(&backend, &cfg)?;
         let (h, hd) = (cfg.hidden_size, cfg.head_dim);
         let (q_dim, kv_dim) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
         let embed = ld.matrix("token_embd.weight", cfg.vocab_size, h)?;
@@ -399,27 +516,35 @@ impl<B: Backend> Decoder<B> {
         } else {
             None
         };
-        let norm = ld.required_norm("output_norm.weight", h)?;
+        let norm = ld.full_norm("output_norm", h)?;
+        let pre = cfg.features.pre_norms;
+        let (q_norm_len, k_norm_len) = if cfg.features.qk_norm_full {
+            (q_dim, kv_dim)
+        } else {
+            (hd, hd)
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let window = cfg.layer_windows[i];
             layers.push(Layer {
-                attn_norm: ld.required_norm(&n("attn_norm.weight"), h)?,
+                attn_norm: pre.then(|| ld.full_norm(&n("attn_norm"), h)).transpose()?,
                 qkv: ld.qkv(i, q_dim, kv_dim)?,
                 o: ld.matrix(&n("attn_output.weight"), h, q_dim)?,
-                q_norm: ld.norm(&n("attn_q_norm.weight"), hd)?,
-                k_norm: ld.norm(&n("attn_k_norm.weight"), hd)?,
+                o_bias: ld.vector(&n("attn_output.bias"), h)?,
+                q_norm: ld.norm(&n("attn_q_norm.weight"), q_norm_len)?,
+                k_norm: ld.norm(&n("attn_k_norm.weight"), k_norm_len)?,
                 post_attn_norm: if cfg.sandwich_norms {
-                    Some(ld.required_norm(&n("post_attention_norm.weight"), h)?)
+                    Some(ld.full_norm(&n("post_attention_norm"), h)?)
                 } else {
                     None
                 },
-                ffn_norm: ld.required_norm(&n("ffn_norm.weight"), h)?,
+                ffn_norm: pre.then(|| ld.full_norm(&n("ffn_norm"), h)).transpose()?,
                 gate_up: ld.gate_up(i)?,
                 down: ld.matrix(&n("ffn_down.weight"), h, cfg.intermediate_size)?,
+                down_bias: ld.vector(&n("ffn_down.bias"), h)?,
                 post_ffw_norm: if cfg.sandwich_norms {
-                    Some(ld.required_norm(&n("post_ffw_norm.weight"), h)?)
+                    Some(ld.full_norm(&n("post_ffw_norm"), h)?)
                 } else {
                     None
                 },
@@ -432,6 +557,7 @@ impl<B: Backend> Decoder<B> {
                     softcap: cfg.attn_softcap,
                 },
                 local_rope: window.is_some() && cfg.rope_local.is_some(),
+                use_rope: cfg.features.rope_layers.get(i).copied().unwrap_or(true),
             });
         }
         let weight_bytes = ld.bytes;
@@ -605,12 +731,23 @@ impl<B: Backend> Decoder<B> {
             total += n;
             positions.extend(start..start + n);
         }
-        let rope = be.rope_table(&positions, &self.rope)?;
-        let rope_local = self
-            .rope_local
-            .as_ref()
-            .map(|s| be.rope_table(&positions, s))
-            .transpose()?;
+        // Dynamic NTK and LongRoPE build their frequencies for the pass's longest sequence.
+        let longest = caches
+            .iter()
+            .zip(counts)
+            .map(|(c, &n)| c.len() + n)
+            .max()
+            .unwrap_or(0);
+        let rope = be.rope_table(
+            &positions,
+            &spec_for_len(cfg, &cfg.rope, &self.rope, longest),
+        )?;
+        let rope_local = match (&cfg.rope_local, &self.rope_local) {
+            (Some(r), Some(s)) => {
+                Some(be.rope_table(&positions, &spec_for_len(cfg, r, s, longest))?)
+            }
+            _ => None,
+        };
 
         let mut x = match input {
             Input::Host(ids) => be.embed(&self.embed, ids)?,
@@ -619,8 +756,12 @@ impl<B: Backend> Decoder<B> {
         if cfg.scale_embeddings {
             x = be.scale(&x, (cfg.hidden_size as f32).sqrt())?;
         }
-        let mut h = match self.layers.first() {
-            Some(first) => be.rms_norm(&x, &first.attn_norm, cfg.rms_eps)?,
+        if let Some(m) = cfg.features.embed_multiplier {
+            x = be.scale(&x, m)?;
+        }
+        let residual = cfg.features.residual_multiplier;
+        let mut h = match self.layers.first().and_then(|l| l.attn_norm.as_ref()) {
+            Some(norm) => self.norm(&x, norm)?,
             None => x.clone(),
         };
         for (li, layer) in self.layers.iter().enumerate() {
@@ -667,8 +808,10 @@ impl<B: Backend> Decoder<B> {
                 (Some(local), true) => local,
                 _ => &rope,
             };
-            let q = be.rope(&q, layer.attention.heads, table)?;
-            let k = be.rope(&k, layer.attention.kv_heads, table)?;
+            if layer.use_rope {
+                q = be.rope(&q, layer.attention.heads, table)?;
+                k = be.rope(&k, layer.attention.kv_heads, table)?;
+            }
             let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                 .iter_mut()
                 .zip(&ranges)
@@ -678,16 +821,22 @@ impl<B: Backend> Decoder<B> {
                 })
                 .collect();
             let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
-            let mut o = be.linear(&attn, &layer.o, None)?;
+            let mut o = be.linear(&attn, &layer.o, layer.o_bias.as_ref())?;
             if let Some(w) = &layer.post_attn_norm {
-                o = be.rms_norm(&o, w, cfg.rms_eps)?;
+                o = self.norm(&o, w)?;
             }
-            let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, cfg.rms_eps)?;
+            if let Some(r) = residual {
+                o = be.scale(&o, r)?;
+            }
+            let (sum, hf) = self.add_norm(&x, &o, layer.ffn_norm.as_ref())?;
             x = sum;
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
                     let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
                     be.glu(&gate, &up, cfg.activation)?
+                }
+                GateUpProjection::Plain { up, bias } => {
+                    be.activation(&be.linear(&hf, up, bias.as_ref())?, cfg.activation)?
                 }
                 GateUpProjection::Fused { gate_up, width } => {
                     let both = be.linear(&hf, gate_up, None)?;
@@ -702,13 +851,16 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
-            let mut m = be.linear(&act, &layer.down, None)?;
+            let mut m = be.linear(&act, &layer.down, layer.down_bias.as_ref())?;
             if let Some(w) = &layer.post_ffw_norm {
-                m = be.rms_norm(&m, w, cfg.rms_eps)?;
+                m = self.norm(&m, w)?;
+            }
+            if let Some(r) = residual {
+                m = be.scale(&m, r)?;
             }
             match self.layers.get(li + 1) {
                 Some(next) => {
-                    let (sum, hn) = be.add_rms_norm(&x, &m, &next.attn_norm, cfg.rms_eps)?;
+                    let (sum, hn) = self.add_norm(&x, &m, next.attn_norm.as_ref())?;
                     x = sum;
                     h = hn;
                 }
@@ -731,11 +883,45 @@ impl<B: Backend> Decoder<B> {
             return Ok((None, per_item));
         }
         let x = be.select_rows(&x, &rows)?;
-        let x = be.rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        let x = self.norm(&x, &self.norm)?;
         let mut logits = be.linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)?;
+        if let Some(m) = cfg.features.logit_multiplier {
+            logits = be.scale(&logits, m)?;
+        }
         if let Some(cap) = cfg.final_softcap {
             logits = be.softcap(&logits, cap)?;
         }
         Ok((Some(logits), per_item))
+    }
+
+    /// `norm(x)` with the model's kind of norm.
+    fn norm(&self, x: &B::Tensor, n: &Norm<B>) -> Result<B::Tensor> {
+        let eps = self.cfg.rms_eps;
+        match self.cfg.features.norm {
+            NormKind::Rms => self.backend.rms_norm(x, &n.weight, eps),
+            NormKind::Layer => self.backend.layer_norm(x, &n.weight, n.bias.as_ref(), eps),
+        }
+    }
+
+    /// `(x + y, norm(x + y))`, the sum itself where the next sublayer has no input norm.
+    fn add_norm(
+        &self,
+        x: &B::Tensor,
+        y: &B::Tensor,
+        n: Option<&Norm<B>>,
+    ) -> Result<(B::Tensor, B::Tensor)> {
+        let be = &self.backend;
+        match (n, self.cfg.features.norm) {
+            (Some(n), NormKind::Rms) => be.add_rms_norm(x, y, &n.weight, self.cfg.rms_eps),
+            (Some(n), NormKind::Layer) => {
+                let sum = be.add(x, y)?;
+                let normed = self.norm(&sum, n)?;
+                Ok((sum, normed))
+            }
+            (None, _) => {
+                let sum = be.add(x, y)?;
+                Ok((sum.clone(), sum))
+            }
+        }
     }
 }

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::backend::{Activation, RopeStyle};
-use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeConfig, RopeScaling};
+use crate::config::{GgufKeys, HfKeys, HfNaming, ModelConfig, RopeConfig, RopeScaling};
 use crate::models::{llama, Arch};
 use crate::Result;
 
@@ -29,6 +29,7 @@ fn apply_gemma(cfg: &mut ModelConfig) {
     cfg.scale_embeddings = true;
     cfg.sandwich_norms = true;
     cfg.rope_style = RopeStyle::Neox;
+    cfg.features.hf_naming = HfNaming::Gemma;
 }
 
 pub(super) fn from_gguf(keys: &GgufKeys<'_>, _source: &str) -> Result<ModelConfig> {

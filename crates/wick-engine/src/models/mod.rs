@@ -4,6 +4,7 @@
 //! `config.json`) into a [`ModelConfig`]; [`decoder::Decoder`] runs every one of them,
 //! switching on the config's flags (biases, Q/K norms, sandwich norms, activation …).
 pub mod decoder;
+mod dense;
 mod gemma3;
 pub mod greedy;
 mod llama;
@@ -24,6 +25,12 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_gguf(keys, source),
             Arch::Qwen3 => qwen3::from_gguf(keys, source),
             Arch::Gemma3 => gemma3::from_gguf(keys, source),
+            other => Err(EngineError::Config {
+                source_name: source.to_string(),
+                reason: format!(
+                    "GGUF files of architecture '{other}' are not supported yet; load its Hugging Face (safetensors) directory instead"
+                ),
+            }),
         }
     }
 
@@ -33,6 +40,15 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_hf(keys),
             Arch::Qwen3 => qwen3::from_hf(keys),
             Arch::Gemma3 => gemma3::from_hf(keys),
+            Arch::Mistral => dense::mistral(keys),
+            Arch::Phi3 => dense::phi3(keys),
+            Arch::Gemma2 => dense::gemma2(keys),
+            Arch::Olmo2 => dense::olmo2(keys),
+            Arch::Granite => dense::granite(keys),
+            Arch::Starcoder2 => dense::starcoder2(keys),
+            Arch::SmolLm3 => dense::smollm3(keys),
+            Arch::Glm4 => dense::glm4(keys),
+            Arch::MiniCpm => dense::minicpm(keys),
         }
     }
 }
@@ -70,6 +86,12 @@ impl ModelConfig {
             .filter(|t| t.is_object())
             .unwrap_or(json);
         let keys = HfKeys { json: text, source };
+        // MiniCPM ships as `llama` with its scaling fields.
+        let arch = if arch == Arch::Llama && dense::is_minicpm(text) {
+            Arch::MiniCpm
+        } else {
+            arch
+        };
         let mut cfg = arch.config_from_hf(&keys)?;
         if cfg.eos_token_ids.is_empty() {
             cfg.eos_token_ids = HfKeys { json, source }.ids("eos_token_id");

@@ -11,6 +11,7 @@ use wick_gguf::GgmlType;
 
 use super::HostWeight;
 use super::{AffineWeight, WeightSource};
+use crate::config::HfNaming;
 use crate::{EngineError, Result};
 
 /// How a tensor's elements are stored.
@@ -271,6 +272,9 @@ fn hf_name(canonical: &str) -> Option<String> {
                 "ffn_gate" => "mlp.gate_proj",
                 "ffn_up" => "mlp.up_proj",
                 "ffn_down" => "mlp.down_proj",
+                // Stored fused (Phi-3, GLM-4).
+                "attn_qkv" => "self_attn.qkv_proj",
+                "ffn_gate_up" => "mlp.gate_up_proj",
                 _ => return None,
             };
             format!("model.layers.{layer}.{module}")
@@ -291,20 +295,57 @@ fn hf_name_gemma(canonical: &str) -> Option<String> {
     hf_name(canonical)
 }
 
+/// A family's own names for some canonical ones (see [`HfNaming`]).
+fn hf_name_as(naming: HfNaming, canonical: &str) -> Option<String> {
+    let renamed = |part: &str| -> Option<&'static str> {
+        match (naming, part) {
+            (HfNaming::Llama, _) => None,
+            (HfNaming::Gemma, "ffn_norm.weight") => Some("pre_feedforward_layernorm.weight"),
+            (HfNaming::Glm4, "post_attention_norm.weight") => {
+                Some("post_self_attn_layernorm.weight")
+            }
+            (HfNaming::Glm4, "post_ffw_norm.weight") => Some("post_mlp_layernorm.weight"),
+            (HfNaming::Starcoder2, "ffn_up.weight") => Some("mlp.c_fc.weight"),
+            (HfNaming::Starcoder2, "ffn_up.bias") => Some("mlp.c_fc.bias"),
+            (HfNaming::Starcoder2, "ffn_down.weight") => Some("mlp.c_proj.weight"),
+            (HfNaming::Starcoder2, "ffn_down.bias") => Some("mlp.c_proj.bias"),
+            _ => None,
+        }
+    };
+    if let Some((layer, part)) = canonical
+        .strip_prefix("blk.")
+        .and_then(|r| r.split_once('.'))
+    {
+        if let Some(name) = renamed(part) {
+            return Some(format!("model.layers.{layer}.{name}"));
+        }
+    }
+    hf_name(canonical)
+}
+
 /// A safetensors directory seen through canonical names.
 #[derive(Debug)]
 pub struct HfNamedWeights<'a> {
     pub(crate) inner: &'a SafetensorsWeights,
-    pub(crate) gemma: bool,
+    pub(crate) naming: HfNaming,
     pub(crate) quantization: Option<MlxQuantization>,
 }
 
 impl SafetensorsWeights {
     /// This directory under canonical names; `gemma` selects the sandwich-norm naming.
     pub fn canonical(&self, gemma: bool) -> HfNamedWeights<'_> {
+        self.canonical_as(if gemma {
+            HfNaming::Gemma
+        } else {
+            HfNaming::Llama
+        })
+    }
+
+    /// This directory under canonical names, read with a family's `naming`.
+    pub fn canonical_as(&self, naming: HfNaming) -> HfNamedWeights<'_> {
         HfNamedWeights {
             inner: self,
-            gemma,
+            naming,
             quantization: None,
         }
     }
@@ -406,10 +447,9 @@ impl MlxQuantization {
 
 impl HfNamedWeights<'_> {
     fn map(&self, canonical: &str) -> Option<String> {
-        let name = if self.gemma {
-            hf_name_gemma(canonical)
-        } else {
-            hf_name(canonical)
+        let name = match self.naming {
+            HfNaming::Gemma => hf_name_gemma(canonical),
+            naming => hf_name_as(naming, canonical),
         }?;
         if self.inner.entries.contains_key(&name) {
             return Some(name);

@@ -12,6 +12,7 @@ mod attention;
 pub mod block_pool;
 mod exp;
 mod kv;
+mod norm;
 mod profile;
 mod rope;
 mod tensor;
@@ -31,7 +32,8 @@ pub use rope::CpuRope;
 pub use tensor::HostTensor;
 
 use super::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot,
+    OptionalOp, RopeSpec,
 };
 use crate::{EngineError, Result};
 
@@ -456,6 +458,49 @@ impl Backend for CandleBackend {
                 up.data(),
                 out,
             )?)
+        })
+    }
+
+    fn supports(&self, op: OptionalOp) -> bool {
+        match op {
+            OptionalOp::LayerNorm | OptionalOp::Activation | OptionalOp::RopeAttentionFactor => {
+                true
+            }
+        }
+    }
+
+    fn layer_norm(
+        &self,
+        x: &HostTensor,
+        weight: &HostTensor,
+        bias: Option<&HostTensor>,
+        eps: f32,
+    ) -> Result<HostTensor> {
+        let _t = profile::op("layer_norm", x.rows());
+        let n = weight.data().len();
+        if n == 0 || !x.cols().is_multiple_of(n) || bias.is_some_and(|b| b.data().len() != n) {
+            return Err(Self::err(format!(
+                "layer_norm of {} columns with a weight of {n}",
+                x.cols()
+            )));
+        }
+        Self::map(x, |x, out| {
+            crate::backend::candle::norm::layer_norm(
+                x,
+                weight.data(),
+                bias.map(|b| b.data()),
+                eps,
+                out,
+            );
+            Ok(())
+        })
+    }
+
+    fn activation(&self, x: &HostTensor, act: Activation) -> Result<HostTensor> {
+        let _t = profile::op("activation", x.rows());
+        Self::map(x, |x, out| {
+            crate::backend::candle::norm::activation(x, act, out);
+            Ok(())
         })
     }
 

@@ -20,8 +20,8 @@ impl CpuRope {
             let p = p as f64 * spec.position_scale as f64;
             for &f in &spec.inv_freq {
                 let (s, c) = (p * f as f64).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
+                cos.push(c as f32 * spec.attention_factor);
+                sin.push(s as f32 * spec.attention_factor);
             }
         }
         CpuRope {
