@@ -209,8 +209,11 @@ pub(crate) fn safe_relative(path: &str) -> Result<(), GetError> {
     Ok(())
 }
 
-/// Verifies a finished download: its size and digest. Returns the digest computed.
-pub(crate) fn verify(path: &Path, size: u64, check: &Check) -> Result<Result<(), (String, &'static str, String)>, GetError> {
+/// A failed check: (expected, algorithm, actual).
+pub(crate) type Mismatch = (String, &'static str, String);
+
+/// Verifies a finished download: its size and digest.
+pub(crate) fn verify(path: &Path, size: u64, check: &Check) -> Result<Result<(), Mismatch>, GetError> {
     let mut file = File::open(path).map_err(GetError::io("open", path))?;
     let len = file.metadata().map_err(GetError::io("stat", path))?.len();
     let mut buf = vec![0u8; 1 << 20];
@@ -265,7 +268,8 @@ pub(crate) fn free_bytes(dir: &Path) -> Option<u64> {
     // SAFETY: statvfs succeeded and filled the struct.
     let st = unsafe { st.assume_init() };
     #[allow(clippy::unnecessary_cast)]
-    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    let (blocks, block_size) = (st.f_bavail as u64, st.f_frsize as u64);
+    Some(blocks.saturating_mul(block_size))
 }
 
 #[cfg(test)]

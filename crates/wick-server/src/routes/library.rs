@@ -1,6 +1,6 @@
 //! `GET /library` (local models with their fit), `GET /fit` (the fit report of the served
 //! model or `?model=`) and `GET /downloads` (this process's recent and running downloads).
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -52,14 +52,14 @@ fn scan_library(served: &std::path::Path) -> Vec<Value> {
         return Vec::new();
     };
     let mut rows: Vec<Value> = Vec::new();
-    let mut seen: HashMap<String, ()> = HashMap::new();
+    let mut seen: HashSet<String> = HashSet::new();
     for m in store.list() {
         // One row per repository: the HF cache's `ORG/NAME/<file>` rows fold into the first.
         let repo_id = match m.origin {
             wick_hub::ModelOrigin::HfCache => m.name.splitn(3, '/').take(2).collect::<Vec<_>>().join("/"),
             wick_hub::ModelOrigin::Store => m.name.clone(),
         };
-        if seen.insert(repo_id.clone(), ()).is_some() {
+        if !seen.insert(repo_id.clone()) {
             continue;
         }
         let fit = FitModel::read(&m.path, m.format).ok();
