@@ -289,11 +289,14 @@ fn get_inner(
                 match ctx.fetch(file) {
                     Ok(bytes) => {
                         *downloaded.lock().unwrap_or_else(PoisonError::into_inner) += bytes;
-                        status.file_done();
-                        events(GetEvent::Done {
-                            path: file.path.clone(),
-                            cached: false,
-                        });
+                        // Every path with this content is done (one blob, several names).
+                        for same in files.iter().filter(|f| f.etag == file.etag) {
+                            status.file_done();
+                            events(GetEvent::Done {
+                                path: same.path.clone(),
+                                cached: false,
+                            });
+                        }
                     }
                     Err(e) => {
                         let mut slot = failure.lock().unwrap_or_else(PoisonError::into_inner);

@@ -105,8 +105,8 @@ pub(crate) fn select(repo: &str, files: &[RemoteFile], include: &[String]) -> Re
     for f in &models {
         let (key, _) = shard_key(&f.path);
         match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, g)) => g.push(f),
-            None => groups.push((key, vec![f])),
+            Some((_, g)) => g.push(*f),
+            None => groups.push((key, vec![*f])),
         }
     }
     if groups.len() > 1 {

@@ -49,7 +49,7 @@ pub fn fetch(repo: &RepoRef, opts: &GetOptions) -> anyhow::Result<Got> {
     let client = HubClient::from_env();
     eprintln!("wick: fetching {} from {}", repo.repo, client.endpoint());
     let progress = Progress::new();
-    let got = hf::get(&client, store.hf_cache(), repo, opts, &|e| progress.event(e));
+    let got = hf::get(&client, store.hf_cache(), repo, opts, &|e: GetEvent| progress.event(e));
     progress.finish();
     Ok(got?)
 }
