@@ -95,7 +95,8 @@ impl FitModel {
         match kind {
             ModelKind::Gguf => {
                 let file = wick_gguf::GgufFile::open(path).map_err(|e| bad(e.to_string()))?;
-                let cfg = ModelConfig::from_gguf(file.metadata(), &name).map_err(|e| bad(e.to_string()))?;
+                let cfg = ModelConfig::from_gguf(file.metadata(), &name)
+                    .map_err(|e| bad(e.to_string()))?;
                 let mut by_type: Vec<(String, u64)> = Vec::new();
                 let (mut weights, mut params) = (0u64, 0u64);
                 for t in file.tensors() {
@@ -103,15 +104,23 @@ impl FitModel {
                     params = params.saturating_add(t.elements());
                     add_bytes(&mut by_type, &t.dtype.to_string(), t.len);
                 }
-                Ok(FitModel::new(path, &cfg, weights, params, dominant(by_type), KvDtype::F16))
+                Ok(FitModel::new(
+                    path,
+                    &cfg,
+                    weights,
+                    params,
+                    dominant(by_type),
+                    KvDtype::F16,
+                ))
             }
             ModelKind::HfDir => {
                 let config_path = path.join("config.json");
-                let text = std::fs::read_to_string(&config_path).map_err(|source| FitError::Io {
-                    op: "read",
-                    path: config_path.clone(),
-                    source,
-                })?;
+                let text =
+                    std::fs::read_to_string(&config_path).map_err(|source| FitError::Io {
+                        op: "read",
+                        path: config_path.clone(),
+                        source,
+                    })?;
                 let json: serde_json::Value =
                     serde_json::from_str(&text).map_err(|e| bad(format!("config.json: {e}")))?;
                 let cfg = ModelConfig::from_hf(&json, &name).map_err(|e| bad(e.to_string()))?;
@@ -146,12 +155,26 @@ impl FitModel {
                     Some(bits) => format!("{bits}-bit"),
                     None => dominant(by_type),
                 };
-                Ok(FitModel::new(path, &cfg, weights, params, quant, KvDtype::F32))
+                Ok(FitModel::new(
+                    path,
+                    &cfg,
+                    weights,
+                    params,
+                    quant,
+                    KvDtype::F32,
+                ))
             }
         }
     }
 
-    fn new(path: &Path, cfg: &ModelConfig, weights: u64, params: u64, quant: String, kv: KvDtype) -> FitModel {
+    fn new(
+        path: &Path,
+        cfg: &ModelConfig,
+        weights: u64,
+        params: u64,
+        quant: String,
+        kv: KvDtype,
+    ) -> FitModel {
         let row = cfg.num_kv_heads * cfg.head_dim;
         FitModel {
             path: path.to_path_buf(),
@@ -176,7 +199,8 @@ impl FitModel {
             .iter()
             .map(|l| {
                 let kept = l.window.map_or(tokens, |w| tokens.min(w));
-                (blocks_for_tokens(kept) as u64).saturating_mul(block_bytes(l.row, kv.bytes()) as u64)
+                (blocks_for_tokens(kept) as u64)
+                    .saturating_mul(block_bytes(l.row, kv.bytes()) as u64)
             })
             .fold(0u64, u64::saturating_add)
     }
@@ -185,7 +209,10 @@ impl FitModel {
     pub fn report(&self, ctx: usize, kv: KvDtype, machine: &Machine, usable: u64) -> FitReport {
         let transient = transient_bytes(ctx);
         let kv_bytes = self.kv_bytes(ctx, kv);
-        let total = self.weights_bytes.saturating_add(kv_bytes).saturating_add(transient);
+        let total = self
+            .weights_bytes
+            .saturating_add(kv_bytes)
+            .saturating_add(transient);
         let need = |c: usize| {
             self.weights_bytes
                 .saturating_add(self.kv_bytes(c, kv))
@@ -218,7 +245,8 @@ impl FitModel {
             usable_bytes: usable,
             max_context,
             max_safe_context: max_context,
-            predicted_decode_tps: machine.bandwidth_gbs * 1e9 / per_token as f64 * DECODE_EFFICIENCY,
+            predicted_decode_tps: machine.bandwidth_gbs * 1e9 / per_token as f64
+                * DECODE_EFFICIENCY,
         }
     }
 }
@@ -230,9 +258,20 @@ pub const DEFAULT_CTX: usize = 8192;
 impl FitModel {
     /// The report at `ctx` (default [`DEFAULT_CTX`] capped at the model's context) with
     /// `kv` (default: the format's), using `budget` bytes or what `machine` gives.
-    pub fn assess(&self, ctx: Option<usize>, kv: Option<KvDtype>, machine: &Machine, budget: Option<u64>) -> FitReport {
+    pub fn assess(
+        &self,
+        ctx: Option<usize>,
+        kv: Option<KvDtype>,
+        machine: &Machine,
+        budget: Option<u64>,
+    ) -> FitReport {
         let ctx = ctx.unwrap_or_else(|| DEFAULT_CTX.min(self.context_length));
-        self.report(ctx, kv.unwrap_or(self.default_kv), machine, machine.usable_bytes(budget))
+        self.report(
+            ctx,
+            kv.unwrap_or(self.default_kv),
+            machine,
+            machine.usable_bytes(budget),
+        )
     }
 
     /// The model on common machines at `ctx` tokens: (sku, memory GB, report).
@@ -249,7 +288,11 @@ impl FitModel {
                     measured_at: None,
                 };
                 let fraction = if gpu { VRAM_FRACTION } else { RAM_FRACTION };
-                (sku, gb, self.report(ctx, kv, &machine, (bytes as f64 * fraction) as u64))
+                (
+                    sku,
+                    gb,
+                    self.report(ctx, kv, &machine, (bytes as f64 * fraction) as u64),
+                )
             })
             .collect()
     }
@@ -290,10 +333,12 @@ pub fn transient_bytes(ctx: usize) -> u64 {
 /// length is checked against the file before it is read.
 pub fn safetensors_header(path: &Path) -> Result<Vec<(String, u64, u64)>, FitError> {
     use std::io::Read;
-    let io = |op| move |source| FitError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
+    let io = |op| {
+        move |source| FitError::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
     };
     let bad = |reason: String| FitError::Model {
         path: path.to_path_buf(),
@@ -305,7 +350,9 @@ pub fn safetensors_header(path: &Path) -> Result<Vec<(String, u64, u64)>, FitErr
     file.read_exact(&mut len).map_err(io("read"))?;
     let header_len = u64::from_le_bytes(len);
     if header_len > 100 << 20 || header_len + 8 > file_len {
-        return Err(bad(format!("safetensors header of {header_len} bytes does not fit the {file_len}-byte file")));
+        return Err(bad(format!(
+            "safetensors header of {header_len} bytes does not fit the {file_len}-byte file"
+        )));
     }
     let mut header = vec![0u8; header_len as usize];
     file.read_exact(&mut header).map_err(io("read"))?;
@@ -324,9 +371,17 @@ pub fn safetensors_header(path: &Path) -> Result<Vec<(String, u64, u64)>, FitErr
         let elements = t
             .get("shape")
             .and_then(|s| s.as_array())
-            .map(|s| s.iter().filter_map(|d| d.as_u64()).fold(1u64, u64::saturating_mul))
+            .map(|s| {
+                s.iter()
+                    .filter_map(|d| d.as_u64())
+                    .fold(1u64, u64::saturating_mul)
+            })
             .unwrap_or(0);
-        let dtype = t.get("dtype").and_then(|d| d.as_str()).unwrap_or("?").to_string();
+        let dtype = t
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .unwrap_or("?")
+            .to_string();
         out.push((dtype, end - start, elements));
     }
     Ok(out)
@@ -429,7 +484,11 @@ pub fn table_bandwidth(chip: &str) -> f64 {
         .iter()
         .find(|(n, _)| chip.contains(n))
         .map(|(_, b)| *b)
-        .unwrap_or(if chip == "cpu" { DEFAULT_CPU_BANDWIDTH_GBS } else { 500.0 })
+        .unwrap_or(if chip == "cpu" {
+            DEFAULT_CPU_BANDWIDTH_GBS
+        } else {
+            500.0
+        })
 }
 
 /// A stored bandwidth measurement (`$WICK_HOME/calibration.json`).
@@ -461,7 +520,10 @@ pub fn write_calibration(root: &Path, c: &Calibration) -> std::io::Result<()> {
     std::fs::create_dir_all(root)?;
     let path = calibration_path(root);
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(c).map_err(std::io::Error::other)?)?;
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(c).map_err(std::io::Error::other)?,
+    )?;
     std::fs::rename(tmp, path)
 }
 
@@ -470,7 +532,9 @@ pub fn write_calibration(root: &Path, c: &Calibration) -> std::io::Result<()> {
 pub fn measure_host_bandwidth() -> f64 {
     let words = (512usize << 20) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let chunk = words.div_ceil(threads);
     let mut best = 0.0f64;
     for _ in 0..5 {
@@ -480,7 +544,10 @@ pub fn measure_host_bandwidth() -> f64 {
                 .chunks(chunk)
                 .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, u64::wrapping_add)
         });
         std::hint::black_box(sum);
         let secs = start.elapsed().as_secs_f64();
@@ -503,11 +570,14 @@ pub fn ram_bytes() -> u64 {
         })
         .map(|kb| kb * 1024)
         .unwrap_or(0);
-    let limit = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .filter_map(|s| s.trim().parse::<u64>().ok())
-        .min();
+    let limit = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| std::fs::read_to_string(p).ok())
+    .filter_map(|s| s.trim().parse::<u64>().ok())
+    .min();
     match limit {
         Some(l) if l > 0 && (total == 0 || l < total) => l,
         _ => total,
@@ -522,13 +592,19 @@ impl Machine {
             Device::Gpu => crate::nvml::first_gpu(),
             Device::Cpu => None,
         };
-        let chip = gpu.as_ref().map_or_else(|| "cpu".to_string(), |g| g.name.clone());
+        let chip = gpu
+            .as_ref()
+            .map_or_else(|| "cpu".to_string(), |g| g.name.clone());
         let calibration = read_calibration(store_root).filter(|c| c.chip == chip);
         Machine {
             bandwidth_gbs: calibration
                 .as_ref()
                 .map_or_else(|| table_bandwidth(&chip), |c| c.bandwidth_gbs),
-            bandwidth_source: if calibration.is_some() { "calibrated" } else { "table" },
+            bandwidth_source: if calibration.is_some() {
+                "calibrated"
+            } else {
+                "table"
+            },
             measured_at: calibration.map(|c| c.measured_at),
             ram_bytes: ram_bytes(),
             chip,
@@ -578,26 +654,50 @@ mod tests {
     #[test]
     fn kv_bytes_follow_the_formula_and_windows() {
         // SmolLM2-135M: 30 layers of 3 KV heads × 64.
-        let m = model(vec![LayerKv { row: 192, window: None }; 30]);
+        let m = model(vec![
+            LayerKv {
+                row: 192,
+                window: None
+            };
+            30
+        ]);
         assert_eq!(m.kv_bytes(4096, KvDtype::F16), 30 * 2 * 192 * 2 * 4096);
         assert_eq!(m.kv_bytes(4096, KvDtype::F32), 2 * 30 * 2 * 192 * 2 * 4096);
         // Whole blocks: 17 tokens take two blocks of 16.
         assert_eq!(m.kv_bytes(17, KvDtype::F16), 30 * 2 * 192 * 2 * 32);
         let mixed = model(vec![
-            LayerKv { row: 64, window: Some(512) },
-            LayerKv { row: 64, window: None },
+            LayerKv {
+                row: 64,
+                window: Some(512),
+            },
+            LayerKv {
+                row: 64,
+                window: None,
+            },
         ]);
-        assert_eq!(mixed.kv_bytes(4096, KvDtype::F16), (2 * 64 * 2 * 512 + 2 * 64 * 2 * 4096) as u64);
+        assert_eq!(
+            mixed.kv_bytes(4096, KvDtype::F16),
+            (2 * 64 * 2 * 512 + 2 * 64 * 2 * 4096) as u64
+        );
         assert_eq!(mixed.kv_bytes(256, KvDtype::F16), 2 * (2 * 64 * 2 * 256));
     }
 
     #[test]
     fn reports_and_the_largest_context() {
-        let m = model(vec![LayerKv { row: 192, window: None }; 30]);
+        let m = model(vec![
+            LayerKv {
+                row: 192,
+                window: None
+            };
+            30
+        ]);
         let r = m.report(4096, KvDtype::F16, &machine(), 8 << 30);
         assert!(r.fits);
         assert_eq!(r.transient_bytes, (2048.0 * 0.55e6) as u64);
-        assert_eq!(r.total_bytes, r.weights_bytes + r.kv_bytes + r.transient_bytes);
+        assert_eq!(
+            r.total_bytes,
+            r.weights_bytes + r.kv_bytes + r.transient_bytes
+        );
         assert_eq!(r.max_context, 8192, "capped at the model's context");
         // A budget just above the weights and transient: the context solves exactly.
         let usable = 100_000_000 + transient_bytes(2048) + m.kv_bytes(1000, KvDtype::F16);
@@ -606,7 +706,11 @@ mod tests {
         let need = |c: usize| 100_000_000 + m.kv_bytes(c, KvDtype::F16) + transient_bytes(c);
         let brute = (1..=8192).rev().find(|&c| need(c) <= usable).unwrap();
         assert_eq!(r.max_context, brute);
-        assert!(r.max_context > 1000 && r.max_context < 4096, "{}", r.max_context);
+        assert!(
+            r.max_context > 1000 && r.max_context < 4096,
+            "{}",
+            r.max_context
+        );
         let r = m.report(4096, KvDtype::F16, &machine(), 1000);
         assert_eq!(r.max_context, 0);
         let expect = 20e9 / (100_000_000 + m.kv_bytes(4096, KvDtype::F16)) as f64 * 0.82;
@@ -629,7 +733,10 @@ mod tests {
         bytes.extend_from_slice(header);
         bytes.extend_from_slice(&[0u8; 12]);
         std::fs::write(&p, &bytes).unwrap();
-        assert_eq!(safetensors_header(&p).unwrap(), vec![("BF16".to_string(), 12, 6)]);
+        assert_eq!(
+            safetensors_header(&p).unwrap(),
+            vec![("BF16".to_string(), 12, 6)]
+        );
         // Offsets past the data, and a header longer than the file, are refused.
         bytes.truncate(bytes.len() - 1);
         std::fs::write(&p, &bytes).unwrap();

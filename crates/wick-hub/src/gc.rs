@@ -67,7 +67,10 @@ impl Store {
         let mut out = Vec::new();
         let hf = self.hf_cache();
         for repo in sorted_dirs(hf) {
-            let name = repo.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = repo
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if !name.starts_with("models--") {
                 continue;
             }
@@ -80,7 +83,10 @@ impl Store {
                 .collect();
             let mut kept = Vec::new();
             for snap in sorted_dirs(&repo.join("snapshots")) {
-                let commit = snap.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let commit = snap
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 if !named.is_empty() && !named.contains(&commit) {
                     out.push(Garbage {
                         bytes: 0,
@@ -104,7 +110,11 @@ impl Store {
                 }
             }
             let locks = hf.join(".locks").join(&name);
-            for blob in fs::read_dir(repo.join("blobs")).into_iter().flatten().flatten() {
+            for blob in fs::read_dir(repo.join("blobs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let file = blob.file_name().to_string_lossy().into_owned();
                 let path = blob.path();
                 if let Some(etag) = file.strip_suffix(".incomplete") {
@@ -130,8 +140,12 @@ impl Store {
             }
             for lock in fs::read_dir(&locks).into_iter().flatten().flatten() {
                 let path = lock.path();
-                let owner = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok());
-                if path.extension().is_some_and(|e| e == "wick-lock") && !owner.is_some_and(pid_alive) {
+                let owner = fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                if path.extension().is_some_and(|e| e == "wick-lock")
+                    && !owner.is_some_and(pid_alive)
+                {
                     out.push(Garbage {
                         bytes: 0,
                         path,
@@ -194,7 +208,9 @@ impl Store {
                 let models_dir = self.models_dir();
                 let rel = found.path.strip_prefix(&models_dir).ok();
                 match rel.and_then(|r| r.components().next()) {
-                    Some(first) if rel.is_some_and(|r| r.components().count() > 1) => models_dir.join(first),
+                    Some(first) if rel.is_some_and(|r| r.components().count() > 1) => {
+                        models_dir.join(first)
+                    }
                     _ => found.path.clone(),
                 }
             }

@@ -41,8 +41,12 @@ pub(crate) fn first_gpu() -> Option<Gpu> {
                 used: 0,
             };
             let mut buf = [0 as c_char; 96];
-            if memory(handle, &mut mem) == 0 && name(handle, buf.as_mut_ptr(), buf.len() as c_uint) == 0 {
-                let name = std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
+            if memory(handle, &mut mem) == 0
+                && name(handle, buf.as_mut_ptr(), buf.len() as c_uint) == 0
+            {
+                let name = std::ffi::CStr::from_ptr(buf.as_ptr())
+                    .to_string_lossy()
+                    .into_owned();
                 gpu = Some(Gpu {
                     name,
                     memory_bytes: mem.total,

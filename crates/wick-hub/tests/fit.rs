@@ -17,7 +17,10 @@ fn smollm2_kv_and_weights_match_the_engine() {
     let cfg = ModelConfig::from_gguf(gguf.metadata(), "smollm2").unwrap();
     // The engine bills f32 KV per token; f16 is half of it.
     let per_token_f16 = cfg.kv_bytes_per_token() / 2;
-    assert_eq!(fit.kv_bytes(4096, KvDtype::F16), (per_token_f16 * 4096) as u64);
+    assert_eq!(
+        fit.kv_bytes(4096, KvDtype::F16),
+        (per_token_f16 * 4096) as u64
+    );
     assert_eq!(fit.kv_bytes(4096, KvDtype::F16), 94_371_840);
     // What the KV pool charges: blocks of every layer.
     let pool = cfg.num_layers
@@ -28,5 +31,9 @@ fn smollm2_kv_and_weights_match_the_engine() {
     assert_eq!(fit.weights_bytes, tensors);
     assert_eq!(fit.context_length, 8192);
     assert_eq!(fit.quant, "Q4_1");
-    assert!(fit.params > 130_000_000 && fit.params < 140_000_000, "{}", fit.params);
+    assert!(
+        fit.params > 130_000_000 && fit.params < 140_000_000,
+        "{}",
+        fit.params
+    );
 }

@@ -77,7 +77,10 @@ fn fetch_repo(store: &Store, query: &str) -> anyhow::Result<Resolved> {
     let snapshot = match local {
         Some(dir) => dir,
         None => {
-            eprintln!("wick: {} is not in the Hugging Face cache: fetching it", repo.repo);
+            eprintln!(
+                "wick: {} is not in the Hugging Face cache: fetching it",
+                repo.repo
+            );
             crate::commands::get::fetch(&repo, &GetOptions::default())?.snapshot
         }
     };

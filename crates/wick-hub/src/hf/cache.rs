@@ -213,7 +213,11 @@ pub(crate) fn safe_relative(path: &str) -> Result<(), GetError> {
 pub(crate) type Mismatch = (String, &'static str, String);
 
 /// Verifies a finished download: its size and digest.
-pub(crate) fn verify(path: &Path, size: u64, check: &Check) -> Result<Result<(), Mismatch>, GetError> {
+pub(crate) fn verify(
+    path: &Path,
+    size: u64,
+    check: &Check,
+) -> Result<Result<(), Mismatch>, GetError> {
     let mut file = File::open(path).map_err(GetError::io("open", path))?;
     let len = file.metadata().map_err(GetError::io("stat", path))?.len();
     let mut buf = vec![0u8; 1 << 20];
@@ -246,7 +250,11 @@ pub(crate) fn verify(path: &Path, size: u64, check: &Check) -> Result<Result<(),
         }
     };
     if len != size {
-        return Ok(Err((format!("{expected} ({size} bytes)"), algorithm, format!("{actual} ({len} bytes)"))));
+        return Ok(Err((
+            format!("{expected} ({size} bytes)"),
+            algorithm,
+            format!("{actual} ({len} bytes)"),
+        )));
     }
     Ok(if actual == expected {
         Ok(())
@@ -290,7 +298,10 @@ mod tests {
         );
         assert_eq!(fs::read(&link).unwrap(), b"x");
         cache.write_ref("main", "c0ffee").unwrap();
-        assert_eq!(fs::read_to_string(cache.dir.join("refs/main")).unwrap(), "c0ffee");
+        assert_eq!(
+            fs::read_to_string(cache.dir.join("refs/main")).unwrap(),
+            "c0ffee"
+        );
         assert_eq!(cache.read_ref("main").as_deref(), Some("c0ffee"));
         assert!(cache.link("c0ffee", "../escape", "abc").is_err());
         assert!(cache.link("c0ffee", "/abs", "abc").is_err());

@@ -136,9 +136,12 @@ fn clean_etag(value: &str) -> String {
 fn next_link(link: &str) -> Option<String> {
     link.split(',').find_map(|part| {
         let (url, params) = part.split_once(';')?;
-        params
-            .contains("rel=\"next\"")
-            .then(|| url.trim().trim_start_matches('<').trim_end_matches('>').to_string())
+        params.contains("rel=\"next\"").then(|| {
+            url.trim()
+                .trim_start_matches('<')
+                .trim_end_matches('>')
+                .to_string()
+        })
     })
 }
 
@@ -152,9 +155,7 @@ pub fn token_from_env(var: impl Fn(&str) -> Option<String>) -> Option<String> {
     let file = set("HF_TOKEN_PATH")
         .map(PathBuf::from)
         .or_else(|| set("HF_HOME").map(|h| PathBuf::from(h).join("token")))
-        .or_else(|| {
-            set("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface/token"))
-        })
+        .or_else(|| set("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface/token")))
         .or_else(|| set("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/token")))?;
     let token = std::fs::read_to_string(file).ok()?;
     let token = token.trim();
@@ -204,7 +205,12 @@ impl HubClient {
         self.token.is_some()
     }
 
-    fn request(&self, agent: &Agent, method: &str, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
+    fn request(
+        &self,
+        agent: &Agent,
+        method: &str,
+        url: &str,
+    ) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
         let req = match method {
             "HEAD" => agent.head(url),
             _ => agent.get(url),
@@ -304,11 +310,17 @@ impl HubClient {
             encode_segment(revision)
         );
         let (info, _) = self.get_json::<RevisionInfo>(repo, &url)?;
-        let sha = info.sha.filter(|s| !s.is_empty()).ok_or(GetError::BadListing {
-            url,
-            detail: "no commit sha".into(),
-        })?;
-        Ok((sha, info.siblings.into_iter().map(|s| s.rfilename).collect()))
+        let sha = info
+            .sha
+            .filter(|s| !s.is_empty())
+            .ok_or(GetError::BadListing {
+                url,
+                detail: "no commit sha".into(),
+            })?;
+        Ok((
+            sha,
+            info.siblings.into_iter().map(|s| s.rfilename).collect(),
+        ))
     }
 
     /// Every file of `commit` with its size and blob ids, from the tree listing; `None`
@@ -442,13 +454,19 @@ mod tests {
             move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
         };
         assert_eq!(
-            token_from_env(env(vec![("HF_TOKEN", "t1".into()), ("HF_HOME", home.clone())])),
+            token_from_env(env(vec![
+                ("HF_TOKEN", "t1".into()),
+                ("HF_HOME", home.clone())
+            ])),
             Some("t1".into())
         );
         assert_eq!(
             token_from_env(env(vec![("HF_HOME", home.clone())])),
             Some("file-token".into())
         );
-        assert_eq!(token_from_env(env(vec![("HOME", "/nonexistent".into())])), None);
+        assert_eq!(
+            token_from_env(env(vec![("HOME", "/nonexistent".into())])),
+            None
+        );
     }
 }

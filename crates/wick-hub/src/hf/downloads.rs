@@ -112,11 +112,22 @@ pub(crate) fn start(repo: &str) -> Tracker {
     // Drop the oldest finished ones beyond KEEP.
     let finished = list
         .iter()
-        .filter(|e| e.lock().unwrap_or_else(PoisonError::into_inner).status.state != DownloadState::Active)
+        .filter(|e| {
+            e.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .status
+                .state
+                != DownloadState::Active
+        })
         .count();
     let mut excess = finished.saturating_sub(KEEP);
     list.retain(|e| {
-        let done = e.lock().unwrap_or_else(PoisonError::into_inner).status.state != DownloadState::Active;
+        let done = e
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .status
+            .state
+            != DownloadState::Active;
         if done && excess > 0 {
             excess -= 1;
             false
@@ -148,7 +159,11 @@ impl Tracker {
             }
             let t = Instant::now();
             e.samples.push_back((t, e.status.received_bytes));
-            while e.samples.len() > 2 && e.samples.front().is_some_and(|(t0, _)| t.duration_since(*t0).as_secs_f64() > 5.0) {
+            while e.samples.len() > 2
+                && e.samples
+                    .front()
+                    .is_some_and(|(t0, _)| t.duration_since(*t0).as_secs_f64() > 5.0)
+            {
                 e.samples.pop_front();
             }
         });
@@ -180,13 +195,19 @@ mod tests {
         let t = start("org/registry-test");
         t.plan(2, 100, 10);
         t.add_bytes("a.bin", 40);
-        let row = recent_downloads().into_iter().find(|d| d.repo_id == "org/registry-test").unwrap();
+        let row = recent_downloads()
+            .into_iter()
+            .find(|d| d.repo_id == "org/registry-test")
+            .unwrap();
         assert_eq!(row.state, DownloadState::Active);
         assert_eq!(row.received_bytes, 50);
         assert_eq!(row.current_file.as_deref(), Some("a.bin"));
         t.file_done();
         t.finish(Some("boom".into()));
-        let row = recent_downloads().into_iter().find(|d| d.repo_id == "org/registry-test").unwrap();
+        let row = recent_downloads()
+            .into_iter()
+            .find(|d| d.repo_id == "org/registry-test")
+            .unwrap();
         assert_eq!(row.state, DownloadState::Error);
         assert_eq!(row.files_done, 1);
         assert!(row.finished_at.is_some());

@@ -106,7 +106,9 @@ pub enum GetError {
         available: u64,
     },
     /// Another process holds a blob's lock for too long.
-    #[error("{lock}: another wick (pid {pid}) is downloading this file; try again when it is done")]
+    #[error(
+        "{lock}: another wick (pid {pid}) is downloading this file; try again when it is done"
+    )]
     Locked {
         /// The lock file.
         lock: PathBuf,
@@ -152,7 +154,10 @@ impl GetError {
         }
     }
 
-    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> GetError {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> GetError {
         let path = path.into();
         move |source| GetError::Io { op, path, source }
     }

@@ -184,7 +184,9 @@ pub fn get(
         (None, None) => "main".to_string(),
     };
     let status = downloads::start(&repo.repo);
-    let result = get_inner(client, hub_cache, &repo.repo, &revision, opts, events, &status);
+    let result = get_inner(
+        client, hub_cache, &repo.repo, &revision, opts, events, &status,
+    );
     status.finish(result.as_ref().err().map(ToString::to_string));
     result
 }
@@ -228,7 +230,9 @@ fn get_inner(
     let missing_bytes: u64 = missing
         .iter()
         .map(|f| {
-            let have = fs::metadata(cache.incomplete(&f.etag)).map(|m| m.len()).unwrap_or(0);
+            let have = fs::metadata(cache.incomplete(&f.etag))
+                .map(|m| m.len())
+                .unwrap_or(0);
             f.size.saturating_sub(have.min(f.size))
         })
         .sum();
@@ -254,7 +258,10 @@ fn get_inner(
         }
     }
     // Files already complete are linked first, then the missing ones downloaded in parallel.
-    for f in files.iter().filter(|f| !missing.iter().any(|m| m.etag == f.etag)) {
+    for f in files
+        .iter()
+        .filter(|f| !missing.iter().any(|m| m.etag == f.etag))
+    {
         status.file_done();
         events(GetEvent::Done {
             path: f.path.clone(),
@@ -280,10 +287,18 @@ fn get_inner(
     std::thread::scope(|scope| {
         for _ in 0..workers {
             scope.spawn(|| loop {
-                if failure.lock().unwrap_or_else(PoisonError::into_inner).is_some() {
+                if failure
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some()
+                {
                     return;
                 }
-                let Some(file) = queue.lock().unwrap_or_else(PoisonError::into_inner).pop_front() else {
+                let Some(file) = queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front()
+                else {
                     return;
                 };
                 match ctx.fetch(file) {
@@ -320,7 +335,9 @@ fn get_inner(
         snapshot: cache.snapshot(&commit),
         commit,
         files: files.iter().map(|f| f.path.clone()).collect(),
-        downloaded_bytes: downloaded.into_inner().unwrap_or_else(PoisonError::into_inner),
+        downloaded_bytes: downloaded
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner),
     })
 }
 
@@ -403,7 +420,12 @@ impl Ctx<'_> {
     }
 
     /// One request: resumes `part` from its length. Err carries the bytes received anyway.
-    fn attempt(&self, file: &RemoteFile, part: &std::path::Path, url: &str) -> Result<u64, (GetError, u64)> {
+    fn attempt(
+        &self,
+        file: &RemoteFile,
+        part: &std::path::Path,
+        url: &str,
+    ) -> Result<u64, (GetError, u64)> {
         let mut have = fs::metadata(part).map(|m| m.len()).unwrap_or(0);
         if have > file.size {
             // Longer than the file can be: start over.
@@ -451,7 +473,11 @@ impl Ctx<'_> {
                     return Err((
                         GetError::Network {
                             url: url.to_string(),
-                            detail: format!("connection cut after {} of {} bytes: {e}", have + received, file.size),
+                            detail: format!(
+                                "connection cut after {} of {} bytes: {e}",
+                                have + received,
+                                file.size
+                            ),
                         },
                         received,
                     ));
@@ -474,7 +500,8 @@ impl Ctx<'_> {
                 });
             }
         }
-        out.flush().map_err(|e| (GetError::io("write", part)(e), received))?;
+        out.flush()
+            .map_err(|e| (GetError::io("write", part)(e), received))?;
         (self.events)(GetEvent::Progress {
             path: file.path.clone(),
             received: have + received,
@@ -483,7 +510,11 @@ impl Ctx<'_> {
             return Err((
                 GetError::Network {
                     url: url.to_string(),
-                    detail: format!("connection closed after {} of {} bytes", have + received, file.size),
+                    detail: format!(
+                        "connection closed after {} of {} bytes",
+                        have + received,
+                        file.size
+                    ),
                 },
                 received,
             ));
@@ -506,7 +537,9 @@ mod tests {
             }
         );
         assert_eq!(RepoRef::parse("a/b").unwrap().revision, None);
-        for bad in ["a", "a/b/c", "a/", "/b", "a/b@", "a/b c", "../x", "a/..", "a--b/c", "a/b@../x"] {
+        for bad in [
+            "a", "a/b/c", "a/", "/b", "a/b@", "a/b c", "../x", "a/..", "a--b/c", "a/b@../x",
+        ] {
             assert!(RepoRef::parse(bad).is_err(), "{bad}");
         }
     }

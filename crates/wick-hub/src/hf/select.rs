@@ -11,8 +11,8 @@ use super::client::RemoteFile;
 use super::error::{GetError, QuantChoice};
 
 const OTHER_WEIGHTS: &[&str] = &[
-    ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".ot", ".tflite", ".gguf", ".ckpt",
-    ".pkl", ".npz", ".mlmodel",
+    ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".ot", ".tflite", ".gguf", ".ckpt", ".pkl",
+    ".npz", ".mlmodel",
 ];
 
 fn lower_ends(path: &str, exts: &[&str]) -> bool {
@@ -35,7 +35,10 @@ fn shard_key(path: &str) -> (String, u32) {
         if let Some((base, index)) = head.rsplit_once('-') {
             if index.len() == 5
                 && total.len() == 5
-                && index.bytes().chain(total.bytes()).all(|b| b.is_ascii_digit())
+                && index
+                    .bytes()
+                    .chain(total.bytes())
+                    .all(|b| b.is_ascii_digit())
             {
                 return (base.to_string(), index.parse().unwrap_or(0));
             }
@@ -52,7 +55,9 @@ fn quant_of(path: &str) -> String {
     for t in tokens.iter().rev() {
         let t = t.trim_start_matches("UD_");
         let quantish = (t.starts_with('Q') || t.starts_with("IQ"))
-            && t.chars().nth(if t.starts_with("IQ") { 2 } else { 1 }).is_some_and(|c| c.is_ascii_digit());
+            && t.chars()
+                .nth(if t.starts_with("IQ") { 2 } else { 1 })
+                .is_some_and(|c| c.is_ascii_digit());
         if quantish || matches!(t, "F16" | "BF16" | "F32" | "FP16") {
             return t.to_string();
         }
@@ -61,7 +66,11 @@ fn quant_of(path: &str) -> String {
 }
 
 /// The files to fetch (see the module docs).
-pub(crate) fn select(repo: &str, files: &[RemoteFile], include: &[String]) -> Result<Vec<RemoteFile>, GetError> {
+pub(crate) fn select(
+    repo: &str,
+    files: &[RemoteFile],
+    include: &[String],
+) -> Result<Vec<RemoteFile>, GetError> {
     if !include.is_empty() {
         let patterns = include
             .iter()
@@ -95,7 +104,12 @@ pub(crate) fn select(repo: &str, files: &[RemoteFile], include: &[String]) -> Re
     }
     let models: Vec<&RemoteFile> = files
         .iter()
-        .filter(|f| is_gguf(&f.path) && !base_name(&f.path).to_ascii_lowercase().starts_with("mmproj"))
+        .filter(|f| {
+            is_gguf(&f.path)
+                && !base_name(&f.path)
+                    .to_ascii_lowercase()
+                    .starts_with("mmproj")
+        })
         .collect();
     if models.is_empty() {
         return Ok(files.to_vec());
@@ -113,7 +127,11 @@ pub(crate) fn select(repo: &str, files: &[RemoteFile], include: &[String]) -> Re
         let mut choices: Vec<QuantChoice> = groups
             .iter()
             .map(|(_, g)| {
-                let first = g.iter().min_by_key(|f| shard_key(&f.path).1).map(|f| f.path.clone()).unwrap_or_default();
+                let first = g
+                    .iter()
+                    .min_by_key(|f| shard_key(&f.path).1)
+                    .map(|f| f.path.clone())
+                    .unwrap_or_default();
                 QuantChoice {
                     quant: quant_of(&first),
                     file: first,
@@ -191,18 +209,27 @@ mod tests {
         };
         assert_eq!(choices.len(), 3);
         assert_eq!(choices[0].quant, "Q4_K_M");
-        assert!(choices.iter().any(|c| c.quant == "Q2_K" && c.bytes == 60), "{choices:?}");
+        assert!(
+            choices.iter().any(|c| c.quant == "Q2_K" && c.bytes == 60),
+            "{choices:?}"
+        );
         assert!(err.to_string().contains("--include '*Q4_K_M*'"), "{err}");
         let chosen = select("o/r", &f, &["*Q4_K_M*".into()]).unwrap();
         assert_eq!(paths(&chosen), ["m.Q4_K_M.gguf"]);
         let split = select("o/r", &f, &["*Q2_K*".into()]).unwrap();
         assert_eq!(split.len(), 2);
         let one = files(&[("README.md", 1), ("m.Q8_0.gguf", 2), ("mmproj-f16.gguf", 5)]);
-        assert_eq!(paths(&select("o/r", &one, &[]).unwrap()), ["README.md", "m.Q8_0.gguf"]);
+        assert_eq!(
+            paths(&select("o/r", &one, &[]).unwrap()),
+            ["README.md", "m.Q8_0.gguf"]
+        );
         assert!(matches!(
             select("o/r", &one, &["*.none".into()]),
             Err(GetError::NothingMatches { .. })
         ));
-        assert!(matches!(select("o/r", &one, &["[".into()]), Err(GetError::BadPattern { .. })));
+        assert!(matches!(
+            select("o/r", &one, &["[".into()]),
+            Err(GetError::BadPattern { .. })
+        ));
     }
 }

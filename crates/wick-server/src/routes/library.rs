@@ -56,7 +56,9 @@ fn scan_library(served: &std::path::Path) -> Vec<Value> {
     for m in store.list() {
         // One row per repository: the HF cache's `ORG/NAME/<file>` rows fold into the first.
         let repo_id = match m.origin {
-            wick_hub::ModelOrigin::HfCache => m.name.splitn(3, '/').take(2).collect::<Vec<_>>().join("/"),
+            wick_hub::ModelOrigin::HfCache => {
+                m.name.splitn(3, '/').take(2).collect::<Vec<_>>().join("/")
+            }
             wick_hub::ModelOrigin::Store => m.name.clone(),
         };
         if !seen.insert(repo_id.clone()) {
@@ -69,7 +71,12 @@ fn scan_library(served: &std::path::Path) -> Vec<Value> {
                 .and_then(|t| serde_json::from_str::<Value>(&t).ok())
                 .is_some_and(|c| c.get("vision_config").is_some());
         let assessment = fit.as_ref().map(|f| {
-            let r = f.assess(Some(DEFAULT_CTX.min(f.context_length)), None, &machine, None);
+            let r = f.assess(
+                Some(DEFAULT_CTX.min(f.context_length)),
+                None,
+                &machine,
+                None,
+            );
             json!({
                 "fits": r.fits,
                 "max_safe_context": r.max_safe_context,
@@ -107,7 +114,8 @@ pub async fn library(State(state): State<AppState>) -> Result<Json<Value>, ApiEr
             let rows = tokio::task::spawn_blocking(move || scan_library(&served))
                 .await
                 .map_err(|e| ApiError::Internal(format!("library scan: {e}")))?;
-            *LIBRARY.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), rows.clone()));
+            *LIBRARY.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((Instant::now(), rows.clone()));
             rows
         }
     };
@@ -126,17 +134,28 @@ pub struct FitQuery {
 }
 
 /// `GET /fit`.
-pub async fn fit(State(state): State<AppState>, Query(q): Query<FitQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn fit(
+    State(state): State<AppState>,
+    Query(q): Query<FitQuery>,
+) -> Result<Json<Value>, ApiError> {
     let ctx = match q.ctx.as_deref() {
         None | Some("") => None,
         Some(s) => match s.parse::<usize>() {
             Ok(n) if n > 0 && n <= 1 << 30 => Some(n),
-            _ => return Err(ApiError::field("ctx", format!("must be a positive integer, got '{s}'"))),
+            _ => {
+                return Err(ApiError::field(
+                    "ctx",
+                    format!("must be a positive integer, got '{s}'"),
+                ))
+            }
         },
     };
     let kv = match q.kv_type.as_deref() {
         None | Some("") => None,
-        Some(s) => Some(s.parse::<KvDtype>().map_err(|e| ApiError::field("kv_type", e))?),
+        Some(s) => Some(
+            s.parse::<KvDtype>()
+                .map_err(|e| ApiError::field("kv_type", e))?,
+        ),
     };
     let served = state.model().info().path.clone();
     let model_arg = q.model.clone();

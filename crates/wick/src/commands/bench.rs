@@ -230,7 +230,10 @@ fn rayon_threads() -> usize {
 fn calibrate(as_json: bool) -> anyhow::Result<()> {
     let store = wick_hub::Store::from_env()?;
     let gbs = wick_hub::fit::measure_host_bandwidth();
-    anyhow::ensure!(gbs.is_finite() && gbs > 0.0, "the bandwidth measurement failed");
+    anyhow::ensure!(
+        gbs.is_finite() && gbs > 0.0,
+        "the bandwidth measurement failed"
+    );
     let measured_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -240,8 +243,12 @@ fn calibrate(as_json: bool) -> anyhow::Result<()> {
         bandwidth_gbs: gbs,
         measured_at,
     };
-    wick_hub::fit::write_calibration(store.root(), &c)
-        .with_context(|| format!("writing {}", wick_hub::fit::calibration_path(store.root()).display()))?;
+    wick_hub::fit::write_calibration(store.root(), &c).with_context(|| {
+        format!(
+            "writing {}",
+            wick_hub::fit::calibration_path(store.root()).display()
+        )
+    })?;
     if as_json {
         println!("{}", serde_json::to_string(&c)?);
     } else {

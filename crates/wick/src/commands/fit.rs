@@ -32,7 +32,10 @@ pub struct FitArgs {
 /// Decimal GB → bytes, refusing what is not a positive finite number.
 pub fn budget_bytes(gb: Option<f64>) -> anyhow::Result<Option<u64>> {
     gb.map(|g| {
-        anyhow::ensure!(g.is_finite() && g > 0.0, "--memory-budget must be a positive number of GB, not {g}");
+        anyhow::ensure!(
+            g.is_finite() && g > 0.0,
+            "--memory-budget must be a positive number of GB, not {g}"
+        );
         Ok((g * 1e9) as u64)
     })
     .transpose()
@@ -48,7 +51,12 @@ pub fn device(backend: &str) -> Device {
 }
 
 /// The JSON of one assessment (`wick fit --json`).
-pub fn report_json(model: &FitModel, name: &str, machine: &Machine, report: &FitReport) -> serde_json::Value {
+pub fn report_json(
+    model: &FitModel,
+    name: &str,
+    machine: &Machine,
+    report: &FitReport,
+) -> serde_json::Value {
     let mut v = serde_json::to_value(report).unwrap_or_default();
     if let Some(obj) = v.as_object_mut() {
         obj.insert("model".into(), json!(name));
@@ -58,8 +66,14 @@ pub fn report_json(model: &FitModel, name: &str, machine: &Machine, report: &Fit
         obj.insert("quant".into(), json!(model.quant));
         obj.insert("context_length".into(), json!(model.context_length));
         let kv: KvDtype = report.kv_type.parse().unwrap_or(model.default_kv);
-        obj.insert("kv_bytes_per_token".into(), json!(model.kv_bytes(16, kv) / 16));
-        obj.insert("machine".into(), serde_json::to_value(machine).unwrap_or_default());
+        obj.insert(
+            "kv_bytes_per_token".into(),
+            json!(model.kv_bytes(16, kv) / 16),
+        );
+        obj.insert(
+            "machine".into(),
+            serde_json::to_value(machine).unwrap_or_default(),
+        );
     }
     v
 }

@@ -29,12 +29,21 @@ pub fn run(args: GcArgs) -> anyhow::Result<()> {
         );
     } else {
         for g in &garbage {
-            println!("{:>10.1}MB  {}  ({})", g.bytes as f64 / 1e6, g.path.display(), g.reason);
+            println!(
+                "{:>10.1}MB  {}  ({})",
+                g.bytes as f64 / 1e6,
+                g.path.display(),
+                g.reason
+            );
         }
     }
     if remove {
         let freed = store.collect_garbage(&garbage)?;
-        eprintln!("wick: removed {} items, {:.1} MB freed", garbage.len(), freed as f64 / 1e6);
+        eprintln!(
+            "wick: removed {} items, {:.1} MB freed",
+            garbage.len(),
+            freed as f64 / 1e6
+        );
     } else if !garbage.is_empty() {
         eprintln!(
             "wick: {} items, {:.1} MB; nothing removed (dry run): run `wick gc --yes` to remove them",

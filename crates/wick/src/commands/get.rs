@@ -49,7 +49,9 @@ pub fn fetch(repo: &RepoRef, opts: &GetOptions) -> anyhow::Result<Got> {
     let client = HubClient::from_env();
     eprintln!("wick: fetching {} from {}", repo.repo, client.endpoint());
     let progress = Progress::new();
-    let got = hf::get(&client, store.hf_cache(), repo, opts, &|e: GetEvent| progress.event(e));
+    let got = hf::get(&client, store.hf_cache(), repo, opts, &|e: GetEvent| {
+        progress.event(e)
+    });
     progress.finish();
     Ok(got?)
 }
@@ -153,14 +155,26 @@ impl Progress {
                     bar.finish_and_clear();
                 }
                 if !self.tty {
-                    eprintln!("wick: {path} {}", if cached { "already present" } else { "verified" });
+                    eprintln!(
+                        "wick: {path} {}",
+                        if cached {
+                            "already present"
+                        } else {
+                            "verified"
+                        }
+                    );
                 }
             }
         }
     }
 
     fn finish(&self) {
-        if let Some(bar) = self.overall.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(bar) = self
+            .overall
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             bar.finish_and_clear();
         }
         for (_, (bar, _)) in self.files.lock().unwrap_or_else(|e| e.into_inner()).drain() {

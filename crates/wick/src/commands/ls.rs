@@ -29,10 +29,13 @@ pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
             (t, false)
         }
         ModelKind::HfDir => {
-            let config: Option<serde_json::Value> = std::fs::read_to_string(m.path.join("config.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
-            let vision = config.as_ref().is_some_and(|c| c.get("vision_config").is_some());
+            let config: Option<serde_json::Value> =
+                std::fs::read_to_string(m.path.join("config.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            let vision = config
+                .as_ref()
+                .is_some_and(|c| c.get("vision_config").is_some());
             let tokenizer_config: Option<serde_json::Value> =
                 std::fs::read_to_string(m.path.join("tokenizer_config.json"))
                     .ok()
@@ -71,7 +74,9 @@ pub fn run(args: LsArgs) -> anyhow::Result<()> {
         );
     }
     for m in store.list() {
-        if q.as_ref().is_some_and(|q| !m.name.to_lowercase().contains(q)) {
+        if q.as_ref()
+            .is_some_and(|q| !m.name.to_lowercase().contains(q))
+        {
             continue;
         }
         let fit = FitModel::read(&m.path, m.format).ok();
@@ -101,10 +106,16 @@ pub fn run(args: LsArgs) -> anyhow::Result<()> {
             m.size_bytes as f64 / 1e6,
             m.format.to_string(),
             m.arch.clone().unwrap_or_default(),
-            fit.as_ref().map_or("-".into(), |f| super::fit::human_count(f.params)),
+            fit.as_ref()
+                .map_or("-".into(), |f| super::fit::human_count(f.params)),
             fit.as_ref().map_or("-".into(), |f| f.quant.clone()),
-            fit.as_ref().map_or("-".into(), |f| f.context_length.to_string()),
-            if caps.is_empty() { "-".to_string() } else { caps.join(",") },
+            fit.as_ref()
+                .map_or("-".into(), |f| f.context_length.to_string()),
+            if caps.is_empty() {
+                "-".to_string()
+            } else {
+                caps.join(",")
+            },
             m.path.display()
         );
     }

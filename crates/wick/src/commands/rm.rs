@@ -12,6 +12,10 @@ pub struct RmArgs {
 pub fn run(args: RmArgs) -> anyhow::Result<()> {
     let store = Store::from_env()?;
     let (path, bytes) = store.remove(&args.name)?;
-    eprintln!("wick: removed {} ({:.1} MB)", path.display(), bytes as f64 / 1e6);
+    eprintln!(
+        "wick: removed {} ({:.1} MB)",
+        path.display(),
+        bytes as f64 / 1e6
+    );
     Ok(())
 }

@@ -518,13 +518,21 @@ fn preflight_fit(path: &std::path::Path, args: &ServeArgs) -> anyhow::Result<()>
     let machine = wick_hub::fit::Machine::detect(fit::device(&args.backend), store.root());
     let ctx = args.ctx_size.unwrap_or(model.context_length);
     let kv = crate::model_arg::kv_dtype(args.kv_type.as_deref())?;
-    let report = model.assess(Some(ctx), kv, &machine, fit::budget_bytes(args.memory_budget)?);
+    let report = model.assess(
+        Some(ctx),
+        kv,
+        &machine,
+        fit::budget_bytes(args.memory_budget)?,
+    );
     let name = path.display().to_string();
     if report.max_context == 0 || (args.ctx_size.is_some() && !report.fits) {
         anyhow::bail!(
             "the model does not fit this machine{}:\n{}",
             if report.max_context > 0 {
-                format!(" at --ctx-size {ctx} (try --ctx-size {})", report.max_context)
+                format!(
+                    " at --ctx-size {ctx} (try --ctx-size {})",
+                    report.max_context
+                )
             } else {
                 String::new()
             },
