@@ -162,10 +162,21 @@ def test_not_found_and_unauthorized(hub, env):
     Path(env["HF_HOME"]).mkdir(parents=True, exist_ok=True)
     (Path(env["HF_HOME"]) / "token").write_text("secret\n")
     wick(env, "get", REPO)
-    # A file the revision lacks is a 404, not a retry loop.
+    # A commit id as the revision: every blob is already verified, so nothing is fetched
+    # (the injected 404 on config.json is never hit) and no ref is written for it.
     h.repos[REPO].faults["config.json"] = Fault(status=404)
-    bad = wick(env, "get", REPO, "--revision", h.repos[REPO].commit, check=False)
-    assert bad.returncode == 0, "already complete files are not fetched again"
+    again = wick(env, "get", REPO, "--revision", h.repos[REPO].commit, check=False)
+    assert again.returncode == 0, again.stderr
+    refs = Path(env["HF_HUB_CACHE"]) / "models--org--tiny-llama" / "refs"
+    assert sorted(p.name for p in refs.iterdir()) == ["main"]
+    # A file that answers 404 fails at once, naming it (no retry loop).
+    h.repos[REPO].faults["model.safetensors"] = Fault(status=404)
+    for b in blobs(env):
+        if b.name == h.repos[REPO].etag("model.safetensors"):
+            b.unlink()
+    missing_file = wick(env, "get", REPO, check=False)
+    assert missing_file.returncode != 0 and "model.safetensors" in missing_file.stderr and "404" in missing_file.stderr
+    h.repos[REPO].faults.clear()
     bad_rev = wick(env, "get", f"{REPO}@nonexistent", check=False)
     assert bad_rev.returncode != 0 and "404" in bad_rev.stderr, bad_rev.stderr
 
