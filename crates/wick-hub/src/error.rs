@@ -151,6 +151,9 @@ pub enum HubError {
         /// The catalog item it names.
         item: &'static CatalogItem,
     },
+    /// Fetching from the Hugging Face Hub failed.
+    #[error(transparent)]
+    Get(#[from] crate::hf::GetError),
 }
 
 impl HubError {
@@ -174,6 +177,7 @@ impl HubError {
             HubError::NotFound { .. } => "model_not_found",
             HubError::Ambiguous { .. } => "ambiguous_model",
             HubError::NotDownloaded { .. } => "model_not_downloaded",
+            HubError::Get(_) => "hub_download",
         }
     }
 

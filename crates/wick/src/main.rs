@@ -24,8 +24,16 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Fetch a catalog model or the test assets into the store.
     Pull(commands::pull::PullArgs),
+    /// Fetch a model repository from the Hugging Face Hub into the Hugging Face cache.
+    Get(commands::get::GetArgs),
     /// List local models (wick store and Hugging Face cache).
     Ls(commands::ls::LsArgs),
+    /// Remove a local model.
+    Rm(commands::rm::RmArgs),
+    /// List (or, with --yes, remove) cache files no model uses.
+    Gc(commands::gc::GcArgs),
+    /// Whether a model and context fit this machine, and the decode speed to expect.
+    Fit(commands::fit::FitArgs),
     /// Tool-call utilities.
     Tools(commands::tools::ToolsArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
@@ -53,7 +61,11 @@ fn main() -> std::process::ExitCode {
         Command::Generate(a) => commands::generate::run(a),
         Command::Bench(a) => commands::bench::run(a),
         Command::Pull(a) => commands::pull::run(a),
+        Command::Get(a) => commands::get::run(a),
         Command::Ls(a) => commands::ls::run(a),
+        Command::Rm(a) => commands::rm::run(a),
+        Command::Gc(a) => commands::gc::run(a),
+        Command::Fit(a) => commands::fit::run(a),
         Command::Tools(a) => commands::tools::run(a),
         Command::Serve(a) => commands::serve::run(a),
     };

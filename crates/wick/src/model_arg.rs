@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use wick_hub::hf::{GetOptions, RepoRef};
 use wick_hub::{catalog, HubError, PullEvent, PullOptions, Store};
 
 /// Resolves `arg` (default: the embedded default model) to a path, pulling catalog
@@ -27,7 +28,10 @@ pub fn resolve_named(arg: Option<&str>) -> anyhow::Result<Resolved> {
     let store = Store::from_env()?;
     let query = arg.unwrap_or(catalog::DEFAULT_MODEL);
     let is_path = !query.is_empty() && std::path::Path::new(query).exists();
+    let looks_repo = !is_path && RepoRef::looks_like_repo(query);
     match store.resolve(query) {
+        // `ORG/NAME` names one repository: a substring hit on another one is not it.
+        Ok(m) if looks_repo && !same_repo(&m.name, query) => fetch_repo(&store, query),
         Ok(m) => Ok(Resolved {
             path: m.path,
             name: m.name,
@@ -46,8 +50,48 @@ pub fn resolve_named(arg: Option<&str>) -> anyhow::Result<Resolved> {
                 is_path: false,
             })
         }
+        Err(HubError::NotFound { .. }) if RepoRef::looks_like_repo(query) => {
+            fetch_repo(&store, query)
+        }
         Err(e) => Err(e).with_context(|| format!("cannot find model '{query}'")),
     }
+}
+
+/// Whether a local model's name is the repository `query` (or one GGUF file of it).
+fn same_repo(name: &str, query: &str) -> bool {
+    let (name, query) = (name.to_lowercase(), query.to_lowercase());
+    name == query || name.starts_with(&format!("{query}/"))
+}
+
+/// A Hugging Face repository id that is not in the cache yet (or `ORG/NAME@REV` of a
+/// revision not fetched yet): fetch what is missing, then load its snapshot.
+fn fetch_repo(store: &Store, query: &str) -> anyhow::Result<Resolved> {
+    let repo = RepoRef::parse(query)?;
+    let cache = wick_hub::hf::RepoCache::new(store.hf_cache(), &repo.repo);
+    let local = repo
+        .revision
+        .as_deref()
+        .map(|rev| cache.read_ref(rev).unwrap_or_else(|| rev.to_string()))
+        .map(|commit| cache.snapshot(&commit))
+        .filter(|dir| dir.is_dir());
+    let snapshot = match local {
+        Some(dir) => dir,
+        None => {
+            eprintln!(
+                "wick: {} is not in the Hugging Face cache: fetching it",
+                repo.repo
+            );
+            crate::commands::get::fetch(&repo, &GetOptions::default())?.snapshot
+        }
+    };
+    let model = store
+        .resolve(&snapshot.to_string_lossy())
+        .with_context(|| format!("{} was fetched but holds no model wick can load", repo.repo))?;
+    Ok(Resolved {
+        path: model.path,
+        name: repo.repo,
+        is_path: false,
+    })
 }
 
 /// Resolves `arg` when it names a model; `Ok(None)` when nothing matches it (so a caller

@@ -2,6 +2,7 @@
 pub mod admin;
 pub mod chat;
 pub mod completions;
+pub mod library;
 pub mod messages;
 pub mod models;
 pub mod ops;
@@ -83,7 +84,10 @@ pub fn app(state: AppState) -> Router {
         .get("/v1", ops::index)
         .get("/stats", ops::stats)
         .get("/metrics", ops::metrics)
-        .post("/admin/cache/flush", admin::flush_cache);
+        .post("/admin/cache/flush", admin::flush_cache)
+        .get("/library", library::library)
+        .get("/fit", library::fit)
+        .get("/downloads", library::downloads);
     let open = Table::new().get("/health", ops::health);
     let mut listed = api.listed;
     listed.extend(open.listed);

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// on cpu, the regular sampler path.
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Measure this machine's memory read bandwidth and store it for `wick fit`'s decode
+    /// speed prediction (instead of timing a model).
+    #[arg(long)]
+    calibrate: bool,
     /// Cases `PROMPT:GEN:BATCH` run on one loaded model (repeatable); replaces
     /// --prompt-tokens, --gen-tokens and --batch.
     #[arg(long = "case")]
@@ -108,6 +112,9 @@ fn synthetic_ids(n: usize) -> Vec<u32> {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.calibrate {
+        return calibrate(args.json);
+    }
     if let Some(concurrency) = args.concurrency {
         return super::load::run(super::load::LoadSpec {
             url: args.url,
@@ -217,4 +224,38 @@ fn rayon_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+/// `wick bench --calibrate`: host memory bandwidth, stored in the store for `wick fit`.
+fn calibrate(as_json: bool) -> anyhow::Result<()> {
+    let store = wick_hub::Store::from_env()?;
+    let gbs = wick_hub::fit::measure_host_bandwidth();
+    anyhow::ensure!(
+        gbs.is_finite() && gbs > 0.0,
+        "the bandwidth measurement failed"
+    );
+    let measured_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let c = wick_hub::fit::Calibration {
+        chip: "cpu".into(),
+        bandwidth_gbs: gbs,
+        measured_at,
+    };
+    wick_hub::fit::write_calibration(store.root(), &c).with_context(|| {
+        format!(
+            "writing {}",
+            wick_hub::fit::calibration_path(store.root()).display()
+        )
+    })?;
+    if as_json {
+        println!("{}", serde_json::to_string(&c)?);
+    } else {
+        println!(
+            "memory read bandwidth: {gbs:.1} GB/s (stored in {})",
+            wick_hub::fit::calibration_path(store.root()).display()
+        );
+    }
+    Ok(())
 }

@@ -1,32 +1,121 @@
-//! `wick ls [QUERY]`: local models.
+//! `wick ls [QUERY]`: local models (wick's store and the Hugging Face cache) with size,
+//! architecture, parameters, quantization, context and capabilities.
 use clap::Args;
-use wick_hub::Store;
+use serde_json::json;
+use wick_hub::fit::FitModel;
+use wick_hub::{LocalModel, ModelKind, Store};
 
 #[derive(Args)]
 pub struct LsArgs {
     /// Only models whose name contains this (case-insensitive).
     query: Option<String>,
+    /// Print JSON (one object per model).
+    #[arg(long)]
+    json: bool,
+}
+
+/// What a model can do beyond plain chat, from its chat template and configuration.
+pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
+    let mut caps = Vec::new();
+    let (template, vision) = match m.format {
+        ModelKind::Gguf => {
+            let t = wick_gguf::GgufFile::open(&m.path).ok().and_then(|f| {
+                f.metadata()
+                    .opt_str("tokenizer.chat_template")
+                    .ok()
+                    .flatten()
+                    .map(str::to_string)
+            });
+            (t, false)
+        }
+        ModelKind::HfDir => {
+            let config: Option<serde_json::Value> =
+                std::fs::read_to_string(m.path.join("config.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            let vision = config
+                .as_ref()
+                .is_some_and(|c| c.get("vision_config").is_some());
+            let tokenizer_config: Option<serde_json::Value> =
+                std::fs::read_to_string(m.path.join("tokenizer_config.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
+            let t = tokenizer_config
+                .as_ref()
+                .and_then(|c| c.get("chat_template"))
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+                .or_else(|| std::fs::read_to_string(m.path.join("chat_template.jinja")).ok());
+            (t, vision)
+        }
+    };
+    if let Some(t) = &template {
+        caps.push("chat");
+        if t.contains("tools") {
+            caps.push("tools");
+        }
+        if t.contains("<think>") || t.contains("enable_thinking") {
+            caps.push("reasoning");
+        }
+    }
+    if vision {
+        caps.push("vision");
+    }
+    caps
 }
 
 pub fn run(args: LsArgs) -> anyhow::Result<()> {
     let store = Store::from_env()?;
     let q = args.query.map(|q| q.to_lowercase());
-    println!(
-        "{:<48} {:>10} {:<8} {:<10} PATH",
-        "NAME", "SIZE", "FORMAT", "ARCH"
-    );
+    if !args.json {
+        println!(
+            "{:<44} {:>9} {:<11} {:<8} {:>6} {:<7} {:>7} {:<18} PATH",
+            "NAME", "SIZE", "FORMAT", "ARCH", "PARAMS", "QUANT", "CONTEXT", "CAPABILITIES"
+        );
+    }
     for m in store.list() {
         if q.as_ref()
             .is_some_and(|q| !m.name.to_lowercase().contains(q))
         {
             continue;
         }
+        let fit = FitModel::read(&m.path, m.format).ok();
+        let caps = capabilities(&m);
+        if args.json {
+            println!(
+                "{}",
+                json!({
+                    "name": m.name,
+                    "path": m.path,
+                    "format": m.format.to_string(),
+                    "origin": match m.origin { wick_hub::ModelOrigin::Store => "store", wick_hub::ModelOrigin::HfCache => "hf-cache" },
+                    "size_bytes": m.size_bytes,
+                    "arch": m.arch,
+                    "params": fit.as_ref().map(|f| f.params),
+                    "weights_bytes": fit.as_ref().map(|f| f.weights_bytes),
+                    "quant": fit.as_ref().map(|f| f.quant.clone()),
+                    "context_length": fit.as_ref().map(|f| f.context_length),
+                    "capabilities": caps,
+                })
+            );
+            continue;
+        }
         println!(
-            "{:<48} {:>8.1}MB {:<8} {:<10} {}",
+            "{:<44} {:>7.1}MB {:<11} {:<8} {:>6} {:<7} {:>7} {:<18} {}",
             m.name,
             m.size_bytes as f64 / 1e6,
             m.format.to_string(),
             m.arch.clone().unwrap_or_default(),
+            fit.as_ref()
+                .map_or("-".into(), |f| super::fit::human_count(f.params)),
+            fit.as_ref().map_or("-".into(), |f| f.quant.clone()),
+            fit.as_ref()
+                .map_or("-".into(), |f| f.context_length.to_string()),
+            if caps.is_empty() {
+                "-".to_string()
+            } else {
+                caps.join(",")
+            },
             m.path.display()
         );
     }

@@ -1,8 +1,12 @@
 //! One module per subcommand.
 pub mod bench;
+pub mod fit;
+pub mod gc;
 pub mod generate;
+pub mod get;
 pub mod load;
 pub mod ls;
 pub mod pull;
+pub mod rm;
 pub mod serve;
 pub mod tools;

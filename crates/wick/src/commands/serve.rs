@@ -96,6 +96,10 @@ pub struct ServeArgs {
     /// Context length limit (default: the model's).
     #[arg(long, env = "WICK_CTX_SIZE")]
     ctx_size: Option<usize>,
+    /// Memory the model may use, in decimal GB, for the fit check before loading (default:
+    /// 75 % of RAM; see `wick fit`).
+    #[arg(long, env = "WICK_MEMORY_BUDGET")]
+    memory_budget: Option<f64>,
     /// Compute backend: cpu (wick's own kernels; `candle` is an old name for it) or mlx (GPU
     /// when the MLX runtime has one; needs a build with `--features mlx`).
     #[arg(long, env = "WICK_BACKEND", default_value = "cpu", value_parser = ["cpu", "candle", "mlx"])]
@@ -492,6 +496,59 @@ fn served_model(args: &ServeArgs) -> anyhow::Result<ServedModel> {
     })
 }
 
+/// Refuses, before loading, a model that cannot fit: the weights alone (no context at
+/// all fits), or an explicit `--ctx-size` larger than what fits. A full default context
+/// that does not fit only warns: the KV pool bounds what runs at once.
+fn preflight_fit(path: &std::path::Path, args: &ServeArgs) -> anyhow::Result<()> {
+    use crate::commands::fit;
+    let kind = if path.is_dir() {
+        wick_hub::ModelKind::HfDir
+    } else {
+        wick_hub::ModelKind::Gguf
+    };
+    let model = match wick_hub::fit::FitModel::read(path, kind) {
+        Ok(m) => m,
+        Err(e) => {
+            // Loading reports what is wrong with the model itself.
+            tracing::debug!("no fit check: {e}");
+            return Ok(());
+        }
+    };
+    let store = wick_hub::Store::from_env()?;
+    let machine = wick_hub::fit::Machine::detect(fit::device(&args.backend), store.root());
+    let ctx = args.ctx_size.unwrap_or(model.context_length);
+    let kv = crate::model_arg::kv_dtype(args.kv_type.as_deref())?;
+    let report = model.assess(
+        Some(ctx),
+        kv,
+        &machine,
+        fit::budget_bytes(args.memory_budget)?,
+    );
+    let name = path.display().to_string();
+    if report.max_context == 0 || (args.ctx_size.is_some() && !report.fits) {
+        anyhow::bail!(
+            "the model does not fit this machine{}:\n{}",
+            if report.max_context > 0 {
+                format!(
+                    " at --ctx-size {ctx} (try --ctx-size {})",
+                    report.max_context
+                )
+            } else {
+                String::new()
+            },
+            fit::report_text(&name, &model, &machine, &report)
+        );
+    }
+    if !report.fits {
+        tracing::warn!(
+            context = ctx,
+            max_context = report.max_context,
+            "a sequence of the full context would not fit in memory; the KV pool limits what runs at once"
+        );
+    }
+    Ok(())
+}
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut checked = check(&args)?;
@@ -499,6 +556,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let path = served.path;
     checked.config.model_id = served.id;
     checked.config.model_aliases = served.aliases;
+    preflight_fit(&path, &args)?;
     // Bind before loading the model: a busy port fails at once.
     let listener = wick_server::bind(&args.host, args.port)?;
     let model = Model::load(
