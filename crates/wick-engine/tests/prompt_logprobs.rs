@@ -70,7 +70,9 @@ fn assert_scores_match(scores: &[PromptLogprob], prompt: usize, events: &[TokenE
             assert!((a.1 - b.1).abs() <= 1e-4, "token {i}: {a:?} vs {b:?}");
         }
     }
-    assert!(scores.iter().all(|s| s.logprob <= 0.0 && s.logprob.is_finite()));
+    assert!(scores
+        .iter()
+        .all(|s| s.logprob <= 0.0 && s.logprob.is_finite()));
 }
 
 #[test]

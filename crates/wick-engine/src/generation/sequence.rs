@@ -222,8 +222,7 @@ impl Sequence {
             return Ok(None);
         };
         // Of a scored chunk, only the prompt's last position samples.
-        if step.logits == LogitsRequest::All && !(self.is_decoding() && self.generated.is_empty())
-        {
+        if step.logits == LogitsRequest::All && !(self.is_decoding() && self.generated.is_empty()) {
             return Ok(None);
         }
         let sampled = match self.constraint.as_mut().filter(|c| c.is_active()) {

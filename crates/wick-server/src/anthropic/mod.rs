@@ -651,7 +651,10 @@ mod tests {
         .unwrap();
         assert_eq!(later[..3], one[..]);
         let roles: Vec<&str> = later.iter().map(|m| m["role"].as_str().unwrap()).collect();
-        assert_eq!(roles, ["system", "system", "user", "assistant", "system", "user"]);
+        assert_eq!(
+            roles,
+            ["system", "system", "user", "assistant", "system", "user"]
+        );
     }
 
     #[test]

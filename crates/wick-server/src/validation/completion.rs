@@ -33,17 +33,13 @@ pub struct ValidCompletion {
 }
 
 /// Checks `req` against the served model and settings.
-pub fn validate(
-    mut req: CompletionRequest,
-    state: &AppState,
-) -> Result<ValidCompletion, ApiError> {
+pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCompletion, ApiError> {
     let prompt = prompt_input(req.prompt.as_ref())?;
     let echo = req.echo.unwrap_or(false);
     // `echo` with `max_tokens: 0` scores the prompt without generating (what evaluation
     // harnesses send); without `echo` it would return nothing and stays an error.
-    let zero_tokens = echo
-        && req.sampling.max_completion_tokens.is_none()
-        && req.sampling.max_tokens == Some(0);
+    let zero_tokens =
+        echo && req.sampling.max_completion_tokens.is_none() && req.sampling.max_tokens == Some(0);
     if zero_tokens {
         req.sampling.max_tokens = Some(1);
     }
