@@ -335,6 +335,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
             param: "max_tokens".into(),
         });
     }
+    let response_format = output_format(&req)?;
     let mut messages = Vec::new();
     if let Some(system) = &req.system {
         let text = system_text(system)?;
@@ -411,7 +412,6 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
             }
         }
     }
-    let response_format = output_format(&req)?;
     let sampling = SamplingFields {
         max_tokens: req.max_tokens,
         temperature: req.temperature,
