@@ -67,7 +67,7 @@ def run(cmd, env, cwd, timeout):
     return p, time.monotonic() - started
 
 
-def turn(server, route, cmd, env, cwd, timeout=420):
+def turn(server, route, cmd, env, cwd, timeout=1200):
     before = metrics(server)
     p, took = run(cmd, env, cwd, timeout)
     d = delta(before, metrics(server), route)
@@ -93,8 +93,11 @@ def test_claude_code(qwen, tmp_path):
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
-        # The cold prefill takes minutes on a small CPU.
-        "API_TIMEOUT_MS": "900000",
+        # The cold prefill takes minutes on a small CPU: wait for it (Claude Code gives up
+        # on a stream after 5 minutes without content by default).
+        "API_TIMEOUT_MS": "1200000",
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1200000",
+        "CLAUDE_BYTE_STREAM_IDLE_TIMEOUT_MS": "1200000",
     }
     cmd = [str(CLAUDE), "-p", "--max-turns", "1"]
     answer, took, cold = turn(qwen, "/v1/messages", cmd + ["What is 2+2? Answer with one number."], env, work)
