@@ -40,6 +40,9 @@ if [ -d tests/python ]; then
   echo "== python tests (openai SDK against wick serve)"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+  # Claude Code and Codex CLI, pinned, for tests/python/test_agent_clients.py (which skips,
+  # saying why, when they are missing).
+  ./scripts/agents/install.sh || echo "== agent CLIs not installed: test_agent_clients skips"
   .venv/bin/python -m pytest -q tests/python
   echo "== fuzz HTTP bodies on every POST endpoint (${WICK_FUZZ_SECS:-30}s)"
   .venv/bin/python tests/fuzz/fuzz_http.py --secs "${WICK_FUZZ_SECS:-30}"

@@ -23,6 +23,10 @@ SMOLLM = WICK_HOME / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct
 SHORT = 16
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes minutes on two cores (real agent clients)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

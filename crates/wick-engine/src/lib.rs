@@ -50,7 +50,8 @@ mod model;
 
 pub use backend::BackendKind;
 pub use generation::{
-    FinishReason, GenerationOutput, GenerationRequest, Sequence, SequenceStep, TokenEvent, Usage,
+    FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, Sequence, SequenceStep,
+    TokenEvent, Usage,
 };
 pub use model::{
     DeviceMemory, GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step,

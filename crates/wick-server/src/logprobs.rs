@@ -2,7 +2,7 @@
 //! API's columns, built from the engine's [`TokenEvent`]s.
 use serde_json::{Map, Value};
 use wick_chat::tokenizer::Tokenizer;
-use wick_engine::TokenEvent;
+use wick_engine::{PromptLogprob, TokenEvent};
 
 use crate::openai::chat::{TokenLogprob, TopLogprob};
 use crate::openai::completions::LegacyLogprobs;
@@ -62,20 +62,31 @@ impl LegacyColumns {
         }
     }
 
-    /// Adds an echoed prompt token (no log-probability).
-    pub fn push_prompt(&mut self, tokenizer: &Tokenizer, id: u32) {
+    /// Adds an echoed prompt token with its score (`None` for the first token, which has
+    /// no context to be scored in, and when the prompt was not scored).
+    pub fn push_prompt(&mut self, tokenizer: &Tokenizer, id: u32, score: Option<&PromptLogprob>) {
         let (token, _) = token_text(tokenizer, id);
-        self.push(token, None, None);
+        match score {
+            Some(s) => {
+                let top = top_map(tokenizer, &s.top_logprobs);
+                self.push(token, Some(s.logprob), Some(top));
+            }
+            None => self.push(token, None, None),
+        }
+    }
+
+    /// Adds the echoed prompt `ids`; `scores[i]` scores `ids[i + 1]`.
+    pub fn push_echo(&mut self, tokenizer: &Tokenizer, ids: &[u32], scores: &[PromptLogprob]) {
+        for (i, &id) in ids.iter().enumerate() {
+            let score = i.checked_sub(1).and_then(|j| scores.get(j));
+            self.push_prompt(tokenizer, id, score);
+        }
     }
 
     /// Adds a generated token.
     pub fn push_generated(&mut self, tokenizer: &Tokenizer, event: &TokenEvent) {
         let (token, _) = token_text(tokenizer, event.id);
-        let top: Map<String, Value> = event
-            .top_logprobs
-            .iter()
-            .map(|&(id, lp)| (token_text(tokenizer, id).0, Value::from(lp)))
-            .collect();
+        let top = top_map(tokenizer, &event.top_logprobs);
         self.push(token, Some(event.logprob), Some(top));
     }
 
@@ -96,4 +107,11 @@ impl LegacyColumns {
     pub fn is_empty(&self) -> bool {
         self.columns.tokens.is_empty()
     }
+}
+
+/// The completions API's `{token: logprob}` map of alternatives.
+fn top_map(tokenizer: &Tokenizer, top: &[(u32, f32)]) -> Map<String, Value> {
+    top.iter()
+        .map(|&(id, lp)| (token_text(tokenizer, id).0, Value::from(lp)))
+        .collect()
 }

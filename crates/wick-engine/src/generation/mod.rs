@@ -4,7 +4,10 @@ mod request;
 mod sequence;
 mod text;
 
-pub use request::{FinishReason, GenerationOutput, GenerationRequest, TokenEvent, Usage};
+pub use request::{
+    FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, TokenEvent, Usage,
+    PROMPT_SCORE_CHUNK,
+};
 pub use sequence::{Sequence, SequenceStep};
 pub use text::TextStream;
 

@@ -7,6 +7,19 @@ use crate::sampler::SamplingParams;
 /// Prompt tokens fed per forward pass while prefilling, by default.
 pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 
+/// Most prompt tokens per forward pass of a request that scores its prompt (every row's
+/// logits come back to the host: `rows × vocab` floats).
+pub const PROMPT_SCORE_CHUNK: usize = 128;
+
+/// The score of one prompt token (from the second on).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    /// Its log-probability given the tokens before it.
+    pub logprob: f32,
+    /// The most likely tokens at its position `(id, logprob)`, most likely first.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
 /// One generation: prompt, limits, sampling, stop strings.
 #[derive(Debug, Clone)]
 pub struct GenerationRequest {
@@ -28,6 +41,11 @@ pub struct GenerationRequest {
     /// Prompt-cache namespace: KV computed under one namespace never seeds another. `""`
     /// ([`wick_cache::namespace::BASE`]) for the base model.
     pub cache_namespace: String,
+    /// Score the prompt: the log-probability of every prompt token after the first under
+    /// the model (raw logits), with this many alternatives per position. The whole prompt
+    /// is then computed (a cached prefix has no logits to give), in chunks of at most
+    /// [`PROMPT_SCORE_CHUNK`] tokens; `max_tokens` may be 0.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl GenerationRequest {
@@ -42,6 +60,7 @@ impl GenerationRequest {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             keep_special_text: true,
             cache_namespace: String::new(),
+            prompt_logprobs: None,
         }
     }
 
@@ -105,6 +124,10 @@ pub struct TokenEvent {
     /// Prompt tokens that came from a cache (the same on every token of a request), so a
     /// reply that ends before the engine's `Done` still reports them.
     pub cached_tokens: usize,
+    /// The prompt's scores (one per prompt token after the first) on the first token of a
+    /// request that asked for them ([`GenerationRequest::prompt_logprobs`]); empty
+    /// otherwise.
+    pub prompt_logprobs: Vec<PromptLogprob>,
 }
 
 /// Token counts and timings of a generation.
@@ -147,4 +170,6 @@ pub struct GenerationOutput {
     pub usage: Usage,
     /// The cache after the generation (prompt + generated tokens that were fed).
     pub cache: KvCache,
+    /// The prompt's scores when asked ([`GenerationRequest::prompt_logprobs`]).
+    pub prompt_logprobs: Vec<PromptLogprob>,
 }

@@ -2,12 +2,15 @@
 //! (the single-sequence loop in `generation/mod.rs` or the batching scheduler).
 use std::time::Duration;
 
-use super::request::{FinishReason, GenerationOutput, GenerationRequest, TokenEvent, Usage};
+use super::request::{
+    FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, TokenEvent, Usage,
+    PROMPT_SCORE_CHUNK,
+};
 use super::text::TextStream;
 use crate::constraint::RowConstraint;
 use crate::model::{KvCache, Model};
 use crate::models::decoder::{Logits, LogitsRequest};
-use crate::sampler::{Sampler, SamplerTokens};
+use crate::sampler::{row_logprobs, Sampler, SamplerTokens};
 use crate::Result;
 
 /// What the next forward pass of a sequence feeds.
@@ -50,6 +53,12 @@ pub struct Sequence {
     finish: Option<FinishReason>,
     prefill_time: Duration,
     decode_time: Duration,
+    /// Alternatives per scored prompt position, when the prompt is scored.
+    score_top: Option<usize>,
+    /// Scores of prompt tokens `1..=scores.len()`.
+    scores: Vec<PromptLogprob>,
+    /// Whether a token event carried the scores.
+    scores_sent: bool,
 }
 
 impl Sequence {
@@ -58,6 +67,10 @@ impl Sequence {
     /// recomputed, so the first sampled token has fresh logits).
     pub fn new(model: &Model, request: &GenerationRequest, mut cache: KvCache) -> Result<Self> {
         model.check_request(request)?;
+        if request.prompt_logprobs.is_some() && !cache.is_empty() {
+            // A cached position has no logits: scoring computes the whole prompt.
+            cache = model.new_cache();
+        }
         let mut cached = cache.len();
         if cached >= request.prompt.len() {
             cached = request.prompt.len() - 1;
@@ -93,14 +106,24 @@ impl Sequence {
             max_tokens: request.max_tokens,
             eos: model.eos_ids().to_vec(),
             ignore_eos: request.ignore_eos,
-            finish: if request.max_tokens == 0 {
+            finish: if request.max_tokens == 0 && request.prompt_logprobs.is_none() {
                 Some(FinishReason::Length)
             } else {
                 None
             },
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            score_top: request.prompt_logprobs,
+            scores: Vec::new(),
+            scores_sent: false,
         })
+    }
+
+    /// Whether the prompt chunk starting at `fed` holds a position whose score is still
+    /// missing (the row at position `p` scores prompt token `p + 1`).
+    fn scores_from(&self, fed: usize) -> bool {
+        let next = self.scores.len();
+        self.score_top.is_some() && next + 1 < self.prompt.len() && fed <= next
     }
 
     /// Whether the sequence is done.
@@ -122,12 +145,22 @@ impl Sequence {
     /// The next step, feeding at most `chunk` prompt tokens.
     pub fn next_step(&self, chunk: usize) -> SequenceStep {
         if self.fed < self.target {
+            let scoring = self.scores_from(self.fed);
+            let chunk = if scoring {
+                chunk.min(PROMPT_SCORE_CHUNK)
+            } else {
+                chunk
+            };
             let n = chunk.max(1).min(self.target - self.fed);
             // A recomputed sequence already sampled its next token: no logits needed.
-            let last = self.fed + n == self.target && self.generated.is_empty();
+            // With `max_tokens` 0 (a scored prompt) nothing is sampled.
+            let last =
+                self.fed + n == self.target && self.generated.is_empty() && self.max_tokens > 0;
             SequenceStep {
                 prefill: n,
-                logits: if last {
+                logits: if scoring {
+                    LogitsRequest::All
+                } else if last {
                     LogitsRequest::Last
                 } else {
                     LogitsRequest::None
@@ -179,9 +212,19 @@ impl Sequence {
         took: Duration,
     ) -> Result<Option<TokenEvent>> {
         self.record(step, took);
+        if let (LogitsRequest::All, Some(rows)) = (step.logits, &logits) {
+            self.score_rows(step, rows);
+        }
+        if self.scored_only() {
+            return Ok(None);
+        }
         let Some(mut logits) = logits else {
             return Ok(None);
         };
+        // Of a scored chunk, only the prompt's last position samples.
+        if step.logits == LogitsRequest::All && !(self.is_decoding() && self.generated.is_empty()) {
+            return Ok(None);
+        }
         let sampled = match self.constraint.as_mut().filter(|c| c.is_active()) {
             Some(c) => c.sample(&mut self.sampler, logits.last_mut(), &self.history)?,
             None => self.sampler.sample(logits.last_mut(), &self.history),
@@ -205,11 +248,43 @@ impl Sequence {
         took: Duration,
     ) -> Result<Option<TokenEvent>> {
         self.record(step, took);
+        if self.scored_only() {
+            return Ok(None);
+        }
         let Some(id) = id else {
             return Ok(None);
         };
         self.sampler.set_step(self.sampler.step() + 1);
         self.accept(id, f32::NAN, Vec::new()).map(Some)
+    }
+
+    /// Whether this is a request that only scores its prompt (`max_tokens` 0), which
+    /// finishes once the prompt is in.
+    fn scored_only(&mut self) -> bool {
+        if self.max_tokens > 0 {
+            return false;
+        }
+        if self.is_decoding() {
+            self.finish = Some(FinishReason::Length);
+        }
+        true
+    }
+
+    /// Scores the prompt tokens the rows of prompt chunk `step` (just recorded) predict.
+    fn score_rows(&mut self, step: &SequenceStep, logits: &Logits) {
+        let Some(top) = self.score_top else { return };
+        let start = self.fed - step.prefill;
+        for j in 0..logits.rows.min(step.prefill) {
+            let q = start + j + 1;
+            if q >= self.prompt.len() || q != self.scores.len() + 1 {
+                continue;
+            }
+            let (logprob, top_logprobs) = row_logprobs(logits.row(j), self.prompt[q], top);
+            self.scores.push(PromptLogprob {
+                logprob,
+                top_logprobs,
+            });
+        }
     }
 
     /// Counts the tokens `step` fed and its time.
@@ -239,7 +314,12 @@ impl Sequence {
             top_logprobs,
             last: false,
             cached_tokens: self.cached,
+            prompt_logprobs: Vec::new(),
         };
+        if self.score_top.is_some() && !self.scores_sent {
+            self.scores_sent = true;
+            event.prompt_logprobs = self.scores.clone();
+        }
         let eos = !self.ignore_eos && self.eos.contains(&id);
         if let (Some(c), false) = (self.constraint.as_mut(), eos) {
             c.commit(id)?;
@@ -374,6 +454,7 @@ impl Sequence {
             finish_reason: self.finish.unwrap_or(FinishReason::Cancelled),
             usage,
             cache: self.cache,
+            prompt_logprobs: self.scores,
         }
     }
 }

@@ -348,5 +348,25 @@ impl Sampler {
     }
 }
 
+/// The log-probability of `id` under the raw distribution `logits` (no processors,
+/// no temperature) and the `top` most likely tokens with theirs, most likely first, as
+/// [`Sampler::sample`] reports them: a prompt token's score (`echo` with `logprobs`).
+/// NaN for an `id` outside the row.
+pub fn row_logprobs(logits: &[f32], id: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = reduce::max(logits);
+    let logsumexp = reduce::logsumexp(logits, max);
+    let logprob = logits
+        .get(id as usize)
+        .map_or(f32::NAN, |&logit| logit - logsumexp);
+    if top == 0 {
+        return (logprob, Vec::new());
+    }
+    let mut best = Vec::new();
+    gather(logits, &Prefix::top(top), &mut best);
+    rank(&mut best);
+    let top = best.iter().map(|c| (c.id, c.logit - logsumexp)).collect();
+    (logprob, top)
+}
+
 #[cfg(test)]
 mod tests;

@@ -100,7 +100,8 @@ impl EngineCache {
     fn checkpoints_for(&self, request: &GenerationRequest) -> Option<CheckpointKey> {
         let eligible = self.checkpoint_every > 0
             && self.tiers.checkpoints_available()
-            && request.sampling.logprobs.is_none();
+            && request.sampling.logprobs.is_none()
+            && request.prompt_logprobs.is_none();
         eligible.then(|| self.checkpoint_key(request))
     }
 
@@ -131,13 +132,15 @@ impl EngineCache {
                 }
             }
         }
-        let hit = self.tiers.lookup(&ns, &request.prompt, model);
-        let computed = request.prompt.len() - hit.cached;
-        let seq = Sequence::new(
-            model,
-            request,
-            hit.value.unwrap_or_else(|| model.new_cache()),
-        )?;
+        // A scored prompt is computed whole (cached positions have no logits), so it does
+        // not look the cache up; its KV still goes back to the cache at the end.
+        let (computed, value) = if request.prompt_logprobs.is_some() {
+            (request.prompt.len(), None)
+        } else {
+            let hit = self.tiers.lookup(&ns, &request.prompt, model);
+            (request.prompt.len() - hit.cached, hit.value)
+        };
+        let seq = Sequence::new(model, request, value.unwrap_or_else(|| model.new_cache()))?;
         Ok(Started {
             seq,
             replay: Vec::new(),

@@ -272,6 +272,12 @@ fn complete(shared: &Shared, mut a: Active) {
     let _ = a.req.events.send(EngineEvent::Done(Completion {
         finish_reason: out.finish_reason,
         usage: out.usage,
+        // Scores travel on the first token; a reply without one gets them here.
+        prompt_logprobs: if out.tokens.is_empty() {
+            out.prompt_logprobs
+        } else {
+            Vec::new()
+        },
         tokens: out.tokens,
         text: out.text,
     }));
@@ -426,9 +432,14 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         .map(|(a, p)| p.as_ref().map(|p| a.seq.input_tokens(p)))
         .collect();
     // When every sequence that samples this step takes the raw argmax, the backend picks
-    // the tokens and no logits leave it.
-    let argmax_only = running.iter().zip(&plans).all(|(a, p)| {
-        p.as_ref().is_none_or(|p| p.logits == LogitsRequest::None) || a.seq.takes_raw_argmax()
+    // the tokens and no logits leave it (a prompt being scored needs all its rows).
+    let argmax_only = running.iter().zip(&plans).all(|(a, p)| match p {
+        None => true,
+        Some(p) => match p.logits {
+            LogitsRequest::None => true,
+            LogitsRequest::Last => a.seq.takes_raw_argmax(),
+            LogitsRequest::All => false,
+        },
     });
     let started = Instant::now();
     let result = {

@@ -45,7 +45,7 @@ pub use wick_cache::{CacheStats, FlushReport, ScanReport, SsdStats};
 
 use std::path::PathBuf;
 
-use crate::generation::{FinishReason, TokenEvent, Usage};
+use crate::generation::{FinishReason, PromptLogprob, TokenEvent, Usage};
 
 /// How the engine loop schedules work and caches prompts.
 #[derive(Debug, Clone)]
@@ -128,4 +128,7 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     /// The generated text (stop string removed).
     pub text: String,
+    /// The prompt's scores of a request that asked for them and generated no token (else
+    /// the first token carried them).
+    pub prompt_logprobs: Vec<PromptLogprob>,
 }

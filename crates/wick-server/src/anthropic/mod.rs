@@ -41,9 +41,11 @@ pub struct MessagesRequest {
     pub thinking: Option<Value>,
     /// Accepted and ignored.
     pub metadata: Option<Value>,
-    /// `{effort, format}`: `format` (structured output) is refused until constrained
-    /// decoding exists; `effort` is accepted.
+    /// `{effort, format}`: `format` `{type: json_schema, schema}` constrains the answer to
+    /// the schema; `effort` is accepted.
     pub output_config: Option<Value>,
+    /// The older (beta) place of `output_config.format`.
+    pub output_format: Option<Value>,
     /// Non-standard (vLLM's extension): generate past end-of-sequence tokens, for benchmarks.
     pub ignore_eos: Option<bool>,
 }
@@ -333,6 +335,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
             param: "max_tokens".into(),
         });
     }
+    let response_format = output_format(&req)?;
     let mut messages = Vec::new();
     if let Some(system) = &req.system {
         let text = system_text(system)?;
@@ -351,6 +354,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
     for (i, message) in given.iter().enumerate() {
         convert_message(i, message, &mut messages)?;
     }
+    hoist_first_turn_system(&mut messages);
     let mut tools = Vec::new();
     for (i, tool) in req.tools.unwrap_or_default().iter().enumerate() {
         if let Some(t) = convert_tool(i, tool)? {
@@ -408,14 +412,6 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
             }
         }
     }
-    if let Some(format) = req.output_config.as_ref().and_then(|c| c.get("format")) {
-        if !format.is_null() {
-            return Err(ApiError::unsupported(
-                "output_config.format",
-                "structured output needs constrained decoding, which wick does not do yet",
-            ));
-        }
-    }
     let sampling = SamplingFields {
         max_tokens: req.max_tokens,
         temperature: req.temperature,
@@ -433,9 +429,80 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         tool_choice,
         parallel_tool_calls: parallel,
         chat_template_kwargs: Some(kwargs),
+        response_format,
         sampling,
         ..ChatCompletionRequest::default()
     })
+}
+
+/// `output_config.format` (or the older `output_format`) `{type: json_schema, schema}` as
+/// the Responses-style `response_format` chat's constrained decoding takes.
+fn output_format(req: &MessagesRequest) -> Result<Option<Value>, ApiError> {
+    let (param, format) = match req.output_config.as_ref().and_then(|c| c.get("format")) {
+        Some(f) if !f.is_null() => ("output_config.format", f),
+        _ => match &req.output_format {
+            Some(f) if !f.is_null() => ("output_format", f),
+            _ => return Ok(None),
+        },
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => match format.get("schema") {
+            Some(schema @ Value::Object(_)) => Ok(Some(json!({
+                "type": "json_schema",
+                "name": "output",
+                "schema": schema,
+                "strict": true,
+            }))),
+            _ => Err(ApiError::field(
+                format!("{param}.schema"),
+                "a json_schema format needs a JSON Schema object in 'schema'",
+            )),
+        },
+        _ => Err(ApiError::field(
+            format!("{param}.type"),
+            "must be 'json_schema'",
+        )),
+    }
+}
+
+/// Moves `system` turns that come after the first user message but before any assistant
+/// turn to just after the leading system prompt, keeping their order. Claude Code sends
+/// such a turn (its list of agent types, the same in every session) after the first user
+/// message: left there, a new session's prompt matches the cached prompt of the previous
+/// one only up to the user's words, and the system turn behind them is computed again.
+/// Moved, everything but the user's words is a shared prefix. Later system turns (after an
+/// assistant turn) stay in place, so a continued conversation keeps its prefix too.
+fn hoist_first_turn_system(messages: &mut Vec<Value>) {
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
+    let lead = messages
+        .iter()
+        .take_while(|m| role(m).as_deref() == Some("system"))
+        .count();
+    let end = messages
+        .iter()
+        .position(|m| role(m).as_deref() == Some("assistant"))
+        .unwrap_or(messages.len());
+    if end <= lead {
+        return;
+    }
+    let (mut moved, mut kept) = (Vec::new(), Vec::new());
+    for m in messages.drain(lead..end) {
+        if role(&m).as_deref() == Some("system") {
+            moved.push(m);
+        } else {
+            kept.push(m);
+        }
+    }
+    if !moved.is_empty() {
+        tracing::debug!(
+            moved = moved.len(),
+            "system turns of the first user turn moved before it"
+        );
+    }
+    let tail: Vec<Value> = messages.drain(lead..).collect();
+    messages.extend(moved);
+    messages.extend(kept);
+    messages.extend(tail);
 }
 
 /// The chat request with every `system` turn after the first message merged into the leading
@@ -546,6 +613,48 @@ mod tests {
             let err = to_chat(request(body.clone()), Purpose::Generate).unwrap_err();
             assert_eq!(err.param(), Some(param), "{body}");
         }
+    }
+
+    #[test]
+    fn first_turn_system_turns_move_before_the_user_message() {
+        let body = |prompt: &str| {
+            json!({"max_tokens": 5, "system": "A", "messages": [
+                {"role": "user", "content": prompt},
+                {"role": "system", "content": "agents"}]})
+        };
+        let one = to_chat(request(body("2+2?")), Purpose::Generate)
+            .unwrap()
+            .messages
+            .unwrap();
+        let roles: Vec<&str> = one.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["system", "system", "user"]);
+        assert_eq!(one[1]["content"], "agents");
+        // Two sessions differ only in their last message.
+        let two = to_chat(request(body("3+3?")), Purpose::Generate)
+            .unwrap()
+            .messages
+            .unwrap();
+        assert_eq!(one[..2], two[..2]);
+        // A continued conversation renders its first turn as before; a system turn after
+        // an assistant turn stays where it is.
+        let later = to_chat(
+            request(json!({"max_tokens": 5, "system": "A", "messages": [
+                {"role": "user", "content": "2+2?"},
+                {"role": "system", "content": "agents"},
+                {"role": "assistant", "content": "4"},
+                {"role": "system", "content": "note"},
+                {"role": "user", "content": "and 3+3?"}]})),
+            Purpose::Generate,
+        )
+        .unwrap()
+        .messages
+        .unwrap();
+        assert_eq!(later[..3], one[..]);
+        let roles: Vec<&str> = later.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(
+            roles,
+            ["system", "system", "user", "assistant", "system", "user"]
+        );
     }
 
     #[test]

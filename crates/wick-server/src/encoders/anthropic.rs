@@ -225,6 +225,8 @@ impl Encoder for AnthropicEncoder {
     fn event(&mut self, reply_event: ReplyEvent) -> Vec<Event> {
         let mut frames = Vec::new();
         match reply_event {
+            // Only completions ask for prompt scores.
+            ReplyEvent::Prompt(_) => {}
             ReplyEvent::Token(t) => self.message_start(t.cached_tokens, &mut frames),
             ReplyEvent::Part(part) => {
                 self.message_start(0, &mut frames);

@@ -209,6 +209,8 @@ impl Encoder for ChatEncoder {
 
     fn event(&mut self, event: ReplyEvent) -> Vec<Event> {
         match event {
+            // Only completions ask for prompt scores.
+            ReplyEvent::Prompt(_) => Vec::new(),
             ReplyEvent::Token(t) => {
                 if let Some(entries) = &mut self.logprobs {
                     entries.push(chat_entry(self.state.model().tokenizer(), &t));

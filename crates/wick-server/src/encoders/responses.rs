@@ -395,7 +395,7 @@ impl Encoder for ResponsesEncoder {
     fn event(&mut self, event: ReplyEvent) -> Vec<Event> {
         let mut frames = Vec::new();
         match event {
-            ReplyEvent::Token(_) => {}
+            ReplyEvent::Prompt(_) | ReplyEvent::Token(_) => {}
             ReplyEvent::Part(part) => self.part(part, &mut frames),
             ReplyEvent::Finish(finish) => {
                 self.close(&mut frames);
@@ -407,14 +407,15 @@ impl Encoder for ResponsesEncoder {
                 let response = finished(&self.meta, &finish, self.output.clone());
                 let assistant = assistant_message(&self.content, &self.calls);
                 store(&self.state, &self.meta, &response, assistant);
-                // Every successful end is `response.completed` (its `status` says
-                // `incomplete` when the token limit cut it): the SDKs' stream helpers
-                // finish on that event only.
-                self.emit(
-                    "response.completed",
-                    json!({"response": response}),
-                    &mut frames,
-                );
+                // A reply the token limit cut ends with `response.incomplete` (status
+                // `incomplete`, `incomplete_details.reason` `max_output_tokens`), as
+                // OpenAI's; every other successful end with `response.completed`.
+                let kind = if finish.reason == FinishReason::Length {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
+                self.emit(kind, json!({"response": response}), &mut frames);
             }
         }
         frames

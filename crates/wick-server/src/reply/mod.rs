@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use wick_chat::tool_call::RepairKind;
 use wick_engine::scheduler::EngineEvent;
-use wick_engine::{GenerationRequest, TokenEvent};
+use wick_engine::{GenerationRequest, PromptLogprob, TokenEvent};
 
 pub use parser::{ReasoningMode, ReplyOptions, ReplyParser};
 /// A classified piece of a reply: text, reasoning, or a tool call's start, argument piece
@@ -32,6 +32,9 @@ use crate::state::AppState;
 /// What a reply stream hands out, in order: tokens and parts as they come, one `Finish`.
 #[derive(Debug, Clone)]
 pub enum ReplyEvent {
+    /// The prompt's scores (one per prompt token after the first), before any token, for a
+    /// request that asked for them ([`GenerationRequest::prompt_logprobs`]).
+    Prompt(Vec<PromptLogprob>),
     /// A generated token, before the parts its text released (for log-probabilities).
     Token(TokenEvent),
     /// A classified piece of the reply.
@@ -110,6 +113,8 @@ pub struct Collected {
     pub calls: Vec<CollectedCall>,
     /// Every generated token.
     pub tokens: Vec<TokenEvent>,
+    /// The prompt's scores, when asked.
+    pub prompt_logprobs: Vec<PromptLogprob>,
     /// Why it ended, and the counts.
     pub finish: Finish,
 }
@@ -188,7 +193,11 @@ impl Reply {
             };
             match running.next().await {
                 Some(EngineEvent::Token(token)) => self.on_token(token),
-                Some(EngineEvent::Done(done)) => {
+                Some(EngineEvent::Done(mut done)) => {
+                    if !done.prompt_logprobs.is_empty() {
+                        let scores = std::mem::take(&mut done.prompt_logprobs);
+                        self.pending.push_back(ReplyEvent::Prompt(scores));
+                    }
                     let u = &done.usage;
                     let usage = ReplyUsage {
                         prompt_tokens: u.prompt_tokens,
@@ -218,6 +227,7 @@ impl Reply {
             reasoning: String::new(),
             calls: Vec::new(),
             tokens: Vec::new(),
+            prompt_logprobs: Vec::new(),
             finish: Finish {
                 reason: FinishReason::EndTurn,
                 usage: ReplyUsage::default(),
@@ -225,6 +235,7 @@ impl Reply {
         };
         while let Some(event) = self.next().await {
             match event? {
+                ReplyEvent::Prompt(scores) => reply.prompt_logprobs = scores,
                 ReplyEvent::Token(t) => reply.tokens.push(t),
                 ReplyEvent::Part(p) => reply.apply(p),
                 ReplyEvent::Finish(f) => reply.finish = f,
@@ -238,8 +249,12 @@ impl Reply {
         &self.state
     }
 
-    fn on_token(&mut self, token: TokenEvent) {
+    fn on_token(&mut self, mut token: TokenEvent) {
         self.cached_tokens = token.cached_tokens;
+        if !token.prompt_logprobs.is_empty() {
+            let scores = std::mem::take(&mut token.prompt_logprobs);
+            self.pending.push_back(ReplyEvent::Prompt(scores));
+        }
         let parts = self.parser.push(&token.text);
         let reasoning = parts.iter().any(|p| matches!(p, Part::Reasoning(_)))
             && !parts.iter().any(|p| !matches!(p, Part::Reasoning(_)));

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use wick_engine::GenerationRequest;
 
-use crate::encoders::completions::{whole, CompletionEncoder, CompletionMeta};
+use crate::encoders::completions::{whole, CompletionEncoder, CompletionMeta, Echo};
 use crate::encoders::stream;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
@@ -53,18 +53,21 @@ pub async fn completions(
     let max_tokens = gen
         .max_tokens
         .resolve_within(ids.len(), context, kv_limit, "prompt")?;
-    let echo = valid.echo.then_some(prompt_text);
-    let mut columns = valid.logprobs.map(|_| LegacyColumns::new(0));
-    if let (Some(columns), Some(_)) = (&mut columns, &echo) {
-        for &id in &ids {
-            columns.push_prompt(state.model().tokenizer(), id);
-        }
-    }
+    let echo = valid.echo.then(|| Echo {
+        text: prompt_text,
+        ids: ids.clone(),
+    });
+    let columns = valid.logprobs.map(|_| LegacyColumns::new(0));
     let mut request = GenerationRequest::new(ids)
         .max_tokens(max_tokens)
         .sampling(gen.sampling)
         .stop(gen.stop);
     request.ignore_eos = gen.ignore_eos;
+    if echo.is_some() {
+        // The echoed prompt's tokens get their log-probabilities too (the engine scores
+        // the whole prompt, bypassing the prompt cache for this request).
+        request.prompt_logprobs = valid.logprobs;
+    }
     let reply = Reply::start(&state, request, ReplyOptions::plain(), arrived)?;
     let meta = CompletionMeta {
         id: response_id("cmpl-"),

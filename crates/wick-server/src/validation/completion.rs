@@ -33,8 +33,16 @@ pub struct ValidCompletion {
 }
 
 /// Checks `req` against the served model and settings.
-pub fn validate(req: CompletionRequest, state: &AppState) -> Result<ValidCompletion, ApiError> {
+pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCompletion, ApiError> {
     let prompt = prompt_input(req.prompt.as_ref())?;
+    let echo = req.echo.unwrap_or(false);
+    // `echo` with `max_tokens: 0` scores the prompt without generating (what evaluation
+    // harnesses send); without `echo` it would return nothing and stays an error.
+    let zero_tokens =
+        echo && req.sampling.max_completion_tokens.is_none() && req.sampling.max_tokens == Some(0);
+    if zero_tokens {
+        req.sampling.max_tokens = Some(1);
+    }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported(
             "suffix",
@@ -75,9 +83,12 @@ pub fn validate(req: CompletionRequest, state: &AppState) -> Result<ValidComplet
     if let Some((param, spec)) = vllm_spec(&req.sampling)? {
         generation.sampling.constraint = Some(compile(model, &param, &spec, false)?);
     }
+    if zero_tokens {
+        generation.max_tokens = super::MaxTokens::Requested(0);
+    }
     Ok(ValidCompletion {
         prompt,
-        echo: req.echo.unwrap_or(false),
+        echo,
         logprobs,
         generation,
     })
