@@ -87,6 +87,77 @@ pub fn forced_call_grammar(
     Ok(grammar)
 }
 
+/// The grammar of one call after its opening tag, for strict tools under `tool_choice: auto`:
+/// the model writes free text, and once it opens a call (`trigger`, the family's opening tag
+/// or special token) the rest of the call — the JSON envelope of an offered tool and the
+/// closing tag — is constrained. `strict` says which tools' `parameters` bind the arguments;
+/// the others take any JSON object, so a call to them still parses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyCallGrammar {
+    /// The text that opens a call.
+    pub trigger: String,
+    /// The Lark grammar of what follows it, up to and including the closing tag.
+    pub grammar: String,
+}
+
+/// [`LazyCallGrammar`] of `format`, or `None` for a format whose calls have no opening tag
+/// to trigger on (bare JSON, as Llama 3 writes) or that is not supported yet.
+pub fn lazy_call_grammar(
+    format: ToolFormat,
+    tools: &[ToolSpec],
+    strict: &dyn Fn(&ToolSpec) -> bool,
+    special_id: &dyn Fn(&str) -> Option<u32>,
+) -> Option<LazyCallGrammar> {
+    if tools.is_empty() {
+        return None;
+    }
+    let marker = |text: &str| match special_id(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => literal(text),
+    };
+    let bodies = |arguments_key: &str| -> String {
+        tools
+            .iter()
+            .map(|tool| {
+                let envelope = if strict(tool) {
+                    envelope(tool, arguments_key)
+                } else {
+                    let open = ToolSpec {
+                        parameters: json!({"type": "object"}),
+                        ..tool.clone()
+                    };
+                    envelope(&open, arguments_key)
+                };
+                format!("%json {envelope}")
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    // Whitespace the model may put around the body (a newline in the templates).
+    let ws = r"/[ \t\r\n]{1,8}/";
+    match format {
+        ToolFormat::HermesJson => Some(LazyCallGrammar {
+            trigger: "<tool_call>".into(),
+            grammar: format!(
+                "start: ws? body ws? {}\nws: {ws}\nbody: {}\n",
+                marker("</tool_call>"),
+                bodies("arguments")
+            ),
+        }),
+        ToolFormat::Mistral => Some(LazyCallGrammar {
+            trigger: "[TOOL_CALLS]".into(),
+            grammar: format!(
+                "start: ws? {} body ({} ws? body)* {}\nws: {ws}\nbody: {}\n",
+                literal("["),
+                literal(","),
+                literal("]"),
+                bodies("arguments")
+            ),
+        }),
+        _ => None,
+    }
+}
+
 /// The JSON schema of one call's envelope: `{"name": <the name>, <key>: <parameters>}`.
 /// `$defs` / `definitions` of the parameters move to the envelope's root, so their
 /// `#/$defs/…` references still resolve.
@@ -165,6 +236,32 @@ mod tests {
             parallel.starts_with(r#"start: call ("\n" call)*"#),
             "{parallel}"
         );
+    }
+
+    #[test]
+    fn lazy_grammars_bind_strict_tools_and_leave_the_others_open() {
+        let tools = [
+            tool(
+                "get_weather",
+                json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            ),
+            tool(
+                "loose",
+                json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+            ),
+        ];
+        let strict = |t: &ToolSpec| t.name == "get_weather";
+        let g = lazy_call_grammar(ToolFormat::HermesJson, &tools, &strict, &|t| {
+            (t == "</tool_call>").then_some(7)
+        })
+        .unwrap();
+        assert_eq!(g.trigger, "<tool_call>");
+        assert!(g.grammar.starts_with("start: ws? body ws? <[7]>\n"), "{}", g.grammar);
+        assert!(g.grammar.contains(r#""city":{"type":"string"}"#), "{}", g.grammar);
+        assert!(!g.grammar.contains(r#""x":{"type":"integer"}"#), "{}", g.grammar);
+        assert!(g.grammar.contains(r#""name":{"const":"loose"}"#), "{}", g.grammar);
+        assert!(lazy_call_grammar(ToolFormat::Llama3Json, &tools, &strict, &|_| None).is_none());
+        assert!(lazy_call_grammar(ToolFormat::HermesJson, &[], &strict, &|_| None).is_none());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! Anthropic endpoints share them: [`response_format_spec`], [`vllm_spec`],
 //! [`forced_tool_spec`] and [`compile`].
 use serde_json::{Map, Value};
-use wick_chat::tool_call::{forced_call_grammar, ToolFormat, ToolSpec};
+use wick_chat::tool_call::{forced_call_grammar, lazy_call_grammar, ToolFormat, ToolSpec};
 use wick_engine::constraint::{Constraint, ConstraintError, ConstraintSpec};
 use wick_engine::Model;
 
@@ -271,6 +271,56 @@ pub fn forced_tool_constraint(
 ) -> Result<Constraint, ApiError> {
     let spec = forced_tool_spec(param, forced, tools, format, parallel, model)?;
     compile(model, param, &spec, reasoning)
+}
+
+/// Whether an entry of a `tools` list asks for strict arguments: chat's
+/// `{type: function, function: {strict: true}}` or a flat `{strict: true}`.
+pub fn is_strict_tool(tool: &Value) -> bool {
+    tool.get("function")
+        .and_then(|f| f.get("strict"))
+        .or_else(|| tool.get("strict"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// The lazy constraint of `tools` under `tool_choice: auto` when one of them is strict: text
+/// stays free, and a call the model opens (the format's opening tag) is constrained to an
+/// offered tool's envelope, the strict tools' arguments to their `parameters`. `raw` is the
+/// request's `tools` list (for `strict`), `specs` its parsed form, in the same order. `None`
+/// when no tool is strict or the format has no opening tag to trigger on (a debug log says
+/// so).
+pub fn strict_tools_constraint(
+    model: &Model,
+    raw: &[Value],
+    specs: &[ToolSpec],
+    format: ToolFormat,
+    reasoning: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let strict: Vec<&str> = raw
+        .iter()
+        .zip(specs)
+        .filter(|(r, _)| is_strict_tool(r))
+        .map(|(_, s)| s.name.as_str())
+        .collect();
+    if strict.is_empty() {
+        return Ok(None);
+    }
+    let tokenizer = model.tokenizer();
+    let special_id = |text: &str| {
+        tokenizer
+            .token_id(text)
+            .filter(|&id| tokenizer.is_special(id))
+    };
+    let is_strict = |t: &ToolSpec| strict.contains(&t.name.as_str());
+    let Some(lazy) = lazy_call_grammar(format, specs, &is_strict, &special_id) else {
+        tracing::debug!(
+            format = format.name(),
+            "strict tools: this tool-call format has no opening tag to constrain from"
+        );
+        return Ok(None);
+    };
+    let constraint = compile(model, "tools", &ConstraintSpec::Lark(lazy.grammar), reasoning)?;
+    Ok(Some(constraint.triggered_by(&lazy.trigger)))
 }
 
 /// Compiles `spec` for the served model; a grammar that does not compile is a 400 naming
