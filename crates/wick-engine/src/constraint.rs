@@ -15,10 +15,11 @@
 //!   replays keep it in step with the tokens.
 //! - The grammar may wait for the end of a reasoning block ([`Constraint::after_reasoning`]):
 //!   when the prompt ends inside `<think>`, tokens are free until `</think>` is generated.
-//! - A lazy grammar ([`Constraint::triggered_by`]) leaves tokens free until the model writes
-//!   its trigger (a tool call's opening tag), constrains what follows until the grammar is
-//!   complete (the call's closing tag), then is free again until the next trigger: strict
-//!   tools under `tool_choice: auto`. Free tokens cost nothing: the matcher is not asked.
+//! - A lazy grammar ([`Constraint::triggered_by`], more arms with [`Constraint::or_triggered`])
+//!   leaves tokens free until the model writes one of its triggers (a tool call's opening
+//!   tag, or the start of a bare call), constrains what follows with that trigger's grammar
+//!   until it is complete (the call's end), then is free again until the next trigger:
+//!   strict tools under `tool_choice: auto`. Free tokens cost nothing: no matcher is asked.
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -237,7 +238,7 @@ impl Grammars {
                 compile_time: took,
             }),
             reasoning: None,
-            trigger: None,
+            arms: Vec::new(),
         })
     }
 
@@ -272,8 +273,8 @@ pub struct Constraint {
     /// The reasoning block's tags `(open, close)`: when the prompt ends inside the block,
     /// the grammar applies from the close tag on.
     reasoning: Option<(String, String)>,
-    /// A lazy grammar's trigger: the grammar applies after each occurrence.
-    trigger: Option<String>,
+    /// A lazy grammar's arms: after each occurrence of a trigger, its grammar applies.
+    arms: Vec<(String, Arc<Compiled>)>,
 }
 
 impl Constraint {
@@ -289,13 +290,20 @@ impl Constraint {
     /// again until the next `trigger` (each time on a fresh matcher). A lazy grammar never
     /// ends the reply itself. The grammar describes what follows the trigger, without it.
     pub fn triggered_by(mut self, trigger: &str) -> Constraint {
-        self.trigger = Some(trigger.to_string());
+        self.arms = vec![(trigger.to_string(), self.inner.clone())];
         self
     }
 
-    /// The lazy grammar's trigger, if any.
-    pub fn trigger(&self) -> Option<&str> {
-        self.trigger.as_deref()
+    /// Adds an arm to a lazy grammar: after `trigger`, `grammar`'s grammar applies (until it
+    /// is complete). `grammar`'s own reasoning setting and arms are not used.
+    pub fn or_triggered(mut self, trigger: &str, grammar: &Constraint) -> Constraint {
+        self.arms.push((trigger.to_string(), grammar.inner.clone()));
+        self
+    }
+
+    /// The lazy grammar's triggers (empty for a grammar that applies from the start).
+    pub fn triggers(&self) -> Vec<&str> {
+        self.arms.iter().map(|(t, _)| t.as_str()).collect()
     }
 
     /// The kind of grammar (`json_schema`, `regex` …).
@@ -340,19 +348,19 @@ impl Constraint {
                 _ => None,
             }
         });
-        let trigger = self.trigger.as_ref().map(|t| t.as_bytes().to_vec());
-        // Inside an open reasoning block a lazy grammar's trigger only counts after it.
-        let (waiting, then) = match reasoning_open {
-            Some(close) => (Some(close), trigger.clone()),
-            None => (trigger.clone(), None),
-        };
+        let arms: Vec<(Vec<u8>, Arc<Compiled>)> = self
+            .arms
+            .iter()
+            .map(|(t, c)| (t.as_bytes().to_vec(), c.clone()))
+            .collect();
+        // Inside an open reasoning block a lazy grammar's triggers only count after it.
+        let free = reasoning_open.is_none() && !arms.is_empty();
         RowConstraint {
             matcher,
-            inner: self.inner.clone(),
             env: self.inner.env.clone(),
-            waiting,
-            then,
-            trigger,
+            reasoning_close: reasoning_open,
+            arms,
+            free,
             seen: Vec::new(),
             saved: Vec::new(),
         }
@@ -373,7 +381,7 @@ impl std::fmt::Debug for Constraint {
         f.debug_struct("Constraint")
             .field("kind", &self.inner.kind)
             .field("reasoning", &self.reasoning)
-            .field("trigger", &self.trigger)
+            .field("triggers", &self.triggers())
             .finish()
     }
 }
@@ -382,23 +390,25 @@ impl PartialEq for Constraint {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
             && self.reasoning == other.reasoning
-            && self.trigger == other.trigger
+            && self.arms.len() == other.arms.len()
+            && self
+                .arms
+                .iter()
+                .zip(&other.arms)
+                .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y))
     }
 }
 
 /// One sequence's grammar state.
 pub struct RowConstraint {
     matcher: Matcher,
-    /// The compiled grammar, for a fresh matcher at each trigger of a lazy grammar.
-    inner: Arc<Compiled>,
     env: TokEnv,
-    /// Bytes that must be generated before the grammar applies (a reasoning block's close,
-    /// a lazy grammar's trigger).
-    waiting: Option<Vec<u8>>,
-    /// What to wait for after `waiting` (a lazy grammar's trigger after a reasoning block).
-    then: Option<Vec<u8>>,
-    /// A lazy grammar's trigger: waited for again each time the grammar completes.
-    trigger: Option<Vec<u8>>,
+    /// The reasoning block's close, while the prompt's open block has not closed.
+    reasoning_close: Option<Vec<u8>>,
+    /// A lazy grammar's arms (trigger, grammar); empty otherwise.
+    arms: Vec<(Vec<u8>, Arc<Compiled>)>,
+    /// A lazy grammar waiting for one of its triggers.
+    free: bool,
     /// Generated bytes while waiting (only a tag's length of them is kept).
     seen: Vec<u8>,
     /// The logits row as it came, for a redraw on the masked row.
@@ -408,13 +418,13 @@ pub struct RowConstraint {
 impl RowConstraint {
     /// Whether the grammar applies to the next token.
     pub fn is_active(&self) -> bool {
-        self.waiting.is_none()
+        self.reasoning_close.is_none() && !self.free
     }
 
     /// Whether the grammar is complete and can take nothing more: the reply is done. A lazy
     /// grammar never is (the model ends the reply).
     pub fn is_done(&self) -> bool {
-        self.trigger.is_none() && self.is_active() && self.matcher.is_stopped()
+        self.arms.is_empty() && self.is_active() && self.matcher.is_stopped()
     }
 
     /// Samples a token the grammar allows.
@@ -459,37 +469,45 @@ impl RowConstraint {
 
     /// Records a generated token.
     pub fn commit(&mut self, id: u32) -> Result<(), ConstraintError> {
-        if let Some(close) = &self.waiting {
+        if self.reasoning_close.is_some() || self.free {
             let trie = self.env.tok_trie();
             self.seen.extend_from_slice(&trie.decode(&[id]));
-            if find_last(&self.seen, close).is_some() {
-                self.seen = Vec::new();
-                self.waiting = self.then.take();
-                if self.waiting.is_none() && self.trigger.is_some() {
-                    // A lazy grammar starts over for each call.
-                    self.matcher = self.fresh_matcher();
+            let keep = if let Some(close) = &self.reasoning_close {
+                if find_last(&self.seen, close).is_some() {
+                    self.reasoning_close = None;
+                    self.seen.clear();
+                    self.free = !self.arms.is_empty();
+                    return Ok(());
                 }
+                close.len()
             } else {
-                let keep = close.len().saturating_sub(1);
-                let cut = self.seen.len().saturating_sub(keep);
-                self.seen.drain(..cut);
-            }
+                let hit = self
+                    .arms
+                    .iter()
+                    .find(|(trigger, _)| find_last(&self.seen, trigger).is_some());
+                if let Some((_, grammar)) = hit {
+                    // Each call starts on a fresh matcher of its arm's grammar.
+                    self.matcher = grammar
+                        .proto
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    self.free = false;
+                    self.seen.clear();
+                    return Ok(());
+                }
+                self.arms.iter().map(|(t, _)| t.len()).max().unwrap_or(0)
+            };
+            let cut = self.seen.len().saturating_sub(keep.saturating_sub(1));
+            self.seen.drain(..cut);
             return Ok(());
         }
         self.matcher.consume_token(id).map_err(failed)?;
-        if self.trigger.is_some() && self.matcher.is_stopped() {
+        if !self.arms.is_empty() && self.matcher.is_stopped() {
             // The call is complete: free text again until the next trigger.
-            self.waiting = self.trigger.clone();
+            self.free = true;
         }
         Ok(())
-    }
-
-    fn fresh_matcher(&self) -> Matcher {
-        self.inner
-            .proto
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 }
 
@@ -735,6 +753,21 @@ mod tests {
         assert!(row.is_active(), "the next call is constrained too");
         assert!(!row.allows(first("hello")).unwrap());
         assert!(row.allows(first("{")).unwrap());
+
+        // A second arm: its own trigger, its own grammar.
+        let digits = g
+            .compile(&ConstraintSpec::Lark("start: /[0-9]{2}/ \"!\"\n".into()))
+            .unwrap();
+        let two = c.clone().or_triggered("CODE=", &digits);
+        assert_eq!(two.triggers(), ["<call>", "CODE="]);
+        let mut row = two.start(&[1]);
+        commit(&mut row, "the code: CODE=");
+        assert!(row.is_active());
+        assert!(!row.allows(first("{")).unwrap(), "the other arm's grammar");
+        commit(&mut row, "42!");
+        assert!(!row.is_active());
+        commit(&mut row, " <call>");
+        assert!(row.is_active() && row.allows(first("{")).unwrap());
     }
 
     #[test]

@@ -87,29 +87,35 @@ pub fn forced_call_grammar(
     Ok(grammar)
 }
 
-/// The grammar of one call after its opening tag, for strict tools under `tool_choice: auto`:
-/// the model writes free text, and once it opens a call (`trigger`, the family's opening tag
-/// or special token) the rest of the call — the JSON envelope of an offered tool and the
-/// closing tag — is constrained. `strict` says which tools' `parameters` bind the arguments;
-/// the others take any JSON object, so a call to them still parses.
+/// One arm of the lazy grammar of strict tools under `tool_choice: auto`: the model writes
+/// free text, and once it writes `trigger` the rest of the call is constrained by `grammar`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LazyCallGrammar {
     /// The text that opens a call.
     pub trigger: String,
-    /// The Lark grammar of what follows it, up to and including the closing tag.
+    /// The Lark grammar of what follows it, to the end of the call.
     pub grammar: String,
 }
 
-/// [`LazyCallGrammar`] of `format`, or `None` for a format whose calls have no opening tag
-/// to trigger on (bare JSON, as Llama 3 writes) or that is not supported yet.
+/// The arms that constrain calls in `format` once the model opens one:
+///
+/// - the family's opening tag (`<tool_call>` for Hermes/Qwen, `[TOOL_CALLS]` for Mistral):
+///   the rest of the call, the JSON envelope of an offered tool and the closing tag; `strict`
+///   says which tools' `parameters` bind the arguments, the others take any JSON object, so a
+///   call to them still parses;
+/// - for each strict tool, the start of a bare envelope naming it, as Qwen2.5-Coder (often
+///   in a fence) and Llama 3 write calls: `{"name": "get_weather"` (with or without the
+///   space), then the arguments and the closing brace.
+///
+/// Empty when no tool is strict or the format has neither (the XML-style formats).
 pub fn lazy_call_grammar(
     format: ToolFormat,
     tools: &[ToolSpec],
     strict: &dyn Fn(&ToolSpec) -> bool,
     special_id: &dyn Fn(&str) -> Option<u32>,
-) -> Option<LazyCallGrammar> {
-    if tools.is_empty() {
-        return None;
+) -> Vec<LazyCallGrammar> {
+    if !tools.iter().any(strict) {
+        return Vec::new();
     }
     let marker = |text: &str| match special_id(text) {
         Some(id) => format!("<[{id}]>"),
@@ -135,27 +141,72 @@ pub fn lazy_call_grammar(
     };
     // Whitespace the model may put around the body (a newline in the templates).
     let ws = r"/[ \t\r\n]{1,8}/";
-    match format {
-        ToolFormat::HermesJson => Some(LazyCallGrammar {
-            trigger: "<tool_call>".into(),
-            grammar: format!(
-                "start: ws? body ws? {}\nws: {ws}\nbody: {}\n",
-                marker("</tool_call>"),
-                bodies("arguments")
-            ),
-        }),
-        ToolFormat::Mistral => Some(LazyCallGrammar {
-            trigger: "[TOOL_CALLS]".into(),
-            grammar: format!(
-                "start: ws? {} body ({} ws? body)* {}\nws: {ws}\nbody: {}\n",
-                literal("["),
-                literal(","),
-                literal("]"),
-                bodies("arguments")
-            ),
-        }),
+    let mut arms = Vec::new();
+    let bare_key = match format {
+        ToolFormat::HermesJson => {
+            arms.push(LazyCallGrammar {
+                trigger: "<tool_call>".into(),
+                grammar: format!(
+                    "start: ws? body ws? {}\nws: {ws}\nbody: {}\n",
+                    marker("</tool_call>"),
+                    bodies("arguments")
+                ),
+            });
+            Some("arguments")
+        }
+        ToolFormat::Llama3Json => Some("parameters"),
+        ToolFormat::Mistral => {
+            arms.push(LazyCallGrammar {
+                trigger: "[TOOL_CALLS]".into(),
+                grammar: format!(
+                    "start: ws? {} body ({} ws? body)* {}\nws: {ws}\nbody: {}\n",
+                    literal("["),
+                    literal(","),
+                    literal("]"),
+                    bodies("arguments")
+                ),
+            });
+            None
+        }
         _ => None,
+    };
+    if let Some(key) = bare_key {
+        for tool in tools.iter().filter(|t| strict(t)) {
+            let name = Value::String(tool.name.clone()).to_string();
+            let rest = format!(
+                "start: ws? {} ws? {} ws? {} ws? %json {} ws? {}\nws: {ws}\n",
+                literal(","),
+                literal(&Value::String(key.into()).to_string()),
+                literal(":"),
+                arguments_schema(tool),
+                literal("}")
+            );
+            for gap in [" ", ""] {
+                arms.push(LazyCallGrammar {
+                    trigger: format!("{{\"name\":{gap}{name}"),
+                    grammar: rest.clone(),
+                });
+            }
+        }
     }
+    arms
+}
+
+/// A tool's `parameters` as the schema of its arguments alone (an empty or missing one:
+/// any object), whitespace bounded as in [`envelope`].
+fn arguments_schema(tool: &ToolSpec) -> Value {
+    let mut parameters = match &tool.parameters {
+        Value::Object(p) if !p.is_empty() => p.clone(),
+        _ => {
+            let mut p = Map::new();
+            p.insert("type".into(), json!("object"));
+            p
+        }
+    };
+    parameters
+        .entry("x-guidance")
+        .or_insert_with(|| json!({"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,24}"}));
+    Value::Object(parameters)
 }
 
 /// The JSON schema of one call's envelope: `{"name": <the name>, <key>: <parameters>}`.
@@ -251,17 +302,33 @@ mod tests {
             ),
         ];
         let strict = |t: &ToolSpec| t.name == "get_weather";
-        let g = lazy_call_grammar(ToolFormat::HermesJson, &tools, &strict, &|t| {
+        let arms = lazy_call_grammar(ToolFormat::HermesJson, &tools, &strict, &|t| {
             (t == "</tool_call>").then_some(7)
-        })
-        .unwrap();
-        assert_eq!(g.trigger, "<tool_call>");
-        assert!(g.grammar.starts_with("start: ws? body ws? <[7]>\n"), "{}", g.grammar);
-        assert!(g.grammar.contains(r#""city":{"type":"string"}"#), "{}", g.grammar);
-        assert!(!g.grammar.contains(r#""x":{"type":"integer"}"#), "{}", g.grammar);
-        assert!(g.grammar.contains(r#""name":{"const":"loose"}"#), "{}", g.grammar);
-        assert!(lazy_call_grammar(ToolFormat::Llama3Json, &tools, &strict, &|_| None).is_none());
-        assert!(lazy_call_grammar(ToolFormat::HermesJson, &[], &strict, &|_| None).is_none());
+        });
+        let triggers: Vec<&str> = arms.iter().map(|a| a.trigger.as_str()).collect();
+        assert_eq!(
+            triggers,
+            [
+                "<tool_call>",
+                r#"{"name": "get_weather""#,
+                r#"{"name":"get_weather""#
+            ]
+        );
+        let tagged = &arms[0].grammar;
+        assert!(tagged.starts_with("start: ws? body ws? <[7]>\n"), "{tagged}");
+        assert!(tagged.contains(r#""city":{"type":"string"}"#), "{tagged}");
+        assert!(!tagged.contains(r#""x":{"type":"integer"}"#), "{tagged}");
+        assert!(tagged.contains(r#""name":{"const":"loose"}"#), "{tagged}");
+        // A bare call's rest: the arguments after the name, then the closing brace.
+        let bare = &arms[1].grammar;
+        assert!(bare.starts_with(r#"start: ws? "," ws? "\"arguments\"" ws? ":" ws? %json {"#), "{bare}");
+        assert!(bare.contains(r#""city":{"type":"string"}"#), "{bare}");
+        // Llama 3 calls are bare, with `parameters`; no strict tool, no arms.
+        let llama = lazy_call_grammar(ToolFormat::Llama3Json, &tools, &strict, &|_| None);
+        assert_eq!(llama.len(), 2);
+        assert!(llama[0].grammar.contains(r#""\"parameters\"""#), "{}", llama[0].grammar);
+        assert!(lazy_call_grammar(ToolFormat::HermesJson, &tools, &|_| false, &|_| None).is_empty());
+        assert!(lazy_call_grammar(ToolFormat::QwenXml, &tools, &strict, &|_| None).is_empty());
     }
 
     #[test]

@@ -284,10 +284,11 @@ pub fn is_strict_tool(tool: &Value) -> bool {
 }
 
 /// The lazy constraint of `tools` under `tool_choice: auto` when one of them is strict: text
-/// stays free, and a call the model opens (the format's opening tag) is constrained to an
-/// offered tool's envelope, the strict tools' arguments to their `parameters`. `raw` is the
-/// request's `tools` list (for `strict`), `specs` its parsed form, in the same order. `None`
-/// when no tool is strict or the format has no opening tag to trigger on (a debug log says
+/// stays free, and a call the model opens (the format's opening tag, or a bare envelope
+/// naming a strict tool) is constrained: an offered tool's envelope, the strict tools'
+/// arguments to their `parameters` under OpenAI's `strict` rule ([`strict_schema`]). `raw` is
+/// the request's `tools` list (for `strict`), `specs` its parsed form, in the same order.
+/// `None` when no tool is strict or the format has nothing to trigger on (a debug log says
 /// so).
 pub fn strict_tools_constraint(
     model: &Model,
@@ -305,6 +306,16 @@ pub fn strict_tools_constraint(
     if strict.is_empty() {
         return Ok(None);
     }
+    let specs: Vec<ToolSpec> = specs
+        .iter()
+        .map(|t| match strict.contains(&t.name.as_str()) {
+            true => ToolSpec {
+                parameters: strict_schema(t.parameters.clone()),
+                ..t.clone()
+            },
+            false => t.clone(),
+        })
+        .collect();
     let tokenizer = model.tokenizer();
     let special_id = |text: &str| {
         tokenizer
@@ -312,15 +323,35 @@ pub fn strict_tools_constraint(
             .filter(|&id| tokenizer.is_special(id))
     };
     let is_strict = |t: &ToolSpec| strict.contains(&t.name.as_str());
-    let Some(lazy) = lazy_call_grammar(format, specs, &is_strict, &special_id) else {
+    let arms = lazy_call_grammar(format, &specs, &is_strict, &special_id);
+    let mut compiled: Vec<(String, Constraint)> = Vec::new();
+    let mut lazy: Option<Constraint> = None;
+    for arm in arms {
+        let grammar = match compiled.iter().find(|(g, _)| *g == arm.grammar) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = compile(model, "tools", &ConstraintSpec::Lark(arm.grammar.clone()), false)?;
+                compiled.push((arm.grammar.clone(), c.clone()));
+                c
+            }
+        };
+        lazy = Some(match lazy {
+            None => grammar.triggered_by(&arm.trigger),
+            Some(l) => l.or_triggered(&arm.trigger, &grammar),
+        });
+    }
+    let Some(lazy) = lazy else {
         tracing::debug!(
             format = format.name(),
-            "strict tools: this tool-call format has no opening tag to constrain from"
+            "strict tools: this tool-call format has nothing to constrain calls from"
         );
         return Ok(None);
     };
-    let constraint = compile(model, "tools", &ConstraintSpec::Lark(lazy.grammar), reasoning)?;
-    Ok(Some(constraint.triggered_by(&lazy.trigger)))
+    Ok(Some(if reasoning {
+        lazy.after_reasoning(THINK.0, THINK.1)
+    } else {
+        lazy
+    }))
 }
 
 /// Compiles `spec` for the served model; a grammar that does not compile is a 400 naming
