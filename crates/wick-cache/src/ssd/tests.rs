@@ -438,9 +438,12 @@ fn the_scan_leaves_our_own_writes_in_progress_alone() {
     let opened_at = SystemTime::now() - std::time::Duration::from_secs(1);
     fs::write(&ours, b"x").unwrap();
     let mut indexed = 0;
-    let report = scan(&root.path().join("fp1"), &cfg(root.path()), opened_at, |_| {
-        indexed += 1
-    })
+    let report = scan(
+        &root.path().join("fp1"),
+        &cfg(root.path()),
+        opened_at,
+        |_| indexed += 1,
+    )
     .unwrap();
     assert_eq!((indexed, report.removed_orphans), (1, 1));
     assert!(ours.exists() && !stale.exists());

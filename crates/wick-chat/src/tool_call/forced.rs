@@ -103,9 +103,9 @@ pub struct LazyCallGrammar {
 ///   the rest of the call, the JSON envelope of an offered tool and the closing tag; `strict`
 ///   says which tools' `parameters` bind the arguments, the others take any JSON object, so a
 ///   call to them still parses;
-/// - for each strict tool, the start of a bare envelope naming it, as Qwen2.5-Coder (often
-///   in a fence) and Llama 3 write calls: `{"name": "get_weather"` (with or without the
-///   space), then the arguments and the closing brace.
+/// - for each strict tool, the name of a bare envelope naming it, as Qwen2.5-Coder (often
+///   in a fence, over several lines) and Llama 3 write calls: `"name": "get_weather"` (with
+///   or without the space), then the arguments and the closing brace.
 ///
 /// Empty when no tool is strict or the format has neither (the XML-style formats).
 pub fn lazy_call_grammar(
@@ -183,7 +183,7 @@ pub fn lazy_call_grammar(
             );
             for gap in [" ", ""] {
                 arms.push(LazyCallGrammar {
-                    trigger: format!("{{\"name\":{gap}{name}"),
+                    trigger: format!("\"name\":{gap}{name}"),
                     grammar: rest.clone(),
                 });
             }
@@ -310,24 +310,36 @@ mod tests {
             triggers,
             [
                 "<tool_call>",
-                r#"{"name": "get_weather""#,
-                r#"{"name":"get_weather""#
+                r#""name": "get_weather""#,
+                r#""name":"get_weather""#
             ]
         );
         let tagged = &arms[0].grammar;
-        assert!(tagged.starts_with("start: ws? body ws? <[7]>\n"), "{tagged}");
+        assert!(
+            tagged.starts_with("start: ws? body ws? <[7]>\n"),
+            "{tagged}"
+        );
         assert!(tagged.contains(r#""city":{"type":"string"}"#), "{tagged}");
         assert!(!tagged.contains(r#""x":{"type":"integer"}"#), "{tagged}");
         assert!(tagged.contains(r#""name":{"const":"loose"}"#), "{tagged}");
         // A bare call's rest: the arguments after the name, then the closing brace.
         let bare = &arms[1].grammar;
-        assert!(bare.starts_with(r#"start: ws? "," ws? "\"arguments\"" ws? ":" ws? %json {"#), "{bare}");
+        assert!(
+            bare.starts_with(r#"start: ws? "," ws? "\"arguments\"" ws? ":" ws? %json {"#),
+            "{bare}"
+        );
         assert!(bare.contains(r#""city":{"type":"string"}"#), "{bare}");
         // Llama 3 calls are bare, with `parameters`; no strict tool, no arms.
         let llama = lazy_call_grammar(ToolFormat::Llama3Json, &tools, &strict, &|_| None);
         assert_eq!(llama.len(), 2);
-        assert!(llama[0].grammar.contains(r#""\"parameters\"""#), "{}", llama[0].grammar);
-        assert!(lazy_call_grammar(ToolFormat::HermesJson, &tools, &|_| false, &|_| None).is_empty());
+        assert!(
+            llama[0].grammar.contains(r#""\"parameters\"""#),
+            "{}",
+            llama[0].grammar
+        );
+        assert!(
+            lazy_call_grammar(ToolFormat::HermesJson, &tools, &|_| false, &|_| None).is_empty()
+        );
         assert!(lazy_call_grammar(ToolFormat::QwenXml, &tools, &strict, &|_| None).is_empty());
     }
 

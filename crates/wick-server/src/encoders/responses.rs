@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 
 use super::Encoder;
 use crate::error::ApiError;
-use crate::openai::response_id;
 use crate::openai::custom_tools;
+use crate::openai::response_id;
 use crate::openai::responses::split_namespace;
 use crate::reply::{Collected, Finish, FinishReason, Part, ReplyEvent, ReplyUsage};
 use crate::response_store::StoredResponse;

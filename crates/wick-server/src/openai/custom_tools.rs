@@ -200,7 +200,10 @@ mod tests {
         let f = chat_tool("tools[0]", &lark).unwrap();
         assert_eq!(f["function"]["name"], "apply_patch");
         assert_eq!(f["function"]["parameters"]["required"], json!(["input"]));
-        assert_eq!(f["function"]["strict"], true, "a regular grammar is enforced");
+        assert_eq!(
+            f["function"]["strict"], true,
+            "a regular grammar is enforced"
+        );
         assert_eq!(
             f["function"]["parameters"]["properties"]["input"]["pattern"],
             "^(?:(?:x)+)$"
@@ -224,10 +227,7 @@ mod tests {
             "^(?:[A-Z]{3})$"
         );
         let plain = json!({"type": "custom", "name": "note"});
-        assert_eq!(
-            custom_format("t", &plain).unwrap(),
-            CustomFormat::Text
-        );
+        assert_eq!(custom_format("t", &plain).unwrap(), CustomFormat::Text);
     }
 
     #[test]

@@ -436,10 +436,10 @@ eof_line: "*** End of File" LF
     #[test]
     fn what_is_not_regular_or_not_read_gives_none() {
         for g in [
-            "start: \"(\" start \")\" | \"x\"",   // recursion
-            "start: a\na: b\nb: a",               // indirect recursion
-            "start: missing",                     // unknown rule
-            "start: \"a\"\n%ignore \" \"",        // a directive outside the subset
+            "start: \"(\" start \")\" | \"x\"",    // recursion
+            "start: a\na: b\nb: a",                // indirect recursion
+            "start: missing",                      // unknown rule
+            "start: \"a\"\n%ignore \" \"",         // a directive outside the subset
             "start: %json {\"type\": \"object\"}", // llguidance's extension
             "start: \"a\"..\"z\"",                 // character ranges
             "start: \"x\"i",                       // case-insensitive literal

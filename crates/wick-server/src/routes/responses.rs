@@ -16,11 +16,11 @@ use crate::error::ApiError;
 use crate::extract::ApiJson;
 use crate::openai::custom_tools::{self, CustomFormat};
 use crate::openai::responses::{input_messages, to_chat, ResponsesRequest};
-use crate::validation::structured;
-use wick_engine::constraint::ConstraintSpec;
 use crate::openai::{response_id, unix_now};
 use crate::sse;
 use crate::state::AppState;
+use crate::validation::structured;
+use wick_engine::constraint::ConstraintSpec;
 
 /// The request fields a response object echoes.
 fn echo(req: &ResponsesRequest) -> Map<String, Value> {

@@ -5,8 +5,7 @@ use wick_chat::tool_call::{ToolCallError, ToolSpec};
 use wick_engine::sampler::MAX_TOP_LOGPROBS;
 
 use super::structured::{
-    compile, forced_tool_spec, response_format_spec, strict_tools_constraint, vllm_spec,
-    ForcedTool,
+    compile, forced_tool_spec, response_format_spec, strict_tools_constraint, vllm_spec, ForcedTool,
 };
 use super::{resolve_generation, GenerationContext, ValidGeneration};
 use crate::config::BUILTIN_CHAT_MAX_TOKENS;
@@ -175,13 +174,8 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
         generation.sampling.constraint = Some(compile(model, param, spec, reasoning)?);
     } else if !tool_specs.is_empty() {
         // `auto` with strict tools: free text, constrained calls.
-        generation.sampling.constraint = strict_tools_constraint(
-            model,
-            &tools,
-            &tool_specs,
-            state.tool_format(),
-            reasoning,
-        )?;
+        generation.sampling.constraint =
+            strict_tools_constraint(model, &tools, &tool_specs, state.tool_format(), reasoning)?;
     }
     Ok(ValidChat {
         messages,

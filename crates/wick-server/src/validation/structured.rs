@@ -330,7 +330,12 @@ pub fn strict_tools_constraint(
         let grammar = match compiled.iter().find(|(g, _)| *g == arm.grammar) {
             Some((_, c)) => c.clone(),
             None => {
-                let c = compile(model, "tools", &ConstraintSpec::Lark(arm.grammar.clone()), false)?;
+                let c = compile(
+                    model,
+                    "tools",
+                    &ConstraintSpec::Lark(arm.grammar.clone()),
+                    false,
+                )?;
                 compiled.push((arm.grammar.clone(), c.clone()));
                 c
             }
