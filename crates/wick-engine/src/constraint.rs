@@ -481,11 +481,10 @@ impl RowConstraint {
                 }
                 close.len()
             } else {
-                let hit = self
-                    .arms
-                    .iter()
-                    .find(|(trigger, _)| find_last(&self.seen, trigger).is_some());
-                if let Some((_, grammar)) = hit {
+                let hit = self.arms.iter().find_map(|(trigger, grammar)| {
+                    find_last(&self.seen, trigger).map(|at| (at + trigger.len(), grammar))
+                });
+                if let Some((end, grammar)) = hit {
                     // Each call starts on a fresh matcher of its arm's grammar.
                     self.matcher = grammar
                         .proto
@@ -493,7 +492,16 @@ impl RowConstraint {
                         .unwrap_or_else(|p| p.into_inner())
                         .clone();
                     self.free = false;
+                    // The token that completed the trigger may hold more (Qwen's `",` after
+                    // a name): those bytes are the grammar's first.
+                    let rest = self.seen[end..].to_vec();
                     self.seen.clear();
+                    if !rest.is_empty() {
+                        let ids = self.env.tok_trie().greedy_tokenize(&rest);
+                        if self.matcher.validate_tokens(&ids).map_err(failed)? == ids.len() {
+                            self.matcher.consume_tokens(&ids).map_err(failed)?;
+                        }
+                    }
                     return Ok(());
                 }
                 self.arms.iter().map(|(t, _)| t.len()).max().unwrap_or(0)
@@ -753,6 +761,14 @@ mod tests {
         assert!(row.is_active(), "the next call is constrained too");
         assert!(!row.allows(first("hello")).unwrap());
         assert!(row.allows(first("{")).unwrap());
+
+        // A token that completes the trigger and goes on: the rest counts for the grammar.
+        let mut row = c.start(&[1]);
+        commit(&mut row, "x <cal");
+        commit(&mut row, "l>{4");
+        assert!(row.is_active());
+        assert!(row.allows(first("}")).unwrap(), "after {{4 a brace closes");
+        assert!(!row.allows(first("{")).unwrap());
 
         // A second arm: its own trigger, its own grammar.
         let digits = g
