@@ -204,3 +204,120 @@ def test_forced_tool_calls_are_parsed(qwen, tool_choice, name):
     tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
     assert not (call.model_extra or {}).get("wick_repairs"), call
+
+
+# A tool whose schema the unconstrained model gets wrong: it writes the city's name, not
+# its IATA code, and a unit outside the enum.
+AIRPORT_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather at an airport.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "airport": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                "unit": {"enum": ["celsius_degrees", "fahrenheit_degrees"]},
+            },
+            "required": ["airport", "unit"],
+        },
+    },
+}
+
+
+def weather_call(qwen, strict, content="What is the weather in Paris right now, in celsius?"):
+    tool = json.loads(json.dumps(AIRPORT_WEATHER))
+    tool["function"]["strict"] = strict
+    return qwen.chat.completions.create(
+        model="qwen2.5-coder-0.5b-instruct",
+        messages=[{"role": "user", "content": content}],
+        tools=[tool, TIME],
+        max_tokens=96,
+        temperature=0,
+    ).choices[0]
+
+
+def test_strict_tools_constrain_calls_under_auto(qwen):
+    free = weather_call(qwen, strict=False)
+    assert free.message.tool_calls, free
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(free.message.tool_calls[0].function.arguments),
+                            AIRPORT_WEATHER["function"]["parameters"])
+    strict = weather_call(qwen, strict=True)
+    assert strict.finish_reason == "tool_calls", strict
+    call = strict.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, AIRPORT_WEATHER["function"]["parameters"])
+    assert set(args) == {"airport", "unit"}, "strict: no properties outside the schema"
+
+
+def test_strict_tools_leave_free_text_free(qwen):
+    # No call wanted: the reply is the same text as without the constraint.
+    prompt = "Reply with one short sentence about cats. Do not call any tool."
+    free = weather_call(qwen, strict=False, content=prompt)
+    strict = weather_call(qwen, strict=True, content=prompt)
+    assert not strict.message.tool_calls, strict
+    assert strict.message.content and strict.message.content == free.message.content
+
+
+# Codex CLI's custom tools (Responses API): a Lark grammar format, as apply_patch has.
+PATCH_LARK = r'''start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+hunk: add_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+filename: /(.+)/
+add_line: "+" /(.*)/ LF
+LF: "\n"
+'''
+APPLY_PATCH = {"type": "custom", "name": "apply_patch",
+               "description": "Edit files with a patch in the apply_patch format.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_LARK}}
+TICKET = {"type": "custom", "name": "open_ticket", "description": "Open a ticket by its code.",
+          "format": {"type": "grammar", "syntax": "regex", "definition": "[A-Z]{3}-[0-9]{4}"}}
+
+
+def test_custom_tools_come_back_as_custom_tool_calls(qwen):
+    r = qwen.responses.create(model="m", input="Create hello.txt containing the line: hi",
+                              tools=[APPLY_PATCH], tool_choice={"type": "custom", "name": "apply_patch"},
+                              max_output_tokens=160, temperature=0)
+    calls = [o for o in r.output if o.type == "custom_tool_call"]
+    assert calls and calls[0].name == "apply_patch", r.output
+    # The grammar is regular, so it binds the input (PATCH_LARK as a regular expression).
+    patch = r"\*\*\* Begin Patch\n(\*\*\* Add File: .+\n(\+.*\n)+)+\*\*\* End Patch\n?"
+    assert r.status == "completed" and re.fullmatch(patch, calls[0].input), calls[0].input
+    # The call and its output go back into the next turn.
+    follow = qwen.responses.create(model="m", input=[
+        {"type": "message", "role": "user", "content": "Create hello.txt"},
+        {"type": "custom_tool_call", "call_id": calls[0].call_id, "name": "apply_patch", "input": calls[0].input},
+        {"type": "custom_tool_call_output", "call_id": calls[0].call_id, "output": "Done."},
+    ], tools=[APPLY_PATCH], max_output_tokens=16, temperature=0)
+    assert follow.status in ("completed", "incomplete")
+
+
+def test_a_regex_custom_tool_constrains_its_input(qwen):
+    r = qwen.responses.create(model="m", input="Open a ticket for the printer being broken.",
+                              tools=[TICKET], tool_choice={"type": "custom", "name": "open_ticket"},
+                              max_output_tokens=64, temperature=0)
+    call = [o for o in r.output if o.type == "custom_tool_call"][0]
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{4}", call.input), call.input
+
+
+def test_a_streamed_custom_call_sends_its_input(qwen):
+    with qwen.responses.stream(model="m", input="Open a ticket for the printer being broken.",
+                               tools=[TICKET], tool_choice={"type": "custom", "name": "open_ticket"},
+                               max_output_tokens=64, temperature=0) as stream:
+        events = list(stream)
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert len(done) == 1 and re.fullmatch(r"[A-Z]{3}-[0-9]{4}", done[0].input), events
+    assert "response.function_call_arguments.delta" not in [e.type for e in events]
+    items = [e.item for e in events if e.type == "response.output_item.done"]
+    assert items[-1].type == "custom_tool_call" and items[-1].input == done[0].input
+
+
+def test_a_bad_custom_grammar_is_400(qwen):
+    bad = {**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark", "definition": "start: foo("}}
+    with pytest.raises(openai.BadRequestError) as e:
+        qwen.responses.create(model="m", input="x", tools=[bad], max_output_tokens=4)
+    assert e.value.body["param"] == "tools[0].format.definition", e.value.body

@@ -81,7 +81,6 @@ pub struct PromptCache<V: CacheValue> {
     ram: Arc<Mutex<RamTier<V>>>,
     ssd: Option<Arc<SsdTier>>,
     durability: Option<Durability<V>>,
-    scan: Option<ScanReport>,
     enabled: bool,
     counters: Counters,
 }
@@ -91,7 +90,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<V: CacheValue> PromptCache<V> {
-    /// Sets the tiers up: opens and scans the SSD directory and starts its writer.
+    /// Sets the tiers up: opens the SSD directory, starts its scan in the background (its
+    /// entries become restorable as they are indexed) and starts its writer.
     pub fn new(cfg: PromptCacheConfig) -> Result<Self> {
         if cfg.ssd.is_some() && cfg.ram_bytes == 0 {
             return Err(CacheError::Config(
@@ -100,10 +100,9 @@ impl<V: CacheValue> PromptCache<V> {
             ));
         }
         let ram = Arc::new(Mutex::new(RamTier::new(cfg.ram_bytes)));
-        let (ssd, scan, durability) = match cfg.ssd {
+        let (ssd, durability) = match cfg.ssd {
             Some(s) => {
-                let (tier, report) = SsdTier::open(s)?;
-                let tier = Arc::new(tier);
+                let tier = SsdTier::open_in_background(s)?;
                 let d = Durability::start(
                     ram.clone(),
                     tier.clone(),
@@ -111,15 +110,14 @@ impl<V: CacheValue> PromptCache<V> {
                     cfg.write_behind,
                     cfg.write_queue_bytes,
                 )?;
-                (Some(tier), Some(report), Some(d))
+                (Some(tier), Some(d))
             }
-            None => (None, None, None),
+            None => (None, None),
         };
         Ok(PromptCache {
             ram,
             ssd,
             durability,
-            scan,
             enabled: cfg.ram_bytes > 0,
             counters: Counters::default(),
         })
@@ -135,9 +133,21 @@ impl<V: CacheValue> PromptCache<V> {
         self.ssd.is_some()
     }
 
-    /// What the start-up scan of the SSD tier found.
-    pub fn scan_report(&self) -> Option<&ScanReport> {
-        self.scan.as_ref()
+    /// What the start-up scan of the SSD tier found; `None` without an SSD tier or while
+    /// the scan is running.
+    pub fn scan_report(&self) -> Option<ScanReport> {
+        self.ssd.as_ref().and_then(|s| s.scan_report())
+    }
+
+    /// Waits up to `timeout` for the SSD tier's start-up scan; its report (`None` without
+    /// an SSD tier or when the scan is still running).
+    pub fn wait_for_scan(&self, timeout: Duration) -> Option<ScanReport> {
+        self.ssd.as_ref().and_then(|s| s.wait_for_scan(timeout))
+    }
+
+    /// Whether the SSD tier's start-up scan is still indexing entries.
+    pub fn is_scanning(&self) -> bool {
+        self.ssd.as_ref().is_some_and(|s| s.scan_report().is_none())
     }
 
     /// The SSD tier, if any (tests and diagnostics).
@@ -320,6 +330,7 @@ impl<V: CacheValue> PromptCache<V> {
         let o = Ordering::Relaxed;
         let ssd = match (&self.ssd, &self.durability) {
             (Some(s), Some(d)) => {
+                let scanning = s.scan_report().is_none();
                 let s = s.counters();
                 let d = d.counters();
                 Some(SsdStats {
@@ -341,6 +352,7 @@ impl<V: CacheValue> PromptCache<V> {
                     checkpoints: s.checkpoints,
                     checkpoints_saved: d.checkpoints_saved,
                     checkpoints_resumed: c.resumed.load(o),
+                    scanning,
                 })
             }
             _ => None,

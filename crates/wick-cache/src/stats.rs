@@ -70,6 +70,8 @@ pub struct SsdStats {
     pub checkpoints_saved: u64,
     /// Generations resumed from a checkpoint.
     pub checkpoints_resumed: u64,
+    /// The start-up scan is still indexing the directory (entries not yet reached miss).
+    pub scanning: bool,
 }
 
 /// The answer of a flush: `durable` is true only when nothing is pending, nothing was

@@ -64,7 +64,13 @@ fn write_behind_waits_for_idle_then_survives_a_restart() {
         assert_eq!(cache.stats().ssd.unwrap().pending_snapshots, 0);
     }
     let cache = PromptCache::new(config(root.path(), 1 << 30)).unwrap();
-    assert_eq!(cache.scan_report().unwrap().entries, 1);
+    assert_eq!(
+        cache
+            .wait_for_scan(Duration::from_secs(20))
+            .unwrap()
+            .entries,
+        1
+    );
     let mut prompt = t.clone();
     prompt.push(5);
     let hit = cache.lookup("", &prompt, &Loader);

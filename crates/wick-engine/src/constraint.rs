@@ -15,6 +15,11 @@
 //!   replays keep it in step with the tokens.
 //! - The grammar may wait for the end of a reasoning block ([`Constraint::after_reasoning`]):
 //!   when the prompt ends inside `<think>`, tokens are free until `</think>` is generated.
+//! - A lazy grammar ([`Constraint::triggered_by`], more arms with [`Constraint::or_triggered`])
+//!   leaves tokens free until the model writes one of its triggers (a tool call's opening
+//!   tag, or the start of a bare call), constrains what follows with that trigger's grammar
+//!   until it is complete (the call's end), then is free again until the next trigger:
+//!   strict tools under `tool_choice: auto`. Free tokens cost nothing: no matcher is asked.
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -233,6 +238,7 @@ impl Grammars {
                 compile_time: took,
             }),
             reasoning: None,
+            arms: Vec::new(),
         })
     }
 
@@ -267,6 +273,8 @@ pub struct Constraint {
     /// The reasoning block's tags `(open, close)`: when the prompt ends inside the block,
     /// the grammar applies from the close tag on.
     reasoning: Option<(String, String)>,
+    /// A lazy grammar's arms: after each occurrence of a trigger, its grammar applies.
+    arms: Vec<(String, Arc<Compiled>)>,
 }
 
 impl Constraint {
@@ -275,6 +283,27 @@ impl Constraint {
     pub fn after_reasoning(mut self, open: &str, close: &str) -> Constraint {
         self.reasoning = Some((open.to_string(), close.to_string()));
         self
+    }
+
+    /// Makes the grammar lazy: tokens are free until the generated text contains `trigger`,
+    /// the grammar constrains what follows until it is complete, and then tokens are free
+    /// again until the next `trigger` (each time on a fresh matcher). A lazy grammar never
+    /// ends the reply itself. The grammar describes what follows the trigger, without it.
+    pub fn triggered_by(mut self, trigger: &str) -> Constraint {
+        self.arms = vec![(trigger.to_string(), self.inner.clone())];
+        self
+    }
+
+    /// Adds an arm to a lazy grammar: after `trigger`, `grammar`'s grammar applies (until it
+    /// is complete). `grammar`'s own reasoning setting and arms are not used.
+    pub fn or_triggered(mut self, trigger: &str, grammar: &Constraint) -> Constraint {
+        self.arms.push((trigger.to_string(), grammar.inner.clone()));
+        self
+    }
+
+    /// The lazy grammar's triggers (empty for a grammar that applies from the start).
+    pub fn triggers(&self) -> Vec<&str> {
+        self.arms.iter().map(|(t, _)| t.as_str()).collect()
     }
 
     /// The kind of grammar (`json_schema`, `regex` …).
@@ -308,7 +337,7 @@ impl Constraint {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let trie = self.inner.env.tok_trie();
-        let waiting = self.reasoning.as_ref().and_then(|(open, close)| {
+        let reasoning_open = self.reasoning.as_ref().and_then(|(open, close)| {
             // Only the prompt's tail can leave a block open; 64 tokens hold any tag.
             let tail = &prompt[prompt.len().saturating_sub(64)..];
             let text = trie.decode(tail);
@@ -319,10 +348,19 @@ impl Constraint {
                 _ => None,
             }
         });
+        let arms: Vec<(Vec<u8>, Arc<Compiled>)> = self
+            .arms
+            .iter()
+            .map(|(t, c)| (t.as_bytes().to_vec(), c.clone()))
+            .collect();
+        // Inside an open reasoning block a lazy grammar's triggers only count after it.
+        let free = reasoning_open.is_none() && !arms.is_empty();
         RowConstraint {
             matcher,
             env: self.inner.env.clone(),
-            waiting,
+            reasoning_close: reasoning_open,
+            arms,
+            free,
             seen: Vec::new(),
             saved: Vec::new(),
         }
@@ -343,13 +381,21 @@ impl std::fmt::Debug for Constraint {
         f.debug_struct("Constraint")
             .field("kind", &self.inner.kind)
             .field("reasoning", &self.reasoning)
+            .field("triggers", &self.triggers())
             .finish()
     }
 }
 
 impl PartialEq for Constraint {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner) && self.reasoning == other.reasoning
+        Arc::ptr_eq(&self.inner, &other.inner)
+            && self.reasoning == other.reasoning
+            && self.arms.len() == other.arms.len()
+            && self
+                .arms
+                .iter()
+                .zip(&other.arms)
+                .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y))
     }
 }
 
@@ -357,8 +403,12 @@ impl PartialEq for Constraint {
 pub struct RowConstraint {
     matcher: Matcher,
     env: TokEnv,
-    /// Bytes that must be generated before the grammar applies (a reasoning block's close).
-    waiting: Option<Vec<u8>>,
+    /// The reasoning block's close, while the prompt's open block has not closed.
+    reasoning_close: Option<Vec<u8>>,
+    /// A lazy grammar's arms (trigger, grammar); empty otherwise.
+    arms: Vec<(Vec<u8>, Arc<Compiled>)>,
+    /// A lazy grammar waiting for one of its triggers.
+    free: bool,
     /// Generated bytes while waiting (only a tag's length of them is kept).
     seen: Vec<u8>,
     /// The logits row as it came, for a redraw on the masked row.
@@ -368,12 +418,13 @@ pub struct RowConstraint {
 impl RowConstraint {
     /// Whether the grammar applies to the next token.
     pub fn is_active(&self) -> bool {
-        self.waiting.is_none()
+        self.reasoning_close.is_none() && !self.free
     }
 
-    /// Whether the grammar is complete and can take nothing more: the reply is done.
+    /// Whether the grammar is complete and can take nothing more: the reply is done. A lazy
+    /// grammar never is (the model ends the reply).
     pub fn is_done(&self) -> bool {
-        self.is_active() && self.matcher.is_stopped()
+        self.arms.is_empty() && self.is_active() && self.matcher.is_stopped()
     }
 
     /// Samples a token the grammar allows.
@@ -418,20 +469,53 @@ impl RowConstraint {
 
     /// Records a generated token.
     pub fn commit(&mut self, id: u32) -> Result<(), ConstraintError> {
-        if let Some(close) = &self.waiting {
+        if self.reasoning_close.is_some() || self.free {
             let trie = self.env.tok_trie();
             self.seen.extend_from_slice(&trie.decode(&[id]));
-            if find_last(&self.seen, close).is_some() {
-                self.waiting = None;
-                self.seen = Vec::new();
+            let keep = if let Some(close) = &self.reasoning_close {
+                if find_last(&self.seen, close).is_some() {
+                    self.reasoning_close = None;
+                    self.seen.clear();
+                    self.free = !self.arms.is_empty();
+                    return Ok(());
+                }
+                close.len()
             } else {
-                let keep = close.len().saturating_sub(1);
-                let cut = self.seen.len().saturating_sub(keep);
-                self.seen.drain(..cut);
-            }
+                let hit = self.arms.iter().find_map(|(trigger, grammar)| {
+                    find_last(&self.seen, trigger).map(|at| (at + trigger.len(), grammar))
+                });
+                if let Some((end, grammar)) = hit {
+                    // Each call starts on a fresh matcher of its arm's grammar.
+                    self.matcher = grammar
+                        .proto
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    self.free = false;
+                    // The token that completed the trigger may hold more (Qwen's `",` after
+                    // a name): those bytes are the grammar's first.
+                    let rest = self.seen[end..].to_vec();
+                    self.seen.clear();
+                    if !rest.is_empty() {
+                        let ids = self.env.tok_trie().greedy_tokenize(&rest);
+                        if self.matcher.validate_tokens(&ids).map_err(failed)? == ids.len() {
+                            self.matcher.consume_tokens(&ids).map_err(failed)?;
+                        }
+                    }
+                    return Ok(());
+                }
+                self.arms.iter().map(|(t, _)| t.len()).max().unwrap_or(0)
+            };
+            let cut = self.seen.len().saturating_sub(keep.saturating_sub(1));
+            self.seen.drain(..cut);
             return Ok(());
         }
-        self.matcher.consume_token(id).map_err(failed)
+        self.matcher.consume_token(id).map_err(failed)?;
+        if !self.arms.is_empty() && self.matcher.is_stopped() {
+            // The call is complete: free text again until the next trigger.
+            self.free = true;
+        }
+        Ok(())
     }
 }
 
@@ -640,6 +724,66 @@ mod tests {
         // A closed block in the prompt: the grammar applies at once.
         let closed = tok.encode_literal("<think>x</think>", false).unwrap();
         assert!(c.start(&closed).is_active());
+    }
+
+    #[test]
+    fn a_lazy_grammar_applies_from_each_trigger_to_the_end_of_its_call() {
+        let tok = smollm2();
+        let g = grammars(&tok);
+        let c = g
+            .compile(&ConstraintSpec::Lark(
+                "start: \"{\" /[0-9]+/ \"}\" \"</call>\"\n".into(),
+            ))
+            .unwrap()
+            .triggered_by("<call>");
+        let mut row = c.start(&[1]);
+        let first = |t: &str| tok.encode_literal(t, false).unwrap()[0];
+        let commit = |row: &mut RowConstraint, text: &str| {
+            for t in tok.encode_literal(text, false).unwrap() {
+                assert!(!row.is_active() || row.allows(t).unwrap(), "{text:?}");
+                row.commit(t).unwrap();
+            }
+        };
+        // Free text, however it looks, until the trigger.
+        assert!(!row.is_active());
+        commit(&mut row, "Sure, hello! {not a call} <cal");
+        assert!(!row.is_active());
+        commit(&mut row, "l>");
+        assert!(row.is_active());
+        assert!(row.allows(first("{")).unwrap());
+        assert!(!row.allows(first("hello")).unwrap());
+        commit(&mut row, "{42}</call>");
+        // The call is complete: free again, and never done (the model ends the reply).
+        assert!(!row.is_active() && !row.is_done());
+        commit(&mut row, " and more text");
+        assert!(!row.is_active());
+        commit(&mut row, "<call>");
+        assert!(row.is_active(), "the next call is constrained too");
+        assert!(!row.allows(first("hello")).unwrap());
+        assert!(row.allows(first("{")).unwrap());
+
+        // A token that completes the trigger and goes on: the rest counts for the grammar.
+        let mut row = c.start(&[1]);
+        commit(&mut row, "x <cal");
+        commit(&mut row, "l>{4");
+        assert!(row.is_active());
+        assert!(row.allows(first("}")).unwrap(), "after {{4 a brace closes");
+        assert!(!row.allows(first("{")).unwrap());
+
+        // A second arm: its own trigger, its own grammar.
+        let digits = g
+            .compile(&ConstraintSpec::Lark("start: /[0-9]{2}/ \"!\"\n".into()))
+            .unwrap();
+        let two = c.clone().or_triggered("CODE=", &digits);
+        assert_eq!(two.triggers(), ["<call>", "CODE="]);
+        let mut row = two.start(&[1]);
+        commit(&mut row, "the code: CODE=");
+        assert!(row.is_active());
+        assert!(!row.allows(first("{")).unwrap(), "the other arm's grammar");
+        commit(&mut row, "42!");
+        assert!(!row.is_active());
+        commit(&mut row, " <call>");
+        assert!(row.is_active() && row.allows(first("{")).unwrap());
     }
 
     #[test]

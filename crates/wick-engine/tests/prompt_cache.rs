@@ -498,6 +498,7 @@ fn cancelled_generation_resumes_from_its_checkpoint() {
         assert_eq!(ssd.checkpoints, 1, "older checkpoints are replaced");
     }
     let engine = Engine::start(model.clone(), config).unwrap();
+    engine.cache_scan_report().unwrap();
     let (ids, done) = collect(&engine, req.clone());
     assert_eq!(
         ids, want,

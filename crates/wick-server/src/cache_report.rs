@@ -33,6 +33,7 @@ pub fn ssd_cache_json(s: &SsdStats) -> Value {
         "max_bytes": s.max_bytes,
         "restores": s.restores,
         "restore_failures": s.restore_failures,
+        "scanning": s.scanning,
         "restore_ms_last": s.restore_ms_last,
         "spills": s.spills,
         "pending_snapshots": s.pending_snapshots,

@@ -135,7 +135,7 @@ pub enum ApiError {
         limit: usize,
     },
     /// Too many requests are waiting.
-    #[error("the server is busy: {limit} requests are already waiting; retry later")]
+    #[error("{}", queue_full_message(*limit))]
     QueueFull {
         /// The queue limit.
         limit: usize,
@@ -149,6 +149,18 @@ pub enum ApiError {
     /// A bug: a panic or an impossible state.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// The message of a 429: with `--max-queue 0` no request waits at all, so it is every batch
+/// slot being taken that refuses it, not a queue of zero.
+fn queue_full_message(limit: usize) -> String {
+    match limit {
+        0 => "the server is busy: every batch slot is taken and no request may wait \
+              (--max-queue 0); retry later"
+            .to_string(),
+        1 => "the server is busy: 1 request is already waiting; retry later".to_string(),
+        n => format!("the server is busy: {n} requests are already waiting; retry later"),
+    }
 }
 
 impl ApiError {
@@ -435,6 +447,19 @@ mod tests {
             assert!(err.get("param").is_some());
         }
         assert!(ApiError::Internal("x".into()).status().is_server_error());
+    }
+
+    #[test]
+    fn queue_full_with_no_queue_says_the_batch_is_full() {
+        let none = ApiError::QueueFull { limit: 0 }.to_string();
+        assert!(!none.contains("0 requests"), "{none}");
+        assert!(none.contains("every batch slot is taken"), "{none}");
+        assert!(ApiError::QueueFull { limit: 1 }
+            .to_string()
+            .contains("1 request is already waiting"));
+        assert!(ApiError::QueueFull { limit: 8 }
+            .to_string()
+            .contains("8 requests are already waiting"));
     }
 
     #[test]

@@ -71,9 +71,21 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of our output went away (`wick ls | head -1`): nothing more to say, as
+        // with other command-line tools.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` (or what caused it) is a write to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

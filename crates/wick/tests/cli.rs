@@ -264,3 +264,44 @@ fn pip_output_goes_to_stderr_not_stdout() {
         stderr(&o)
     );
 }
+
+/// Runs `c` with its stdout a pipe whose reader is already gone (`wick ls | true`).
+fn run_into_closed_pipe(c: &mut Command) -> Output {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let child = c
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wick runs");
+    child.wait_with_output().expect("output")
+}
+
+#[test]
+fn a_closed_stdout_pipe_ends_ls_and_generate_quietly() {
+    let home = tempfile::tempdir().unwrap();
+    copy_tiny_model(&home.path().join("models/tiny-qwen2-test-model"));
+    let ls = run_into_closed_pipe(
+        wick()
+            .arg("ls")
+            .env("WICK_HOME", home.path())
+            .env("HF_HUB_CACHE", home.path().join("hf")),
+    );
+    assert!(ls.status.success(), "{:?}: {}", ls.status, stderr(&ls));
+    assert_eq!(stderr(&ls), "", "nothing to say about a closed pipe");
+    let generate = run_into_closed_pipe(wick().arg("generate").arg(tiny_model()).args([
+        "--raw",
+        "--max-tokens",
+        "64",
+        "hello",
+    ]));
+    assert!(
+        generate.status.success(),
+        "{:?}: {}",
+        generate.status,
+        stderr(&generate)
+    );
+    let err = stderr(&generate);
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+}

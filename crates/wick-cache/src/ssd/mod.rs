@@ -11,6 +11,8 @@
 //!   one, plus at most an orphan `.tmp` that the next start removes.
 //! - Start-up scan rebuilds the index from the headers (hash-checked), removing orphans,
 //!   corrupt files, other format versions and files of another fingerprint or namespace.
+//!   [`SsdTier::open_in_background`] runs it on its own thread: entries become restorable
+//!   one by one as it indexes them, and a lookup meanwhile misses instead of waiting.
 //!   With `verify`, every payload is hash-checked too; payloads are always checked when
 //!   an entry is restored, so a damaged entry is never restored.
 //! - The byte cap evicts least-recently-used files by modification time (a restore
@@ -23,8 +25,8 @@ use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::checkpoint::{CheckpointKey, CheckpointMeta};
 use crate::namespace::{self, dir_name};
@@ -269,11 +271,58 @@ pub struct SsdTier {
     restore_ms_last: AtomicU64,
     warned: AtomicBool,
     tmp_seq: AtomicU64,
+    /// When the tier was opened: a `.tmp` file newer than this may be a write of ours in
+    /// progress, which a background scan must not take for an orphan.
+    opened_at: SystemTime,
+    /// The start-up scan's report, once it is done.
+    scan: Mutex<Option<ScanReport>>,
+    scan_done: Condvar,
 }
 
 impl SsdTier {
     /// Opens (creating) `<root>/<fingerprint>/`, takes its lock, and scans it.
     pub fn open(cfg: SsdConfig) -> Result<(SsdTier, ScanReport)> {
+        let tier = SsdTier::open_unscanned(cfg)?;
+        let report = tier.run_scan();
+        Ok((tier, report))
+    }
+
+    /// Opens (creating) `<root>/<fingerprint>/` and takes its lock like [`SsdTier::open`],
+    /// then scans it on a thread of its own and returns at once. Entries become restorable
+    /// as the scan indexes them; until then a lookup misses. [`SsdTier::scan_report`] says
+    /// when it is done.
+    pub fn open_in_background(cfg: SsdConfig) -> Result<Arc<SsdTier>> {
+        let tier = Arc::new(SsdTier::open_unscanned(cfg)?);
+        let scanning = tier.clone();
+        let spawned = std::thread::Builder::new()
+            .name("wick-ssd-scan".into())
+            .spawn(move || {
+                scanning.run_scan();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread for the SSD cache scan; scanning now");
+            tier.run_scan();
+        }
+        Ok(tier)
+    }
+
+    /// What the start-up scan found; `None` while it is still running.
+    pub fn scan_report(&self) -> Option<ScanReport> {
+        self.scan.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits up to `timeout` for the start-up scan; its report, or `None` if it is still
+    /// running.
+    pub fn wait_for_scan(&self, timeout: Duration) -> Option<ScanReport> {
+        let guard = self.scan.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self
+            .scan_done
+            .wait_timeout_while(guard, timeout, |r| r.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        guard.clone()
+    }
+
+    fn open_unscanned(cfg: SsdConfig) -> Result<SsdTier> {
         if cfg.fingerprint.is_empty()
             || !cfg
                 .fingerprint
@@ -307,11 +356,10 @@ impl SsdTier {
                 })
             }
         }
-        let (index, report) = scan(&dir, &cfg)?;
-        let tier = SsdTier {
+        Ok(SsdTier {
             dir,
             cfg,
-            index: Mutex::new(index),
+            index: Mutex::new(Index::default()),
             _lock: lock,
             restores: AtomicU64::new(0),
             restore_failures: AtomicU64::new(0),
@@ -322,10 +370,34 @@ impl SsdTier {
             restore_ms_last: AtomicU64::new(0),
             warned: AtomicBool::new(false),
             tmp_seq: AtomicU64::new(0),
+            opened_at: SystemTime::now(),
+            scan: Mutex::new(None),
+            scan_done: Condvar::new(),
+        })
+    }
+
+    /// Indexes the fingerprint directory, entry by entry (the index is locked per entry
+    /// only, so lookups and stores go on meanwhile), evicts to the cap and records the
+    /// report.
+    fn run_scan(&self) -> ScanReport {
+        let started = Instant::now();
+        let report = scan(&self.dir, &self.cfg, self.opened_at, |entry| {
+            let mut ix = self.index();
+            // A store during the scan may have indexed this very file already.
+            if ix.prefix.exact(&entry.ns, &entry.tokens).is_empty() {
+                ix.insert(entry);
+            }
+        });
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot scan the SSD cache directory; it starts empty");
+                ScanReport::default()
+            }
         };
         let report = {
-            let mut ix = tier.index();
-            let evicted = tier.evict_to_cap(&mut ix, None);
+            let mut ix = self.index();
+            let evicted = self.evict_to_cap(&mut ix, None);
             ScanReport {
                 evicted,
                 entries: ix.entries.len(),
@@ -334,15 +406,19 @@ impl SsdTier {
             }
         };
         tracing::info!(
-            dir = %tier.dir.display(),
+            dir = %self.dir.display(),
             entries = report.entries,
             mib = report.bytes >> 20,
             orphans = report.removed_orphans,
             corrupt = report.removed_corrupt,
             mismatched = report.removed_mismatched + report.removed_unsupported,
+            skipped = report.skipped_not_files,
+            took_ms = started.elapsed().as_millis() as u64,
             "SSD cache scanned"
         );
-        Ok((tier, report))
+        *self.scan.lock().unwrap_or_else(|p| p.into_inner()) = Some(report.clone());
+        self.scan_done.notify_all();
+        report
     }
 
     fn index(&self) -> MutexGuard<'_, Index> {
@@ -712,10 +788,17 @@ impl SsdTier {
     }
 }
 
-/// Rebuilds the index from our fingerprint directory.
-fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
-    let mut index = Index::default();
+/// Reads our fingerprint directory, handing each usable entry to `insert`. A `.tmp` file is a
+/// write a crash interrupted and is removed, unless this process may be writing it now (its
+/// name carries our process id and it changed after `opened_at`).
+fn scan(
+    dir: &Path,
+    cfg: &SsdConfig,
+    opened_at: SystemTime,
+    mut insert: impl FnMut(SsdEntry),
+) -> Result<ScanReport> {
     let mut report = ScanReport::default();
+    let our_tmp = format!(".{}.", std::process::id());
     let subdirs = fs::read_dir(dir).map_err(CacheError::io("list", dir))?;
     for sub in subdirs.flatten() {
         let sub_path = sub.path();
@@ -745,6 +828,14 @@ fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
                 continue;
             }
             if name.ends_with(".tmp") {
+                let ours = name.contains(&our_tmp)
+                    && file
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|m| m >= opened_at);
+                if ours {
+                    continue;
+                }
                 remove_quietly(&path);
                 report.removed_orphans += 1;
                 continue;
@@ -754,7 +845,7 @@ fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
             }
             match scan_file(&path, &sub_name, cfg) {
                 Ok((header, meta)) => {
-                    index.insert(SsdEntry {
+                    insert(SsdEntry {
                         ns: header.namespace.as_str().into(),
                         tokens: header.tokens.clone().into(),
                         path,
@@ -783,7 +874,7 @@ fn scan(dir: &Path, cfg: &SsdConfig) -> Result<(Index, ScanReport)> {
             }
         }
     }
-    Ok((index, report))
+    Ok(report)
 }
 
 fn scan_file(path: &Path, dir_label: &str, cfg: &SsdConfig) -> Result<(FileHeader, fs::Metadata)> {

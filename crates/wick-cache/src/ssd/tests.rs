@@ -333,3 +333,118 @@ fn open_regular_refuses_what_is_not_a_regular_file() {
         Err(CacheError::NotAFile { .. })
     ));
 }
+
+/// The serving path never waits for the start-up scan: a directory of many entries and a FIFO
+/// opens in the background, lookups during the scan answer (a miss for what is not yet
+/// indexed), a store during the scan is kept, and every entry is restorable once it is done.
+#[cfg(unix)]
+#[test]
+fn the_background_scan_indexes_many_entries_while_lookups_and_stores_go_on() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    const N: u32 = 400;
+    let root = tempfile::tempdir().unwrap();
+    let prompts: Vec<Vec<u32>> = (0..N).map(|i| vec![i + 1, 7, 8, 9, 10, 11]).collect();
+    {
+        let (ssd, _) = SsdTier::open(cfg(root.path())).unwrap();
+        for p in &prompts {
+            ssd.store("", p, &snap(p), None).unwrap();
+        }
+    }
+    let ns_dir = files(&root.path().join("fp1"))[0]
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let fifo = ns_dir.join(format!("{}.{EXTENSION}", "f".repeat(32)));
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) }, 0);
+    // An orphan of a crashed writer: removed by the scan.
+    let orphan = ns_dir.join(format!("{}.{EXTENSION}.1.0.tmp", "0".repeat(32)));
+    fs::write(&orphan, b"half").unwrap();
+    let old = SystemTime::now() - Duration::from_secs(3600);
+    File::options()
+        .write(true)
+        .open(&orphan)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+
+    let (tx, rx) = mpsc::channel();
+    let root_path = root.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(SsdTier::open_in_background(cfg(&root_path)));
+    });
+    let ssd = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("opening waited for the scan")
+        .unwrap();
+    // Lookups and a store while the scan may still run: none of them waits for it.
+    let fresh: Vec<u32> = vec![9999, 1, 2, 3];
+    let mut lookups = 0;
+    while ssd.scan_report().is_none() && lookups < 10_000 {
+        let _ = ssd.find("", &prompts[(lookups % N as usize)]);
+        if lookups == 0 {
+            let out = ssd.store("", &fresh, &snap(&fresh), None).unwrap();
+            assert!(matches!(out, StoreOutcome::Stored { .. }), "{out:?}");
+        }
+        lookups += 1;
+    }
+    let report = ssd
+        .wait_for_scan(Duration::from_secs(60))
+        .expect("the scan never finished");
+    if lookups == 0 {
+        ssd.store("", &fresh, &snap(&fresh), None).unwrap();
+    }
+    assert_eq!(report.skipped_not_files, 1, "{report:?}");
+    assert_eq!(report.removed_orphans, 1, "{report:?}");
+    assert!(!orphan.exists() && fifo.exists());
+    assert_eq!(ssd.entries().len(), N as usize + 1, "{report:?}");
+    for p in prompts.iter().chain([&fresh]) {
+        let mut longer = p.clone();
+        longer.push(1);
+        let m = ssd.find("", &longer).expect("indexed");
+        assert_eq!(m.usable, p.len());
+        assert_eq!(ssd.load(&m).unwrap().len(), p.len());
+    }
+    // The entry stored during the scan is indexed once, not again by the scan.
+    assert_eq!(ssd.counters().entries, N as usize + 1);
+}
+
+/// A `.tmp` file this process may be writing now is not an orphan to a background scan; one
+/// with our process id but older than the tier is (a previous process with the same id).
+#[test]
+fn the_scan_leaves_our_own_writes_in_progress_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let t: Vec<u32> = (0..20).collect();
+    {
+        let (ssd, _) = SsdTier::open(cfg(root.path())).unwrap();
+        ssd.store("", &t, &snap(&t), None).unwrap();
+    }
+    let ns_dir = files(&root.path().join("fp1"))[0]
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let pid = std::process::id();
+    let ours = ns_dir.join(format!("a.{EXTENSION}.{pid}.0.tmp"));
+    let stale = ns_dir.join(format!("b.{EXTENSION}.{pid}.1.tmp"));
+    fs::write(&stale, b"x").unwrap();
+    File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(SystemTime::now() - std::time::Duration::from_secs(3600))
+        .unwrap();
+    let opened_at = SystemTime::now() - std::time::Duration::from_secs(1);
+    fs::write(&ours, b"x").unwrap();
+    let mut indexed = 0;
+    let report = scan(
+        &root.path().join("fp1"),
+        &cfg(root.path()),
+        opened_at,
+        |_| indexed += 1,
+    )
+    .unwrap();
+    assert_eq!((indexed, report.removed_orphans), (1, 1));
+    assert!(ours.exists() && !stale.exists());
+}

@@ -87,6 +87,128 @@ pub fn forced_call_grammar(
     Ok(grammar)
 }
 
+/// One arm of the lazy grammar of strict tools under `tool_choice: auto`: the model writes
+/// free text, and once it writes `trigger` the rest of the call is constrained by `grammar`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LazyCallGrammar {
+    /// The text that opens a call.
+    pub trigger: String,
+    /// The Lark grammar of what follows it, to the end of the call.
+    pub grammar: String,
+}
+
+/// The arms that constrain calls in `format` once the model opens one:
+///
+/// - the family's opening tag (`<tool_call>` for Hermes/Qwen, `[TOOL_CALLS]` for Mistral):
+///   the rest of the call, the JSON envelope of an offered tool and the closing tag; `strict`
+///   says which tools' `parameters` bind the arguments, the others take any JSON object, so a
+///   call to them still parses;
+/// - for each strict tool, the name of a bare envelope naming it, as Qwen2.5-Coder (often
+///   in a fence, over several lines) and Llama 3 write calls: `"name": "get_weather"` (with
+///   or without the space), then the arguments and the closing brace.
+///
+/// Empty when no tool is strict or the format has neither (the XML-style formats).
+pub fn lazy_call_grammar(
+    format: ToolFormat,
+    tools: &[ToolSpec],
+    strict: &dyn Fn(&ToolSpec) -> bool,
+    special_id: &dyn Fn(&str) -> Option<u32>,
+) -> Vec<LazyCallGrammar> {
+    if !tools.iter().any(strict) {
+        return Vec::new();
+    }
+    let marker = |text: &str| match special_id(text) {
+        Some(id) => format!("<[{id}]>"),
+        None => literal(text),
+    };
+    let bodies = |arguments_key: &str| -> String {
+        tools
+            .iter()
+            .map(|tool| {
+                let envelope = if strict(tool) {
+                    envelope(tool, arguments_key)
+                } else {
+                    let open = ToolSpec {
+                        parameters: json!({"type": "object"}),
+                        ..tool.clone()
+                    };
+                    envelope(&open, arguments_key)
+                };
+                format!("%json {envelope}")
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    // Whitespace the model may put around the body (a newline in the templates).
+    let ws = r"/[ \t\r\n]{1,8}/";
+    let mut arms = Vec::new();
+    let bare_key = match format {
+        ToolFormat::HermesJson => {
+            arms.push(LazyCallGrammar {
+                trigger: "<tool_call>".into(),
+                grammar: format!(
+                    "start: ws? body ws? {}\nws: {ws}\nbody: {}\n",
+                    marker("</tool_call>"),
+                    bodies("arguments")
+                ),
+            });
+            Some("arguments")
+        }
+        ToolFormat::Llama3Json => Some("parameters"),
+        ToolFormat::Mistral => {
+            arms.push(LazyCallGrammar {
+                trigger: "[TOOL_CALLS]".into(),
+                grammar: format!(
+                    "start: ws? {} body ({} ws? body)* {}\nws: {ws}\nbody: {}\n",
+                    literal("["),
+                    literal(","),
+                    literal("]"),
+                    bodies("arguments")
+                ),
+            });
+            None
+        }
+        _ => None,
+    };
+    if let Some(key) = bare_key {
+        for tool in tools.iter().filter(|t| strict(t)) {
+            let name = Value::String(tool.name.clone()).to_string();
+            let rest = format!(
+                "start: ws? {} ws? {} ws? {} ws? %json {} ws? {}\nws: {ws}\n",
+                literal(","),
+                literal(&Value::String(key.into()).to_string()),
+                literal(":"),
+                arguments_schema(tool),
+                literal("}")
+            );
+            for gap in [" ", ""] {
+                arms.push(LazyCallGrammar {
+                    trigger: format!("\"name\":{gap}{name}"),
+                    grammar: rest.clone(),
+                });
+            }
+        }
+    }
+    arms
+}
+
+/// A tool's `parameters` as the schema of its arguments alone (an empty or missing one:
+/// any object), whitespace bounded as in [`envelope`].
+fn arguments_schema(tool: &ToolSpec) -> Value {
+    let mut parameters = match &tool.parameters {
+        Value::Object(p) if !p.is_empty() => p.clone(),
+        _ => {
+            let mut p = Map::new();
+            p.insert("type".into(), json!("object"));
+            p
+        }
+    };
+    parameters
+        .entry("x-guidance")
+        .or_insert_with(|| json!({"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,24}"}));
+    Value::Object(parameters)
+}
+
 /// The JSON schema of one call's envelope: `{"name": <the name>, <key>: <parameters>}`.
 /// `$defs` / `definitions` of the parameters move to the envelope's root, so their
 /// `#/$defs/…` references still resolve.
@@ -165,6 +287,60 @@ mod tests {
             parallel.starts_with(r#"start: call ("\n" call)*"#),
             "{parallel}"
         );
+    }
+
+    #[test]
+    fn lazy_grammars_bind_strict_tools_and_leave_the_others_open() {
+        let tools = [
+            tool(
+                "get_weather",
+                json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            ),
+            tool(
+                "loose",
+                json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
+            ),
+        ];
+        let strict = |t: &ToolSpec| t.name == "get_weather";
+        let arms = lazy_call_grammar(ToolFormat::HermesJson, &tools, &strict, &|t| {
+            (t == "</tool_call>").then_some(7)
+        });
+        let triggers: Vec<&str> = arms.iter().map(|a| a.trigger.as_str()).collect();
+        assert_eq!(
+            triggers,
+            [
+                "<tool_call>",
+                r#""name": "get_weather""#,
+                r#""name":"get_weather""#
+            ]
+        );
+        let tagged = &arms[0].grammar;
+        assert!(
+            tagged.starts_with("start: ws? body ws? <[7]>\n"),
+            "{tagged}"
+        );
+        assert!(tagged.contains(r#""city":{"type":"string"}"#), "{tagged}");
+        assert!(!tagged.contains(r#""x":{"type":"integer"}"#), "{tagged}");
+        assert!(tagged.contains(r#""name":{"const":"loose"}"#), "{tagged}");
+        // A bare call's rest: the arguments after the name, then the closing brace.
+        let bare = &arms[1].grammar;
+        assert!(
+            bare.starts_with(r#"start: ws? "," ws? "\"arguments\"" ws? ":" ws? %json {"#),
+            "{bare}"
+        );
+        assert!(bare.contains(r#""city":{"type":"string"}"#), "{bare}");
+        // Llama 3 calls are bare, with `parameters`; no strict tool, no arms.
+        let llama = lazy_call_grammar(ToolFormat::Llama3Json, &tools, &strict, &|_| None);
+        assert_eq!(llama.len(), 2);
+        assert!(
+            llama[0].grammar.contains(r#""\"parameters\"""#),
+            "{}",
+            llama[0].grammar
+        );
+        assert!(
+            lazy_call_grammar(ToolFormat::HermesJson, &tools, &|_| false, &|_| None).is_empty()
+        );
+        assert!(lazy_call_grammar(ToolFormat::QwenXml, &tools, &strict, &|_| None).is_empty());
     }
 
     #[test]

@@ -63,7 +63,7 @@ mod stream;
 mod tagged;
 
 pub use error::ToolCallError;
-pub use forced::{envelope, forced_call_grammar};
+pub use forced::{envelope, forced_call_grammar, lazy_call_grammar, LazyCallGrammar};
 pub use outcome::{CallIdSource, ParseFailure, ParseOutcome, ToolCall};
 pub use repair::RepairKind;
 pub use schema::ToolSpec;

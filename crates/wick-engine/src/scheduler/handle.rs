@@ -176,12 +176,20 @@ impl EngineHandle {
         }
     }
 
-    /// What the SSD tier's start-up scan found (`None` without an SSD tier).
+    /// What the SSD tier's start-up scan found (`None` without an SSD tier). The scan runs
+    /// in the background from the engine's start on; this waits for it to finish.
     pub fn cache_scan_report(&self) -> Option<ScanReport> {
+        let cache = self.shared.cache.as_ref()?;
+        cache.tiers.wait_for_scan(Duration::from_secs(86_400))
+    }
+
+    /// Whether the SSD tier's start-up scan is still indexing entries (lookups meanwhile
+    /// miss the entries it has not reached).
+    pub fn cache_scanning(&self) -> bool {
         self.shared
             .cache
             .as_ref()
-            .and_then(|c| c.tiers.scan_report().cloned())
+            .is_some_and(|c| c.tiers.is_scanning())
     }
 
     /// The fingerprint directory of the SSD tier, if any.

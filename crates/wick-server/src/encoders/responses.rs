@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::Encoder;
 use crate::error::ApiError;
+use crate::openai::custom_tools;
 use crate::openai::response_id;
 use crate::openai::responses::split_namespace;
 use crate::reply::{Collected, Finish, FinishReason, Part, ReplyEvent, ReplyUsage};
@@ -110,6 +111,9 @@ fn call_item(
     status: &str,
     tools: &[Value],
 ) -> Value {
+    if custom_tools::is_custom(name, tools) {
+        return custom_tools::call_item(id, call_id, name, arguments, status);
+    }
     let (namespace, name) = split_namespace(name, tools);
     let mut item = json!({
         "type": "function_call",
@@ -275,8 +279,12 @@ impl ResponsesEncoder {
                 name,
                 arguments,
             } => {
-                let (_, short) = split_namespace(&name, &self.meta.tools);
-                self.emit("response.function_call_arguments.done", json!({"item_id": id, "output_index": index, "name": short, "arguments": arguments}), frames);
+                if custom_tools::is_custom(&name, &self.meta.tools) {
+                    self.custom_input_done(&id, index, &arguments, frames);
+                } else {
+                    let (_, short) = split_namespace(&name, &self.meta.tools);
+                    self.emit("response.function_call_arguments.done", json!({"item_id": id, "output_index": index, "name": short, "arguments": arguments}), frames);
+                }
                 let item = call_item(
                     &id,
                     &call_id,
@@ -364,14 +372,49 @@ impl ResponsesEncoder {
                 });
             }
             Part::CallArguments { delta, .. } => {
-                if let Some(Open::Call { id, arguments, .. }) = &mut self.open {
+                if let Some(Open::Call {
+                    id,
+                    name,
+                    arguments,
+                    ..
+                }) = &mut self.open
+                {
                     arguments.push_str(&delta);
+                    if custom_tools::is_custom(name, &self.meta.tools) {
+                        // The input is sent whole when the call closes: a JSON fragment of
+                        // the arguments is not a piece of it.
+                        return;
+                    }
                     let data = json!({"item_id": id, "output_index": index, "delta": delta});
                     self.emit("response.function_call_arguments.delta", data, frames);
                 }
             }
             Part::CallEnd { .. } => self.close(frames),
         }
+    }
+}
+
+impl ResponsesEncoder {
+    /// The events that end a custom call's input: its whole `input` as one delta, then
+    /// `response.custom_tool_call_input.done`.
+    fn custom_input_done(
+        &mut self,
+        id: &str,
+        index: usize,
+        arguments: &str,
+        frames: &mut Vec<Event>,
+    ) {
+        let input = custom_tools::input_of(arguments);
+        self.emit(
+            "response.custom_tool_call_input.delta",
+            json!({"item_id": id, "output_index": index, "delta": input}),
+            frames,
+        );
+        self.emit(
+            "response.custom_tool_call_input.done",
+            json!({"item_id": id, "output_index": index, "input": input}),
+            frames,
+        );
     }
 }
 

@@ -2,6 +2,8 @@
 //! family; the fields both request kinds share live here.
 pub mod chat;
 pub mod completions;
+pub mod custom_tools;
+pub mod lark_regex;
 pub mod models;
 pub mod responses;
 

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::chat::ChatCompletionRequest;
+use super::custom_tools;
 use super::SamplingFields;
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, RequestBody};
@@ -21,7 +22,7 @@ pub struct ResponsesRequest {
     pub input: Option<Value>,
     /// The system prompt of this turn (not carried over by `previous_response_id`).
     pub instructions: Option<String>,
-    /// Offered tools (`function`, `namespace`; other types are not offered).
+    /// Offered tools (`function`, `namespace`, `custom`; other types are not offered).
     pub tools: Option<Vec<Value>>,
     /// `none`, `auto`, `required` or a function object.
     pub tool_choice: Option<Value>,
@@ -179,6 +180,7 @@ pub fn input_messages(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiErro
                     json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}),
                 );
             }
+            Some("custom_tool_call") => push_custom_call(&at, item, out)?,
             Some("function_call_output" | "custom_tool_call_output") => {
                 let call_id = item
                     .get("call_id")
@@ -208,13 +210,43 @@ pub fn input_messages(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiErro
     Ok(())
 }
 
+/// A `custom_tool_call` input item as a call in the assistant turn, its `input` as the
+/// arguments `{"input": …}` the model wrote it with.
+fn push_custom_call(at: &str, item: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let name = match item.get("name").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() => n,
+        _ => {
+            return Err(ApiError::field(
+                format!("{at}.name"),
+                "must be a non-empty string",
+            ))
+        }
+    };
+    let input = match item.get("input") {
+        Some(Value::String(s)) => s.as_str(),
+        None | Some(Value::Null) => "",
+        Some(_) => return Err(ApiError::field(format!("{at}.input"), "must be a string")),
+    };
+    let call_id = item
+        .get("call_id")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    push_call(
+        out,
+        json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": custom_tools::arguments_of(input)}}),
+    );
+    Ok(())
+}
+
 /// Offered tools as chat function tools: `function` as is, a `namespace`'s functions as
-/// `namespace__name`; other types (`web_search`, `custom`, …) are not offered.
+/// `namespace__name`, a `custom` tool as a function of one string `input`
+/// ([`custom_tools`]); other types (`web_search`, …) are not offered.
 pub fn chat_tools(tools: &[Value]) -> Result<Vec<Value>, ApiError> {
     let mut out = Vec::new();
     for (i, tool) in tools.iter().enumerate() {
         match tool.get("type").and_then(Value::as_str) {
             Some("function") => out.push(function_tool(&format!("tools[{i}]"), tool, None)?),
+            Some("custom") => out.push(custom_tools::chat_tool(&format!("tools[{i}]"), tool)?),
             Some("namespace") => {
                 let ns = tool.get("name").and_then(Value::as_str).unwrap_or_default();
                 let inner = tool
@@ -258,6 +290,10 @@ fn function_tool(at: &str, tool: &Value, namespace: Option<&str>) -> Result<Valu
     );
     if let Some(d) = tool.get("description") {
         function.insert("description".into(), d.clone());
+    }
+    // `strict: true` constrains the arguments of a call the model opens (chat's rule).
+    if let Some(strict) = tool.get("strict").filter(|s| s.is_boolean()) {
+        function.insert("strict".into(), strict.clone());
     }
     function.insert(
         "parameters".into(),
@@ -304,7 +340,12 @@ pub fn to_chat(
     }
     let tools = chat_tools(req.tools.as_deref().unwrap_or_default())?;
     let tool_choice = match &req.tool_choice {
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+        Some(Value::Object(o))
+            if matches!(
+                o.get("type").and_then(Value::as_str),
+                Some("function" | "custom")
+            ) =>
+        {
             Some(json!({"type": "function", "function": {"name": o.get("name")}}))
         }
         Some(Value::Object(o))

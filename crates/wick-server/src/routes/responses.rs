@@ -14,10 +14,13 @@ use crate::encoders::responses::{failed_stream, whole, ResponseMeta, ResponsesEn
 use crate::encoders::stream;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use crate::openai::custom_tools::{self, CustomFormat};
 use crate::openai::responses::{input_messages, to_chat, ResponsesRequest};
 use crate::openai::{response_id, unix_now};
 use crate::sse;
 use crate::state::AppState;
+use crate::validation::structured;
+use wick_engine::constraint::ConstraintSpec;
 
 /// The request fields a response object echoes.
 fn echo(req: &ResponsesRequest) -> Map<String, Value> {
@@ -66,6 +69,20 @@ fn not_found(id: &str) -> ApiError {
     )
 }
 
+/// Compiles the grammars of the request's custom tools, so a syntax error is a 400 with
+/// llguidance's message (a `regex` one constrains the call's input; see `custom_tools`).
+fn check_custom_grammars(state: &AppState, tools: &[Value]) -> Result<(), ApiError> {
+    for (param, format) in custom_tools::grammars(tools)? {
+        let spec = match format {
+            CustomFormat::Lark(g) => ConstraintSpec::Lark(g),
+            CustomFormat::Regex(rx) => ConstraintSpec::Regex(rx),
+            CustomFormat::Text => continue,
+        };
+        structured::compile(state.model(), &param, &spec, false)?;
+    }
+    Ok(())
+}
+
 /// Handles a Responses request.
 pub async fn create(
     State(state): State<AppState>,
@@ -83,6 +100,7 @@ pub async fn create(
         None => Vec::new(),
     };
     let chat = to_chat(&req, history.clone())?;
+    check_custom_grammars(&state, req.tools.as_deref().unwrap_or_default())?;
     let store = match req.store.unwrap_or(true) {
         true => {
             let mut conversation = history;

@@ -4,7 +4,9 @@ use serde_json::{Map, Value};
 use wick_chat::tool_call::{ToolCallError, ToolSpec};
 use wick_engine::sampler::MAX_TOP_LOGPROBS;
 
-use super::structured::{compile, forced_tool_spec, response_format_spec, vllm_spec, ForcedTool};
+use super::structured::{
+    compile, forced_tool_spec, response_format_spec, strict_tools_constraint, vllm_spec, ForcedTool,
+};
 use super::{resolve_generation, GenerationContext, ValidGeneration};
 use crate::config::BUILTIN_CHAT_MAX_TOKENS;
 use crate::error::ApiError;
@@ -164,12 +166,16 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
             format!("cannot be combined with '{first}': a reply follows one constraint"),
         ));
     }
+    let reasoning = thinking != Some(false)
+        && state
+            .template_capabilities()
+            .is_some_and(|c| c.uses_think_tags);
     if let Some((param, spec)) = specs.first() {
-        let reasoning = thinking != Some(false)
-            && state
-                .template_capabilities()
-                .is_some_and(|c| c.uses_think_tags);
         generation.sampling.constraint = Some(compile(model, param, spec, reasoning)?);
+    } else if !tool_specs.is_empty() {
+        // `auto` with strict tools: free text, constrained calls.
+        generation.sampling.constraint =
+            strict_tools_constraint(model, &tools, &tool_specs, state.tool_format(), reasoning)?;
     }
     Ok(ValidChat {
         messages,

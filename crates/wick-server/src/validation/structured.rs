@@ -6,7 +6,7 @@
 //! Anthropic endpoints share them: [`response_format_spec`], [`vllm_spec`],
 //! [`forced_tool_spec`] and [`compile`].
 use serde_json::{Map, Value};
-use wick_chat::tool_call::{forced_call_grammar, ToolFormat, ToolSpec};
+use wick_chat::tool_call::{forced_call_grammar, lazy_call_grammar, ToolFormat, ToolSpec};
 use wick_engine::constraint::{Constraint, ConstraintError, ConstraintSpec};
 use wick_engine::Model;
 
@@ -271,6 +271,92 @@ pub fn forced_tool_constraint(
 ) -> Result<Constraint, ApiError> {
     let spec = forced_tool_spec(param, forced, tools, format, parallel, model)?;
     compile(model, param, &spec, reasoning)
+}
+
+/// Whether an entry of a `tools` list asks for strict arguments: chat's
+/// `{type: function, function: {strict: true}}` or a flat `{strict: true}`.
+pub fn is_strict_tool(tool: &Value) -> bool {
+    tool.get("function")
+        .and_then(|f| f.get("strict"))
+        .or_else(|| tool.get("strict"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+/// The lazy constraint of `tools` under `tool_choice: auto` when one of them is strict: text
+/// stays free, and a call the model opens (the format's opening tag, or a bare envelope
+/// naming a strict tool) is constrained: an offered tool's envelope, the strict tools'
+/// arguments to their `parameters` under OpenAI's `strict` rule ([`strict_schema`]). `raw` is
+/// the request's `tools` list (for `strict`), `specs` its parsed form, in the same order.
+/// `None` when no tool is strict or the format has nothing to trigger on (a debug log says
+/// so).
+pub fn strict_tools_constraint(
+    model: &Model,
+    raw: &[Value],
+    specs: &[ToolSpec],
+    format: ToolFormat,
+    reasoning: bool,
+) -> Result<Option<Constraint>, ApiError> {
+    let strict: Vec<&str> = raw
+        .iter()
+        .zip(specs)
+        .filter(|(r, _)| is_strict_tool(r))
+        .map(|(_, s)| s.name.as_str())
+        .collect();
+    if strict.is_empty() {
+        return Ok(None);
+    }
+    let specs: Vec<ToolSpec> = specs
+        .iter()
+        .map(|t| match strict.contains(&t.name.as_str()) {
+            true => ToolSpec {
+                parameters: strict_schema(t.parameters.clone()),
+                ..t.clone()
+            },
+            false => t.clone(),
+        })
+        .collect();
+    let tokenizer = model.tokenizer();
+    let special_id = |text: &str| {
+        tokenizer
+            .token_id(text)
+            .filter(|&id| tokenizer.is_special(id))
+    };
+    let is_strict = |t: &ToolSpec| strict.contains(&t.name.as_str());
+    let arms = lazy_call_grammar(format, &specs, &is_strict, &special_id);
+    let mut compiled: Vec<(String, Constraint)> = Vec::new();
+    let mut lazy: Option<Constraint> = None;
+    for arm in arms {
+        let grammar = match compiled.iter().find(|(g, _)| *g == arm.grammar) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = compile(
+                    model,
+                    "tools",
+                    &ConstraintSpec::Lark(arm.grammar.clone()),
+                    false,
+                )?;
+                compiled.push((arm.grammar.clone(), c.clone()));
+                c
+            }
+        };
+        lazy = Some(match lazy {
+            None => grammar.triggered_by(&arm.trigger),
+            Some(l) => l.or_triggered(&arm.trigger, &grammar),
+        });
+    }
+    let Some(lazy) = lazy else {
+        tracing::debug!(
+            format = format.name(),
+            "strict tools: this tool-call format has nothing to constrain calls from"
+        );
+        return Ok(None);
+    };
+    Ok(Some(if reasoning {
+        lazy.after_reasoning(THINK.0, THINK.1)
+    } else {
+        lazy
+    }))
 }
 
 /// Compiles `spec` for the served model; a grammar that does not compile is a 400 naming

@@ -119,13 +119,24 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         .sampling(sampling)
         .stop(args.stop.clone());
     let mut stdout = std::io::stdout().lock();
+    // A failed write (the reader of a pipe went away) stops the generation; `main` exits
+    // quietly on a closed pipe.
+    let mut write_error = None;
     let out = model.generate(&request, |t| {
         if !args.json {
-            let _ = stdout.write_all(t.text.as_bytes());
-            let _ = stdout.flush();
+            if let Err(e) = stdout
+                .write_all(t.text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                write_error = Some(e);
+                return ControlFlow::Break(());
+            }
         }
         ControlFlow::Continue(())
     })?;
+    if let Some(e) = write_error {
+        return Err(anyhow::Error::new(e).context("writing to stdout"));
+    }
     let u = &out.usage;
     if args.json {
         let v = json!({

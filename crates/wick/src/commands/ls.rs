@@ -1,5 +1,7 @@
 //! `wick ls [QUERY]`: local models (wick's store and the Hugging Face cache) with size,
 //! architecture, parameters, quantization, context and capabilities.
+use std::io::Write;
+
 use clap::Args;
 use serde_json::json;
 use wick_hub::fit::FitModel;
@@ -67,11 +69,15 @@ pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
 pub fn run(args: LsArgs) -> anyhow::Result<()> {
     let store = Store::from_env()?;
     let q = args.query.map(|q| q.to_lowercase());
+    // Write errors end the listing (a closed pipe exits quietly in `main`); `println!`
+    // would panic on them.
+    let mut out = std::io::stdout().lock();
     if !args.json {
-        println!(
+        writeln!(
+            out,
             "{:<44} {:>9} {:<11} {:<8} {:>6} {:<7} {:>7} {:<18} PATH",
             "NAME", "SIZE", "FORMAT", "ARCH", "PARAMS", "QUANT", "CONTEXT", "CAPABILITIES"
-        );
+        )?;
     }
     for m in store.list() {
         if q.as_ref()
@@ -82,7 +88,8 @@ pub fn run(args: LsArgs) -> anyhow::Result<()> {
         let fit = FitModel::read(&m.path, m.format).ok();
         let caps = capabilities(&m);
         if args.json {
-            println!(
+            writeln!(
+                out,
                 "{}",
                 json!({
                     "name": m.name,
@@ -97,10 +104,11 @@ pub fn run(args: LsArgs) -> anyhow::Result<()> {
                     "context_length": fit.as_ref().map(|f| f.context_length),
                     "capabilities": caps,
                 })
-            );
+            )?;
             continue;
         }
-        println!(
+        writeln!(
+            out,
             "{:<44} {:>7.1}MB {:<11} {:<8} {:>6} {:<7} {:>7} {:<18} {}",
             m.name,
             m.size_bytes as f64 / 1e6,
@@ -117,7 +125,8 @@ pub fn run(args: LsArgs) -> anyhow::Result<()> {
                 caps.join(",")
             },
             m.path.display()
-        );
+        )?;
     }
+    out.flush()?;
     Ok(())
 }

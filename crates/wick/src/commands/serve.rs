@@ -570,18 +570,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     .with_context(|| format!("loading {}", path.display()))?;
     let model = Arc::new(model);
     let engine = Engine::start(model, checked.engine).context("starting the engine")?;
-    if let Some(scan) = engine.cache_scan_report() {
-        tracing::info!(
-            dir = %engine.ssd_cache_path().unwrap_or_default().display(),
-            entries = scan.entries,
-            bytes = scan.bytes,
-            removed_orphans = scan.removed_orphans,
-            removed_corrupt = scan.removed_corrupt,
-            removed_unsupported = scan.removed_unsupported,
-            removed_mismatched = scan.removed_mismatched,
-            evicted = scan.evicted,
-            "SSD prompt cache opened"
-        );
+    if let Some(dir) = engine.ssd_cache_path() {
+        // The scan runs in the background: serving starts now, entries become restorable as
+        // they are indexed, and the tier logs "SSD cache scanned" with its report when done.
+        tracing::info!(dir = %dir.display(), "SSD prompt cache opened; scanning in the background");
     }
     let state = AppState::new(engine, checked.config)?;
     // The grammar engine's token table takes up to a second or two to build: build it in the
