@@ -79,6 +79,7 @@ run() {
   "$PY" "$@"
 }
 run scripts/goldens/hf_tiny_models.py
+run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_numpy_check.py
 run scripts/goldens/llamacpp_greedy.py
 run scripts/goldens/tokenizer_models.py
