@@ -19,11 +19,21 @@ pub enum Arch {
     /// Gemma 3 text: sandwich norms, GELU, scaled embeddings, interleaved sliding-window
     /// and global layers with two rotary bases (GGUF `gemma3`, HF `gemma3_text`/`gemma3`).
     Gemma3,
+    /// Gemma 4 text: per-layer input embeddings, KV sharing, sliding and full layers with
+    /// their own head sizes, proportional rotary embeddings, optional mixture of experts
+    /// (HF `gemma4_text`/`gemma4`; see [`crate::models::gemma4`]).
+    Gemma4,
 }
 
 impl Arch {
     /// All architectures, in the order error messages list them.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Gemma4,
+    ];
 
     /// The GGUF `general.architecture` name.
     pub fn name(self) -> &'static str {
@@ -32,6 +42,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
@@ -47,6 +58,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
+            "gemma4" | "gemma4_text" => Arch::Gemma4,
             _ => return None,
         })
     }
@@ -200,6 +212,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence id from the model config.
     pub bos_token_id: Option<u32>,
+    /// Gemma 4's per-layer layout (head sizes, KV sharing, PLE, experts).
+    pub gemma4: Option<Box<crate::models::gemma4::Gemma4Params>>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.
@@ -582,7 +596,22 @@ impl ModelConfig {
 
     /// Bytes of KV cache one token takes in f32, summed over layers.
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+        self.cache_windows().len() * 2 * self.num_kv_heads * self.head_dim * 4
+    }
+
+    /// The sliding window of each KV cache a sequence holds: one per layer, except that
+    /// layers sharing another layer's cache (Gemma 4) have none of their own.
+    pub fn cache_windows(&self) -> Vec<Option<usize>> {
+        match &self.gemma4 {
+            Some(g) => self
+                .layer_windows
+                .iter()
+                .zip(&g.layers)
+                .filter(|(_, l)| l.kv_source.is_none())
+                .map(|(w, _)| *w)
+                .collect(),
+            None => self.layer_windows.clone(),
+        }
     }
 }
 

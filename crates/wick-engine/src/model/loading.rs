@@ -107,7 +107,7 @@ impl Model {
         let weights = SafetensorsWeights::open(dir)?;
         let quantization = MlxQuantization::from_config(&config, &source)?;
         // Gemma's sandwich norms use other Hugging Face names.
-        let gemma = cfg.arch == Arch::Gemma3;
+        let gemma = matches!(cfg.arch, Arch::Gemma3 | Arch::Gemma4);
         let named = weights.canonical(gemma).with_quantization(quantization);
         let dtype = MlxDtype::of_checkpoint(&config, &named);
         let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;

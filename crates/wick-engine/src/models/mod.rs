@@ -5,8 +5,10 @@
 //! switching on the config's flags (biases, Q/K norms, sandwich norms, activation …).
 pub mod decoder;
 mod gemma3;
+pub mod gemma4;
 pub mod greedy;
 mod llama;
+pub mod moe;
 mod qwen2;
 mod qwen3;
 
@@ -24,6 +26,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_gguf(keys, source),
             Arch::Qwen3 => qwen3::from_gguf(keys, source),
             Arch::Gemma3 => gemma3::from_gguf(keys, source),
+            Arch::Gemma4 => gemma4::from_gguf(keys, source),
         }
     }
 
@@ -33,6 +36,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_hf(keys),
             Arch::Qwen3 => qwen3::from_hf(keys),
             Arch::Gemma3 => gemma3::from_hf(keys),
+            Arch::Gemma4 => gemma4::from_hf(keys),
         }
     }
 }
