@@ -309,7 +309,7 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     let ple_vocab = keys
         .opt_usize("vocab_size_per_layer_input")?
         .unwrap_or(cfg.vocab_size);
-    if ple_dim > MAX_DIM || ple_vocab > cfg.vocab_size.max(1) << 4 {
+    if ple_dim > MAX_DIM || (ple_dim > 0 && !(1..=1 << 24).contains(&ple_vocab)) {
         return Err(config_error(
             src,
             format!("per-layer input size {ple_dim} or vocabulary {ple_vocab} is out of range"),
