@@ -42,11 +42,15 @@ pub enum Arch {
     /// MiniCPM: a Hugging Face `llama` config carrying `scale_emb` / `scale_depth` /
     /// `dim_model_base` (HF `llama` fingerprinted, or `minicpm`).
     MiniCpm,
+    /// Gemma 4 text: per-layer input embeddings, KV sharing, sliding and full layers with
+    /// their own head sizes, proportional rotary embeddings, optional mixture of experts
+    /// (HF `gemma4_text`/`gemma4`; see [`crate::models::gemma4`]).
+    Gemma4,
 }
 
 impl Arch {
     /// All architectures, in the order error messages list them.
-    pub const ALL: [Arch; 13] = [
+    pub const ALL: [Arch; 14] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -60,6 +64,7 @@ impl Arch {
         Arch::SmolLm3,
         Arch::Glm4,
         Arch::MiniCpm,
+        Arch::Gemma4,
     ];
 
     /// The GGUF `general.architecture` name.
@@ -78,6 +83,7 @@ impl Arch {
             Arch::SmolLm3 => "smollm3",
             Arch::Glm4 => "glm4",
             Arch::MiniCpm => "minicpm",
+            Arch::Gemma4 => "gemma4",
         }
     }
 
@@ -102,6 +108,7 @@ impl Arch {
             "smollm3" => Arch::SmolLm3,
             "glm4" => Arch::Glm4,
             "minicpm" => Arch::MiniCpm,
+            "gemma4" | "gemma4_text" => Arch::Gemma4,
             _ => return None,
         })
     }
@@ -366,6 +373,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Family switches beyond the Llama layout.
     pub features: Features,
+    /// Gemma 4's per-layer layout (head sizes, KV sharing, PLE, experts).
+    pub gemma4: Option<Box<crate::models::gemma4::Gemma4Params>>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.
@@ -783,7 +792,22 @@ impl ModelConfig {
 
     /// Bytes of KV cache one token takes in f32, summed over layers.
     pub fn kv_bytes_per_token(&self) -> usize {
-        self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
+        self.cache_windows().len() * 2 * self.num_kv_heads * self.head_dim * 4
+    }
+
+    /// The sliding window of each KV cache a sequence holds: one per layer, except that
+    /// layers sharing another layer's cache (Gemma 4) have none of their own.
+    pub fn cache_windows(&self) -> Vec<Option<usize>> {
+        match &self.gemma4 {
+            Some(g) => self
+                .layer_windows
+                .iter()
+                .zip(&g.layers)
+                .filter(|(_, l)| l.kv_source.is_none())
+                .map(|(w, _)| *w)
+                .collect(),
+            None => self.layer_windows.clone(),
+        }
     }
 }
 

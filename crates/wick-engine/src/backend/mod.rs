@@ -437,4 +437,37 @@ pub trait Backend: Send + Sync + 'static {
         segments: &mut [AttentionSegment<'_, Self::KvLayer>],
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
+
+    /// [`Backend::attention`] for caches that several layers share (Gemma 4's KV sharing).
+    /// With `new_kv` it appends those rows as `attention` does; without, each segment's
+    /// cache already holds this pass's rows as its last `rows.len()` tokens (the owning
+    /// layer appended them) and the queries attend to it as it stands. Keys that fall out
+    /// of a sliding window are dropped only when `evict` is set: the last layer of the
+    /// pass that reads the cache sets it. Backends without KV sharing (the default) say so.
+    fn attention_shared(
+        &self,
+        q: &Self::Tensor,
+        new_kv: Option<(&Self::Tensor, &Self::Tensor)>,
+        segments: &mut [AttentionSegment<'_, Self::KvLayer>],
+        params: &AttentionParams,
+        evict: bool,
+    ) -> Result<Self::Tensor> {
+        match new_kv {
+            Some((k, v)) if evict => self.attention(q, k, v, segments, params),
+            _ => Err(EngineError::Backend {
+                backend: self.name(),
+                message: "this backend does not implement KV caches shared between layers".into(),
+            }),
+        }
+    }
+
+    /// An activation `[rows, cols]` from host values (row-major). Backends that cannot
+    /// take one (the default) say so.
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Tensor> {
+        let _ = (data, rows, cols);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "this backend does not upload activations from the host".into(),
+        })
+    }
 }

@@ -25,7 +25,7 @@ pub enum LogitsRequest {
 }
 
 /// Where the new tokens of a forward pass come from.
-enum Input<'a, B: Backend> {
+pub(super) enum Input<'a, B: Backend> {
     /// Ids on the host, flattened over the batch.
     Host(&'a [u32]),
     /// One id per sequence, held by the backend.
@@ -202,17 +202,19 @@ pub struct Decoder<B: Backend> {
     rope: RopeSpec,
     rope_local: Option<RopeSpec>,
     weight_bytes: usize,
+    /// Gemma 4's layers, which run their own forward pass ([`super::gemma4`]).
+    gemma4: Option<super::gemma4::Gemma4Model<B>>,
 }
 
-struct Loader<'a, B: Backend> {
-    backend: &'a B,
-    src: &'a dyn WeightSource,
+pub(super) struct Loader<'a, B: Backend> {
+    pub(super) backend: &'a B,
+    pub(super) src: &'a dyn WeightSource,
     cfg: &'a ModelConfig,
-    bytes: usize,
+    pub(super) bytes: usize,
 }
 
 impl<B: Backend> Loader<'_, B> {
-    fn required(&self, name: &str) -> Result<HostWeight<'_>> {
+    pub(super) fn required(&self, name: &str) -> Result<HostWeight<'_>> {
         self.src
             .get(name)?
             .ok_or_else(|| EngineError::MissingTensor {
@@ -221,7 +223,7 @@ impl<B: Backend> Loader<'_, B> {
             })
     }
 
-    fn check(&self, w: &HostWeight<'_>, expected: &[usize]) -> Result<()> {
+    pub(super) fn check(&self, w: &HostWeight<'_>, expected: &[usize]) -> Result<()> {
         if w.shape != expected {
             return Err(EngineError::ShapeMismatch {
                 source_name: self.src.source_name(),
@@ -233,7 +235,7 @@ impl<B: Backend> Loader<'_, B> {
         Ok(())
     }
 
-    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
+    pub(super) fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
         if let Some(w) = self.src.affine(name)? {
             if [w.rows, w.cols] != [rows, cols] {
                 return Err(EngineError::ShapeMismatch {
@@ -380,7 +382,7 @@ impl<B: Backend> Loader<'_, B> {
         Ok(Some(self.backend.vector(w)?))
     }
 
-    fn required_norm(&mut self, name: &str, len: usize) -> Result<B::Tensor> {
+    pub(super) fn required_norm(&mut self, name: &str, len: usize) -> Result<B::Tensor> {
         self.norm(name, len)?
             .ok_or_else(|| EngineError::MissingTensor {
                 source_name: self.src.source_name(),
@@ -523,8 +525,13 @@ impl<B: Backend> Decoder<B> {
         } else {
             (hd, hd)
         };
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
+        let gemma4 = match cfg.arch {
+            crate::config::Arch::Gemma4 => Some(super::gemma4::Gemma4Model::load(&mut ld, &cfg)?),
+            _ => None,
+        };
+        let plain_layers = if gemma4.is_some() { 0 } else { cfg.num_layers };
+        let mut layers = Vec::with_capacity(plain_layers);
+        for i in 0..plain_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let window = cfg.layer_windows[i];
             layers.push(Layer {
@@ -576,7 +583,23 @@ impl<B: Backend> Decoder<B> {
             rope,
             rope_local,
             weight_bytes,
+            gemma4,
         })
+    }
+
+    /// `(kv_heads, head_dim, window)` of each layer cache of a sequence.
+    fn cache_layout(&self) -> Vec<(usize, usize, Option<usize>)> {
+        match &self.gemma4 {
+            Some(g) => g.cache_layout(),
+            None => self
+                .layers
+                .iter()
+                .map(|l| {
+                    let a = &l.attention;
+                    (a.kv_heads, a.head_dim, a.window)
+                })
+                .collect(),
+        }
     }
 
     /// The configuration.
@@ -598,14 +621,10 @@ impl<B: Backend> Decoder<B> {
     pub fn new_cache(&self) -> SequenceCache<B> {
         SequenceCache {
             layers: self
-                .layers
-                .iter()
-                .map(|l| {
-                    self.backend.new_kv_layer(
-                        l.attention.kv_heads,
-                        l.attention.head_dim,
-                        l.attention.window,
-                    )
+                .cache_layout()
+                .into_iter()
+                .map(|(kv_heads, head_dim, window)| {
+                    self.backend.new_kv_layer(kv_heads, head_dim, window)
                 })
                 .collect(),
         }
@@ -613,16 +632,16 @@ impl<B: Backend> Decoder<B> {
 
     /// Rebuilds a cache from host copies (as made by [`SequenceCache::snapshot`]).
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<SequenceCache<B>> {
-        if layers.len() != self.layers.len() {
+        let layout = self.cache_layout();
+        if layers.len() != layout.len() {
             return Err(EngineError::Cache(format!(
                 "snapshot has {} layers, model has {}",
                 layers.len(),
-                self.layers.len()
+                layout.len()
             )));
         }
-        for (s, l) in layers.iter().zip(&self.layers) {
-            let a = &l.attention;
-            if s.kv_heads != a.kv_heads || s.head_dim != a.head_dim || s.window != a.window {
+        for (s, &(kv_heads, head_dim, window)) in layers.iter().zip(&layout) {
+            if s.kv_heads != kv_heads || s.head_dim != head_dim || s.window != window {
                 return Err(EngineError::Cache(
                     "snapshot layout does not match the model".into(),
                 ));
@@ -714,6 +733,12 @@ impl<B: Backend> Decoder<B> {
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let be = &self.backend;
         let cfg = &self.cfg;
+        if let Some(g) = &self.gemma4 {
+            let (embed, output) = (&self.embed, self.output.as_ref());
+            return g.run(
+                be, cfg, embed, output, &self.norm, input, caches, counts, requests,
+            );
+        }
         let mut positions = Vec::new();
         let mut ranges: Vec<Range<usize>> = Vec::with_capacity(caches.len());
         let mut total = 0;

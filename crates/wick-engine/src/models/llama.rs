@@ -63,6 +63,7 @@ pub(super) fn base_from_gguf(
         eos_token_ids: Vec::new(),
         bos_token_id: None,
         features: Default::default(),
+        gemma4: None,
     })
 }
 
@@ -112,6 +113,7 @@ pub(super) fn base_from_hf(
         eos_token_ids: keys.ids("eos_token_id"),
         bos_token_id: keys.ids("bos_token_id").first().copied(),
         features: Default::default(),
+        gemma4: None,
     })
 }
 

@@ -6,8 +6,10 @@
 pub mod decoder;
 mod dense;
 mod gemma3;
+pub mod gemma4;
 pub mod greedy;
 mod llama;
+pub mod moe;
 mod qwen2;
 mod qwen3;
 
@@ -25,6 +27,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_gguf(keys, source),
             Arch::Qwen3 => qwen3::from_gguf(keys, source),
             Arch::Gemma3 => gemma3::from_gguf(keys, source),
+            Arch::Gemma4 => gemma4::from_gguf(keys, source),
             other => Err(EngineError::Config {
                 source_name: source.to_string(),
                 reason: format!(
@@ -49,6 +52,7 @@ impl Arch {
             Arch::SmolLm3 => dense::smollm3(keys),
             Arch::Glm4 => dense::glm4(keys),
             Arch::MiniCpm => dense::minicpm(keys),
+            Arch::Gemma4 => gemma4::from_hf(keys),
         }
     }
 }

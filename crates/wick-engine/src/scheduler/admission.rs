@@ -106,7 +106,7 @@ impl KvAdmission {
             bounded: bytes.is_some(),
             block_bytes,
             chunk: chunk.max(1),
-            windows: model.config().layer_windows.clone(),
+            windows: model.config().cache_windows(),
             peak: model.kv_peak_blocks(),
             max_sequence_tokens: 0,
         };
@@ -171,7 +171,7 @@ impl KvAdmission {
 
     /// One line for the start-up log.
     pub fn describe(&self, model: &Model) -> String {
-        let layers = model.config().num_layers.max(1);
+        let layers = model.config().cache_windows().len().max(1);
         if !self.bounded {
             return format!(
                 "KV pool without a budget: blocks of {BLOCK_TOKENS} tokens × {layers} layers, \

@@ -292,7 +292,38 @@ fn hf_name_gemma(canonical: &str) -> Option<String> {
             ));
         }
     }
-    hf_name(canonical)
+    hf_name_gemma4(canonical).or_else(|| hf_name(canonical))
+}
+
+/// Gemma 4's own tensors (per-layer inputs, layer scalars, experts) under llama.cpp's
+/// `gemma4` names.
+fn hf_name_gemma4(canonical: &str) -> Option<String> {
+    let global = match canonical {
+        "per_layer_token_embd.weight" => Some("model.embed_tokens_per_layer.weight"),
+        "per_layer_model_proj.weight" => Some("model.per_layer_model_projection.weight"),
+        "per_layer_proj_norm.weight" => Some("model.per_layer_projection_norm.weight"),
+        _ => None,
+    };
+    if let Some(name) = global {
+        return Some(name.to_string());
+    }
+    let (layer, part) = canonical.strip_prefix("blk.")?.split_once('.')?;
+    let module = match part {
+        "inp_gate.weight" => "per_layer_input_gate.weight",
+        "proj.weight" => "per_layer_projection.weight",
+        "post_norm.weight" => "post_per_layer_input_norm.weight",
+        "layer_output_scale.weight" => "layer_scalar",
+        "post_ffw_norm_1.weight" => "post_feedforward_layernorm_1.weight",
+        "pre_ffw_norm_2.weight" => "pre_feedforward_layernorm_2.weight",
+        "post_ffw_norm_2.weight" => "post_feedforward_layernorm_2.weight",
+        "ffn_gate_inp.weight" => "router.proj.weight",
+        "ffn_gate_inp.scale" => "router.scale",
+        "ffn_down_exps.scale" => "router.per_expert_scale",
+        "ffn_gate_up_exps.weight" => "experts.gate_up_proj",
+        "ffn_down_exps.weight" => "experts.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{module}"))
 }
 
 /// A family's own names for some canonical ones (see [`HfNaming`]).

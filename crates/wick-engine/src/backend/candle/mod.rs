@@ -618,6 +618,62 @@ impl Backend for CandleBackend {
         }
         HostTensor::from_vec(out, q.rows(), q.cols())
     }
+
+    fn attention_shared(
+        &self,
+        q: &HostTensor,
+        new_kv: Option<(&HostTensor, &HostTensor)>,
+        segments: &mut [AttentionSegment<'_, CpuKvLayer>],
+        params: &AttentionParams,
+        evict: bool,
+    ) -> Result<HostTensor> {
+        let _t = profile::op("attention", q.rows());
+        let row = params.kv_heads * params.head_dim;
+        let mut starts = Vec::with_capacity(segments.len());
+        for seg in segments.iter_mut() {
+            let n = seg.rows.len();
+            match new_kv {
+                Some((k, v)) => {
+                    starts.push(seg.cache.len);
+                    let (a, b) = (seg.rows.start * row, seg.rows.end * row);
+                    seg.cache.append(&k.data()[a..b], &v.data()[a..b]);
+                }
+                None => {
+                    let start = seg.cache.len.checked_sub(n).ok_or_else(|| {
+                        Self::err("a shared KV cache holds fewer tokens than the pass")
+                    })?;
+                    if seg.cache.row() != row || start < seg.cache.start {
+                        return Err(Self::err(
+                            "a shared KV cache does not hold this pass's keys",
+                        ));
+                    }
+                    starts.push(start);
+                }
+            }
+        }
+        let out = {
+            let mut rows = Vec::new();
+            for (seg, &start) in segments.iter().zip(&starts) {
+                for (i, _) in seg.rows.clone().enumerate() {
+                    rows.push(attention::RowSource {
+                        cache: &*seg.cache,
+                        pos: start + i,
+                    });
+                }
+            }
+            attention::attend(self.pool, self.isa, q.data(), &rows, params)
+        };
+        if evict {
+            for seg in segments.iter_mut() {
+                seg.cache.evict();
+            }
+        }
+        HostTensor::from_vec(out, q.rows(), q.cols())
+    }
+
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<HostTensor> {
+        HostTensor::from_vec(data, rows, cols)
+    }
 }
 
 /// The index of the first largest number of `row`, NaNs never chosen (0 when `row[0]` is

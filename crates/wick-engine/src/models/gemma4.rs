@@ -1,0 +1,801 @@
+//! Gemma 4 text (`gemma4_text`, and the language model of `gemma4`), as transformers'
+//! `Gemma4ForCausalLM` computes it:
+//!
+//! - sliding-window and full-attention layers (`layer_types`), each kind with its own head
+//!   size and KV-head count (`per_layer_config`, or the older `global_head_dim` /
+//!   `num_global_key_value_heads`), Q/K RMS norms, an RMS norm without scale on V, and
+//!   attention scale 1;
+//! - default rotary embeddings on sliding layers, proportional ones on full layers (only the
+//!   first `partial_rotary_factor` of the frequencies rotate, over the whole head);
+//! - `attention_k_eq_v`: full layers use the key projection (before its norm) as values;
+//! - KV sharing: the last `num_kv_shared_layers` layers compute no K/V and attend to the
+//!   cache of the last earlier layer of their kind, so a sequence's cache holds one entry
+//!   per producing layer only (the KV pool, prompt cache and SSD tier store it once);
+//! - per-layer input embeddings (PLE): a second embedding table plus a projection of the
+//!   input embeddings give every layer a small extra input, gated into the residual stream
+//!   after the MLP;
+//! - the mixture-of-experts block of the 26B-A4B shape next to the dense MLP
+//!   ([`crate::models::moe`]); a double-wide MLP on KV-shared layers (`use_double_wide_mlp`);
+//! - a learned scalar per layer, embeddings scaled by `sqrt(hidden)`, final logit soft cap.
+use std::borrow::Cow;
+use std::ops::Range;
+
+use serde_json::Value;
+use wick_gguf::GgmlType;
+
+use crate::backend::{
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
+};
+use crate::config::{GgufKeys, HfKeys, ModelConfig};
+use crate::models::decoder::{Input, Loader, LogitsRequest, SequenceCache};
+use crate::models::moe::{Experts, Routing};
+use crate::models::{llama, Arch};
+use crate::{EngineError, Result};
+
+/// The most experts a layer may have.
+const MAX_EXPERTS: usize = 1 << 12;
+/// Bound on any one per-layer size read from the configuration.
+const MAX_DIM: usize = 1 << 16;
+
+/// One layer's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4Layer {
+    /// Sliding-window attention (else full attention).
+    pub sliding: bool,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// The earlier layer whose K/V this one reuses (KV sharing).
+    pub kv_source: Option<usize>,
+    /// Values are the key projection.
+    pub k_eq_v: bool,
+    /// Dense MLP inner size.
+    pub intermediate: usize,
+}
+
+/// The mixture-of-experts block's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeShape {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Inner size of one expert.
+    pub intermediate: usize,
+}
+
+/// What Gemma 4 needs beyond [`ModelConfig`]'s common fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma4Params {
+    /// Per-layer shapes.
+    pub layers: Vec<Gemma4Layer>,
+    /// Per-layer input size (0: no PLE).
+    pub ple_dim: usize,
+    /// Rows of the per-layer embedding table.
+    pub ple_vocab: usize,
+    /// Experts, when the model has them.
+    pub moe: Option<MoeShape>,
+    /// The id per-layer inputs use for tokens outside their table.
+    pub pad_id: u32,
+    /// Rotary embedding of sliding layers.
+    pub rope_sliding: RopeSpec,
+    /// Rotary embedding of full layers.
+    pub rope_full: RopeSpec,
+}
+
+impl Gemma4Params {
+    /// Layers that own a KV cache: all before the first KV-shared one.
+    pub fn cache_layers(&self) -> usize {
+        self.layers.iter().filter(|l| l.kv_source.is_none()).count()
+    }
+}
+
+fn config_error(source: &str, reason: String) -> EngineError {
+    EngineError::Config {
+        source_name: source.to_string(),
+        reason,
+    }
+}
+
+pub(super) fn from_gguf(_keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
+    Err(config_error(
+        source,
+        "Gemma 4 GGUF files are not supported yet; load the Hugging Face safetensors directory"
+            .into(),
+    ))
+}
+
+/// The rotary inverse frequencies of one layer kind: `rope_parameters[kind]` with
+/// `rope_type` `default` or `proportional` (the first `partial_rotary_factor` of the
+/// `head_dim / 2` frequencies, the rest 0), divided by `factor`.
+fn rope_spec(keys: &HfKeys<'_>, kind: &str, head_dim: usize, theta: f64) -> Result<RopeSpec> {
+    let params = keys.get("rope_parameters").and_then(|p| p.get(kind));
+    let num = |k: &str| params.and_then(|p| p.get(k)).and_then(Value::as_f64);
+    let rope_type = params
+        .and_then(|p| p.get("rope_type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let theta = num("rope_theta").unwrap_or(theta);
+    let (fraction, factor) =
+        match rope_type {
+            "default" => (1.0, 1.0),
+            "proportional" => (
+                num("partial_rotary_factor").unwrap_or(1.0),
+                num("factor").unwrap_or(1.0),
+            ),
+            other => return Err(config_error(
+                keys.source,
+                format!(
+                    "rope_type '{other}' of {kind} layers is not supported (default, proportional)"
+                ),
+            )),
+        };
+    if !(theta.is_finite() && theta > 0.0)
+        || !(factor.is_finite() && factor > 0.0)
+        || !(0.0..=1.0).contains(&fraction)
+    {
+        return Err(config_error(
+            keys.source,
+            format!("rope parameters of {kind} layers are out of range (theta {theta}, factor {factor}, partial_rotary_factor {fraction})"),
+        ));
+    }
+    let angles = ((fraction * head_dim as f64) as usize / 2).min(head_dim / 2);
+    let inv_freq = (0..head_dim / 2)
+        .map(|i| {
+            if i < angles {
+                (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) / factor) as f32
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Ok(RopeSpec {
+        style: RopeStyle::Neox,
+        dims: head_dim,
+        inv_freq,
+        position_scale: 1.0,
+    })
+}
+
+pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
+    let src = keys.source;
+    let mut cfg = llama::base_from_hf(keys, Arch::Gemma4, 1_000_000.0, true)?;
+    cfg.activation = keys.activation(Activation::GeluTanh)?;
+    cfg.scale_embeddings = true;
+    cfg.sandwich_norms = true;
+    cfg.norm_weight_offset = false;
+    cfg.features.hf_naming = crate::config::HfNaming::Gemma;
+    cfg.attn_scale = 1.0;
+    cfg.final_softcap = keys.opt_f64("final_logit_softcapping")?.map(|v| v as f32);
+    if keys
+        .get("use_bidirectional_attention")
+        .and_then(Value::as_str)
+        == Some("all")
+    {
+        return Err(config_error(
+            src,
+            "use_bidirectional_attention 'all' (a non-causal model) is not supported".into(),
+        ));
+    }
+    let n = cfg.num_layers;
+    let heads = cfg.num_heads;
+    let head_dim = keys.opt_usize("head_dim")?.unwrap_or(256);
+    let kv_heads = cfg.num_kv_heads;
+    let window = keys.opt_usize("sliding_window")?.unwrap_or(512);
+    let mut sliding: Vec<bool> = match keys.get("layer_types").and_then(Value::as_array) {
+        Some(types) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(config_error(
+                    src,
+                    format!("layer type {t} is not supported"),
+                )),
+            })
+            .collect::<Result<_>>()?,
+        None => (0..n).map(|i| (i + 1) % 6 != 0).collect(),
+    };
+    if sliding.len() != n {
+        return Err(config_error(
+            src,
+            format!("{} layer types for {n} layers", sliding.len()),
+        ));
+    }
+    // transformers forces the last layer to full attention.
+    if let Some(last) = sliding.last_mut() {
+        *last = false;
+    }
+    let k_eq_v = keys.opt_bool("attention_k_eq_v")?.unwrap_or(false);
+    let per_layer = keys.get("per_layer_config").and_then(Value::as_object);
+    let global_head_dim = keys.opt_usize("global_head_dim")?.unwrap_or(512);
+    let global_kv = keys.opt_usize("num_global_key_value_heads")?;
+    let shared = keys.opt_usize("num_kv_shared_layers")?.unwrap_or(0);
+    if shared >= n {
+        return Err(config_error(
+            src,
+            format!("num_kv_shared_layers {shared} leaves none of the {n} layers to compute K/V"),
+        ));
+    }
+    let first_shared = n - shared;
+    let double_wide = keys.opt_bool("use_double_wide_mlp")?.unwrap_or(false);
+    let mut layers = Vec::with_capacity(n);
+    for (i, &is_sliding) in sliding.iter().enumerate() {
+        let (mut hd, mut kvh) = (head_dim, kv_heads);
+        match per_layer {
+            Some(map) => {
+                if let Some(o) = map.get(&i.to_string()) {
+                    let field = |k: &str| -> Result<Option<usize>> {
+                        match o.get(k) {
+                            None | Some(Value::Null) => Ok(None),
+                            Some(v) => v.as_u64().map(|v| Some(v as usize)).ok_or_else(|| {
+                                config_error(
+                                    src,
+                                    format!("per_layer_config.{i}.{k} must be a count"),
+                                )
+                            }),
+                        }
+                    };
+                    hd = field("head_dim")?.unwrap_or(hd);
+                    kvh = field("num_key_value_heads")?.unwrap_or(kvh);
+                }
+            }
+            None if !is_sliding => {
+                hd = global_head_dim;
+                if k_eq_v {
+                    kvh = global_kv.unwrap_or(kvh);
+                }
+            }
+            None => {}
+        }
+        if hd == 0
+            || !hd.is_multiple_of(2)
+            || hd > MAX_DIM
+            || kvh == 0
+            || !heads.is_multiple_of(kvh)
+        {
+            return Err(config_error(
+                src,
+                format!(
+                    "layer {i}: head_dim {hd} and {kvh} key/value heads do not fit {heads} heads"
+                ),
+            ));
+        }
+        let kv_source = if i >= first_shared {
+            let source = (0..first_shared).rev().find(|&j| sliding[j] == is_sliding);
+            Some(source.ok_or_else(|| {
+                config_error(
+                    src,
+                    format!("KV-shared layer {i} has no earlier layer of its kind to share with"),
+                )
+            })?)
+        } else {
+            None
+        };
+        let intermediate = cfg.intermediate_size
+            * if double_wide && kv_source.is_some() {
+                2
+            } else {
+                1
+            };
+        layers.push(Gemma4Layer {
+            sliding: is_sliding,
+            head_dim: hd,
+            kv_heads: kvh,
+            kv_source,
+            k_eq_v: k_eq_v && !is_sliding,
+            intermediate,
+        });
+    }
+    // KV-shared layers attend with their producer's K/V layout.
+    for i in 0..n {
+        if let Some(s) = layers[i].kv_source {
+            let (hd, kvh) = (layers[s].head_dim, layers[s].kv_heads);
+            if layers[i].head_dim != hd {
+                return Err(config_error(
+                    src,
+                    format!(
+                        "KV-shared layer {i} has head_dim {} but its source layer {s} has {hd}",
+                        layers[i].head_dim
+                    ),
+                ));
+            }
+            layers[i].kv_heads = kvh;
+        }
+    }
+    let ple_dim = keys
+        .opt_usize("hidden_size_per_layer_input")?
+        .unwrap_or(256);
+    let ple_vocab = keys
+        .opt_usize("vocab_size_per_layer_input")?
+        .unwrap_or(cfg.vocab_size);
+    if ple_dim > MAX_DIM || (ple_dim > 0 && !(1..=1 << 24).contains(&ple_vocab)) {
+        return Err(config_error(
+            src,
+            format!("per-layer input size {ple_dim} or vocabulary {ple_vocab} is out of range"),
+        ));
+    }
+    let moe = if keys.opt_bool("enable_moe_block")?.unwrap_or(false) {
+        let experts = keys.usize("num_experts")?;
+        let top_k = keys.usize("top_k_experts")?;
+        let intermediate = keys.usize("moe_intermediate_size")?;
+        if experts == 0
+            || experts > MAX_EXPERTS
+            || top_k == 0
+            || top_k > experts
+            || intermediate == 0
+            || intermediate > MAX_DIM
+        {
+            return Err(config_error(
+                src,
+                format!(
+                    "{experts} experts, top {top_k}, inner size {intermediate} are out of range"
+                ),
+            ));
+        }
+        Some(MoeShape {
+            experts,
+            top_k,
+            intermediate,
+        })
+    } else {
+        None
+    };
+    let hd_sliding = layers
+        .iter()
+        .find(|l| l.sliding)
+        .map_or(head_dim, |l| l.head_dim);
+    let hd_full = layers
+        .iter()
+        .find(|l| !l.sliding)
+        .map_or(head_dim, |l| l.head_dim);
+    let rope_sliding = rope_spec(keys, "sliding_attention", hd_sliding, 10_000.0)?;
+    let rope_full = rope_spec(keys, "full_attention", hd_full, 1_000_000.0)?;
+    cfg.layer_windows = layers.iter().map(|l| l.sliding.then_some(window)).collect();
+    // The common fields describe the largest layer, so that sizes derived from them (the KV
+    // pool's block, memory estimates) are upper bounds.
+    cfg.head_dim = layers.iter().map(|l| l.head_dim).max().unwrap_or(head_dim);
+    cfg.num_kv_heads = layers.iter().map(|l| l.kv_heads).max().unwrap_or(kv_heads);
+    cfg.rotary_dims = cfg.head_dim;
+    cfg.gemma4 = Some(Box::new(Gemma4Params {
+        layers,
+        ple_dim,
+        ple_vocab,
+        moe,
+        pad_id: keys.ids("pad_token_id").first().copied().unwrap_or(0),
+        rope_sliding,
+        rope_full,
+    }));
+    Ok(cfg)
+}
+
+/// A layer's K/V projections (absent on KV-shared layers).
+struct KvProjection<B: Backend> {
+    k: B::Matrix,
+    /// `None` with `attention_k_eq_v`: the key projection gives the values.
+    v: Option<B::Matrix>,
+    k_norm: B::Tensor,
+    /// Ones: V's RMS norm has no scale.
+    v_norm: B::Tensor,
+}
+
+/// The mixture-of-experts block of one layer.
+struct MoeBlock<B: Backend> {
+    router: B::Matrix,
+    /// The router's input norm weight: its `scale` times `hidden^-0.5`.
+    router_norm: B::Tensor,
+    per_expert_scale: Vec<f32>,
+    experts: Experts<B>,
+    top_k: usize,
+    post_dense_norm: B::Tensor,
+    pre_norm: B::Tensor,
+    post_norm: B::Tensor,
+}
+
+/// A layer's per-layer-input gate.
+struct PleGate<B: Backend> {
+    gate: B::Matrix,
+    proj: B::Matrix,
+    norm: B::Tensor,
+}
+
+struct Layer<B: Backend> {
+    attn_norm: B::Tensor,
+    q: B::Matrix,
+    q_norm: B::Tensor,
+    kv: Option<KvProjection<B>>,
+    o: B::Matrix,
+    post_attn_norm: B::Tensor,
+    ffn_norm: B::Tensor,
+    gate: B::Matrix,
+    up: B::Matrix,
+    down: B::Matrix,
+    post_ffw_norm: B::Tensor,
+    moe: Option<MoeBlock<B>>,
+    ple: Option<PleGate<B>>,
+    scalar: f32,
+    attention: AttentionParams,
+    sliding: bool,
+    /// The cache entry this layer appends to or reads.
+    slot: usize,
+    /// Whether this is the pass's last layer to read its cache entry.
+    evict: bool,
+}
+
+/// The model-wide per-layer-input weights.
+struct Ple<B: Backend> {
+    table: B::Matrix,
+    proj: B::Matrix,
+    norm: B::Tensor,
+    dim: usize,
+    vocab: usize,
+}
+
+/// A loaded Gemma 4 (everything but the embedding, final norm and head, which
+/// [`crate::models::decoder::Decoder`] holds).
+pub(super) struct Gemma4Model<B: Backend> {
+    layers: Vec<Layer<B>>,
+    ple: Option<Ple<B>>,
+    params: Gemma4Params,
+}
+
+fn f32_weight(name: String, values: &[f32]) -> HostWeight<'static> {
+    HostWeight {
+        name,
+        dtype: GgmlType::F32,
+        shape: vec![values.len()],
+        bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    }
+}
+
+impl<B: Backend> Gemma4Model<B> {
+    /// Loads the layers of `cfg` (which [`from_hf`] made) through `ld`.
+    pub(super) fn load(ld: &mut Loader<'_, B>, cfg: &ModelConfig) -> Result<Self> {
+        let params = cfg
+            .gemma4
+            .as_deref()
+            .cloned()
+            .ok_or_else(|| EngineError::InvalidInput("not a Gemma 4 configuration".into()))?;
+        if ld.backend.name() != "cpu" {
+            return Err(EngineError::Backend {
+                backend: ld.backend.name(),
+                message: "Gemma 4 runs on the CPU backend only for now (--backend cpu)".into(),
+            });
+        }
+        let h = cfg.hidden_size;
+        let n = params.layers.len();
+        let ple = if params.ple_dim > 0 {
+            let width = n * params.ple_dim;
+            Some(Ple {
+                table: ld.matrix("per_layer_token_embd.weight", params.ple_vocab, width)?,
+                proj: ld.matrix("per_layer_model_proj.weight", width, h)?,
+                norm: ld.required_norm("per_layer_proj_norm.weight", params.ple_dim)?,
+                dim: params.ple_dim,
+                vocab: params.ple_vocab,
+            })
+        } else {
+            None
+        };
+        // Slot of each producing layer, and the last layer reading each slot.
+        let mut slot_of = vec![0usize; n];
+        let mut slots = 0;
+        for (i, l) in params.layers.iter().enumerate() {
+            slot_of[i] = match l.kv_source {
+                None => {
+                    slots += 1;
+                    slots - 1
+                }
+                Some(s) => slot_of[s],
+            };
+        }
+        let mut last_reader = vec![0usize; slots];
+        for (i, &s) in slot_of.iter().enumerate() {
+            last_reader[s] = i;
+        }
+        let ones = |ld: &mut Loader<'_, B>, len: usize| {
+            ld.backend
+                .vector(f32_weight("v_norm".into(), &vec![1.0; len]))
+        };
+        let mut layers = Vec::with_capacity(n);
+        for (i, spec) in params.layers.iter().enumerate() {
+            let name = |s: &str| format!("blk.{i}.{s}");
+            let hd = spec.head_dim;
+            let q_dim = cfg.num_heads * hd;
+            let kv_dim = spec.kv_heads * hd;
+            let kv = if spec.kv_source.is_none() {
+                Some(KvProjection {
+                    k: ld.matrix(&name("attn_k.weight"), kv_dim, h)?,
+                    v: if spec.k_eq_v {
+                        None
+                    } else {
+                        Some(ld.matrix(&name("attn_v.weight"), kv_dim, h)?)
+                    },
+                    k_norm: ld.required_norm(&name("attn_k_norm.weight"), hd)?,
+                    v_norm: ones(ld, hd)?,
+                })
+            } else {
+                None
+            };
+            let f = spec.intermediate;
+            let moe = match &params.moe {
+                Some(m) => Some(load_moe(ld, i, h, m, cfg.activation)?),
+                None => None,
+            };
+            let ple_gate = match &ple {
+                Some(p) => Some(PleGate {
+                    gate: ld.matrix(&name("inp_gate.weight"), p.dim, h)?,
+                    proj: ld.matrix(&name("proj.weight"), h, p.dim)?,
+                    norm: ld.required_norm(&name("post_norm.weight"), h)?,
+                }),
+                None => None,
+            };
+            let scalar = match ld.src.get(&name("layer_output_scale.weight"))? {
+                Some(w) => {
+                    ld.check(&w, &[1])?;
+                    w.float_values("layer scalar")?[0]
+                }
+                None => 1.0,
+            };
+            layers.push(Layer {
+                attn_norm: ld.required_norm(&name("attn_norm.weight"), h)?,
+                q: ld.matrix(&name("attn_q.weight"), q_dim, h)?,
+                q_norm: ld.required_norm(&name("attn_q_norm.weight"), hd)?,
+                kv,
+                o: ld.matrix(&name("attn_output.weight"), h, q_dim)?,
+                post_attn_norm: ld.required_norm(&name("post_attention_norm.weight"), h)?,
+                ffn_norm: ld.required_norm(&name("ffn_norm.weight"), h)?,
+                gate: ld.matrix(&name("ffn_gate.weight"), f, h)?,
+                up: ld.matrix(&name("ffn_up.weight"), f, h)?,
+                down: ld.matrix(&name("ffn_down.weight"), h, f)?,
+                post_ffw_norm: ld.required_norm(&name("post_ffw_norm.weight"), h)?,
+                moe,
+                ple: ple_gate,
+                scalar,
+                attention: AttentionParams {
+                    heads: cfg.num_heads,
+                    kv_heads: spec.kv_heads,
+                    head_dim: hd,
+                    scale: 1.0,
+                    window: cfg.layer_windows[i],
+                    softcap: None,
+                },
+                sliding: spec.sliding,
+                slot: slot_of[i],
+                evict: last_reader[slot_of[i]] == i,
+            });
+        }
+        Ok(Gemma4Model {
+            layers,
+            ple,
+            params,
+        })
+    }
+
+    /// `(kv_heads, head_dim, window)` of each cache entry of a sequence.
+    pub(super) fn cache_layout(&self) -> Vec<(usize, usize, Option<usize>)> {
+        self.layers
+            .iter()
+            .filter(|l| l.kv.is_some())
+            .map(|l| {
+                let a = &l.attention;
+                (a.kv_heads, a.head_dim, a.window)
+            })
+            .collect()
+    }
+
+    /// The forward pass (see `Decoder::run`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run(
+        &self,
+        be: &B,
+        cfg: &ModelConfig,
+        embed: &B::Matrix,
+        output: Option<&B::Matrix>,
+        norm: &B::Tensor,
+        input: Input<'_, B>,
+        caches: &mut [&mut SequenceCache<B>],
+        counts: &[usize],
+        requests: &[LogitsRequest],
+    ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
+        let slots = self.params.cache_layers();
+        let mut positions = Vec::new();
+        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(caches.len());
+        let mut total = 0;
+        for (cache, &n) in caches.iter().zip(counts) {
+            if n == 0 {
+                return Err(EngineError::InvalidInput(
+                    "a sequence in the batch has no new tokens".into(),
+                ));
+            }
+            if cache.layers().len() != slots {
+                return Err(EngineError::Cache("cache belongs to another model".into()));
+            }
+            let start = cache.len();
+            ranges.push(total..total + n);
+            total += n;
+            positions.extend(start..start + n);
+        }
+        let ids: Vec<u32> = match input {
+            Input::Host(ids) => ids.to_vec(),
+            Input::Backend(ids) => be.ids_to_host(ids)?,
+        };
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                cfg.vocab_size
+            )));
+        }
+        let eps = cfg.rms_eps;
+        let h = cfg.hidden_size;
+        let x = be.embed(embed, &ids)?;
+        let mut x = be.scale(&x, (h as f32).sqrt())?;
+        let per_layer = match &self.ple {
+            Some(p) => {
+                let ple_ids: Vec<u32> = ids
+                    .iter()
+                    .map(|&id| {
+                        if (id as usize) < p.vocab {
+                            id
+                        } else {
+                            self.params.pad_id
+                        }
+                    })
+                    .collect();
+                let tok = be.embed(&p.table, &ple_ids)?;
+                let tok = be.scale(&tok, (p.dim as f32).sqrt())?;
+                let proj = be.linear(&x, &p.proj, None)?;
+                let proj = be.scale(&proj, (h as f32).powf(-0.5))?;
+                let proj = be.rms_norm(&proj, &p.norm, eps)?;
+                let both = be.scale(&be.add(&proj, &tok)?, std::f32::consts::FRAC_1_SQRT_2)?;
+                be.split_columns(&both, &vec![p.dim; self.layers.len()])?
+            }
+            None => Vec::new(),
+        };
+        let rope_sliding = be.rope_table(&positions, &self.params.rope_sliding)?;
+        let rope_full = be.rope_table(&positions, &self.params.rope_full)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let a = &layer.attention;
+            let table = if layer.sliding {
+                &rope_sliding
+            } else {
+                &rope_full
+            };
+            let hn = be.rms_norm(&x, &layer.attn_norm, eps)?;
+            let q = be.linear(&hn, &layer.q, None)?;
+            let q = be.rms_norm(&q, &layer.q_norm, eps)?;
+            let q = be.rope(&q, a.heads, table)?;
+            let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
+                .iter_mut()
+                .zip(&ranges)
+                .map(|(cache, r)| AttentionSegment {
+                    rows: r.clone(),
+                    cache: &mut cache.layers_mut()[layer.slot],
+                })
+                .collect();
+            let attn = match &layer.kv {
+                Some(kv) => {
+                    let k = be.linear(&hn, &kv.k, None)?;
+                    let v = match &kv.v {
+                        Some(v) => be.linear(&hn, v, None)?,
+                        None => k.clone(),
+                    };
+                    let k = be.rms_norm(&k, &kv.k_norm, eps)?;
+                    let k = be.rope(&k, a.kv_heads, table)?;
+                    let v = be.rms_norm(&v, &kv.v_norm, eps)?;
+                    be.attention_shared(&q, Some((&k, &v)), &mut segments, a, layer.evict)?
+                }
+                None => be.attention_shared(&q, None, &mut segments, a, layer.evict)?,
+            };
+            drop(segments);
+            let o = be.linear(&attn, &layer.o, None)?;
+            let o = be.rms_norm(&o, &layer.post_attn_norm, eps)?;
+            x = be.add(&x, &o)?;
+            let hf = be.rms_norm(&x, &layer.ffn_norm, eps)?;
+            let mut gu = be.linear_many(&hf, &[(&layer.gate, None), (&layer.up, None)])?;
+            let (up, gate) = match (gu.pop(), gu.pop()) {
+                (Some(up), Some(gate)) => (up, gate),
+                _ => {
+                    return Err(EngineError::Backend {
+                        backend: be.name(),
+                        message: "linear_many returned too few products".into(),
+                    })
+                }
+            };
+            let act = be.glu(&gate, &up, cfg.activation)?;
+            let mut m = be.linear(&act, &layer.down, None)?;
+            if let Some(moe) = &layer.moe {
+                let dense = be.rms_norm(&m, &moe.post_dense_norm, eps)?;
+                let r = be.rms_norm(&x, &moe.router_norm, eps)?;
+                let logits = be.linear(&r, &moe.router, None)?;
+                let logits = be
+                    .rows_to_host(&logits, &[total])?
+                    .pop()
+                    .unwrap_or_default();
+                let routing = Routing::softmax_top_k(
+                    &logits,
+                    moe.experts.len(),
+                    moe.top_k,
+                    &moe.per_expert_scale,
+                )?;
+                let e_in = be.rms_norm(&x, &moe.pre_norm, eps)?;
+                let e_out = moe.experts.forward_grouped(be, &e_in, &routing)?;
+                let e_out = be.rms_norm(&e_out, &moe.post_norm, eps)?;
+                m = be.add(&dense, &e_out)?;
+            }
+            let m = be.rms_norm(&m, &layer.post_ffw_norm, eps)?;
+            x = be.add(&x, &m)?;
+            if let (Some(g), Some(pl)) = (&layer.ple, per_layer.get(li)) {
+                let gate = be.linear(&x, &g.gate, None)?;
+                let gated = be.glu(&gate, pl, cfg.activation)?;
+                let p = be.linear(&gated, &g.proj, None)?;
+                let p = be.rms_norm(&p, &g.norm, eps)?;
+                x = be.add(&x, &p)?;
+            }
+            if layer.scalar != 1.0 {
+                x = be.scale(&x, layer.scalar)?;
+            }
+        }
+
+        let mut rows = Vec::new();
+        let mut per_item = Vec::with_capacity(caches.len());
+        for (request, r) in requests.iter().zip(&ranges) {
+            let before = rows.len();
+            match request {
+                LogitsRequest::None => {}
+                LogitsRequest::Last => rows.push(r.end - 1),
+                LogitsRequest::All => rows.extend(r.clone()),
+            }
+            per_item.push(rows.len() - before);
+        }
+        if rows.is_empty() {
+            return Ok((None, per_item));
+        }
+        let x = be.select_rows(&x, &rows)?;
+        let x = be.rms_norm(&x, norm, eps)?;
+        let mut logits = be.linear(&x, output.unwrap_or(embed), None)?;
+        if let Some(cap) = cfg.final_softcap {
+            logits = be.softcap(&logits, cap)?;
+        }
+        Ok((Some(logits), per_item))
+    }
+}
+
+fn load_moe<B: Backend>(
+    ld: &mut Loader<'_, B>,
+    i: usize,
+    h: usize,
+    m: &MoeShape,
+    activation: Activation,
+) -> Result<MoeBlock<B>> {
+    let name = |s: &str| format!("blk.{i}.{s}");
+    let router = ld.matrix(&name("ffn_gate_inp.weight"), m.experts, h)?;
+    let scale = ld.required(&name("ffn_gate_inp.scale"))?;
+    ld.check(&scale, &[h])?;
+    let root = (h as f32).powf(-0.5);
+    let scale: Vec<f32> = scale
+        .float_values("router scale")?
+        .into_iter()
+        .map(|s| s * root)
+        .collect();
+    let router_norm = ld.backend.vector(f32_weight(name("router_norm"), &scale))?;
+    let pes = ld.required(&name("ffn_down_exps.scale"))?;
+    ld.check(&pes, &[m.experts])?;
+    let per_expert_scale = pes.float_values("per-expert scale")?;
+    let gate_up = ld.required(&name("ffn_gate_up_exps.weight"))?;
+    ld.check(&gate_up, &[m.experts, 2 * m.intermediate, h])?;
+    let down = ld.required(&name("ffn_down_exps.weight"))?;
+    ld.check(&down, &[m.experts, h, m.intermediate])?;
+    let (experts, bytes) = Experts::upload(ld.backend, &gate_up, &down, activation)?;
+    ld.bytes += bytes;
+    Ok(MoeBlock {
+        router,
+        router_norm,
+        per_expert_scale,
+        experts,
+        top_k: m.top_k,
+        post_dense_norm: ld.required_norm(&name("post_ffw_norm_1.weight"), h)?,
+        pre_norm: ld.required_norm(&name("pre_ffw_norm_2.weight"), h)?,
+        post_norm: ld.required_norm(&name("post_ffw_norm_2.weight"), h)?,
+    })
+}
