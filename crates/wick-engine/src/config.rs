@@ -19,11 +19,20 @@ pub enum Arch {
     /// Gemma 3 text: sandwich norms, GELU, scaled embeddings, interleaved sliding-window
     /// and global layers with two rotary bases (GGUF `gemma3`, HF `gemma3_text`/`gemma3`).
     Gemma3,
+    /// Qwen 3.5: gated DeltaNet linear-attention layers between full-attention layers with
+    /// an output gate (HF `qwen3_5_text`/`qwen3_5`; GGUF `qwen35` is recognized, not loaded).
+    Qwen35,
 }
 
 impl Arch {
     /// All architectures, in the order error messages list them.
-    pub const ALL: [Arch; 4] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3];
+    pub const ALL: [Arch; 5] = [
+        Arch::Llama,
+        Arch::Qwen2,
+        Arch::Qwen3,
+        Arch::Gemma3,
+        Arch::Qwen35,
+    ];
 
     /// The GGUF `general.architecture` name.
     pub fn name(self) -> &'static str {
@@ -32,6 +41,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen35 => "qwen35",
         }
     }
 
@@ -47,6 +57,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
+            "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
             _ => return None,
         })
     }
@@ -200,6 +211,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// Beginning-of-sequence id from the model config.
     pub bos_token_id: Option<u32>,
+    /// Qwen 3.5's hybrid layout (linear-attention layers and their shape).
+    pub qwen35: Option<crate::models::qwen35::Qwen35Config>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.

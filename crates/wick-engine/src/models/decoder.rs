@@ -9,6 +9,8 @@ use crate::backend::{
     AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, RopeSpec,
 };
 use crate::config::ModelConfig;
+use crate::models::qwen35::Hybrid;
+use crate::models::recurrent::{RecurrentCache, RecurrentSnapshot};
 use crate::weights::WeightSource;
 use crate::{EngineError, Result};
 
@@ -73,12 +75,16 @@ impl Logits {
 /// The KV cache of one sequence: one backend cache per layer.
 pub struct SequenceCache<B: Backend> {
     layers: Vec<B::KvLayer>,
+    /// The recurrent states of a hybrid model's linear-attention layers (Qwen 3.5);
+    /// `layers` then holds its full-attention layers only.
+    recurrent: Option<RecurrentCache>,
 }
 
 impl<B: Backend> Clone for SequenceCache<B> {
     fn clone(&self) -> Self {
         SequenceCache {
             layers: self.layers.clone(),
+            recurrent: self.recurrent.clone(),
         }
     }
 }
@@ -97,6 +103,7 @@ impl<B: Backend> SequenceCache<B> {
     /// Whether the cache can be cut back to `len` tokens.
     pub fn can_trim_to(&self, len: usize) -> bool {
         self.layers.iter().all(|l| l.can_trim_to(len))
+            && self.recurrent.as_ref().is_none_or(|r| r.can_trim_to(len))
     }
 
     /// Forgets everything from position `len` on.
@@ -112,12 +119,23 @@ impl<B: Backend> SequenceCache<B> {
 
     /// Bytes held.
     pub fn byte_size(&self) -> usize {
-        self.layers.iter().map(|l| l.byte_size()).sum()
+        self.layers.iter().map(|l| l.byte_size()).sum::<usize>()
+            + self.recurrent.as_ref().map_or(0, RecurrentCache::byte_size)
     }
 
     /// Host copies of every layer.
     pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
         self.layers.iter().map(|l| l.snapshot()).collect()
+    }
+
+    /// The recurrent states, for a hybrid model.
+    pub fn recurrent(&self) -> Option<&RecurrentCache> {
+        self.recurrent.as_ref()
+    }
+
+    /// The recurrent states, mutably.
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentCache> {
+        self.recurrent.as_mut()
     }
 
     /// The per-layer caches (for backend bookkeeping such as KV block leases).
@@ -181,6 +199,8 @@ pub struct Decoder<B: Backend> {
     rope: RopeSpec,
     rope_local: Option<RopeSpec>,
     weight_bytes: usize,
+    /// The layers of a hybrid model (Qwen 3.5), which then has no plain `layers`.
+    hybrid: Option<Hybrid<B>>,
 }
 
 struct Loader<'a, B: Backend> {
@@ -400,8 +420,17 @@ impl<B: Backend> Decoder<B> {
             None
         };
         let norm = ld.required_norm("output_norm.weight", h)?;
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for i in 0..cfg.num_layers {
+        let hybrid = match cfg.qwen35 {
+            Some(_) => {
+                let (hybrid, bytes) = Hybrid::load(&backend, &cfg, src)?;
+                ld.bytes += bytes;
+                Some(hybrid)
+            }
+            None => None,
+        };
+        let plain_layers = if hybrid.is_some() { 0 } else { cfg.num_layers };
+        let mut layers = Vec::with_capacity(plain_layers);
+        for i in 0..plain_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let window = cfg.layer_windows[i];
             layers.push(Layer {
@@ -450,6 +479,7 @@ impl<B: Backend> Decoder<B> {
             rope,
             rope_local,
             weight_bytes,
+            hybrid,
         })
     }
 
@@ -470,6 +500,16 @@ impl<B: Backend> Decoder<B> {
 
     /// An empty cache for one sequence.
     pub fn new_cache(&self) -> SequenceCache<B> {
+        if let Some(h) = &self.hybrid {
+            return SequenceCache {
+                layers: h
+                    .kv_layers()
+                    .iter()
+                    .map(|a| self.backend.new_kv_layer(a.kv_heads, a.head_dim, a.window))
+                    .collect(),
+                recurrent: Some(h.new_recurrent()),
+            };
+        }
         SequenceCache {
             layers: self
                 .layers
@@ -482,11 +522,34 @@ impl<B: Backend> Decoder<B> {
                     )
                 })
                 .collect(),
+            recurrent: None,
         }
     }
 
     /// Rebuilds a cache from host copies (as made by [`SequenceCache::snapshot`]).
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<SequenceCache<B>> {
+        self.cache_from_snapshots(layers, None)
+    }
+
+    /// [`Decoder::cache_from_snapshot`] with the recurrent states a hybrid model's cache
+    /// also needs (as made by [`RecurrentCache::snapshot`]).
+    pub fn cache_from_snapshots(
+        &self,
+        layers: &[KvLayerSnapshot],
+        recurrent: Option<&RecurrentSnapshot>,
+    ) -> Result<SequenceCache<B>> {
+        if let Some(h) = &self.hybrid {
+            return super::qwen35::cache_from_snapshots(&self.backend, h, layers, recurrent)
+                .map(|(layers, recurrent)| SequenceCache {
+                    layers,
+                    recurrent: Some(recurrent),
+                });
+        }
+        if recurrent.is_some() {
+            return Err(EngineError::Cache(
+                "snapshot holds recurrent states; the model has none".into(),
+            ));
+        }
         if layers.len() != self.layers.len() {
             return Err(EngineError::Cache(format!(
                 "snapshot has {} layers, model has {}",
@@ -507,6 +570,7 @@ impl<B: Backend> Decoder<B> {
                 .iter()
                 .map(|s| self.backend.kv_layer_from_snapshot(s))
                 .collect::<Result<_>>()?,
+            recurrent: None,
         })
     }
 
@@ -597,7 +661,11 @@ impl<B: Backend> Decoder<B> {
                     "a sequence in the batch has no new tokens".into(),
                 ));
             }
-            if cache.layers.len() != self.layers.len() {
+            let kv_layers = self
+                .hybrid
+                .as_ref()
+                .map_or(self.layers.len(), |h| h.kv_layers().len());
+            if cache.layers.len() != kv_layers {
                 return Err(EngineError::Cache("cache belongs to another model".into()));
             }
             let start = cache.len();
@@ -623,6 +691,9 @@ impl<B: Backend> Decoder<B> {
             Some(first) => be.rms_norm(&x, &first.attn_norm, cfg.rms_eps)?,
             None => x.clone(),
         };
+        if let Some(hybrid) = &self.hybrid {
+            x = hybrid.run_layers(be, x, caches, &ranges, &rope)?;
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let (mut q, mut k, v) = match &layer.qkv {
                 QkvProjection::Separate {

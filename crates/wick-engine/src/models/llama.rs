@@ -62,6 +62,7 @@ pub(super) fn base_from_gguf(
         norm_weight_offset: false,
         eos_token_ids: Vec::new(),
         bos_token_id: None,
+        qwen35: None,
     })
 }
 
@@ -110,6 +111,7 @@ pub(super) fn base_from_hf(
         norm_weight_offset: false,
         eos_token_ids: keys.ids("eos_token_id"),
         bos_token_id: keys.ids("bos_token_id").first().copied(),
+        qwen35: None,
     })
 }
 

@@ -4,11 +4,14 @@
 //! `config.json`) into a [`ModelConfig`]; [`decoder::Decoder`] runs every one of them,
 //! switching on the config's flags (biases, Q/K norms, sandwich norms, activation …).
 pub mod decoder;
+pub mod deltanet;
 mod gemma3;
 pub mod greedy;
 mod llama;
 mod qwen2;
 mod qwen3;
+pub mod qwen35;
+pub mod recurrent;
 
 use serde_json::Value;
 use wick_gguf::Metadata;
@@ -24,6 +27,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_gguf(keys, source),
             Arch::Qwen3 => qwen3::from_gguf(keys, source),
             Arch::Gemma3 => gemma3::from_gguf(keys, source),
+            Arch::Qwen35 => qwen35::from_gguf(keys, source),
         }
     }
 
@@ -33,6 +37,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_hf(keys),
             Arch::Qwen3 => qwen3::from_hf(keys),
             Arch::Gemma3 => gemma3::from_hf(keys),
+            Arch::Qwen35 => qwen35::from_hf(keys),
         }
     }
 }
