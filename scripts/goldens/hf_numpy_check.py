@@ -117,6 +117,10 @@ class TinyModel:
 def main() -> int:
     failed = False
     for directory in sorted(d for d in ROOT.iterdir() if d.is_dir()):
+        # Qwen 3.5's DeltaNet hybrid is not modelled here; hf_tiny_qwen35.py cross-checks
+        # transformers' chunked form against its token-by-token recurrence instead.
+        if json.loads((directory / "config.json").read_text()).get("model_type") == "qwen3_5_text":
+            continue
         model = TinyModel(directory)
         golden = load_file(str(directory / "logits.safetensors"))
         reference = json.loads((directory / "reference.json").read_text())

@@ -52,12 +52,15 @@ fn l2norm(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+use wick_kernels::elementwise::exp as fast_exp;
+
+#[inline(always)]
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + fast_exp(-x))
 }
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + fast_exp(-x))
 }
 
 /// torch's softplus (linear above 20).
@@ -83,16 +86,22 @@ pub fn conv1d_silu(x: &[f32], channels: usize, weight: &[f32], kernel: usize, st
             &x[(t - hist) * channels..(t - hist + 1) * channels]
         }
     };
+    // Tap-major weights, so the inner loop runs over contiguous channels.
+    let mut taps = vec![0.0f32; kernel * channels];
+    for c in 0..channels {
+        for j in 0..kernel {
+            taps[j * channels + c] = weight[c * kernel + j];
+        }
+    }
     let mut out = vec![0.0f32; n * channels];
     for (t, o) in out.chunks_exact_mut(channels).enumerate() {
-        for j in 0..kernel {
-            let r = row(t + j);
-            for c in 0..channels {
-                o[c] += weight[c * kernel + j] * r[c];
+        for (j, w) in taps.chunks_exact(channels).enumerate() {
+            for ((x, &w), &r) in o.iter_mut().zip(w).zip(row(t + j)) {
+                *x += w * r;
             }
         }
-        o.iter_mut().for_each(|v| *v = silu(*v));
     }
+    out.iter_mut().for_each(|v| *v = silu(*v));
     let mut next = vec![0.0f32; hist * channels];
     for (i, dst) in next.chunks_exact_mut(channels).enumerate() {
         dst.copy_from_slice(row(n + i));
@@ -151,7 +160,7 @@ pub fn recurrent(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) 
     out
 }
 
-/// `out[i][..] += a * b[..]`
+/// `out[..] += a * b[..]`
 #[inline]
 fn axpy(out: &mut [f32], a: f32, b: &[f32]) {
     for (o, &x) in out.iter_mut().zip(b) {
@@ -159,30 +168,88 @@ fn axpy(out: &mut [f32], a: f32, b: &[f32]) {
     }
 }
 
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+/// A row-major matrix operand of [`mm`]: `rows × cols`, or the transpose of a row-major
+/// `cols × rows` buffer.
+#[derive(Clone, Copy)]
+struct Operand<'a> {
+    data: &'a [f32],
+    transposed: bool,
 }
 
-/// `rows[r] = rows[r] · s` for each row `[k_dim]` of `rows`, `s` `[k_dim][v_dim]`:
-/// returns `[rows][v_dim]`.
-fn times_state(rows: &[f32], k_dim: usize, s: &[f32], v_dim: usize) -> Vec<f32> {
-    let n = rows.len() / k_dim;
-    let mut out = vec![0.0f32; n * v_dim];
-    for (r, o) in out.chunks_exact_mut(v_dim).enumerate() {
-        let row = &rows[r * k_dim..(r + 1) * k_dim];
-        for (i, srow) in s.chunks_exact(v_dim).enumerate() {
-            axpy(o, row[i], srow);
-        }
+fn plain(data: &[f32]) -> Operand<'_> {
+    Operand {
+        data,
+        transposed: false,
     }
-    out
+}
+
+fn transposed(data: &[f32]) -> Operand<'_> {
+    Operand {
+        data,
+        transposed: true,
+    }
+}
+
+/// `c = (accumulate ? c : 0) + s · a · b` with `a` `m × k`, `b` `k × n` and `c` `m × n`,
+/// all row-major (an operand may be given transposed), on the calling thread.
+fn mm(c: &mut [f32], a: Operand<'_>, b: Operand<'_>, m: usize, n: usize, k: usize, s: f32, accumulate: bool) {
+    assert!(
+        c.len() >= m * n && a.data.len() >= m * k && b.data.len() >= k * n,
+        "matrix buffers smaller than their shapes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c[..m * n].fill(0.0);
+        }
+        return;
+    }
+    // (column stride, row stride) of each operand.
+    let (a_cs, a_rs) = if a.transposed { (m, 1) } else { (1, k) };
+    let (b_cs, b_rs) = if b.transposed { (k, 1) } else { (1, n) };
+    // SAFETY: every operand's buffer holds at least its `rows × cols` elements (checked
+    // above), and the strides above address exactly the elements of those shapes; `c`
+    // does not alias `a` or `b` (one `&mut` and two `&` borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.data.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            s,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
 }
 
 /// The chunked form: the same result as [`recurrent`] (up to rounding), `CHUNK` tokens
-/// at a time.
+/// at a time. Inside a chunk of `L` tokens, with `G` the cumulative log decay:
+/// `A = strict_lower(β K Kᵀ ⊙ exp(Gᵢ − Gⱼ))`, `(I + A) U = β V`, `(I + A) W = β K exp(G)`,
+/// `V' = U − W S`, `O = exp(G) Q S + lower(Q Kᵀ ⊙ exp(Gᵢ − Gⱼ)) V'`, and the state moves to
+/// `exp(G_L) S + (K exp(G_L − G))ᵀ V'`: a handful of dense products per chunk.
 pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) -> Vec<f32> {
     let n = h.g.len();
     let mut out = vec![0.0f32; n * v_dim];
+    let (mut a, mut p) = (vec![0.0f32; CHUNK * CHUNK], vec![0.0f32; CHUNK * CHUNK]);
+    let mut kb = vec![0.0f32; CHUNK * k_dim];
+    let mut u = vec![0.0f32; CHUNK * v_dim];
+    let mut w = vec![0.0f32; CHUNK * k_dim];
+    let mut cg = vec![0.0f32; CHUNK];
     let mut c0 = 0;
     while c0 < n {
         let l = CHUNK.min(n - c0);
@@ -190,31 +257,28 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
         let k = &h.k[c0 * k_dim..(c0 + l) * k_dim];
         let v = &h.v[c0 * v_dim..(c0 + l) * v_dim];
         let beta = &h.beta[c0..c0 + l];
-        // Cumulative log decay inside the chunk.
-        let mut cg = vec![0.0f32; l];
         let mut acc = 0.0f32;
         for (c, &g) in cg.iter_mut().zip(&h.g[c0..c0 + l]) {
             acc += g;
             *c = acc;
         }
-        // Strictly lower A[i][j] = β_i k_i·k_j exp(G_i − G_j), and the intra-chunk scores
-        // P[i][j] = q_i·k_j exp(G_i − G_j) for j ≤ i.
-        let mut a = vec![0.0f32; l * l];
-        let mut p = vec![0.0f32; l * l];
         for i in 0..l {
-            let (ki, qi) = (&k[i * k_dim..(i + 1) * k_dim], &q[i * k_dim..(i + 1) * k_dim]);
-            for j in 0..=i {
-                let kj = &k[j * k_dim..(j + 1) * k_dim];
-                let decay = (cg[i] - cg[j]).exp();
-                if j < i {
-                    a[i * l + j] = beta[i] * dot(ki, kj) * decay;
-                }
-                p[i * l + j] = dot(qi, kj) * decay;
+            for (x, &y) in kb[i * k_dim..(i + 1) * k_dim].iter_mut().zip(&k[i * k_dim..(i + 1) * k_dim]) {
+                *x = y * beta[i];
             }
         }
-        // (I + A) U = β v and (I + A) W = β k exp(G), by forward substitution.
-        let mut u = vec![0.0f32; l * v_dim];
-        let mut w = vec![0.0f32; l * k_dim];
+        let (a, p) = (&mut a[..l * l], &mut p[..l * l]);
+        mm(a, plain(&kb[..l * k_dim]), transposed(k), l, l, k_dim, 1.0, false);
+        mm(p, plain(q), transposed(k), l, l, k_dim, 1.0, false);
+        for i in 0..l {
+            for j in 0..l {
+                let decay = if j <= i { fast_exp(cg[i] - cg[j]) } else { 0.0 };
+                p[i * l + j] *= decay;
+                a[i * l + j] = if j < i { a[i * l + j] * decay } else { 0.0 };
+            }
+        }
+        // (I + A) U = β V and (I + A) W = β K exp(G), by forward substitution.
+        let (u, w) = (&mut u[..l * v_dim], &mut w[..l * k_dim]);
         for i in 0..l {
             let (done, rest) = u.split_at_mut(i * v_dim);
             let ui = &mut rest[..v_dim];
@@ -223,9 +287,9 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
             }
             let (wdone, wrest) = w.split_at_mut(i * k_dim);
             let wi = &mut wrest[..k_dim];
-            let scale = beta[i] * cg[i].exp();
-            for (x, &kk) in wi.iter_mut().zip(&k[i * k_dim..(i + 1) * k_dim]) {
-                *x = kk * scale;
+            let e = cg[i].exp();
+            for (x, &y) in wi.iter_mut().zip(&kb[i * k_dim..(i + 1) * k_dim]) {
+                *x = y * e;
             }
             for j in 0..i {
                 let aij = a[i * l + j];
@@ -235,34 +299,27 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
                 }
             }
         }
-        // v_new = U − W S; out = exp(G) (q S) + P v_new.
-        let ws = times_state(&w, k_dim, s, v_dim);
-        let mut v_new = u;
-        v_new.iter_mut().zip(&ws).for_each(|(x, y)| *x -= y);
-        let qs = times_state(q, k_dim, s, v_dim);
+        // V' = U − W S (in u).
+        mm(u, plain(w), plain(s), l, v_dim, k_dim, -1.0, true);
+        // O = exp(G) (Q S) + P V'.
         let o = &mut out[c0 * v_dim..(c0 + l) * v_dim];
+        mm(o, plain(q), plain(s), l, v_dim, k_dim, 1.0, false);
         for i in 0..l {
-            let oi = &mut o[i * v_dim..(i + 1) * v_dim];
             let e = cg[i].exp();
-            for (x, &y) in oi.iter_mut().zip(&qs[i * v_dim..(i + 1) * v_dim]) {
-                *x = e * y;
-            }
-            for j in 0..=i {
-                axpy(oi, p[i * l + j], &v_new[j * v_dim..(j + 1) * v_dim]);
-            }
+            o[i * v_dim..(i + 1) * v_dim].iter_mut().for_each(|x| *x *= e);
         }
-        // S = exp(G_last) S + Σ_i exp(G_last − G_i) k_i ⊗ v_new_i.
+        mm(o, plain(p), plain(u), l, v_dim, l, 1.0, true);
+        // S = exp(G_last) S + (K exp(G_last − G))ᵀ V'.
         let last = cg[l - 1];
         let chunk_decay = last.exp();
         s.iter_mut().for_each(|x| *x *= chunk_decay);
         for i in 0..l {
-            let ki = &k[i * k_dim..(i + 1) * k_dim];
             let f = (last - cg[i]).exp();
-            let vi = &v_new[i * v_dim..(i + 1) * v_dim];
-            for (d, srow) in s.chunks_exact_mut(v_dim).enumerate() {
-                axpy(srow, f * ki[d], vi);
+            for (x, &y) in w[i * k_dim..(i + 1) * k_dim].iter_mut().zip(&k[i * k_dim..(i + 1) * k_dim]) {
+                *x = y * f;
             }
         }
+        mm(s, transposed(w), plain(u), k_dim, v_dim, l, 1.0, true);
         c0 += l;
     }
     out
@@ -380,15 +437,15 @@ pub fn mix(
         })
         .collect();
     // Gated RMS norm per head: w · x / rms(x) · silu(z).
-    let mut out = vec![0.0f32; n * vd];
+    let mut out: Vec<f32> = z.iter().map(|&z| silu(z)).collect();
     for t in 0..n {
         for (hv, o) in outs.iter().enumerate() {
             let x = &o[t * sh.v_dim..(t + 1) * sh.v_dim];
             let ms = x.iter().map(|v| v * v).sum::<f32>() / sh.v_dim as f32;
             let inv = 1.0 / (ms + p.eps).sqrt();
             let base = t * vd + hv * sh.v_dim;
-            for d in 0..sh.v_dim {
-                out[base + d] = p.norm[d] * (x[d] * inv) * silu(z[base + d]);
+            for ((y, &w), &x) in out[base..base + sh.v_dim].iter_mut().zip(p.norm).zip(x) {
+                *y *= w * (x * inv);
             }
         }
     }
