@@ -4,7 +4,9 @@
 //! recurrence. Both include the convolution, gating and gated norm around the delta rule.
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use wick_engine::models::deltanet::{mix, DeltaParams, DeltaShape, DeltaState, Form};
+use wick_engine::models::deltanet::{
+    chunked, mix, recurrent, DeltaParams, DeltaShape, DeltaState, Form, HeadInputs,
+};
 
 fn noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -33,7 +35,10 @@ fn bench(c: &mut Criterion) {
     let b = noise(3, n * shape.v_heads, 1.0);
     let a = noise(4, n * shape.v_heads, 1.0);
     let conv = noise(5, cd * shape.conv_kernel, 0.5);
-    let neg_a: Vec<f32> = noise(6, shape.v_heads, 0.5).iter().map(|x| -(x.exp())).collect();
+    let neg_a: Vec<f32> = noise(6, shape.v_heads, 0.5)
+        .iter()
+        .map(|x| -(x.exp()))
+        .collect();
     let dt_bias = noise(7, shape.v_heads, 0.5);
     let norm = vec![1.0; shape.v_dim];
     let p = DeltaParams {
@@ -55,6 +60,38 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    g.finish();
+
+    // The delta rule alone, one value head (what the two forms differ in).
+    let (kd, vd) = (shape.k_dim, shape.v_dim);
+    let unit = |seed, rows: usize, dim: usize| -> Vec<f32> {
+        let mut x = noise(seed, rows * dim, 1.0);
+        for r in x.chunks_exact_mut(dim) {
+            let inv = 1.0 / r.iter().map(|v| v * v).sum::<f32>().sqrt();
+            r.iter_mut().for_each(|v| *v *= inv);
+        }
+        x
+    };
+    let (q, k) = (unit(11, n, kd), unit(12, n, kd));
+    let v = noise(13, n * vd, 1.0);
+    let gate: Vec<f32> = noise(14, n, 0.5).iter().map(|x| -(x + 0.6) * 0.2).collect();
+    let beta: Vec<f32> = noise(15, n, 0.4).iter().map(|x| x + 0.5).collect();
+    let inputs = HeadInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &gate,
+        beta: &beta,
+    };
+    let mut g = c.benchmark_group("delta_rule_one_head_2048");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function("chunked", |b| {
+        b.iter(|| black_box(chunked(&inputs, kd, vd, &mut vec![0.0; kd * vd])))
+    });
+    g.bench_function("per_token", |b| {
+        b.iter(|| black_box(recurrent(&inputs, kd, vd, &mut vec![0.0; kd * vd])))
+    });
     g.finish();
 }
 

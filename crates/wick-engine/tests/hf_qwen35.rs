@@ -69,7 +69,12 @@ impl Golden {
             .collect()
     }
 
-    fn run(&self, tokens: &[u32], cache: &mut SequenceCache<CandleBackend>, logits: LogitsRequest) -> Vec<f32> {
+    fn run(
+        &self,
+        tokens: &[u32],
+        cache: &mut SequenceCache<CandleBackend>,
+        logits: LogitsRequest,
+    ) -> Vec<f32> {
         let out = self
             .model
             .forward(&mut [BatchItem {
@@ -151,8 +156,18 @@ fn batched_sequences_match_single_runs() {
                 },
             ])
             .unwrap();
-        assert_close(variant, "pair_a batched", &out[0].as_ref().unwrap().data, &g.expected("pair_a"));
-        assert_close(variant, "pair_b batched", &out[1].as_ref().unwrap().data, &g.expected("pair_b"));
+        assert_close(
+            variant,
+            "pair_a batched",
+            &out[0].as_ref().unwrap().data,
+            &g.expected("pair_a"),
+        );
+        assert_close(
+            variant,
+            "pair_b batched",
+            &out[1].as_ref().unwrap().data,
+            &g.expected("pair_b"),
+        );
         // One decode step of both at once, against each sequence alone.
         let step = g
             .model
@@ -174,7 +189,12 @@ fn batched_sequences_match_single_runs() {
             ids.push(seq[0]);
             let mut c = g.model.new_cache();
             let alone = g.run(&ids, &mut c, LogitsRequest::Last);
-            assert_close(variant, "batched decode step", &got.as_ref().unwrap().data, &alone);
+            assert_close(
+                variant,
+                "batched decode step",
+                &got.as_ref().unwrap().data,
+                &alone,
+            );
         }
     }
 }

@@ -412,23 +412,23 @@ fn check_layout(h: &FileHeader, path: &Path, len: u64) -> Result<()> {
 pub fn read_payload(file: &mut File, path: &Path, header: &FileHeader) -> Result<KvSnapshot> {
     let mut layers = Vec::with_capacity(header.layers.len());
     let mut read = |t: &TensorRef, i: usize, what: &str| -> Result<Vec<f32>> {
-            file.seek(SeekFrom::Start(t.offset))
-                .map_err(CacheError::io("seek", path))?;
-            let mut data = vec![0f32; (t.bytes / 4) as usize];
-            {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
-                file.read_exact(bytes)
-                    .map_err(|e| corrupt(path, format!("layer {i} {what} unreadable: {e}")))?;
-                if hex64(xxh3_64(bytes)) != t.xxh3 {
-                    return Err(corrupt(path, format!("layer {i} {what} hash mismatch")));
-                }
+        file.seek(SeekFrom::Start(t.offset))
+            .map_err(CacheError::io("seek", path))?;
+        let mut data = vec![0f32; (t.bytes / 4) as usize];
+        {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
+            file.read_exact(bytes)
+                .map_err(|e| corrupt(path, format!("layer {i} {what} unreadable: {e}")))?;
+            if hex64(xxh3_64(bytes)) != t.xxh3 {
+                return Err(corrupt(path, format!("layer {i} {what} hash mismatch")));
             }
-            if cfg!(target_endian = "big") {
-                for v in &mut data {
-                    *v = f32::from_bits(u32::from_le(v.to_bits()));
-                }
+        }
+        if cfg!(target_endian = "big") {
+            for v in &mut data {
+                *v = f32::from_bits(u32::from_le(v.to_bits()));
             }
-            Ok(data)
+        }
+        Ok(data)
     };
     for (i, l) in header.layers.iter().enumerate() {
         let keys = read(&l.keys, i, "keys")?;
@@ -522,7 +522,11 @@ mod tests {
             (path, header)
         };
         let (path, header) = save("r.wkv", &snap);
-        assert_eq!(header.trim_floor(), tokens.len(), "recurrent state is untrimmable");
+        assert_eq!(
+            header.trim_floor(),
+            tokens.len(),
+            "recurrent state is untrimmable"
+        );
         let mut f = File::open(&path).unwrap();
         let h = read_header(&mut f, &path).unwrap();
         assert_eq!(h, header);

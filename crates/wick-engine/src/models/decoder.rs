@@ -539,11 +539,12 @@ impl<B: Backend> Decoder<B> {
         recurrent: Option<&RecurrentSnapshot>,
     ) -> Result<SequenceCache<B>> {
         if let Some(h) = &self.hybrid {
-            return super::qwen35::cache_from_snapshots(&self.backend, h, layers, recurrent)
-                .map(|(layers, recurrent)| SequenceCache {
+            return super::qwen35::cache_from_snapshots(&self.backend, h, layers, recurrent).map(
+                |(layers, recurrent)| SequenceCache {
                     layers,
                     recurrent: Some(recurrent),
-                });
+                },
+            );
         }
         if recurrent.is_some() {
             return Err(EngineError::Cache(

@@ -75,7 +75,13 @@ fn softplus(x: f32) -> f32 {
 /// Causal depthwise convolution of `x` `[n][channels]` (then SiLU), continuing from
 /// `state` (the previous `kernel - 1` inputs, oldest first, `[kernel-1][channels]`), which
 /// is replaced by the last `kernel - 1` inputs. `weight` is `[channels][kernel]`.
-pub fn conv1d_silu(x: &[f32], channels: usize, weight: &[f32], kernel: usize, state: &mut [f32]) -> Vec<f32> {
+pub fn conv1d_silu(
+    x: &[f32],
+    channels: usize,
+    weight: &[f32],
+    kernel: usize,
+    state: &mut [f32],
+) -> Vec<f32> {
     let n = x.len() / channels;
     let hist = kernel - 1;
     // Rows of the extended input: the state, then x.
@@ -192,7 +198,16 @@ fn transposed(data: &[f32]) -> Operand<'_> {
 
 /// `c = (accumulate ? c : 0) + s · a · b` with `a` `m × k`, `b` `k × n` and `c` `m × n`,
 /// all row-major (an operand may be given transposed), on the calling thread.
-fn mm(c: &mut [f32], a: Operand<'_>, b: Operand<'_>, m: usize, n: usize, k: usize, s: f32, accumulate: bool) {
+fn mm(
+    c: &mut [f32],
+    a: Operand<'_>,
+    b: Operand<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+    s: f32,
+    accumulate: bool,
+) {
     assert!(
         c.len() >= m * n && a.data.len() >= m * k && b.data.len() >= k * n,
         "matrix buffers smaller than their shapes"
@@ -263,12 +278,24 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
             *c = acc;
         }
         for i in 0..l {
-            for (x, &y) in kb[i * k_dim..(i + 1) * k_dim].iter_mut().zip(&k[i * k_dim..(i + 1) * k_dim]) {
+            for (x, &y) in kb[i * k_dim..(i + 1) * k_dim]
+                .iter_mut()
+                .zip(&k[i * k_dim..(i + 1) * k_dim])
+            {
                 *x = y * beta[i];
             }
         }
         let (a, p) = (&mut a[..l * l], &mut p[..l * l]);
-        mm(a, plain(&kb[..l * k_dim]), transposed(k), l, l, k_dim, 1.0, false);
+        mm(
+            a,
+            plain(&kb[..l * k_dim]),
+            transposed(k),
+            l,
+            l,
+            k_dim,
+            1.0,
+            false,
+        );
         mm(p, plain(q), transposed(k), l, l, k_dim, 1.0, false);
         for i in 0..l {
             for j in 0..l {
@@ -306,7 +333,9 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
         mm(o, plain(q), plain(s), l, v_dim, k_dim, 1.0, false);
         for i in 0..l {
             let e = cg[i].exp();
-            o[i * v_dim..(i + 1) * v_dim].iter_mut().for_each(|x| *x *= e);
+            o[i * v_dim..(i + 1) * v_dim]
+                .iter_mut()
+                .for_each(|x| *x *= e);
         }
         mm(o, plain(p), plain(u), l, v_dim, l, 1.0, true);
         // S = exp(G_last) S + (K exp(G_last − G))ᵀ V'.
@@ -315,7 +344,10 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
         s.iter_mut().for_each(|x| *x *= chunk_decay);
         for i in 0..l {
             let f = (last - cg[i]).exp();
-            for (x, &y) in w[i * k_dim..(i + 1) * k_dim].iter_mut().zip(&k[i * k_dim..(i + 1) * k_dim]) {
+            for (x, &y) in w[i * k_dim..(i + 1) * k_dim]
+                .iter_mut()
+                .zip(&k[i * k_dim..(i + 1) * k_dim])
+            {
                 *x = y * f;
             }
         }
@@ -457,7 +489,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
 
@@ -466,7 +500,8 @@ mod tests {
         let (kd, vd) = (8, 12);
         let mut seed = 7;
         for n in [1, 5, 64, 65, 150] {
-            let mut vec_of = |len: usize| -> Vec<f32> { (0..len).map(|_| lcg(&mut seed)).collect() };
+            let mut vec_of =
+                |len: usize| -> Vec<f32> { (0..len).map(|_| lcg(&mut seed)).collect() };
             let mut q = vec_of(n * kd);
             let mut k = vec_of(n * kd);
             for t in 0..n {
@@ -477,13 +512,32 @@ mod tests {
             let g: Vec<f32> = vec_of(n).iter().map(|x| -(x + 0.5) * 0.3).collect();
             let beta: Vec<f32> = vec_of(n).iter().map(|x| x + 0.5).collect();
             let init = vec_of(kd * vd);
-            let h = HeadInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta };
+            let h = HeadInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+            };
             let (mut s1, mut s2) = (init.clone(), init);
             let o1 = recurrent(&h, kd, vd, &mut s1);
             let o2 = chunked(&h, kd, vd, &mut s2);
-            let max = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-            assert!(max(&o1, &o2) < 1e-5, "n={n}: outputs differ by {}", max(&o1, &o2));
-            assert!(max(&s1, &s2) < 1e-5, "n={n}: states differ by {}", max(&s1, &s2));
+            let max = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f32::max)
+            };
+            assert!(
+                max(&o1, &o2) < 1e-5,
+                "n={n}: outputs differ by {}",
+                max(&o1, &o2)
+            );
+            assert!(
+                max(&s1, &s2) < 1e-5,
+                "n={n}: states differ by {}",
+                max(&s1, &s2)
+            );
         }
     }
 

@@ -81,7 +81,10 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
             .collect::<Result<_>>()?,
         Some(_) => return Err(bad("'layer_types' must be a list".into())),
         None => {
-            let every = keys.opt_usize("full_attention_interval")?.unwrap_or(4).max(1);
+            let every = keys
+                .opt_usize("full_attention_interval")?
+                .unwrap_or(4)
+                .max(1);
             (0..layers).map(|i| (i + 1) % every != 0).collect()
         }
     };
@@ -92,7 +95,9 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
         )));
     }
     if linear_layers.iter().all(|&l| l) {
-        return Err(bad("a Qwen 3.5 model needs at least one full_attention layer".into()));
+        return Err(bad(
+            "a Qwen 3.5 model needs at least one full_attention layer".into(),
+        ));
     }
     let dim = |key: &str, default: usize| -> Result<usize> {
         let v = keys.opt_usize(key)?.unwrap_or(default);
@@ -240,7 +245,13 @@ impl<B: Backend> Loader<'_, B> {
         Ok(m)
     }
 
-    fn host_matrix(&mut self, name: String, rows: usize, cols: usize, v: &[f32]) -> Result<B::Matrix> {
+    fn host_matrix(
+        &mut self,
+        name: String,
+        rows: usize,
+        cols: usize,
+        v: &[f32],
+    ) -> Result<B::Matrix> {
         let m = self.backend.matrix(f32_weight(name, vec![rows, cols], v))?;
         self.bytes += self.backend.matrix_bytes(&m);
         Ok(m)
@@ -256,10 +267,15 @@ impl<B: Backend> Loader<'_, B> {
 
 impl<B: Backend> Hybrid<B> {
     /// Loads every layer of `cfg` (which must carry a [`Qwen35Config`]).
-    pub(crate) fn load(backend: &B, cfg: &ModelConfig, src: &dyn WeightSource) -> Result<(Self, usize)> {
-        let q35 = cfg.qwen35.as_ref().ok_or_else(|| {
-            EngineError::InvalidInput("not a Qwen 3.5 configuration".into())
-        })?;
+    pub(crate) fn load(
+        backend: &B,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+    ) -> Result<(Self, usize)> {
+        let q35 = cfg
+            .qwen35
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidInput("not a Qwen 3.5 configuration".into()))?;
         // Fail at load, not at the first request, on a backend without host uploads.
         backend.tensor_from_host(vec![0.0], 1, 1)?;
         let mut ld = Loader {
@@ -309,7 +325,8 @@ impl<B: Backend> Hybrid<B> {
             } else {
                 // q_proj holds, per head, the query rows then the output gate's rows.
                 let both = ld.floats(&n("attn_q.weight"), &[2 * q_dim, h])?;
-                let (mut qw, mut gw) = (Vec::with_capacity(q_dim * h), Vec::with_capacity(q_dim * h));
+                let (mut qw, mut gw) =
+                    (Vec::with_capacity(q_dim * h), Vec::with_capacity(q_dim * h));
                 for head in both.chunks_exact(2 * hd * h) {
                     let (qh, gh) = head.split_at(hd * h);
                     qw.extend_from_slice(qh);
@@ -401,8 +418,12 @@ impl<B: Backend> Hybrid<B> {
                     attention,
                     kv,
                 } => {
-                    let mut p = be.linear_many(&h, &[(q, None), (gate, None), (k, None), (v, None)])?.into_iter();
-                    let (Some(qt), Some(gt), Some(kt), Some(vt)) = (p.next(), p.next(), p.next(), p.next()) else {
+                    let mut p = be
+                        .linear_many(&h, &[(q, None), (gate, None), (k, None), (v, None)])?
+                        .into_iter();
+                    let (Some(qt), Some(gt), Some(kt), Some(vt)) =
+                        (p.next(), p.next(), p.next(), p.next())
+                    else {
                         return Err(EngineError::Backend {
                             backend: be.name(),
                             message: "linear_many returned too few products".into(),
@@ -443,7 +464,9 @@ impl<B: Backend> Hybrid<B> {
                         .linear_many(&h, &[(qkv, None), (z, None), (b, None), (a, None)])?
                         .into_iter()
                         .map(|t| be.rows_to_host(&t, &counts));
-                    let (Some(qkv), Some(z), Some(b), Some(a)) = (p.next(), p.next(), p.next(), p.next()) else {
+                    let (Some(qkv), Some(z), Some(b), Some(a)) =
+                        (p.next(), p.next(), p.next(), p.next())
+                    else {
                         return Err(EngineError::Backend {
                             backend: be.name(),
                             message: "linear_many returned too few products".into(),
@@ -464,15 +487,27 @@ impl<B: Backend> Hybrid<B> {
                         let st = cache
                             .recurrent_mut()
                             .and_then(|r| r.layers.get_mut(*state))
-                            .ok_or_else(|| EngineError::Cache("cache belongs to another model".into()))?;
-                        mixed.extend(deltanet::mix(&params, &qkv[i], &z[i], &b[i], &a[i], st, Form::Auto));
+                            .ok_or_else(|| {
+                                EngineError::Cache("cache belongs to another model".into())
+                            })?;
+                        mixed.extend(deltanet::mix(
+                            &params,
+                            &qkv[i],
+                            &z[i],
+                            &b[i],
+                            &a[i],
+                            st,
+                            Form::Auto,
+                        ));
                     }
                     be.linear(&be.tensor_from_host(mixed, total, vd)?, out, None)?
                 }
             };
             let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
             let act = {
-                let mut p = be.linear_many(&hf, &[(&layer.gate, None), (&layer.up, None)])?.into_iter();
+                let mut p = be
+                    .linear_many(&hf, &[(&layer.gate, None), (&layer.up, None)])?
+                    .into_iter();
                 let (Some(g), Some(u)) = (p.next(), p.next()) else {
                     return Err(EngineError::Backend {
                         backend: be.name(),

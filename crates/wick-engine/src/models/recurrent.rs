@@ -106,7 +106,10 @@ mod tests {
         assert!(!c.can_trim_to(4) && !c.can_trim_to(6));
         assert_eq!(c.byte_size(), 2 * (3 * 14 + 24) * 4);
         let s = c.snapshot();
-        assert_eq!(RecurrentCache::from_snapshot(&s, &[shape, shape]).unwrap(), c);
+        assert_eq!(
+            RecurrentCache::from_snapshot(&s, &[shape, shape]).unwrap(),
+            c
+        );
         assert!(RecurrentCache::from_snapshot(&s, &[shape]).is_err());
         let mut bad = s.clone();
         bad.layers[1].1.pop();
