@@ -1,7 +1,7 @@
 """Qwen 3.5 (gated DeltaNet hybrid) through the server: the tiny random-weight golden model
 (crates/wick-engine/tests/goldens/hf/qwen35) with Qwen3.5-4B's real chat template from the
 llama.cpp test assets (`wick pull test-assets`): the template renders tools and tool turns,
-a forced call comes back parsed from the qwen3-coder XML format, the thinking block splits
+a call in the qwen3-coder XML format comes back parsed into tool_calls, the thinking block splits
 into reasoning_content, and a prompt that extends a cached one reuses the DeltaNet state at
 the exact boundary."""
 import json
@@ -38,20 +38,26 @@ def reasoning_of(message):
     return (message.model_extra or {}).get("reasoning_content")
 
 
-def test_forced_tool_call_parses_from_qwen_xml(qwen35):
+CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_a_qwen_xml_call_parses_into_tool_calls(qwen35):
+    # A random model writes no call by itself: a regex constraint makes it write one in the
+    # qwen3-coder XML format its template teaches, and the reply parser must read it back.
     client = qwen35.client()
     r = client.chat.completions.create(
         model="qwen35-tiny", messages=[{"role": "user", "content": "Weather in Paris?"}],
-        tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}},
-        max_tokens=96, temperature=0,
-        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        tools=TOOLS, max_tokens=300, temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                    "guided_regex": CALL.replace("\n", "\\n")})
     choice = r.choices[0]
     assert choice.message.tool_calls, r
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"
-    args = json.loads(call.function.arguments)
-    assert isinstance(args.get("city"), str), args
+    assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
     assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content
 
 
 def test_tool_turns_render_and_thinking_splits(qwen35):

@@ -257,3 +257,60 @@ fn the_recurrent_cache_is_reused_only_at_its_exact_boundary() {
     fewer.layers.pop();
     assert!(g.model.cache_from_snapshots(&kv, Some(&fewer)).is_err());
 }
+
+#[test]
+fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
+    use wick_cache::ssd::{SsdConfig, SsdTier};
+    use wick_cache::{CacheValue, ValueLoader};
+    use wick_engine::{LoadOptions, Model, Step};
+
+    let model = Model::load(&dir("qwen35"), &LoadOptions::default()).unwrap();
+    let g = load("qwen35");
+    let ids = g.case_ids("len150");
+    let run = |cache: &mut wick_engine::KvCache, tokens: &[u32], logits| {
+        model
+            .forward(&mut [Step {
+                tokens,
+                cache,
+                logits,
+            }])
+            .unwrap()
+            .remove(0)
+    };
+    let mut live = model.new_cache();
+    run(&mut live, &ids[..100], LogitsRequest::None);
+    assert!(CacheValue::can_trim_to(&live, 100) && !CacheValue::can_trim_to(&live, 99));
+    let host = live.to_host().unwrap();
+    assert_eq!(host.recurrent.len(), 3, "one state per DeltaNet layer");
+    assert_eq!(host.len(), 100);
+
+    let root = tempfile::tempdir().unwrap();
+    let cfg = SsdConfig {
+        root: root.path().to_path_buf(),
+        fingerprint: model.fingerprint(),
+        model: "qwen35".into(),
+        max_bytes: 0,
+        verify: true,
+    };
+    {
+        let (tier, _) = SsdTier::open(cfg.clone()).unwrap();
+        tier.store("", &ids[..100], &host, None).unwrap();
+    }
+    // After a restart: a longer prompt restores the state; the same prompt (which must
+    // forward at least one token) and a prompt diverging inside it find nothing.
+    let (tier, report) = SsdTier::open(cfg).unwrap();
+    assert_eq!(report.entries, 1);
+    let m = tier.find("", &ids).expect("a longer prompt extends the entry");
+    assert_eq!(m.usable, 100);
+    assert!(tier.find("", &ids[..100]).is_none());
+    let mut diverging = ids[..120].to_vec();
+    diverging[60] = (diverging[60] + 1) % 512;
+    assert!(tier.find("", &diverging).is_none());
+
+    let mut restored = model.load(tier.load(&m).unwrap()).unwrap();
+    let a = run(&mut live, &ids[100..], LogitsRequest::All).unwrap();
+    let b = run(&mut restored, &ids[100..], LogitsRequest::All).unwrap();
+    assert_eq!(a, b, "a restored state continues exactly like the live one");
+    let vocab = g.model.config().vocab_size;
+    assert_close("qwen35", "after SSD restore", &b.data, &g.expected("len150")[100 * vocab..]);
+}

@@ -263,6 +263,8 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
     let (mut a, mut p) = (vec![0.0f32; CHUNK * CHUNK], vec![0.0f32; CHUNK * CHUNK]);
     let mut kb = vec![0.0f32; CHUNK * k_dim];
     let mut u = vec![0.0f32; CHUNK * v_dim];
+    let mut v_new = vec![0.0f32; CHUNK * v_dim];
+    let mut tinv = vec![0.0f32; CHUNK * CHUNK];
     let mut w = vec![0.0f32; CHUNK * k_dim];
     let mut cg = vec![0.0f32; CHUNK];
     let mut c0 = 0;
@@ -304,30 +306,34 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
                 a[i * l + j] = if j < i { a[i * l + j] * decay } else { 0.0 };
             }
         }
-        // (I + A) U = β V and (I + A) W = β K exp(G), by forward substitution.
-        let (u, w) = (&mut u[..l * v_dim], &mut w[..l * k_dim]);
+        // T = (I + A)⁻¹ by forward substitution (unit lower triangular, L³/6 products),
+        // then V' = U − W S = T (β V − β K exp(G) S): two dense products.
+        let t = &mut tinv[..l * l];
+        t.fill(0.0);
         for i in 0..l {
-            let (done, rest) = u.split_at_mut(i * v_dim);
-            let ui = &mut rest[..v_dim];
-            for (x, &vv) in ui.iter_mut().zip(&v[i * v_dim..(i + 1) * v_dim]) {
-                *x = vv * beta[i];
-            }
-            let (wdone, wrest) = w.split_at_mut(i * k_dim);
-            let wi = &mut wrest[..k_dim];
-            let e = cg[i].exp();
-            for (x, &y) in wi.iter_mut().zip(&kb[i * k_dim..(i + 1) * k_dim]) {
-                *x = y * e;
-            }
+            let (done, rest) = t.split_at_mut(i * l);
+            let ti = &mut rest[..l];
+            ti[i] = 1.0;
             for j in 0..i {
                 let aij = a[i * l + j];
                 if aij != 0.0 {
-                    axpy(ui, -aij, &done[j * v_dim..(j + 1) * v_dim]);
-                    axpy(wi, -aij, &wdone[j * k_dim..(j + 1) * k_dim]);
+                    axpy(&mut ti[..i], -aij, &done[j * l..j * l + i]);
                 }
             }
         }
-        // V' = U − W S (in u).
-        mm(u, plain(w), plain(s), l, v_dim, k_dim, -1.0, true);
+        let (m, w) = (&mut u[..l * v_dim], &mut w[..l * k_dim]);
+        for i in 0..l {
+            for (x, &vv) in m[i * v_dim..(i + 1) * v_dim].iter_mut().zip(&v[i * v_dim..(i + 1) * v_dim]) {
+                *x = vv * beta[i];
+            }
+            let e = fast_exp(cg[i]);
+            for (x, &y) in w[i * k_dim..(i + 1) * k_dim].iter_mut().zip(&kb[i * k_dim..(i + 1) * k_dim]) {
+                *x = y * e;
+            }
+        }
+        mm(m, plain(w), plain(s), l, v_dim, k_dim, -1.0, true);
+        let u = &mut v_new[..l * v_dim];
+        mm(u, plain(t), plain(m), l, v_dim, l, 1.0, false);
         // O = exp(G) (Q S) + P V'.
         let o = &mut out[c0 * v_dim..(c0 + l) * v_dim];
         mm(o, plain(q), plain(s), l, v_dim, k_dim, 1.0, false);
