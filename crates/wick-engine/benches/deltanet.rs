@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use wick_engine::models::deltanet::{
-    chunked, mix, recurrent, DeltaParams, DeltaShape, DeltaState, Form, HeadInputs,
+    chunked, conv1d_silu, mix, recurrent, DeltaParams, DeltaShape, DeltaState, Form, HeadInputs,
 };
 
 fn noise(seed: u64, n: usize, scale: f32) -> Vec<f32> {
@@ -60,6 +60,16 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    g.finish();
+
+    let mut g = c.benchmark_group("conv_2048");
+    g.sample_size(10);
+    g.bench_function("conv1d_silu", |b| {
+        b.iter(|| {
+            let mut st = vec![0.0; shape.conv_state_len()];
+            black_box(conv1d_silu(&qkv, cd, &conv, shape.conv_kernel, &mut st))
+        })
+    });
     g.finish();
 
     // The delta rule alone, one value head (what the two forms differ in).

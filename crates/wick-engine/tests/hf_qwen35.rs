@@ -300,7 +300,9 @@ fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
     // forward at least one token) and a prompt diverging inside it find nothing.
     let (tier, report) = SsdTier::open(cfg).unwrap();
     assert_eq!(report.entries, 1);
-    let m = tier.find("", &ids).expect("a longer prompt extends the entry");
+    let m = tier
+        .find("", &ids)
+        .expect("a longer prompt extends the entry");
     assert_eq!(m.usable, 100);
     assert!(tier.find("", &ids[..100]).is_none());
     let mut diverging = ids[..120].to_vec();
@@ -312,5 +314,10 @@ fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
     let b = run(&mut restored, &ids[100..], LogitsRequest::All).unwrap();
     assert_eq!(a, b, "a restored state continues exactly like the live one");
     let vocab = g.model.config().vocab_size;
-    assert_close("qwen35", "after SSD restore", &b.data, &g.expected("len150")[100 * vocab..]);
+    assert_close(
+        "qwen35",
+        "after SSD restore",
+        &b.data,
+        &g.expected("len150")[100 * vocab..],
+    );
 }

@@ -202,9 +202,7 @@ fn mm(
     c: &mut [f32],
     a: Operand<'_>,
     b: Operand<'_>,
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     s: f32,
     accumulate: bool,
 ) {
@@ -292,13 +290,11 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
             a,
             plain(&kb[..l * k_dim]),
             transposed(k),
-            l,
-            l,
-            k_dim,
+            (l, l, k_dim),
             1.0,
             false,
         );
-        mm(p, plain(q), transposed(k), l, l, k_dim, 1.0, false);
+        mm(p, plain(q), transposed(k), (l, l, k_dim), 1.0, false);
         for i in 0..l {
             for j in 0..l {
                 let decay = if j <= i { fast_exp(cg[i] - cg[j]) } else { 0.0 };
@@ -323,27 +319,33 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
         }
         let (m, w) = (&mut u[..l * v_dim], &mut w[..l * k_dim]);
         for i in 0..l {
-            for (x, &vv) in m[i * v_dim..(i + 1) * v_dim].iter_mut().zip(&v[i * v_dim..(i + 1) * v_dim]) {
+            for (x, &vv) in m[i * v_dim..(i + 1) * v_dim]
+                .iter_mut()
+                .zip(&v[i * v_dim..(i + 1) * v_dim])
+            {
                 *x = vv * beta[i];
             }
             let e = fast_exp(cg[i]);
-            for (x, &y) in w[i * k_dim..(i + 1) * k_dim].iter_mut().zip(&kb[i * k_dim..(i + 1) * k_dim]) {
+            for (x, &y) in w[i * k_dim..(i + 1) * k_dim]
+                .iter_mut()
+                .zip(&kb[i * k_dim..(i + 1) * k_dim])
+            {
                 *x = y * e;
             }
         }
-        mm(m, plain(w), plain(s), l, v_dim, k_dim, -1.0, true);
+        mm(m, plain(w), plain(s), (l, v_dim, k_dim), -1.0, true);
         let u = &mut v_new[..l * v_dim];
-        mm(u, plain(t), plain(m), l, v_dim, l, 1.0, false);
+        mm(u, plain(t), plain(m), (l, v_dim, l), 1.0, false);
         // O = exp(G) (Q S) + P V'.
         let o = &mut out[c0 * v_dim..(c0 + l) * v_dim];
-        mm(o, plain(q), plain(s), l, v_dim, k_dim, 1.0, false);
+        mm(o, plain(q), plain(s), (l, v_dim, k_dim), 1.0, false);
         for i in 0..l {
             let e = cg[i].exp();
             o[i * v_dim..(i + 1) * v_dim]
                 .iter_mut()
                 .for_each(|x| *x *= e);
         }
-        mm(o, plain(p), plain(u), l, v_dim, l, 1.0, true);
+        mm(o, plain(p), plain(u), (l, v_dim, l), 1.0, true);
         // S = exp(G_last) S + (K exp(G_last − G))ᵀ V'.
         let last = cg[l - 1];
         let chunk_decay = last.exp();
@@ -357,7 +359,7 @@ pub fn chunked(h: &HeadInputs<'_>, k_dim: usize, v_dim: usize, s: &mut [f32]) ->
                 *x = y * f;
             }
         }
-        mm(s, transposed(w), plain(u), k_dim, v_dim, l, 1.0, true);
+        mm(s, transposed(w), plain(u), (k_dim, v_dim, l), 1.0, true);
         c0 += l;
     }
     out
