@@ -321,3 +321,74 @@ fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
         &g.expected("len150")[100 * vocab..],
     );
 }
+
+#[test]
+fn batched_and_preempted_rows_equal_single_runs() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
+    use wick_engine::{GenerationRequest, LoadOptions, Model};
+
+    let model = Arc::new(Model::load(&dir("qwen35"), &LoadOptions::default()).unwrap());
+    let g = load("qwen35");
+    let long = g.case_ids("len150");
+    let requests: Vec<GenerationRequest> = [10usize, 150, 40, 120, 70, 25]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let mut r = GenerationRequest::new(long[..n].to_vec()).max_tokens(20 + 3 * i);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| std::ops::ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect();
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap();
+    // The one full-attention layer keeps KV: room for about two of the longest sequences.
+    let blocks = 2 * longest.div_ceil(16) + 1;
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 6,
+            step_token_budget: 48,
+            prompt_cache_bytes: 0,
+            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    assert!(engine.max_sequence_tokens() >= longest);
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        let mut ids = Vec::new();
+        while let Some(e) = h.blocking_next() {
+            match e {
+                EngineEvent::Token(t) => ids.push(t.id),
+                EngineEvent::Done(_) => break,
+                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
+            }
+        }
+        assert_eq!(&ids, want, "request {i} differs from its single run");
+    }
+    let stats = engine.stats();
+    assert!(
+        stats.preemptions > 0,
+        "the pool was meant to force preemption: {stats:?}"
+    );
+    assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}

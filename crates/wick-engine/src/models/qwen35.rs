@@ -567,3 +567,21 @@ pub(crate) fn cache_from_snapshots<B: Backend>(
         .collect::<Result<_>>()?;
     Ok((layers, states))
 }
+
+impl ModelConfig {
+    /// The sliding window of every layer that keeps KV, in order: all layers, except that a
+    /// hybrid model's linear-attention layers keep recurrent state instead (what the KV
+    /// pool charges).
+    pub fn kv_layer_windows(&self) -> Vec<Option<usize>> {
+        match &self.qwen35 {
+            None => self.layer_windows.clone(),
+            Some(q) => self
+                .layer_windows
+                .iter()
+                .zip(&q.linear_layers)
+                .filter(|(_, &linear)| !linear)
+                .map(|(w, _)| *w)
+                .collect(),
+        }
+    }
+}

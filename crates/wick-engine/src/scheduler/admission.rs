@@ -106,7 +106,7 @@ impl KvAdmission {
             bounded: bytes.is_some(),
             block_bytes,
             chunk: chunk.max(1),
-            windows: model.config().layer_windows.clone(),
+            windows: model.config().kv_layer_windows(),
             peak: model.kv_peak_blocks(),
             max_sequence_tokens: 0,
         };
