@@ -36,7 +36,7 @@
 //!     fn load(&self, s: KvSnapshot) -> wick_cache::Result<Kv> { Ok(Kv(s)) }
 //! }
 //! fn kv(n: usize) -> Kv {
-//!     Kv(KvSnapshot { layers: vec![LayerSnapshot {
+//!     Kv(KvSnapshot { recurrent: Vec::new(), layers: vec![LayerSnapshot {
 //!         start: 0, len: n, kv_heads: 1, head_dim: 1, window: None,
 //!         keys: vec![0.0; n], values: vec![0.0; n],
 //!     }] })
@@ -74,4 +74,4 @@ pub use prompt_cache::{
 };
 pub use ssd::{ScanReport, SsdConfig};
 pub use stats::{CacheStats, FlushReport, SsdStats};
-pub use value::{CacheValue, KvSnapshot, LayerSnapshot, ValueLoader};
+pub use value::{CacheValue, KvSnapshot, LayerSnapshot, StateSnapshot, ValueLoader};

@@ -117,11 +117,25 @@ impl LayerSnapshot {
     }
 }
 
+/// Host copy of one recurrent layer's state (a linear-attention layer of a hybrid model:
+/// its convolution history and its delta-rule state). Such state summarizes every token
+/// seen, so a snapshot holding any cannot be cut back.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StateSnapshot {
+    /// The convolution's recent inputs.
+    pub conv: Vec<f32>,
+    /// The recurrent (delta-rule) state.
+    pub ssm: Vec<f32>,
+}
+
 /// Host copy of a whole sequence cache: one [`LayerSnapshot`] per layer.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct KvSnapshot {
     /// The layers, first to last.
     pub layers: Vec<LayerSnapshot>,
+    /// The recurrent layers' states after [`KvSnapshot::len`] tokens (empty for a model
+    /// without recurrent layers).
+    pub recurrent: Vec<StateSnapshot>,
 }
 
 impl KvSnapshot {
@@ -137,6 +151,9 @@ impl KvSnapshot {
 
     /// The shortest length every layer can be cut back to.
     pub fn trim_floor(&self) -> usize {
+        if !self.recurrent.is_empty() {
+            return self.len();
+        }
         self.layers
             .iter()
             .map(LayerSnapshot::trim_floor)
@@ -169,6 +186,11 @@ impl KvSnapshot {
         self.layers
             .iter()
             .map(|l| (l.keys.len() + l.values.len()) * std::mem::size_of::<f32>())
+            .chain(
+                self.recurrent
+                    .iter()
+                    .map(|s| (s.conv.len() + s.ssm.len()) * std::mem::size_of::<f32>()),
+            )
             .sum()
     }
 
@@ -220,6 +242,7 @@ pub(crate) mod testing {
                 .collect();
             FakeKv {
                 snapshot: KvSnapshot {
+                    recurrent: Vec::new(),
                     layers: vec![LayerSnapshot {
                         start,
                         len,
@@ -306,6 +329,22 @@ mod tests {
             FakeKv { snapshot: s }.stored_tokens(),
             (10..17).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn recurrent_state_makes_a_snapshot_untrimmable() {
+        let tokens: Vec<u32> = (0..30).collect();
+        let mut s = FakeKv::new(&tokens, None).snapshot;
+        assert!(s.can_trim_to(10));
+        let before = s.byte_size();
+        s.recurrent.push(super::StateSnapshot {
+            conv: vec![1.0; 3],
+            ssm: vec![2.0; 5],
+        });
+        assert_eq!(s.byte_size(), before + 32);
+        assert_eq!(s.trim_floor(), 30);
+        assert!(!s.can_trim_to(29) && s.can_trim_to(30));
+        assert!(s.trim(10).is_err());
     }
 
     #[test]

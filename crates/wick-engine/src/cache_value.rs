@@ -1,9 +1,10 @@
 //! The engine's side of the prompt-cache seam: [`KvCache`] is a
 //! [`wick_cache::CacheValue`], and [`Model`] rebuilds caches from host snapshots.
-use wick_cache::{CacheError, CacheValue, KvSnapshot, LayerSnapshot, ValueLoader};
+use wick_cache::{CacheError, CacheValue, KvSnapshot, LayerSnapshot, StateSnapshot, ValueLoader};
 
 use crate::backend::KvLayerSnapshot;
 use crate::model::{KvCache, Model};
+use crate::models::recurrent::RecurrentSnapshot;
 
 fn to_cache_layer(l: KvLayerSnapshot) -> LayerSnapshot {
     LayerSnapshot {
@@ -52,17 +53,36 @@ impl CacheValue for KvCache {
     }
 
     fn to_host(&self) -> wick_cache::Result<KvSnapshot> {
+        let recurrent = self
+            .recurrent_snapshot()
+            .map(|r| {
+                r.layers
+                    .into_iter()
+                    .map(|(conv, ssm)| StateSnapshot { conv, ssm })
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(KvSnapshot {
             layers: self.snapshot().into_iter().map(to_cache_layer).collect(),
+            recurrent,
         })
     }
 }
 
 impl ValueLoader<KvCache> for Model {
     fn load(&self, snapshot: KvSnapshot) -> wick_cache::Result<KvCache> {
+        let len = snapshot.len();
+        let recurrent = (!snapshot.recurrent.is_empty()).then(|| RecurrentSnapshot {
+            len,
+            layers: snapshot
+                .recurrent
+                .into_iter()
+                .map(|s| (s.conv, s.ssm))
+                .collect(),
+        });
         let layers: Vec<KvLayerSnapshot> =
             snapshot.layers.into_iter().map(to_engine_layer).collect();
-        self.cache_from_snapshot(&layers)
+        self.cache_from_snapshots(&layers, recurrent.as_ref())
             .map_err(|e| CacheError::Value {
                 op: "load",
                 reason: e.to_string(),

@@ -46,11 +46,14 @@ pub enum Arch {
     /// their own head sizes, proportional rotary embeddings, optional mixture of experts
     /// (HF `gemma4_text`/`gemma4`; see [`crate::models::gemma4`]).
     Gemma4,
+    /// Qwen 3.5: gated DeltaNet linear-attention layers between full-attention layers with
+    /// an output gate (HF `qwen3_5_text`/`qwen3_5`; GGUF `qwen35` is recognized, not loaded).
+    Qwen35,
 }
 
 impl Arch {
     /// All architectures, in the order error messages list them.
-    pub const ALL: [Arch; 14] = [
+    pub const ALL: [Arch; 15] = [
         Arch::Llama,
         Arch::Qwen2,
         Arch::Qwen3,
@@ -65,6 +68,7 @@ impl Arch {
         Arch::Glm4,
         Arch::MiniCpm,
         Arch::Gemma4,
+        Arch::Qwen35,
     ];
 
     /// The GGUF `general.architecture` name.
@@ -84,6 +88,7 @@ impl Arch {
             Arch::Glm4 => "glm4",
             Arch::MiniCpm => "minicpm",
             Arch::Gemma4 => "gemma4",
+            Arch::Qwen35 => "qwen35",
         }
     }
 
@@ -109,6 +114,7 @@ impl Arch {
             "glm4" => Arch::Glm4,
             "minicpm" => Arch::MiniCpm,
             "gemma4" | "gemma4_text" => Arch::Gemma4,
+            "qwen3_5" | "qwen3_5_text" => Arch::Qwen35,
             _ => return None,
         })
     }
@@ -375,6 +381,8 @@ pub struct ModelConfig {
     pub features: Features,
     /// Gemma 4's per-layer layout (head sizes, KV sharing, PLE, experts).
     pub gemma4: Option<Box<crate::models::gemma4::Gemma4Params>>,
+    /// Qwen 3.5's hybrid layout (linear-attention layers and their shape).
+    pub qwen35: Option<crate::models::qwen35::Qwen35Config>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.
@@ -796,7 +804,8 @@ impl ModelConfig {
     }
 
     /// The sliding window of each KV cache a sequence holds: one per layer, except that
-    /// layers sharing another layer's cache (Gemma 4) have none of their own.
+    /// layers sharing another layer's cache (Gemma 4) and linear-attention layers (Qwen 3.5)
+    /// have none of their own.
     pub fn cache_windows(&self) -> Vec<Option<usize>> {
         match &self.gemma4 {
             Some(g) => self
@@ -806,7 +815,17 @@ impl ModelConfig {
                 .filter(|(_, l)| l.kv_source.is_none())
                 .map(|(w, _)| *w)
                 .collect(),
-            None => self.layer_windows.clone(),
+            None => match &self.qwen35 {
+                // A hybrid's linear-attention layers keep recurrent state, not KV.
+                Some(q) => self
+                    .layer_windows
+                    .iter()
+                    .zip(&q.linear_layers)
+                    .filter(|(_, &linear)| !linear)
+                    .map(|(w, _)| *w)
+                    .collect(),
+                None => self.layer_windows.clone(),
+            },
         }
     }
 }

@@ -8,8 +8,12 @@
 //! 24  header   hlen bytes of JSON (FileHeader)
 //! ..  zero padding up to `data_start` (a multiple of 4096)
 //! data_start  per layer: keys, then values, raw little-endian f32, each tensor at a
-//!             64-byte aligned offset named in the header with its xxh3-64
+//!             64-byte aligned offset named in the header with its xxh3-64; then (version
+//!             2) per recurrent layer its convolution state and its delta-rule state
 //! ```
+//!
+//! Version 2 added the header's `recurrent` list (the states of a hybrid model's
+//! linear-attention layers); a version-1 file reads as an entry without recurrent state.
 //!
 //! Payload: raw f32, the engine's own KV dtype. A restored cache is then bit-identical
 //! to the one saved, so greedy output after a restart equals an uninterrupted run; f16
@@ -27,13 +31,15 @@ use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use crate::checkpoint::CheckpointMeta;
-use crate::value::{KvSnapshot, LayerSnapshot};
+use crate::value::{KvSnapshot, LayerSnapshot, StateSnapshot};
 use crate::{CacheError, Result};
 
 /// The file magic.
 pub const MAGIC: &[u8; 8] = b"WICKKV\r\n";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// Older versions this build still reads.
+const READABLE_VERSIONS: [u32; 2] = [1, 2];
 /// The file name extension of entries.
 pub const EXTENSION: &str = "wkv";
 /// Bytes before the JSON header.
@@ -77,6 +83,15 @@ pub struct LayerHeader {
     pub values: TensorRef,
 }
 
+/// One recurrent layer's state tensors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHeader {
+    /// The convolution state.
+    pub conv: TensorRef,
+    /// The delta-rule state.
+    pub ssm: TensorRef,
+}
+
 /// The JSON header of a `.wkv` file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileHeader {
@@ -100,12 +115,19 @@ pub struct FileHeader {
     pub layers: Vec<LayerHeader>,
     /// Set on generation checkpoints.
     pub checkpoint: Option<CheckpointMeta>,
+    /// The recurrent layers' states (version 2; absent in version 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recurrent: Vec<StateHeader>,
 }
 
 impl FileHeader {
     /// The shortest length the entry can be cut back to (see
     /// [`LayerSnapshot::trim_floor`]).
     pub fn trim_floor(&self) -> usize {
+        // Recurrent state cannot be cut back: only the exact length is usable.
+        if !self.recurrent.is_empty() {
+            return self.tokens.len();
+        }
         self.layers
             .iter()
             .map(|l| match l.window {
@@ -168,6 +190,7 @@ pub fn plan(label: &EntryLabel<'_>, snap: &KvSnapshot, created_unix_ms: u64) -> 
         file_bytes: 0,
         layers: Vec::with_capacity(snap.layers.len()),
         checkpoint: label.checkpoint.cloned(),
+        recurrent: Vec::with_capacity(snap.recurrent.len()),
     };
     // The header's own length depends on the offsets written into it: lay out once with
     // a generous data start, then fix the start and shift (offsets are relative until then).
@@ -195,13 +218,32 @@ pub fn plan(label: &EntryLabel<'_>, snap: &KvSnapshot, created_unix_ms: u64) -> 
             values,
         });
     }
+    for s in &snap.recurrent {
+        let mut tensor = |data: &[f32]| {
+            let bytes = f32_bytes(data);
+            let t = TensorRef {
+                offset: align(rel, TENSOR_ALIGN),
+                bytes: bytes.len() as u64,
+                xxh3: hex64(xxh3_64(&bytes)),
+            };
+            rel = t.offset + t.bytes;
+            t
+        };
+        let conv = tensor(&s.conv);
+        let ssm = tensor(&s.ssm);
+        header.recurrent.push(StateHeader { conv, ssm });
+    }
     // Offsets and sizes are at most 20 digits each; pad the estimate for them.
     let estimate = serde_json::to_vec(&header).map_err(json_err)?.len() as u64
-        + 2 * 20 * (header.layers.len() as u64 * 2 + 2);
+        + 2 * 20 * ((header.layers.len() + header.recurrent.len()) as u64 * 2 + 2);
     let data_start = align(PREFIX as u64 + estimate, DATA_ALIGN);
     for l in &mut header.layers {
         l.keys.offset += data_start;
         l.values.offset += data_start;
+    }
+    for s in &mut header.recurrent {
+        s.conv.offset += data_start;
+        s.ssm.offset += data_start;
     }
     header.data_start = data_start;
     header.file_bytes = data_start + rel;
@@ -253,6 +295,12 @@ pub fn write(out: &mut File, path: &Path, header: &FileHeader, snap: &KvSnapshot
             put(&mut w, &f32_bytes(data), &mut at)?;
         }
     }
+    for (s, sh) in snap.recurrent.iter().zip(&header.recurrent) {
+        for (data, t) in [(&s.conv, &sh.conv), (&s.ssm, &sh.ssm)] {
+            pad_to(&mut w, t.offset, &mut at)?;
+            put(&mut w, &f32_bytes(data), &mut at)?;
+        }
+    }
     // An entry without tensors still ends at its data start.
     pad_to(&mut w, header.file_bytes, &mut at)?;
     w.flush().map_err(io)?;
@@ -281,7 +329,7 @@ pub fn read_header(file: &mut File, path: &Path) -> Result<FileHeader> {
         return Err(corrupt(path, "not a wick KV file (bad magic)"));
     }
     let version = u32::from_le_bytes(prefix[8..12].try_into().unwrap_or_default());
-    if version != FORMAT_VERSION {
+    if !READABLE_VERSIONS.contains(&version) {
         return Err(CacheError::UnsupportedVersion {
             path: path.to_path_buf(),
             found: version,
@@ -304,6 +352,9 @@ pub fn read_header(file: &mut File, path: &Path) -> Result<FileHeader> {
     }
     let header: FileHeader = serde_json::from_slice(&json)
         .map_err(|e| corrupt(path, format!("header is not valid JSON: {e}")))?;
+    if version < 2 && !header.recurrent.is_empty() {
+        return Err(corrupt(path, "a version-1 file with recurrent state"));
+    }
     check_layout(&header, path, len)?;
     Ok(header)
 }
@@ -342,34 +393,46 @@ fn check_layout(h: &FileHeader, path: &Path, len: u64) -> Result<()> {
             }
         }
     }
+    for (i, s) in h.recurrent.iter().enumerate() {
+        for t in [&s.conv, &s.ssm] {
+            let end = t.offset.checked_add(t.bytes);
+            if !t.bytes.is_multiple_of(4) || t.offset < h.data_start || end.is_none_or(|e| e > len)
+            {
+                return Err(corrupt(
+                    path,
+                    format!("recurrent layer {i} tensor outside the file or of the wrong size"),
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
 /// Reads the tensors of a checked header, verifying each tensor's hash.
 pub fn read_payload(file: &mut File, path: &Path, header: &FileHeader) -> Result<KvSnapshot> {
     let mut layers = Vec::with_capacity(header.layers.len());
+    let mut read = |t: &TensorRef, i: usize, what: &str| -> Result<Vec<f32>> {
+        file.seek(SeekFrom::Start(t.offset))
+            .map_err(CacheError::io("seek", path))?;
+        let mut data = vec![0f32; (t.bytes / 4) as usize];
+        {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
+            file.read_exact(bytes)
+                .map_err(|e| corrupt(path, format!("layer {i} {what} unreadable: {e}")))?;
+            if hex64(xxh3_64(bytes)) != t.xxh3 {
+                return Err(corrupt(path, format!("layer {i} {what} hash mismatch")));
+            }
+        }
+        if cfg!(target_endian = "big") {
+            for v in &mut data {
+                *v = f32::from_bits(u32::from_le(v.to_bits()));
+            }
+        }
+        Ok(data)
+    };
     for (i, l) in header.layers.iter().enumerate() {
-        let mut read = |t: &TensorRef, what: &str| -> Result<Vec<f32>> {
-            file.seek(SeekFrom::Start(t.offset))
-                .map_err(CacheError::io("seek", path))?;
-            let mut data = vec![0f32; (t.bytes / 4) as usize];
-            {
-                let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
-                file.read_exact(bytes)
-                    .map_err(|e| corrupt(path, format!("layer {i} {what} unreadable: {e}")))?;
-                if hex64(xxh3_64(bytes)) != t.xxh3 {
-                    return Err(corrupt(path, format!("layer {i} {what} hash mismatch")));
-                }
-            }
-            if cfg!(target_endian = "big") {
-                for v in &mut data {
-                    *v = f32::from_bits(u32::from_le(v.to_bits()));
-                }
-            }
-            Ok(data)
-        };
-        let keys = read(&l.keys, "keys")?;
-        let values = read(&l.values, "values")?;
+        let keys = read(&l.keys, i, "keys")?;
+        let values = read(&l.values, i, "values")?;
         layers.push(LayerSnapshot {
             start: l.start,
             len: l.len,
@@ -380,14 +443,27 @@ pub fn read_payload(file: &mut File, path: &Path, header: &FileHeader) -> Result
             values,
         });
     }
-    Ok(KvSnapshot { layers })
+    let mut recurrent = Vec::with_capacity(header.recurrent.len());
+    for (i, s) in header.recurrent.iter().enumerate() {
+        recurrent.push(StateSnapshot {
+            conv: read(&s.conv, i, "recurrent conv state")?,
+            ssm: read(&s.ssm, i, "recurrent state")?,
+        });
+    }
+    Ok(KvSnapshot { layers, recurrent })
 }
 
 /// Streams through every tensor checking hashes without keeping the data (deep scan).
 pub fn verify_payload(file: &mut File, path: &Path, header: &FileHeader) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
-    for (i, l) in header.layers.iter().enumerate() {
-        for t in [&l.keys, &l.values] {
+    let tensors = header
+        .layers
+        .iter()
+        .flat_map(|l| [&l.keys, &l.values])
+        .chain(header.recurrent.iter().flat_map(|s| [&s.conv, &s.ssm]));
+    for (j, t) in tensors.enumerate() {
+        let i = j / 2;
+        {
             file.seek(SeekFrom::Start(t.offset))
                 .map_err(CacheError::io("seek", path))?;
             let mut h = Xxh3::new();
@@ -420,6 +496,70 @@ mod tests {
             tokens,
             checkpoint: None,
         }
+    }
+
+    #[test]
+    fn recurrent_state_round_trips_and_version_1_files_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u32> = (0..20).collect();
+        let mut snap = FakeKv::new(&tokens, None).snapshot;
+        let plain = snap.clone();
+        snap.recurrent = vec![
+            StateSnapshot {
+                conv: vec![0.5; 9],
+                ssm: (0..24).map(|i| i as f32).collect(),
+            },
+            StateSnapshot {
+                conv: vec![-1.0; 9],
+                ssm: vec![2.5; 24],
+            },
+        ];
+        let save = |name: &str, snap: &KvSnapshot| {
+            let path = dir.path().join(name);
+            let header = plan(&label(&tokens), snap, 5).unwrap();
+            let mut f = File::create(&path).unwrap();
+            write(&mut f, &path, &header, snap).unwrap();
+            (path, header)
+        };
+        let (path, header) = save("r.wkv", &snap);
+        assert_eq!(
+            header.trim_floor(),
+            tokens.len(),
+            "recurrent state is untrimmable"
+        );
+        let mut f = File::open(&path).unwrap();
+        let h = read_header(&mut f, &path).unwrap();
+        assert_eq!(h, header);
+        verify_payload(&mut f, &path, &h).unwrap();
+        assert_eq!(read_payload(&mut f, &path, &h).unwrap(), snap);
+        // A damaged state tensor is caught by its hash.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = h.recurrent[1].ssm.offset as usize + 3;
+        bytes[at] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+        let mut f = File::open(&path).unwrap();
+        let h = read_header(&mut f, &path).unwrap();
+        assert!(read_payload(&mut f, &path, &h).is_err());
+
+        // A file written by version 1 (no recurrent list) reads as a plain entry.
+        let (old, _) = save("v1.wkv", &plain);
+        let mut bytes = std::fs::read(&old).unwrap();
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&old, &bytes).unwrap();
+        let mut f = File::open(&old).unwrap();
+        let h = read_header(&mut f, &old).unwrap();
+        assert!(h.recurrent.is_empty());
+        assert_eq!(read_payload(&mut f, &old, &h).unwrap(), plain);
+        // But a "version 1" file that claims recurrent state is corrupt.
+        let (bad, _) = save("bad.wkv", &snap);
+        let mut bytes = std::fs::read(&bad).unwrap();
+        bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&bad, &bytes).unwrap();
+        let mut f = File::open(&bad).unwrap();
+        assert!(matches!(
+            read_header(&mut f, &bad),
+            Err(CacheError::Corrupt { .. })
+        ));
     }
 
     #[test]

@@ -183,7 +183,7 @@ fn scan_removes_bad_files_and_never_touches_other_fingerprints() {
     let planted = base.join(entry_file_name("", &[1, 2, 3]));
     fs::copy(&foreign[0], &planted).unwrap();
     let mut v2 = fs::read(&good).unwrap();
-    v2[8] = 2;
+    v2[8] = 3; // a version this build does not know
     let wrong_version = base.join(entry_file_name("", &[4, 5, 6]));
     fs::write(&wrong_version, &v2).unwrap();
     let orphan = base.join("x.wkv.1.1.tmp");

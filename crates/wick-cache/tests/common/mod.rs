@@ -35,7 +35,10 @@ pub fn snapshot_for(tokens: &[u32]) -> KvSnapshot {
             }
         })
         .collect();
-    KvSnapshot { layers }
+    KvSnapshot {
+        layers,
+        recurrent: Vec::new(),
+    }
 }
 
 /// Whether `snap` is exactly what [`snapshot_for`] gives for `tokens`.

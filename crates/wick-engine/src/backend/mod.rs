@@ -427,6 +427,16 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Self::KvLayer;
     /// Rebuilds a cache from a host copy.
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<Self::KvLayer>;
+    /// Uploads a host activation `[rows, cols]` (row-major f32): the way back for model code
+    /// that computes a step on the host (Qwen 3.5's DeltaNet mixer). Backends that cannot
+    /// (the default) say so.
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Tensor> {
+        let _ = (data, rows, cols);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "this backend cannot upload host activations (needed by Qwen 3.5's linear-attention layers)".into(),
+        })
+    }
     /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending
     /// that segment's `k`/`v` rows `[n, kv_heads*hd]`. Returns `[n, heads*hd]`.
     fn attention(

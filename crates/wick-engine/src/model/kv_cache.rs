@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::dispatch::{with_cache, AnyCache};
 use crate::backend::{KvLayer, KvLayerSnapshot};
 use crate::kv_pool::BlockPool;
+use crate::models::recurrent::RecurrentSnapshot;
 use crate::Result;
 
 /// A sequence's KV cache, whatever the backend.
@@ -43,6 +44,11 @@ impl KvCache {
     /// Host copies of every layer (for persistence).
     pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
         with_cache!(&self.inner, c => c.snapshot())
+    }
+
+    /// Host copy of the recurrent states (a hybrid model's linear-attention layers).
+    pub fn recurrent_snapshot(&self) -> Option<RecurrentSnapshot> {
+        with_cache!(&self.inner, c => c.recurrent().map(|r| r.snapshot()))
     }
 
     /// Charges the blocks this cache holds to `pool` (the caller checked there is room);

@@ -232,6 +232,18 @@ impl Model {
         })
     }
 
+    /// Rebuilds a cache from [`KvCache::snapshot`] and, for a hybrid model, its
+    /// [`KvCache::recurrent_snapshot`].
+    pub fn cache_from_snapshots(
+        &self,
+        layers: &[KvLayerSnapshot],
+        recurrent: Option<&crate::models::recurrent::RecurrentSnapshot>,
+    ) -> Result<KvCache> {
+        Ok(KvCache {
+            inner: with_decoder!(&self.decoder, d => wrap_cache(d.cache_from_snapshots(layers, recurrent)?)),
+        })
+    }
+
     /// One batched forward pass over several sequences.
     pub fn forward(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<Logits>>> {
         with_decoder!(&self.decoder, d => forward_on(d, steps))

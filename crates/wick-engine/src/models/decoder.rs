@@ -10,6 +10,8 @@ use crate::backend::{
     RopeSpec,
 };
 use crate::config::{MlpKind, ModelConfig, NormKind};
+use crate::models::qwen35::Hybrid;
+use crate::models::recurrent::{RecurrentCache, RecurrentSnapshot};
 use crate::weights::WeightSource;
 use crate::{EngineError, Result};
 
@@ -74,12 +76,16 @@ impl Logits {
 /// The KV cache of one sequence: one backend cache per layer.
 pub struct SequenceCache<B: Backend> {
     layers: Vec<B::KvLayer>,
+    /// The recurrent states of a hybrid model's linear-attention layers (Qwen 3.5);
+    /// `layers` then holds its full-attention layers only.
+    recurrent: Option<RecurrentCache>,
 }
 
 impl<B: Backend> Clone for SequenceCache<B> {
     fn clone(&self) -> Self {
         SequenceCache {
             layers: self.layers.clone(),
+            recurrent: self.recurrent.clone(),
         }
     }
 }
@@ -98,6 +104,7 @@ impl<B: Backend> SequenceCache<B> {
     /// Whether the cache can be cut back to `len` tokens.
     pub fn can_trim_to(&self, len: usize) -> bool {
         self.layers.iter().all(|l| l.can_trim_to(len))
+            && self.recurrent.as_ref().is_none_or(|r| r.can_trim_to(len))
     }
 
     /// Forgets everything from position `len` on.
@@ -113,12 +120,23 @@ impl<B: Backend> SequenceCache<B> {
 
     /// Bytes held.
     pub fn byte_size(&self) -> usize {
-        self.layers.iter().map(|l| l.byte_size()).sum()
+        self.layers.iter().map(|l| l.byte_size()).sum::<usize>()
+            + self.recurrent.as_ref().map_or(0, RecurrentCache::byte_size)
     }
 
     /// Host copies of every layer.
     pub fn snapshot(&self) -> Vec<KvLayerSnapshot> {
         self.layers.iter().map(|l| l.snapshot()).collect()
+    }
+
+    /// The recurrent states, for a hybrid model.
+    pub fn recurrent(&self) -> Option<&RecurrentCache> {
+        self.recurrent.as_ref()
+    }
+
+    /// The recurrent states, mutably.
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentCache> {
+        self.recurrent.as_mut()
     }
 
     /// The per-layer caches (for backend bookkeeping such as KV block leases).
@@ -204,6 +222,8 @@ pub struct Decoder<B: Backend> {
     weight_bytes: usize,
     /// Gemma 4's layers, which run their own forward pass ([`super::gemma4`]).
     gemma4: Option<super::gemma4::Gemma4Model<B>>,
+    /// The layers of a hybrid model (Qwen 3.5), which then has no plain `layers`.
+    hybrid: Option<Hybrid<B>>,
 }
 
 pub(super) struct Loader<'a, B: Backend> {
@@ -529,7 +549,19 @@ impl<B: Backend> Decoder<B> {
             crate::config::Arch::Gemma4 => Some(super::gemma4::Gemma4Model::load(&mut ld, &cfg)?),
             _ => None,
         };
-        let plain_layers = if gemma4.is_some() { 0 } else { cfg.num_layers };
+        let hybrid = match cfg.qwen35 {
+            Some(_) => {
+                let (hybrid, bytes) = Hybrid::load(&backend, &cfg, src)?;
+                ld.bytes += bytes;
+                Some(hybrid)
+            }
+            None => None,
+        };
+        let plain_layers = if gemma4.is_some() || hybrid.is_some() {
+            0
+        } else {
+            cfg.num_layers
+        };
         let mut layers = Vec::with_capacity(plain_layers);
         for i in 0..plain_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
@@ -584,6 +616,7 @@ impl<B: Backend> Decoder<B> {
             rope_local,
             weight_bytes,
             gemma4,
+            hybrid,
         })
     }
 
@@ -619,6 +652,16 @@ impl<B: Backend> Decoder<B> {
 
     /// An empty cache for one sequence.
     pub fn new_cache(&self) -> SequenceCache<B> {
+        if let Some(h) = &self.hybrid {
+            return SequenceCache {
+                layers: h
+                    .kv_layers()
+                    .iter()
+                    .map(|a| self.backend.new_kv_layer(a.kv_heads, a.head_dim, a.window))
+                    .collect(),
+                recurrent: Some(h.new_recurrent()),
+            };
+        }
         SequenceCache {
             layers: self
                 .cache_layout()
@@ -627,11 +670,35 @@ impl<B: Backend> Decoder<B> {
                     self.backend.new_kv_layer(kv_heads, head_dim, window)
                 })
                 .collect(),
+            recurrent: None,
         }
     }
 
     /// Rebuilds a cache from host copies (as made by [`SequenceCache::snapshot`]).
     pub fn cache_from_snapshot(&self, layers: &[KvLayerSnapshot]) -> Result<SequenceCache<B>> {
+        self.cache_from_snapshots(layers, None)
+    }
+
+    /// [`Decoder::cache_from_snapshot`] with the recurrent states a hybrid model's cache
+    /// also needs (as made by [`RecurrentCache::snapshot`]).
+    pub fn cache_from_snapshots(
+        &self,
+        layers: &[KvLayerSnapshot],
+        recurrent: Option<&RecurrentSnapshot>,
+    ) -> Result<SequenceCache<B>> {
+        if let Some(h) = &self.hybrid {
+            return super::qwen35::cache_from_snapshots(&self.backend, h, layers, recurrent).map(
+                |(layers, recurrent)| SequenceCache {
+                    layers,
+                    recurrent: Some(recurrent),
+                },
+            );
+        }
+        if recurrent.is_some() {
+            return Err(EngineError::Cache(
+                "snapshot holds recurrent states; the model has none".into(),
+            ));
+        }
         let layout = self.cache_layout();
         if layers.len() != layout.len() {
             return Err(EngineError::Cache(format!(
@@ -652,6 +719,7 @@ impl<B: Backend> Decoder<B> {
                 .iter()
                 .map(|s| self.backend.kv_layer_from_snapshot(s))
                 .collect::<Result<_>>()?,
+            recurrent: None,
         })
     }
 
@@ -748,7 +816,11 @@ impl<B: Backend> Decoder<B> {
                     "a sequence in the batch has no new tokens".into(),
                 ));
             }
-            if cache.layers.len() != self.layers.len() {
+            let kv_layers = self
+                .hybrid
+                .as_ref()
+                .map_or(self.layers.len(), |h| h.kv_layers().len());
+            if cache.layers.len() != kv_layers {
                 return Err(EngineError::Cache("cache belongs to another model".into()));
             }
             let start = cache.len();
@@ -789,6 +861,9 @@ impl<B: Backend> Decoder<B> {
             Some(norm) => self.norm(&x, norm)?,
             None => x.clone(),
         };
+        if let Some(hybrid) = &self.hybrid {
+            x = hybrid.run_layers(be, x, caches, &ranges, &rope)?;
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let (mut q, mut k, v) = match &layer.qkv {
                 QkvProjection::Separate {

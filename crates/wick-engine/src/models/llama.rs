@@ -64,6 +64,7 @@ pub(super) fn base_from_gguf(
         bos_token_id: None,
         features: Default::default(),
         gemma4: None,
+        qwen35: None,
     })
 }
 
@@ -114,6 +115,7 @@ pub(super) fn base_from_hf(
         bos_token_id: keys.ids("bos_token_id").first().copied(),
         features: Default::default(),
         gemma4: None,
+        qwen35: None,
     })
 }
 

@@ -4,6 +4,7 @@
 //! `config.json`) into a [`ModelConfig`]; [`decoder::Decoder`] runs every one of them,
 //! switching on the config's flags (biases, Q/K norms, sandwich norms, activation …).
 pub mod decoder;
+pub mod deltanet;
 mod dense;
 mod gemma3;
 pub mod gemma4;
@@ -12,6 +13,8 @@ mod llama;
 pub mod moe;
 mod qwen2;
 mod qwen3;
+pub mod qwen35;
+pub mod recurrent;
 
 use serde_json::Value;
 use wick_gguf::Metadata;
@@ -27,6 +30,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_gguf(keys, source),
             Arch::Qwen3 => qwen3::from_gguf(keys, source),
             Arch::Gemma3 => gemma3::from_gguf(keys, source),
+            Arch::Qwen35 => qwen35::from_gguf(keys, source),
             Arch::Gemma4 => gemma4::from_gguf(keys, source),
             other => Err(EngineError::Config {
                 source_name: source.to_string(),
@@ -53,6 +57,7 @@ impl Arch {
             Arch::Glm4 => dense::glm4(keys),
             Arch::MiniCpm => dense::minicpm(keys),
             Arch::Gemma4 => gemma4::from_hf(keys),
+            Arch::Qwen35 => qwen35::from_hf(keys),
         }
     }
 }

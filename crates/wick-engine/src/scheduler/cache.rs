@@ -68,7 +68,9 @@ impl EngineCache {
             write_behind: config.ssd_write_behind,
             ..PromptCacheConfig::default()
         })?;
-        let windowed = model.config().layer_windows.iter().any(Option::is_some);
+        // Sliding windows and recurrent layers (Qwen 3.5) make long entries untrimmable.
+        let windowed = model.config().layer_windows.iter().any(Option::is_some)
+            || model.config().qwen35.is_some();
         Ok(Some(EngineCache {
             tiers,
             fingerprint,

@@ -244,6 +244,14 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
 
 /// Hugging Face name of a canonical (llama.cpp-style) tensor name.
 fn hf_name(canonical: &str) -> Option<String> {
+    // Qwen 3.5's linear-attention (gated DeltaNet) tensors keep their Hugging Face names
+    // (`A_log` and `dt_bias` have no `.weight` suffix).
+    if let Some((layer, part)) = canonical
+        .strip_prefix("blk.")
+        .and_then(|rest| rest.split_once(".linear_attn."))
+    {
+        return Some(format!("model.layers.{layer}.linear_attn.{part}"));
+    }
     let name = canonical
         .strip_suffix(".weight")
         .map(|n| (n, "weight"))

@@ -331,6 +331,7 @@ pub fn ssd() -> anyhow::Result<Target> {
     };
     let snap = KvSnapshot {
         layers: vec![layer(None), layer(Some(8))],
+        recurrent: Vec::new(),
     };
     let entry_path = {
         let (tier, _) = wick_cache::ssd::SsdTier::open(cfg.clone())?;

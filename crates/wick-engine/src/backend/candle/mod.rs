@@ -526,6 +526,10 @@ impl Backend for CandleBackend {
         })
     }
 
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<HostTensor> {
+        HostTensor::from_vec(data, rows, cols)
+    }
+
     fn rows_to_host(&self, x: &HostTensor, groups: &[usize]) -> Result<Vec<Vec<f32>>> {
         let _t = profile::op("to_host", x.rows());
         let cols = x.cols();

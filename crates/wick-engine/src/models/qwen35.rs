@@ -1,0 +1,570 @@
+//! Qwen 3.5 text (`qwen3_5_text`, and the text model of `qwen3_5`): a hybrid of gated
+//! DeltaNet linear-attention layers ([`super::deltanet`]) and full-attention layers with an
+//! output gate, per-head Q/K norms and partial rotary embeddings; `(1 + w)` RMS norms.
+//!
+//! The decoder runs it through [`Hybrid`]: full-attention layers keep their K/V in the
+//! sequence cache's paged KV layers (so the KV pool charges them as for any model), and
+//! linear-attention layers keep their state in its [`RecurrentCache`].
+use std::borrow::Cow;
+use std::ops::Range;
+
+use wick_gguf::GgmlType;
+
+use super::deltanet::{self, DeltaParams, DeltaShape, Form};
+use super::recurrent::RecurrentCache;
+use crate::backend::{AttentionParams, AttentionSegment, Backend, HostWeight};
+use crate::config::{GgufKeys, HfKeys, ModelConfig};
+use crate::models::decoder::SequenceCache;
+use crate::models::{llama, Arch};
+use crate::weights::WeightSource;
+use crate::{EngineError, Result};
+
+/// What Qwen 3.5 adds to [`ModelConfig`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen35Config {
+    /// Per layer: a linear-attention (DeltaNet) layer, else full attention.
+    pub linear_layers: Vec<bool>,
+    /// Shape of every DeltaNet layer.
+    pub delta: DeltaShape,
+}
+
+impl Qwen35Config {
+    /// Layers of each kind: `(full, linear)`.
+    pub fn counts(&self) -> (usize, usize) {
+        let linear = self.linear_layers.iter().filter(|&&l| l).count();
+        (self.linear_layers.len() - linear, linear)
+    }
+}
+
+pub(super) fn from_gguf(_keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
+    Err(EngineError::Config {
+        source_name: source.to_string(),
+        reason: "Qwen 3.5 (qwen35) GGUF files are not supported yet; load the Hugging Face \
+                 safetensors directory instead"
+            .into(),
+    })
+}
+
+pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
+    let bad = |reason: String| EngineError::Config {
+        source_name: keys.source.to_string(),
+        reason,
+    };
+    let mut cfg = llama::base_from_hf(keys, Arch::Qwen35, 10_000_000.0, false)?;
+    if keys.opt_bool("attention_bias")?.unwrap_or(false) {
+        return Err(bad("attention_bias is not supported for qwen3_5".into()));
+    }
+    let factor = keys
+        .get("rope_parameters")
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(serde_json::Value::as_f64)
+        .or(keys.opt_f64("partial_rotary_factor")?)
+        .unwrap_or(0.25);
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(bad(format!(
+            "partial_rotary_factor {factor} must be in (0, 1]"
+        )));
+    }
+    cfg.rotary_dims = (cfg.head_dim as f64 * factor) as usize;
+    cfg.norm_weight_offset = true;
+    let layers = cfg.num_layers;
+    let linear_layers: Vec<bool> = match keys.get("layer_types") {
+        Some(serde_json::Value::Array(types)) => types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(bad(format!(
+                    "layer_types entry {t} is not linear_attention or full_attention"
+                ))),
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(bad("'layer_types' must be a list".into())),
+        None => {
+            let every = keys
+                .opt_usize("full_attention_interval")?
+                .unwrap_or(4)
+                .max(1);
+            (0..layers).map(|i| (i + 1) % every != 0).collect()
+        }
+    };
+    if linear_layers.len() != layers {
+        return Err(bad(format!(
+            "{} layer_types for {layers} layers",
+            linear_layers.len()
+        )));
+    }
+    if linear_layers.iter().all(|&l| l) {
+        return Err(bad(
+            "a Qwen 3.5 model needs at least one full_attention layer".into(),
+        ));
+    }
+    let dim = |key: &str, default: usize| -> Result<usize> {
+        let v = keys.opt_usize(key)?.unwrap_or(default);
+        if v == 0 || v > 1 << 14 {
+            return Err(bad(format!("'{key}' is {v}; it must be in 1..=16384")));
+        }
+        Ok(v)
+    };
+    let delta = DeltaShape {
+        k_heads: dim("linear_num_key_heads", 16)?,
+        v_heads: dim("linear_num_value_heads", 32)?,
+        k_dim: dim("linear_key_head_dim", 128)?,
+        v_dim: dim("linear_value_head_dim", 128)?,
+        conv_kernel: dim("linear_conv_kernel_dim", 4)?,
+    };
+    if delta.conv_kernel > 64 {
+        return Err(bad(format!(
+            "linear_conv_kernel_dim {} is above the supported 64",
+            delta.conv_kernel
+        )));
+    }
+    if !delta.v_heads.is_multiple_of(delta.k_heads) {
+        return Err(bad(format!(
+            "{} linear value heads are not a multiple of {} key heads",
+            delta.v_heads, delta.k_heads
+        )));
+    }
+    cfg.qwen35 = Some(Qwen35Config {
+        linear_layers,
+        delta,
+    });
+    Ok(cfg)
+}
+
+/// The token mixer of one layer.
+enum Mixer<B: Backend> {
+    Full {
+        q: B::Matrix,
+        gate: B::Matrix,
+        k: B::Matrix,
+        v: B::Matrix,
+        o: B::Matrix,
+        q_norm: B::Tensor,
+        k_norm: B::Tensor,
+        attention: AttentionParams,
+        /// Index among the cache's KV layers.
+        kv: usize,
+    },
+    Linear {
+        qkv: B::Matrix,
+        z: B::Matrix,
+        b: B::Matrix,
+        a: B::Matrix,
+        out: B::Matrix,
+        conv: Vec<f32>,
+        neg_a: Vec<f32>,
+        dt_bias: Vec<f32>,
+        norm: Vec<f32>,
+        /// Index among the cache's recurrent layers.
+        state: usize,
+    },
+}
+
+struct HybridLayer<B: Backend> {
+    attn_norm: B::Tensor,
+    mixer: Mixer<B>,
+    ffn_norm: B::Tensor,
+    gate: B::Matrix,
+    up: B::Matrix,
+    down: B::Matrix,
+}
+
+/// The layers of a Qwen 3.5 model (the decoder holds embeddings, final norm and head).
+pub struct Hybrid<B: Backend> {
+    layers: Vec<HybridLayer<B>>,
+    delta: DeltaShape,
+    full: Vec<AttentionParams>,
+    linear: usize,
+    eps: f32,
+}
+
+struct Loader<'a, B: Backend> {
+    backend: &'a B,
+    src: &'a dyn WeightSource,
+    bytes: usize,
+}
+
+fn f32_weight(name: String, shape: Vec<usize>, values: &[f32]) -> HostWeight<'static> {
+    HostWeight {
+        name,
+        dtype: GgmlType::F32,
+        shape,
+        bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    }
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn missing(&self, name: &str) -> EngineError {
+        EngineError::MissingTensor {
+            source_name: self.src.source_name(),
+            tensor: name.into(),
+        }
+    }
+
+    fn shape_error(&self, name: &str, expected: &[usize], found: &[usize]) -> EngineError {
+        EngineError::ShapeMismatch {
+            source_name: self.src.source_name(),
+            tensor: name.into(),
+            expected: expected.to_vec(),
+            found: found.to_vec(),
+        }
+    }
+
+    /// The values of `name` as f32, checked to hold `len` numbers in shape `shape`
+    /// (dimensions of size 1 aside), dequantized if it is stored MLX-quantized.
+    fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        if let Some(w) = self.src.affine(name)? {
+            if squeeze(&[w.rows, w.cols]) != squeeze(shape) {
+                return Err(self.shape_error(name, shape, &[w.rows, w.cols]));
+            }
+            return w.dequantize();
+        }
+        let w = self.src.get(name)?.ok_or_else(|| self.missing(name))?;
+        if squeeze(&w.shape) != squeeze(shape) {
+            return Err(self.shape_error(name, shape, &w.shape));
+        }
+        w.float_values(name)
+    }
+
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
+        let m = if let Some(w) = self.src.affine(name)? {
+            if [w.rows, w.cols] != [rows, cols] {
+                return Err(self.shape_error(name, &[rows, cols], &[w.rows, w.cols]));
+            }
+            self.backend.affine_matrix(w)?
+        } else {
+            let w = self.src.get(name)?.ok_or_else(|| self.missing(name))?;
+            if w.shape != [rows, cols] {
+                return Err(self.shape_error(name, &[rows, cols], &w.shape));
+            }
+            self.backend.matrix(w)?
+        };
+        self.bytes += self.backend.matrix_bytes(&m);
+        Ok(m)
+    }
+
+    fn host_matrix(
+        &mut self,
+        name: String,
+        rows: usize,
+        cols: usize,
+        v: &[f32],
+    ) -> Result<B::Matrix> {
+        let m = self.backend.matrix(f32_weight(name, vec![rows, cols], v))?;
+        self.bytes += self.backend.matrix_bytes(&m);
+        Ok(m)
+    }
+
+    /// A `(1 + w)` norm weight of `len`.
+    fn norm(&mut self, name: &str, len: usize) -> Result<B::Tensor> {
+        let v: Vec<f32> = self.floats(name, &[len])?.iter().map(|w| 1.0 + w).collect();
+        self.bytes += len * 4;
+        self.backend.vector(f32_weight(name.into(), vec![len], &v))
+    }
+}
+
+impl<B: Backend> Hybrid<B> {
+    /// Loads every layer of `cfg` (which must carry a [`Qwen35Config`]).
+    pub(crate) fn load(
+        backend: &B,
+        cfg: &ModelConfig,
+        src: &dyn WeightSource,
+    ) -> Result<(Self, usize)> {
+        let q35 = cfg
+            .qwen35
+            .as_ref()
+            .ok_or_else(|| EngineError::InvalidInput("not a Qwen 3.5 configuration".into()))?;
+        // Fail at load, not at the first request, on a backend without host uploads.
+        backend.tensor_from_host(vec![0.0], 1, 1)?;
+        let mut ld = Loader {
+            backend,
+            src,
+            bytes: 0,
+        };
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (q_dim, kv_dim) = (cfg.num_heads * hd, cfg.num_kv_heads * hd);
+        let sh = q35.delta;
+        let (cd, vd) = (sh.conv_dim(), sh.v_heads * sh.v_dim);
+        let f = cfg.intermediate_size;
+        let attention = AttentionParams {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: hd,
+            scale: cfg.attn_scale,
+            window: None,
+            softcap: None,
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        let (mut kv, mut state) = (0, 0);
+        let mut full = Vec::new();
+        for (i, &linear) in q35.linear_layers.iter().enumerate() {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            let mixer = if linear {
+                let l = |s: &str| n(&format!("linear_attn.{s}"));
+                let conv = ld.floats(&l("conv1d.weight"), &[cd, 1, sh.conv_kernel])?;
+                let a_log = ld.floats(&l("A_log"), &[sh.v_heads])?;
+                let dt_bias = ld.floats(&l("dt_bias"), &[sh.v_heads])?;
+                let norm = ld.floats(&l("norm.weight"), &[sh.v_dim])?;
+                ld.bytes += (conv.len() + 2 * sh.v_heads + sh.v_dim) * 4;
+                let m = Mixer::Linear {
+                    qkv: ld.matrix(&l("in_proj_qkv.weight"), cd, h)?,
+                    z: ld.matrix(&l("in_proj_z.weight"), vd, h)?,
+                    b: ld.matrix(&l("in_proj_b.weight"), sh.v_heads, h)?,
+                    a: ld.matrix(&l("in_proj_a.weight"), sh.v_heads, h)?,
+                    out: ld.matrix(&l("out_proj.weight"), h, vd)?,
+                    conv,
+                    neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                    dt_bias,
+                    norm,
+                    state,
+                };
+                state += 1;
+                m
+            } else {
+                // q_proj holds, per head, the query rows then the output gate's rows.
+                let both = ld.floats(&n("attn_q.weight"), &[2 * q_dim, h])?;
+                let (mut qw, mut gw) =
+                    (Vec::with_capacity(q_dim * h), Vec::with_capacity(q_dim * h));
+                for head in both.chunks_exact(2 * hd * h) {
+                    let (qh, gh) = head.split_at(hd * h);
+                    qw.extend_from_slice(qh);
+                    gw.extend_from_slice(gh);
+                }
+                let m = Mixer::Full {
+                    q: ld.host_matrix(n("attn_q.weight"), q_dim, h, &qw)?,
+                    gate: ld.host_matrix(n("attn_q.weight"), q_dim, h, &gw)?,
+                    k: ld.matrix(&n("attn_k.weight"), kv_dim, h)?,
+                    v: ld.matrix(&n("attn_v.weight"), kv_dim, h)?,
+                    o: ld.matrix(&n("attn_output.weight"), h, q_dim)?,
+                    q_norm: ld.norm(&n("attn_q_norm.weight"), hd)?,
+                    k_norm: ld.norm(&n("attn_k_norm.weight"), hd)?,
+                    attention: attention.clone(),
+                    kv,
+                };
+                kv += 1;
+                full.push(attention.clone());
+                m
+            };
+            layers.push(HybridLayer {
+                attn_norm: ld.norm(&n("attn_norm.weight"), h)?,
+                mixer,
+                ffn_norm: ld.norm(&n("ffn_norm.weight"), h)?,
+                gate: ld.matrix(&n("ffn_gate.weight"), f, h)?,
+                up: ld.matrix(&n("ffn_up.weight"), f, h)?,
+                down: ld.matrix(&n("ffn_down.weight"), h, f)?,
+            });
+        }
+        let bytes = ld.bytes;
+        Ok((
+            Hybrid {
+                layers,
+                delta: sh,
+                full,
+                linear: state,
+                eps: cfg.rms_eps,
+            },
+            bytes,
+        ))
+    }
+
+    /// Attention shapes of the full-attention layers, in order (the cache's KV layers).
+    pub(crate) fn kv_layers(&self) -> &[AttentionParams] {
+        &self.full
+    }
+
+    /// Shapes of the linear-attention layers, in order (the cache's recurrent layers).
+    pub(crate) fn delta_shapes(&self) -> Vec<DeltaShape> {
+        vec![self.delta; self.linear]
+    }
+
+    /// An empty recurrent cache.
+    pub(crate) fn new_recurrent(&self) -> RecurrentCache {
+        RecurrentCache::new(&self.delta_shapes())
+    }
+
+    /// Runs the layers over `x` (the embedded new tokens of every sequence, rows
+    /// `ranges[i]` for `caches[i]`), appending to each cache; returns the residual stream
+    /// after the last layer.
+    pub(crate) fn run_layers(
+        &self,
+        be: &B,
+        mut x: B::Tensor,
+        caches: &mut [&mut SequenceCache<B>],
+        ranges: &[Range<usize>],
+        rope: &B::Rope,
+    ) -> Result<B::Tensor> {
+        let eps = self.eps;
+        let counts: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+        let total: usize = counts.iter().sum();
+        for cache in caches.iter() {
+            match cache.recurrent() {
+                Some(r) if r.len == cache.len() && r.layers.len() == self.linear => {}
+                _ => return Err(EngineError::Cache("cache belongs to another model".into())),
+            }
+        }
+        for layer in &self.layers {
+            let h = be.rms_norm(&x, &layer.attn_norm, eps)?;
+            let o = match &layer.mixer {
+                Mixer::Full {
+                    q,
+                    gate,
+                    k,
+                    v,
+                    o,
+                    q_norm,
+                    k_norm,
+                    attention,
+                    kv,
+                } => {
+                    let mut p = be
+                        .linear_many(&h, &[(q, None), (gate, None), (k, None), (v, None)])?
+                        .into_iter();
+                    let (Some(qt), Some(gt), Some(kt), Some(vt)) =
+                        (p.next(), p.next(), p.next(), p.next())
+                    else {
+                        return Err(EngineError::Backend {
+                            backend: be.name(),
+                            message: "linear_many returned too few products".into(),
+                        });
+                    };
+                    let qt = be.rope(&be.rms_norm(&qt, q_norm, eps)?, attention.heads, rope)?;
+                    let kt = be.rope(&be.rms_norm(&kt, k_norm, eps)?, attention.kv_heads, rope)?;
+                    let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
+                        .iter_mut()
+                        .zip(ranges)
+                        .map(|(cache, r)| AttentionSegment {
+                            rows: r.clone(),
+                            cache: &mut cache.layers_mut()[*kv],
+                        })
+                        .collect();
+                    let attn = be.attention(&qt, &kt, &vt, &mut segments, attention)?;
+                    let cols = attention.heads * attention.head_dim;
+                    let mut a = be.rows_to_host(&attn, &[total])?.concat();
+                    let g = be.rows_to_host(&gt, &[total])?.concat();
+                    for (x, g) in a.iter_mut().zip(&g) {
+                        *x /= 1.0 + (-g).exp();
+                    }
+                    be.linear(&be.tensor_from_host(a, total, cols)?, o, None)?
+                }
+                Mixer::Linear {
+                    qkv,
+                    z,
+                    b,
+                    a,
+                    out,
+                    conv,
+                    neg_a,
+                    dt_bias,
+                    norm,
+                    state,
+                } => {
+                    let mut p = be
+                        .linear_many(&h, &[(qkv, None), (z, None), (b, None), (a, None)])?
+                        .into_iter()
+                        .map(|t| be.rows_to_host(&t, &counts));
+                    let (Some(qkv), Some(z), Some(b), Some(a)) =
+                        (p.next(), p.next(), p.next(), p.next())
+                    else {
+                        return Err(EngineError::Backend {
+                            backend: be.name(),
+                            message: "linear_many returned too few products".into(),
+                        });
+                    };
+                    let (qkv, z, b, a) = (qkv?, z?, b?, a?);
+                    let params = DeltaParams {
+                        shape: self.delta,
+                        conv,
+                        neg_a,
+                        dt_bias,
+                        norm,
+                        eps,
+                    };
+                    let vd = self.delta.v_heads * self.delta.v_dim;
+                    let mut mixed = Vec::with_capacity(total * vd);
+                    for (i, cache) in caches.iter_mut().enumerate() {
+                        let st = cache
+                            .recurrent_mut()
+                            .and_then(|r| r.layers.get_mut(*state))
+                            .ok_or_else(|| {
+                                EngineError::Cache("cache belongs to another model".into())
+                            })?;
+                        mixed.extend(deltanet::mix(
+                            &params,
+                            &qkv[i],
+                            &z[i],
+                            &b[i],
+                            &a[i],
+                            st,
+                            Form::Auto,
+                        ));
+                    }
+                    be.linear(&be.tensor_from_host(mixed, total, vd)?, out, None)?
+                }
+            };
+            let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
+            let act = {
+                let mut p = be
+                    .linear_many(&hf, &[(&layer.gate, None), (&layer.up, None)])?
+                    .into_iter();
+                let (Some(g), Some(u)) = (p.next(), p.next()) else {
+                    return Err(EngineError::Backend {
+                        backend: be.name(),
+                        message: "linear_many returned too few products".into(),
+                    });
+                };
+                be.glu(&g, &u, crate::backend::Activation::Silu)?
+            };
+            let m = be.linear(&act, &layer.down, None)?;
+            x = be.add(&sum, &m)?;
+        }
+        for (cache, n) in caches.iter_mut().zip(&counts) {
+            if let Some(r) = cache.recurrent_mut() {
+                r.len += n;
+            }
+        }
+        Ok(x)
+    }
+}
+
+/// The KV layers and recurrent states of a hybrid cache rebuilt from host copies, checked
+/// against the model's layout.
+pub(crate) fn cache_from_snapshots<B: Backend>(
+    backend: &B,
+    hybrid: &Hybrid<B>,
+    layers: &[crate::backend::KvLayerSnapshot],
+    recurrent: Option<&super::recurrent::RecurrentSnapshot>,
+) -> Result<(Vec<B::KvLayer>, RecurrentCache)> {
+    let recurrent = recurrent.ok_or_else(|| {
+        EngineError::Cache("snapshot has no recurrent states; the model needs them".into())
+    })?;
+    let kv = hybrid.kv_layers();
+    if layers.len() != kv.len() {
+        return Err(EngineError::Cache(format!(
+            "snapshot has {} attention layers, model has {}",
+            layers.len(),
+            kv.len()
+        )));
+    }
+    for (s, a) in layers.iter().zip(kv) {
+        if s.kv_heads != a.kv_heads || s.head_dim != a.head_dim || s.window != a.window {
+            return Err(EngineError::Cache(
+                "snapshot layout does not match the model".into(),
+            ));
+        }
+        if s.len != recurrent.len {
+            return Err(EngineError::Cache(format!(
+                "snapshot's attention layers hold {} tokens, its recurrent states {}",
+                s.len, recurrent.len
+            )));
+        }
+    }
+    let states = RecurrentCache::from_snapshot(recurrent, &hybrid.delta_shapes())?;
+    let layers = layers
+        .iter()
+        .map(|s| backend.kv_layer_from_snapshot(s))
+        .collect::<Result<_>>()?;
+    Ok((layers, states))
+}
+
