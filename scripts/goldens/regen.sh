@@ -8,7 +8,7 @@
 # Steps: a new venv in $GOLDENS_VENV (default target/goldens/venv; removed first), llama-cpp-python
 # built once from source into target/goldens/wheels with $LLAMA_CMAKE_ARGS, the pinned
 # requirements.txt, the models and test assets through `wick pull` (into $WICK_HOME, default
-# ~/.cache/wick), then the six scripts of this folder. Needs python3 (3.11 or newer) with venv,
+# ~/.cache/wick), then the seven scripts of this folder. Needs python3 (3.11 or newer) with venv,
 # cargo (to build wick when target/release/wick is missing), a C++ compiler, and PyPI.
 # The first run builds llama.cpp (20-40 min on 2 cores); a run after that took 22 min on a
 # busy 2-core machine, most of it the llama.cpp generations.
@@ -71,7 +71,7 @@ WICK=${WICK:-$ROOT/target/release/wick}
 if [ ! -x "$WICK" ]; then
   cargo build --release -p wick
 fi
-"$WICK" pull default qwen2.5-coder gemma3 test-assets
+"$WICK" pull default qwen2.5-coder gemma3 test-assets minilm
 
 PY="$VENV/bin/python"
 run() {
@@ -84,6 +84,7 @@ run scripts/goldens/llamacpp_greedy.py
 run scripts/goldens/tokenizer_models.py
 run scripts/goldens/chat_templates.py
 run scripts/goldens/tool_call_qwen_coder.py
+run scripts/goldens/embeddings.py
 
 echo "== goldens that differ from the committed ones"
 changed=$(git status --porcelain -- "${GOLDENS[@]}")

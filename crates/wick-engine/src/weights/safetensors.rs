@@ -416,7 +416,13 @@ impl HfNamedWeights<'_> {
         }
         // Some checkpoints (multimodal wrappers) nest the text model one level deeper.
         let nested = name.replacen("model.", "model.language_model.", 1);
-        self.inner.entries.contains_key(&nested).then_some(nested)
+        if self.inner.entries.contains_key(&nested) {
+            return Some(nested);
+        }
+        // A bare decoder saved without its head (`Qwen3Model`, as sentence-transformers
+        // saves embedding models) has no `model.` prefix.
+        let bare = name.strip_prefix("model.")?;
+        self.inner.entries.contains_key(bare).then(|| bare.to_string())
     }
 }
 

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod bench;
+pub mod embed;
 pub mod generate;
 pub mod load;
 pub mod ls;
