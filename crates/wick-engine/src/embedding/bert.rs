@@ -153,8 +153,8 @@ struct Loader<'a> {
     bytes: usize,
 }
 
-impl Loader<'_> {
-    fn get(&self, name: &str, shape: &[usize]) -> Result<HostWeight<'_>> {
+impl<'a> Loader<'a> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<HostWeight<'a>> {
         let full = format!("{}{name}", self.prefix);
         let w = self.src.raw(&full).ok_or_else(|| EngineError::MissingTensor {
             source_name: self.source.clone(),
@@ -408,13 +408,14 @@ fn layer_norm(x: &mut [f32], norm: &LayerNorm, eps: f32) {
 fn activate(x: &mut [f32], act: Act) {
     x.par_chunks_mut(4096).for_each(|chunk| {
         for v in chunk {
+            let x = *v;
             *v = match act {
-                Act::Gelu => 0.5 * *v * (1.0 + libm::erff(*v * std::f32::consts::FRAC_1_SQRT_2)),
+                Act::Gelu => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
                 Act::GeluTanh => {
                     const C: f32 = 0.797_884_6;
-                    0.5 * *v * (1.0 + (C * (*v + 0.044_715 * *v * *v * *v)).tanh())
+                    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
                 }
-                Act::Relu => v.max(0.0),
+                Act::Relu => x.max(0.0),
             };
         }
     });

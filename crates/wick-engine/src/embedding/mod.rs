@@ -173,7 +173,7 @@ impl Embedder {
         let st = if mi.path.is_dir() {
             SentenceConfig::read(&mi.path, Pooling::LastToken, true)?
         } else {
-            SentenceConfig::read(Path::new(""), Pooling::LastToken, true)?
+            SentenceConfig::defaults(Pooling::LastToken, true)
         };
         let max_tokens = st
             .max_seq_length

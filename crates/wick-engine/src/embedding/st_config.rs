@@ -99,6 +99,19 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
 }
 
 impl SentenceConfig {
+    /// The settings of a model without sentence-transformers files.
+    pub fn defaults(pooling: Pooling, normalize: bool) -> Self {
+        SentenceConfig {
+            pooling,
+            normalize,
+            max_seq_length: None,
+            prompts: BTreeMap::new(),
+            default_prompt: None,
+            matryoshka_min: None,
+            found: false,
+        }
+    }
+
     /// Reads `dir`'s settings; without sentence-transformers files, `default_pooling` and
     /// `default_normalize` apply.
     pub fn read(dir: &Path, default_pooling: Pooling, default_normalize: bool) -> Result<Self> {
@@ -106,15 +119,7 @@ impl SentenceConfig {
             source_name: path.display().to_string(),
             reason,
         };
-        let mut cfg = SentenceConfig {
-            pooling: default_pooling,
-            normalize: default_normalize,
-            max_seq_length: None,
-            prompts: BTreeMap::new(),
-            default_prompt: None,
-            matryoshka_min: None,
-            found: false,
-        };
+        let mut cfg = Self::defaults(default_pooling, default_normalize);
         let modules_path = dir.join("modules.json");
         if let Some(modules) = read_json(&modules_path)? {
             cfg.found = true;
