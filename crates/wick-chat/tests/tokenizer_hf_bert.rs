@@ -65,7 +65,8 @@ fn bert_texts_are_framed_and_neither_padded_nor_truncated() {
     let tok = Tokenizer::from_hf_dir(dir.path()).expect("loads");
     // Lowercased, split on punctuation, WordPiece continuation pieces, [CLS] … [SEP].
     assert_eq!(
-        tok.encode("Hello, WORLD! Unbelievable", true).expect("encodes"),
+        tok.encode("Hello, WORLD! Unbelievable", true)
+            .expect("encodes"),
         vec![2, 5, 10, 6, 11, 7, 8, 9, 3]
     );
     assert_eq!(
@@ -74,7 +75,8 @@ fn bert_texts_are_framed_and_neither_padded_nor_truncated() {
     );
     // Unknown words become [UNK]; the text is longer than the file's max_length of 4.
     assert_eq!(
-        tok.encode("hello zebra world hello", true).expect("encodes"),
+        tok.encode("hello zebra world hello", true)
+            .expect("encodes"),
         vec![2, 5, 1, 6, 5, 3]
     );
 }

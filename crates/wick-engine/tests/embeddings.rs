@@ -101,7 +101,10 @@ fn tiny_qwen3_embedder_matches_sentence_transformers() {
     let embedder = Embedder::load(&dir, &LoadOptions::default()).expect("loads");
     let info = embedder.info();
     assert!(!info.encoder);
-    assert_eq!((info.dimensions, info.pooling, info.normalize), (64, Pooling::LastToken, true));
+    assert_eq!(
+        (info.dimensions, info.pooling, info.normalize),
+        (64, Pooling::LastToken, true)
+    );
     assert_eq!(info.max_tokens, 128);
 
     let ids = check_sentences(&embedder, &g, None);
@@ -110,14 +113,25 @@ fn tiny_qwen3_embedder_matches_sentence_transformers() {
     assert_vectors("batched", &batched, &want);
     let alone: Vec<Vec<f32>> = ids
         .iter()
-        .map(|i| embedder.embed(std::slice::from_ref(i), None).expect("embeds").remove(0))
+        .map(|i| {
+            embedder
+                .embed(std::slice::from_ref(i), None)
+                .expect("embeds")
+                .remove(0)
+        })
         .collect();
     assert_vectors("one at a time", &alone, &want);
 
     // The named prompt and the instruction give the same query format.
     let instruction = g["query_instruction"].as_str().expect("instruction");
-    let by_name = embedder.prompt(Some("query"), None).expect("prompt").expect("some");
-    let by_instruction = embedder.prompt(None, Some(instruction)).expect("prompt").expect("some");
+    let by_name = embedder
+        .prompt(Some("query"), None)
+        .expect("prompt")
+        .expect("some");
+    let by_instruction = embedder
+        .prompt(None, Some(instruction))
+        .expect("prompt")
+        .expect("some");
     assert_eq!(by_name, by_instruction);
     let q_ids = check_sentences(&embedder, &g, Some(&by_name));
     let q = embedder.embed(&q_ids, None).expect("embeds");
@@ -128,8 +142,14 @@ fn tiny_qwen3_embedder_matches_sentence_transformers() {
     let d = g["truncate_to"].as_u64().expect("dim") as usize;
     let cut = embedder.embed(&ids, Some(d)).expect("embeds");
     assert_vectors("truncated", &cut, &vectors(&g["truncated_vectors"]));
-    assert!(embedder.embed(&ids, Some(8)).is_err(), "below the declared dimensions");
-    assert!(embedder.embed(&ids, Some(65)).is_err(), "above the model's width");
+    assert!(
+        embedder.embed(&ids, Some(8)).is_err(),
+        "below the declared dimensions"
+    );
+    assert!(
+        embedder.embed(&ids, Some(65)).is_err(),
+        "above the model's width"
+    );
 
     // Bad ids are errors, not panics.
     assert!(embedder.embed(&[vec![]], None).is_err());
@@ -150,16 +170,28 @@ fn minilm_matches_sentence_transformers() {
     let embedder = Embedder::load(&dir, &LoadOptions::default()).expect("loads");
     let info = embedder.info();
     assert!(info.encoder);
-    assert_eq!((info.dimensions, info.pooling, info.normalize), (384, Pooling::Mean, true));
+    assert_eq!(
+        (info.dimensions, info.pooling, info.normalize),
+        (384, Pooling::Mean, true)
+    );
     assert_eq!(info.max_tokens, 256);
     assert_eq!(info.matryoshka_min, None);
 
     let ids = check_sentences(&embedder, &g, None);
     let want = vectors(&g["vectors"]);
-    assert_vectors("batched", &embedder.embed(&ids, None).expect("embeds"), &want);
+    assert_vectors(
+        "batched",
+        &embedder.embed(&ids, None).expect("embeds"),
+        &want,
+    );
     let alone: Vec<Vec<f32>> = ids
         .iter()
-        .map(|i| embedder.embed(std::slice::from_ref(i), None).expect("embeds").remove(0))
+        .map(|i| {
+            embedder
+                .embed(std::slice::from_ref(i), None)
+                .expect("embeds")
+                .remove(0)
+        })
         .collect();
     assert_vectors("one at a time", &alone, &want);
     // No Matryoshka dimensions declared: only the full length.

@@ -49,7 +49,14 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
 async fn vectors_match_in_both_formats_and_for_ids() {
     let r = embed_router(None);
     let g = golden();
-    let a = send(&r, post_json("/v1/embeddings", &json!({"input": g["sentences"], "model": "x"}))).await;
+    let a = send(
+        &r,
+        post_json(
+            "/v1/embeddings",
+            &json!({"input": g["sentences"], "model": "x"}),
+        ),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.text());
     let v = a.json();
     assert_eq!(v["object"], "list");
@@ -63,16 +70,36 @@ async fn vectors_match_in_both_formats_and_for_ids() {
         let c = cosine(&floats(&d["embedding"]), &floats(w));
         assert!(c >= 0.9999, "sentence {i}: cosine {c}");
     }
-    let tokens: usize = g["ids"].as_array().expect("ids").iter().map(|i| i.as_array().expect("ids").len()).sum();
-    assert_eq!(v["usage"], json!({"prompt_tokens": tokens, "total_tokens": tokens}));
+    let tokens: usize = g["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|i| i.as_array().expect("ids").len())
+        .sum();
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": tokens, "total_tokens": tokens})
+    );
 
     // Token ids give the same vector; base64 carries the same floats.
     let ids = &g["ids"][0];
-    let b = send(&r, post_json("/v1/embeddings", &json!({"input": ids, "encoding_format": "base64"}))).await;
+    let b = send(
+        &r,
+        post_json(
+            "/v1/embeddings",
+            &json!({"input": ids, "encoding_format": "base64"}),
+        ),
+    )
+    .await;
     assert_eq!(b.status, StatusCode::OK, "{}", b.text());
-    let b64 = b.json()["data"][0]["embedding"].as_str().expect("base64 string").to_string();
+    let b64 = b.json()["data"][0]["embedding"]
+        .as_str()
+        .expect("base64 string")
+        .to_string();
     use base64::Engine as _;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("base64");
     let back: Vec<f64> = bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
@@ -89,7 +116,10 @@ async fn client_mistakes_are_400s_in_openai_shape() {
         (json!({"input": [[1, 100000]]}), "input"),
         (json!({"input": ["ok", {"a": 1}]}), "input[1]"),
         (json!({"input": "x", "prompt_name": "nope"}), "prompt_name"),
-        (json!({"input": "x", "encoding_format": "int8"}), "encoding_format"),
+        (
+            json!({"input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
     ] {
         let a = send(&r, post_json("/v1/embeddings", &body)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{body}: {}", a.text());
@@ -99,7 +129,11 @@ async fn client_mistakes_are_400s_in_openai_shape() {
     }
     let a = send(&r, post_raw("/v1/embeddings", "{not json")).await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
-    let a = send(&r, post_json("/v1/chat/completions", &json!({"messages": []}))).await;
+    let a = send(
+        &r,
+        post_json("/v1/chat/completions", &json!({"messages": []})),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::BAD_REQUEST);
     assert!(a.text().contains("embedding model"), "{}", a.text());
     let a = send(&r, get("/v1/models")).await;
@@ -122,5 +156,11 @@ async fn a_generation_server_refuses_embeddings() {
     assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.text());
     let e = &a.json()["error"];
     assert_eq!(e["type"], "invalid_request_error");
-    assert!(e["message"].as_str().expect("message").contains("--embedding"), "{e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .expect("message")
+            .contains("--embedding"),
+        "{e}"
+    );
 }

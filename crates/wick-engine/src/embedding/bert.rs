@@ -6,7 +6,9 @@
 use rayon::prelude::*;
 use serde_json::Value;
 use wick_gguf::GgmlType;
-use wick_kernels::{matmul, Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat};
+use wick_kernels::{
+    matmul, Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat,
+};
 
 use crate::weights::{HostWeight, SafetensorsWeights};
 use crate::{EngineError, Result};
@@ -74,11 +76,19 @@ impl BertConfig {
                 "hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
             )));
         }
-        let act = match json.get("hidden_act").and_then(Value::as_str).unwrap_or("gelu") {
+        let act = match json
+            .get("hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("gelu")
+        {
             "gelu" => Act::Gelu,
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Act::GeluTanh,
             "relu" => Act::Relu,
-            other => return Err(bad(format!("hidden_act '{other}' is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu)"))),
+            other => {
+                return Err(bad(format!(
+                "hidden_act '{other}' is not supported (gelu, gelu_new, gelu_pytorch_tanh, relu)"
+            )))
+            }
         };
         match json.get("position_embedding_type").and_then(Value::as_str) {
             None | Some("absolute") => {}
@@ -156,10 +166,13 @@ struct Loader<'a> {
 impl<'a> Loader<'a> {
     fn get(&self, name: &str, shape: &[usize]) -> Result<HostWeight<'a>> {
         let full = format!("{}{name}", self.prefix);
-        let w = self.src.raw(&full).ok_or_else(|| EngineError::MissingTensor {
-            source_name: self.source.clone(),
-            tensor: full.clone(),
-        })?;
+        let w = self
+            .src
+            .raw(&full)
+            .ok_or_else(|| EngineError::MissingTensor {
+                source_name: self.source.clone(),
+                tensor: full.clone(),
+            })?;
         if w.shape != shape {
             return Err(EngineError::ShapeMismatch {
                 source_name: self.source.clone(),
@@ -222,14 +235,26 @@ impl BertEncoder {
             bytes: 0,
         };
         let (h, f) = (cfg.hidden_size, cfg.intermediate_size);
-        if src.raw(&format!("{prefix}encoder.layer.{}.output.dense.weight", cfg.num_layers)).is_some() {
+        if src
+            .raw(&format!(
+                "{prefix}encoder.layer.{}.output.dense.weight",
+                cfg.num_layers
+            ))
+            .is_some()
+        {
             return Err(EngineError::Config {
                 source_name: source.to_string(),
-                reason: format!("the weights hold more than the configured {} layers", cfg.num_layers),
+                reason: format!(
+                    "the weights hold more than the configured {} layers",
+                    cfg.num_layers
+                ),
             });
         }
         let word = ld.values("embeddings.word_embeddings.weight", &[cfg.vocab_size, h])?;
-        let position = ld.values("embeddings.position_embeddings.weight", &[cfg.max_positions, h])?;
+        let position = ld.values(
+            "embeddings.position_embeddings.weight",
+            &[cfg.max_positions, h],
+        )?;
         let token_type = ld.values(
             "embeddings.token_type_embeddings.weight",
             &[cfg.type_vocab_size, h],
@@ -330,12 +355,33 @@ impl BertEncoder {
                 &mut act,
             )?;
             self.attention(&q, &k, &v, &spans, &mut ctx);
-            matmul(pool, isa, &ctx, n, &mut [product(&layer.attn_out, &mut o)], &mut act)?;
+            matmul(
+                pool,
+                isa,
+                &ctx,
+                n,
+                &mut [product(&layer.attn_out, &mut o)],
+                &mut act,
+            )?;
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             layer_norm(&mut x, &layer.attn_norm, cfg.layer_norm_eps);
-            matmul(pool, isa, &x, n, &mut [product(&layer.up, &mut up)], &mut act)?;
+            matmul(
+                pool,
+                isa,
+                &x,
+                n,
+                &mut [product(&layer.up, &mut up)],
+                &mut act,
+            )?;
             activate(&mut up, cfg.act);
-            matmul(pool, isa, &up, n, &mut [product(&layer.down, &mut o)], &mut act)?;
+            matmul(
+                pool,
+                isa,
+                &up,
+                n,
+                &mut [product(&layer.down, &mut o)],
+                &mut act,
+            )?;
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             layer_norm(&mut x, &layer.out_norm, cfg.layer_norm_eps);
         }
@@ -350,7 +396,14 @@ impl BertEncoder {
     }
 
     /// Bidirectional attention: every row attends to all rows of its own sequence.
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], spans: &[(usize, usize)], out: &mut [f32]) {
+    fn attention(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        spans: &[(usize, usize)],
+        out: &mut [f32],
+    ) {
         let h = self.cfg.hidden_size;
         let heads = self.cfg.num_heads;
         let d = h / heads;
@@ -436,7 +489,10 @@ mod tests {
     #[test]
     fn configs_are_checked_before_use() {
         let cfg = BertConfig::from_json(&config(), "t").unwrap();
-        assert_eq!((cfg.hidden_size, cfg.num_heads, cfg.max_positions), (8, 2, 32));
+        assert_eq!(
+            (cfg.hidden_size, cfg.num_heads, cfg.max_positions),
+            (8, 2, 32)
+        );
         let mut c = config();
         c["num_attention_heads"] = 3.into();
         let err = BertConfig::from_json(&c, "t").unwrap_err().to_string();

@@ -95,8 +95,10 @@ fn display_name(path: &Path) -> String {
 
 /// How many ids `tok`'s template puts before and after a text.
 fn template_frame(tok: &Tokenizer) -> (usize, usize) {
-    let (Ok(with), Ok(body)) = (tok.encode_literal("a", true), tok.encode_literal("a", false))
-    else {
+    let (Ok(with), Ok(body)) = (
+        tok.encode_literal("a", true),
+        tok.encode_literal("a", false),
+    ) else {
         return (0, 0);
     };
     if body.is_empty() || with.len() < body.len() {
@@ -115,7 +117,11 @@ impl Embedder {
             && read_config(path)
                 .ok()
                 .flatten()
-                .and_then(|c| c.get("model_type").and_then(Value::as_str).map(str::to_string))
+                .and_then(|c| {
+                    c.get("model_type")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
                 .is_some_and(|t| ENCODER_TYPES.contains(&t.as_str()))
     }
 
@@ -219,7 +225,11 @@ impl Embedder {
     /// The text put before an input: `instruction` in Qwen3-Embedding's query format
     /// (`Instruct: {instruction}\nQuery:`), else the prompt named `prompt_name` in the
     /// model's config, else its default prompt.
-    pub fn prompt(&self, prompt_name: Option<&str>, instruction: Option<&str>) -> Result<Option<String>> {
+    pub fn prompt(
+        &self,
+        prompt_name: Option<&str>,
+        instruction: Option<&str>,
+    ) -> Result<Option<String>> {
         if let Some(i) = instruction {
             return Ok(Some(format!("Instruct: {i}\nQuery:")));
         }
@@ -232,7 +242,12 @@ impl Embedder {
                     if self.st.prompts.is_empty() {
                         "none".to_string()
                     } else {
-                        self.st.prompts.keys().cloned().collect::<Vec<_>>().join(", ")
+                        self.st
+                            .prompts
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     }
                 ))),
             },
@@ -321,7 +336,8 @@ impl Embedder {
         while start < inputs.len() {
             let mut end = start;
             let mut tokens = 0;
-            while end < inputs.len() && (end == start || tokens + inputs[end].len() <= BATCH_TOKENS) {
+            while end < inputs.len() && (end == start || tokens + inputs[end].len() <= BATCH_TOKENS)
+            {
                 tokens += inputs[end].len();
                 end += 1;
             }
@@ -376,7 +392,12 @@ impl Embedder {
 
 /// Divides `v` by its L2 norm (by at least 1e-12, as `torch.nn.functional.normalize`).
 pub fn normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt().max(1e-12);
+    let norm = v
+        .iter()
+        .map(|&x| (x as f64) * (x as f64))
+        .sum::<f64>()
+        .sqrt()
+        .max(1e-12);
     v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
 }
 

@@ -135,7 +135,10 @@ impl SentenceConfig {
                     "Normalize" => cfg.normalize = true,
                     "Pooling" => {
                         if sub.contains("..") || Path::new(sub).is_absolute() {
-                            return Err(bad(&modules_path, format!("module path '{sub}' leaves the model directory")));
+                            return Err(bad(
+                                &modules_path,
+                                format!("module path '{sub}' leaves the model directory"),
+                            ));
                         }
                         let path = dir.join(sub).join("config.json");
                         let pooling = read_json(&path)?
@@ -145,7 +148,9 @@ impl SentenceConfig {
                     other => {
                         return Err(bad(
                             &modules_path,
-                            format!("module '{other}' is not supported (Transformer, Pooling, Normalize)"),
+                            format!(
+                            "module '{other}' is not supported (Transformer, Pooling, Normalize)"
+                        ),
                         ))
                     }
                 }
@@ -208,7 +213,11 @@ fn pooling_mode(json: &Value) -> std::result::Result<Pooling, String> {
         ("pooling_mode_mean_sqrt_len_tokens", Pooling::MeanSqrtLen),
         ("pooling_mode_lasttoken", Pooling::LastToken),
     ];
-    let set: Vec<Pooling> = modes.iter().filter(|(k, _)| on(k)).map(|(_, p)| *p).collect();
+    let set: Vec<Pooling> = modes
+        .iter()
+        .filter(|(k, _)| on(k))
+        .map(|(_, p)| *p)
+        .collect();
     match set.as_slice() {
         [one] => Ok(*one),
         [] => Err("no pooling mode is turned on".into()),
@@ -248,7 +257,11 @@ mod tests {
             r#"{"word_embedding_dimension": 8, "pooling_mode_mean_tokens": true}"#,
         )
         .unwrap();
-        std::fs::write(d.join("sentence_bert_config.json"), r#"{"max_seq_length": 16}"#).unwrap();
+        std::fs::write(
+            d.join("sentence_bert_config.json"),
+            r#"{"max_seq_length": 16}"#,
+        )
+        .unwrap();
         std::fs::write(
             d.join("config_sentence_transformers.json"),
             r#"{"prompts": {"query": "q: ", "document": ""}, "default_prompt_name": null,
@@ -268,12 +281,17 @@ mod tests {
             r#"[{"path":"2_Dense","type":"sentence_transformers.models.Dense"}]"#,
         )
         .unwrap();
-        let err = SentenceConfig::read(d, Pooling::Mean, true).unwrap_err().to_string();
+        let err = SentenceConfig::read(d, Pooling::Mean, true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("Dense"), "{err}");
 
         // No files: the defaults.
         let empty = tempfile::tempdir().unwrap();
         let cfg = SentenceConfig::read(empty.path(), Pooling::LastToken, true).unwrap();
-        assert_eq!((cfg.pooling, cfg.normalize, cfg.found), (Pooling::LastToken, true, false));
+        assert_eq!(
+            (cfg.pooling, cfg.normalize, cfg.found),
+            (Pooling::LastToken, true, false)
+        );
     }
 }

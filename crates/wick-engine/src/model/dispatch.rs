@@ -193,6 +193,9 @@ pub(crate) fn argmax_on<B: CacheOf>(
         .collect())
 }
 
-pub(crate) fn hidden_on<B: CacheOf>(d: &Decoder<B>, steps: &mut [Step<'_>]) -> Result<Vec<Vec<f32>>> {
+pub(crate) fn hidden_on<B: CacheOf>(
+    d: &Decoder<B>,
+    steps: &mut [Step<'_>],
+) -> Result<Vec<Vec<f32>>> {
     d.forward_hidden(&mut batch_of(steps)?)
 }

@@ -422,7 +422,10 @@ impl HfNamedWeights<'_> {
         // A bare decoder saved without its head (`Qwen3Model`, as sentence-transformers
         // saves embedding models) has no `model.` prefix.
         let bare = name.strip_prefix("model.")?;
-        self.inner.entries.contains_key(bare).then(|| bare.to_string())
+        self.inner
+            .entries
+            .contains_key(bare)
+            .then(|| bare.to_string())
     }
 }
 

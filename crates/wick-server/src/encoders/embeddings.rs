@@ -75,7 +75,10 @@ fn optional_string(body: &Value, key: &str) -> Result<Option<String>, ApiError> 
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(ApiError::field(key, format!("must be a string, got {other}"))),
+        Some(other) => Err(ApiError::field(
+            key,
+            format!("must be a string, got {other}"),
+        )),
     }
 }
 
@@ -125,7 +128,10 @@ impl EmbeddingsRequest {
         if inputs.len() > MAX_INPUTS {
             return Err(ApiError::field(
                 "input",
-                format!("at most {MAX_INPUTS} inputs per request, got {}", inputs.len()),
+                format!(
+                    "at most {MAX_INPUTS} inputs per request, got {}",
+                    inputs.len()
+                ),
             ));
         }
         let encoding_format = match obj.get("encoding_format") {
@@ -146,7 +152,10 @@ impl EmbeddingsRequest {
                     .filter(|&d| d > 0)
                     .and_then(|d| usize::try_from(d).ok())
                     .ok_or_else(|| {
-                        ApiError::field("dimensions", format!("must be a positive integer, got {v}"))
+                        ApiError::field(
+                            "dimensions",
+                            format!("must be a positive integer, got {v}"),
+                        )
                     })?,
             ),
         };
@@ -155,7 +164,11 @@ impl EmbeddingsRequest {
         let has_ids = inputs.iter().any(|i| matches!(i, EmbeddingInput::Ids(_)));
         if has_ids && (instruction.is_some() || prompt_name.is_some()) {
             return Err(ApiError::field(
-                if instruction.is_some() { "instruction" } else { "prompt_name" },
+                if instruction.is_some() {
+                    "instruction"
+                } else {
+                    "prompt_name"
+                },
                 "applies to text input only, not to token ids",
             ));
         }
@@ -222,7 +235,10 @@ mod tests {
         let r = parse(json!({"input": [[1, 2], [3]], "dimensions": 8})).unwrap();
         assert_eq!(
             r.inputs,
-            vec![EmbeddingInput::Ids(vec![1, 2]), EmbeddingInput::Ids(vec![3])]
+            vec![
+                EmbeddingInput::Ids(vec![1, 2]),
+                EmbeddingInput::Ids(vec![3])
+            ]
         );
         assert_eq!(r.dimensions, Some(8));
     }
@@ -235,22 +251,34 @@ mod tests {
         assert_eq!(param(json!({"input": 3})), Some("input".into()));
         assert_eq!(param(json!({"input": ""})), Some("input".into()));
         assert_eq!(param(json!({"input": ["a", 3]})), Some("input[1]".into()));
-        assert_eq!(param(json!({"input": [[1, -2]]})), Some("input[0][1]".into()));
+        assert_eq!(
+            param(json!({"input": [[1, -2]]})),
+            Some("input[0][1]".into())
+        );
         assert_eq!(param(json!({"input": [[]]})), Some("input[0]".into()));
         assert_eq!(param(json!({"input": [1.5]})), Some("input[0]".into()));
         assert_eq!(
             param(json!({"input": "a", "encoding_format": "int8"})),
             Some("encoding_format".into())
         );
-        assert_eq!(param(json!({"input": "a", "dimensions": 0})), Some("dimensions".into()));
-        assert_eq!(param(json!({"input": "a", "dimensions": "8"})), Some("dimensions".into()));
+        assert_eq!(
+            param(json!({"input": "a", "dimensions": 0})),
+            Some("dimensions".into())
+        );
+        assert_eq!(
+            param(json!({"input": "a", "dimensions": "8"})),
+            Some("dimensions".into())
+        );
         assert_eq!(
             param(json!({"input": [1, 2], "instruction": "x"})),
             Some("instruction".into())
         );
         let many: Vec<String> = (0..=MAX_INPUTS).map(|i| i.to_string()).collect();
         assert_eq!(param(json!({ "input": many })), Some("input".into()));
-        for e in [parse(json!({"input": 3})).unwrap_err(), parse(json!([1])).unwrap_err()] {
+        for e in [
+            parse(json!({"input": 3})).unwrap_err(),
+            parse(json!([1])).unwrap_err(),
+        ] {
             assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST);
         }
     }
@@ -262,10 +290,15 @@ mod tests {
         assert_eq!(body["object"], "list");
         assert_eq!(body["data"][1]["index"], 1);
         assert_eq!(body["data"][0]["embedding"], json!([1.0, -0.5]));
-        assert_eq!(body["usage"], json!({"prompt_tokens": 7, "total_tokens": 7}));
+        assert_eq!(
+            body["usage"],
+            json!({"prompt_tokens": 7, "total_tokens": 7})
+        );
         let body = response_body("m", &v, EncodingFormat::Base64, 7);
         let b64 = body["data"][0]["embedding"].as_str().unwrap();
-        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
         let back: Vec<f32> = bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

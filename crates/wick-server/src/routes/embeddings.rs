@@ -99,7 +99,11 @@ fn engine_error(param: &str, e: EngineError) -> ApiError {
 }
 
 /// Tokenizes, checks and embeds a request: the response body.
-pub fn embed_request(embedder: &Embedder, model_id: &str, req: &EmbeddingsRequest) -> Result<Value, ApiError> {
+pub fn embed_request(
+    embedder: &Embedder,
+    model_id: &str,
+    req: &EmbeddingsRequest,
+) -> Result<Value, ApiError> {
     if let Some(d) = req.dimensions {
         embedder
             .check_dimensions(d)
@@ -120,7 +124,9 @@ pub fn embed_request(embedder: &Embedder, model_id: &str, req: &EmbeddingsReques
                 .encode_text(text, prompt.as_deref())
                 .map_err(|e| engine_error(&param, e))?,
             EmbeddingInput::Ids(ids) => {
-                embedder.check_ids(ids).map_err(|e| engine_error(&param, e))?;
+                embedder
+                    .check_ids(ids)
+                    .map_err(|e| engine_error(&param, e))?;
                 ids.clone()
             }
         };
@@ -137,7 +143,12 @@ pub fn embed_request(embedder: &Embedder, model_id: &str, req: &EmbeddingsReques
         ms = started.elapsed().as_secs_f64() * 1e3,
         "embedded"
     );
-    Ok(response_body(model_id, &vectors, req.encoding_format, tokens))
+    Ok(response_body(
+        model_id,
+        &vectors,
+        req.encoding_format,
+        tokens,
+    ))
 }
 
 /// `POST /v1/embeddings` on an embedding server.
@@ -150,7 +161,7 @@ pub async fn create(
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !content_type.is_empty() && !content_type.to_ascii_lowercase().contains("json") {
+    if !content_type.to_ascii_lowercase().contains("json") {
         return Err(ApiError::UnsupportedMediaType {
             content_type: content_type.to_string(),
         });
@@ -217,7 +228,13 @@ async fn get_model(
 
 async fn index(State(state): State<EmbedState>) -> Json<Value> {
     let info = state.embedder.info();
-    let mut endpoints = vec!["POST /v1/embeddings", "GET /v1/models", "GET /v1/models/{id}", "GET /v1", "GET /health"];
+    let mut endpoints = vec![
+        "POST /v1/embeddings",
+        "GET /v1/models",
+        "GET /v1/models/{id}",
+        "GET /v1",
+        "GET /health",
+    ];
     endpoints.sort_unstable();
     Json(json!({
         "name": "wick",
@@ -298,7 +315,12 @@ pub async fn serve_embeddings(
     let grace = state.config.shutdown_grace;
     let limits = connections::Limits::from_config(&state.config);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut server = tokio::spawn(connections::serve(listener, embedding_app(state), limits, stop_rx));
+    let mut server = tokio::spawn(connections::serve(
+        listener,
+        embedding_app(state),
+        limits,
+        stop_rx,
+    ));
     tokio::select! {
         result = &mut server => {
             return match result {

@@ -34,7 +34,8 @@ pub struct EmbedArgs {
 }
 
 fn load(path: &Path, opts: &LoadOptions) -> anyhow::Result<Embedder> {
-    Embedder::load(path, opts).with_context(|| format!("loading {} as an embedding model", path.display()))
+    Embedder::load(path, opts)
+        .with_context(|| format!("loading {} as an embedding model", path.display()))
 }
 
 pub fn run(args: EmbedArgs) -> anyhow::Result<()> {
