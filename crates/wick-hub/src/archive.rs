@@ -202,7 +202,8 @@ pub(crate) fn extract_wheel_tree(
     let mut written = Vec::new();
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i).map_err(zip_err)?;
-        let entry_path = PathBuf::from(entry.name());
+        let name = entry.name().map_err(zip_err)?.into_owned();
+        let entry_path = PathBuf::from(&name);
         let Some(rel) = relative_inside(archive, &entry_path, prefix)? else {
             continue;
         };
@@ -214,7 +215,7 @@ pub(crate) fn extract_wheel_tree(
         if !entry.is_file() {
             return Err(HubError::UnsafeEntry {
                 archive: archive.to_path_buf(),
-                entry: entry.name().to_string(),
+                entry: name,
                 reason: "only regular files and directories are extracted",
             });
         }
