@@ -58,7 +58,7 @@ pub struct EmbedderInfo {
 }
 
 enum Kind {
-    Encoder(BertEncoder),
+    Encoder(Box<BertEncoder>),
     Decoder(Arc<Model>),
 }
 
@@ -163,7 +163,7 @@ impl Embedder {
         tracing::info!(model = %info.name, dims = info.dimensions, pooling = info.pooling.name(), normalize = info.normalize, "loaded encoder");
         Ok(Embedder {
             frame: template_frame(&tokenizer),
-            kind: Kind::Encoder(encoder),
+            kind: Kind::Encoder(Box::new(encoder)),
             tokenizer,
             st,
             info,
