@@ -11,7 +11,7 @@ echo "== build"
 cargo build --release --workspace
 
 echo "== fetch models and test assets (cached in ${WICK_HOME:-~/.cache/wick})"
-./target/release/wick pull default qwen2.5-coder gemma3 test-assets
+./target/release/wick pull default qwen2.5-coder gemma3 test-assets minilm
 
 echo "== portable binary (runs on an x86-64-v2 CPU under qemu-user)"
 ./scripts/portable_check.sh

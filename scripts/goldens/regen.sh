@@ -71,7 +71,7 @@ WICK=${WICK:-$ROOT/target/release/wick}
 if [ ! -x "$WICK" ]; then
   cargo build --release -p wick
 fi
-"$WICK" pull default qwen2.5-coder gemma3 test-assets
+"$WICK" pull default qwen2.5-coder gemma3 test-assets minilm
 
 PY="$VENV/bin/python"
 run() {
@@ -87,6 +87,7 @@ run scripts/goldens/llamacpp_greedy.py
 run scripts/goldens/tokenizer_models.py
 run scripts/goldens/chat_templates.py
 run scripts/goldens/tool_call_qwen_coder.py
+run scripts/goldens/embeddings.py
 
 echo "== goldens that differ from the committed ones"
 changed=$(git status --porcelain -- "${GOLDENS[@]}")

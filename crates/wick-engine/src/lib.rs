@@ -36,6 +36,7 @@ pub mod backend;
 mod cache_value;
 pub mod config;
 pub mod constraint;
+pub mod embedding;
 mod error;
 mod fingerprint;
 pub mod models;

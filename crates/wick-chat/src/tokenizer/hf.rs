@@ -240,7 +240,7 @@ pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
             path: tokenizer_path.clone(),
             reason: "not a usable tokenizer.json: the tokenizers library could not parse it".into(),
         })?;
-    let hf = parsed.map_err(|e| {
+    let mut hf = parsed.map_err(|e| {
         if !tokenizer_path.exists() {
             TokenizerError::Io {
                 path: tokenizer_path.clone(),
@@ -253,6 +253,15 @@ pub(crate) fn load(dir: &Path) -> Result<Shared, TokenizerError> {
             }
         }
     })?;
+    // A file's padding and truncation settings (BERT exports pad every text to a fixed
+    // length) describe batch training, not one prompt: wick encodes each text as it is and
+    // checks lengths itself.
+    hf.with_padding(None);
+    hf.with_truncation(None)
+        .map_err(|e| TokenizerError::HfConfig {
+            path: tokenizer_path.clone(),
+            reason: format!("cannot turn truncation off: {e}"),
+        })?;
     let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
     let model_config = read_json(&dir.join("config.json"))?;
     let gen_config = read_json(&dir.join("generation_config.json"))?;

@@ -192,3 +192,10 @@ pub(crate) fn argmax_on<B: CacheOf>(
         .map(|w| if w { ids.next() } else { None })
         .collect())
 }
+
+pub(crate) fn hidden_on<B: CacheOf>(
+    d: &Decoder<B>,
+    steps: &mut [Step<'_>],
+) -> Result<Vec<Vec<f32>>> {
+    d.forward_hidden(&mut batch_of(steps)?)
+}

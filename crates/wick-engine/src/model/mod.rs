@@ -17,7 +17,7 @@ use wick_chat::chat_template::{ChatInput, ChatTemplate};
 use wick_chat::tokenizer::Tokenizer;
 
 pub(crate) use self::dispatch::PeakBlocks;
-use self::dispatch::{argmax_on, forward_on, with_decoder, wrap_cache, AnyDecoder};
+use self::dispatch::{argmax_on, forward_on, hidden_on, with_decoder, wrap_cache, AnyDecoder};
 pub use self::kv_cache::KvCache;
 use crate::backend::candle::KvDtype;
 use crate::backend::{BackendKind, KvLayerSnapshot};
@@ -254,6 +254,13 @@ impl Model {
     /// host. Steps ask for [`LogitsRequest::Last`] or [`LogitsRequest::None`].
     pub fn forward_argmax(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<u32>>> {
         with_decoder!(&self.decoder, d => argmax_on(d, steps))
+    }
+
+    /// [`Model::forward`] returning the final-normed hidden states (`[rows][hidden_size]`
+    /// per step) of the positions each step asks for instead of logits: what an embedding
+    /// model pools.
+    pub fn hidden_states(&self, steps: &mut [Step<'_>]) -> Result<Vec<Vec<f32>>> {
+        with_decoder!(&self.decoder, d => hidden_on(d, steps))
     }
 
     /// Greedy generation of `max_tokens` tokens for every prompt, in lockstep, with the

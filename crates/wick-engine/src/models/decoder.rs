@@ -734,7 +734,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false)?;
         let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
         };
@@ -770,7 +770,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false)?;
         let logits =
             logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
         self.backend.argmax(&logits)
@@ -782,11 +782,30 @@ impl<B: Backend> Decoder<B> {
     pub fn decode_ids(&self, ids: &B::Ids, caches: &mut [&mut SequenceCache<B>]) -> Result<B::Ids> {
         let counts = vec![1; caches.len()];
         let requests = vec![LogitsRequest::Last; caches.len()];
-        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests)?;
+        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests, false)?;
         let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
         let next = self.backend.argmax(&logits)?;
         self.backend.schedule(&next)?;
         Ok(next)
+    }
+
+    /// Like [`Decoder::forward`], but returns the final-normed hidden states of the
+    /// requested positions (row-major `[rows][hidden_size]` per item, empty for
+    /// [`LogitsRequest::None`]) instead of logits: what embedding models pool.
+    pub fn forward_hidden(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Vec<f32>>> {
+        let mut ids = Vec::new();
+        for item in batch.iter() {
+            ids.extend_from_slice(item.tokens);
+        }
+        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
+        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
+        let mut caches: Vec<&mut SequenceCache<B>> =
+            batch.iter_mut().map(|i| &mut *i.cache).collect();
+        let (hidden, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, true)?;
+        match hidden {
+            Some(h) => self.backend.rows_to_host(&h, &rows),
+            None => Ok(vec![Vec::new(); batch.len()]),
+        }
     }
 
     /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
@@ -798,6 +817,7 @@ impl<B: Backend> Decoder<B> {
         caches: &mut [&mut SequenceCache<B>],
         counts: &[usize],
         requests: &[LogitsRequest],
+        hidden: bool,
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let be = &self.backend;
         let cfg = &self.cfg;
@@ -984,6 +1004,9 @@ impl<B: Backend> Decoder<B> {
         }
         let x = be.select_rows(&x, &rows)?;
         let x = self.norm(&x, &self.norm)?;
+        if hidden {
+            return Ok((Some(x), per_item));
+        }
         let mut logits = be.linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)?;
         if let Some(m) = cfg.features.logit_multiplier {
             logits = be.scale(&logits, m)?;

@@ -21,6 +21,9 @@ enum Stored {
     Float(GgmlType),
     /// Packed quantized words (MLX affine layout).
     U32,
+    /// Integers no weight is made of (BERT's `position_ids` buffer): kept out of the
+    /// weights, `size` bytes each.
+    Integer(usize),
 }
 
 struct Entry {
@@ -177,6 +180,10 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
             Some("F16") => Stored::Float(GgmlType::F16),
             Some("BF16") => Stored::Float(GgmlType::Bf16),
             Some("U32") => Stored::U32,
+            Some("I64" | "U64") => Stored::Integer(8),
+            Some("I32") => Stored::Integer(4),
+            Some("I16" | "U16") => Stored::Integer(2),
+            Some("I8" | "U8" | "BOOL") => Stored::Integer(1),
             Some(other) => {
                 return Err(EngineError::UnsupportedDtype {
                     source_name: path.display().to_string(),
@@ -205,6 +212,7 @@ fn parse_header(path: &Path, map: &[u8], file: usize) -> Result<Vec<(String, Ent
         let elem_size = match dtype {
             Stored::Float(GgmlType::F32) | Stored::U32 => 4,
             Stored::Float(_) => 2,
+            Stored::Integer(size) => size,
         };
         let bytes = shape
             .iter()
@@ -495,7 +503,16 @@ impl HfNamedWeights<'_> {
         }
         // Some checkpoints (multimodal wrappers) nest the text model one level deeper.
         let nested = name.replacen("model.", "model.language_model.", 1);
-        self.inner.entries.contains_key(&nested).then_some(nested)
+        if self.inner.entries.contains_key(&nested) {
+            return Some(nested);
+        }
+        // A bare decoder saved without its head (`Qwen3Model`, as sentence-transformers
+        // saves embedding models) has no `model.` prefix.
+        let bare = name.strip_prefix("model.")?;
+        self.inner
+            .entries
+            .contains_key(bare)
+            .then(|| bare.to_string())
     }
 }
 
@@ -604,6 +621,37 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("mxfp4"));
+    }
+
+    #[test]
+    fn integer_buffers_are_checked_and_kept_out_of_the_weights() {
+        let path = Path::new("model.safetensors");
+        // BERT checkpoints carry `embeddings.position_ids` as I64.
+        let ok = file_bytes(
+            serde_json::json!({
+                "ids": {"dtype": "I64", "shape": [1, 3], "data_offsets": [0, 24]},
+                "w": {"dtype": "F32", "shape": [2], "data_offsets": [24, 32]},
+            }),
+            32,
+        );
+        let entries = parse_header(path, &ok, 0).unwrap();
+        assert_eq!(entries.len(), 2);
+        let short = file_bytes(
+            serde_json::json!({"ids": {"dtype": "I64", "shape": [1, 3], "data_offsets": [0, 12]}}),
+            12,
+        );
+        assert!(parse_header(path, &short, 0).is_err(), "size not checked");
+        let odd = file_bytes(
+            serde_json::json!({"x": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}}),
+            1,
+        );
+        assert!(parse_header(path, &odd, 0).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.safetensors");
+        std::fs::write(&file, &ok).unwrap();
+        let w = SafetensorsWeights::open_files(dir.path(), &[file]).unwrap();
+        assert!(w.raw("ids").is_none());
+        assert!(w.raw("w").is_some());
     }
 
     fn file_bytes(header: serde_json::Value, data_len: usize) -> Vec<u8> {

@@ -8,6 +8,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod responses;
 
 use std::collections::VecDeque;

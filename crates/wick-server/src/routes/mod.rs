@@ -2,6 +2,7 @@
 pub mod admin;
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod library;
 pub mod messages;
 pub mod models;
@@ -71,6 +72,7 @@ pub fn app(state: AppState) -> Router {
     let api = Table::new()
         .post("/v1/chat/completions", chat::chat_completions)
         .post("/v1/completions", completions::completions)
+        .post("/v1/embeddings", embeddings::refuse)
         .post("/v1/messages", messages::messages)
         .post("/v1/messages/count_tokens", messages::count_tokens)
         .post("/v1/responses", responses::create)

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod bench;
+pub mod embed;
 pub mod fit;
 pub mod gc;
 pub mod generate;

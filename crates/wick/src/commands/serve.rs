@@ -155,6 +155,9 @@ pub struct ServeArgs {
         default_value_t = 120.0
     )]
     cache_flush_timeout: f64,
+    /// Serve the model as an embedding model: only /v1/embeddings (automatic for encoders such as BERT).
+    #[arg(long, env = "WICK_EMBEDDING", value_parser = clap::builder::FalseyValueParser::new())]
+    embedding: bool,
 }
 
 /// `--prompt-cache` default: the engine's cap, in GiB.
@@ -559,6 +562,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     preflight_fit(&path, &args)?;
     // Bind before loading the model: a busy port fails at once.
     let listener = wick_server::bind(&args.host, args.port)?;
+    if args.embedding || wick_engine::embedding::Embedder::is_encoder(&path) {
+        let opts = LoadOptions {
+            context_length: args.ctx_size,
+            backend: args.backend.parse()?,
+            kv_dtype: crate::model_arg::kv_dtype(args.kv_type.as_deref())?,
+        };
+        return super::embed::serve(&path, &opts, checked.config, listener, started);
+    }
     let model = Model::load(
         &path,
         &LoadOptions {
