@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use wick_gguf::GgmlType;
 
+use crate::adapters::{LoraBatch, LoraWeights, Target};
 use crate::backend::{
     AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, RopeSpec,
 };
@@ -513,6 +514,17 @@ impl<B: Backend> Decoder<B> {
     /// Runs the new tokens of every item through the model, appending to each cache,
     /// and returns the requested logits per item.
     pub fn forward(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Option<Logits>>> {
+        self.forward_lora(batch, &[])
+    }
+
+    /// [`Decoder::forward`] with adapters: item `i` runs with the deltas of `lora[i]`
+    /// summed in order (items past the end of `lora`, or with an empty list, run the
+    /// base model).
+    pub fn forward_lora(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        lora: &[Vec<&LoraWeights<B>>],
+    ) -> Result<Vec<Option<Logits>>> {
         let mut ids = Vec::new();
         for item in batch.iter() {
             ids.extend_from_slice(item.tokens);
@@ -521,7 +533,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, lora)?;
         let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
         };
@@ -544,6 +556,15 @@ impl<B: Backend> Decoder<B> {
     /// item that asks for [`LogitsRequest::Last`] (in order), kept on the backend, without
     /// copying logits to the host. Items ask for `Last` or `None`.
     pub fn forward_argmax(&self, batch: &mut [BatchItem<'_, B>]) -> Result<B::Ids> {
+        self.forward_argmax_lora(batch, &[])
+    }
+
+    /// [`Decoder::forward_argmax`] with adapters, as [`Decoder::forward_lora`].
+    pub fn forward_argmax_lora(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        lora: &[Vec<&LoraWeights<B>>],
+    ) -> Result<B::Ids> {
         if batch.iter().any(|i| i.logits == LogitsRequest::All) {
             return Err(EngineError::InvalidInput(
                 "an argmax forward pass returns one token per sequence, not every position".into(),
@@ -557,7 +578,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests)?;
+        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, lora)?;
         let logits =
             logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
         self.backend.argmax(&logits)
@@ -569,7 +590,7 @@ impl<B: Backend> Decoder<B> {
     pub fn decode_ids(&self, ids: &B::Ids, caches: &mut [&mut SequenceCache<B>]) -> Result<B::Ids> {
         let counts = vec![1; caches.len()];
         let requests = vec![LogitsRequest::Last; caches.len()];
-        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests)?;
+        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests, &[])?;
         let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
         let next = self.backend.argmax(&logits)?;
         self.backend.schedule(&next)?;
@@ -585,6 +606,7 @@ impl<B: Backend> Decoder<B> {
         caches: &mut [&mut SequenceCache<B>],
         counts: &[usize],
         requests: &[LogitsRequest],
+        lora: &[Vec<&LoraWeights<B>>],
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let be = &self.backend;
         let cfg = &self.cfg;
@@ -605,6 +627,7 @@ impl<B: Backend> Decoder<B> {
             total += n;
             positions.extend(start..start + n);
         }
+        let lora = LoraBatch::new(lora, &ranges);
         let rope = be.rope_table(&positions, &self.rope)?;
         let rope_local = self
             .rope_local
@@ -624,7 +647,7 @@ impl<B: Backend> Decoder<B> {
             None => x.clone(),
         };
         for (li, layer) in self.layers.iter().enumerate() {
-            let (mut q, mut k, v) = match &layer.qkv {
+            let (q, k, v) = match &layer.qkv {
                 QkvProjection::Separate {
                     q,
                     k,
@@ -657,6 +680,15 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
+            let (mut q, mut k, v) = if lora.is_empty() {
+                (q, k, v)
+            } else {
+                (
+                    lora.apply(be, li, Target::Q, &h, q)?,
+                    lora.apply(be, li, Target::K, &h, k)?,
+                    lora.apply(be, li, Target::V, &h, v)?,
+                )
+            };
             if let Some(w) = &layer.q_norm {
                 q = be.rms_norm(&q, w, cfg.rms_eps)?;
             }
@@ -679,6 +711,7 @@ impl<B: Backend> Decoder<B> {
                 .collect();
             let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
             let mut o = be.linear(&attn, &layer.o, None)?;
+            o = lora.apply(be, li, Target::O, &attn, o)?;
             if let Some(w) = &layer.post_attn_norm {
                 o = be.rms_norm(&o, w, cfg.rms_eps)?;
             }
@@ -687,11 +720,18 @@ impl<B: Backend> Decoder<B> {
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
                     let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
+                    let gate = lora.apply(be, li, Target::Gate, &hf, gate)?;
+                    let up = lora.apply(be, li, Target::Up, &hf, up)?;
                     be.glu(&gate, &up, cfg.activation)?
                 }
                 GateUpProjection::Fused { gate_up, width } => {
                     let both = be.linear(&hf, gate_up, None)?;
                     match be.split_columns(&both, &[*width, *width])?.as_slice() {
+                        [gate, up] if !lora.is_empty() => {
+                            let gate = lora.apply(be, li, Target::Gate, &hf, gate.clone())?;
+                            let up = lora.apply(be, li, Target::Up, &hf, up.clone())?;
+                            be.glu(&gate, &up, cfg.activation)?
+                        }
                         [gate, up] => be.glu(gate, up, cfg.activation)?,
                         _ => {
                             return Err(EngineError::Backend {
@@ -703,6 +743,7 @@ impl<B: Backend> Decoder<B> {
                 }
             };
             let mut m = be.linear(&act, &layer.down, None)?;
+            m = lora.apply(be, li, Target::Down, &act, m)?;
             if let Some(w) = &layer.post_ffw_norm {
                 m = be.rms_norm(&m, w, cfg.rms_eps)?;
             }

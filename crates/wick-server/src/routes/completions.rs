@@ -63,7 +63,8 @@ pub async fn completions(
     let mut request = GenerationRequest::new(ids)
         .max_tokens(max_tokens)
         .sampling(gen.sampling)
-        .stop(gen.stop);
+        .stop(gen.stop)
+        .adapters(gen.adapters);
     request.ignore_eos = gen.ignore_eos;
     let reply = Reply::start(&state, request, ReplyOptions::plain(), arrived)?;
     let meta = CompletionMeta {

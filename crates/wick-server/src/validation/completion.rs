@@ -72,6 +72,11 @@ pub fn validate(req: CompletionRequest, state: &AppState) -> Result<ValidComplet
             vocab_size: model.config().vocab_size,
         },
     )?;
+    generation.adapters = crate::routes::adapters::select(
+        state,
+        req.sampling.adapter.as_deref(),
+        req.model.as_deref(),
+    )?;
     if let Some((param, spec)) = vllm_spec(&req.sampling)? {
         generation.sampling.constraint = Some(compile(model, &param, &spec, false)?);
     }
