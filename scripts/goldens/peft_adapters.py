@@ -214,7 +214,7 @@ def goldens() -> None:
         print(sel, e["max_abs_diff_from_base"], e["greedy"]["len7"][:6])
 
 
-def smollm2(out: Path, rank: int = 16) -> None:
+def smollm2(out: Path, rank: int = 16, seed: int = SEED) -> None:
     """A random PEFT adapter for SmolLM2-135M: 30 layers, hidden 576, ffn 1536, 9/3 heads of 64."""
     h, f, layers, q, kv = 576, 1536, 30, 9 * 64, 3 * 64
     shapes = {
@@ -226,7 +226,7 @@ def smollm2(out: Path, rank: int = 16) -> None:
         "up_proj": (f, h),
         "down_proj": (h, f),
     }
-    g = torch.Generator().manual_seed(SEED)
+    g = torch.Generator().manual_seed(seed)
     tensors = {}
     for i in range(layers):
         for t, (o, n) in shapes.items():
@@ -256,8 +256,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smollm2-out", type=Path, help="write a random rank-16 SmolLM2 adapter here instead")
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=SEED)
     args = ap.parse_args()
     if args.smollm2_out:
-        smollm2(args.smollm2_out, args.rank)
+        smollm2(args.smollm2_out, args.rank, args.seed)
     else:
         goldens()

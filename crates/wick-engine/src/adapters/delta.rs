@@ -28,12 +28,16 @@ pub struct LoraWeights<B: Backend> {
 }
 
 fn upload<B: Backend>(be: &B, name: String, shape: [usize; 2], v: &[f32]) -> Result<B::Matrix> {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let bytes: Cow<'_, [u8]> = if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    };
     be.matrix(HostWeight {
         name,
         dtype: GgmlType::F32,
         shape: shape.to_vec(),
-        bytes: Cow::Owned(bytes),
+        bytes,
     })
 }
 

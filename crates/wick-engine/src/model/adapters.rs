@@ -8,7 +8,7 @@ use crate::adapters::{
     load::QkPermutation, validate_id, Adapter, AdapterError, AdapterInfo, AdapterStack, LoraOf,
     LoraWeights,
 };
-use crate::backend::{Backend, RopeStyle};
+use crate::backend::RopeStyle;
 use crate::models::decoder::{Decoder, Logits, LogitsRequest};
 use crate::Result;
 
