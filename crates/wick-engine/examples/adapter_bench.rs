@@ -86,7 +86,9 @@ fn main() {
         }
     }
     let (Some(model_path), false) = (model_path, dirs.is_empty()) else {
-        eprintln!("usage: adapter_bench MODEL ADAPTER_DIR... [--streams N] [--steps N] [--rounds N]");
+        eprintln!(
+            "usage: adapter_bench MODEL ADAPTER_DIR... [--streams N] [--steps N] [--rounds N]"
+        );
         std::process::exit(2);
     };
     let model = Model::load(&model_path, &LoadOptions::default()).expect("model");
@@ -109,7 +111,11 @@ fn main() {
             }
         }
     }
-    println!("mount: median {:.1} ms over {} mounts", median(mounts.clone()), mounts.len());
+    println!(
+        "mount: median {:.1} ms over {} mounts",
+        median(mounts.clone()),
+        mounts.len()
+    );
     let base: Vec<AdapterStack> = (0..streams).map(|_| AdapterStack::none()).collect();
     let spread: Vec<AdapterStack> = (0..streams)
         .map(|i| AdapterStack::new(vec![adapters[i % adapters.len()].clone()]).expect("stack"))
