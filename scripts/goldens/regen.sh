@@ -80,6 +80,7 @@ run() {
 }
 run scripts/goldens/hf_tiny_models.py
 run scripts/goldens/hf_numpy_check.py
+run scripts/goldens/peft_adapters.py
 run scripts/goldens/llamacpp_greedy.py
 run scripts/goldens/tokenizer_models.py
 run scripts/goldens/chat_templates.py
