@@ -127,6 +127,10 @@ pub enum EngineError {
         /// The backend's message.
         message: String,
     },
+
+    /// A LoRA adapter could not be loaded or selected.
+    #[error(transparent)]
+    Adapter(crate::adapters::AdapterError),
 }
 
 impl From<candle_core::Error> for EngineError {

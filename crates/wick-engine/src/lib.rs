@@ -32,6 +32,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod adapters;
 pub mod backend;
 mod cache_value;
 pub mod config;

@@ -91,6 +91,9 @@ pub struct ServerConfig {
     pub min_body_rate: u64,
     /// Open connections at most.
     pub max_connections: usize,
+    /// LoRA adapters mounted at startup (`--adapter`), each under its folder name; the
+    /// first is the default of requests that name none.
+    pub adapters: Vec<std::path::PathBuf>,
 }
 
 impl ServerConfig {
@@ -112,6 +115,7 @@ impl ServerConfig {
             body_timeout: DEFAULT_BODY_TIMEOUT,
             min_body_rate: DEFAULT_MIN_BODY_RATE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            adapters: Vec::new(),
         }
     }
 }

@@ -112,6 +112,12 @@ pub enum ApiError {
         /// The path.
         path: String,
     },
+    /// No adapter with this id is mounted (`DELETE /v1/adapters/{id}`).
+    #[error("adapter {id} not mounted")]
+    AdapterNotFound {
+        /// The id asked for.
+        id: String,
+    },
     /// No model with this id is served.
     #[error("model '{id}' not found (served: {served})")]
     ModelNotFound {
@@ -196,9 +202,9 @@ impl ApiError {
             }
             ApiError::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::RouteNotFound { .. }
+            | ApiError::ModelNotFound { .. }
+            | ApiError::AdapterNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -214,7 +220,9 @@ impl ApiError {
             ApiError::HostNotAllowed { .. } | ApiError::OriginNotAllowed { .. } => {
                 "permission_error"
             }
-            ApiError::RouteNotFound { .. } | ApiError::ModelNotFound { .. } => "not_found_error",
+            ApiError::RouteNotFound { .. }
+            | ApiError::ModelNotFound { .. }
+            | ApiError::AdapterNotFound { .. } => "not_found_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
             ApiError::ShuttingDown => "service_unavailable_error",
             ApiError::Generation(_) | ApiError::Internal(_) => "server_error",
@@ -239,6 +247,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => "body_timeout",
             ApiError::RouteNotFound { .. } => "route_not_found",
             ApiError::ModelNotFound { .. } => "model_not_found",
+            ApiError::AdapterNotFound { .. } => "adapter_not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",
@@ -336,6 +345,7 @@ impl From<EngineError> for ApiError {
                 message: e.to_string(),
             },
             EngineError::InvalidInput(m) => ApiError::field("prompt", m),
+            EngineError::Adapter(a) => ApiError::field("adapter", a.to_string()),
             EngineError::Tokenizer(t) => ApiError::PromptBuild(t.to_string()),
             EngineError::Template(t) => ApiError::PromptBuild(t.to_string()),
             EngineError::NoChatTemplate(_) => ApiError::PromptBuild(e.to_string()),

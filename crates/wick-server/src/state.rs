@@ -5,8 +5,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use wick_chat::chat_template::{ChatTemplate, TemplateCapabilities, TemplateTokens};
 use wick_chat::tool_call::ToolFormat;
+use wick_engine::adapters::AdapterRegistry;
 use wick_engine::scheduler::EngineHandle;
-use wick_engine::Model;
+use wick_engine::{EngineError, Model};
 
 use crate::config::ServerConfig;
 use crate::error::StartupError;
@@ -23,6 +24,7 @@ pub struct AppState {
     metrics: Arc<Metrics>,
     responses: Arc<ResponseStore>,
     started: Arc<Started>,
+    adapters: Arc<AdapterRegistry>,
 }
 
 /// When the server started.
@@ -71,6 +73,24 @@ impl AppState {
                 ToolFormat::HermesJson
             }),
         };
+        let adapters = Arc::new(AdapterRegistry::default());
+        for (i, dir) in config.adapters.iter().enumerate() {
+            let id = wick_engine::adapters::default_id(dir);
+            let adapter = model.load_adapter(&id, dir)?;
+            tracing::info!(
+                id = %id,
+                path = %dir.display(),
+                rank = adapter.info().rank,
+                layers = adapter.info().mounted_layers,
+                "adapter mounted"
+            );
+            adapters
+                .insert(Arc::new(adapter))
+                .map_err(EngineError::from)?;
+            if i == 0 {
+                adapters.set_default(&id).map_err(EngineError::from)?;
+            }
+        }
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -85,7 +105,13 @@ impl AppState {
                 unix,
                 instant: Instant::now(),
             }),
+            adapters,
         })
+    }
+
+    /// The mounted LoRA adapters.
+    pub fn adapters(&self) -> &AdapterRegistry {
+        &self.adapters
     }
 
     /// The engine.

@@ -480,4 +480,14 @@ pub trait Backend: Send + Sync + 'static {
             message: "this backend does not upload activations from the host".into(),
         })
     }
+
+    /// `y` with row `i` of `d` added to row `rows[i]` of it (an adapter's delta over the
+    /// rows that use it). Backends without it refuse adapters on batches that mix them.
+    fn add_rows(&self, y: &Self::Tensor, rows: &[usize], d: &Self::Tensor) -> Result<Self::Tensor> {
+        let _ = (y, rows, d);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "this backend cannot add a delta to some rows of a batch".into(),
+        })
+    }
 }

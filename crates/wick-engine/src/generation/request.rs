@@ -1,6 +1,7 @@
 //! What a generation is asked to do and what it reports back.
 use std::time::Duration;
 
+use crate::adapters::AdapterStack;
 use crate::model::KvCache;
 use crate::sampler::SamplingParams;
 
@@ -46,6 +47,9 @@ pub struct GenerationRequest {
     /// is then computed (a cached prefix has no logits to give), in chunks of at most
     /// [`PROMPT_SCORE_CHUNK`] tokens; `max_tokens` may be 0.
     pub prompt_logprobs: Option<usize>,
+    /// LoRA adapters the generation runs with, deltas summed in order (none: the base
+    /// model). The prompt cache keeps their KV in a namespace of their own.
+    pub adapters: AdapterStack,
 }
 
 impl GenerationRequest {
@@ -61,6 +65,7 @@ impl GenerationRequest {
             keep_special_text: true,
             cache_namespace: String::new(),
             prompt_logprobs: None,
+            adapters: AdapterStack::none(),
         }
     }
 
@@ -74,6 +79,26 @@ impl GenerationRequest {
     pub fn sampling(mut self, p: SamplingParams) -> Self {
         self.sampling = p;
         self
+    }
+
+    /// Sets the adapters.
+    pub fn adapters(mut self, adapters: AdapterStack) -> Self {
+        self.adapters = adapters;
+        self
+    }
+
+    /// The prompt-cache namespace the generation's KV lives in: [`Self::cache_namespace`]
+    /// joined with the adapters' ([`AdapterStack::cache_namespace`]).
+    pub fn effective_namespace(&self) -> String {
+        match (self.cache_namespace.is_empty(), self.adapters.is_empty()) {
+            (_, true) => self.cache_namespace.clone(),
+            (true, false) => format!("lora:{}", self.adapters.cache_namespace()),
+            (false, false) => format!(
+                "{}|lora:{}",
+                self.cache_namespace,
+                self.adapters.cache_namespace()
+            ),
+        }
     }
 
     /// Sets the stop strings.

@@ -153,7 +153,7 @@ pub(crate) fn wrap_cache<B: CacheOf>(cache: SequenceCache<B>) -> AnyCache {
 }
 
 /// The decoder's view of `steps`.
-fn batch_of<'a, B: CacheOf>(steps: &'a mut [Step<'_>]) -> Result<Vec<BatchItem<'a, B>>> {
+pub(super) fn batch_of<'a, B: CacheOf>(steps: &'a mut [Step<'_>]) -> Result<Vec<BatchItem<'a, B>>> {
     steps
         .iter_mut()
         .map(|s| {

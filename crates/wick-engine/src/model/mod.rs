@@ -5,6 +5,7 @@
 //! - `dispatch.rs`: the decoder and caches on whichever backend the model runs on;
 //! - `kv_cache.rs`: [`KvCache`], one sequence's cache and its charge to the KV pool;
 //! - `loading.rs`: reading GGUF files and Hugging Face directories.
+mod adapters;
 mod dispatch;
 mod kv_cache;
 mod loading;

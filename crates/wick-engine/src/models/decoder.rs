@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use wick_gguf::GgmlType;
 
+use crate::adapters::{LoraBatch, LoraWeights, Target};
 use crate::backend::{
     AttentionParams, AttentionSegment, Backend, HostWeight, KvLayer, KvLayerSnapshot, OptionalOp,
     RopeSpec,
@@ -726,6 +727,17 @@ impl<B: Backend> Decoder<B> {
     /// Runs the new tokens of every item through the model, appending to each cache,
     /// and returns the requested logits per item.
     pub fn forward(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Option<Logits>>> {
+        self.forward_lora(batch, &[])
+    }
+
+    /// [`Decoder::forward`] with adapters: item `i` runs with the deltas of `lora[i]`
+    /// summed in order (items past the end of `lora`, or with an empty list, run the
+    /// base model).
+    pub fn forward_lora(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        lora: &[Vec<&LoraWeights<B>>],
+    ) -> Result<Vec<Option<Logits>>> {
         let mut ids = Vec::new();
         for item in batch.iter() {
             ids.extend_from_slice(item.tokens);
@@ -734,7 +746,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false)?;
+        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false, lora)?;
         let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
         };
@@ -757,6 +769,15 @@ impl<B: Backend> Decoder<B> {
     /// item that asks for [`LogitsRequest::Last`] (in order), kept on the backend, without
     /// copying logits to the host. Items ask for `Last` or `None`.
     pub fn forward_argmax(&self, batch: &mut [BatchItem<'_, B>]) -> Result<B::Ids> {
+        self.forward_argmax_lora(batch, &[])
+    }
+
+    /// [`Decoder::forward_argmax`] with adapters, as [`Decoder::forward_lora`].
+    pub fn forward_argmax_lora(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        lora: &[Vec<&LoraWeights<B>>],
+    ) -> Result<B::Ids> {
         if batch.iter().any(|i| i.logits == LogitsRequest::All) {
             return Err(EngineError::InvalidInput(
                 "an argmax forward pass returns one token per sequence, not every position".into(),
@@ -770,7 +791,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false)?;
+        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false, lora)?;
         let logits =
             logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
         self.backend.argmax(&logits)
@@ -782,7 +803,7 @@ impl<B: Backend> Decoder<B> {
     pub fn decode_ids(&self, ids: &B::Ids, caches: &mut [&mut SequenceCache<B>]) -> Result<B::Ids> {
         let counts = vec![1; caches.len()];
         let requests = vec![LogitsRequest::Last; caches.len()];
-        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests, false)?;
+        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests, false, &[])?;
         let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
         let next = self.backend.argmax(&logits)?;
         self.backend.schedule(&next)?;
@@ -801,7 +822,7 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (hidden, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, true)?;
+        let (hidden, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, true, &[])?;
         match hidden {
             Some(h) => self.backend.rows_to_host(&h, &rows),
             None => Ok(vec![Vec::new(); batch.len()]),
@@ -818,6 +839,7 @@ impl<B: Backend> Decoder<B> {
         counts: &[usize],
         requests: &[LogitsRequest],
         hidden: bool,
+        lora: &[Vec<&LoraWeights<B>>],
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let be = &self.backend;
         let cfg = &self.cfg;
@@ -848,6 +870,7 @@ impl<B: Backend> Decoder<B> {
             total += n;
             positions.extend(start..start + n);
         }
+        let lora = LoraBatch::new(lora, &ranges);
         // Dynamic NTK and LongRoPE build their frequencies for the pass's longest sequence.
         let longest = caches
             .iter()
@@ -885,7 +908,7 @@ impl<B: Backend> Decoder<B> {
             x = hybrid.run_layers(be, x, caches, &ranges, &rope)?;
         }
         for (li, layer) in self.layers.iter().enumerate() {
-            let (mut q, mut k, v) = match &layer.qkv {
+            let (q, k, v) = match &layer.qkv {
                 QkvProjection::Separate {
                     q,
                     k,
@@ -918,6 +941,15 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
+            let (mut q, mut k, v) = if lora.is_empty() {
+                (q, k, v)
+            } else {
+                (
+                    lora.apply(be, li, Target::Q, &h, q)?,
+                    lora.apply(be, li, Target::K, &h, k)?,
+                    lora.apply(be, li, Target::V, &h, v)?,
+                )
+            };
             if let Some(w) = &layer.q_norm {
                 q = be.rms_norm(&q, w, cfg.rms_eps)?;
             }
@@ -942,6 +974,7 @@ impl<B: Backend> Decoder<B> {
                 .collect();
             let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
             let mut o = be.linear(&attn, &layer.o, layer.o_bias.as_ref())?;
+            o = lora.apply(be, li, Target::O, &attn, o)?;
             if let Some(w) = &layer.post_attn_norm {
                 o = self.norm(&o, w)?;
             }
@@ -953,14 +986,23 @@ impl<B: Backend> Decoder<B> {
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
                     let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
+                    let gate = lora.apply(be, li, Target::Gate, &hf, gate)?;
+                    let up = lora.apply(be, li, Target::Up, &hf, up)?;
                     be.glu(&gate, &up, cfg.activation)?
                 }
                 GateUpProjection::Plain { up, bias } => {
-                    be.activation(&be.linear(&hf, up, bias.as_ref())?, cfg.activation)?
+                    let up_out = be.linear(&hf, up, bias.as_ref())?;
+                    let up_out = lora.apply(be, li, Target::Up, &hf, up_out)?;
+                    be.activation(&up_out, cfg.activation)?
                 }
                 GateUpProjection::Fused { gate_up, width } => {
                     let both = be.linear(&hf, gate_up, None)?;
                     match be.split_columns(&both, &[*width, *width])?.as_slice() {
+                        [gate, up] if !lora.is_empty() => {
+                            let gate = lora.apply(be, li, Target::Gate, &hf, gate.clone())?;
+                            let up = lora.apply(be, li, Target::Up, &hf, up.clone())?;
+                            be.glu(&gate, &up, cfg.activation)?
+                        }
                         [gate, up] => be.glu(gate, up, cfg.activation)?,
                         _ => {
                             return Err(EngineError::Backend {
@@ -972,6 +1014,7 @@ impl<B: Backend> Decoder<B> {
                 }
             };
             let mut m = be.linear(&act, &layer.down, layer.down_bias.as_ref())?;
+            m = lora.apply(be, li, Target::Down, &act, m)?;
             if let Some(w) = &layer.post_ffw_norm {
                 m = self.norm(&m, w)?;
             }

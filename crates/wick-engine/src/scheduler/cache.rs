@@ -89,7 +89,7 @@ impl EngineCache {
         let stop = serde_json::to_string(&request.stop).unwrap_or_default();
         KeyBuilder::default()
             .str("fingerprint", &self.fingerprint)
-            .str("namespace", &request.cache_namespace)
+            .str("namespace", &request.effective_namespace())
             .tokens("prompt", &request.prompt)
             .u64("max_tokens", request.max_tokens as u64)
             .str("sampling", &format!("{sampling:?}"))
@@ -110,7 +110,7 @@ impl EngineCache {
     /// Builds the sequence for `request`: resumed from its latest checkpoint when there
     /// is one, else on the longest cached prefix of its prompt.
     pub fn start(&self, model: &Model, request: &GenerationRequest) -> Result<Started> {
-        let ns: Arc<str> = request.cache_namespace.as_str().into();
+        let ns: Arc<str> = request.effective_namespace().into();
         let checkpoint = self.checkpoints_for(request);
         if let Some(key) = checkpoint {
             if let Some(r) = self.tiers.find_checkpoint(key, &ns, &request.prompt, model) {

@@ -441,6 +441,15 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
             LogitsRequest::All => false,
         },
     });
+    // Each planned sequence's adapters, in the steps' order (held by the step, so an
+    // adapter unmounted meanwhile stays until its requests end).
+    let stacks: Vec<crate::adapters::AdapterStack> = running
+        .iter()
+        .zip(&plans)
+        .filter(|(_, p)| p.is_some())
+        .map(|(a, _)| a.req.request.adapters.clone())
+        .collect();
+    let lora = stacks.iter().any(|s| !s.is_empty());
     let started = Instant::now();
     let result = {
         let mut steps: Vec<Step<'_>> = running
@@ -455,14 +464,20 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
                 })
             })
             .collect();
-        if argmax_only {
-            model
+        let adapters: Vec<&crate::adapters::AdapterStack> = stacks.iter().collect();
+        match (argmax_only, lora) {
+            (true, false) => model
                 .forward_argmax(&mut steps)
-                .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
-        } else {
-            model
+                .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
+            (true, true) => model
+                .forward_argmax_adapters(&mut steps, &adapters)
+                .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
+            (false, false) => model
                 .forward(&mut steps)
-                .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>())
+                .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
+            (false, true) => model
+                .forward_adapters(&mut steps, &adapters)
+                .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
         }
     };
     let took = started.elapsed();

@@ -48,6 +48,8 @@ pub struct MessagesRequest {
     pub output_format: Option<Value>,
     /// Non-standard (vLLM's extension): generate past end-of-sequence tokens, for benchmarks.
     pub ignore_eos: Option<bool>,
+    /// Non-standard: the LoRA adapters to run with (as chat completions' `adapter`).
+    pub adapter: Option<String>,
 }
 
 impl RequestBody for MessagesRequest {
@@ -420,6 +422,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         stop: req.stop_sequences.map(Stop::Many),
         stream: req.stream,
         ignore_eos: req.ignore_eos,
+        adapter: req.adapter,
         ..SamplingFields::default()
     };
     Ok(ChatCompletionRequest {

@@ -98,6 +98,9 @@ pub struct SamplingFields {
     pub guided_choice: Option<Value>,
     /// vLLM's older spelling: a Lark grammar (llguidance's dialect).
     pub guided_grammar: Option<Value>,
+    /// The LoRA adapters to run with: a mounted id, ids joined by `+` (stacked, deltas
+    /// summed in order) or `none` (the base model); absent: the default adapter, if any.
+    pub adapter: Option<String>,
 }
 
 /// Token counts of a response.

@@ -44,6 +44,12 @@ pub struct ModelCard {
     pub reasoning: bool,
     /// Whether the chat template renders tools.
     pub tools: bool,
+    /// For a mounted LoRA adapter (vLLM's listing): the served model it adapts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// For a mounted LoRA adapter: where it was loaded from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
 }
 
 /// `unix` seconds as an RFC 3339 UTC timestamp (`2026-01-02T03:04:05Z`).

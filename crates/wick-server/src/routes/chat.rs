@@ -127,7 +127,8 @@ pub fn start_chat(
     let mut request = GenerationRequest::new(prompt.ids)
         .max_tokens(max_tokens)
         .sampling(generation.sampling)
-        .stop(generation.stop);
+        .stop(generation.stop)
+        .adapters(generation.adapters);
     request.ignore_eos = generation.ignore_eos;
     request.keep_special_text = options.needs_special_text();
     Reply::start(state, request, options, arrived)

@@ -61,7 +61,8 @@ pub async fn completions(
     let mut request = GenerationRequest::new(ids)
         .max_tokens(max_tokens)
         .sampling(gen.sampling)
-        .stop(gen.stop);
+        .stop(gen.stop)
+        .adapters(gen.adapters);
     request.ignore_eos = gen.ignore_eos;
     if echo.is_some() {
         // The echoed prompt's tokens get their log-probabilities too (the engine scores

@@ -1,4 +1,5 @@
 //! The router: one handler file per endpoint family, middleware applied once here.
+pub mod adapters;
 pub mod admin;
 pub mod chat;
 pub mod completions;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use axum::extract::DefaultBodyLimit;
 use axum::handler::Handler;
 use axum::middleware::{from_fn, from_fn_with_state};
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{delete, get, post, MethodRouter};
 use axum::{Extension, Router};
 
 use crate::anthropic::error::anthropic_errors;
@@ -89,7 +90,16 @@ pub fn app(state: AppState) -> Router {
         .post("/admin/cache/flush", admin::flush_cache)
         .get("/library", library::library)
         .get("/fit", library::fit)
-        .get("/downloads", library::downloads);
+        .get("/downloads", library::downloads)
+        .route(
+            &["GET", "POST"],
+            "/v1/adapters",
+            get(adapters::list).post(adapters::create),
+        )
+        .get("/v1/adapters/available", adapters::available)
+        .route(&["DELETE"], "/v1/adapters/{id}", delete(adapters::delete))
+        .post("/v1/load_lora_adapter", adapters::load_lora)
+        .post("/v1/unload_lora_adapter", adapters::unload_lora);
     let open = Table::new().get("/health", ops::health);
     let mut listed = api.listed;
     listed.extend(open.listed);

@@ -21,18 +21,39 @@ fn card(state: &AppState) -> ModelCard {
         arch: info.arch.to_string(),
         reasoning: caps.is_some_and(|c| c.uses_think_tags),
         tools: caps.is_some_and(|c| c.uses_tools),
+        parent: None,
+        root: None,
     }
+}
+
+/// The cards of the mounted adapters (requests select one with `model: "<id>"`, as vLLM).
+fn adapter_cards(state: &AppState) -> Vec<ModelCard> {
+    let base = card(state);
+    state
+        .adapters()
+        .list()
+        .iter()
+        .map(|a| ModelCard {
+            id: a.id().to_string(),
+            display_name: a.id().to_string(),
+            parent: Some(base.id.clone()),
+            root: Some(a.info().path.display().to_string()),
+            ..base.clone()
+        })
+        .collect()
 }
 
 /// Lists the served model.
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     let card = card(&state);
+    let mut data = vec![card];
+    data.extend(adapter_cards(&state));
     Json(ModelList {
         object: "list",
         has_more: false,
-        first_id: Some(card.id.clone()),
-        last_id: Some(card.id.clone()),
-        data: vec![card],
+        first_id: data.first().map(|c| c.id.clone()),
+        last_id: data.last().map(|c| c.id.clone()),
+        data,
     })
 }
 
@@ -44,6 +65,8 @@ pub async fn get(
     let served = &state.config().model_id;
     if state.answers_to(&id) {
         Ok(Json(card(&state)))
+    } else if let Some(c) = adapter_cards(&state).into_iter().find(|c| c.id == id) {
+        Ok(Json(c))
     } else {
         Err(ApiError::ModelNotFound {
             id,

@@ -80,6 +80,11 @@ pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCom
             vocab_size: model.config().vocab_size,
         },
     )?;
+    generation.adapters = crate::routes::adapters::select(
+        state,
+        req.sampling.adapter.as_deref(),
+        req.model.as_deref(),
+    )?;
     if let Some((param, spec)) = vllm_spec(&req.sampling)? {
         generation.sampling.constraint = Some(compile(model, &param, &spec, false)?);
     }

@@ -82,6 +82,8 @@ pub struct ValidGeneration {
     pub include_usage: bool,
     /// Generate past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// The LoRA adapters (resolved by the endpoint, which knows the mounted ones).
+    pub adapters: wick_engine::adapters::AdapterStack,
 }
 
 /// What the endpoint-specific validation hands to [`resolve_generation`].
@@ -226,6 +228,7 @@ pub fn resolve_generation(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         ignore_eos: f.ignore_eos.unwrap_or(false),
+        adapters: wick_engine::adapters::AdapterStack::none(),
     })
 }
 

@@ -37,6 +37,10 @@ pub struct BenchArgs {
     /// With --concurrency: requests each client sends one after the other.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// With --concurrency: LoRA adapter ids (comma-separated, `none` for the base model)
+    /// the clients take in turn, client `i` the `i % n`-th.
+    #[arg(long, value_delimiter = ',')]
+    adapters: Vec<String>,
     /// With --concurrency: sampling temperature of the requests.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -124,6 +128,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             gen_tokens: args.gen_tokens,
             temperature: args.temperature,
             json: args.json,
+            adapters: args.adapters.clone(),
         });
     }
     let path = crate::model_arg::resolve(args.model.as_deref())?;

@@ -27,6 +27,9 @@ pub struct LoadSpec {
     pub temperature: f32,
     /// Print JSON.
     pub json: bool,
+    /// LoRA adapters the clients use, client `i` the `i % len`-th (`none`: the base
+    /// model); empty: requests name no adapter.
+    pub adapters: Vec<String>,
 }
 
 /// Timings of one streamed request.
@@ -212,10 +215,12 @@ pub fn run(spec: LoadSpec) -> Result<()> {
             let (authority, prefix, model) = (authority.clone(), prefix.clone(), model.clone());
             let (rounds, gen, temperature) = (spec.rounds, spec.gen_tokens, spec.temperature);
             let prompt = prompt_text(spec.prompt_tokens, client);
+            let adapter = (!spec.adapters.is_empty())
+                .then(|| spec.adapters[client % spec.adapters.len()].clone());
             clients.push(tokio::spawn(async move {
                 let mut streams = Vec::new();
                 for _ in 0..rounds.max(1) {
-                    let body = json!({
+                    let mut body = json!({
                         "model": model,
                         "messages": [{"role": "user", "content": prompt}],
                         "max_tokens": gen,
@@ -224,6 +229,9 @@ pub fn run(spec: LoadSpec) -> Result<()> {
                         "stream": true,
                         "stream_options": {"include_usage": true},
                     });
+                    if let Some(a) = &adapter {
+                        body["adapter"] = json!(a);
+                    }
                     streams.push(one_stream(&authority, &prefix, body).await?);
                 }
                 anyhow::Ok(streams)

@@ -115,6 +115,11 @@ pub struct ServeArgs {
     /// A Jinja chat template file that replaces the model's.
     #[arg(long, env = "WICK_CHAT_TEMPLATE")]
     chat_template: Option<PathBuf>,
+    /// A LoRA adapter to mount at startup (PEFT or mlx-lm directory, or a llama.cpp GGUF
+    /// adapter), under its folder name; repeatable. The first is the default of requests
+    /// that name no `adapter`.
+    #[arg(long = "adapter", alias = "adapter-path", value_name = "DIR")]
+    adapters: Vec<PathBuf>,
     /// The model id /v1/models lists and responses echo (default: the model's name).
     #[arg(long, env = "WICK_MODEL_ID")]
     model_id: Option<String>,
@@ -363,6 +368,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
     config.api_key = api_key;
     config.tool_format = tool_format;
     config.chat_template = chat_template;
+    config.adapters = args.adapters.clone();
     config.max_body_bytes = args.max_body_bytes;
     config.shutdown_grace = Duration::from_secs_f64(args.shutdown_grace);
     config.cache_flush_timeout = Duration::from_secs_f64(args.cache_flush_timeout);

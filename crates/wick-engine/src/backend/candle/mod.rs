@@ -678,6 +678,32 @@ impl Backend for CandleBackend {
     fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<HostTensor> {
         HostTensor::from_vec(data, rows, cols)
     }
+
+    fn add_rows(&self, y: &HostTensor, rows: &[usize], d: &HostTensor) -> Result<HostTensor> {
+        let _t = profile::op("add_rows", rows.len());
+        let cols = y.cols();
+        if d.cols() != cols || d.rows() != rows.len() {
+            return Err(Self::err(format!(
+                "add_rows of a [{}, {}] delta at {} rows of a [{}, {cols}] tensor",
+                d.rows(),
+                d.cols(),
+                rows.len(),
+                y.rows()
+            )));
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r >= y.rows()) {
+            return Err(Self::err(format!("row {bad} of a {}-row tensor", y.rows())));
+        }
+        HostTensor::build(y.rows(), cols, |out| {
+            out.copy_from_slice(y.data());
+            for (&r, delta) in rows.iter().zip(d.data().chunks_exact(cols.max(1))) {
+                for (o, v) in out[r * cols..(r + 1) * cols].iter_mut().zip(delta) {
+                    *o += v;
+                }
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The index of the first largest number of `row`, NaNs never chosen (0 when `row[0]` is

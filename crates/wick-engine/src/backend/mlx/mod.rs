@@ -419,4 +419,26 @@ impl Backend for MlxBackend {
     ) -> Result<Array> {
         attention::attend(&self.stream, q, k, v, segments, params)
     }
+
+    fn add_rows(&self, y: &Array, rows: &[usize], d: &Array) -> Result<Array> {
+        // Row r of the full delta is row pos[r] of d with a zero row appended: a gather,
+        // then one add (MLX has no scatter-add the shim exposes).
+        let n = y.shape().first().copied().unwrap_or(0) as usize;
+        if rows.iter().any(|&r| r >= n) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!("add_rows past the {n} rows of the tensor"),
+            });
+        }
+        let s = &self.stream;
+        let zero = s.zeros(&[1, Self::cols(d)], d.dtype()).map_err(mlx_err)?;
+        let padded = s.concatenate(&[d, &zero], 0).map_err(mlx_err)?;
+        let mut pos = vec![rows.len() as u32; n];
+        for (i, &r) in rows.iter().enumerate() {
+            pos[r] = i as u32;
+        }
+        let pos = Array::from_slice(&pos, &[n as i32]).map_err(mlx_err)?;
+        let full = s.take(&padded, &pos, 0).map_err(mlx_err)?;
+        s.add(y, &full).map_err(mlx_err)
+    }
 }

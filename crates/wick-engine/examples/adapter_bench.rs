@@ -1,0 +1,141 @@
+//! LoRA adapter costs: the time to mount an adapter, and batched decode throughput of N
+//! sequences on the base model vs the same N spread over several adapters (one forward
+//! pass per step, rows grouped by adapter).
+//!
+//! ```text
+//! cargo run --release -p wick-engine --example adapter_bench -- \
+//!     MODEL.gguf ADAPTER_DIR [ADAPTER_DIR ...] [--streams 8] [--steps 48] [--rounds 3]
+//! ```
+//!
+//! Each round decodes `--steps` tokens for every stream (after a 16-token prompt) twice,
+//! base first then adapters, and prints both rates; the mount time is the median over
+//! mounting every adapter `--rounds` times.
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use wick_engine::adapters::AdapterStack;
+use wick_engine::{LoadOptions, LogitsRequest, Model, Step};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Decode tokens per second of `stacks.len()` sequences stepped together.
+fn decode_rate(model: &Model, stacks: &[AdapterStack], steps: usize) -> f64 {
+    let refs: Vec<&AdapterStack> = stacks.iter().collect();
+    let mut caches: Vec<_> = stacks.iter().map(|_| model.new_cache()).collect();
+    let prompts: Vec<Vec<u32>> = (0..stacks.len())
+        .map(|i| (0..16).map(|j| 100 + (i * 31 + j * 7) as u32).collect())
+        .collect();
+    let mut batch: Vec<Step<'_>> = caches
+        .iter_mut()
+        .zip(&prompts)
+        .map(|(c, p)| Step {
+            tokens: p,
+            cache: c,
+            logits: LogitsRequest::Last,
+        })
+        .collect();
+    let mut next: Vec<u32> = model
+        .forward_argmax_adapters(&mut batch, &refs)
+        .expect("prefill")
+        .into_iter()
+        .map(|t| t.unwrap_or(0))
+        .collect();
+    let started = Instant::now();
+    for _ in 0..steps {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let mut batch: Vec<Step<'_>> = caches
+            .iter_mut()
+            .zip(&toks)
+            .map(|(c, t)| Step {
+                tokens: t,
+                cache: c,
+                logits: LogitsRequest::Last,
+            })
+            .collect();
+        next = model
+            .forward_argmax_adapters(&mut batch, &refs)
+            .expect("decode")
+            .into_iter()
+            .map(|t| t.unwrap_or(0))
+            .collect();
+    }
+    (steps * stacks.len()) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let mut model_path = None;
+    let mut dirs = Vec::new();
+    let (mut streams, mut steps, mut rounds) = (8usize, 48usize, 3usize);
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut num = || -> usize {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .expect("a number after the flag")
+        };
+        match a.as_str() {
+            "--streams" => streams = num(),
+            "--steps" => steps = num(),
+            "--rounds" => rounds = num(),
+            _ if model_path.is_none() => model_path = Some(PathBuf::from(a)),
+            _ => dirs.push(PathBuf::from(a)),
+        }
+    }
+    let (Some(model_path), false) = (model_path, dirs.is_empty()) else {
+        eprintln!(
+            "usage: adapter_bench MODEL ADAPTER_DIR... [--streams N] [--steps N] [--rounds N]"
+        );
+        std::process::exit(2);
+    };
+    let model = Model::load(&model_path, &LoadOptions::default()).expect("model");
+    let mut mounts = Vec::new();
+    let mut adapters = Vec::new();
+    for r in 0..rounds.max(1) {
+        for (i, d) in dirs.iter().enumerate() {
+            let t = Instant::now();
+            let a = model.load_adapter(&format!("a{i}"), d).expect("adapter");
+            mounts.push(t.elapsed().as_secs_f64() * 1e3);
+            if r == 0 {
+                println!(
+                    "adapter {}: rank {}, {} layers, {:.1} MB",
+                    d.display(),
+                    a.info().rank,
+                    a.info().mounted_layers,
+                    a.info().size_bytes as f64 / 1e6
+                );
+                adapters.push(Arc::new(a));
+            }
+        }
+    }
+    println!(
+        "mount: median {:.1} ms over {} mounts",
+        median(mounts.clone()),
+        mounts.len()
+    );
+    let base: Vec<AdapterStack> = (0..streams).map(|_| AdapterStack::none()).collect();
+    let spread: Vec<AdapterStack> = (0..streams)
+        .map(|i| AdapterStack::new(vec![adapters[i % adapters.len()].clone()]).expect("stack"))
+        .collect();
+    decode_rate(&model, &base, 4);
+    let (mut b, mut s) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        b.push(decode_rate(&model, &base, steps));
+        s.push(decode_rate(&model, &spread, steps));
+        println!(
+            "round: base {:.1} tok/s, {} adapters {:.1} tok/s",
+            b[b.len() - 1],
+            adapters.len(),
+            s[s.len() - 1]
+        );
+    }
+    let (b, s) = (median(b), median(s));
+    println!(
+        "{streams} streams: base {b:.1} tok/s, over {} adapters {s:.1} tok/s, ratio {:.2}",
+        adapters.len(),
+        s / b
+    );
+}

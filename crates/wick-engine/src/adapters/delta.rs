@@ -1,0 +1,193 @@
+//! Adapter deltas on a backend, and the grouped low-rank product of one batch.
+//!
+//! A forward pass runs each base projection once over every row of the batch; then, for
+//! each adapter some row uses, one `(x_rows · Aᵀ) · Bᵀ` over just those rows, added back
+//! at those rows. Rows of the base model cost nothing more; rows sharing an adapter share
+//! its two small products.
+use std::borrow::Cow;
+use std::ops::Range;
+
+use wick_gguf::GgmlType;
+
+use super::{HostAdapter, Target};
+use crate::backend::candle::CandleBackend;
+#[cfg(feature = "mlx")]
+use crate::backend::mlx::MlxBackend;
+use crate::backend::{Backend, HostWeight};
+use crate::{EngineError, Result};
+
+/// One projection's delta on a backend: `A` `[rank, in]` and `scale · B` `[out, rank]`.
+pub struct LoraPair<B: Backend> {
+    a: B::Matrix,
+    b: B::Matrix,
+}
+
+/// An adapter's deltas on a backend, per layer and [`Target`].
+pub struct LoraWeights<B: Backend> {
+    layers: Vec<[Option<LoraPair<B>>; 7]>,
+}
+
+fn upload<B: Backend>(be: &B, name: String, shape: [usize; 2], v: &[f32]) -> Result<B::Matrix> {
+    let bytes: Cow<'_, [u8]> = if cfg!(target_endian = "little") {
+        Cow::Borrowed(bytemuck::cast_slice(v))
+    } else {
+        Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+    };
+    be.matrix(HostWeight {
+        name,
+        dtype: GgmlType::F32,
+        shape: shape.to_vec(),
+        bytes,
+    })
+}
+
+impl<B: Backend> LoraWeights<B> {
+    /// Uploads `host`'s deltas for a model of `layers` layers.
+    pub fn upload(be: &B, host: &HostAdapter, layers: usize) -> Result<Self> {
+        let mut out: Vec<[Option<LoraPair<B>>; 7]> =
+            (0..layers).map(|_| std::array::from_fn(|_| None)).collect();
+        for d in &host.deltas {
+            let slot = out
+                .get_mut(d.layer)
+                .ok_or_else(|| EngineError::InvalidInput(format!("layer {}", d.layer)))?;
+            let name = format!("lora.{}.{:?}", d.layer, d.target);
+            slot[d.target.index()] = Some(LoraPair {
+                a: upload(be, format!("{name}.a"), [d.rank, d.in_dim], &d.a)?,
+                b: upload(be, format!("{name}.b"), [d.out_dim, d.rank], &d.b)?,
+            });
+        }
+        Ok(LoraWeights { layers: out })
+    }
+
+    fn pair(&self, layer: usize, t: Target) -> Option<&LoraPair<B>> {
+        self.layers.get(layer)?[t.index()].as_ref()
+    }
+}
+
+/// An adapter's deltas on whichever backend the model runs on.
+pub enum AnyLora {
+    /// The CPU backend.
+    Candle(LoraWeights<CandleBackend>),
+    /// The MLX backend.
+    #[cfg(feature = "mlx")]
+    Mlx(LoraWeights<MlxBackend>),
+}
+
+/// Backend-specific access to [`AnyLora`].
+pub trait LoraOf: Backend + Sized {
+    /// Wraps this backend's deltas.
+    fn wrap_lora(w: LoraWeights<Self>) -> AnyLora;
+    /// This backend's deltas, or an error for another backend's.
+    fn lora_of(w: &AnyLora) -> Result<&LoraWeights<Self>>;
+}
+
+impl LoraOf for CandleBackend {
+    fn wrap_lora(w: LoraWeights<Self>) -> AnyLora {
+        AnyLora::Candle(w)
+    }
+    fn lora_of(w: &AnyLora) -> Result<&LoraWeights<Self>> {
+        match w {
+            AnyLora::Candle(w) => Ok(w),
+            #[cfg(feature = "mlx")]
+            _ => Err(EngineError::InvalidInput(
+                "the adapter was loaded for another backend".into(),
+            )),
+        }
+    }
+}
+
+#[cfg(feature = "mlx")]
+impl LoraOf for MlxBackend {
+    fn wrap_lora(w: LoraWeights<Self>) -> AnyLora {
+        AnyLora::Mlx(w)
+    }
+    fn lora_of(w: &AnyLora) -> Result<&LoraWeights<Self>> {
+        match w {
+            AnyLora::Mlx(w) => Ok(w),
+            _ => Err(EngineError::InvalidInput(
+                "the adapter was loaded for another backend".into(),
+            )),
+        }
+    }
+}
+
+/// One adapter's rows in a batch.
+struct Group<'a, B: Backend> {
+    weights: &'a LoraWeights<B>,
+    rows: Vec<usize>,
+    /// Whether `rows` is every row of the batch, in order.
+    all: bool,
+}
+
+/// The adapters of one forward pass, grouped: for each distinct adapter, the batch rows
+/// that use it.
+pub struct LoraBatch<'a, B: Backend> {
+    groups: Vec<Group<'a, B>>,
+}
+
+impl<'a, B: Backend> LoraBatch<'a, B> {
+    /// No adapter on any row.
+    pub fn empty() -> Self {
+        LoraBatch { groups: Vec::new() }
+    }
+
+    /// Groups the rows `ranges[i]` of each sequence under each adapter of `stacks[i]`
+    /// (a sequence past the end of `stacks` runs the base model).
+    pub fn new(stacks: &[Vec<&'a LoraWeights<B>>], ranges: &[Range<usize>]) -> Self {
+        let total = ranges.last().map_or(0, |r| r.end);
+        let mut groups: Vec<Group<'a, B>> = Vec::new();
+        for (stack, range) in stacks.iter().zip(ranges) {
+            for &w in stack {
+                let at = match groups.iter().position(|g| std::ptr::eq(g.weights, w)) {
+                    Some(at) => at,
+                    None => {
+                        groups.push(Group {
+                            weights: w,
+                            rows: Vec::new(),
+                            all: false,
+                        });
+                        groups.len() - 1
+                    }
+                };
+                groups[at].rows.extend(range.clone());
+            }
+        }
+        for g in &mut groups {
+            g.all = g.rows.len() == total && g.rows.iter().enumerate().all(|(i, &r)| i == r);
+        }
+        LoraBatch { groups }
+    }
+
+    /// Whether no row uses an adapter.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// `y` (the base product of `x` for `target` of `layer`) plus every adapter's delta
+    /// at the rows that use it.
+    pub fn apply(
+        &self,
+        be: &B,
+        layer: usize,
+        target: Target,
+        x: &B::Tensor,
+        mut y: B::Tensor,
+    ) -> Result<B::Tensor> {
+        for g in &self.groups {
+            let Some(p) = g.weights.pair(layer, target) else {
+                continue;
+            };
+            if g.all {
+                let t = be.linear(x, &p.a, None)?;
+                let d = be.linear(&t, &p.b, None)?;
+                y = be.add(&y, &d)?;
+            } else {
+                let xs = be.select_rows(x, &g.rows)?;
+                let t = be.linear(&xs, &p.a, None)?;
+                let d = be.linear(&t, &p.b, None)?;
+                y = be.add_rows(&y, &g.rows, &d)?;
+            }
+        }
+        Ok(y)
+    }
+}

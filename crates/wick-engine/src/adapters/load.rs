@@ -1,0 +1,697 @@
+//! Reading adapter files into host deltas: PEFT (`adapter_config.json` +
+//! `adapter_model.safetensors`, `lora_A [r, in]` / `lora_B [out, r]`), mlx-lm
+//! (`adapters.safetensors`, `lora_a [in, r]` / `lora_b [r, out]`) and llama.cpp GGUF LoRA
+//! (`general.type = adapter`). Every delta is checked against the base model before
+//! anything is mounted: one bad tensor refuses the whole adapter.
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use wick_gguf::GgufFile;
+
+use super::{AdapterError, Target};
+use crate::config::ModelConfig;
+use crate::weights::{HostWeight, SafetensorsWeights};
+
+/// The file format an adapter came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterFormat {
+    /// Hugging Face PEFT.
+    Peft,
+    /// mlx-lm (`mlx_lm.lora`).
+    MlxLm,
+    /// llama.cpp's GGUF LoRA.
+    Gguf,
+}
+
+impl AdapterFormat {
+    /// A short name for listings.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdapterFormat::Peft => "peft",
+            AdapterFormat::MlxLm => "mlx-lm",
+            AdapterFormat::Gguf => "gguf",
+        }
+    }
+}
+
+/// One linear layer's delta, on the host: `y += (x · Aᵀ) · Bᵀ` with the scale folded
+/// into `B`.
+#[derive(Debug, Clone)]
+pub struct HostDelta {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Which projection.
+    pub target: Target,
+    /// Rank.
+    pub rank: usize,
+    /// The scale folded into `b`.
+    pub scale: f32,
+    /// `A`, `[rank, in]` row-major.
+    pub a: Vec<f32>,
+    /// `scale · B`, `[out, rank]` row-major.
+    pub b: Vec<f32>,
+    /// Input width.
+    pub in_dim: usize,
+    /// Output width.
+    pub out_dim: usize,
+}
+
+/// An adapter read from disk and checked against a base model.
+#[derive(Debug, Clone)]
+pub struct HostAdapter {
+    /// Where it came from.
+    pub path: PathBuf,
+    /// Its format.
+    pub format: AdapterFormat,
+    /// Every delta, by layer then target.
+    pub deltas: Vec<HostDelta>,
+    /// Tensors that target nothing wick adapts, skipped.
+    pub skipped_tensors: usize,
+    /// The base model the adapter records.
+    pub base_model: Option<String>,
+}
+
+impl HostAdapter {
+    /// The largest rank.
+    pub fn rank(&self) -> usize {
+        self.deltas.iter().map(|d| d.rank).max().unwrap_or(0)
+    }
+
+    /// The first delta's scale (0 with none).
+    pub fn scale(&self) -> f32 {
+        self.deltas.first().map_or(0.0, |d| d.scale)
+    }
+
+    /// Bytes of the deltas (f32).
+    pub fn size_bytes(&self) -> usize {
+        self.deltas
+            .iter()
+            .map(|d| (d.a.len() + d.b.len()) * 4)
+            .sum()
+    }
+
+    /// A digest of the deltas' values (FNV-1a over the f32 bits).
+    pub fn digest(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |v: u64| {
+            h ^= v;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        };
+        for d in &self.deltas {
+            eat(d.layer as u64);
+            eat(d.target.index() as u64);
+            for v in d.a.iter().chain(&d.b) {
+                eat(u64::from(v.to_bits()));
+            }
+        }
+        h
+    }
+}
+
+/// How the base model lays out its Q/K rows: GGUF Llama files hold them permuted for
+/// interleaved rope, so the `B` of a Hugging Face-format adapter must be permuted the same
+/// way (llama.cpp's converter permutes its GGUF adapters already).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkPermutation {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+}
+
+/// Reads the adapter at `path` (a directory, or a `.gguf` file) and checks every delta
+/// against `cfg`'s shapes. `permute` is set for bases whose Q/K rows are permuted.
+pub fn load_host(
+    path: &Path,
+    cfg: &ModelConfig,
+    permute: Option<QkPermutation>,
+) -> Result<HostAdapter, AdapterError> {
+    if !path.exists() {
+        return Err(AdapterError::invalid(path, "no such file or directory"));
+    }
+    // Gemma 4's and Qwen 3.5's layers run their own forward passes, which carry no
+    // adapter deltas yet: refuse rather than mount an adapter that would change nothing.
+    if cfg.gemma4.is_some() || cfg.qwen35.is_some() {
+        return Err(AdapterError::invalid(
+            path,
+            format!("adapters on {} models are not supported yet", cfg.arch),
+        ));
+    }
+    if path.is_file() {
+        return load_gguf(path, path, cfg);
+    }
+    let st = ["adapter_model.safetensors", "adapters.safetensors"]
+        .iter()
+        .map(|f| path.join(f))
+        .find(|p| p.is_file());
+    if let Some(file) = st {
+        let config = read_config(path)?;
+        return load_safetensors(path, &file, &config, cfg, permute);
+    }
+    let ggufs: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| AdapterError::invalid(path, e.to_string()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    match ggufs.as_slice() {
+        [one] => load_gguf(path, one, cfg),
+        [] => Err(AdapterError::invalid(
+            path,
+            "no adapter weights (adapter_model.safetensors, adapters.safetensors or a .gguf file)",
+        )),
+        _ => Err(AdapterError::invalid(
+            path,
+            "several .gguf files; name the one to mount",
+        )),
+    }
+}
+
+fn read_config(dir: &Path) -> Result<Value, AdapterError> {
+    let file = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&file)
+        .map_err(|e| AdapterError::invalid(dir, format!("cannot read adapter_config.json: {e}")))?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| AdapterError::invalid(dir, format!("adapter_config.json: {e}")))?;
+    if !v.is_object() {
+        return Err(AdapterError::invalid(
+            dir,
+            "adapter_config.json is not an object",
+        ));
+    }
+    Ok(v)
+}
+
+/// Which factor a tensor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Factor {
+    A,
+    B,
+}
+
+/// `(layer, module path within the layer, factor, whether the key is mlx-lm's lower-case
+/// form)` of a LoRA tensor name; `None` for names that are not LoRA factors of a layer.
+fn parse_hf_key(key: &str) -> Option<(usize, &str, Factor, bool)> {
+    let at = key.find(".lora_")?;
+    let (module, rest) = (&key[..at], &key[at + ".lora_".len()..]);
+    let (factor, lower) = match rest.split('.').next()? {
+        "A" => (Factor::A, false),
+        "B" => (Factor::B, false),
+        "a" => (Factor::A, true),
+        "b" => (Factor::B, true),
+        _ => return None,
+    };
+    let li = module.rfind("layers.")?;
+    let after = &module[li + "layers.".len()..];
+    let (num, inner) = after.split_once('.')?;
+    let layer = num.parse().ok()?;
+    Some((layer, inner, factor, lower))
+}
+
+/// Whether PEFT's `rank_pattern`/`alpha_pattern` key `pattern` names module `name`.
+fn pattern_matches(pattern: &str, name: &str) -> bool {
+    name == pattern || name.ends_with(&format!(".{pattern}"))
+}
+
+struct ScaleRule {
+    /// mlx-lm's `lora_parameters.scale`: one scale whatever the rank.
+    fixed: Option<f32>,
+    alpha: f32,
+    alpha_pattern: Vec<(String, f32)>,
+    rslora: bool,
+}
+
+impl ScaleRule {
+    fn from_config(dir: &Path, c: &Value, mlx: bool) -> Result<ScaleRule, AdapterError> {
+        let lp = c.get("lora_parameters");
+        let num = |v: Option<&Value>| v.and_then(Value::as_f64).map(|x| x as f32);
+        let fixed = num(lp.and_then(|p| p.get("scale")));
+        let alpha = num(c.get("lora_alpha"));
+        let rslora = c
+            .get("use_rslora")
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+            || lp
+                .and_then(|p| p.get("rs_lora"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+        let alpha_pattern = match c.get("alpha_pattern") {
+            Some(Value::Object(m)) => m
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_f64()? as f32)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        // mlx-lm writes only `lora_parameters.scale` (its default is 20); PEFT only
+        // `lora_alpha` (its default is 8).
+        let fixed = match (fixed, alpha, mlx) {
+            (Some(s), _, _) => Some(s),
+            (None, None, true) => Some(20.0),
+            _ => None,
+        };
+        let rule = ScaleRule {
+            fixed,
+            alpha: alpha.unwrap_or(8.0),
+            alpha_pattern,
+            rslora,
+        };
+        if rule.fixed.is_some_and(|s| !s.is_finite()) || !rule.alpha.is_finite() {
+            return Err(AdapterError::invalid(
+                dir,
+                "the scale is not a finite number",
+            ));
+        }
+        Ok(rule)
+    }
+
+    fn scale(&self, module_name: &str, rank: usize) -> f32 {
+        let div = |x: f32| {
+            if self.rslora {
+                x / (rank as f32).sqrt()
+            } else {
+                x / rank as f32
+            }
+        };
+        if let Some(s) = self.fixed {
+            return if self.rslora {
+                s / (rank as f32).sqrt()
+            } else {
+                s
+            };
+        }
+        let alpha = self
+            .alpha_pattern
+            .iter()
+            .find(|(p, _)| pattern_matches(p, module_name))
+            .map_or(self.alpha, |(_, a)| *a);
+        div(alpha)
+    }
+}
+
+fn refuse_unsupported(dir: &Path, c: &Value) -> Result<(), AdapterError> {
+    if let Some(t) = c.get("peft_type").and_then(Value::as_str) {
+        if !t.eq_ignore_ascii_case("lora") {
+            return Err(AdapterError::invalid(
+                dir,
+                format!("peft_type {t} is not supported (only LORA)"),
+            ));
+        }
+    }
+    if c.get("use_dora").and_then(Value::as_bool) == Some(true) {
+        return Err(AdapterError::invalid(
+            dir,
+            "DoRA adapters are not supported",
+        ));
+    }
+    if let Some(t) = c.get("fine_tune_type").and_then(Value::as_str) {
+        if t != "lora" {
+            return Err(AdapterError::invalid(
+                dir,
+                format!("fine_tune_type {t} is not supported (only lora)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn floats(dir: &Path, w: &HostWeight<'_>) -> Result<Vec<f32>, AdapterError> {
+    w.float_values("adapter")
+        .map_err(|e| AdapterError::invalid(dir, e.to_string()))
+}
+
+/// Transposes a row-major `[rows, cols]` matrix.
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
+}
+
+/// Rows of `b` `[heads * head_dim, rank]` reordered as llama.cpp's converter reorders Q/K
+/// rows for interleaved rope: within each head, row `j * 2 + t` takes row `t * hd/2 + j`.
+fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
+    let rows = b.len() / rank.max(1);
+    let hd = rows / heads.max(1);
+    let half = hd / 2;
+    let mut out = vec![0.0; b.len()];
+    for h in 0..heads {
+        for j in 0..half {
+            for t in 0..2 {
+                let dst = h * hd + j * 2 + t;
+                let src = h * hd + t * half + j;
+                out[dst * rank..(dst + 1) * rank].copy_from_slice(&b[src * rank..(src + 1) * rank]);
+            }
+        }
+    }
+    out
+}
+
+fn load_safetensors(
+    dir: &Path,
+    file: &Path,
+    config: &Value,
+    cfg: &ModelConfig,
+    permute: Option<QkPermutation>,
+) -> Result<HostAdapter, AdapterError> {
+    refuse_unsupported(dir, config)?;
+    let weights = SafetensorsWeights::open_files(dir, &[file.to_path_buf()])
+        .map_err(|e| AdapterError::invalid(dir, e.to_string()))?;
+    let mut names: Vec<&str> = weights.names().collect();
+    names.sort_unstable();
+    if names.iter().any(|n| n.contains("lora_magnitude_vector")) {
+        return Err(AdapterError::invalid(
+            dir,
+            "DoRA adapters are not supported",
+        ));
+    }
+    // The factor layout is the format: PEFT's `lora_A`/`lora_B`, mlx-lm's `lora_a`/`lora_b`.
+    let mut factors: Vec<(usize, Target, Factor, &str)> = Vec::new();
+    let mut skipped = 0;
+    let mut lower_seen = None;
+    for name in &names {
+        let Some((layer, module, factor, lower)) = parse_hf_key(name) else {
+            skipped += 1;
+            continue;
+        };
+        if *lower_seen.get_or_insert(lower) != lower {
+            return Err(AdapterError::invalid(
+                dir,
+                "mixes PEFT (lora_A/lora_B) and mlx-lm (lora_a/lora_b) tensor names",
+            ));
+        }
+        match Target::ALL.iter().find(|t| t.hf_module() == module) {
+            Some(&t) => factors.push((layer, t, factor, name)),
+            None => skipped += 1,
+        }
+    }
+    let mlx = lower_seen.unwrap_or(false);
+    let format = if mlx {
+        AdapterFormat::MlxLm
+    } else {
+        AdapterFormat::Peft
+    };
+    let rule = ScaleRule::from_config(dir, config, mlx)?;
+    let mut deltas = Vec::new();
+    let mut pairs: Vec<(usize, Target)> = factors.iter().map(|f| (f.0, f.1)).collect();
+    pairs.sort_unstable();
+    pairs.dedup();
+    for (layer, target) in pairs {
+        let find = |want: Factor| {
+            factors
+                .iter()
+                .find(|f| f.0 == layer && f.1 == target && f.2 == want)
+                .map(|f| f.3)
+        };
+        let (Some(an), Some(bn)) = (find(Factor::A), find(Factor::B)) else {
+            return Err(AdapterError::invalid(
+                dir,
+                format!(
+                    "layer {layer} {}: lora A without B or B without A",
+                    target.hf_module()
+                ),
+            ));
+        };
+        let get = |n: &str| {
+            weights
+                .raw(n)
+                .ok_or_else(|| AdapterError::invalid(dir, format!("missing tensor {n}")))
+        };
+        let (aw, bw) = (get(an)?, get(bn)?);
+        let (out_dim, in_dim) = target.base_shape(cfg);
+        let bad_shape = |what: &str, found: &[usize], expected: String| {
+            AdapterError::invalid(
+                dir,
+                format!(
+                    "{what} has shape {found:?} but the base model's layer {layer} {} needs {expected}",
+                    target.hf_module()
+                ),
+            )
+        };
+        if layer >= cfg.num_layers {
+            return Err(AdapterError::invalid(
+                dir,
+                format!(
+                    "{an} targets layer {layer} but the base model has {} layers",
+                    cfg.num_layers
+                ),
+            ));
+        }
+        if aw.shape.len() != 2 || bw.shape.len() != 2 {
+            return Err(AdapterError::invalid(
+                dir,
+                format!("{an} and {bn} must be matrices"),
+            ));
+        }
+        // (rank, in) of A and (out, rank) of B in the file's orientation.
+        let (a_rank, a_in, b_out, b_rank) = if mlx {
+            (aw.shape[1], aw.shape[0], bw.shape[1], bw.shape[0])
+        } else {
+            (aw.shape[0], aw.shape[1], bw.shape[0], bw.shape[1])
+        };
+        let rank = a_rank;
+        if a_in != in_dim || rank == 0 {
+            let want = if mlx {
+                format!("[{in_dim}, rank]")
+            } else {
+                format!("[rank, {in_dim}]")
+            };
+            return Err(bad_shape(an, &aw.shape, want));
+        }
+        if b_out != out_dim || b_rank != rank {
+            let want = if mlx {
+                format!("[{rank}, {out_dim}]")
+            } else {
+                format!("[{out_dim}, {rank}]")
+            };
+            return Err(bad_shape(bn, &bw.shape, want));
+        }
+        let mut a = floats(dir, &aw)?;
+        let mut b = floats(dir, &bw)?;
+        if mlx {
+            a = transpose(&a, in_dim, rank);
+            b = transpose(&b, rank, out_dim);
+        }
+        let module_name = format!("layers.{layer}.{}", target.hf_module());
+        let scale = rule.scale(&module_name, rank);
+        if let Some(p) = permute {
+            match target {
+                Target::Q => b = permute_rows(&b, p.heads, rank),
+                Target::K => b = permute_rows(&b, p.kv_heads, rank),
+                _ => {}
+            }
+        }
+        b.iter_mut().for_each(|v| *v *= scale);
+        deltas.push(HostDelta {
+            layer,
+            target,
+            rank,
+            scale,
+            a,
+            b,
+            in_dim,
+            out_dim,
+        });
+    }
+    if deltas.is_empty() {
+        return Err(AdapterError::invalid(
+            dir,
+            format!(
+                "no LoRA tensor targets a projection wick adapts ({})",
+                Target::ALL.map(Target::hf_module).join(", ")
+            ),
+        ));
+    }
+    let base_model = config
+        .get("base_model_name_or_path")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Ok(HostAdapter {
+        path: dir.to_path_buf(),
+        format,
+        deltas,
+        skipped_tensors: skipped,
+        base_model,
+    })
+}
+
+fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter, AdapterError> {
+    let f = GgufFile::open(file).map_err(|e| AdapterError::invalid(path, e.to_string()))?;
+    let meta = f.metadata();
+    let kind = meta.opt_str("general.type").ok().flatten();
+    if kind != Some("adapter") {
+        return Err(AdapterError::invalid(
+            path,
+            format!(
+                "{} is not a GGUF adapter (general.type is {})",
+                file.display(),
+                kind.unwrap_or("absent")
+            ),
+        ));
+    }
+    if let Ok(Some(t)) = meta.opt_str("adapter.type") {
+        if t != "lora" {
+            return Err(AdapterError::invalid(
+                path,
+                format!("adapter.type {t} is not supported (only lora)"),
+            ));
+        }
+    }
+    let alpha = match meta.get("adapter.lora.alpha") {
+        Some(_) => meta
+            .get_f64("adapter.lora.alpha")
+            .map_err(|e| AdapterError::invalid(path, e.to_string()))? as f32,
+        None => 0.0,
+    };
+    let mut deltas = Vec::new();
+    let mut skipped = 0;
+    let names: Vec<String> = f.tensors().iter().map(|t| t.name.clone()).collect();
+    for name in &names {
+        let Some(stem) = name.strip_suffix(".weight.lora_a") else {
+            if !name.ends_with(".weight.lora_b") {
+                skipped += 1;
+            }
+            continue;
+        };
+        let parsed = stem.strip_prefix("blk.").and_then(|s| s.split_once('.'));
+        let Some((layer, module)) = parsed.and_then(|(n, m)| Some((n.parse::<usize>().ok()?, m)))
+        else {
+            skipped += 1;
+            continue;
+        };
+        let Some(&target) = Target::ALL.iter().find(|t| t.gguf_stem() == module) else {
+            skipped += 2;
+            continue;
+        };
+        let bn = format!("{stem}.weight.lora_b");
+        if !f.has_tensor(&bn) {
+            return Err(AdapterError::invalid(path, format!("{name} without {bn}")));
+        }
+        if layer >= cfg.num_layers {
+            return Err(AdapterError::invalid(
+                path,
+                format!(
+                    "{name} targets layer {layer} but the base model has {} layers",
+                    cfg.num_layers
+                ),
+            ));
+        }
+        let view = |n: &str| -> Result<HostWeight<'_>, AdapterError> {
+            let t = f
+                .tensor(n)
+                .map_err(|e| AdapterError::invalid(path, e.to_string()))?;
+            Ok(HostWeight {
+                name: n.to_string(),
+                dtype: t.info.dtype,
+                shape: t.info.shape(),
+                bytes: std::borrow::Cow::Borrowed(t.data),
+            })
+        };
+        let (aw, bw) = (view(name)?, view(&bn)?);
+        let (out_dim, in_dim) = target.base_shape(cfg);
+        let ok = aw.shape.len() == 2
+            && bw.shape.len() == 2
+            && aw.shape[1] == in_dim
+            && aw.shape[0] > 0
+            && bw.shape == [out_dim, aw.shape[0]];
+        if !ok {
+            return Err(AdapterError::invalid(
+                path,
+                format!(
+                    "{name} {:?} / {bn} {:?} do not fit layer {layer} {module} [{out_dim}, {in_dim}]",
+                    aw.shape, bw.shape
+                ),
+            ));
+        }
+        let rank = aw.shape[0];
+        let scale = if alpha > 0.0 {
+            alpha / rank as f32
+        } else {
+            1.0
+        };
+        let a = floats(path, &aw)?;
+        let mut b = floats(path, &bw)?;
+        b.iter_mut().for_each(|v| *v *= scale);
+        deltas.push(HostDelta {
+            layer,
+            target,
+            rank,
+            scale,
+            a,
+            b,
+            in_dim,
+            out_dim,
+        });
+    }
+    if deltas.is_empty() {
+        return Err(AdapterError::invalid(
+            path,
+            "the GGUF adapter holds no LoRA tensor of a projection wick adapts",
+        ));
+    }
+    deltas.sort_by_key(|d| (d.layer, d.target));
+    Ok(HostAdapter {
+        path: path.to_path_buf(),
+        format: AdapterFormat::Gguf,
+        deltas,
+        skipped_tensors: skipped,
+        base_model: meta
+            .opt_str("general.base_model.0.name")
+            .ok()
+            .flatten()
+            .map(str::to_string),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys() {
+        assert_eq!(
+            parse_hf_key("base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"),
+            Some((3, "self_attn.q_proj", Factor::A, false))
+        );
+        assert_eq!(
+            parse_hf_key("base_model.model.model.layers.0.mlp.down_proj.lora_B.default.weight"),
+            Some((0, "mlp.down_proj", Factor::B, false))
+        );
+        assert_eq!(
+            parse_hf_key("model.layers.11.mlp.up_proj.lora_b"),
+            Some((11, "mlp.up_proj", Factor::B, true))
+        );
+        assert_eq!(parse_hf_key("model.embed_tokens.lora_embedding_A"), None);
+        assert_eq!(parse_hf_key("lm_head.weight"), None);
+    }
+
+    #[test]
+    fn permutation_matches_llama_cpp() {
+        // One head of 4 rows, rank 1: rows (0, 1, 2, 3) → (0, 2, 1, 3).
+        let b = [0.0, 1.0, 2.0, 3.0];
+        assert_eq!(permute_rows(&b, 1, 1), vec![0.0, 2.0, 1.0, 3.0]);
+    }
+
+    #[test]
+    fn scale_rules() {
+        let dir = Path::new("x");
+        let peft = serde_json::json!({"r": 8, "lora_alpha": 16, "alpha_pattern": {"q_proj": 4}});
+        let r = ScaleRule::from_config(dir, &peft, false).unwrap();
+        assert_eq!(r.scale("layers.0.self_attn.k_proj", 8), 2.0);
+        assert_eq!(r.scale("layers.0.self_attn.q_proj", 8), 0.5);
+        let rs = serde_json::json!({"r": 16, "lora_alpha": 16, "use_rslora": true});
+        let r = ScaleRule::from_config(dir, &rs, false).unwrap();
+        assert_eq!(r.scale("m", 16), 4.0);
+        let mlx = serde_json::json!({"lora_parameters": {"rank": 8, "scale": 10.0}});
+        let r = ScaleRule::from_config(dir, &mlx, true).unwrap();
+        assert_eq!(r.scale("m", 8), 10.0);
+        let bare = serde_json::json!({});
+        assert_eq!(
+            ScaleRule::from_config(dir, &bare, true)
+                .unwrap()
+                .scale("m", 4),
+            20.0
+        );
+    }
+}

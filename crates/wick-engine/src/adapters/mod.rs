@@ -1,0 +1,382 @@
+//! LoRA adapters at serve time: a low-rank delta beside each targeted linear layer, never
+//! a copied model.
+//!
+//! - `load.rs`: reading PEFT, mlx-lm and llama.cpp GGUF LoRA files into host deltas,
+//!   checked all-or-nothing against the base model's shapes;
+//! - `delta.rs`: the deltas on a backend and the grouped product of one batch (the base
+//!   product once for every row, then one low-rank product per adapter over the rows that
+//!   use it);
+//! - this file: [`Adapter`], [`AdapterStack`] (what a request runs with) and
+//!   [`AdapterRegistry`] (what is mounted, by id).
+mod delta;
+pub mod load;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+pub use self::delta::{AnyLora, LoraBatch, LoraOf, LoraPair, LoraWeights};
+pub use self::load::{load_host, AdapterFormat, HostAdapter, HostDelta};
+
+/// The linear layers an adapter may target, in the decoder's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// Attention query projection.
+    Q,
+    /// Attention key projection.
+    K,
+    /// Attention value projection.
+    V,
+    /// Attention output projection.
+    O,
+    /// MLP gate projection.
+    Gate,
+    /// MLP up projection.
+    Up,
+    /// MLP down projection.
+    Down,
+}
+
+impl Target {
+    /// Every target, in index order.
+    pub const ALL: [Target; 7] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+    ];
+
+    /// Index in a layer's slot array.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The Hugging Face module path within a decoder layer.
+    pub fn hf_module(self) -> &'static str {
+        match self {
+            Target::Q => "self_attn.q_proj",
+            Target::K => "self_attn.k_proj",
+            Target::V => "self_attn.v_proj",
+            Target::O => "self_attn.o_proj",
+            Target::Gate => "mlp.gate_proj",
+            Target::Up => "mlp.up_proj",
+            Target::Down => "mlp.down_proj",
+        }
+    }
+
+    /// The GGUF tensor stem within a block (`blk.N.<stem>.weight`).
+    pub fn gguf_stem(self) -> &'static str {
+        match self {
+            Target::Q => "attn_q",
+            Target::K => "attn_k",
+            Target::V => "attn_v",
+            Target::O => "attn_output",
+            Target::Gate => "ffn_gate",
+            Target::Up => "ffn_up",
+            Target::Down => "ffn_down",
+        }
+    }
+
+    /// `[out, in]` of the base matrix this target sits beside.
+    pub fn base_shape(self, cfg: &crate::config::ModelConfig) -> (usize, usize) {
+        let h = cfg.hidden_size;
+        let q = cfg.num_heads * cfg.head_dim;
+        let kv = cfg.num_kv_heads * cfg.head_dim;
+        let f = cfg.intermediate_size;
+        match self {
+            Target::Q => (q, h),
+            Target::K | Target::V => (kv, h),
+            Target::O => (h, q),
+            Target::Gate | Target::Up => (f, h),
+            Target::Down => (h, f),
+        }
+    }
+}
+
+/// Errors of loading, mounting and selecting adapters (all of them client-facing: a bad
+/// directory, a shape that does not fit, an unknown id).
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// The files could not be read or are malformed.
+    #[error("adapter {path}: {reason}")]
+    Invalid {
+        /// The adapter's path.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An id that cannot name an adapter.
+    #[error("invalid adapter id '{0}': ids are non-empty and contain no '+', ',' or '/'")]
+    BadId(String),
+    /// A request named an adapter that is not mounted.
+    #[error("adapter '{id}' is not mounted (mounted: {mounted})")]
+    NotMounted {
+        /// The unknown id.
+        id: String,
+        /// The mounted ids, comma-separated (`none` when there are none).
+        mounted: String,
+    },
+    /// An id already taken.
+    #[error("adapter '{0}' is already mounted")]
+    AlreadyMounted(String),
+    /// The same adapter named twice in one stack.
+    #[error("adapter '{0}' appears twice in the selection")]
+    Repeated(String),
+}
+
+impl AdapterError {
+    pub(crate) fn invalid(path: &Path, reason: impl Into<String>) -> Self {
+        AdapterError::Invalid {
+            path: path.display().to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Facts about a mounted adapter (`GET /v1/adapters`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterInfo {
+    /// The id requests select it by.
+    pub id: String,
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    /// The file format.
+    pub format: AdapterFormat,
+    /// The rank (the largest, when modules differ).
+    pub rank: usize,
+    /// The scale applied to `B·A` (of the first module, when modules differ).
+    pub scale: f32,
+    /// Bytes of the adapter's tensors as loaded (f32).
+    pub size_bytes: usize,
+    /// Linear layers the adapter changes.
+    pub mounted_layers: usize,
+    /// Tensors in the files that target nothing wick adapts (embeddings, heads), skipped.
+    pub skipped_tensors: usize,
+    /// The base model the adapter records, if any.
+    pub base_model: Option<String>,
+    /// A digest of the deltas: two adapters with the same id but other weights never share
+    /// cached KV.
+    pub digest: u64,
+}
+
+/// A loaded adapter: its deltas on the model's backend.
+pub struct Adapter {
+    info: AdapterInfo,
+    weights: AnyLora,
+}
+
+impl std::fmt::Debug for Adapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapter").field("info", &self.info).finish()
+    }
+}
+
+impl Adapter {
+    pub(crate) fn new(info: AdapterInfo, weights: AnyLora) -> Self {
+        Adapter { info, weights }
+    }
+
+    /// Facts about it.
+    pub fn info(&self) -> &AdapterInfo {
+        &self.info
+    }
+
+    /// Its id.
+    pub fn id(&self) -> &str {
+        &self.info.id
+    }
+
+    pub(crate) fn weights(&self) -> &AnyLora {
+        &self.weights
+    }
+}
+
+/// The adapters one request runs with, deltas summed in order; empty for the base model.
+/// Holding one keeps its adapters alive, so unmounting lets running requests finish.
+#[derive(Debug, Clone, Default)]
+pub struct AdapterStack(Vec<Arc<Adapter>>);
+
+impl AdapterStack {
+    /// No adapter: the base model.
+    pub fn none() -> Self {
+        AdapterStack(Vec::new())
+    }
+
+    /// A stack of `adapters`, in order; the same adapter twice is refused.
+    pub fn new(adapters: Vec<Arc<Adapter>>) -> Result<Self, AdapterError> {
+        for (i, a) in adapters.iter().enumerate() {
+            if adapters[..i].iter().any(|b| Arc::ptr_eq(a, b)) {
+                return Err(AdapterError::Repeated(a.id().to_string()));
+            }
+        }
+        Ok(AdapterStack(adapters))
+    }
+
+    /// Whether this is the base model.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The adapters, in order.
+    pub fn adapters(&self) -> &[Arc<Adapter>] {
+        &self.0
+    }
+
+    /// The ids joined with `+` (`""` for none), as requests name the stack.
+    pub fn name(&self) -> String {
+        self.0.iter().map(|a| a.id()).collect::<Vec<_>>().join("+")
+    }
+
+    /// The prompt-cache namespace: `""` for the base model, else every adapter's id and
+    /// digest in order, so KV made under one adapter set never seeds another (nor a
+    /// different adapter mounted later under the same id).
+    pub fn cache_namespace(&self) -> String {
+        self.0
+            .iter()
+            .map(|a| format!("{}@{:016x}", a.id(), a.info.digest))
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+}
+
+/// Checks that `id` can name an adapter.
+pub fn validate_id(id: &str) -> Result<(), AdapterError> {
+    let bad = id.is_empty()
+        || id.eq_ignore_ascii_case("none")
+        || id.contains(['+', ',', '/', '\\'])
+        || id.chars().any(char::is_control);
+    if bad {
+        return Err(AdapterError::BadId(id.to_string()));
+    }
+    Ok(())
+}
+
+/// The mounted adapters by id, and the default one. Mounting and unmounting take the
+/// lock for a map insert or remove only (the files are read and uploaded before), so they
+/// never stall the engine; a request holds its [`AdapterStack`], so removing an adapter
+/// that running requests use lets them finish with it.
+#[derive(Debug, Default)]
+pub struct AdapterRegistry {
+    inner: RwLock<RegistryState>,
+}
+
+#[derive(Debug, Default)]
+struct RegistryState {
+    mounted: BTreeMap<String, Arc<Adapter>>,
+    default: Option<String>,
+}
+
+impl AdapterRegistry {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, RegistryState> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, RegistryState> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a loaded adapter under its id.
+    pub fn insert(&self, adapter: Arc<Adapter>) -> Result<(), AdapterError> {
+        let mut s = self.write();
+        if s.mounted.contains_key(adapter.id()) {
+            return Err(AdapterError::AlreadyMounted(adapter.id().to_string()));
+        }
+        s.mounted.insert(adapter.id().to_string(), adapter);
+        Ok(())
+    }
+
+    /// Removes `id`; `None` when it is not mounted. The default is cleared with it.
+    pub fn remove(&self, id: &str) -> Option<Arc<Adapter>> {
+        let mut s = self.write();
+        let removed = s.mounted.remove(id)?;
+        if s.default.as_deref() == Some(id) {
+            s.default = None;
+        }
+        Some(removed)
+    }
+
+    /// Makes `id` (mounted) the adapter of requests that name none.
+    pub fn set_default(&self, id: &str) -> Result<(), AdapterError> {
+        let mut s = self.write();
+        if !s.mounted.contains_key(id) {
+            return Err(not_mounted(id, &s.mounted));
+        }
+        s.default = Some(id.to_string());
+        Ok(())
+    }
+
+    /// The default adapter's id.
+    pub fn default_id(&self) -> Option<String> {
+        self.read().default.clone()
+    }
+
+    /// The mounted adapter `id`.
+    pub fn get(&self, id: &str) -> Option<Arc<Adapter>> {
+        self.read().mounted.get(id).cloned()
+    }
+
+    /// Whether `id` is mounted.
+    pub fn contains(&self, id: &str) -> bool {
+        self.read().mounted.contains_key(id)
+    }
+
+    /// Every mounted adapter, by id.
+    pub fn list(&self) -> Vec<Arc<Adapter>> {
+        self.read().mounted.values().cloned().collect()
+    }
+
+    /// The stack a request's selection names: `None` (the field absent) is the default
+    /// adapter or the base model; `"none"` (or `""`) the base model; `"a+b"` adapters `a`
+    /// then `b`. An unknown id is an error that lists the mounted ones.
+    pub fn resolve(&self, selection: Option<&str>) -> Result<AdapterStack, AdapterError> {
+        let s = self.read();
+        let names: Vec<&str> = match selection {
+            None => s.default.as_deref().into_iter().collect(),
+            Some(sel) => {
+                let sel = sel.trim();
+                if sel.is_empty() || sel.eq_ignore_ascii_case("none") {
+                    Vec::new()
+                } else {
+                    sel.split('+').map(str::trim).collect()
+                }
+            }
+        };
+        let adapters = names
+            .iter()
+            .map(|n| {
+                s.mounted
+                    .get(*n)
+                    .cloned()
+                    .ok_or_else(|| not_mounted(n, &s.mounted))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        AdapterStack::new(adapters)
+    }
+}
+
+fn not_mounted(id: &str, mounted: &BTreeMap<String, Arc<Adapter>>) -> AdapterError {
+    let list: Vec<&str> = mounted.keys().map(String::as_str).collect();
+    AdapterError::NotMounted {
+        id: id.to_string(),
+        mounted: if list.is_empty() {
+            "none".to_string()
+        } else {
+            list.join(", ")
+        },
+    }
+}
+
+/// The id an adapter directory (or GGUF file) gets by default: its folder name (the file
+/// stem for a GGUF file).
+pub fn default_id(path: &Path) -> String {
+    let stem = if path.is_file() {
+        path.file_stem()
+    } else {
+        path.file_name()
+    };
+    stem.map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "adapter".to_string())
+}

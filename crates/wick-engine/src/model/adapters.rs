@@ -1,0 +1,127 @@
+//! [`Model`]'s adapter surface: loading an adapter onto the model's backend, and forward
+//! passes whose sequences each run with their own adapter stack.
+use std::path::Path;
+
+use super::dispatch::{batch_of, with_decoder, AnyDecoder, CacheOf};
+use super::{Model, ModelFormat, Step};
+use crate::adapters::{
+    load::QkPermutation, validate_id, Adapter, AdapterError, AdapterInfo, AdapterStack, LoraOf,
+    LoraWeights,
+};
+use crate::backend::RopeStyle;
+use crate::models::decoder::{Decoder, Logits, LogitsRequest};
+use crate::Result;
+
+impl Model {
+    /// Reads the adapter at `path` (a PEFT or mlx-lm directory, or a llama.cpp GGUF
+    /// adapter), checks it against this model (all or nothing) and uploads its deltas to
+    /// the model's backend, under `id`. Runs on the caller's thread: the engine keeps
+    /// stepping meanwhile.
+    pub fn load_adapter(&self, id: &str, path: &Path) -> Result<Adapter> {
+        validate_id(id)?;
+        let cfg = self.config();
+        let permute = (self.info.format == ModelFormat::Gguf
+            && cfg.rope_style == RopeStyle::Interleaved)
+            .then_some(QkPermutation {
+                heads: cfg.num_heads,
+                kv_heads: cfg.num_kv_heads,
+            });
+        let host = crate::adapters::load_host(path, cfg, permute)?;
+        let layers = cfg.num_layers;
+        let weights = with_decoder!(&self.decoder, d => upload_on(d, &host, layers)?);
+        let info = AdapterInfo {
+            id: id.to_string(),
+            path: path.to_path_buf(),
+            format: host.format,
+            rank: host.rank(),
+            scale: host.scale(),
+            size_bytes: host.size_bytes(),
+            mounted_layers: host.deltas.len(),
+            skipped_tensors: host.skipped_tensors,
+            base_model: host.base_model.clone(),
+            digest: host.digest(),
+        };
+        Ok(Adapter::new(info, weights))
+    }
+
+    /// [`Model::forward`] where step `i` runs with `adapters[i]` (steps past its end run
+    /// the base model): the base products once for the whole batch, then each adapter's
+    /// low-rank products over the rows that use it.
+    pub fn forward_adapters(
+        &self,
+        steps: &mut [Step<'_>],
+        adapters: &[&AdapterStack],
+    ) -> Result<Vec<Option<Logits>>> {
+        with_decoder!(&self.decoder, d => forward_lora_on(d, steps, adapters))
+    }
+
+    /// [`Model::forward_argmax`] with adapters, as [`Model::forward_adapters`].
+    pub fn forward_argmax_adapters(
+        &self,
+        steps: &mut [Step<'_>],
+        adapters: &[&AdapterStack],
+    ) -> Result<Vec<Option<u32>>> {
+        with_decoder!(&self.decoder, d => argmax_lora_on(d, steps, adapters))
+    }
+}
+
+fn upload_on<B: LoraOf>(
+    d: &Decoder<B>,
+    host: &crate::adapters::HostAdapter,
+    layers: usize,
+) -> Result<crate::adapters::AnyLora> {
+    Ok(B::wrap_lora(LoraWeights::upload(
+        d.backend(),
+        host,
+        layers,
+    )?))
+}
+
+fn stacks_of<'a, B: LoraOf>(adapters: &[&'a AdapterStack]) -> Result<Vec<Vec<&'a LoraWeights<B>>>> {
+    adapters
+        .iter()
+        .map(|s| {
+            s.adapters()
+                .iter()
+                .map(|a| B::lora_of(a.weights()))
+                .collect()
+        })
+        .collect()
+}
+
+fn forward_lora_on<B: CacheOf + LoraOf>(
+    d: &Decoder<B>,
+    steps: &mut [Step<'_>],
+    adapters: &[&AdapterStack],
+) -> Result<Vec<Option<Logits>>> {
+    let stacks = stacks_of::<B>(adapters)?;
+    d.forward_lora(&mut batch_of(steps)?, &stacks)
+}
+
+fn argmax_lora_on<B: CacheOf + LoraOf>(
+    d: &Decoder<B>,
+    steps: &mut [Step<'_>],
+    adapters: &[&AdapterStack],
+) -> Result<Vec<Option<u32>>> {
+    let wants: Vec<bool> = steps
+        .iter()
+        .map(|s| s.logits != LogitsRequest::None)
+        .collect();
+    let stacks = stacks_of::<B>(adapters)?;
+    if !wants.contains(&true) {
+        d.forward_lora(&mut batch_of(steps)?, &stacks)?;
+        return Ok(vec![None; steps.len()]);
+    }
+    let ids = d.forward_argmax_lora(&mut batch_of(steps)?, &stacks)?;
+    let mut ids = d.backend().ids_to_host(&ids)?.into_iter();
+    Ok(wants
+        .into_iter()
+        .map(|w| if w { ids.next() } else { None })
+        .collect())
+}
+
+impl From<AdapterError> for crate::EngineError {
+    fn from(e: AdapterError) -> Self {
+        crate::EngineError::Adapter(e)
+    }
+}
