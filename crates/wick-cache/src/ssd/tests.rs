@@ -383,7 +383,7 @@ fn the_background_scan_indexes_many_entries_while_lookups_and_stores_go_on() {
     let fresh: Vec<u32> = vec![9999, 1, 2, 3];
     let mut lookups = 0;
     while ssd.scan_report().is_none() && lookups < 10_000 {
-        let _ = ssd.find("", &prompts[(lookups % N as usize)]);
+        let _ = ssd.find("", &prompts[lookups % N as usize]);
         if lookups == 0 {
             let out = ssd.store("", &fresh, &snap(&fresh), None).unwrap();
             assert!(matches!(out, StoreOutcome::Stored { .. }), "{out:?}");

@@ -428,13 +428,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Rebuilds a cache from a host copy.
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<Self::KvLayer>;
     /// Uploads a host activation `[rows, cols]` (row-major f32): the way back for model code
-    /// that computes a step on the host (Qwen 3.5's DeltaNet mixer). Backends that cannot
+    /// that computes a step on the host (Qwen 3.5's DeltaNet mixer, Gemma 4). Backends that cannot
     /// (the default) say so.
     fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Tensor> {
         let _ = (data, rows, cols);
         Err(EngineError::Backend {
             backend: self.name(),
-            message: "this backend cannot upload host activations (needed by Qwen 3.5's linear-attention layers)".into(),
+            message: "this backend cannot upload host activations (needed by Qwen 3.5's linear-attention layers and Gemma 4's per-layer inputs)".into(),
         })
     }
     /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending
@@ -469,16 +469,6 @@ pub trait Backend: Send + Sync + 'static {
                 message: "this backend does not implement KV caches shared between layers".into(),
             }),
         }
-    }
-
-    /// An activation `[rows, cols]` from host values (row-major). Backends that cannot
-    /// take one (the default) say so.
-    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Self::Tensor> {
-        let _ = (data, rows, cols);
-        Err(EngineError::Backend {
-            backend: self.name(),
-            message: "this backend does not upload activations from the host".into(),
-        })
     }
 
     /// `y` with row `i` of `d` added to row `rows[i]` of it (an adapter's delta over the

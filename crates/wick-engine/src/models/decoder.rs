@@ -746,7 +746,14 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false, lora)?;
+        let (logits, rows) = self.run(
+            Input::Host(&ids),
+            &mut caches,
+            &counts,
+            &requests,
+            false,
+            lora,
+        )?;
         let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
         };
@@ -791,7 +798,14 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, _) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, false, lora)?;
+        let (logits, _) = self.run(
+            Input::Host(&ids),
+            &mut caches,
+            &counts,
+            &requests,
+            false,
+            lora,
+        )?;
         let logits =
             logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
         self.backend.argmax(&logits)
@@ -822,7 +836,14 @@ impl<B: Backend> Decoder<B> {
         let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
         let mut caches: Vec<&mut SequenceCache<B>> =
             batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (hidden, rows) = self.run(Input::Host(&ids), &mut caches, &counts, &requests, true, &[])?;
+        let (hidden, rows) = self.run(
+            Input::Host(&ids),
+            &mut caches,
+            &counts,
+            &requests,
+            true,
+            &[],
+        )?;
         match hidden {
             Some(h) => self.backend.rows_to_host(&h, &rows),
             None => Ok(vec![Vec::new(); batch.len()]),
@@ -846,7 +867,15 @@ impl<B: Backend> Decoder<B> {
         if let Some(g) = &self.gemma4 {
             let (embed, output) = (&self.embed, self.output.as_ref());
             return g.run(
-                be, cfg, embed, output, &self.norm, input, caches, counts, requests,
+                be,
+                cfg,
+                embed,
+                output,
+                &self.norm.weight,
+                input,
+                caches,
+                counts,
+                requests,
             );
         }
         let mut positions = Vec::new();

@@ -117,24 +117,23 @@ fn rope_spec(keys: &HfKeys<'_>, kind: &str, head_dim: usize, theta: f64) -> Resu
         .and_then(Value::as_str)
         .unwrap_or("default");
     let theta = num("rope_theta").unwrap_or(theta);
-    let (fraction, factor) =
-        match rope_type {
-            "default" => (1.0, 1.0),
-            "proportional" => (
-                num("partial_rotary_factor").unwrap_or(1.0),
-                num("factor").unwrap_or(1.0),
-            ),
-            other => return Err(config_error(
+    let (fraction, factor) = match rope_type {
+        "default" => (1.0, 1.0),
+        "proportional" => (
+            num("partial_rotary_factor").unwrap_or(1.0),
+            num("factor").unwrap_or(1.0),
+        ),
+        other => {
+            return Err(config_error(
                 keys.source,
                 format!(
                     "rope_type '{other}' of {kind} layers is not supported (default, proportional)"
                 ),
-            )),
-        };
-    if !(theta.is_finite() && theta > 0.0)
-        || !(factor.is_finite() && factor > 0.0)
-        || !(0.0..=1.0).contains(&fraction)
-    {
+            ))
+        }
+    };
+    let positive = |v: f64| v.is_finite() && v > 0.0;
+    if !positive(theta) || !positive(factor) || !(0.0..=1.0).contains(&fraction) {
         return Err(config_error(
             keys.source,
             format!("rope parameters of {kind} layers are out of range (theta {theta}, factor {factor}, partial_rotary_factor {fraction})"),
@@ -155,6 +154,7 @@ fn rope_spec(keys: &HfKeys<'_>, kind: &str, head_dim: usize, theta: f64) -> Resu
         dims: head_dim,
         inv_freq,
         position_scale: 1.0,
+        attention_factor: 1.0,
     })
 }
 

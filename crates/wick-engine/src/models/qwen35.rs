@@ -567,4 +567,3 @@ pub(crate) fn cache_from_snapshots<B: Backend>(
         .collect::<Result<_>>()?;
     Ok((layers, states))
 }
-

@@ -345,6 +345,7 @@ mod tests {
                 repairs: Vec::new(),
             }],
             tokens: Vec::new(),
+            prompt_logprobs: Vec::new(),
             finish: Finish {
                 reason: FinishReason::ToolCalls,
                 usage: ReplyUsage {

@@ -675,10 +675,6 @@ impl Backend for CandleBackend {
         HostTensor::from_vec(out, q.rows(), q.cols())
     }
 
-    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<HostTensor> {
-        HostTensor::from_vec(data, rows, cols)
-    }
-
     fn add_rows(&self, y: &HostTensor, rows: &[usize], d: &HostTensor) -> Result<HostTensor> {
         let _t = profile::op("add_rows", rows.len());
         let cols = y.cols();
