@@ -43,6 +43,15 @@ if [ -d tests/python ]; then
   # Claude Code and Codex CLI, pinned, for tests/python/test_agent_clients.py (which skips,
   # saying why, when they are missing).
   ./scripts/agents/install.sh || echo "== agent CLIs not installed: test_agent_clients skips"
+  # Debian's chromium for the web UI's browser tests (tests/python/test_webui.py skips,
+  # saying why, without it; Playwright's own browser download is not used).
+  if ! command -v chromium >/dev/null 2>&1; then
+    echo "== installing chromium (Debian package) for the web UI tests"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium; } \
+      >/dev/null 2>&1 || echo "== chromium not installed: test_webui skips"
+  fi
   .venv/bin/python -m pytest -q tests/python
   echo "== fuzz HTTP bodies on every POST endpoint (${WICK_FUZZ_SECS:-30}s)"
   .venv/bin/python tests/fuzz/fuzz_http.py --secs "${WICK_FUZZ_SECS:-30}"

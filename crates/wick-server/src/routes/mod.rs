@@ -9,6 +9,7 @@ pub mod messages;
 pub mod models;
 pub mod ops;
 pub mod responses;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -100,7 +101,11 @@ pub fn app(state: AppState) -> Router {
         .route(&["DELETE"], "/v1/adapters/{id}", delete(adapters::delete))
         .post("/v1/load_lora_adapter", adapters::load_lora)
         .post("/v1/unload_lora_adapter", adapters::unload_lora);
-    let open = Table::new().get("/health", ops::health);
+    // The UI's files hold no data: the page asks for the key and sends it on its API calls.
+    let open = Table::new()
+        .get("/health", ops::health)
+        .get("/", ui::index)
+        .get("/ui/{*file}", ui::file);
     let mut listed = api.listed;
     listed.extend(open.listed);
     let api = api.router.route_layer(from_fn_with_state(
