@@ -17,11 +17,12 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, SMOLLM, _serve, require_model
+from conftest import ROOT, SMOLLM, TEMPLATES, _serve, require_model
 from test_security import find_chromium
 
 SCREENSHOTS = os.environ.get("WICK_UI_SCREENSHOTS") == "1"
 KEY = "webui-test-key"
+GOLDENS = ROOT / "crates" / "wick-engine" / "tests" / "goldens"
 WEATHER = [{
     "type": "function",
     "function": {
@@ -46,6 +47,21 @@ def ui_server():
 def keyed_server():
     require_model(SMOLLM, "smollm2-135m-instruct")
     yield from _serve(api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def think_ui_server():
+    """The default model with a template that opens <think>: replies start with reasoning."""
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    yield from _serve("--chat-template", str(TEMPLATES / "think.jinja"))
+
+
+@pytest.fixture(scope="module")
+def adapter_server():
+    """The tiny random Llama with two LoRA adapters mounted (test_adapters.py's)."""
+    adapters = GOLDENS / "adapters"
+    yield from _serve(str(GOLDENS / "hf" / "llama"), "--adapter", str(adapters / "peft_a"),
+                      "--adapter", str(adapters / "mlx_c"))
 
 
 @pytest.fixture(scope="module")
@@ -403,5 +419,46 @@ def test_narrow_window(browser, ui_server):
     page.goto(f"{ui_server.base}/#/status")
     page.wait_for_selector("[data-stat='server.model'][data-value]")
     assert page.evaluate("document.documentElement.scrollWidth") <= 380
+    p.assert_clean()
+    p.context.close()
+
+
+def test_reasoning_is_shown_collapsible(browser, think_ui_server):
+    p = Page(browser, think_ui_server.base)
+    page = p.open("chat")
+    wait_for_model(page)
+    set_sampling(page, temperature=0, max_tokens=24)
+    send(page, "Why is the sky blue?")
+    reply = last_reply(page)
+    reply.locator(".msg-stats").wait_for()
+    stored = stored_conversations(page)[0]["messages"][-1]
+    assert stored["reasoning"]
+    details = reply.locator("details.reasoning")
+    assert details.get_attribute("open") is None
+    details.locator("summary").press("Enter")
+    assert details.get_attribute("open") == ""
+    assert details.locator(".md").inner_text().strip()
+    p.assert_clean()
+    p.context.close()
+
+
+def test_adapter_picker_sends_the_adapter(browser, adapter_server):
+    p = Page(browser, adapter_server.base)
+    page = p.open("chat")
+    wait_for_model(page)
+    options = page.locator("#adapter option").evaluate_all("(os) => os.map((o) => o.value)")
+    assert options[:2] == ["", "none"] and sorted(options[2:]) == ["mlx_c", "peft_a"]
+    page.select_option("#adapter", "mlx_c")
+    set_sampling(page, temperature=0, max_tokens=8)
+    bodies = []
+    page.on("request", lambda r: bodies.append(r.post_data_json) if r.url.endswith("/v1/chat/completions") else None)
+    send(page, "Hello")
+    last_reply(page).locator(".msg-stats").wait_for()
+    assert bodies and bodies[-1]["adapter"] == "mlx_c"
+    content = stored_conversations(page)[0]["messages"][-1]["content"]
+    want = adapter_server.client().chat.completions.create(
+        model=model_id(adapter_server), messages=[{"role": "user", "content": "Hello"}], temperature=0,
+        max_tokens=8, extra_body={"adapter": "mlx_c"}).choices[0].message.content
+    assert content == want
     p.assert_clean()
     p.context.close()

@@ -295,7 +295,8 @@ class ChatPage {
       const details = h("details", { class: "reasoning", open: open || (m.streaming && !m.content) },
         h("summary", {}, m.streaming && !m.content ? "Reasoning…" : "Reasoning"),
         h("div", { class: "md" }, render(m.reasoning)));
-      details.addEventListener("toggle", () => { article.dataset.reasoningOpen = String(details.open); });
+      // What the reader chose stays while the reply streams (a click is also Enter or Space).
+      details.firstElementChild.addEventListener("click", () => { article.dataset.reasoningOpen = String(!details.open); });
       article.append(details);
     }
     if (m.content || (!m.tool_calls?.length && !m.error && m.streaming)) {
