@@ -415,6 +415,14 @@ def test_narrow_window(browser, ui_server):
     page.click(".sidebar-toggle")
     assert page.locator("#conversations").is_visible()
     assert page.locator(".sidebar-toggle").get_attribute("aria-expanded") == "true"
+    assert page.evaluate("document.activeElement.id") == "new-chat"
+    # Escape closes the panel and gives focus back to its button; so does its close button.
+    page.keyboard.press("Escape")
+    assert not page.locator("#conversations").is_visible()
+    assert page.evaluate("document.activeElement.className") == "sidebar-toggle"
+    page.keyboard.press("Enter")
+    page.click(".sidebar-close")
+    assert not page.locator("#conversations").is_visible()
     assert page.evaluate("document.documentElement.scrollWidth") <= 380
     page.goto(f"{ui_server.base}/#/status")
     page.wait_for_selector("[data-stat='server.model'][data-value]")

@@ -66,8 +66,12 @@ class ChatPage {
     this.sidebar = h("aside", { id: "conversations", class: "sidebar", "aria-label": "Conversations" },
       h("div", { class: "sidebar-head" },
         h("h2", {}, "Conversations"),
-        h("button", { type: "button", id: "new-chat", onclick: () => this.newConversation() }, "New chat")),
+        h("button", { type: "button", id: "new-chat", onclick: () => this.newConversation() }, "New chat"),
+        h("button", { type: "button", class: "sidebar-close icon", "aria-label": "Close conversations", onclick: () => this.toggleSidebar(false) }, "✕")),
       this.list);
+    this.sidebar.addEventListener("keydown", (e) => {
+      if (e.key === "Escape" && this.sidebar.classList.contains("open")) this.toggleSidebar(false);
+    });
 
     this.adapter = h("select", { id: "adapter", onchange: () => this.saveSetting("adapter", this.adapter.value) },
       h("option", { value: "" }, "Server default"), h("option", { value: "none" }, "Base model (none)"));
@@ -173,10 +177,15 @@ class ChatPage {
     this.error.hidden = !text;
   }
 
+  /** Opens or closes the conversation list (a panel over the chat on narrow windows). */
   toggleSidebar(force) {
-    const open = force ?? !this.sidebar.classList.contains("open");
+    const wasOpen = this.sidebar.classList.contains("open");
+    const open = force ?? !wasOpen;
     this.sidebar.classList.toggle("open", open);
     this.toggle.setAttribute("aria-expanded", String(open));
+    const narrow = getComputedStyle(this.toggle).display !== "none";
+    if (narrow && open && !wasOpen) this.sidebar.querySelector("#new-chat").focus();
+    if (narrow && !open && wasOpen && this.sidebar.contains(document.activeElement)) this.toggle.focus();
   }
 
   // Conversations.
