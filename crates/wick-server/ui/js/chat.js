@@ -151,6 +151,7 @@ class ChatPage {
       const served = models.value.data?.[0];
       this.model = served?.id ?? null;
       this.modelName.textContent = served ? served.id : "unknown";
+      if (served?.context_window) this.modelName.title = `${number(served.context_window)} tokens of context`;
     } else this.showError(`Cannot list models: ${models.reason.message}`);
     if (adapters.status === "fulfilled") {
       for (const a of adapters.value.adapters ?? []) this.adapter.append(h("option", { value: a.id }, `${a.id} (rank ${a.rank})`));
