@@ -3,7 +3,8 @@ the default model. Each page loads with no console errors; a chat message stream
 text is the API's own answer; stop ends a generation (the server counts it cancelled); a tool
 call is shown with its name and arguments; the status page's numbers are /stats' numbers and
 move live; with --api-key the page asks for the key, refuses a wrong one and works after the
-right one; model text cannot inject markup; controls are labelled; a narrow window works.
+right one; model text cannot inject markup; controls are labelled; text contrast meets WCAG AA
+in both colour schemes; a narrow window works.
 
 Skips (saying why) only when chromium is missing and cannot be installed (scripts/test.sh
 installs Debian's package; as root the fixture does too).
@@ -470,3 +471,45 @@ def test_adapter_picker_sends_the_adapter(browser, adapter_server):
     assert content == want
     p.assert_clean()
     p.context.close()
+
+
+CONTRAST = """() => {
+    const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+    const lum = ([r, g, b]) => {
+        const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+        return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+    };
+    const background = (el) => {
+        for (; el; el = el.parentElement) {
+            const c = rgb(getComputedStyle(el).backgroundColor);
+            if (c.length < 4 || c[3] > 0) return c.slice(0, 3);
+        }
+        return [255, 255, 255];
+    };
+    const seen = [];
+    for (const el of document.querySelectorAll('body *')) {
+        const text = [...el.childNodes].some((n) => n.nodeType === 3 && n.textContent.trim());
+        if (!text || !el.checkVisibility() || el.closest('button:disabled, .visually-hidden')) continue;
+        const fg = lum(rgb(getComputedStyle(el).color)), bg = lum(background(el));
+        const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+        if (ratio < 4.5) seen.push(`${el.tagName}.${el.className}: ${ratio.toFixed(2)}`);
+    }
+    return seen;
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_text_contrast_meets_wcag_aa(browser, ui_server, scheme):
+    context = browser.new_context(viewport={"width": 1100, "height": 760}, color_scheme=scheme)
+    page = context.new_page()
+    page.goto(f"{ui_server.base}/#/chat")
+    wait_for_model(page)
+    set_sampling(page, max_tokens=8)
+    send(page, "Hi")
+    last_reply(page).locator(".msg-stats").wait_for()
+    low = page.evaluate(CONTRAST)
+    page.goto(f"{ui_server.base}/#/status")
+    page.wait_for_selector("#library-table")
+    low += page.evaluate(CONTRAST)
+    context.close()
+    assert low == [], low
