@@ -2,7 +2,7 @@
 the default model. Each page loads with no console errors; a chat message streams a reply whose
 text is the API's own answer; stop ends a generation (the server counts it cancelled); a tool
 call is shown with its name and arguments; the status page's numbers are /stats' numbers and
-move live; with --api-key the page asks for the key, refuses a wrong one and works after the
+move live; downloads and the library are listed; with --api-key the page asks for the key, refuses a wrong one and works after the
 right one; model text cannot inject markup; controls are labelled; text contrast meets WCAG AA
 in both colour schemes; a narrow window works.
 
@@ -513,3 +513,36 @@ def test_text_contrast_meets_wcag_aa(browser, ui_server, scheme):
     low += page.evaluate(CONTRAST)
     context.close()
     assert low == [], low
+
+
+def test_status_shows_downloads_and_library(browser, tmp_path):
+    """`wick serve ORG/NAME` fetches the repo from a Hub stand-in: the status page lists the
+    download /downloads reports and the served repo in the library."""
+    from hub_standin import HubStandin, model_repo
+
+    repo = "org/tiny-llama"
+    files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    hub = HubStandin({repo: model_repo(GOLDENS / "hf" / "llama", files)})
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_TOKEN_PATH")}
+    env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_CACHE=str(tmp_path / "hub"),
+               WICK_HOME=str(tmp_path / "wick"), HF_HUB_DISABLE_XET="1")
+    serving = _serve(repo, env=env)
+    try:
+        server = next(serving)
+        p = Page(browser, server.base)
+        page = p.open("status")
+        page.wait_for_selector("#downloads ul li")
+        (download,) = httpx.get(server.base + "/downloads").json()["downloads"]
+        item = page.locator("#downloads li")
+        assert item.locator("strong").inner_text() == repo
+        assert item.locator(".badge").inner_text() == download["state"] == "done"
+        bar = item.locator("progress")
+        assert float(bar.get_attribute("value")) == download["received_bytes"]
+        assert float(bar.get_attribute("max")) == download["total_bytes"]
+        page.wait_for_selector("#library-table tr.serving")
+        assert page.locator("#library-table tr.serving td").first.inner_text() == repo
+        p.assert_clean()
+        p.context.close()
+    finally:
+        next(serving, None)  # stops the server (and checks it exits 0)
+        hub.close()
