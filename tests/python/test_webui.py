@@ -2,9 +2,9 @@
 the default model. Each page loads with no console errors; a chat message streams a reply whose
 text is the API's own answer; stop ends a generation (the server counts it cancelled); a tool
 call is shown with its name and arguments; the status page's numbers are /stats' numbers and
-move live; downloads and the library are listed; with --api-key the page asks for the key, refuses a wrong one and works after the
-right one; model text cannot inject markup; controls are labelled; text contrast meets WCAG AA
-in both colour schemes; a narrow window works.
+move live; downloads and the library are listed; with --api-key the page asks for the key,
+refuses a wrong one and works after the right one; model text cannot inject markup; controls
+are labelled; text contrast meets WCAG AA in both colour schemes; a narrow window works.
 
 Skips (saying why) only when chromium is missing and cannot be installed (scripts/test.sh
 installs Debian's package; as root the fixture does too).
