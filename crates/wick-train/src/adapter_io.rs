@@ -225,6 +225,14 @@ fn fill(
     Ok(())
 }
 
+/// Factors shaped like `like` from a safetensors file of PEFT-named tensors, each name
+/// preceded by `prefix` (`""` for an adapter's own file).
+pub fn load_factors(file: &Path, like: &LoraParams, prefix: &str) -> Result<LoraParams> {
+    let mut params = like.zeros_like();
+    fill(&mut params, &read_tensors(file)?, prefix, file)?;
+    Ok(params)
+}
+
 /// A checkpoint read back: factors, optimizer moments and step.
 #[derive(Debug)]
 pub struct Checkpoint {
