@@ -67,12 +67,23 @@ fn safetensors_bytes(tensors: &[(String, Vec<usize>, &[f32])]) -> Vec<u8> {
     out
 }
 
-fn factor_tensors<'a>(params: &'a LoraParams, prefix: &str) -> Vec<(String, Vec<usize>, &'a [f32])> {
+fn factor_tensors<'a>(
+    params: &'a LoraParams,
+    prefix: &str,
+) -> Vec<(String, Vec<usize>, &'a [f32])> {
     let r = params.rank;
     let mut out = Vec::new();
     for (l, t, p) in params.iter() {
-        out.push((format!("{prefix}{}", peft_key(l, t, "A")), vec![r, p.in_dim], &p.a[..]));
-        out.push((format!("{prefix}{}", peft_key(l, t, "B")), vec![p.out_dim, r], &p.b[..]));
+        out.push((
+            format!("{prefix}{}", peft_key(l, t, "A")),
+            vec![r, p.in_dim],
+            &p.a[..],
+        ));
+        out.push((
+            format!("{prefix}{}", peft_key(l, t, "B")),
+            vec![p.out_dim, r],
+            &p.b[..],
+        ));
     }
     out
 }
@@ -117,8 +128,8 @@ pub fn save_adapter(
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let weights = safetensors_bytes(&factor_tensors(params, ""));
     write_atomic(&dir.join(WEIGHTS_FILE), &weights)?;
-    let config = serde_json::to_string_pretty(&peft_config(lora, layers, base_model))
-        .unwrap_or_default();
+    let config =
+        serde_json::to_string_pretty(&peft_config(lora, layers, base_model)).unwrap_or_default();
     write_atomic(&dir.join(CONFIG_FILE), config.as_bytes())
 }
 
@@ -216,7 +227,9 @@ fn fill(
                     .get(&key)
                     .ok_or_else(|| bad(format!("no tensor {key}")))?;
                 if *s != shape {
-                    return Err(bad(format!("{key} has shape {s:?}, this run needs {shape:?}")));
+                    return Err(bad(format!(
+                        "{key} has shape {s:?}, this run needs {shape:?}"
+                    )));
                 }
                 values.copy_from_slice(v);
             }

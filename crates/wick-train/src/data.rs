@@ -206,7 +206,11 @@ impl Tokenizing<'_> {
             .or_else(|| self.model.eos_ids().first().copied())
     }
 
-    fn render(&self, messages: &[Value], generation_prompt: bool) -> std::result::Result<String, String> {
+    fn render(
+        &self,
+        messages: &[Value],
+        generation_prompt: bool,
+    ) -> std::result::Result<String, String> {
         let template = self
             .model
             .chat_template()
@@ -269,7 +273,11 @@ impl Tokenizing<'_> {
         Ok(Sequence { tokens, prompt_len })
     }
 
-    fn sft_row(&self, format: Format, row: &Map<String, Value>) -> std::result::Result<Sequence, String> {
+    fn sft_row(
+        &self,
+        format: Format,
+        row: &Map<String, Value>,
+    ) -> std::result::Result<Sequence, String> {
         let string = |k: &str| -> std::result::Result<&str, String> {
             row.get(k)
                 .and_then(Value::as_str)
@@ -332,7 +340,8 @@ fn check_messages(msgs: &[Value]) -> std::result::Result<(), String> {
     }
     for (i, m) in msgs.iter().enumerate() {
         let ok = m.get("role").and_then(Value::as_str).is_some()
-            && m.get("content").is_some_and(|c| c.is_string() || c.is_array());
+            && m.get("content")
+                .is_some_and(|c| c.is_string() || c.is_array());
         if !ok {
             return Err(format!("message {i} needs a string `role` and a `content`"));
         }

@@ -80,7 +80,19 @@ pub(crate) fn gemm(
 /// `x · wᵀ`: `x` `[m, k]`, `w` `[n, k]` → `[m, n]` (a linear layer's forward).
 pub(crate) fn linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     let mut y = vec![0.0; m * n];
-    gemm(m, n, k, x, Layout::Plain, w, Layout::Transposed, &mut y, false, 1.0, true);
+    gemm(
+        m,
+        n,
+        k,
+        x,
+        Layout::Plain,
+        w,
+        Layout::Transposed,
+        &mut y,
+        false,
+        1.0,
+        true,
+    );
     y
 }
 
@@ -94,7 +106,19 @@ pub(crate) fn linear_back_input(
     out: &mut [f32],
     alpha: f32,
 ) {
-    gemm(m, k, n, dy, Layout::Plain, w, Layout::Plain, out, true, alpha, true);
+    gemm(
+        m,
+        k,
+        n,
+        dy,
+        Layout::Plain,
+        w,
+        Layout::Plain,
+        out,
+        true,
+        alpha,
+        true,
+    );
 }
 
 /// `out += alpha · dyᵀ · x`: `dy` `[m, n]`, `x` `[m, k]` → `[n, k]` (the weight gradient).
@@ -107,7 +131,19 @@ pub(crate) fn linear_back_weight(
     out: &mut [f32],
     alpha: f32,
 ) {
-    gemm(n, k, m, dy, Layout::Transposed, x, Layout::Plain, out, true, alpha, true);
+    gemm(
+        n,
+        k,
+        m,
+        dy,
+        Layout::Transposed,
+        x,
+        Layout::Plain,
+        out,
+        true,
+        alpha,
+        true,
+    );
 }
 
 #[cfg(test)]

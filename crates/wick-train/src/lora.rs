@@ -61,10 +61,14 @@ impl LoraConfig {
             return Err(TrainError::Config("--rank must be at least 1".into()));
         }
         if !(self.scale.is_finite() && self.scale > 0.0) {
-            return Err(TrainError::Config("--scale must be a positive number".into()));
+            return Err(TrainError::Config(
+                "--scale must be a positive number".into(),
+            ));
         }
         if self.targets.is_empty() {
-            return Err(TrainError::Config("--target-modules names no module".into()));
+            return Err(TrainError::Config(
+                "--target-modules names no module".into(),
+            ));
         }
         if self.num_layers == Some(0) {
             return Err(TrainError::Config("--num-layers must be at least 1".into()));
@@ -223,11 +227,9 @@ pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
             "gate" => Target::Gate,
             "up" => Target::Up,
             "down" => Target::Down,
-            _ => {
-                return Err(TrainError::Config(format!(
-                    "unknown target module '{name}' (use q,k,v,o,gate,up,down with or without _proj)"
-                )))
-            }
+            _ => return Err(TrainError::Config(format!(
+                "unknown target module '{name}' (use q,k,v,o,gate,up,down with or without _proj)"
+            ))),
         };
         if !out.contains(&t) {
             out.push(t);

@@ -136,7 +136,11 @@ mod tests {
     fn orpo_gradient_matches_finite_differences() {
         let t = orpo(0.1, -0.3, -1.7);
         let n = numeric(|c| orpo(0.1, c, -1.7).loss, -0.3);
-        assert!((n - t.d_mean_chosen).abs() < 1e-6, "{n} vs {}", t.d_mean_chosen);
+        assert!(
+            (n - t.d_mean_chosen).abs() < 1e-6,
+            "{n} vs {}",
+            t.d_mean_chosen
+        );
         let n = numeric(|r| orpo(0.1, -0.3, r).loss, -1.7);
         assert!((n - t.d_mean_rejected).abs() < 1e-6);
     }

@@ -224,7 +224,11 @@ impl<'a> Trainer<'a> {
 
     /// Loss and (when `grads` is given) its gradient over `micro` (each one micro-batch),
     /// normalized over all of them together.
-    fn accumulate(&self, micro: &[Vec<&Example>], mut grads: Option<&mut LoraParams>) -> Result<Accumulated> {
+    fn accumulate(
+        &self,
+        micro: &[Vec<&Example>],
+        mut grads: Option<&mut LoraParams>,
+    ) -> Result<Accumulated> {
         let mut acc = Accumulated {
             loss: 0.0,
             tokens: 0,
@@ -254,7 +258,8 @@ impl<'a> Trainer<'a> {
                     acc.loss -= fwd.logp.iter().map(|&l| f64::from(l)).sum::<f64>() * f64::from(w);
                     if let Some(g) = grads.as_deref_mut() {
                         let dlogp = vec![-w; fwd.logp.len()];
-                        self.decoder.backward(self.adapter(), &batch, fwd, &dlogp, g);
+                        self.decoder
+                            .backward(self.adapter(), &batch, fwd, &dlogp, g);
                     }
                 }
             }
@@ -285,7 +290,8 @@ impl<'a> Trainer<'a> {
                         dlogp[r.clone()].fill((-t.d_chosen / pairs) as f32);
                     }
                     if let Some(g) = grads.as_deref_mut() {
-                        self.decoder.backward(self.adapter(), &batch, fwd, &dlogp, g);
+                        self.decoder
+                            .backward(self.adapter(), &batch, fwd, &dlogp, g);
                     }
                 }
             }
@@ -304,11 +310,16 @@ impl<'a> Trainer<'a> {
                     let fwd = self.decoder.forward(Some(self.adapter()), &batch)?;
                     let mut dlogp = vec![0.0f32; fwd.logp.len()];
                     for ((c, r), &e) in spans.iter().zip(m.iter()) {
-                        let Example::Pair { chosen, .. } = e else { continue };
+                        let Example::Pair { chosen, .. } = e else {
+                            continue;
+                        };
                         // Chosen targets are every position; its response is the tail.
                         let resp = c.end - chosen.response_len()..c.end;
                         let mean = |r: &std::ops::Range<usize>| {
-                            fwd.logp[r.clone()].iter().map(|&v| f64::from(v)).sum::<f64>()
+                            fwd.logp[r.clone()]
+                                .iter()
+                                .map(|&v| f64::from(v))
+                                .sum::<f64>()
                                 / r.len().max(1) as f64
                         };
                         let (mc, mr) = (mean(&resp), mean(r));
@@ -326,7 +337,8 @@ impl<'a> Trainer<'a> {
                         dlogp[r.clone()].fill(dr as f32);
                     }
                     if let Some(g) = grads.as_deref_mut() {
-                        self.decoder.backward(self.adapter(), &batch, fwd, &dlogp, g);
+                        self.decoder
+                            .backward(self.adapter(), &batch, fwd, &dlogp, g);
                     }
                 }
             }
@@ -395,11 +407,16 @@ impl<'a> Trainer<'a> {
             let (epoch, i) = (k / n, k % n);
             if epoch_order.as_ref().is_none_or(|(e, _)| *e != epoch) {
                 let mut order: Vec<usize> = (0..n).collect();
-                let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                let mut rng = rand::rngs::StdRng::seed_from_u64(
+                    c.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                );
                 order.shuffle(&mut rng);
                 epoch_order = Some((epoch, order));
             }
-            let order = &epoch_order.as_ref().map(|(_, o)| o).unwrap_or_else(|| unreachable!());
+            let order = &epoch_order
+                .as_ref()
+                .map(|(_, o)| o)
+                .unwrap_or_else(|| unreachable!());
             cur.push(&train[order[i]]);
             if cur.len() == c.batch {
                 micro.push(std::mem::take(&mut cur));
@@ -468,14 +485,23 @@ impl<'a> Trainer<'a> {
                 on_event(&Event::Eval(e));
             }
             if last || (c.save_every > 0 && self.step % c.save_every == 0) {
-                let dir = out.join("checkpoints").join(format!("step-{:06}", self.step));
+                let dir = out
+                    .join("checkpoints")
+                    .join(format!("step-{:06}", self.step));
                 let state = TrainerState {
                     step: self.step as u64,
                     lora: c.lora.clone(),
                     seed: c.seed,
                     method: c.method.name().into(),
                 };
-                adapter_io::save_checkpoint(&dir, &self.params, &self.opt, &state, layers, base_model)?;
+                adapter_io::save_checkpoint(
+                    &dir,
+                    &self.params,
+                    &self.opt,
+                    &state,
+                    layers,
+                    base_model,
+                )?;
                 adapter_io::save_adapter(out, &self.params, &c.lora, layers, base_model)?;
                 on_event(&Event::Saved(dir));
             }
@@ -498,7 +524,9 @@ fn pair_batch(examples: &[&Example], chosen_full: bool) -> (Batch, Spans) {
     let mut batch = Batch::new();
     let mut spans = Vec::new();
     for &e in examples {
-        let Example::Pair { chosen, rejected } = e else { continue };
+        let Example::Pair { chosen, rejected } = e else {
+            continue;
+        };
         let c0 = batch.targets.len();
         if chosen_full {
             let labeled = vec![true; chosen.tokens.len()];

@@ -61,7 +61,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
         .zip(want)
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
-    assert!(worst <= 1e-4 * scale, "{what}: max |diff| {worst} (scale {scale})");
+    assert!(
+        worst <= 1e-4 * scale,
+        "{what}: max |diff| {worst} (scale {scale})"
+    );
 }
 
 #[test]
@@ -178,7 +181,11 @@ fn backward_matches_finite_differences() {
             let bump = |d: f32| {
                 let mut p = params.clone();
                 let pair = p.layers[l][t.index()].as_mut().unwrap();
-                let v = if factor == "a" { &mut pair.a } else { &mut pair.b };
+                let v = if factor == "a" {
+                    &mut pair.a
+                } else {
+                    &mut pair.b
+                };
                 v[idx] += d;
                 loss(&dec, &p, mult, &batch)
             };

@@ -92,7 +92,10 @@ fn assert_params_close(what: &str, got: &LoraParams, want: &LoraParams, tol: f32
                 .zip(b.iter())
                 .map(|(x, y)| (x - y).abs())
                 .fold(0.0f32, f32::max);
-            assert!(scale > 0.0, "{what} layer {l} {t:?} {name}: reference is all zero");
+            assert!(
+                scale > 0.0,
+                "{what} layer {l} {t:?} {name}: reference is all zero"
+            );
             assert!(
                 diff <= tol * scale,
                 "{what} layer {l} {t:?} {name}: max diff {diff} vs scale {scale}"

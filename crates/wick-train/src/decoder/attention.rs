@@ -23,7 +23,13 @@ impl AttnShape {
 }
 
 /// Columns `[col, col + hd)` of rows `rows` of a `[_, width]` buffer, contiguous.
-fn gather(x: &[f32], width: usize, rows: std::ops::Range<usize>, col: usize, hd: usize) -> Vec<f32> {
+fn gather(
+    x: &[f32],
+    width: usize,
+    rows: std::ops::Range<usize>,
+    col: usize,
+    hd: usize,
+) -> Vec<f32> {
     let mut out = Vec::with_capacity(rows.len() * hd);
     for r in rows {
         out.extend_from_slice(&x[r * width + col..r * width + col + hd]);
@@ -45,7 +51,10 @@ fn causal_softmax(p: &mut [f32], t: usize, window: Option<usize>) {
     for i in 0..t {
         let row = &mut p[i * t..(i + 1) * t];
         let lo = window.map_or(0, |w| (i + 1).saturating_sub(w));
-        let max = row[lo..=i].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = row[lo..=i]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
         for (j, v) in row.iter_mut().enumerate() {
             if j < lo || j > i {
@@ -84,10 +93,34 @@ pub(crate) fn forward(
             let kh = gather(k, kw, a..b, g * s.hd, s.hd);
             let vh = gather(v, kw, a..b, g * s.hd, s.hd);
             let mut p = vec![0.0; t * t];
-            gemm(t, t, s.hd, &qh, Layout::Plain, &kh, Layout::Transposed, &mut p, false, s.scale, false);
+            gemm(
+                t,
+                t,
+                s.hd,
+                &qh,
+                Layout::Plain,
+                &kh,
+                Layout::Transposed,
+                &mut p,
+                false,
+                s.scale,
+                false,
+            );
             causal_softmax(&mut p, t, s.window);
             let mut o = vec![0.0; t * s.hd];
-            gemm(t, s.hd, t, &p, Layout::Plain, &vh, Layout::Plain, &mut o, false, 1.0, false);
+            gemm(
+                t,
+                s.hd,
+                t,
+                &p,
+                Layout::Plain,
+                &vh,
+                Layout::Plain,
+                &mut o,
+                false,
+                1.0,
+                false,
+            );
             (p, o)
         })
         .collect();
@@ -137,8 +170,32 @@ pub(crate) fn backward(
                 let qh = gather(q, qw, a..b, h * s.hd, s.hd);
                 let doh = gather(dout, qw, a..b, h * s.hd, s.hd);
                 // dV += Pᵀ dO; dP = dO Vᵀ.
-                gemm(t, s.hd, t, p, Layout::Transposed, &doh, Layout::Plain, &mut dv, true, 1.0, false);
-                gemm(t, t, s.hd, &doh, Layout::Plain, &vh, Layout::Transposed, &mut dp, false, 1.0, false);
+                gemm(
+                    t,
+                    s.hd,
+                    t,
+                    p,
+                    Layout::Transposed,
+                    &doh,
+                    Layout::Plain,
+                    &mut dv,
+                    true,
+                    1.0,
+                    false,
+                );
+                gemm(
+                    t,
+                    t,
+                    s.hd,
+                    &doh,
+                    Layout::Plain,
+                    &vh,
+                    Layout::Transposed,
+                    &mut dp,
+                    false,
+                    1.0,
+                    false,
+                );
                 // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale.
                 for i in 0..t {
                     let pr = &p[i * t..(i + 1) * t];
@@ -149,8 +206,32 @@ pub(crate) fn backward(
                     }
                 }
                 let mut dq = vec![0.0; t * s.hd];
-                gemm(t, s.hd, t, &dp, Layout::Plain, &kh, Layout::Plain, &mut dq, false, 1.0, false);
-                gemm(t, s.hd, t, &dp, Layout::Transposed, &qh, Layout::Plain, &mut dk, true, 1.0, false);
+                gemm(
+                    t,
+                    s.hd,
+                    t,
+                    &dp,
+                    Layout::Plain,
+                    &kh,
+                    Layout::Plain,
+                    &mut dq,
+                    false,
+                    1.0,
+                    false,
+                );
+                gemm(
+                    t,
+                    s.hd,
+                    t,
+                    &dp,
+                    Layout::Transposed,
+                    &qh,
+                    Layout::Plain,
+                    &mut dk,
+                    true,
+                    1.0,
+                    false,
+                );
                 dqs.push((h, dq));
             }
             (dqs, dk, dv)

@@ -1,5 +1,7 @@
 //! The reverse pass: from `∂L/∂log p(label)` of each target to the gradients of the LoRA
 //! factors, layer by layer down to the lowest adapted one.
+use rayon::prelude::*;
+
 use super::attention;
 use super::forward::{AdapterRef, Forward, LayerActs, TrainDecoder};
 use super::{rms_norm_back, sigmoid, Batch};
@@ -33,7 +35,19 @@ fn project_back(
         // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·x; dx += dxa·A.
         linear_back_weight(dy, n, out, xa, rank, &mut grad.b, s);
         let mut dxa = vec![0.0; n * rank];
-        gemm(n, rank, out, dy, Layout::Plain, &pair.b, Layout::Plain, &mut dxa, false, s, true);
+        gemm(
+            n,
+            rank,
+            out,
+            dy,
+            Layout::Plain,
+            &pair.b,
+            Layout::Plain,
+            &mut dxa,
+            false,
+            s,
+            true,
+        );
         linear_back_weight(&dxa, n, rank, x, inp, &mut grad.a, 1.0);
         linear_back_input(&dxa, n, &pair.a, rank, inp, dx, 1.0);
     }
@@ -58,13 +72,28 @@ impl TrainDecoder<'_> {
         let Forward { acts, .. } = fwd;
         let mut dz = acts.probs;
         // ∂log p(label)/∂z = onehot(label) − softmax(z).
-        for ((z, &(_, label)), &g) in dz.chunks_exact_mut(vocab).zip(&batch.targets).zip(dlogp) {
-            z.iter_mut().for_each(|p| *p *= -g);
-            z[label as usize] += g;
-        }
+        dz.par_chunks_exact_mut(vocab)
+            .zip(&batch.targets)
+            .zip(dlogp)
+            .for_each(|((z, &(_, label)), &g)| {
+                z.iter_mut().for_each(|p| *p *= -g);
+                z[label as usize] += g;
+            });
         let r = batch.targets.len();
         let mut dpicked = vec![0.0; r * h];
-        gemm(r, h, vocab, &dz, Layout::Plain, self.base.head(), Layout::Plain, &mut dpicked, false, 1.0, true);
+        gemm(
+            r,
+            h,
+            vocab,
+            &dz,
+            Layout::Plain,
+            self.base.head(),
+            Layout::Plain,
+            &mut dpicked,
+            false,
+            1.0,
+            true,
+        );
         drop(dz);
         let mut dhf = vec![0.0; n * h];
         for (&(row, _), d) in batch.targets.iter().zip(dpicked.chunks_exact(h)) {
@@ -139,8 +168,15 @@ impl TrainDecoder<'_> {
         // x_mid = x_in + o_proj(attn).
         let mut dattn = vec![0.0; n * qd];
         project_back(&dx_mid, n, &a.attn, &lw.wo, h, qd, so, rank, &mut dattn);
-        let (mut dq, mut dk, dv) =
-            attention::backward(self.shape, &a.q, &a.k, &a.v, &a.probs, &dattn, &batch.starts);
+        let (mut dq, mut dk, dv) = attention::backward(
+            self.shape,
+            &a.q,
+            &a.k,
+            &a.v,
+            &a.probs,
+            &dattn,
+            &batch.starts,
+        );
         self.rotary.apply(&mut dq, qd, hd, &batch.starts, -1.0);
         self.rotary.apply(&mut dk, kvd, hd, &batch.starts, -1.0);
         let mut dh1 = vec![0.0; n * h];

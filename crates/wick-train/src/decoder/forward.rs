@@ -1,4 +1,5 @@
 //! The forward pass over a packed batch, keeping what the backward reads.
+use rayon::prelude::*;
 use wick_engine::adapters::Target;
 
 use super::attention::{self, AttnShape};
@@ -78,7 +79,19 @@ pub(super) fn project(
     let mut y = linear(x, n, w, out, inp);
     let xa = lora.map(|(p, s)| {
         let xa = linear(x, n, &p.a, rank, inp);
-        gemm(n, out, rank, &xa, Layout::Plain, &p.b, Layout::Transposed, &mut y, true, s, true);
+        gemm(
+            n,
+            out,
+            rank,
+            &xa,
+            Layout::Plain,
+            &p.b,
+            Layout::Transposed,
+            &mut y,
+            true,
+            s,
+            true,
+        );
         xa
     });
     (y, xa)
@@ -127,7 +140,11 @@ impl<'a> TrainDecoder<'a> {
     }
 
     /// The decoder stack up to the final norm: `(activations, normed hidden [rows, h])`.
-    fn hidden(&self, adapter: Option<AdapterRef<'_>>, batch: &Batch) -> Result<(Activations, Vec<f32>)> {
+    fn hidden(
+        &self,
+        adapter: Option<AdapterRef<'_>>,
+        batch: &Batch,
+    ) -> Result<(Activations, Vec<f32>)> {
         self.check(batch)?;
         let cfg = &self.base.cfg;
         let (n, h, f) = (batch.rows(), cfg.hidden_size, cfg.intermediate_size);
@@ -218,14 +235,18 @@ impl<'a> TrainDecoder<'a> {
         let (mut acts, hf) = self.hidden(adapter, batch)?;
         let vocab = self.base.cfg.vocab_size;
         let mut probs = self.head_logits(&hf, batch.targets.iter().map(|t| t.0));
-        let mut logp = Vec::with_capacity(batch.targets.len());
-        for (z, &(_, label)) in probs.chunks_exact_mut(vocab).zip(&batch.targets) {
-            let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f64 = z.iter().map(|&v| f64::from((v - max).exp())).sum();
-            let lse = max + sum.ln() as f32;
-            logp.push(z[label as usize] - lse);
-            z.iter_mut().for_each(|v| *v = (*v - lse).exp());
-        }
+        let logp: Vec<f32> = probs
+            .par_chunks_exact_mut(vocab)
+            .zip(&batch.targets)
+            .map(|(z, &(_, label))| {
+                let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = z.iter().map(|&v| f64::from((v - max).exp())).sum();
+                let lse = max + sum.ln() as f32;
+                let logp = z[label as usize] - lse;
+                z.iter_mut().for_each(|v| *v = (*v - lse).exp());
+                logp
+            })
+            .collect();
         acts.probs = probs;
         Ok(Forward { logp, acts })
     }

@@ -97,7 +97,14 @@ impl Rotary {
     /// Rotates the first `2·half` dims of each `hd`-wide head of the packed rows `x`
     /// (`[rows, width]`) in place; `sign` = 1 forward, −1 for the backward (the
     /// transpose of a rotation).
-    pub(crate) fn apply(&self, x: &mut [f32], width: usize, hd: usize, starts: &[usize], sign: f32) {
+    pub(crate) fn apply(
+        &self,
+        x: &mut [f32],
+        width: usize,
+        hd: usize,
+        starts: &[usize],
+        sign: f32,
+    ) {
         let half = self.half;
         for w in starts.windows(2) {
             for (pos, row) in (w[0]..w[1]).enumerate() {
@@ -178,10 +185,17 @@ mod tests {
                 let mut xp = x;
                 xp[i] += d;
                 let (y, _) = rms_norm(&xp, &w, 1e-5);
-                y.iter().zip(&dy).map(|(a, b)| f64::from(a * b)).sum::<f64>()
+                y.iter()
+                    .zip(&dy)
+                    .map(|(a, b)| f64::from(a * b))
+                    .sum::<f64>()
             };
             let num = (f(1e-3) - f(-1e-3)) / 2e-3;
-            assert!((num - f64::from(dx[i])).abs() < 1e-3, "{i}: {num} vs {}", dx[i]);
+            assert!(
+                (num - f64::from(dx[i])).abs() < 1e-3,
+                "{i}: {num} vs {}",
+                dx[i]
+            );
         }
     }
 }

@@ -93,7 +93,10 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
     pub num_layers: i64,
     /// Projections to adapt (comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).
-    #[arg(long, default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")]
+    #[arg(
+        long,
+        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    )]
     pub target_modules: String,
     /// rsLoRA: scale α/√r instead of α/r.
     #[arg(long)]
@@ -168,7 +171,11 @@ pub fn run(args: TrainArgs) -> Result<()> {
         None => wick_hub::Store::from_env()?
             .root()
             .join("finetunes")
-            .join(format!("{}-{}", cfg.method.name(), resolved.name.replace('/', "--"))),
+            .join(format!(
+                "{}-{}",
+                cfg.method.name(),
+                resolved.name.replace('/', "--")
+            )),
     };
     let started = Instant::now();
     let model = Model::load(&resolved.path, &LoadOptions::default())
@@ -262,7 +269,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
                     b.set_position(stats.step as u64);
                     b.set_message(msg);
                 }
-                None if stats.step % report_every == 0 || stats.step == 1 || stats.step == cfg.iters => {
+                None if stats.step % report_every == 0
+                    || stats.step == 1
+                    || stats.step == cfg.iters =>
+                {
                     eprintln!("step {}/{} {msg}", stats.step, cfg.iters)
                 }
                 None => {}
@@ -297,6 +307,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
         out.join("metrics.jsonl").display()
     );
     let model_arg = args.model.as_deref().unwrap_or("default");
-    println!("serve it: wick serve {model_arg} --adapter {}", out.display());
+    println!(
+        "serve it: wick serve {model_arg} --adapter {}",
+        out.display()
+    );
     Ok(())
 }
