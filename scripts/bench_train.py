@@ -59,7 +59,7 @@ def main():
         wick = float(out.split("tokens/s")[1].split()[0])
         pt = torch_tokens_per_s(batch, seq, steps, threads)
         ratios.append(wick / pt)
-        print(f"round {r + 1}: wick {wick:.1} tok/s, PyTorch+PEFT {pt:.1} tok/s, ratio {wick / pt:.2f}", flush=True)
+        print(f"round {r + 1}: wick {wick:.1f} tok/s, PyTorch+PEFT {pt:.1f} tok/s, ratio {wick / pt:.2f}", flush=True)
     print(f"median ratio wick/PyTorch {sorted(ratios)[len(ratios) // 2]:.2f} over {rounds} rounds "
           f"(batch {batch} x seq {seq}, {threads} threads, torch {torch.__version__})")
 

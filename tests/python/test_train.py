@@ -111,3 +111,20 @@ def test_resume_continues_where_the_checkpoint_left_off(tmp_path):
     a = (straight / "adapter_model.safetensors").read_bytes()
     b = (resumed / "adapter_model.safetensors").read_bytes()
     assert a == b, "a resumed run must end with the uninterrupted run's factors"
+
+
+def test_dpo_and_orpo_lower_their_loss_and_log_rewards(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", [
+        {"prompt": "Say hi", "chosen": "Hello there, friend!", "rejected": "no."},
+        {"prompt": [{"role": "user", "content": "Greet me"}], "chosen": "Good morning to you!",
+         "rejected": "meh"}])
+    for method in ["dpo", "orpo"]:
+        out = tmp_path / method
+        train(str(TINY), "--data", str(data), "--method", method, "--adapter", str(out),
+              "--iters", "8", "--lr", "1e-2", "--batch", "2")
+        steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+        assert all({"accuracy", "margin"} <= s.keys() for s in steps), steps
+        assert steps[-1]["loss"] < steps[0]["loss"], (method, steps)
+        assert steps[-1]["margin"] > steps[0]["margin"], (method, steps)

@@ -436,11 +436,17 @@ impl<'a> Trainer<'a> {
         cancel: &AtomicBool,
         mut on_event: impl FnMut(&Event),
     ) -> Result<()> {
+        if data.train.is_empty() {
+            return Err(TrainError::Config("the dataset has no training example".into()));
+        }
         std::fs::create_dir_all(out).map_err(io(out))?;
         let metrics_path = out.join("metrics.jsonl");
+        // A fresh run starts the file over; a resumed one appends to it.
         let mut metrics = std::fs::OpenOptions::new()
             .create(true)
-            .append(true)
+            .append(self.step > 0)
+            .write(true)
+            .truncate(self.step == 0)
             .open(&metrics_path)
             .map_err(io(&metrics_path))?;
         let mut log = |v: serde_json::Value| -> Result<()> {
