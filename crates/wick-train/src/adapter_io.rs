@@ -53,7 +53,7 @@ fn safetensors_bytes(tensors: &[(String, Vec<usize>, &[f32])]) -> Vec<u8> {
         offset = end;
     }
     let mut head = Value::Object(header).to_string().into_bytes();
-    while head.len() % 8 != 0 {
+    while !head.len().is_multiple_of(8) {
         head.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + head.len() + offset);
@@ -183,7 +183,10 @@ pub fn save_checkpoint(
 }
 
 /// Reads the f32 tensors of a safetensors file by name.
-fn read_tensors(file: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+/// Tensors by name: shape and f32 values.
+type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
+fn read_tensors(file: &Path) -> Result<Tensors> {
     let st = SafetensorsWeights::open_files(file, &[file.to_path_buf()])?;
     let mut out = BTreeMap::new();
     for name in st.names() {
@@ -203,12 +206,7 @@ fn read_tensors(file: &Path) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>>
     Ok(out)
 }
 
-fn fill(
-    dst: &mut LoraParams,
-    tensors: &BTreeMap<String, (Vec<usize>, Vec<f32>)>,
-    prefix: &str,
-    path: &Path,
-) -> Result<()> {
+fn fill(dst: &mut LoraParams, tensors: &Tensors, prefix: &str, path: &Path) -> Result<()> {
     let bad = |reason: String| TrainError::Resume {
         path: path.to_path_buf(),
         reason,

@@ -172,7 +172,7 @@ fn check_supported(cfg: &ModelConfig) -> Result<()> {
         && cfg.final_softcap.is_none()
         && cfg.activation == wick_engine::backend::Activation::Silu
         && cfg.rotary_dims <= cfg.head_dim
-        && cfg.rotary_dims % 2 == 0
+        && cfg.rotary_dims.is_multiple_of(2)
         && !cfg.rope.depends_on_length();
     if !plain {
         return Err(TrainError::Unsupported(format!(

@@ -227,9 +227,11 @@ pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
             "gate" => Target::Gate,
             "up" => Target::Up,
             "down" => Target::Down,
-            _ => return Err(TrainError::Config(format!(
+            _ => {
+                return Err(TrainError::Config(format!(
                 "unknown target module '{name}' (use q,k,v,o,gate,up,down with or without _proj)"
-            ))),
+            )))
+            }
         };
         if !out.contains(&t) {
             out.push(t);

@@ -437,7 +437,9 @@ impl<'a> Trainer<'a> {
         mut on_event: impl FnMut(&Event),
     ) -> Result<()> {
         if data.train.is_empty() {
-            return Err(TrainError::Config("the dataset has no training example".into()));
+            return Err(TrainError::Config(
+                "the dataset has no training example".into(),
+            ));
         }
         std::fs::create_dir_all(out).map_err(io(out))?;
         let metrics_path = out.join("metrics.jsonl");
@@ -480,7 +482,9 @@ impl<'a> Trainer<'a> {
             });
             let last = self.step == self.config.iters;
             let c = &self.config;
-            if !valid.is_empty() && (last || (c.eval_every > 0 && self.step % c.eval_every == 0)) {
+            if !valid.is_empty()
+                && (last || (c.eval_every > 0 && self.step.is_multiple_of(c.eval_every)))
+            {
                 let e = self.evaluate(valid)?;
                 let mut line = json!({"step": e.step, "val_loss": e.loss});
                 if let (Some(a), Some(m)) = (e.accuracy, e.margin) {
@@ -490,7 +494,7 @@ impl<'a> Trainer<'a> {
                 log(line)?;
                 on_event(&Event::Eval(e));
             }
-            if last || (c.save_every > 0 && self.step % c.save_every == 0) {
+            if last || (c.save_every > 0 && self.step.is_multiple_of(c.save_every)) {
                 let dir = out
                     .join("checkpoints")
                     .join(format!("step-{:06}", self.step));

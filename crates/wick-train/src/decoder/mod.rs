@@ -49,9 +49,9 @@ impl Batch {
         let base = self.tokens.len();
         let first = self.targets.len();
         self.tokens.extend_from_slice(tokens);
-        for t in 1..tokens.len() {
+        for (t, &token) in tokens.iter().enumerate().skip(1) {
             if labeled.get(t).copied().unwrap_or(false) {
-                self.targets.push((base + t - 1, tokens[t]));
+                self.targets.push((base + t - 1, token));
             }
         }
         self.starts.push(self.tokens.len());

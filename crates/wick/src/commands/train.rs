@@ -269,7 +269,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                     b.set_position(stats.step as u64);
                     b.set_message(msg);
                 }
-                None if stats.step % report_every == 0
+                None if stats.step.is_multiple_of(report_every)
                     || stats.step == 1
                     || stats.step == cfg.iters =>
                 {
