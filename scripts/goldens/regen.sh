@@ -84,6 +84,7 @@ run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_tiny_qwen35.py
 run scripts/goldens/hf_numpy_check.py
 run scripts/goldens/peft_adapters.py
+run scripts/goldens/train_parity.py
 run scripts/goldens/llamacpp_greedy.py
 run scripts/goldens/tokenizer_models.py
 run scripts/goldens/chat_templates.py

@@ -40,6 +40,8 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Print embedding vectors of texts, one JSON line each.
     Embed(commands::embed::EmbedArgs),
+    /// Fine-tune a LoRA adapter (SFT, DPO, ORPO) on the CPU.
+    Train(commands::train::TrainArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Tools(a) => commands::tools::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Embed(a) => commands::embed::run(a),
+        Command::Train(a) => commands::train::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

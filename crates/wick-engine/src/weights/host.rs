@@ -18,6 +18,13 @@ pub struct HostWeight<'a> {
 }
 
 impl HostWeight<'_> {
+    /// The values as f32, whatever the element type: floats converted, GGUF quantized
+    /// blocks dequantized by the CPU backend's kernels (what a trainer keeps as its
+    /// frozen base).
+    pub fn dequantize(&self) -> Result<Vec<f32>> {
+        crate::backend::candle::CandleBackend::cpu().floats(self)
+    }
+
     /// The values of a float (F32/F16/BF16) weight as f32; `role` names what the weight
     /// is for in the error another element type gets.
     pub(crate) fn float_values(&self, role: &str) -> Result<Vec<f32>> {

@@ -11,3 +11,4 @@ pub mod pull;
 pub mod rm;
 pub mod serve;
 pub mod tools;
+pub mod train;

@@ -1,0 +1,27 @@
+//! wick's LoRA trainer: supervised fine-tuning, DPO and ORPO of a Llama-family base,
+//! f32 on the host, with a hand-written backward over the decoder (see docs/training.md
+//! for why not an autograd library).
+//!
+//! How the parts fit:
+//! - [`base`] reads the frozen base through the engine's config and weight sources;
+//! - [`decoder`] runs the training forward and backward over a packed [`decoder::Batch`];
+//! - [`lora`] holds the factors; [`optim`] AdamW, the schedule and clipping;
+//! - [`loss`] turns per-token log-probabilities into SFT, DPO and ORPO losses and their
+//!   gradients;
+//! - [`data`] reads JSONL datasets into token sequences with loss masks;
+//! - [`adapter_io`] writes and reads PEFT adapters, checkpoints and optimizer state;
+//! - [`trainer`] is the loop.
+#![warn(missing_docs)]
+
+pub mod adapter_io;
+pub mod base;
+pub mod data;
+pub mod decoder;
+mod error;
+mod linalg;
+pub mod lora;
+pub mod loss;
+pub mod optim;
+pub mod trainer;
+
+pub use error::{Result, TrainError};

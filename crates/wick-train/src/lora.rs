@@ -1,0 +1,247 @@
+//! The trained parameters: a LoRA pair `(A [r, in], B [out, r])` beside each targeted
+//! projection, `y = W·x + s·B·A·x`, initialized as PEFT does (A Kaiming-uniform with
+//! a = √5, i.e. U(±1/√in); B zero).
+use rand::{Rng, SeedableRng};
+use wick_engine::adapters::Target;
+use wick_engine::config::ModelConfig;
+
+use crate::error::{Result, TrainError};
+
+/// What to adapt and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraConfig {
+    /// Rank `r` (at least 1).
+    pub rank: usize,
+    /// The absolute scale of the update (`s`): `lora_alpha = scale · r`, or with rsLoRA
+    /// `s = scale · √r` and `lora_alpha = scale · r` still (PEFT divides by √r).
+    pub scale: f32,
+    /// rsLoRA: `s = alpha / √r`.
+    pub rs_lora: bool,
+    /// Projections adapted, in [`Target::ALL`] order.
+    pub targets: Vec<Target>,
+    /// Adapt only the last N layers (`None`: all).
+    pub num_layers: Option<usize>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 8,
+            scale: 1.0,
+            rs_lora: false,
+            targets: Target::ALL.to_vec(),
+            num_layers: None,
+        }
+    }
+}
+
+impl LoraConfig {
+    /// PEFT's `lora_alpha`.
+    pub fn alpha(&self) -> f32 {
+        self.scale * self.rank as f32
+    }
+
+    /// The multiplier `s` of `B·A`.
+    pub fn multiplier(&self) -> f32 {
+        if self.rs_lora {
+            self.alpha() / (self.rank as f32).sqrt()
+        } else {
+            self.scale
+        }
+    }
+
+    /// The first adapted layer of a model with `layers` layers.
+    pub fn first_layer(&self, layers: usize) -> usize {
+        layers - self.num_layers.unwrap_or(layers).min(layers)
+    }
+
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<()> {
+        if self.rank == 0 {
+            return Err(TrainError::Config("--rank must be at least 1".into()));
+        }
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return Err(TrainError::Config(
+                "--scale must be a positive number".into(),
+            ));
+        }
+        if self.targets.is_empty() {
+            return Err(TrainError::Config(
+                "--target-modules names no module".into(),
+            ));
+        }
+        if self.num_layers == Some(0) {
+            return Err(TrainError::Config("--num-layers must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One adapted projection's factors (or their gradients, or optimizer moments).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraPair {
+    /// `A`, `[rank, in]` row-major.
+    pub a: Vec<f32>,
+    /// `B`, `[out, rank]` row-major.
+    pub b: Vec<f32>,
+    /// Input width.
+    pub in_dim: usize,
+    /// Output width.
+    pub out_dim: usize,
+}
+
+impl LoraPair {
+    fn zeros(in_dim: usize, out_dim: usize, rank: usize) -> LoraPair {
+        LoraPair {
+            a: vec![0.0; rank * in_dim],
+            b: vec![0.0; out_dim * rank],
+            in_dim,
+            out_dim,
+        }
+    }
+}
+
+/// Every adapted projection: `layers[l][target.index()]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraParams {
+    /// Rank.
+    pub rank: usize,
+    /// Per layer, per [`Target`] slot.
+    pub layers: Vec<[Option<LoraPair>; 7]>,
+}
+
+impl LoraParams {
+    /// Zero factors in the shapes `lora` asks for on a model of `cfg`'s shape.
+    pub fn zeros(cfg: &ModelConfig, lora: &LoraConfig) -> LoraParams {
+        let first = lora.first_layer(cfg.num_layers);
+        let layers = (0..cfg.num_layers)
+            .map(|l| {
+                std::array::from_fn(|slot| {
+                    let t = Target::ALL[slot];
+                    (l >= first && lora.targets.contains(&t)).then(|| {
+                        let (out, inp) = t.base_shape(cfg);
+                        LoraPair::zeros(inp, out, lora.rank)
+                    })
+                })
+            })
+            .collect();
+        LoraParams {
+            rank: lora.rank,
+            layers,
+        }
+    }
+
+    /// PEFT's initialization from `seed`: A ~ U(±1/√in), B = 0.
+    pub fn init(cfg: &ModelConfig, lora: &LoraConfig, seed: u64) -> LoraParams {
+        let mut p = Self::zeros(cfg, lora);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        for pair in p.pairs_mut() {
+            let bound = 1.0 / (pair.in_dim as f32).sqrt();
+            for v in &mut pair.a {
+                *v = rng.random_range(-bound..bound);
+            }
+        }
+        p
+    }
+
+    /// The same shapes, all zero (a gradient or moment buffer).
+    pub fn zeros_like(&self) -> LoraParams {
+        let mut z = self.clone();
+        for pair in z.pairs_mut() {
+            pair.a.fill(0.0);
+            pair.b.fill(0.0);
+        }
+        z
+    }
+
+    /// Every pair with its layer and target, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, Target, &LoraPair)> {
+        self.layers.iter().enumerate().flat_map(|(l, slots)| {
+            slots
+                .iter()
+                .enumerate()
+                .filter_map(move |(s, p)| p.as_ref().map(|p| (l, Target::ALL[s], p)))
+        })
+    }
+
+    /// Every pair, mutably, in order.
+    pub fn pairs_mut(&mut self) -> impl Iterator<Item = &mut LoraPair> {
+        self.layers
+            .iter_mut()
+            .flat_map(|slots| slots.iter_mut().filter_map(Option::as_mut))
+    }
+
+    /// The number of trained values.
+    pub fn len(&self) -> usize {
+        self.iter().map(|(_, _, p)| p.a.len() + p.b.len()).sum()
+    }
+
+    /// Whether nothing is trained.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds `other · k` to `self` (same shapes).
+    pub fn add_scaled(&mut self, other: &LoraParams, k: f32) {
+        for (dst, src) in self.pairs_mut().zip(other.iter().map(|(_, _, p)| p)) {
+            for (d, s) in dst.a.iter_mut().zip(&src.a) {
+                *d += k * s;
+            }
+            for (d, s) in dst.b.iter_mut().zip(&src.b) {
+                *d += k * s;
+            }
+        }
+    }
+
+    /// The L2 norm over every value.
+    pub fn norm(&self) -> f32 {
+        let sq: f64 = self
+            .iter()
+            .flat_map(|(_, _, p)| p.a.iter().chain(&p.b))
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum();
+        sq.sqrt() as f32
+    }
+
+    /// Multiplies every value by `k`.
+    pub fn scale(&mut self, k: f32) {
+        for p in self.pairs_mut() {
+            p.a.iter_mut().chain(p.b.iter_mut()).for_each(|v| *v *= k);
+        }
+    }
+}
+
+/// Parses `--target-modules` (`q_proj,v_proj` or `q,v`; `all` for every projection).
+pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
+    let mut out = Vec::new();
+    for name in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if name == "all" || name == "all-linear" {
+            return Ok(Target::ALL.to_vec());
+        }
+        let stem = name.strip_suffix("_proj").unwrap_or(name);
+        let t = match stem {
+            "q" => Target::Q,
+            "k" => Target::K,
+            "v" => Target::V,
+            "o" => Target::O,
+            "gate" => Target::Gate,
+            "up" => Target::Up,
+            "down" => Target::Down,
+            _ => {
+                return Err(TrainError::Config(format!(
+                "unknown target module '{name}' (use q,k,v,o,gate,up,down with or without _proj)"
+            )))
+            }
+        };
+        if !out.contains(&t) {
+            out.push(t);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The PEFT module name of a target (`q_proj`).
+pub fn peft_name(t: Target) -> &'static str {
+    t.hf_module().rsplit('.').next().unwrap_or("")
+}

@@ -1,0 +1,315 @@
+//! `wick train MODEL --data DIR`: fine-tune a LoRA adapter (SFT, DPO or ORPO) on the CPU
+//! and write it where `wick serve --adapter` and PEFT load it.
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use wick_engine::{LoadOptions, Model};
+use wick_train::base::BaseWeights;
+use wick_train::data::{self, Tokenizing};
+use wick_train::lora::parse_targets;
+use wick_train::loss::Method;
+use wick_train::optim::Schedule;
+use wick_train::trainer::{Event, TrainConfig, Trainer};
+
+/// The training objective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MethodArg {
+    /// Supervised fine-tuning: cross-entropy on the responses.
+    Sft,
+    /// Direct preference optimization (sigmoid), the base as the reference.
+    Dpo,
+    /// Odds-ratio preference optimization.
+    Orpo,
+}
+
+/// `wick train` flags (the reference's names and defaults).
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    /// Base model: a catalog name, a local model, a GGUF file or a Hugging Face directory.
+    pub model: Option<String>,
+    /// Directory with train.jsonl (and optionally valid.jsonl).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Objective.
+    #[arg(long, value_enum, default_value = "orpo")]
+    pub method: MethodArg,
+    /// Output directory (default: $WICK_HOME/finetunes/<method>-<model>).
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 100)]
+    pub iters: usize,
+    /// Peak learning rate (default: sft 2e-4, dpo 5e-5, orpo 1e-5).
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// LoRA rank (default: 8; orpo 16).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// LoRA scale α: the update is α·B·A (default: 1.0; orpo 2.0).
+    #[arg(long)]
+    pub scale: Option<f32>,
+    /// Longest sequence in tokens (longer rows are cut).
+    #[arg(long, default_value_t = 4096)]
+    pub seq: usize,
+    /// Examples per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
+    /// Global gradient-norm clip (0: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub grad_clip: f32,
+    /// Seed of the initialization and the data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Validation examples from valid.jsonl (at most).
+    #[arg(long, default_value_t = 256)]
+    pub val_size: usize,
+    /// Steps between validations.
+    #[arg(long, default_value_t = 50)]
+    pub eval_every: usize,
+    /// ORPO's λ.
+    #[arg(long = "lambda", default_value_t = 0.1)]
+    pub lambda: f32,
+    /// DPO's β.
+    #[arg(long, default_value_t = 0.1)]
+    pub beta: f32,
+    /// Write a mountable checkpoint every N steps (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    pub save_every: usize,
+    /// Continue from a checkpoint (a checkpoint directory, or an output directory).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Load the model and data, print what would run, and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Adapt only the last N layers (-1: all).
+    #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
+    pub num_layers: i64,
+    /// Projections to adapt (comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).
+    #[arg(
+        long,
+        default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    )]
+    pub target_modules: String,
+    /// rsLoRA: scale α/√r instead of α/r.
+    #[arg(long)]
+    pub rs_lora: bool,
+    /// LoRA+: learning rate of B relative to A.
+    #[arg(long, default_value_t = 1.0)]
+    pub lora_plus_ratio: f32,
+    /// Warm-up steps.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
+    /// Learning-rate schedule: cosine, linear or constant.
+    #[arg(long, default_value = "cosine")]
+    pub schedule: String,
+    /// AdamW's decoupled weight decay.
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f32,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+fn config(args: &TrainArgs) -> Result<TrainConfig> {
+    let method = match args.method {
+        MethodArg::Sft => Method::Sft,
+        MethodArg::Dpo => Method::Dpo { beta: args.beta },
+        MethodArg::Orpo => Method::Orpo {
+            lambda: args.lambda,
+        },
+    };
+    let orpo = args.method == MethodArg::Orpo;
+    let mut c = TrainConfig::defaults(method);
+    c.iters = args.iters;
+    if let Some(lr) = args.lr {
+        c.lr = lr;
+    }
+    c.lora.rank = args.rank.unwrap_or(if orpo { 16 } else { 8 });
+    c.lora.scale = args.scale.unwrap_or(if orpo { 2.0 } else { 1.0 });
+    c.lora.rs_lora = args.rs_lora;
+    c.lora.targets = parse_targets(&args.target_modules)?;
+    c.lora.num_layers = match args.num_layers {
+        n if n < 0 => None,
+        n => Some(n as usize),
+    };
+    c.max_seq = args.seq;
+    c.batch = args.batch;
+    c.grad_accum = args.grad_accum;
+    c.grad_clip = args.grad_clip;
+    c.seed = args.seed;
+    c.val_size = args.val_size;
+    c.eval_every = args.eval_every;
+    c.save_every = args.save_every;
+    c.warmup = args.warmup;
+    c.schedule = Schedule::parse(&args.schedule)?;
+    c.adam.weight_decay = args.weight_decay;
+    c.adam.lora_plus_ratio = args.lora_plus_ratio;
+    c.validate()?;
+    Ok(c)
+}
+
+/// Runs `wick train`.
+pub fn run(args: TrainArgs) -> Result<()> {
+    let cfg = config(&args)?;
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+            .context("setting the thread count")?;
+    }
+    let resolved = crate::model_arg::resolve_named(args.model.as_deref())?;
+    let out = match &args.adapter {
+        Some(p) => p.clone(),
+        None => wick_hub::Store::from_env()?
+            .root()
+            .join("finetunes")
+            .join(format!(
+                "{}-{}",
+                cfg.method.name(),
+                resolved.name.replace('/', "--")
+            )),
+    };
+    let started = Instant::now();
+    let model = Model::load(&resolved.path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", resolved.path.display()))?;
+    let base = BaseWeights::load(&resolved.path)?;
+    let dataset = data::load(
+        &args.data,
+        cfg.method.is_preference(),
+        &Tokenizing {
+            model: &model,
+            max_seq: cfg.max_seq,
+        },
+    )?;
+    let tokens: usize = dataset.train.iter().map(|e| e.tokens()).sum();
+    let mut trainer = Trainer::new(&base, cfg)?;
+    let cfg = trainer.config.clone();
+    eprintln!(
+        "base {} ({} layers, {} stored as {}, trained in f32) loaded in {:.1}s",
+        resolved.name,
+        base.cfg.num_layers,
+        base.cfg.arch.name(),
+        base.stored_as,
+        started.elapsed().as_secs_f64()
+    );
+    eprintln!(
+        "data {}: {} train / {} valid {} rows ({tokens} tokens{}); {} LoRA values (rank {}, scale {}{}); {} {} steps, lr {}, batch {}×{}",
+        args.data.display(),
+        dataset.train.len(),
+        dataset.valid.len(),
+        dataset.format.name(),
+        if dataset.dropped > 0 {
+            format!(", {} rows dropped: no response left within --seq", dataset.dropped)
+        } else {
+            String::new()
+        },
+        trainer.params.len(),
+        cfg.lora.rank,
+        cfg.lora.scale,
+        if cfg.lora.rs_lora { ", rsLoRA" } else { "" },
+        cfg.method.name(),
+        cfg.iters,
+        cfg.lr,
+        cfg.batch,
+        cfg.grad_accum,
+    );
+    if let Some(dir) = &args.resume {
+        let from = trainer.resume(dir)?;
+        eprintln!("resuming from {} at step {}", from.display(), trainer.step);
+        if trainer.step >= cfg.iters {
+            bail!(
+                "the checkpoint is at step {} already; pass a larger --iters",
+                trainer.step
+            );
+        }
+    }
+    if args.dry_run {
+        eprintln!("dry run: output would go to {}", out.display());
+        return Ok(());
+    }
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(cfg.iters as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_position(trainer.step as u64);
+        Some(bar)
+    } else {
+        None
+    };
+    let cancel = AtomicBool::new(false);
+    let report_every = 10;
+    let base_name = resolved.name.clone();
+    trainer.run(&dataset, &out, &base_name, &cancel, |event| match event {
+        Event::Step {
+            stats,
+            tokens_per_s,
+        } => {
+            let extra = match (stats.accuracy, stats.margin) {
+                (Some(a), Some(m)) => format!(" acc {a:.2} margin {m:.3}"),
+                _ => String::new(),
+            };
+            let msg = format!(
+                "loss {:.4}{extra} lr {:.2e} {:.0} tok/s",
+                stats.loss, stats.lr, tokens_per_s
+            );
+            match &bar {
+                Some(b) => {
+                    b.set_position(stats.step as u64);
+                    b.set_message(msg);
+                }
+                None if stats.step.is_multiple_of(report_every)
+                    || stats.step == 1
+                    || stats.step == cfg.iters =>
+                {
+                    eprintln!("step {}/{} {msg}", stats.step, cfg.iters)
+                }
+                None => {}
+            }
+        }
+        Event::Eval(e) => {
+            let extra = match (e.accuracy, e.margin) {
+                (Some(a), Some(m)) => format!(" acc {a:.2} margin {m:.3}"),
+                _ => String::new(),
+            };
+            let line = format!("step {} val loss {:.4}{extra}", e.step, e.loss);
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
+        Event::Saved(dir) => {
+            let line = format!("checkpoint {}", dir.display());
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish();
+    }
+    eprintln!(
+        "adapter written to {} in {:.1}s (metrics: {})",
+        out.display(),
+        started.elapsed().as_secs_f64(),
+        out.join("metrics.jsonl").display()
+    );
+    let model_arg = args.model.as_deref().unwrap_or("default");
+    println!(
+        "serve it: wick serve {model_arg} --adapter {}",
+        out.display()
+    );
+    Ok(())
+}
