@@ -803,6 +803,25 @@ impl ModelConfig {
         self.cache_windows().len() * 2 * self.num_kv_heads * self.head_dim * 4
     }
 
+    /// Each KV cache a sequence holds, in order: its row width (KV heads × head dimension)
+    /// and sliding window. Gemma 4's sliding and full layers have their own head sizes.
+    pub fn cache_shapes(&self) -> Vec<(usize, Option<usize>)> {
+        match &self.gemma4 {
+            Some(g) => self
+                .layer_windows
+                .iter()
+                .zip(&g.layers)
+                .filter(|(_, l)| l.kv_source.is_none())
+                .map(|(w, l)| (l.kv_heads * l.head_dim, *w))
+                .collect(),
+            None => self
+                .cache_windows()
+                .into_iter()
+                .map(|w| (self.num_kv_heads * self.head_dim, w))
+                .collect(),
+        }
+    }
+
     /// The sliding window of each KV cache a sequence holds: one per layer, except that
     /// layers sharing another layer's cache (Gemma 4) and linear-attention layers (Qwen 3.5)
     /// have none of their own.

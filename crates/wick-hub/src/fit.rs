@@ -175,17 +175,18 @@ impl FitModel {
         quant: String,
         kv: KvDtype,
     ) -> FitModel {
-        let row = cfg.num_kv_heads * cfg.head_dim;
         FitModel {
             path: path.to_path_buf(),
             arch: cfg.arch.name().to_string(),
             weights_bytes: weights,
             params,
             quant,
+            // One entry per KV cache the engine allocates: layers sharing another's cache
+            // (Gemma 4) count once, linear-attention layers (Qwen 3.5) not at all.
             layers: cfg
-                .layer_windows
-                .iter()
-                .map(|&window| LayerKv { row, window })
+                .cache_shapes()
+                .into_iter()
+                .map(|(row, window)| LayerKv { row, window })
                 .collect(),
             context_length: cfg.context_length,
             default_kv: kv,
