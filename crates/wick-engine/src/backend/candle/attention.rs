@@ -292,7 +292,6 @@ fn as_f32<'a, E: KvNumber, S: Simd>(simd: S, src: &'a [E], buf: &'a mut Vec<f32>
     if let Some(x) = E::as_f32(src) {
         return x;
     }
-    buf.clear();
     buf.resize(src.len(), 0.0);
     for (o, c) in buf.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
         o.copy_from_slice(&E::load16(simd, c));
