@@ -29,6 +29,7 @@ loop); llama.cpp's is bare `llama_decode` calls, slightly in llama.cpp's favour.
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,12 +65,18 @@ def wick_home() -> Path:
 
 def run_wick(binary, path, n, g, threads):
     env = dict(os.environ, WICK_THREADS=str(threads), RAYON_NUM_THREADS=str(threads))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(
         [binary, "bench", str(path), "--prompt-tokens", str(n), "--gen-tokens", str(g),
          "--runs", "1", "--json"],
         check=True, capture_output=True, text=True, env=env,
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = json.loads(out.strip().splitlines()[-1])
+    # CPU seconds of the whole process (load, prompt, decode): on a machine shared with
+    # other jobs, steadier than wall-clock rates.
+    res["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return res
 
 
 def run_llama(path, n, g, threads, flash):
@@ -130,7 +137,8 @@ def main():
                 for side in sides:
                     x = got[side]()
                     results[(k, n)][side].append(x)
-                    line += f" | {side} pp {x['prompt_tps']:.1f} tg {x['decode_tps']:.1f}"
+                    line += (f" | {side} pp {x['prompt_tps']:.1f} tg {x['decode_tps']:.1f}"
+                             + (f" cpu {x['cpu_s']:.1f}s" if "cpu_s" in x else ""))
                 print(line, file=sys.stderr, flush=True)
 
     load = os.getloadavg()
@@ -178,6 +186,18 @@ def main():
             for n in lengths[1:]:
                 print(f"\n{k}: baseline pp at {n} vs {lengths[0]}: "
                       f"{ratio(results[(k, n)]['base'], base_first, 'prompt_tps'):.2f}")
+    print("\nCPU seconds of each wick process (load + prompt + decode), medians:\n")
+    print("| model | prompt | wick CPU s |" + (" baseline CPU s | baseline / wick |"
+                                              if args.baseline else ""))
+    print("|---|---|---:|" + ("---:|---:|" if args.baseline else ""))
+    for k in keys:
+        for n in lengths:
+            res = results[(k, n)]
+            row = f"| {k} | {n} | {med(res['wick'], 'cpu_s'):.1f} |"
+            if args.baseline:
+                row += (f" {med(res['base'], 'cpu_s'):.1f} | "
+                        f"{ratio(res['base'], res['wick'], 'cpu_s'):.2f}× |")
+            print(row)
     if args.json:
         print(json.dumps({f"{k}:{n}": v for (k, n), v in results.items()}, indent=1))
 

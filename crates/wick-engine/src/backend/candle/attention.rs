@@ -16,8 +16,9 @@
 //! splits are merged left to right. So a row's bits depend on its position and its cache
 //! only, never on the batch, the tile it lands in, the chunking of its prompt or the thread
 //! count — Gemma 3 and Qwen 2.5 re-quantize activations between layers and amplify last-bit
-//! differences. Products are fused multiply-adds (`f32::mul_add`, correctly rounded on every
-//! instruction set), so the AVX-512, AVX2 and portable bodies give the same bits.
+//! differences. Products and sums are separate operations (no fused multiply-adds, which
+//! LLVM does not vectorize from these loops), so the AVX-512, AVX2 and portable bodies
+//! give the same bits.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -41,7 +42,10 @@ const PREFETCH_AHEAD: usize = 4;
 /// theirs. 256 keeps a merge (two exponentials and a pass over the accumulators) under 1%
 /// of a split's work and gives 32 pieces per KV head to share out at 8k tokens.
 const SPLIT_TOKENS: usize = 256;
-const _: () = assert!(SPLIT_TOKENS % BLOCK_TOKENS == 0, "a block lies in one split");
+const _: () = assert!(
+    SPLIT_TOKENS.is_multiple_of(BLOCK_TOKENS),
+    "a block lies in one split"
+);
 
 /// Query rows of one prompt tile: each key and value block is converted and loaded once for
 /// `TILE_ROWS ×` (query heads per KV head) query vectors, whose running states (a few tens
@@ -50,8 +54,8 @@ const TILE_ROWS: usize = 32;
 
 /// Partial sums per score: dimension `d` goes to partial `d % PARTS`, and a score is
 /// `(p0 + p1) + (p2 + p3)` plus the dimensions past the last multiple of `PARTS`, added
-/// in order. With [`MAX_GROUP`] query vectors that makes sixteen independent fused
-/// multiply-add chains, enough to keep both vector units busy.
+/// in order. With [`MAX_GROUP`] query vectors that makes sixteen independent chains of
+/// additions, enough to keep the vector adders busy.
 const PARTS: usize = 4;
 
 /// Query vectors scored together against a block: each key row is loaded once for all of
@@ -79,7 +83,7 @@ fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLO
             for (part, q) in part.iter_mut().zip(&q) {
                 let qd = q[c * PARTS + j];
                 for (a, &k) in part[j].iter_mut().zip(k) {
-                    *a = qd.mul_add(k, *a);
+                    *a += qd * k;
                 }
             }
         }
@@ -92,7 +96,7 @@ fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLO
         for d in main..hd {
             let k = &kt[d * BLOCK_TOKENS..(d + 1) * BLOCK_TOKENS];
             for (s, &k) in sum.iter_mut().zip(k) {
-                *s = q[d].mul_add(k, *s);
+                *s += q[d] * k;
             }
         }
     }
@@ -220,7 +224,7 @@ fn fold_block<const G: usize>(
             for (a, w) in a.iter_mut().zip(&w) {
                 let wt = w[t];
                 for (x, &v) in a.iter_mut().zip(v) {
-                    *x = wt.mul_add(v, *x);
+                    *x += wt * v;
                 }
             }
         }
@@ -238,7 +242,7 @@ fn fold_block<const G: usize>(
             for t in t0..t1 {
                 let wt = w[g][t];
                 for (x, &v) in a.iter_mut().zip(&values[t * hd + d0..(t + 1) * hd]) {
-                    *x = wt.mul_add(v, *x);
+                    *x += wt * v;
                 }
             }
         }
@@ -458,9 +462,8 @@ fn run_unit_on<S: Simd>(
 const SERIAL_WORK: usize = 1 << 15;
 
 /// The instruction set attention runs on, chosen once per call of [`attend`]. Every set
-/// computes the same operations in the same order (fused multiply-adds exactly where the
-/// code says `mul_add`, no reordered sums), so all give the same bits; they differ only in
-/// vector width.
+/// computes the same operations in the same order (no fused multiply-adds, no reordered
+/// sums), so all give the same bits; they differ only in vector width.
 #[derive(Debug, Clone, Copy)]
 enum Kernel {
     Portable,
@@ -743,7 +746,7 @@ mod tests {
     /// One row's attention at position `pos` of contiguous `[token][kv_head][hd]` keys and
     /// values in the order the kernels promise, head by head: the positions `lo ..= pos`
     /// cut into splits of [`SPLIT_TOKENS`] and those into runs at block boundaries; each
-    /// split an online softmax from scratch, fed run by run (scores with four fused partials,
+    /// split an online softmax from scratch, fed run by run (scores with four partial sums,
     /// dimension `d` into partial `d % 4`, combined as `(p0 + p1) + (p2 + p3)`, then the
     /// tail; the run's maximum taken into the running one; sums and accumulators rescaled
     /// by `exp(old − new)`, then the run's weights added in position order, the sum from
@@ -768,11 +771,11 @@ mod tests {
                 let k = &keys[j * row + kvh * hd..][..hd];
                 let mut part = [0f32; 4];
                 for d in 0..main {
-                    part[d % 4] = q[d].mul_add(k[d], part[d % 4]);
+                    part[d % 4] += q[d] * k[d];
                 }
                 let mut sum = (part[0] + part[1]) + (part[2] + part[3]);
                 for d in main..hd {
-                    sum = q[d].mul_add(k[d], sum);
+                    sum += q[d] * k[d];
                 }
                 let mut s = sum * p.scale;
                 if let Some(cap) = p.softcap {
@@ -802,7 +805,7 @@ mod tests {
                     for (j, &w) in (run..end).zip(&w) {
                         let v = &values[j * row + kvh * hd..][..hd];
                         for d in 0..hd {
-                            a[d] = w.mul_add(v[d], a[d]);
+                            a[d] += w * v[d];
                         }
                     }
                     run = end;
