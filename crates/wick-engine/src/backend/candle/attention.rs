@@ -1,24 +1,5 @@
-//! Causal (optionally sliding-window) grouped-query attention over paged host KV caches,
-//! flash-style: keys and values are read block by block through each sequence's block
-//! table, and a softmax kept online (running maximum, running sum, rescaled accumulators)
-//! folds them in without ever holding a row's scores.
-//!
-//! A prompt chunk is cut into tiles of [`TILE_ROWS`] consecutive query rows; every query
-//! head of a tile that reads one KV head shares each block of keys and values, converted to
-//! f32 once for all of them, and blocks no row of the tile may see (the causal triangle,
-//! the part outside a sliding window) are never read. A decode row has one query row to
-//! share loads with, so its history is split into [`SPLIT_TOKENS`]-position pieces computed
-//! on different threads, then merged.
-//!
-//! Every row, whatever path computes it, sums in the same order: the positions `lo ..= pos`
-//! it sees are cut at multiples of [`SPLIT_TOKENS`] into splits and at block boundaries into
-//! runs; each split starts a fresh online softmax, fed run by run in position order, and the
-//! splits are merged left to right. So a row's bits depend on its position and its cache
-//! only, never on the batch, the tile it lands in, the chunking of its prompt or the thread
-//! count — Gemma 3 and Qwen 2.5 re-quantize activations between layers and amplify last-bit
-//! differences. Products and sums are separate operations (no fused multiply-adds, which
-//! LLVM does not vectorize from these loops), so the AVX-512, AVX2 and portable bodies
-//! give the same bits.
+//! Causal (optionally sliding-window) grouped-query attention over paged host KV caches:
+//! keys and values are read block by block through each sequence's block table.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -33,43 +14,77 @@ use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
 use crate::backend::AttentionParams;
 
-/// Blocks whose loads are started ahead of the one being computed (blocks are separate
-/// allocations, so the hardware prefetcher stops at each one's end).
+/// `out += w * v`
+#[inline]
+fn axpy<E: KvNumber>(out: &mut [f32], w: f32, v: &[E]) {
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o += w * x.to_f32();
+    }
+}
+
+/// Blocks whose loads are started ahead of the one being computed.
 const PREFETCH_AHEAD: usize = 4;
 
-/// Positions of one split: the online softmax restarts at every multiple, so a decode row's
-/// history can be computed a split per thread and merged, in the order prompt tiles merge
-/// theirs. 256 keeps a merge (two exponentials and a pass over the accumulators) under 1%
-/// of a split's work and gives 32 pieces per KV head to share out at 8k tokens.
-const SPLIT_TOKENS: usize = 256;
-const _: () = assert!(
-    SPLIT_TOKENS.is_multiple_of(BLOCK_TOKENS),
-    "a block lies in one split"
-);
+/// Calls `f(block, first_slot, n)` for each run of consecutive positions `from..to` that
+/// lie in one block, and `warm(block)` on each block [`PREFETCH_AHEAD`] runs before `f`
+/// reaches it (the first ones up front).
+#[inline(always)]
+fn for_each_run(
+    cache: &CpuKvLayer,
+    from: usize,
+    to: usize,
+    warm: impl Fn(&KvBlock),
+    mut f: impl FnMut(&KvBlock, usize, usize),
+) {
+    // Runs after the first start on block boundaries.
+    let run_start = |i: usize| (from - from % BLOCK_TOKENS) + i * BLOCK_TOKENS;
+    for i in 0..PREFETCH_AHEAD {
+        let pos = run_start(i).max(from);
+        if pos < to {
+            warm(cache.locate(pos).0);
+        }
+    }
+    let mut pos = from;
+    let mut i = 0;
+    while pos < to {
+        let ahead = run_start(i + PREFETCH_AHEAD);
+        if ahead < to {
+            warm(cache.locate(ahead).0);
+        }
+        let (block, slot) = cache.locate(pos);
+        let n = (BLOCK_TOKENS - slot).min(to - pos);
+        f(block, slot, n);
+        pos += n;
+        i += 1;
+    }
+}
 
-/// Query rows of one prompt tile: each key and value block is converted and loaded once for
-/// `TILE_ROWS ×` (query heads per KV head) query vectors, whose running states (a few tens
-/// of KiB) stay in the core's L2 cache.
-const TILE_ROWS: usize = 32;
+/// Sixteen-wide lanes of the position-wise reductions (maximum, softmax sum).
+const LANES: usize = 16;
 
 /// Partial sums per score: dimension `d` goes to partial `d % PARTS`, and a score is
 /// `(p0 + p1) + (p2 + p3)` plus the dimensions past the last multiple of `PARTS`, added
-/// in order. With [`MAX_GROUP`] query vectors that makes sixteen independent chains of
-/// additions, enough to keep the vector adders busy.
+/// in order. Four partials are enough independent additions per head to keep the vector
+/// adders busy while every key row is still loaded once, in memory order. Every path
+/// (decode, prompt chunks, any batch) sums in this order, so a sequence gets the same
+/// bits alone or batched.
 const PARTS: usize = 4;
 
-/// Query vectors scored together against a block: each key row is loaded once for all of
-/// them (their partials fill sixteen vector registers).
+/// Query heads handled together: each key and value row is loaded once for all of them,
+/// and their independent sums keep the vector units busy (four heads' accumulators still
+/// fit the registers).
 const MAX_GROUP: usize = 4;
 
-/// Width of the value accumulators of one query vector: four vector registers.
-const VALUE_TILE: usize = 64;
-
-/// `q · k` of `G` query vectors (`qs`, `[G][hd]`) against every slot of a block's
-/// transposed keys of one KV head (`kt`, `[hd][slot]`, as f32): sixteen-wide products
-/// across the slots, no horizontal sums, in the [`PARTS`] order.
+/// `q · k` of `G` query heads (`qs`, `[G][hd]`) against every slot of a block's transposed
+/// keys of one KV head (`kt`, `[hd][slot]`): sixteen-wide products across the slots, no
+/// horizontal sums, in the [`PARTS`] order.
 #[inline(always)]
-fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLOCK_TOKENS]; G] {
+fn block_scores<const G: usize, E: KvNumber, S: Simd>(
+    simd: S,
+    qs: &[f32],
+    kt: &[E],
+    hd: usize,
+) -> [[f32; BLOCK_TOKENS]; G] {
     const { assert!(BLOCK_TOKENS == 16, "a key row is one sixteen-number load") };
     let main = hd - hd % PARTS;
     let q: [&[f32]; G] = std::array::from_fn(|g| &qs[g * hd..(g + 1) * hd]);
@@ -79,10 +94,10 @@ fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLO
         .enumerate()
     {
         for (j, row) in rows.chunks_exact(BLOCK_TOKENS).enumerate() {
-            let k: &[f32; BLOCK_TOKENS] = row.try_into().expect("one key row");
+            let k = E::load16(simd, row);
             for (part, q) in part.iter_mut().zip(&q) {
                 let qd = q[c * PARTS + j];
-                for (a, &k) in part[j].iter_mut().zip(k) {
+                for (a, &k) in part[j].iter_mut().zip(&k) {
                     *a += qd * k;
                 }
             }
@@ -94,8 +109,8 @@ fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLO
             *s = (part[0][i] + part[1][i]) + (part[2][i] + part[3][i]);
         }
         for d in main..hd {
-            let k = &kt[d * BLOCK_TOKENS..(d + 1) * BLOCK_TOKENS];
-            for (s, &k) in sum.iter_mut().zip(k) {
+            let k = E::load16(simd, &kt[d * BLOCK_TOKENS..]);
+            for (s, &k) in sum.iter_mut().zip(&k) {
                 *s += q[d] * k;
             }
         }
@@ -103,359 +118,174 @@ fn block_scores<const G: usize>(qs: &[f32], kt: &[f32], hd: usize) -> [[f32; BLO
     sum
 }
 
-/// The largest of `xs` (−∞ when empty): a maximum does not depend on the order it is
-/// taken in.
+/// Scaled (and soft-capped) scores of the `G` query heads `qs` for positions `lo .. hi`
+/// into `scores` (`[G][n]`).
 #[inline(always)]
-fn max_of(xs: &[f32]) -> f32 {
-    xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
-}
-
-/// Online-softmax states of some query vectors: running maximum `m`, running sum of
-/// `exp(s − m)` `l`, and the accumulators `Σ exp(s − m) · v` (`[vector][hd]`).
-#[derive(Default)]
-struct State {
-    m: Vec<f32>,
-    l: Vec<f32>,
-    acc: Vec<f32>,
-}
-
-impl State {
-    /// `n` empty states of `hd` accumulators.
-    fn reset(&mut self, n: usize, hd: usize) {
-        self.m.clear();
-        self.m.resize(n, f32::NEG_INFINITY);
-        self.l.clear();
-        self.l.resize(n, 0.0);
-        self.acc.clear();
-        self.acc.resize(n * hd, 0.0);
-    }
-
-    /// Merges `part` into `self`, vector by vector: both are rescaled to the larger
-    /// maximum. An empty side (maximum −∞) leaves the other's bits as they are.
-    fn merge(&mut self, part: &State, hd: usize) {
-        for v in 0..self.m.len() {
-            let (m1, m2) = (self.m[v], part.m[v]);
-            if m2 == f32::NEG_INFINITY {
-                continue;
-            }
-            let m = m1.max(m2);
-            let mut f = [m1 - m, m2 - m];
-            exp_in_place(&mut f);
-            self.m[v] = m;
-            self.l[v] = self.l[v] * f[0] + part.l[v] * f[1];
-            let acc = &mut self.acc[v * hd..(v + 1) * hd];
-            for (a, &b) in acc.iter_mut().zip(&part.acc[v * hd..(v + 1) * hd]) {
-                *a = *a * f[0] + b * f[1];
-            }
-        }
-    }
-
-    /// The attention outputs, `acc / l`, into `out` (`[vector][hd]`).
-    fn finish(&self, hd: usize, out: &mut [f32]) {
-        for (v, out) in out.chunks_exact_mut(hd).enumerate() {
-            let inv = 1.0 / self.l[v];
-            for (o, &a) in out.iter_mut().zip(&self.acc[v * hd..(v + 1) * hd]) {
-                *o = a * inv;
-            }
-        }
-    }
-}
-
-/// Folds one block into the states of `G` consecutive query vectors: `keys` (`[hd][slot]`)
-/// and `values` (`[slot][hd]`) as f32, vector `g` seeing the slots `seen[g]` (a range within
-/// `slots`, the union; slots outside a vector's range weigh exactly zero).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn fold_block<const G: usize>(
+fn group_scores<const G: usize, E: KvNumber, S: Simd>(
+    simd: S,
     qs: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    slots: (usize, usize),
-    seen: [(usize, usize); G],
+    src: &RowSource<'_>,
+    (lo, hi): (usize, usize),
+    kvh: usize,
     p: &AttentionParams,
-    m: &mut [f32],
-    l: &mut [f32],
-    acc: &mut [f32],
+    scores: &mut [f32],
 ) {
     let hd = p.head_dim;
-    let sums = block_scores::<G>(qs, keys, hd);
-    let mut w = [[f32::NEG_INFINITY; BLOCK_TOKENS]; G];
-    let mut alpha = [0f32; G];
-    for g in 0..G {
-        let (a, b) = seen[g];
-        for (o, &s) in w[g][a..b].iter_mut().zip(&sums[g][a..b]) {
-            let mut s = s * p.scale;
-            if let Some(cap) = p.softcap {
-                s = cap * (s / cap).tanh();
+    let n = hi - lo;
+    let mut t = 0;
+    // The values follow the keys into the caches, so the value pass after the softmax
+    // finds them there.
+    let warm = |b: &KvBlock| {
+        b.prefetch_head_keys(kvh, hd);
+        b.prefetch_head_values(kvh, hd);
+    };
+    for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
+        let sums = block_scores::<G, E, S>(simd, qs, block.head_keys(kvh, hd), hd);
+        for (g, sum) in sums.iter().enumerate() {
+            let out = &mut scores[g * n + t..g * n + t + len];
+            for (o, &a) in out.iter_mut().zip(&sum[slot..slot + len]) {
+                let mut s = a * p.scale;
+                if let Some(cap) = p.softcap {
+                    s = cap * (s / cap).tanh();
+                }
+                *o = s;
             }
-            *o = s;
         }
-        let mn = m[g].max(max_of(&w[g][a..b]));
-        alpha[g] = m[g] - mn;
-        m[g] = mn;
-        for s in &mut w[g] {
-            *s -= mn;
-        }
+        t += len;
+    });
+}
+
+/// Width of the value accumulators of one head: four vector registers.
+const VALUE_TILE: usize = 64;
+
+/// The first [`VALUE_TILE`] numbers of `v` as f32, sixteen per load.
+#[inline(always)]
+fn value_tile<E: KvNumber, S: Simd>(simd: S, v: &[E]) -> [f32; VALUE_TILE] {
+    let mut tile = [0f32; VALUE_TILE];
+    for (c, part) in tile.chunks_exact_mut(16).enumerate() {
+        part.copy_from_slice(&E::load16(simd, &v[c * 16..]));
     }
-    // Scores minus the new maximum (−∞ where unseen, giving 0), then the rescale factors.
-    exp_in_place(w.as_flattened_mut());
-    exp_in_place(&mut alpha);
-    let (t0, t1) = slots;
-    for g in 0..G {
-        let s = w[g][t0..t1].iter().fold(0f32, |s, &x| s + x);
-        l[g] = l[g] * alpha[g] + s;
-    }
+    tile
+}
+
+/// `out[g] = Σ_t weights[g][t] · v_t` for the `G` heads, over positions `lo .. hi` of KV
+/// head `kvh`; each value row is loaded once for all heads. Every output sums its terms in
+/// position order from zero, as a plain loop would.
+#[inline(always)]
+fn group_values<const G: usize, E: KvNumber, S: Simd>(
+    simd: S,
+    weights: &[f32],
+    src: &RowSource<'_>,
+    (lo, hi): (usize, usize),
+    kvh: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let n = hi - lo;
     let tiles = hd / VALUE_TILE;
-    for tile in 0..tiles {
-        let d0 = tile * VALUE_TILE;
-        let mut a: [[f32; VALUE_TILE]; G] = std::array::from_fn(|g| {
-            let mut a: [f32; VALUE_TILE] = acc[g * hd + d0..g * hd + d0 + VALUE_TILE]
-                .try_into()
-                .expect("one value tile");
-            for x in &mut a {
-                *x *= alpha[g];
+    let mut t = 0;
+    let warm = |b: &KvBlock| b.prefetch_head_values(kvh, hd);
+    for_each_run(src.cache, lo, hi, warm, |block, slot, len| {
+        let values: &[E] = block.head_values(kvh, hd, slot..slot + len);
+        for tile in 0..tiles {
+            let d0 = tile * VALUE_TILE;
+            let mut acc: [[f32; VALUE_TILE]; G] = std::array::from_fn(|g| {
+                out[g * hd + d0..g * hd + d0 + VALUE_TILE]
+                    .try_into()
+                    .expect("one value tile")
+            });
+            for (i, v) in values.chunks_exact(hd).enumerate() {
+                let v = value_tile(simd, &v[d0..]);
+                for (g, acc) in acc.iter_mut().enumerate() {
+                    let wt = weights[g * n + t + i];
+                    for (a, &x) in acc.iter_mut().zip(&v) {
+                        *a += wt * x;
+                    }
+                }
             }
-            a
-        });
-        for t in t0..t1 {
-            let v: &[f32; VALUE_TILE] = values[t * hd + d0..t * hd + d0 + VALUE_TILE]
-                .try_into()
-                .expect("one value tile");
-            for (a, w) in a.iter_mut().zip(&w) {
-                let wt = w[t];
-                for (x, &v) in a.iter_mut().zip(v) {
-                    *x += wt * v;
+            for (g, acc) in acc.iter().enumerate() {
+                out[g * hd + d0..g * hd + d0 + VALUE_TILE].copy_from_slice(acc);
+            }
+        }
+        let d0 = tiles * VALUE_TILE;
+        if d0 < hd {
+            for (i, v) in values.chunks_exact(hd).enumerate() {
+                for g in 0..G {
+                    let wt = weights[g * n + t + i];
+                    axpy(&mut out[g * hd + d0..(g + 1) * hd], wt, &v[d0..]);
                 }
             }
         }
-        for (g, a) in a.iter().enumerate() {
-            acc[g * hd + d0..g * hd + d0 + VALUE_TILE].copy_from_slice(a);
+        t += len;
+    });
+}
+
+/// Divides one head's weights by their sum — multiplies by its inverse. The sum is taken
+/// in [`LANES`] lanes (position `t` into lane `t % LANES`, up to the last multiple of
+/// `LANES`), the lanes added in order, then the tail in order.
+#[inline(always)]
+fn normalize(weights: &mut [f32]) {
+    let inv = 1.0 / lane_sum(weights);
+    for w in weights {
+        *w *= inv;
+    }
+}
+
+/// The sum of `xs` in the [`normalize`] order.
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
         }
     }
-    let d0 = tiles * VALUE_TILE;
-    if d0 < hd {
-        for g in 0..G {
-            let a = &mut acc[g * hd + d0..(g + 1) * hd];
-            for x in a.iter_mut() {
-                *x *= alpha[g];
-            }
-            for t in t0..t1 {
-                let wt = w[g][t];
-                for (x, &v) in a.iter_mut().zip(&values[t * hd + d0..(t + 1) * hd]) {
-                    *x += wt * v;
-                }
-            }
+    let sum = lanes.iter().fold(0f32, |s, &l| s + l);
+    chunks.remainder().iter().fold(sum, |s, &x| s + x)
+}
+
+/// The heads `0 .. heads` in runs of at most [`MAX_GROUP`], the runs that share loads.
+fn head_groups(heads: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..heads)
+        .step_by(MAX_GROUP)
+        .map(move |h| h..(h + MAX_GROUP).min(heads))
+}
+
+/// Calls `$f::<G, $t, $s>(…)` with `G` the length (1 to [`MAX_GROUP`]) of the head run `$r`.
+macro_rules! by_group {
+    ($r:expr, $f:ident::<$t:ty, $s:ty>($($arg:expr),* $(,)?)) => {
+        match $r.len() {
+            4 => $f::<4, $t, $s>($($arg),*),
+            3 => $f::<3, $t, $s>($($arg),*),
+            2 => $f::<2, $t, $s>($($arg),*),
+            _ => $f::<1, $t, $s>($($arg),*),
+        }
+    };
+}
+
+/// The largest of `xs` (−∞ when empty), sixteen lanes at a time: a maximum does not
+/// depend on the order it is taken in.
+#[inline(always)]
+fn max_of(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
         }
     }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    lanes.iter().fold(tail, |m, &x| m.max(x))
 }
 
 /// Where one row of the batch reads from: its cache and its position.
 pub(crate) struct RowSource<'a> {
     pub cache: &'a CpuKvLayer,
     pub pos: usize,
-}
-
-/// The positions `lo .. hi` the row at `src` attends to.
-fn span(src: &RowSource<'_>, p: &AttentionParams) -> (usize, usize) {
-    let hi = src.pos + 1;
-    let lo = match p.window {
-        Some(w) => hi.saturating_sub(w),
-        None => 0,
-    }
-    .max(src.cache.start);
-    (lo, hi)
-}
-
-/// One piece of the work: the query heads of KV head `kvh` of rows `row .. row + rows`
-/// (consecutive positions of one sequence), over every split of their history
-/// (`split: None`, normalized outputs) or over split `split` only (an unnormalized state,
-/// merged after the threads are done).
-#[derive(Debug, Clone, Copy)]
-struct Unit {
-    row: usize,
-    rows: usize,
-    kvh: usize,
-    split: Option<usize>,
-    /// Keys × rows, to hand out the largest pieces first.
-    work: usize,
-}
-
-/// Per-thread buffers.
-#[derive(Default)]
-struct Scratch {
-    q: Vec<f32>,
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    split: State,
-    total: State,
-}
-
-/// `src` as f32: borrowed when the cache stores f32, converted into `buf` otherwise.
-#[inline(always)]
-fn as_f32<'a, E: KvNumber, S: Simd>(simd: S, src: &'a [E], buf: &'a mut Vec<f32>) -> &'a [f32] {
-    if let Some(x) = E::as_f32(src) {
-        return x;
-    }
-    buf.resize(src.len(), 0.0);
-    for (o, c) in buf.chunks_exact_mut(16).zip(src.chunks_exact(16)) {
-        o.copy_from_slice(&E::load16(simd, c));
-    }
-    buf
-}
-
-/// Folds split `split` of the history into `state` for the query vectors of `rows`
-/// (all reading one cache, at consecutive positions, `group` vectors a row from `q`).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn fold_split<E: KvNumber, S: Simd>(
-    simd: S,
-    rows: &[RowSource<'_>],
-    kvh: usize,
-    split: usize,
-    p: &AttentionParams,
-    q: &[f32],
-    (keys_buf, values_buf): (&mut Vec<f32>, &mut Vec<f32>),
-    state: &mut State,
-) {
-    let hd = p.head_dim;
-    let group = q.len() / (rows.len() * hd);
-    let spans: Vec<(usize, usize)> = rows.iter().map(|r| span(r, p)).collect();
-    let cache = rows[0].cache;
-    let (lo, hi) = (spans[0].0, spans[spans.len() - 1].1);
-    let from = (split * SPLIT_TOKENS).max(lo - lo % BLOCK_TOKENS);
-    let to = ((split + 1) * SPLIT_TOKENS).min(hi);
-    let warm = |pos: usize| {
-        if pos < hi {
-            let b = cache.locate(pos).0;
-            b.prefetch_head_keys(kvh, hd);
-            b.prefetch_head_values(kvh, hd);
-        }
-    };
-    for i in 0..PREFETCH_AHEAD {
-        warm(from + i * BLOCK_TOKENS);
-    }
-    let mut b0 = from;
-    while b0 < to {
-        warm(b0 + PREFETCH_AHEAD * BLOCK_TOKENS);
-        let b1 = (b0 + BLOCK_TOKENS).min(to);
-        // What each row sees of this block, as slots; rows that see none are skipped.
-        let seen = |i: usize| {
-            let (a, b) = spans[i];
-            (a.max(b0), b.min(b1))
-        };
-        let first = (0..rows.len()).find(|&i| seen(i).0 < seen(i).1);
-        let Some(first) = first else {
-            b0 += BLOCK_TOKENS;
-            continue;
-        };
-        let last = (first..rows.len())
-            .take_while(|&i| seen(i).0 < seen(i).1)
-            .last()
-            .unwrap_or(first);
-        let block: &KvBlock = cache.locate(b0).0;
-        let keys = as_f32(simd, block.head_keys::<E>(kvh, hd), keys_buf);
-        let values = as_f32(
-            simd,
-            block.head_values::<E>(kvh, hd, 0..BLOCK_TOKENS),
-            values_buf,
-        );
-        let slots = (seen(first).0 - b0, seen(last).1 - b0);
-        let vectors = first * group..(last + 1) * group;
-        for v0 in vectors.clone().step_by(MAX_GROUP) {
-            let r = v0..(v0 + MAX_GROUP).min(vectors.end);
-            let seen_of = |g: usize| {
-                let (a, b) = seen((v0 + g) / group);
-                (a - b0, b - b0)
-            };
-            let qs = &q[r.start * hd..r.end * hd];
-            let (m, l) = (&mut state.m[r.clone()], &mut state.l[r.clone()]);
-            let acc = &mut state.acc[r.start * hd..r.end * hd];
-            macro_rules! fold {
-                ($g:literal) => {
-                    fold_block::<$g>(
-                        qs,
-                        keys,
-                        values,
-                        slots,
-                        std::array::from_fn(seen_of),
-                        p,
-                        m,
-                        l,
-                        acc,
-                    )
-                };
-            }
-            match r.len() {
-                4 => fold!(4),
-                3 => fold!(3),
-                2 => fold!(2),
-                _ => fold!(1),
-            }
-        }
-        b0 += BLOCK_TOKENS;
-    }
-}
-
-/// Computes `unit` into `out`: normalized outputs `[row][head][hd]` of its heads, or the
-/// split's state (`[vector][hd]` accumulators, then the maxima, then the sums).
-#[inline(always)]
-fn run_unit_as<E: KvNumber, S: Simd>(
-    simd: S,
-    unit: Unit,
-    q: &[f32],
-    rows: &[RowSource<'_>],
-    p: &AttentionParams,
-    s: &mut Scratch,
-    out: &mut [f32],
-) {
-    let hd = p.head_dim;
-    let group = p.heads / p.kv_heads;
-    let rows = &rows[unit.row..unit.row + unit.rows];
-    s.q.clear();
-    for i in 0..unit.rows {
-        let at = ((unit.row + i) * p.heads + unit.kvh * group) * hd;
-        s.q.extend_from_slice(&q[at..at + group * hd]);
-    }
-    let n = unit.rows * group;
-    match unit.split {
-        Some(split) => {
-            s.split.reset(n, hd);
-            let bufs = (&mut s.keys, &mut s.values);
-            fold_split::<E, S>(simd, rows, unit.kvh, split, p, &s.q, bufs, &mut s.split);
-            let (acc, rest) = out.split_at_mut(n * hd);
-            acc.copy_from_slice(&s.split.acc);
-            rest[..n].copy_from_slice(&s.split.m);
-            rest[n..2 * n].copy_from_slice(&s.split.l);
-        }
-        None => {
-            let (lo, hi) = (span(&rows[0], p).0, span(&rows[rows.len() - 1], p).1);
-            s.total.reset(n, hd);
-            for split in lo / SPLIT_TOKENS..hi.div_ceil(SPLIT_TOKENS) {
-                s.split.reset(n, hd);
-                let bufs = (&mut s.keys, &mut s.values);
-                fold_split::<E, S>(simd, rows, unit.kvh, split, p, &s.q, bufs, &mut s.split);
-                s.total.merge(&s.split, hd);
-            }
-            s.total.finish(hd, out);
-        }
-    }
-}
-
-/// [`run_unit`] with the instructions of `simd`, inlined into its caller.
-#[inline(always)]
-fn run_unit_on<S: Simd>(
-    simd: S,
-    unit: Unit,
-    q: &[f32],
-    rows: &[RowSource<'_>],
-    p: &AttentionParams,
-    s: &mut Scratch,
-    out: &mut [f32],
-) {
-    match rows[unit.row].cache.dtype {
-        KvDtype::F32 => run_unit_as::<f32, S>(simd, unit, q, rows, p, s, out),
-        KvDtype::F16 => run_unit_as::<f16, S>(simd, unit, q, rows, p, s, out),
-    }
 }
 
 /// Multiply-adds under which attention stays on the calling thread.
@@ -494,114 +324,128 @@ impl Kernel {
     }
 }
 
-/// Computes one [`Unit`] into `out`. The body is compiled once per [`Kernel`], each copy
-/// with its instruction set enabled, so the sixteen-wide loops become that set's vector
-/// code whatever CPU the build targets.
-fn run_unit(
+/// Attention of the query heads `h0 .. h0 + qs.len() / hd`, which all read KV head `kvh`,
+/// for one row, up to [`MAX_GROUP`] heads at a time sharing every key and value load;
+/// `scores` is reused scratch. The body is compiled once per [`Kernel`], each copy with its
+/// instruction set enabled, so the sixteen-wide loops become that set's vector code whatever
+/// CPU the build targets.
+fn attend_heads(
     kernel: Kernel,
-    unit: Unit,
-    q: &[f32],
-    rows: &[RowSource<'_>],
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
     p: &AttentionParams,
-    s: &mut Scratch,
+    scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     match kernel {
-        Kernel::Portable => run_unit_on(Portable, unit, q, rows, p, s, out),
+        Kernel::Portable => attend_heads_on(Portable, qs, src, kvh, p, scores, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Avx2` proves the CPU has AVX2, FMA and F16C.
-        Kernel::Avx2(simd) => unsafe { run_unit_avx2(simd, unit, q, rows, p, s, out) },
+        Kernel::Avx2(s) => unsafe { attend_heads_avx2(s, qs, src, kvh, p, scores, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Avx512` proves the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
-        Kernel::Avx512(simd) => unsafe { run_unit_avx512(simd, unit, q, rows, p, s, out) },
+        Kernel::Avx512(s) => unsafe { attend_heads_avx512(s, qs, src, kvh, p, scores, out) },
     }
 }
 
-/// [`run_unit`] compiled for AVX2.
+/// [`attend_heads`] compiled for AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn run_unit_avx2(
+fn attend_heads_avx2(
     simd: Avx2,
-    unit: Unit,
-    q: &[f32],
-    rows: &[RowSource<'_>],
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
     p: &AttentionParams,
-    s: &mut Scratch,
+    scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    run_unit_on(simd, unit, q, rows, p, s, out)
+    attend_heads_on(simd, qs, src, kvh, p, scores, out)
 }
 
-/// [`run_unit`] compiled for AVX-512.
+/// [`attend_heads`] compiled for AVX-512.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-fn run_unit_avx512(
+fn attend_heads_avx512(
     simd: Avx512,
-    unit: Unit,
-    q: &[f32],
-    rows: &[RowSource<'_>],
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
     p: &AttentionParams,
-    s: &mut Scratch,
+    scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    run_unit_on(simd, unit, q, rows, p, s, out)
+    attend_heads_on(simd, qs, src, kvh, p, scores, out)
 }
 
-/// The work units of a batch: each run of consecutive positions of one sequence is cut
-/// into prompt tiles of up to [`TILE_ROWS`] rows; a lone row (a decode step) is cut into
-/// its splits instead, so long histories spread over the threads. Largest first.
-fn plan(rows: &[RowSource<'_>], p: &AttentionParams) -> Vec<Unit> {
-    let mut units = Vec::new();
-    let mut r = 0;
-    while r < rows.len() {
-        let mut n = 1;
-        while n < TILE_ROWS
-            && r + n < rows.len()
-            && std::ptr::eq(rows[r + n].cache, rows[r].cache)
-            && rows[r + n].pos == rows[r].pos + n
-        {
-            n += 1;
-        }
-        let (lo, hi) = (span(&rows[r], p).0, span(&rows[r + n - 1], p).1);
-        for kvh in 0..p.kv_heads {
-            if n == 1 {
-                for split in lo / SPLIT_TOKENS..hi.div_ceil(SPLIT_TOKENS) {
-                    let keys = hi.min((split + 1) * SPLIT_TOKENS) - lo.max(split * SPLIT_TOKENS);
-                    units.push(Unit {
-                        row: r,
-                        rows: 1,
-                        kvh,
-                        split: Some(split),
-                        work: keys,
-                    });
-                }
-            } else {
-                units.push(Unit {
-                    row: r,
-                    rows: n,
-                    kvh,
-                    split: None,
-                    work: (hi - lo) * n,
-                });
-            }
-        }
-        r += n;
+/// [`attend_heads`] with the instructions of `simd`, inlined into its caller.
+#[inline(always)]
+fn attend_heads_on<S: Simd>(
+    simd: S,
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
+    p: &AttentionParams,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    match src.cache.dtype {
+        KvDtype::F32 => attend_heads_as::<f32, S>(simd, qs, src, kvh, p, scores, out),
+        KvDtype::F16 => attend_heads_as::<f16, S>(simd, qs, src, kvh, p, scores, out),
     }
-    units.sort_by_key(|u| std::cmp::Reverse(u.work));
-    units
 }
 
-/// Numbers a unit writes: outputs of its heads, or a split's accumulators, maxima and sums.
-fn unit_len(u: &Unit, p: &AttentionParams) -> usize {
-    let n = u.rows * (p.heads / p.kv_heads);
-    match u.split {
-        Some(_) => n * (p.head_dim + 2),
-        None => n * p.head_dim,
+/// [`attend_heads`] over a cache storing numbers of type `E`.
+#[inline(always)]
+fn attend_heads_as<E: KvNumber, S: Simd>(
+    simd: S,
+    qs: &[f32],
+    src: &RowSource<'_>,
+    kvh: usize,
+    p: &AttentionParams,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let heads = qs.len() / hd;
+    let hi = src.pos + 1;
+    let lo = match p.window {
+        Some(w) => hi.saturating_sub(w),
+        None => 0,
+    }
+    .max(src.cache.start);
+    let n = hi - lo;
+    scores.clear();
+    scores.resize(heads * n, 0.0);
+    let span = (lo, hi);
+    for r in head_groups(heads) {
+        let (q, s) = (
+            &qs[r.start * hd..r.end * hd],
+            &mut scores[r.start * n..r.end * n],
+        );
+        by_group!(r, group_scores::<E, S>(simd, q, src, span, kvh, p, s));
+    }
+    for weights in scores.chunks_exact_mut(n) {
+        let max = max_of(weights);
+        for s in weights.iter_mut() {
+            *s -= max;
+        }
+        exp_in_place(weights);
+        normalize(weights);
+    }
+    for r in head_groups(heads) {
+        let (w, o) = (
+            &scores[r.start * n..r.end * n],
+            &mut out[r.start * hd..r.end * hd],
+        );
+        by_group!(r, group_values::<E, S>(simd, w, src, span, kvh, hd, o));
     }
 }
 
 /// Attention for every (row, head) on `pool`, with the kernels of the family `isa` (or
-/// the best smaller one the CPU has); `q` is `[rows][heads][head_dim]`, the result too.
+/// the best smaller one the CPU has); `q` is `[rows][heads][head_dim]`, the result too. A work unit is one row's query heads of one KV head (the group shares
+/// every key load), or a single head when that leaves too few units for the threads.
 pub(crate) fn attend(
     pool: &ThreadPool,
     isa: Isa,
@@ -612,79 +456,44 @@ pub(crate) fn attend(
     let hd = p.head_dim;
     let group = p.heads / p.kv_heads;
     let kernel = Kernel::for_isa(isa);
-    let units = plan(rows, p);
-    let lens: Vec<usize> = units.iter().map(|u| unit_len(u, p)).collect();
-    let mut results = vec![0f32; lens.iter().sum()];
-    let work_size = units.iter().map(|u| u.work).sum::<usize>() * group * hd * 2;
-    {
-        let mut slots = Vec::with_capacity(units.len());
-        let mut rest = results.as_mut_slice();
-        for &len in &lens {
-            let (slot, tail) = rest.split_at_mut(len);
-            slots.push(Mutex::new(slot));
-            rest = tail;
-        }
-        let next = AtomicUsize::new(0);
-        let work = |_thread: usize| {
-            let mut scratch = Scratch::default();
-            loop {
-                let u = next.fetch_add(1, Ordering::Relaxed);
-                if u >= units.len() {
-                    break;
-                }
-                let mut out = slots[u].lock().unwrap_or_else(|e| e.into_inner());
-                run_unit(kernel, units[u], q, rows, p, &mut scratch, &mut out);
-            }
-        };
-        if work_size < SERIAL_WORK {
-            work(0);
-        } else {
-            pool.run(&work);
-        }
-    }
-    // Scatter the tiles' outputs; merge each decode row's splits left to right.
     let mut out = vec![0f32; q.len()];
-    let mut offsets = Vec::with_capacity(units.len());
-    let mut at = 0;
-    for &len in &lens {
-        offsets.push(at);
-        at += len;
-    }
-    let mut splits: Vec<(usize, usize, usize, usize)> = Vec::new();
-    for (i, u) in units.iter().enumerate() {
-        let data = &results[offsets[i]..offsets[i] + lens[i]];
-        match u.split {
-            None => {
-                for r in 0..u.rows {
-                    let at = ((u.row + r) * p.heads + u.kvh * group) * hd;
-                    out[at..at + group * hd]
-                        .copy_from_slice(&data[r * group * hd..(r + 1) * group * hd]);
-                }
+    let per_unit = if rows.len() * p.kv_heads >= 2 * pool.threads() {
+        group
+    } else {
+        1
+    };
+    let units_per_row = p.heads / per_unit;
+    let work_size: usize = rows
+        .iter()
+        .map(|r| (r.pos + 1 - r.cache.start.min(r.pos)).min(p.window.unwrap_or(usize::MAX)))
+        .sum::<usize>()
+        * p.heads
+        * hd
+        * 2;
+    let units: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per_unit * hd).map(Mutex::new).collect();
+    let next = AtomicUsize::new(0);
+    let work = |_thread: usize| {
+        let mut scores = Vec::new();
+        loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            if u >= units.len() {
+                break;
             }
-            Some(split) => splits.push((u.row, u.kvh, split, i)),
+            let (r, h0) = (u / units_per_row, (u % units_per_row) * per_unit);
+            let qs = &q[(r * p.heads + h0) * hd..(r * p.heads + h0 + per_unit) * hd];
+            let mut o = units[u].lock().unwrap_or_else(|e| e.into_inner());
+            attend_heads(kernel, qs, &rows[r], h0 / group, p, &mut scores, &mut o);
         }
+    };
+    if work_size < SERIAL_WORK {
+        work(0);
+    } else {
+        pool.run(&work);
     }
-    splits.sort_unstable();
-    let (mut total, mut part) = (State::default(), State::default());
-    for run in splits.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
-        let (row, kvh) = (run[0].0, run[0].1);
-        total.reset(group, hd);
-        for &(_, _, _, i) in run {
-            let data = &results[offsets[i]..offsets[i] + lens[i]];
-            let (acc, rest) = data.split_at(group * hd);
-            part.acc.clear();
-            part.acc.extend_from_slice(acc);
-            part.m.clear();
-            part.m.extend_from_slice(&rest[..group]);
-            part.l.clear();
-            part.l.extend_from_slice(&rest[group..]);
-            total.merge(&part, hd);
-        }
-        let at = (row * p.heads + kvh * group) * hd;
-        total.finish(hd, &mut out[at..at + group * hd]);
-    }
+    drop(units);
     out
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -743,14 +552,11 @@ mod tests {
         out
     }
 
-    /// One row's attention at position `pos` of contiguous `[token][kv_head][hd]` keys and
-    /// values in the order the kernels promise, head by head: the positions `lo ..= pos`
-    /// cut into splits of [`SPLIT_TOKENS`] and those into runs at block boundaries; each
-    /// split an online softmax from scratch, fed run by run (scores with four partial sums,
-    /// dimension `d` into partial `d % 4`, combined as `(p0 + p1) + (p2 + p3)`, then the
-    /// tail; the run's maximum taken into the running one; sums and accumulators rescaled
-    /// by `exp(old − new)`, then the run's weights added in position order, the sum from
-    /// zero); splits merged left to right; the accumulators times `1 / sum` at the end.
+    /// One head's attention at position `pos` of contiguous `[token][kv_head][hd]` keys and
+    /// values in the order the kernels promise: each score's dimensions summed in four
+    /// partials (dimension `d` into partial `d % 4`) combined as `(p0 + p1) + (p2 + p3)`,
+    /// then the tail; the softmax sum in sixteen lanes (position `t` into lane `t % 16`)
+    /// added in order, then its tail; values summed position by position from zero.
     fn ordered_reference(
         q: &[f32],
         keys: &[f32],
@@ -761,66 +567,46 @@ mod tests {
         let hd = p.head_dim;
         let row = p.kv_heads * hd;
         let main = hd - hd % 4;
-        let exp = |x: f32| x.exp();
         let mut out = vec![0f32; p.heads * hd];
         for h in 0..p.heads {
             let kvh = h / (p.heads / p.kv_heads);
             let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let q = &q[h * hd..(h + 1) * hd];
-            let score = |j: usize| {
-                let k = &keys[j * row + kvh * hd..][..hd];
-                let mut part = [0f32; 4];
-                for d in 0..main {
-                    part[d % 4] += q[d] * k[d];
-                }
-                let mut sum = (part[0] + part[1]) + (part[2] + part[3]);
-                for d in main..hd {
-                    sum += q[d] * k[d];
-                }
-                let mut s = sum * p.scale;
-                if let Some(cap) = p.softcap {
-                    s = cap * (s / cap).tanh();
-                }
-                s
-            };
-            let (mut tm, mut tl, mut ta) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
-            for split in lo / SPLIT_TOKENS..=pos / SPLIT_TOKENS {
-                let (from, to) = (
-                    lo.max(split * SPLIT_TOKENS),
-                    (pos + 1).min((split + 1) * SPLIT_TOKENS),
-                );
-                let (mut m, mut l, mut a) = (f32::NEG_INFINITY, 0f32, vec![0f32; hd]);
-                let mut run = from;
-                while run < to {
-                    let end = (run - run % BLOCK_TOKENS + BLOCK_TOKENS).min(to);
-                    let scores: Vec<f32> = (run..end).map(score).collect();
-                    let mn = scores.iter().fold(m, |m, &s| m.max(s));
-                    let alpha = exp(m - mn);
-                    m = mn;
-                    let w: Vec<f32> = scores.iter().map(|&s| exp(s - mn)).collect();
-                    l = l * alpha + w.iter().fold(0f32, |s, &x| s + x);
-                    for x in a.iter_mut() {
-                        *x *= alpha;
+            let scores: Vec<f32> = (lo..=pos)
+                .map(|j| {
+                    let k = &keys[j * row + kvh * hd..][..hd];
+                    let mut part = [0f32; 4];
+                    for d in 0..main {
+                        part[d % 4] += q[d] * k[d];
                     }
-                    for (j, &w) in (run..end).zip(&w) {
-                        let v = &values[j * row + kvh * hd..][..hd];
-                        for d in 0..hd {
-                            a[d] += w * v[d];
-                        }
+                    let mut sum = (part[0] + part[1]) + (part[2] + part[3]);
+                    for d in main..hd {
+                        sum += q[d] * k[d];
                     }
-                    run = end;
-                }
-                let mn = tm.max(m);
-                let (f1, f2) = (exp(tm - mn), exp(m - mn));
-                tm = mn;
-                tl = tl * f1 + l * f2;
-                for (x, &y) in ta.iter_mut().zip(&a) {
-                    *x = *x * f1 + y * f2;
-                }
+                    let mut s = sum * p.scale;
+                    if let Some(cap) = p.softcap {
+                        s = cap * (s / cap).tanh();
+                    }
+                    s
+                })
+                .collect();
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let main = weights.len() - weights.len() % 16;
+            let mut lanes = [0f32; 16];
+            for (t, w) in weights[..main].iter().enumerate() {
+                lanes[t % 16] += w;
             }
-            let inv = 1.0 / tl;
-            for d in 0..hd {
-                out[h * hd + d] = ta[d] * inv;
+            let total = weights[main..]
+                .iter()
+                .fold(lanes.iter().sum::<f32>(), |s, w| s + w);
+            let inv = 1.0 / total;
+            for (j, w) in (lo..=pos).zip(&weights) {
+                let w = w * inv;
+                let v = &values[j * row + kvh * hd..][..hd];
+                for d in 0..hd {
+                    out[h * hd + d] += w * v[d];
+                }
             }
         }
         out
@@ -864,8 +650,7 @@ mod tests {
                 softcap,
             };
             let (q_w, kv_w) = (heads * head_dim, kv_heads * head_dim);
-            // The longest spans three splits.
-            let lens = [75usize, 33, 530];
+            let lens = [75usize, 33, 130];
             let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..lens.len())
                 .map(|s| {
                     let n = lens[s];

@@ -107,8 +107,8 @@ pub(crate) trait KvNumber: Copy {
     /// The first sixteen numbers of `src` as f32, converted with `simd`'s instructions.
     fn load16<S: Simd>(simd: S, src: &[Self]) -> [f32; 16];
 
-    /// `src` itself when this type is f32 (nothing to convert), else `None`.
-    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+    /// One number as f32.
+    fn to_f32(self) -> f32;
 }
 
 impl KvNumber for f32 {
@@ -126,8 +126,8 @@ impl KvNumber for f32 {
     }
 
     #[inline(always)]
-    fn as_f32(src: &[f32]) -> Option<&[f32]> {
-        Some(src)
+    fn to_f32(self) -> f32 {
+        self
     }
 }
 
@@ -146,8 +146,8 @@ impl KvNumber for f16 {
     }
 
     #[inline(always)]
-    fn as_f32(_: &[f16]) -> Option<&[f32]> {
-        None
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
     }
 }
 
