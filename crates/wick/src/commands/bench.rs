@@ -66,11 +66,19 @@ pub struct BenchArgs {
     /// --prompt-tokens, --gen-tokens and --batch.
     #[arg(long = "case")]
     cases: Vec<String>,
+    /// The long-prompt cases: prompts of 512, 4096, 8192 and 16384 tokens (those the
+    /// model's context holds), each followed by --gen-tokens of decode, batch 1.
+    #[arg(long, conflicts_with = "cases")]
+    long_prompts: bool,
     /// Use prompt ids `100 + (7919·i + 13) mod 32000` instead of tokenized text (the
     /// same ids scripts/gpu/mlx_lm_bench.py feeds mlx-lm).
     #[arg(long)]
     synthetic_prompt: bool,
 }
+
+/// Prompt lengths of `--long-prompts`: a chat turn, then what coding agents send (Codex's
+/// first request is 7–12k tokens, Claude Code's about 19k).
+const LONG_PROMPTS: [usize; 4] = [512, 4096, 8192, 16384];
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -143,7 +151,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         },
     )?;
     let load_s = t.elapsed().as_secs_f64();
-    let cases = if args.cases.is_empty() {
+    let cases = if args.long_prompts {
+        let context = model.info().context_length;
+        LONG_PROMPTS
+            .iter()
+            .filter(|&&prompt| {
+                let fits = prompt + args.gen_tokens <= context;
+                if !fits {
+                    eprintln!("skipping the {prompt}-token prompt: the context is {context}");
+                }
+                fits
+            })
+            .map(|&prompt| Case {
+                prompt,
+                gen: args.gen_tokens,
+                batch: 1,
+            })
+            .collect()
+    } else if args.cases.is_empty() {
         vec![Case {
             prompt: args.prompt_tokens.max(1),
             gen: args.gen_tokens,
