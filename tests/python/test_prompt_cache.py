@@ -200,6 +200,14 @@ def plant_damage(root: Path, owner: dict) -> dict:
     return {p: p.read_bytes() for p in foreign.rglob("*") if p.is_file()}
 
 
+def scanned(s: WickServer, secs: float = 120.0) -> None:
+    """Waits for the SSD tier's start-up scan, which runs beside serving, to finish."""
+    deadline = time.monotonic() + secs
+    while s.stats()["ssd_cache"]["scanning"]:
+        assert time.monotonic() < deadline, "the SSD scan did not finish"
+        time.sleep(0.05)
+
+
 def test_damaged_and_foreign_files_never_break_a_request(reference, populated, tmp_path):
     source, owner = populated
     root = tmp_path / "ssd"
@@ -207,6 +215,7 @@ def test_damaged_and_foreign_files_never_break_a_request(reference, populated, t
     foreign = plant_damage(root, owner)
     s = WickServer("--ssd-cache", str(root))
     try:
+        scanned(s)
         ours = fingerprint_dir(root)
         # the scan reaped the orphan, the junk, the empty file and the other version
         assert not list(ours.rglob("*.tmp"))
@@ -229,6 +238,7 @@ def test_damaged_and_foreign_files_never_break_a_request(reference, populated, t
     plant_damage(root, owner)
     s = WickServer("--ssd-cache", str(root), "--ssd-cache-verify")
     try:
+        scanned(s)
         assert not (root / owner["p2"]).exists()
         assert completion(s, PROMPTS["p2"]).choices[0].text == reference["p2"]
     finally:
