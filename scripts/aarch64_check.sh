@@ -31,7 +31,9 @@ cargo build --release -p wick --target "$target" --target-dir target/aarch64
 wick=target/aarch64/$target/release/wick
 file "$wick" 2>/dev/null || true
 
-emulated() { timeout 600 qemu-aarch64 -L /usr/aarch64-linux-gnu "$wick" "$@"; }
+# The binary re-executes itself for huge pages; under qemu-user that re-exec would run the
+# Arm binary natively, so it is turned off here.
+emulated() { WICK_HUGE_PAGES=0 timeout 600 qemu-aarch64 -L /usr/aarch64-linux-gnu "$wick" "$@"; }
 emulated --version
 
 reply='<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
