@@ -738,22 +738,7 @@ impl<B: Backend> Decoder<B> {
         batch: &mut [BatchItem<'_, B>],
         lora: &[Vec<&LoraWeights<B>>],
     ) -> Result<Vec<Option<Logits>>> {
-        let mut ids = Vec::new();
-        for item in batch.iter() {
-            ids.extend_from_slice(item.tokens);
-        }
-        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
-        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
-        let mut caches: Vec<&mut SequenceCache<B>> =
-            batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, rows) = self.run(
-            Input::Host(&ids),
-            &mut caches,
-            &counts,
-            &requests,
-            false,
-            lora,
-        )?;
+        let (logits, rows) = self.run_batch(batch, false, lora)?;
         let Some(logits) = logits else {
             return Ok(vec![None; batch.len()]);
         };
@@ -790,22 +775,7 @@ impl<B: Backend> Decoder<B> {
                 "an argmax forward pass returns one token per sequence, not every position".into(),
             ));
         }
-        let mut ids = Vec::new();
-        for item in batch.iter() {
-            ids.extend_from_slice(item.tokens);
-        }
-        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
-        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
-        let mut caches: Vec<&mut SequenceCache<B>> =
-            batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (logits, _) = self.run(
-            Input::Host(&ids),
-            &mut caches,
-            &counts,
-            &requests,
-            false,
-            lora,
-        )?;
+        let (logits, _) = self.run_batch(batch, false, lora)?;
         let logits =
             logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
         self.backend.argmax(&logits)
@@ -828,26 +798,37 @@ impl<B: Backend> Decoder<B> {
     /// requested positions (row-major `[rows][hidden_size]` per item, empty for
     /// [`LogitsRequest::None`]) instead of logits: what embedding models pool.
     pub fn forward_hidden(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Vec<f32>>> {
-        let mut ids = Vec::new();
-        for item in batch.iter() {
-            ids.extend_from_slice(item.tokens);
-        }
-        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
-        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
-        let mut caches: Vec<&mut SequenceCache<B>> =
-            batch.iter_mut().map(|i| &mut *i.cache).collect();
-        let (hidden, rows) = self.run(
-            Input::Host(&ids),
-            &mut caches,
-            &counts,
-            &requests,
-            true,
-            &[],
-        )?;
+        let (hidden, rows) = self.run_batch(batch, true, &[])?;
         match hidden {
             Some(h) => self.backend.rows_to_host(&h, &rows),
             None => Ok(vec![Vec::new(); batch.len()]),
         }
+    }
+
+    /// [`Decoder::run`] over a batch of host tokens: their ids flattened, each item's count,
+    /// logits request and cache.
+    fn run_batch(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        hidden: bool,
+        lora: &[Vec<&LoraWeights<B>>],
+    ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
+        let ids: Vec<u32> = batch
+            .iter()
+            .flat_map(|i| i.tokens.iter().copied())
+            .collect();
+        let counts: Vec<usize> = batch.iter().map(|i| i.tokens.len()).collect();
+        let requests: Vec<LogitsRequest> = batch.iter().map(|i| i.logits).collect();
+        let mut caches: Vec<&mut SequenceCache<B>> =
+            batch.iter_mut().map(|i| &mut *i.cache).collect();
+        self.run(
+            Input::Host(&ids),
+            &mut caches,
+            &counts,
+            &requests,
+            hidden,
+            lora,
+        )
     }
 
     /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
