@@ -228,6 +228,22 @@ fn open_regular(path: &Path) -> Result<(File, fs::Metadata)> {
     Ok((f, meta))
 }
 
+/// How far a file's modification time may lag `SystemTime::now()` (coarse kernel clock ticks;
+/// some filesystems keep times to a second or two).
+const TMP_CLOCK_SLACK: Duration = Duration::from_secs(3);
+
+/// Removes a crashed writer's `.tmp`; false when it was already gone (or cannot be removed).
+fn remove_orphan(path: &Path) -> bool {
+    match fs::remove_file(path) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove an orphan cache file");
+            false
+        }
+    }
+}
+
 fn remove_quietly(path: &Path) {
     if let Err(e) = fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -828,16 +844,19 @@ fn scan(
                 continue;
             }
             if name.ends_with(".tmp") {
+                let modified = match file.metadata().and_then(|m| m.modified()) {
+                    Ok(m) => Some(m),
+                    // Renamed into place (or removed) since the listing: a write that finished.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(_) => None,
+                };
+                // File times come from a coarser clock than `SystemTime::now()`, so a write
+                // begun just after opening can carry a time just before it.
                 let ours = name.contains(&our_tmp)
-                    && file
-                        .metadata()
-                        .and_then(|m| m.modified())
-                        .is_ok_and(|m| m >= opened_at);
-                if ours {
-                    continue;
+                    && modified.is_some_and(|m| m + TMP_CLOCK_SLACK >= opened_at);
+                if !ours && remove_orphan(&path) {
+                    report.removed_orphans += 1;
                 }
-                remove_quietly(&path);
-                report.removed_orphans += 1;
                 continue;
             }
             if !name.ends_with(&format!(".{EXTENSION}")) {
