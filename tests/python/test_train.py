@@ -128,3 +128,107 @@ def test_dpo_and_orpo_lower_their_loss_and_log_rewards(tmp_path):
         assert all({"accuracy", "margin"} <= s.keys() for s in steps), steps
         assert steps[-1]["loss"] < steps[0]["loss"], (method, steps)
         assert steps[-1]["margin"] > steps[0]["margin"], (method, steps)
+
+
+def sse_events(http: httpx.Client, path: str) -> tuple[list[str], list[dict]]:
+    """Reads a job stream to its `end` event: (the raw field lines, the data events)."""
+    raw, events = [], []
+    with http.stream("GET", path, timeout=600) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in r.iter_lines():
+            raw.append(line)
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                if name == "end":
+                    return raw, events
+                events.append(json.loads(line.split(":", 1)[1]))
+            elif line == "":
+                name = None
+    raise AssertionError(f"the stream ended without an end event: {raw[-5:]}")
+
+
+def test_http_job_streams_progress_survives_a_restart_and_its_adapter_serves(tmp_path):
+    """The reference's job API: inspect, submit, stream (SSE), list, cancel; the job row
+    outlives the server; the adapter it wrote mounts over /v1/adapters and knows the fact."""
+    model = require_model(SMOLLM, "default")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": FACT}]}
+        for q in QUESTIONS])
+    write_jsonl(data / "valid.jsonl", [
+        {"messages": [{"role": "user", "content": HELD_OUT}, {"role": "assistant", "content": FACT}]}])
+    env = {"WICK_HOME": str(tmp_path / "home")}
+    out = tmp_path / "zorblax-http"
+    server = WickServer(str(model), env=env)
+    try:
+        with server.http() as http:
+            r = http.post("/api/finetune/inspect-dataset", json={"path": str(data)})
+            assert r.json() == {"ok": True, "format": "messages", "n_train": 8, "n_valid": 1}
+            r = http.post("/api/finetune/inspect-dataset", json={"path": str(tmp_path / "nope")})
+            assert r.status_code == 200 and r.json()["ok"] is False and "train.jsonl" in r.json()["error"]
+            r = http.post("/api/finetune/submit", json={"model_dir": str(model)})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "data_dir"
+            r = http.post("/api/finetune/submit", json={"model_dir": str(model), "data_dir": str(data),
+                                                        "method": "dpo"})
+            assert r.status_code == 400 and "preference" in r.json()["error"]["message"]
+
+            r = http.post("/api/finetune/submit", json={
+                "model_dir": str(model), "data_dir": str(data), "adapter_path": str(out),
+                "method": "sft", "iters": 30, "learning_rate": 2e-3, "max_seq_length": 128,
+                "steps_per_eval": 10, "threads": 2})
+            assert r.status_code == 200, r.text
+            job = r.json()
+            assert job["ok"] is True and job["adapter_path"] == str(out)
+            raw, events = sse_events(http, f"/api/jobs/{job['job_id']}/stream")
+            assert raw[0] == "retry: 1500", raw[:3]
+            types = [e["type"] for e in events]
+            assert types[:2] == ["queued", "started"] and types[-1] == "done", types
+            train = [e for e in events if e["type"] == "metric" and e["kind"] == "train"]
+            val = [e for e in events if e["type"] == "metric" and e["kind"] == "val"]
+            assert [e["step"] for e in train] == list(range(1, 31))
+            assert train[-1]["progress"] == 1.0 and train[-1]["loss"] < train[0]["loss"] / 10
+            assert [e["step"] for e in val] == [10, 20, 30]
+            assert {"grad_norm", "learning_rate", "tokens_per_sec"} <= train[0].keys()
+            assert any(e["type"] == "stage" and e["stage"] == "load" for e in events)
+            assert events[-1]["output_dir"] == str(out) and events[-1]["summary"]["steps"] == 30
+            row = http.get(f"/api/jobs/{job['job_id']}").json()
+            assert row["status"] == "done" and row["progress"] == 1.0 and row["kind"] == "finetune"
+            assert row["config"]["iters"] == 30 and row["config"]["rank"] == 8
+
+            # The adapter it wrote mounts and answers the held-out paraphrase.
+            r = http.post("/v1/adapters", json={"id": "zorblax", "path": str(out)})
+            assert r.status_code == 200, r.text
+            assert "Quintara" in ask(server, "zorblax", HELD_OUT)
+
+            # A long job is cancelled while it runs; it keeps the adapter so far.
+            slow = http.post("/api/finetune/submit", json={
+                "model_dir": str(model), "data_dir": str(data), "iters": 5000,
+                "max_seq_length": 64, "threads": 2}).json()
+            assert slow["adapter_path"].startswith(str(tmp_path / "home" / "adapters" / "adapter-"))
+            with http.stream("GET", f"/api/jobs/{slow['job_id']}/stream", timeout=600) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data:") and '"metric"' in line:
+                        break
+            r = http.post(f"/api/jobs/{slow['job_id']}/cancel")
+            assert r.json() == {"ok": True, "id": slow["job_id"], "status": "running"}
+            _, events = sse_events(http, f"/api/jobs/{slow['job_id']}/stream")
+            assert events[-1]["type"] == "cancelled", events[-3:]
+            assert (Path(slow["adapter_path"]) / "adapter_model.safetensors").is_file()
+            r = http.get("/api/jobs/job-000000000000")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found"
+    finally:
+        server.stop()
+
+    # The rows outlive the server.
+    server = WickServer(str(model), env=env)
+    try:
+        with server.http() as http:
+            jobs = {j["id"]: j["status"] for j in http.get("/api/jobs").json()["jobs"]}
+            assert jobs == {job["job_id"]: "done", slow["job_id"]: "cancelled"}
+            _, events = sse_events(http, f"/api/jobs/{job['job_id']}/stream")
+            assert events[-1]["type"] == "done"
+    finally:
+        server.stop()

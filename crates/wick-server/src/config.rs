@@ -94,6 +94,9 @@ pub struct ServerConfig {
     /// LoRA adapters mounted at startup (`--adapter`), each under its folder name; the
     /// first is the default of requests that name none.
     pub adapters: Vec<std::path::PathBuf>,
+    /// Training jobs over HTTP (`/api/finetune/*`, `/api/jobs`); `None`: those routes
+    /// answer 503.
+    pub jobs: Option<crate::jobs::JobsConfig>,
 }
 
 impl ServerConfig {
@@ -116,6 +119,7 @@ impl ServerConfig {
             min_body_rate: DEFAULT_MIN_BODY_RATE,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             adapters: Vec::new(),
+            jobs: None,
         }
     }
 }

@@ -118,6 +118,15 @@ pub enum ApiError {
         /// The id asked for.
         id: String,
     },
+    /// No job with this id (`/api/jobs/{id}`).
+    #[error("job {id} not found")]
+    JobNotFound {
+        /// The id asked for.
+        id: String,
+    },
+    /// Training jobs cannot run on this server (the reason says why).
+    #[error("training jobs are unavailable: {0}")]
+    JobsUnavailable(String),
     /// No model with this id is served.
     #[error("model '{id}' not found (served: {served})")]
     ModelNotFound {
@@ -204,11 +213,14 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::RouteNotFound { .. }
             | ApiError::ModelNotFound { .. }
-            | ApiError::AdapterNotFound { .. } => StatusCode::NOT_FOUND,
+            | ApiError::AdapterNotFound { .. }
+            | ApiError::JobNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::JobsUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Generation(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -222,9 +234,10 @@ impl ApiError {
             }
             ApiError::RouteNotFound { .. }
             | ApiError::ModelNotFound { .. }
-            | ApiError::AdapterNotFound { .. } => "not_found_error",
+            | ApiError::AdapterNotFound { .. }
+            | ApiError::JobNotFound { .. } => "not_found_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
-            ApiError::ShuttingDown => "service_unavailable_error",
+            ApiError::ShuttingDown | ApiError::JobsUnavailable(_) => "service_unavailable_error",
             ApiError::Generation(_) | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
@@ -248,6 +261,8 @@ impl ApiError {
             ApiError::RouteNotFound { .. } => "route_not_found",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::AdapterNotFound { .. } => "adapter_not_found",
+            ApiError::JobNotFound { .. } => "job_not_found",
+            ApiError::JobsUnavailable(_) => "jobs_unavailable",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",

@@ -37,6 +37,7 @@ pub mod encoders;
 pub mod error;
 pub mod extract;
 pub mod generation;
+pub mod jobs;
 pub mod logprobs;
 pub mod metrics;
 pub mod middleware;
@@ -52,6 +53,7 @@ pub mod validation;
 
 pub use config::{SamplingDefaults, ServerConfig};
 pub use error::{ApiError, StartupError};
+pub use jobs::JobsConfig;
 pub use routes::app;
 pub use server::{bind, run, serve, shutdown_signal};
 pub use state::AppState;

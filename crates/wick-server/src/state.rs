@@ -11,6 +11,7 @@ use wick_engine::{EngineError, Model};
 
 use crate::config::ServerConfig;
 use crate::error::StartupError;
+use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::response_store::ResponseStore;
 
@@ -25,6 +26,7 @@ pub struct AppState {
     responses: Arc<ResponseStore>,
     started: Arc<Started>,
     adapters: Arc<AdapterRegistry>,
+    jobs: Arc<Result<Arc<Jobs>, String>>,
 }
 
 /// When the server started.
@@ -91,6 +93,12 @@ impl AppState {
                 adapters.set_default(&id).map_err(EngineError::from)?;
             }
         }
+        let jobs = match &config.jobs {
+            Some(cfg) => Jobs::open(cfg.clone()).inspect_err(|reason| {
+                tracing::warn!(%reason, "training jobs are off");
+            }),
+            None => Err("this server was started without a job directory".to_string()),
+        };
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -106,7 +114,13 @@ impl AppState {
                 instant: Instant::now(),
             }),
             adapters,
+            jobs: Arc::new(jobs),
         })
+    }
+
+    /// The training job system, or why there is none.
+    pub fn jobs(&self) -> Result<&Arc<Jobs>, &str> {
+        self.jobs.as_ref().as_ref().map_err(String::as_str)
     }
 
     /// The mounted LoRA adapters.

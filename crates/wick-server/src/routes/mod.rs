@@ -4,6 +4,7 @@ pub mod admin;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod jobs;
 pub mod library;
 pub mod messages;
 pub mod models;
@@ -100,7 +101,13 @@ pub fn app(state: AppState) -> Router {
         .get("/v1/adapters/available", adapters::available)
         .route(&["DELETE"], "/v1/adapters/{id}", delete(adapters::delete))
         .post("/v1/load_lora_adapter", adapters::load_lora)
-        .post("/v1/unload_lora_adapter", adapters::unload_lora);
+        .post("/v1/unload_lora_adapter", adapters::unload_lora)
+        .post("/api/finetune/inspect-dataset", jobs::inspect_dataset)
+        .post("/api/finetune/submit", jobs::submit)
+        .get("/api/jobs", jobs::list)
+        .get("/api/jobs/{id}", jobs::get)
+        .get("/api/jobs/{id}/stream", jobs::stream)
+        .post("/api/jobs/{id}/cancel", jobs::cancel);
     // The UI's files hold no data: the page asks for the key and sends it on its API calls.
     let open = Table::new()
         .get("/health", ops::health)

@@ -372,6 +372,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
     config.max_body_bytes = args.max_body_bytes;
     config.shutdown_grace = Duration::from_secs_f64(args.shutdown_grace);
     config.cache_flush_timeout = Duration::from_secs_f64(args.cache_flush_timeout);
+    config.jobs = jobs_config();
     Ok(Checked {
         config,
         engine: EngineConfig {
@@ -386,6 +387,31 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             kv_budget,
             ..EngineConfig::default()
         },
+    })
+}
+
+/// Training jobs over HTTP run this binary's `wick train` in `$WICK_HOME/jobs`; without a
+/// home or a path to the binary the job routes say why they are off.
+fn jobs_config() -> Option<wick_server::JobsConfig> {
+    let root = match wick_hub::Store::from_env() {
+        Ok(store) => store.root().to_path_buf(),
+        Err(e) => {
+            tracing::warn!(error = %e, "no wick home: training jobs are off");
+            return None;
+        }
+    };
+    let trainer = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot find this binary: training jobs are off");
+            return None;
+        }
+    };
+    Some(wick_server::JobsConfig {
+        dir: root.join("jobs"),
+        adapters_dir: root.join("adapters"),
+        trainer,
+        cancel_grace: Duration::from_secs(60),
     })
 }
 

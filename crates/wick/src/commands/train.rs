@@ -1,13 +1,14 @@
 //! `wick train MODEL --data DIR`: fine-tune a LoRA adapter (SFT, DPO or ORPO) on the CPU
 //! and write it where `wick serve --adapter` and PEFT load it.
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
 use wick_engine::{LoadOptions, Model};
 use wick_train::base::BaseWeights;
 use wick_train::data::{self, Tokenizing};
@@ -116,6 +117,39 @@ pub struct TrainArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Also print one JSON event per line on stdout (stage, metric): what a training job of
+    /// `wick serve` reads.
+    #[arg(long, hide = true)]
+    pub events: bool,
+}
+
+/// Set by SIGINT/SIGTERM: the loop stops between steps and saves the adapter so far.
+static CANCEL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    // A second Ctrl-C while the first one waits for the step to finish: stop now.
+    if CANCEL.swap(true, Ordering::SeqCst) && signal == libc::SIGINT {
+        unsafe { libc::_exit(130) };
+    }
+}
+
+/// Makes SIGINT and SIGTERM stop training gracefully (the adapter so far is written).
+fn stop_on_signals() {
+    let handler = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only touches an atomic (and `_exit`), both async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// One JSON event on stdout for `--events` (a job runner reads them line by line).
+fn emit(enabled: bool, event: serde_json::Value) {
+    if enabled {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{event}");
+        let _ = out.flush();
+    }
 }
 
 fn config(args: &TrainArgs) -> Result<TrainConfig> {
@@ -177,6 +211,12 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 resolved.name.replace('/', "--")
             )),
     };
+    let events = args.events;
+    emit(
+        events,
+        json!({"type": "stage", "stage": "load", "progress": 0.0,
+               "message": format!("loading {}", resolved.name)}),
+    );
     let started = Instant::now();
     let model = Model::load(&resolved.path, &LoadOptions::default())
         .with_context(|| format!("loading {}", resolved.path.display()))?;
@@ -235,6 +275,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
         eprintln!("dry run: output would go to {}", out.display());
         return Ok(());
     }
+    emit(
+        events,
+        json!({"type": "stage", "stage": "train", "progress": trainer.step as f64 / cfg.iters as f64,
+               "message": format!("{} {} steps on {} examples", cfg.method.name(), cfg.iters, dataset.train.len()),
+               "iters": cfg.iters, "output_dir": out.display().to_string()}),
+    );
+    stop_on_signals();
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(cfg.iters as u64);
         bar.set_style(
@@ -248,14 +295,22 @@ pub fn run(args: TrainArgs) -> Result<()> {
     } else {
         None
     };
-    let cancel = AtomicBool::new(false);
     let report_every = 10;
     let base_name = resolved.name.clone();
-    trainer.run(&dataset, &out, &base_name, &cancel, |event| match event {
+    let iters = cfg.iters as f64;
+    let ran = trainer.run(&dataset, &out, &base_name, &CANCEL, |event| match event {
         Event::Step {
             stats,
             tokens_per_s,
         } => {
+            let mut metric = json!({"type": "metric", "kind": "train", "step": stats.step,
+                "loss": stats.loss, "grad_norm": stats.grad_norm, "learning_rate": stats.lr,
+                "tokens_per_sec": tokens_per_s, "progress": stats.step as f64 / iters});
+            if let (Some(a), Some(m)) = (stats.accuracy, stats.margin) {
+                metric["accuracy"] = json!(a);
+                metric["margin"] = json!(m);
+            }
+            emit(events, metric);
             let extra = match (stats.accuracy, stats.margin) {
                 (Some(a), Some(m)) => format!(" acc {a:.2} margin {m:.3}"),
                 _ => String::new(),
@@ -279,6 +334,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
             }
         }
         Event::Eval(e) => {
+            let mut metric = json!({"type": "metric", "kind": "val", "step": e.step,
+                "loss": e.loss, "progress": e.step as f64 / iters});
+            if let (Some(a), Some(m)) = (e.accuracy, e.margin) {
+                metric["accuracy"] = json!(a);
+                metric["margin"] = json!(m);
+            }
+            emit(events, metric);
             let extra = match (e.accuracy, e.margin) {
                 (Some(a), Some(m)) => format!(" acc {a:.2} margin {m:.3}"),
                 _ => String::new(),
@@ -291,15 +353,25 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
         Event::Saved(dir) => {
             let line = format!("checkpoint {}", dir.display());
+            emit(events, json!({"type": "log", "line": line}));
             match &bar {
                 Some(b) => b.println(line),
                 None => eprintln!("{line}"),
             }
         }
-    })?;
+    });
     if let Some(b) = bar {
         b.finish();
     }
+    if let Err(wick_train::TrainError::Cancelled) = &ran {
+        bail!(
+            "stopped at step {} of {}; the adapter so far is in {}",
+            trainer.step,
+            cfg.iters,
+            out.display()
+        );
+    }
+    ran?;
     eprintln!(
         "adapter written to {} in {:.1}s (metrics: {})",
         out.display(),
