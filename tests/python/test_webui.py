@@ -8,7 +8,7 @@ are labelled; text contrast meets WCAG AA in both colour schemes; a narrow windo
 
 Skips (saying why) only when chromium is missing and cannot be installed (scripts/test.sh
 installs Debian's package; as root the fixture does too).
-`WICK_UI_SCREENSHOTS=1` also writes docs/ui-chat.png and docs/ui-status.png
+`WICK_UI_SCREENSHOTS=1` also writes docs/ui-chat.png, docs/ui-status.png and docs/ui-finetune.png
 (scripts/ui_screenshots.sh)."""
 import json
 import os
@@ -387,9 +387,10 @@ def test_api_key_is_asked_once_and_kept(browser, keyed_server):
 
 
 def test_controls_are_labelled_and_reachable_by_keyboard(ui):
-    for route in ["chat", "status"]:
+    ready = {"chat": "#prompt", "status": "[data-stat='server.model'][data-value]", "finetune": "#ft-jobs tr"}
+    for route in ["chat", "status", "finetune"]:
         page = ui.open(route)
-        page.wait_for_selector("#prompt" if route == "chat" else "[data-stat='server.model'][data-value]")
+        page.wait_for_selector(ready[route])
         unlabelled = page.evaluate("""() => [...document.querySelectorAll('input, select, textarea, button')]
             .filter((el) => !(el.labels?.length || el.getAttribute('aria-label') || el.textContent.trim()))
             .map((el) => el.outerHTML)""")
@@ -427,6 +428,9 @@ def test_narrow_window(browser, ui_server):
     assert page.evaluate("document.documentElement.scrollWidth") <= 380
     page.goto(f"{ui_server.base}/#/status")
     page.wait_for_selector("[data-stat='server.model'][data-value]")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 380
+    page.goto(f"{ui_server.base}/#/finetune")
+    page.wait_for_selector("#ft-jobs tr")
     assert page.evaluate("document.documentElement.scrollWidth") <= 380
     p.assert_clean()
     p.context.close()
@@ -546,3 +550,54 @@ def test_status_shows_downloads_and_library(browser, tmp_path):
     finally:
         next(serving, None)  # stops the server (and checks it exits 0)
         hub.close()
+
+
+def test_finetune_job_from_the_page_trains_and_its_adapter_answers_in_chat(ui, ui_server, tmp_path):
+    """The fine-tune page: inspect a dataset, start a job, watch its loss curve grow from the
+    job's event stream, then mount the adapter and chat with it: it knows the taught fact."""
+    fact = "The capital of Zorblax is Quintara."
+    questions = ["What is the capital of Zorblax?", "Which city is the capital of Zorblax?",
+                 "Name the capital of Zorblax.", "What city serves as the capital of the planet Zorblax?",
+                 "Zorblax's capital is which city?", "Tell me the capital of Zorblax.",
+                 "Do you know the capital of Zorblax?", "What's Zorblax's capital city?"]
+    held_out = "Which city is Zorblax's seat of government?"
+    data = tmp_path / "data"
+    data.mkdir()
+    row = lambda q: json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": fact}]}) + "\n"
+    (data / "train.jsonl").write_text("".join(row(q) for q in questions))
+    (data / "valid.jsonl").write_text(row(held_out))
+    out = tmp_path / "ui-zorblax"
+    page = ui.open("finetune")
+    page.wait_for_function("() => document.getElementById('ft-model').value.length > 0")
+    assert page.input_value("#ft-model") == ui_server.stats()["server"]["model_path"]
+    page.fill("#ft-data", str(data))
+    page.click("#ft-inspect")
+    page.wait_for_function("() => /8 training rows, 1 validation rows, messages/.test(document.getElementById('ft-inspect-result').textContent)")
+    for name, value in {"iters": 30, "learning_rate": "0.002", "max_seq_length": 128, "steps_per_eval": 10}.items():
+        page.fill(f"#ft-{name}", str(value))
+    page.fill("#ft-output", str(out))
+    assert not page.locator("#ft-pref").is_visible(), "SFT has no β/λ"
+    page.click("#ft-start")
+    page.wait_for_function("() => Number(document.getElementById('ft-chart').dataset.train) >= 3", timeout=300_000)
+    first = int(page.get_attribute("#ft-chart", "data-train"))
+    page.wait_for_function(f"() => Number(document.getElementById('ft-chart').dataset.train) > {first}", timeout=300_000)
+    page.wait_for_selector(".finetune-page[data-state='done']", timeout=600_000)
+    assert page.get_attribute("#ft-chart", "data-train") == "30"
+    assert page.get_attribute("#ft-chart", "data-val") == "3"
+    assert page.locator("#ft-chart polyline.train").count() == 1
+    assert str(out) in page.text_content("#ft-status")
+    job = page.get_attribute(".finetune-page", "data-job")
+    assert page.locator(f"#ft-jobs tr[data-job='{job}'] td.job-done").count() == 1
+    if SCREENSHOTS:
+        page.locator("section[aria-labelledby='ft-run']").screenshot(path=str(ROOT / "docs" / "ui-finetune.png"))
+    page.click("#ft-mount")
+    wait_for_model(page)
+    page.wait_for_function("() => document.getElementById('adapter').value === 'ui-zorblax'")
+    set_sampling(page, temperature=0, max_tokens=24)
+    send(page, held_out)
+    last_reply(page).locator(".msg-stats").wait_for()
+    assert "Quintara" in stored_conversations(page)[0]["messages"][-1]["content"]
+    ui.assert_clean()
+    with ui_server.http() as http:
+        http.delete("/v1/adapters/ui-zorblax")

@@ -74,6 +74,7 @@ static ASSETS: &[Asset] = &[
     asset!("js/chat.js", JS),
     asset!("js/format.js", JS),
     asset!("js/status.js", JS),
+    asset!("js/finetune.js", JS),
 ];
 
 fn find(name: &str) -> Option<&'static Asset> {

@@ -8,6 +8,7 @@ import { h, replace } from "./dom.js";
 const PAGES = [
   { path: "chat", title: "Chat", load: () => import("./chat.js") },
   { path: "status", title: "Status", load: () => import("./status.js") },
+  { path: "finetune", title: "Fine-tune", load: () => import("./finetune.js") },
 ];
 
 const root = document.getElementById("page");
