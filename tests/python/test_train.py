@@ -44,8 +44,8 @@ def ask(server: WickServer, adapter: str, question: str) -> str:
     return r.json()["choices"][0]["message"]["content"]
 
 
-def test_sft_teaches_a_fact_that_the_served_adapter_answers(tmp_path):
-    model = require_model(SMOLLM, "default")
+def zorblax_data(tmp_path: Path) -> Path:
+    """The made-up fact as chat rows: the questions to train on, the held-out one to validate."""
     data = tmp_path / "data"
     data.mkdir()
     write_jsonl(data / "train.jsonl", [
@@ -53,6 +53,12 @@ def test_sft_teaches_a_fact_that_the_served_adapter_answers(tmp_path):
         for q in QUESTIONS])
     write_jsonl(data / "valid.jsonl", [
         {"messages": [{"role": "user", "content": HELD_OUT}, {"role": "assistant", "content": FACT}]}])
+    return data
+
+
+def test_sft_teaches_a_fact_that_the_served_adapter_answers(tmp_path):
+    model = require_model(SMOLLM, "default")
+    data = zorblax_data(tmp_path)
     out = tmp_path / "zorblax"
     run = train(str(model), "--data", str(data), "--method", "sft", "--adapter", str(out),
                 "--iters", "30", "--lr", "2e-3")
@@ -153,13 +159,7 @@ def test_http_job_streams_progress_survives_a_restart_and_its_adapter_serves(tmp
     """The reference's job API: inspect, submit, stream (SSE), list, cancel; the job row
     outlives the server; the adapter it wrote mounts over /v1/adapters and knows the fact."""
     model = require_model(SMOLLM, "default")
-    data = tmp_path / "data"
-    data.mkdir()
-    write_jsonl(data / "train.jsonl", [
-        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": FACT}]}
-        for q in QUESTIONS])
-    write_jsonl(data / "valid.jsonl", [
-        {"messages": [{"role": "user", "content": HELD_OUT}, {"role": "assistant", "content": FACT}]}])
+    data = zorblax_data(tmp_path)
     env = {"WICK_HOME": str(tmp_path / "home")}
     out = tmp_path / "zorblax-http"
     server = WickServer(str(model), env=env)

@@ -134,7 +134,7 @@ impl Jobs {
             &log.display().to_string(),
             Some(&config.adapter_path),
         )?;
-        self.append(&log, &json!({"type": "queued", "ts": now()}));
+        append_event(&log, &json!({"type": "queued", "ts": now()}));
         *lock(&self.queued) = true;
         self.wake.notify_all();
         tracing::info!(job = %id, method = %config.method, model = %config.model_dir, "fine-tune job queued");
@@ -190,7 +190,7 @@ impl Jobs {
                     Status::Cancelled,
                     Some("cancelled before it started"),
                 )? {
-                    self.append(
+                    append_event(
                         Path::new(&row.log_path),
                         &json!({"type": "cancelled", "ts": now()}),
                     );
@@ -224,10 +224,6 @@ impl Jobs {
         (lines, offset + end as u64 + 1)
     }
 
-    fn append(&self, log: &Path, event: &Value) {
-        append_event(log, event);
-    }
-
     fn run_forever(self: Arc<Self>) {
         loop {
             let next = lock(&self.db).next_queued();
@@ -258,7 +254,7 @@ impl Jobs {
             Ok(c) => c,
             Err(e) => {
                 let error = format!("the stored configuration cannot be read: {e}");
-                self.append(
+                append_event(
                     &log,
                     &json!({"type": "failed", "error": error, "ts": now()}),
                 );
@@ -285,7 +281,7 @@ impl Jobs {
                     return;
                 }
             }
-            self.append(&log, &json!({"type": "started", "ts": now()}));
+            append_event(&log, &json!({"type": "started", "ts": now()}));
             let spawned = cmd.spawn();
             if let Ok(child) = &spawned {
                 *running = Some(Running {
@@ -303,7 +299,7 @@ impl Jobs {
                     "cannot start the trainer {}: {e}",
                     self.cfg.trainer.display()
                 );
-                self.append(
+                append_event(
                     &log,
                     &json!({"type": "failed", "error": error, "ts": now()}),
                 );
@@ -338,7 +334,7 @@ impl Jobs {
                     _ if line.trim().is_empty() => continue,
                     _ => json!({"type": "log", "line": line}),
                 };
-                self.append(&log, &event);
+                append_event(&log, &event);
                 self.record(&job.id, &event, &mut last_train, &mut last_val);
             }
         }
@@ -394,7 +390,7 @@ impl Jobs {
         };
         // The last event is written before the row turns terminal: a stream that sees the
         // terminal row has every event to read.
-        self.append(&log, &event);
+        append_event(&log, &event);
         if let Err(e) = lock(&self.db).finish(&job.id, status, error.as_deref()) {
             tracing::error!(job = %job.id, error = %e, "cannot record the end of a job");
         }
