@@ -569,7 +569,7 @@ def test_finetune_job_from_the_page_trains_and_its_adapter_answers_in_chat(ui, u
     (data / "valid.jsonl").write_text(row(held_out))
     out = tmp_path / "ui-zorblax"
     page = ui.open("finetune")
-    page.wait_for_function("() => document.getElementById('ft-model').value.length > 0")
+    page.wait_for_function("() => document.getElementById('ft-model')?.value.length > 0")
     assert page.input_value("#ft-model") == ui_server.stats()["server"]["model_path"]
     page.fill("#ft-data", str(data))
     page.click("#ft-inspect")
@@ -593,7 +593,7 @@ def test_finetune_job_from_the_page_trains_and_its_adapter_answers_in_chat(ui, u
         page.locator("section[aria-labelledby='ft-run']").screenshot(path=str(ROOT / "docs" / "ui-finetune.png"))
     page.click("#ft-mount")
     wait_for_model(page)
-    page.wait_for_function("() => document.getElementById('adapter').value === 'ui-zorblax'")
+    page.wait_for_function("() => document.getElementById('adapter')?.value === 'ui-zorblax'")
     set_sampling(page, temperature=0, max_tokens=24)
     send(page, held_out)
     last_reply(page).locator(".msg-stats").wait_for()
