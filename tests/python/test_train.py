@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conftest import ROOT, SMOLLM, WickServer, ensure_binary, require_model
 
@@ -66,6 +67,10 @@ def test_sft_teaches_a_fact_that_the_served_adapter_answers(tmp_path):
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 8
+    # The mlx-lm half: its weights file and keys in the same config.
+    assert (out / "adapters.safetensors").is_file()
+    assert config["fine_tune_type"] == "lora" and config["num_layers"] == 30
+    assert config["lora_parameters"]["rank"] == 8 and config["lora_parameters"]["scale"] == 1.0
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [l for l in lines if "loss" in l]
     assert [l["step"] for l in steps] == list(range(1, 31))
@@ -103,8 +108,10 @@ def test_resume_continues_where_the_checkpoint_left_off(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     write_jsonl(data / "train.jsonl", [{"text": f"row {i} says hello to row {i + 1}"} for i in range(5)])
+    # Dropout masks are keyed by step and checkpointing recomputes layers: a resumed run
+    # must still end with the same bytes.
     common = ["--data", str(data), "--method", "sft", "--iters", "6", "--lr", "1e-2",
-              "--batch", "2", "--seq", "32"]
+              "--batch", "2", "--seq", "32", "--lora-dropout", "0.1", "--grad-checkpoint"]
     straight = tmp_path / "straight"
     train(str(TINY), *common, "--adapter", str(straight), "--save-every", "3")
     ckpt = straight / "checkpoints" / "step-000003"
@@ -112,6 +119,7 @@ def test_resume_continues_where_the_checkpoint_left_off(tmp_path):
     resumed = tmp_path / "resumed"
     run = train(str(TINY), *common, "--adapter", str(resumed), "--resume", str(ckpt))
     assert "at step 3" in run.stderr
+    assert "dropout 0.1" in run.stderr and "gradient checkpointing" in run.stderr
     steps = [json.loads(l)["step"] for l in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert steps == [4, 5, 6]
     a = (straight / "adapter_model.safetensors").read_bytes()
@@ -232,3 +240,46 @@ def test_http_job_streams_progress_survives_a_restart_and_its_adapter_serves(tmp
             assert events[-1]["type"] == "done"
     finally:
         server.stop()
+
+
+def test_mlx_lm_loads_the_adapter_as_peft_means_it(tmp_path):
+    """The same folder mounted by mlx-lm (its adapters.safetensors, lora_parameters) gives the
+    logits of the base with the PEFT delta s·B·A folded into its weights: names, orientation
+    and scale agree, with rsLoRA, dropout and checkpointing on and a subset of modules/layers."""
+    mx = pytest.importorskip("mlx.core")
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+    from mlx_lm.utils import load_model
+    from safetensors.numpy import load_file
+    import numpy as np
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", [{"text": f"row {i} says hello to row {i + 1} and more"} for i in range(6)])
+    for name, extra in [("subset", ["--target-modules", "q,v,down", "--num-layers", "1"]),
+                        ("rslora", ["--rs-lora", "--lora-dropout", "0.1", "--grad-checkpoint"])]:
+        out = tmp_path / name
+        train(str(TINY), "--data", str(data), "--method", "sft", "--adapter", str(out), "--iters", "4",
+              "--lr", "1e-2", "--seq", "32", "--rank", "4", "--scale", "0.5", *extra)
+        tokens = mx.array([[1, 17, 250, 3, 99, 411, 7, 7, 128, 500, 64]])
+        model, _ = load(str(TINY), adapter_path=str(out))
+        got = np.array(model(tokens).astype(mx.float32))
+
+        cfg = json.loads((out / "adapter_config.json").read_text())
+        s = cfg["lora_alpha"] / (cfg["r"] ** 0.5 if cfg["use_rslora"] else cfg["r"])
+        peft = load_file(str(out / "adapter_model.safetensors"))
+        base, _ = load_model(TINY)
+        weights = dict(tree_flatten(base.parameters()))
+        folded = []
+        for key, a in peft.items():
+            if key.endswith("lora_A.weight"):
+                b = peft[key.replace("lora_A", "lora_B")]
+                module = key[len("base_model.model."):-len(".lora_A.weight")]
+                w = np.array(weights[module + ".weight"].astype(mx.float32))
+                folded.append((module + ".weight", mx.array(w + s * (b @ a))))
+        assert len(folded) == (3 if name == "subset" else 14)
+        base.load_weights(folded, strict=False)
+        want = np.array(base(tokens).astype(mx.float32))
+        plain = np.array(load_model(TINY)[0](tokens).astype(mx.float32))
+        assert np.abs(got - plain).max() > 1e-2, "the adapter must move the logits"
+        assert np.abs(got - want).max() < 1e-4, (name, np.abs(got - want).max())

@@ -1,6 +1,8 @@
-//! Adapters on disk: the PEFT layout (`adapter_config.json` + `adapter_model.safetensors`,
-//! `lora_A [r, in]`, `lora_B [out, r]`), which `wick serve --adapter` mounts and PEFT
-//! loads, plus the optimizer state and step a checkpoint needs to resume
+//! Adapters on disk, in both layouts at once: PEFT's (`adapter_model.safetensors`,
+//! `lora_A [r, in]`, `lora_B [out, r]`) and mlx-lm's (`adapters.safetensors`,
+//! `lora_a [in, r]`, `lora_b [r, out]`), under one `adapter_config.json` that carries
+//! both tools' keys, so `wick serve --adapter`, PEFT and `mlx_lm` load the same folder;
+//! plus the optimizer state and step a checkpoint needs to resume
 //! (`optimizer.safetensors`, `trainer_state.json`). Every file is written under a
 //! temporary name and renamed, so a reader never sees half a file.
 use std::collections::BTreeMap;
@@ -18,6 +20,8 @@ use crate::optim::AdamW;
 
 /// The weights file of a PEFT adapter.
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
+/// The weights file of an mlx-lm adapter.
+pub const MLX_WEIGHTS_FILE: &str = "adapters.safetensors";
 /// The config file of a PEFT adapter.
 pub const CONFIG_FILE: &str = "adapter_config.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -40,12 +44,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// A safetensors file of f32 tensors.
-fn safetensors_bytes(tensors: &[(String, Vec<usize>, &[f32])]) -> Vec<u8> {
+fn safetensors_bytes<D: AsRef<[f32]>>(tensors: &[(String, Vec<usize>, D)]) -> Vec<u8> {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut offset = 0usize;
     for (name, shape, data) in tensors {
-        let end = offset + data.len() * 4;
+        let end = offset + data.as_ref().len() * 4;
         header.insert(
             name.clone(),
             json!({"dtype": "F32", "shape": shape, "data_offsets": [offset, end]}),
@@ -60,7 +64,7 @@ fn safetensors_bytes(tensors: &[(String, Vec<usize>, &[f32])]) -> Vec<u8> {
     out.extend_from_slice(&(head.len() as u64).to_le_bytes());
     out.extend_from_slice(&head);
     for (_, _, data) in tensors {
-        for v in data.iter() {
+        for v in data.as_ref() {
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
@@ -88,7 +92,40 @@ fn factor_tensors<'a>(
     out
 }
 
-/// The PEFT `adapter_config.json` of `lora` on a model of `layers` layers.
+/// `[rows, cols]` row-major → `[cols, rows]`.
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
+}
+
+/// mlx-lm's tensors: `model.layers.N.<module>.lora_a` `[in, r]`, `lora_b` `[r, out]`.
+fn mlx_tensors(params: &LoraParams) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let r = params.rank;
+    let mut out = Vec::new();
+    for (l, t, p) in params.iter() {
+        let module = format!("model.layers.{l}.{}", t.hf_module());
+        out.push((
+            format!("{module}.lora_a"),
+            vec![p.in_dim, r],
+            transpose(&p.a, r, p.in_dim),
+        ));
+        out.push((
+            format!("{module}.lora_b"),
+            vec![r, p.out_dim],
+            transpose(&p.b, p.out_dim, r),
+        ));
+    }
+    out
+}
+
+/// The `adapter_config.json` of `lora` on a model of `layers` layers: PEFT's keys
+/// (`r`, `lora_alpha`, `use_rslora`, `layers_to_transform`, …) and mlx-lm's
+/// (`fine_tune_type`, `num_layers`, `lora_parameters` with the absolute scale).
 pub fn peft_config(lora: &LoraConfig, layers: usize, base_model: &str) -> Value {
     let first = lora.first_layer(layers);
     let layers_to_transform: Value = if first == 0 {
@@ -102,7 +139,7 @@ pub fn peft_config(lora: &LoraConfig, layers: usize, base_model: &str) -> Value 
         "base_model_name_or_path": base_model,
         "r": lora.rank,
         "lora_alpha": lora.alpha(),
-        "lora_dropout": 0.0,
+        "lora_dropout": lora.dropout,
         "target_modules": lora.targets.iter().map(|&t| peft_name(t)).collect::<Vec<_>>(),
         "use_rslora": lora.rs_lora,
         "use_dora": false,
@@ -114,10 +151,19 @@ pub fn peft_config(lora: &LoraConfig, layers: usize, base_model: &str) -> Value 
         "rank_pattern": {},
         "alpha_pattern": {},
         "modules_to_save": null,
+        "fine_tune_type": "lora",
+        "num_layers": layers - first,
+        "lora_parameters": {
+            "rank": lora.rank,
+            "scale": lora.multiplier(),
+            "dropout": lora.dropout,
+            "keys": lora.targets.iter().map(|&t| t.hf_module()).collect::<Vec<_>>(),
+        },
     })
 }
 
-/// Writes a mountable PEFT adapter into `dir` (created if needed).
+/// Writes a mountable adapter (PEFT and mlx-lm weights, one config) into `dir`
+/// (created if needed).
 pub fn save_adapter(
     dir: &Path,
     params: &LoraParams,
@@ -128,6 +174,8 @@ pub fn save_adapter(
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let weights = safetensors_bytes(&factor_tensors(params, ""));
     write_atomic(&dir.join(WEIGHTS_FILE), &weights)?;
+    let weights = safetensors_bytes(&mlx_tensors(params));
+    write_atomic(&dir.join(MLX_WEIGHTS_FILE), &weights)?;
     let config =
         serde_json::to_string_pretty(&peft_config(lora, layers, base_model)).unwrap_or_default();
     write_atomic(&dir.join(CONFIG_FILE), config.as_bytes())
@@ -174,6 +222,7 @@ pub fn save_checkpoint(
         "rs_lora": state.lora.rs_lora,
         "target_modules": state.lora.targets.iter().map(|&t| peft_name(t)).collect::<Vec<_>>(),
         "num_layers": state.lora.num_layers,
+        "lora_dropout": state.lora.dropout,
     });
     write_atomic(&tmp.join(STATE_FILE), st.to_string().as_bytes())?;
     if dir.exists() {

@@ -21,6 +21,8 @@ pub struct LoraConfig {
     pub targets: Vec<Target>,
     /// Adapt only the last N layers (`None`: all).
     pub num_layers: Option<usize>,
+    /// LoRA dropout on the adapter branch's input while training, in `[0, 1)`.
+    pub dropout: f32,
 }
 
 impl Default for LoraConfig {
@@ -31,6 +33,7 @@ impl Default for LoraConfig {
             rs_lora: false,
             targets: Target::ALL.to_vec(),
             num_layers: None,
+            dropout: 0.0,
         }
     }
 }
@@ -68,6 +71,11 @@ impl LoraConfig {
         if self.targets.is_empty() {
             return Err(TrainError::Config(
                 "--target-modules names no module".into(),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(TrainError::Config(
+                "--lora-dropout must be in [0, 1)".into(),
             ));
         }
         if self.num_layers == Some(0) {

@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::adapter_io::{self, TrainerState};
 use crate::base::BaseWeights;
 use crate::data::{Dataset, Example, Sequence};
-use crate::decoder::{AdapterRef, Batch, TrainDecoder};
+use crate::decoder::{AdapterRef, Batch, Dropout, TrainDecoder};
 use crate::error::{io, Result, TrainError};
 use crate::lora::{LoraConfig, LoraParams};
 use crate::loss::{self, Method};
@@ -52,6 +52,9 @@ pub struct TrainConfig {
     pub lora: LoraConfig,
     /// AdamW's hyperparameters.
     pub adam: AdamWConfig,
+    /// Gradient checkpointing: keep each layer's input only and recompute the layer in
+    /// the backward.
+    pub grad_checkpoint: bool,
 }
 
 impl TrainConfig {
@@ -78,6 +81,7 @@ impl TrainConfig {
             save_every: 0,
             lora: LoraConfig::default(),
             adam: AdamWConfig::default(),
+            grad_checkpoint: false,
         }
     }
 
@@ -191,7 +195,8 @@ impl<'a> Trainer<'a> {
         let opt = AdamW::new(config.adam, &params);
         Ok(Trainer {
             base,
-            decoder: TrainDecoder::new(base, config.max_seq),
+            decoder: TrainDecoder::new(base, config.max_seq)
+                .with_checkpointing(config.grad_checkpoint),
             config,
             params,
             opt,
@@ -215,11 +220,14 @@ impl<'a> Trainer<'a> {
         Ok(found)
     }
 
-    fn adapter(&self) -> AdapterRef<'_> {
-        AdapterRef {
-            params: &self.params,
-            multiplier: self.config.lora.multiplier(),
-        }
+    /// The adapter of micro-batch `micro` of the current step; `train`: with its
+    /// dropout (evaluation runs without).
+    fn adapter(&self, micro: usize, train: bool) -> AdapterRef<'_> {
+        let c = &self.config;
+        let dropout = train
+            .then(|| Dropout::new(c.lora.dropout, c.seed, self.step as u64, micro as u64))
+            .flatten();
+        AdapterRef::new(&self.params, c.lora.multiplier()).with_dropout(dropout)
     }
 
     /// Loss and (when `grads` is given) its gradient over `micro` (each one micro-batch),
@@ -246,7 +254,8 @@ impl<'a> Trainer<'a> {
                     })
                     .sum();
                 let w = 1.0 / n.max(1) as f32;
-                for m in micro {
+                for (mi, m) in micro.iter().enumerate() {
+                    let adapter = self.adapter(mi, grads.is_some());
                     let mut batch = Batch::new();
                     for &e in m {
                         if let Example::Sft(s) = e {
@@ -254,22 +263,22 @@ impl<'a> Trainer<'a> {
                         }
                     }
                     acc.tokens += batch.rows();
-                    let fwd = self.decoder.forward(Some(self.adapter()), &batch)?;
+                    let fwd = self.decoder.forward(Some(adapter), &batch)?;
                     acc.loss -= fwd.logp.iter().map(|&l| f64::from(l)).sum::<f64>() * f64::from(w);
                     if let Some(g) = grads.as_deref_mut() {
                         let dlogp = vec![-w; fwd.logp.len()];
-                        self.decoder
-                            .backward(self.adapter(), &batch, fwd, &dlogp, g);
+                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g);
                     }
                 }
             }
             Method::Dpo { beta } => {
                 let pairs = all().count().max(1) as f64;
-                for m in micro {
+                for (mi, m) in micro.iter().enumerate() {
+                    let adapter = self.adapter(mi, grads.is_some());
                     let (batch, spans) = pair_batch(m, false);
                     acc.tokens += batch.rows();
                     let reference = self.decoder.logp(None, &batch)?;
-                    let fwd = self.decoder.forward(Some(self.adapter()), &batch)?;
+                    let fwd = self.decoder.forward(Some(adapter), &batch)?;
                     let sum = |lp: &[f32], r: &std::ops::Range<usize>| {
                         lp[r.clone()].iter().map(|&v| f64::from(v)).sum::<f64>()
                     };
@@ -290,8 +299,7 @@ impl<'a> Trainer<'a> {
                         dlogp[r.clone()].fill((-t.d_chosen / pairs) as f32);
                     }
                     if let Some(g) = grads.as_deref_mut() {
-                        self.decoder
-                            .backward(self.adapter(), &batch, fwd, &dlogp, g);
+                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g);
                     }
                 }
             }
@@ -304,10 +312,11 @@ impl<'a> Trainer<'a> {
                     })
                     .sum();
                 let wn = 1.0 / nll_tokens.max(1) as f64;
-                for m in micro {
+                for (mi, m) in micro.iter().enumerate() {
+                    let adapter = self.adapter(mi, grads.is_some());
                     let (batch, spans) = pair_batch(m, true);
                     acc.tokens += batch.rows();
-                    let fwd = self.decoder.forward(Some(self.adapter()), &batch)?;
+                    let fwd = self.decoder.forward(Some(adapter), &batch)?;
                     let mut dlogp = vec![0.0f32; fwd.logp.len()];
                     for ((c, r), &e) in spans.iter().zip(m.iter()) {
                         let Example::Pair { chosen, .. } = e else {
@@ -337,8 +346,7 @@ impl<'a> Trainer<'a> {
                         dlogp[r.clone()].fill(dr as f32);
                     }
                     if let Some(g) = grads.as_deref_mut() {
-                        self.decoder
-                            .backward(self.adapter(), &batch, fwd, &dlogp, g);
+                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g);
                     }
                 }
             }

@@ -1,7 +1,9 @@
 //! The training forward against the engine's forward on the same weights (the tiny random
 //! Llamas of `wick-engine/tests/goldens/hf`): logits within 1e-4, without an adapter and
 //! with non-zero factors saved in the PEFT layout and mounted by the engine; and the
-//! hand-written backward against central finite differences of the loss.
+//! hand-written backward against central finite differences of the loss (also under
+//! LoRA dropout, and recomputed under gradient checkpointing); the mlx-lm half of a saved
+//! adapter mounts to the same logits as the PEFT half.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use wick_engine::adapters::{AdapterRegistry, Target};
 use wick_engine::{LoadOptions, LogitsRequest, Model, Step};
 use wick_train::adapter_io::save_adapter;
 use wick_train::base::BaseWeights;
-use wick_train::decoder::{AdapterRef, Batch, TrainDecoder};
+use wick_train::decoder::{AdapterRef, Batch, Dropout, TrainDecoder};
 use wick_train::lora::{LoraConfig, LoraParams};
 
 fn golden(name: &str) -> PathBuf {
@@ -88,13 +90,18 @@ fn training_logits_match_the_engine() {
         let params = random_factors(&base, &lora, 7);
         let tmp = tempfile::tempdir().unwrap();
         save_adapter(tmp.path(), &params, &lora, base.cfg.num_layers, name).unwrap();
-        let adapter = AdapterRef {
-            params: &params,
-            multiplier: lora.multiplier(),
-        };
+        let adapter = AdapterRef::new(&params, lora.multiplier());
         let got = dec.logits(Some(adapter), &batch).unwrap();
         let want = engine_logits(&model, &TOKENS, Some(tmp.path()));
         assert_close(&format!("{name} + adapter"), &got, &want);
+        // The mlx-lm weights beside them (lora_a [in, r], lora_b [r, out], the absolute
+        // scale in lora_parameters) mount to the same logits on their own.
+        let mlx = tempfile::tempdir().unwrap();
+        for f in ["adapters.safetensors", "adapter_config.json"] {
+            std::fs::copy(tmp.path().join(f), mlx.path().join(f)).unwrap();
+        }
+        let from_mlx = engine_logits(&model, &TOKENS, Some(mlx.path()));
+        assert_close(&format!("{name} + mlx-lm adapter"), &from_mlx, &want);
         let base_only = engine_logits(&model, &TOKENS, None);
         let moved = want
             .iter()
@@ -125,11 +132,7 @@ fn packed_sequences_do_not_see_each_other() {
 }
 
 /// Σ over targets of −log p, as f64, for finite differences.
-fn loss(dec: &TrainDecoder<'_>, params: &LoraParams, mult: f32, batch: &Batch) -> f64 {
-    let a = AdapterRef {
-        params,
-        multiplier: mult,
-    };
+fn loss(dec: &TrainDecoder<'_>, a: AdapterRef<'_>, batch: &Batch) -> f64 {
     -dec.logp(Some(a), batch)
         .unwrap()
         .iter()
@@ -137,43 +140,39 @@ fn loss(dec: &TrainDecoder<'_>, params: &LoraParams, mult: f32, batch: &Batch) -
         .sum::<f64>()
 }
 
-#[test]
-fn backward_matches_finite_differences() {
-    let base = BaseWeights::load(&golden("llama")).unwrap();
-    let dec = TrainDecoder::new(&base, 64);
-    let lora = LoraConfig {
-        rank: 2,
-        scale: 1.5,
-        ..LoraConfig::default()
-    };
-    let params = random_factors(&base, &lora, 3);
+fn fd_batch() -> Batch {
     let mut batch = Batch::new();
     let labeled: Vec<bool> = (0..TOKENS.len()).map(|t| t >= 4).collect();
     batch.push(&TOKENS, &labeled);
     batch.push(&TOKENS[2..9], &[true; 7]);
-    let mult = lora.multiplier();
-    let fwd = dec
-        .forward(
-            Some(AdapterRef {
-                params: &params,
-                multiplier: mult,
-            }),
-            &batch,
-        )
-        .unwrap();
+    batch
+}
+
+/// The analytic gradient of [`loss`] under `dropout`.
+fn grads_of(
+    dec: &TrainDecoder<'_>,
+    params: &LoraParams,
+    mult: f32,
+    dropout: Option<Dropout>,
+    batch: &Batch,
+) -> LoraParams {
+    let a = AdapterRef::new(params, mult).with_dropout(dropout);
+    let fwd = dec.forward(Some(a), batch).unwrap();
     let dlogp = vec![-1.0f32; fwd.logp.len()];
     let mut grads = params.zeros_like();
-    dec.backward(
-        AdapterRef {
-            params: &params,
-            multiplier: mult,
-        },
-        &batch,
-        fwd,
-        &dlogp,
-        &mut grads,
-    );
-    // A few entries of A and B of every target in both layers.
+    dec.backward(a, batch, fwd, &dlogp, &mut grads);
+    grads
+}
+
+/// A few entries of A and B of every target against central differences.
+fn check_against_finite_differences(
+    dec: &TrainDecoder<'_>,
+    params: &LoraParams,
+    mult: f32,
+    dropout: Option<Dropout>,
+    grads: &LoraParams,
+    batch: &Batch,
+) {
     let mut checked = 0;
     for (l, t, g) in grads.iter() {
         for (factor, idx) in [("a", 0usize), ("a", 5), ("b", 1), ("b", 3)] {
@@ -187,7 +186,7 @@ fn backward_matches_finite_differences() {
                     &mut pair.b
                 };
                 v[idx] += d;
-                loss(&dec, &p, mult, &batch)
+                loss(dec, AdapterRef::new(&p, mult).with_dropout(dropout), batch)
             };
             let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
             let analytic = f64::from(if factor == "a" { g.a[idx] } else { g.b[idx] });
@@ -201,4 +200,45 @@ fn backward_matches_finite_differences() {
         }
     }
     assert_eq!(checked, 2 * Target::ALL.len() * 4);
+}
+
+#[test]
+fn backward_matches_finite_differences() {
+    let base = BaseWeights::load(&golden("llama")).unwrap();
+    let dec = TrainDecoder::new(&base, 64);
+    let lora = LoraConfig {
+        rank: 2,
+        scale: 1.5,
+        ..LoraConfig::default()
+    };
+    let params = random_factors(&base, &lora, 3);
+    let batch = fd_batch();
+    let mult = lora.multiplier();
+    let grads = grads_of(&dec, &params, mult, None, &batch);
+    check_against_finite_differences(&dec, &params, mult, None, &grads, &batch);
+}
+
+#[test]
+fn dropout_and_checkpointing_keep_the_gradient_exact() {
+    let base = BaseWeights::load(&golden("llama")).unwrap();
+    let dec = TrainDecoder::new(&base, 64);
+    let lora = LoraConfig {
+        rank: 2,
+        scale: 1.5,
+        ..LoraConfig::default()
+    };
+    let params = random_factors(&base, &lora, 5);
+    let batch = fd_batch();
+    let mult = lora.multiplier();
+    let dropout = Dropout::new(0.3, 11, 4, 1);
+    let grads = grads_of(&dec, &params, mult, dropout, &batch);
+    // The mask is part of the function: finite differences through the same mask.
+    check_against_finite_differences(&dec, &params, mult, dropout, &grads, &batch);
+    // It changes the gradient (the branch sees dropped inputs) ...
+    let plain = grads_of(&dec, &params, mult, None, &batch);
+    assert_ne!(plain, grads);
+    // ... and a recomputing backward draws the same masks: the same numbers to the bit.
+    let ckpt = TrainDecoder::new(&base, 64).with_checkpointing(true);
+    assert_eq!(grads_of(&ckpt, &params, mult, dropout, &batch), grads);
+    assert_eq!(grads_of(&ckpt, &params, mult, None, &batch), plain);
 }

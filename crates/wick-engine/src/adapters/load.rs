@@ -218,6 +218,8 @@ struct ScaleRule {
     alpha: f32,
     alpha_pattern: Vec<(String, f32)>,
     rslora: bool,
+    /// Whether `fixed` is divided by √r (mlx-lm-side `lora_parameters.rs_lora`).
+    fixed_rslora: bool,
 }
 
 impl ScaleRule {
@@ -226,12 +228,14 @@ impl ScaleRule {
         let num = |v: Option<&Value>| v.and_then(Value::as_f64).map(|x| x as f32);
         let fixed = num(lp.and_then(|p| p.get("scale")));
         let alpha = num(c.get("lora_alpha"));
-        let rslora = c
-            .get("use_rslora")
+        // mlx-lm's scale is absolute; only its own `rs_lora` divides it (PEFT's
+        // `use_rslora` beside it is about `lora_alpha`: wick's trainer writes both).
+        let lp_rslora = lp
+            .and_then(|p| p.get("rs_lora"))
             .and_then(Value::as_bool)
-            .unwrap_or(false)
-            || lp
-                .and_then(|p| p.get("rs_lora"))
+            .unwrap_or(false);
+        let rslora = lp_rslora
+            || c.get("use_rslora")
                 .and_then(Value::as_bool)
                 .unwrap_or(false);
         let alpha_pattern = match c.get("alpha_pattern") {
@@ -253,6 +257,7 @@ impl ScaleRule {
             alpha: alpha.unwrap_or(8.0),
             alpha_pattern,
             rslora,
+            fixed_rslora: lp_rslora,
         };
         if rule.fixed.is_some_and(|s| !s.is_finite()) || !rule.alpha.is_finite() {
             return Err(AdapterError::invalid(
@@ -272,7 +277,7 @@ impl ScaleRule {
             }
         };
         if let Some(s) = self.fixed {
-            return if self.rslora {
+            return if self.fixed_rslora {
                 s / (rank as f32).sqrt()
             } else {
                 s
@@ -686,6 +691,16 @@ mod tests {
         let mlx = serde_json::json!({"lora_parameters": {"rank": 8, "scale": 10.0}});
         let r = ScaleRule::from_config(dir, &mlx, true).unwrap();
         assert_eq!(r.scale("m", 8), 10.0);
+        // Both layouts in one config (wick's trainer, rsLoRA): the absolute mlx-lm scale
+        // is not divided again by PEFT's use_rslora; the reference's own rs_lora divides.
+        let both = serde_json::json!({"r": 4, "lora_alpha": 8, "use_rslora": true,
+            "lora_parameters": {"rank": 4, "scale": 4.0}});
+        let r = ScaleRule::from_config(dir, &both, false).unwrap();
+        assert_eq!(r.scale("m", 4), 4.0);
+        let optiq =
+            serde_json::json!({"lora_parameters": {"rank": 4, "scale": 4.0, "rs_lora": true}});
+        let r = ScaleRule::from_config(dir, &optiq, true).unwrap();
+        assert_eq!(r.scale("m", 4), 2.0);
         let bare = serde_json::json!({});
         assert_eq!(
             ScaleRule::from_config(dir, &bare, true)

@@ -66,13 +66,13 @@ pub struct FinetuneSubmit {
     pub steps_per_eval: Option<usize>,
     /// AdamW weight decay (0.01).
     pub weight_decay: Option<f32>,
-    /// Only 0 is supported.
+    /// LoRA dropout in [0, 1) (0).
     pub lora_dropout: Option<f32>,
     /// Scale α/√r.
     pub rs_lora: Option<bool>,
     /// LR multiplier of B (1.0).
     pub lora_plus_ratio: Option<f32>,
-    /// Only `false` is supported.
+    /// Gradient checkpointing (false).
     pub grad_checkpoint: Option<bool>,
     /// Write a mountable checkpoint at every validation.
     pub save_checkpoints: Option<bool>,
@@ -170,6 +170,12 @@ pub struct FinetuneConfig {
     pub rs_lora: bool,
     /// LR multiplier of B.
     pub lora_plus_ratio: f32,
+    /// LoRA dropout.
+    #[serde(default)]
+    pub lora_dropout: f32,
+    /// Gradient checkpointing.
+    #[serde(default)]
+    pub grad_checkpoint: bool,
     /// A checkpoint at every validation.
     pub save_checkpoints: bool,
     /// Global-norm clip (0: off).
@@ -278,16 +284,11 @@ impl FinetuneSubmit {
                 },
             ));
         }
-        if self.lora_dropout.is_some_and(|d| d != 0.0) {
-            return Err(ApiError::unsupported(
+        let lora_dropout = self.lora_dropout.unwrap_or(0.0);
+        if !(0.0..1.0).contains(&lora_dropout) {
+            return Err(ApiError::field(
                 "lora_dropout",
-                "LoRA dropout is not supported yet; send 0 or leave it out",
-            ));
-        }
-        if self.grad_checkpoint == Some(true) {
-            return Err(ApiError::unsupported(
-                "grad_checkpoint",
-                "gradient checkpointing is not supported yet; send false or leave it out",
+                "lora_dropout must be at least 0 and below 1",
             ));
         }
         if self.sft_scope.as_deref().is_some_and(|s| s != "full") {
@@ -384,6 +385,8 @@ impl FinetuneSubmit {
             weight_decay: finite_at_least_zero("weight_decay", self.weight_decay, 0.01)?,
             rs_lora: self.rs_lora.unwrap_or(false),
             lora_plus_ratio,
+            lora_dropout,
+            grad_checkpoint: self.grad_checkpoint.unwrap_or(false),
             save_checkpoints: self.save_checkpoints.unwrap_or(false),
             grad_clip_norm: finite_at_least_zero("grad_clip_norm", self.grad_clip_norm, 1.0)?,
             val_max_examples: self.val_max_examples.unwrap_or(256),
@@ -448,8 +451,14 @@ impl FinetuneConfig {
         if let Some(t) = self.threads {
             flag("threads", t.to_string());
         }
+        if self.lora_dropout > 0.0 {
+            flag("lora-dropout", self.lora_dropout.to_string());
+        }
         if self.rs_lora {
             a.push("--rs-lora".into());
+        }
+        if self.grad_checkpoint {
+            a.push("--grad-checkpoint".into());
         }
         a
     }
@@ -517,13 +526,12 @@ mod tests {
             (json!({"rank": 0}), "rank"),
             (json!({"iters": 0}), "iters"),
             (json!({"learning_rate": -1.0}), "learning_rate"),
-            (json!({"lora_dropout": 0.1}), "lora_dropout"),
+            (json!({"lora_dropout": 1.0}), "lora_dropout"),
             (
                 json!({"target_modules": ["q_proj", "lm_head"]}),
                 "target_modules",
             ),
             (json!({"lr_schedule": "step"}), "lr_schedule"),
-            (json!({"grad_checkpoint": true}), "grad_checkpoint"),
         ] {
             assert_eq!(
                 param(base(extra.clone())).as_deref(),
@@ -538,12 +546,15 @@ mod tests {
         assert!(e.to_string().contains("no train.jsonl"), "{e}");
         let c = submit(base(
             json!({"target_modules": "q_proj,v_proj", "save_checkpoints": true,
-                                   "steps_per_eval": 5, "orpo_flash_ce": true}),
+                                   "steps_per_eval": 5, "orpo_flash_ce": true,
+                                   "lora_dropout": 0.05, "grad_checkpoint": true}),
         ))
         .unwrap();
         let args = c.trainer_args();
         let at = |f: &str| args[args.iter().position(|a| a == f).unwrap() + 1].clone();
         assert_eq!(at("--target-modules"), "q_proj,v_proj");
         assert_eq!(at("--save-every"), "5");
+        assert_eq!(at("--lora-dropout"), "0.05");
+        assert!(args.contains(&"--grad-checkpoint".to_string()));
     }
 }

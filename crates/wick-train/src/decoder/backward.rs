@@ -3,21 +3,20 @@
 use rayon::prelude::*;
 
 use super::attention;
-use super::forward::{AdapterRef, Forward, LayerActs, TrainDecoder};
+use super::forward::{AdapterRef, Forward, LayerActs, LoraSite, Saved, TrainDecoder};
 use super::{rms_norm_back, sigmoid, Batch};
 use crate::linalg::{gemm, linear_back_input, linear_back_weight, Layout};
 use crate::lora::{LoraPair, LoraParams};
 
 /// A LoRA projection's part of the backward.
 struct Slot<'a> {
-    pair: &'a LoraPair,
+    site: LoraSite<'a>,
     grad: &'a mut LoraPair,
     xa: &'a [f32],
-    s: f32,
 }
 
-/// Backward of `y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ` for output gradient `dy` `[n, out]`: adds the
-/// input gradient into `dx` `[n, in]` and the factor gradients into the slot's `grad`.
+/// Backward of `y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ` for output gradient `dy` `[n, out]`: adds
+/// the input gradient into `dx` `[n, in]` and the factor gradients into the slot's `grad`.
 #[allow(clippy::too_many_arguments)]
 fn project_back(
     dy: &[f32],
@@ -31,8 +30,9 @@ fn project_back(
     dx: &mut [f32],
 ) {
     linear_back_input(dy, n, w, out, inp, dx, 1.0);
-    if let Some(Slot { pair, grad, xa, s }) = lora {
-        // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·x; dx += dxa·A.
+    if let Some(Slot { site, grad, xa }) = lora {
+        let (pair, s) = (site.pair, site.s);
+        // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x); dx += drop'(dxa·A).
         linear_back_weight(dy, n, out, xa, rank, &mut grad.b, s);
         let mut dxa = vec![0.0; n * rank];
         gemm(
@@ -48,8 +48,16 @@ fn project_back(
             s,
             true,
         );
-        linear_back_weight(&dxa, n, rank, x, inp, &mut grad.a, 1.0);
-        linear_back_input(&dxa, n, &pair.a, rank, inp, dx, 1.0);
+        linear_back_weight(&dxa, n, rank, &site.input(x, inp), inp, &mut grad.a, 1.0);
+        match site.dropout {
+            None => linear_back_input(&dxa, n, &pair.a, rank, inp, dx, 1.0),
+            Some(d) => {
+                let mut dxd = vec![0.0; n * inp];
+                linear_back_input(&dxa, n, &pair.a, rank, inp, &mut dxd, 1.0);
+                d.scale_in_place(&mut dxd, inp, site.layer, site.slot);
+                dx.iter_mut().zip(&dxd).for_each(|(a, b)| *a += b);
+            }
+        }
     }
 }
 
@@ -113,22 +121,22 @@ impl TrainDecoder<'_> {
         else {
             return;
         };
-        for (l, a) in acts.layers.iter().enumerate().skip(first).rev() {
-            let pairs = &adapter.params.layers[l];
+        for (l, saved) in acts.layers.into_iter().enumerate().skip(first).rev() {
+            let a = match saved {
+                Saved::Full(a) => *a,
+                // The same input, factors and dropout keys: the same activations.
+                Saved::Input(x_in) => self.layer_forward(l, x_in, Some(adapter), batch).0,
+            };
             let mut grad_slots = grads.layers[l].iter_mut();
             let slots: [Option<Slot<'_>>; 7] = std::array::from_fn(|i| {
                 let grad = grad_slots.next().and_then(Option::as_mut);
-                match (pairs[i].as_ref(), grad, a.xa[i].as_deref()) {
-                    (Some(pair), Some(grad), Some(xa)) => Some(Slot {
-                        pair,
-                        grad,
-                        xa,
-                        s: adapter.multiplier,
-                    }),
+                let site = adapter.site(l, wick_engine::adapters::Target::ALL[i]);
+                match (site, grad, a.xa[i].as_deref()) {
+                    (Some(site), Some(grad), Some(xa)) => Some(Slot { site, grad, xa }),
                     _ => None,
                 }
             });
-            dx = self.layer_back(a, l, dx, slots, (n, h, f, qd, kvd), rank, batch);
+            dx = self.layer_back(&a, l, dx, slots, (n, h, f, qd, kvd), rank, batch);
         }
     }
 

@@ -11,12 +11,15 @@
 //! - `forward.rs`: the pass over a packed batch, keeping [`Activations`];
 //! - `backward.rs`: the reverse pass from per-target log-probability gradients;
 //! - `attention.rs`: causal attention of one sequence and its backward;
+//! - `dropout.rs`: LoRA dropout masks drawn from a key, so a recompute draws them again;
 //! - this file: [`Batch`], rotary tables, RMS norm.
 mod attention;
 mod backward;
+mod dropout;
 mod forward;
 
-pub use self::forward::{Activations, AdapterRef, Forward, TrainDecoder};
+pub use self::dropout::Dropout;
+pub use self::forward::{Activations, AdapterRef, Forward, Keep, TrainDecoder};
 
 use wick_engine::config::ModelConfig;
 

@@ -105,6 +105,14 @@ pub struct TrainArgs {
     /// LoRA+: learning rate of B relative to A.
     #[arg(long, default_value_t = 1.0)]
     pub lora_plus_ratio: f32,
+    /// LoRA dropout: the probability of zeroing each input value of the adapter branch
+    /// while training (PEFT's lora_dropout).
+    #[arg(long, default_value_t = 0.0)]
+    pub lora_dropout: f32,
+    /// Gradient checkpointing: keep only each layer's input and recompute the layer in
+    /// the backward (less memory, about one more forward per step).
+    #[arg(long)]
+    pub grad_checkpoint: bool,
     /// Warm-up steps.
     #[arg(long, default_value_t = 0)]
     pub warmup: usize,
@@ -169,6 +177,8 @@ fn config(args: &TrainArgs) -> Result<TrainConfig> {
     c.lora.rank = args.rank.unwrap_or(if orpo { 16 } else { 8 });
     c.lora.scale = args.scale.unwrap_or(if orpo { 2.0 } else { 1.0 });
     c.lora.rs_lora = args.rs_lora;
+    c.lora.dropout = args.lora_dropout;
+    c.grad_checkpoint = args.grad_checkpoint;
     c.lora.targets = parse_targets(&args.target_modules)?;
     c.lora.num_layers = match args.num_layers {
         n if n < 0 => None,
@@ -241,7 +251,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     eprintln!(
-        "data {}: {} train / {} valid {} rows ({tokens} tokens{}); {} LoRA values (rank {}, scale {}{}); {} {} steps, lr {}, batch {}×{}",
+        "data {}: {} train / {} valid {} rows ({tokens} tokens{}); {} LoRA values (rank {}, scale {}{}{}); {} {} steps, lr {}, batch {}×{}{}",
         args.data.display(),
         dataset.train.len(),
         dataset.valid.len(),
@@ -255,11 +265,21 @@ pub fn run(args: TrainArgs) -> Result<()> {
         cfg.lora.rank,
         cfg.lora.scale,
         if cfg.lora.rs_lora { ", rsLoRA" } else { "" },
+        if cfg.lora.dropout > 0.0 {
+            format!(", dropout {}", cfg.lora.dropout)
+        } else {
+            String::new()
+        },
         cfg.method.name(),
         cfg.iters,
         cfg.lr,
         cfg.batch,
         cfg.grad_accum,
+        if cfg.grad_checkpoint {
+            ", gradient checkpointing"
+        } else {
+            ""
+        },
     );
     if let Some(dir) = &args.resume {
         let from = trainer.resume(dir)?;
