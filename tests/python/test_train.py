@@ -283,3 +283,20 @@ def test_mlx_lm_loads_the_adapter_as_peft_means_it(tmp_path):
         plain = np.array(load_model(TINY)[0](tokens).astype(mx.float32))
         assert np.abs(got - plain).max() > 1e-2, "the adapter must move the logits"
         assert np.abs(got - want).max() < 1e-4, (name, np.abs(got - want).max())
+
+
+def test_a_base_kept_quantized_trains_the_same_adapter_in_less_memory(tmp_path):
+    """QLoRA mode: the GGUF Q4_1 projections stay quantized and are dequantized for each
+    product, which are the values the f32 mode expands once: the same factors to the bit."""
+    model = require_model(SMOLLM, "default")
+    data = zorblax_data(tmp_path)
+    outs = {}
+    for mode, extra in [("f32", []), ("kept", ["--keep-quantized"])]:
+        outs[mode] = tmp_path / mode
+        run = train(str(model), "--data", str(data), "--method", "sft", "--adapter", str(outs[mode]),
+                    "--iters", "3", "--lr", "2e-3", *extra)
+        said = [l for l in run.stderr.splitlines() if l.startswith("base ")]
+        assert said and ("dequantized per product (QLoRA)" in said[0]) == (mode == "kept"), run.stderr
+    a = (outs["f32"] / "adapter_model.safetensors").read_bytes()
+    b = (outs["kept"] / "adapter_model.safetensors").read_bytes()
+    assert a == b

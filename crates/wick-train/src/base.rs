@@ -1,20 +1,90 @@
 //! The frozen base a trainer adapts: the engine's [`ModelConfig`], weight sources and
-//! canonical tensor names, read once into f32 host matrices in Hugging Face row order.
+//! canonical tensor names, read once into host matrices in Hugging Face row order: f32,
+//! or (QLoRA) the projections kept in the file's own encoding — GGUF blocks, MLX affine
+//! groups, f16/bf16 — and dequantized for each product, as bitsandbytes' QLoRA does, so
+//! the base costs its file size in memory instead of 4 bytes a weight.
 //!
 //! GGUF Llama files hold Q/K rows permuted for interleaved rotary pairs; they are put
 //! back in Hugging Face order here (and the rotary style set to `rotate_half`), so the
 //! trained factors are in the order PEFT and `wick serve --adapter` expect whatever the
 //! base file was.
+use std::borrow::Cow;
 use std::path::Path;
 
 use serde_json::Value;
 use wick_engine::backend::RopeStyle;
 use wick_engine::config::{Features, ModelConfig};
 use wick_engine::models::Arch;
-use wick_engine::weights::{GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource};
+use wick_engine::weights::{
+    AffineWeight, GgufWeights, HostWeight, MlxQuantization, SafetensorsWeights, WeightSource,
+};
+use wick_gguf::GgmlType;
 use wick_gguf::GgufFile;
 
 use crate::error::{io, Result, TrainError};
+
+/// A frozen projection, row-major `[out, in]`.
+#[derive(Debug, Clone)]
+pub enum Matrix {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// A GGUF or safetensors tensor in its stored type (quantized blocks, f16, bf16);
+    /// `unpermute_heads`: a GGUF Q/K matrix whose rows go back to Hugging Face order.
+    Stored {
+        /// The tensor, owning its bytes.
+        weight: HostWeight<'static>,
+        /// Heads of a llama.cpp-permuted Q/K matrix.
+        unpermute_heads: Option<usize>,
+        /// Columns (`in`).
+        cols: usize,
+    },
+    /// An MLX affine-quantized matrix.
+    Affine(AffineWeight<'static>),
+}
+
+impl Matrix {
+    /// The f32 values: borrowed, or dequantized now (a stored matrix was dequantized once
+    /// at load, so this cannot fail later).
+    pub fn values(&self) -> Cow<'_, [f32]> {
+        let dequantized = match self {
+            Matrix::F32(v) => return Cow::Borrowed(v),
+            Matrix::Stored {
+                weight,
+                unpermute_heads,
+                cols,
+            } => weight.dequantize().map(|v| match unpermute_heads {
+                Some(heads) => unpermute_rows(&v, *heads, *cols),
+                None => v,
+            }),
+            Matrix::Affine(a) => a.dequantize(),
+        };
+        Cow::Owned(dequantized.expect("the matrix was dequantized once when it was loaded"))
+    }
+
+    /// Bytes held in memory.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Matrix::F32(v) => v.len() * 4,
+            Matrix::Stored { weight, .. } => weight.bytes.len(),
+            Matrix::Affine(a) => a.packed.len() + a.scales.bytes.len() + a.biases.bytes.len(),
+        }
+    }
+
+    /// Whether products dequantize it first.
+    pub fn is_stored(&self) -> bool {
+        !matches!(self, Matrix::F32(_))
+    }
+}
+
+/// What the loader does with a base stored in a type other than f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BaseMode {
+    /// Dequantize every matrix to f32 once (fastest per step, 4 bytes a weight).
+    #[default]
+    F32,
+    /// QLoRA: keep the projections as stored and dequantize each for its products.
+    KeepStored,
+}
 
 /// One decoder layer's frozen weights, row-major `[out, in]` matrices.
 #[derive(Debug, Clone)]
@@ -22,21 +92,21 @@ pub struct LayerWeights {
     /// RMS norm before attention.
     pub attn_norm: Vec<f32>,
     /// Query projection `[heads·head_dim, hidden]`.
-    pub wq: Vec<f32>,
+    pub wq: Matrix,
     /// Key projection `[kv_heads·head_dim, hidden]`.
-    pub wk: Vec<f32>,
+    pub wk: Matrix,
     /// Value projection `[kv_heads·head_dim, hidden]`.
-    pub wv: Vec<f32>,
+    pub wv: Matrix,
     /// Output projection `[hidden, heads·head_dim]`.
-    pub wo: Vec<f32>,
+    pub wo: Matrix,
     /// RMS norm before the MLP.
     pub ffn_norm: Vec<f32>,
     /// Gate projection `[intermediate, hidden]`.
-    pub wg: Vec<f32>,
+    pub wg: Matrix,
     /// Up projection `[intermediate, hidden]`.
-    pub wu: Vec<f32>,
+    pub wu: Matrix,
     /// Down projection `[hidden, intermediate]`.
-    pub wd: Vec<f32>,
+    pub wd: Matrix,
 }
 
 /// A Llama-family base model as f32 host matrices.
@@ -58,8 +128,13 @@ pub struct BaseWeights {
 
 impl BaseWeights {
     /// Reads a GGUF file or a Hugging Face directory (safetensors f32/f16/bf16, or MLX
-    /// affine-quantized, dequantized here).
+    /// affine-quantized), every matrix dequantized to f32.
     pub fn load(path: &Path) -> Result<BaseWeights> {
+        Self::load_as(path, BaseMode::F32)
+    }
+
+    /// [`Self::load`], the projections kept as stored under [`BaseMode::KeepStored`].
+    pub fn load_as(path: &Path, mode: BaseMode) -> Result<BaseWeights> {
         let meta = std::fs::metadata(path).map_err(io(path))?;
         if meta.is_dir() {
             let cfg_path = path.join("config.json");
@@ -75,12 +150,12 @@ impl BaseWeights {
             let named = weights
                 .canonical_as(cfg.features.hf_naming)
                 .with_quantization(quant);
-            Self::from_source(cfg, &named, false)
+            Self::from_source(cfg, &named, false, mode)
         } else {
             let file = GgufFile::open(path).map_err(wick_engine::EngineError::from)?;
             let cfg = ModelConfig::from_gguf(file.metadata(), &path.display().to_string())?;
             let permuted = cfg.rope_style == RopeStyle::Interleaved;
-            Self::from_source(cfg, &GgufWeights::new(&file), permuted)
+            Self::from_source(cfg, &GgufWeights::new(&file), permuted, mode)
         }
     }
 
@@ -90,6 +165,7 @@ impl BaseWeights {
         mut cfg: ModelConfig,
         src: &dyn WeightSource,
         permuted: bool,
+        mode: BaseMode,
     ) -> Result<BaseWeights> {
         check_supported(&cfg)?;
         let (h, f) = (cfg.hidden_size, cfg.intermediate_size);
@@ -98,9 +174,26 @@ impl BaseWeights {
             cfg.num_kv_heads * cfg.head_dim,
         );
         let mut stored_as = String::new();
-        let mut read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-            let values = read_matrix(src, name, shape, &mut stored_as)?;
-            Ok(values)
+        let mut read_as = |name: &str, shape: &[usize], keep: Option<Option<usize>>| {
+            read_matrix(src, name, shape, &mut stored_as, keep)
+        };
+        let keep = mode == BaseMode::KeepStored;
+        // A projection: kept as stored (with its Q/K permutation to undo) or f32.
+        let mut proj = |name: &str, shape: &[usize], heads: Option<usize>| -> Result<Matrix> {
+            let unpermute = heads.filter(|_| permuted);
+            let m = read_as(name, shape, keep.then_some(unpermute))?;
+            Ok(match (m, unpermute) {
+                (Matrix::F32(v), Some(heads)) => Matrix::F32(unpermute_rows(&v, heads, shape[1])),
+                (m, _) => m,
+            })
+        };
+        // The norms, embeddings and head are f32 (a row gather and the loss rows' logits);
+        // only the projections may stay as stored. "stored as" names their types.
+        let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+            match read_matrix(src, name, shape, &mut String::new(), None)? {
+                Matrix::F32(v) => Ok(v),
+                _ => unreachable!("read_matrix without keep returns f32"),
+            }
         };
         let embed = read("token_embd.weight", &[cfg.vocab_size, h])?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -113,22 +206,23 @@ impl BaseWeights {
                     )));
                 }
             }
-            let mut wq = read(&n("attn_q"), &[q, h])?;
-            let mut wk = read(&n("attn_k"), &[kv, h])?;
-            if permuted {
-                wq = unpermute_rows(&wq, cfg.num_heads, h);
-                wk = unpermute_rows(&wk, cfg.num_kv_heads, h);
-            }
+            let wq = proj(&n("attn_q"), &[q, h], Some(cfg.num_heads))?;
+            let wk = proj(&n("attn_k"), &[kv, h], Some(cfg.num_kv_heads))?;
+            let wv = proj(&n("attn_v"), &[kv, h], None)?;
+            let wo = proj(&n("attn_output"), &[h, q], None)?;
+            let wg = proj(&n("ffn_gate"), &[f, h], None)?;
+            let wu = proj(&n("ffn_up"), &[f, h], None)?;
+            let wd = proj(&n("ffn_down"), &[h, f], None)?;
             layers.push(LayerWeights {
                 attn_norm: read(&n("attn_norm"), &[h])?,
                 wq,
                 wk,
-                wv: read(&n("attn_v"), &[kv, h])?,
-                wo: read(&n("attn_output"), &[h, q])?,
+                wv,
+                wo,
                 ffn_norm: read(&n("ffn_norm"), &[h])?,
-                wg: read(&n("ffn_gate"), &[f, h])?,
-                wu: read(&n("ffn_up"), &[f, h])?,
-                wd: read(&n("ffn_down"), &[h, f])?,
+                wg,
+                wu,
+                wd,
             });
         }
         let final_norm = read("output_norm.weight", &[h])?;
@@ -137,6 +231,7 @@ impl BaseWeights {
         } else {
             None
         };
+
         cfg.rope_style = RopeStyle::Neox;
         Ok(BaseWeights {
             cfg,
@@ -151,6 +246,25 @@ impl BaseWeights {
     /// The output head `[vocab, hidden]` (the embeddings when tied).
     pub fn head(&self) -> &[f32] {
         self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// Whether the projections are kept as stored (QLoRA).
+    pub fn keeps_stored(&self) -> bool {
+        self.layers.iter().any(|l| l.wq.is_stored())
+    }
+
+    /// Bytes the weights hold in memory.
+    pub fn bytes(&self) -> usize {
+        let mut n = (self.embed.len() + self.final_norm.len()) * 4;
+        n += self.lm_head.as_ref().map_or(0, |v| v.len() * 4);
+        for l in &self.layers {
+            n += (l.attn_norm.len() + l.ffn_norm.len()) * 4;
+            n += [&l.wq, &l.wk, &l.wv, &l.wo, &l.wg, &l.wu, &l.wd]
+                .iter()
+                .map(|m| m.bytes())
+                .sum::<usize>();
+        }
+        n
     }
 }
 
@@ -182,16 +296,31 @@ fn check_supported(cfg: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Reads `name` (shape `shape`). `keep`: a projection that may stay as stored, with the
+/// heads of its Q/K permutation if any; it is dequantized once here to check it, and kept
+/// in its stored form unless that is f32 already.
 fn read_matrix(
     src: &dyn WeightSource,
     name: &str,
     shape: &[usize],
     stored_as: &mut String,
-) -> Result<Vec<f32>> {
+    keep: Option<Option<usize>>,
+) -> Result<Matrix> {
     let want: usize = shape.iter().product();
     let missing = || TrainError::Unsupported(format!("{}: no tensor {name}", src.source_name()));
-    let (values, dtype) = if let Some(a) = src.affine(name)? {
-        (a.dequantize()?, format!("mlx-affine-{}bit", a.bits))
+    let (values, dtype, kept) = if let Some(a) = src.affine(name)? {
+        if a.rows * a.cols != want {
+            return Err(TrainError::Unsupported(format!(
+                "{}: {name} is {}×{}, expected {shape:?}",
+                src.source_name(),
+                a.rows,
+                a.cols
+            )));
+        }
+        let values = a.dequantize()?;
+        let dtype = format!("mlx-affine-{}bit", a.bits);
+        let kept = keep.map(|_| Matrix::Affine(owned_affine(a)));
+        (values, dtype, kept)
     } else {
         let w = src.get(name)?.ok_or_else(missing)?;
         let have: usize = w.shape.iter().product();
@@ -202,7 +331,19 @@ fn read_matrix(
                 w.shape
             )));
         }
-        (w.dequantize()?, w.dtype.to_string())
+        let values = w.dequantize()?;
+        let dtype = w.dtype.to_string();
+        let kept = match keep {
+            Some(unpermute_heads) if w.dtype != GgmlType::F32 && shape.len() == 2 => {
+                Some(Matrix::Stored {
+                    weight: owned(w),
+                    unpermute_heads,
+                    cols: shape[1],
+                })
+            }
+            _ => None,
+        };
+        (values, dtype, kept)
     };
     if values.len() != want {
         return Err(TrainError::Unsupported(format!(
@@ -217,7 +358,29 @@ fn read_matrix(
         }
         stored_as.push_str(&dtype);
     }
-    Ok(values)
+    Ok(kept.unwrap_or(Matrix::F32(values)))
+}
+
+fn owned(w: HostWeight<'_>) -> HostWeight<'static> {
+    HostWeight {
+        name: w.name,
+        dtype: w.dtype,
+        shape: w.shape,
+        bytes: Cow::Owned(w.bytes.into_owned()),
+    }
+}
+
+fn owned_affine(a: AffineWeight<'_>) -> AffineWeight<'static> {
+    AffineWeight {
+        name: a.name,
+        rows: a.rows,
+        cols: a.cols,
+        bits: a.bits,
+        group_size: a.group_size,
+        packed: Cow::Owned(a.packed.into_owned()),
+        scales: owned(a.scales),
+        biases: owned(a.biases),
+    }
 }
 
 /// Undoes llama.cpp's Q/K row permutation: within each head, file row `2j + t` is

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 use super::attention;
 use super::forward::{AdapterRef, Forward, LayerActs, LoraSite, Saved, TrainDecoder};
 use super::{rms_norm_back, sigmoid, Batch};
+use crate::base::Matrix;
 use crate::linalg::{gemm, linear_back_input, linear_back_weight, Layout};
 use crate::lora::{LoraPair, LoraParams};
 
@@ -22,14 +23,14 @@ fn project_back(
     dy: &[f32],
     n: usize,
     x: &[f32],
-    w: &[f32],
+    w: &Matrix,
     out: usize,
     inp: usize,
     lora: Option<Slot<'_>>,
     rank: usize,
     dx: &mut [f32],
 ) {
-    linear_back_input(dy, n, w, out, inp, dx, 1.0);
+    linear_back_input(dy, n, &w.values(), out, inp, dx, 1.0);
     if let Some(Slot { site, grad, xa }) = lora {
         let (pair, s) = (site.pair, site.s);
         // dB += s·dyᵀ·xa; dxa = s·dy·B; dA += dxaᵀ·drop(x); dx += drop'(dxa·A).

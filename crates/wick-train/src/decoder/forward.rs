@@ -6,6 +6,7 @@ use super::attention::{self, AttnShape};
 use super::dropout::Dropout;
 use super::{rms_norm, sigmoid, Batch, Rotary};
 use crate::base::BaseWeights;
+use crate::base::Matrix;
 use crate::error::{Result, TrainError};
 use crate::linalg::{gemm, linear, Layout};
 use crate::lora::{LoraPair, LoraParams};
@@ -146,13 +147,13 @@ pub struct TrainDecoder<'a> {
 pub(super) fn project(
     x: &[f32],
     n: usize,
-    w: &[f32],
+    w: &Matrix,
     out: usize,
     inp: usize,
     lora: Option<LoraSite<'_>>,
     rank: usize,
 ) -> (Vec<f32>, Option<Vec<f32>>) {
-    let mut y = linear(x, n, w, out, inp);
+    let mut y = linear(x, n, &w.values(), out, inp);
     let xa = lora.map(|site| {
         let (p, s) = (site.pair, site.s);
         let xa = linear(&site.input(x, inp), n, &p.a, rank, inp);

@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use wick_engine::{LoadOptions, Model};
-use wick_train::base::BaseWeights;
+use wick_train::base::{BaseMode, BaseWeights};
 use wick_train::data::{self, Tokenizing};
 use wick_train::lora::parse_targets;
 use wick_train::loss::Method;
@@ -113,6 +113,10 @@ pub struct TrainArgs {
     /// the backward (less memory, about one more forward per step).
     #[arg(long)]
     pub grad_checkpoint: bool,
+    /// QLoRA: keep a quantized (or f16/bf16) base's projections as stored and dequantize
+    /// each for its products, instead of expanding the base to f32 once.
+    #[arg(long)]
+    pub keep_quantized: bool,
     /// Warm-up steps.
     #[arg(long, default_value_t = 0)]
     pub warmup: usize,
@@ -230,7 +234,6 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let started = Instant::now();
     let model = Model::load(&resolved.path, &LoadOptions::default())
         .with_context(|| format!("loading {}", resolved.path.display()))?;
-    let base = BaseWeights::load(&resolved.path)?;
     let dataset = data::load(
         &args.data,
         cfg.method.is_preference(),
@@ -239,15 +242,30 @@ pub fn run(args: TrainArgs) -> Result<()> {
             max_seq: cfg.max_seq,
         },
     )?;
+    // The engine's model only tokenizes: it goes before the trainer's copy of the weights
+    // comes, so the two are never in memory together.
+    drop(model);
+    let mode = if args.keep_quantized {
+        BaseMode::KeepStored
+    } else {
+        BaseMode::F32
+    };
+    let base = BaseWeights::load_as(&resolved.path, mode)?;
     let tokens: usize = dataset.train.iter().map(|e| e.tokens()).sum();
     let mut trainer = Trainer::new(&base, cfg)?;
     let cfg = trainer.config.clone();
     eprintln!(
-        "base {} ({} layers, {} stored as {}, trained in f32) loaded in {:.1}s",
+        "base {} ({} layers, {} stored as {}, {}; {:.0} MB) loaded in {:.1}s",
         resolved.name,
         base.cfg.num_layers,
         base.cfg.arch.name(),
         base.stored_as,
+        if base.keeps_stored() {
+            "kept as stored and dequantized per product (QLoRA), trained in f32"
+        } else {
+            "trained in f32"
+        },
+        base.bytes() as f64 / 1e6,
         started.elapsed().as_secs_f64()
     );
     eprintln!(
