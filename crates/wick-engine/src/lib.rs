@@ -43,6 +43,7 @@ mod fingerprint;
 pub mod models;
 pub mod rope;
 pub mod sampler;
+pub mod speculative;
 pub mod weights;
 
 pub use error::{EngineError, Result};

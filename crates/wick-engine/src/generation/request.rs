@@ -50,6 +50,9 @@ pub struct GenerationRequest {
     /// LoRA adapters the generation runs with, deltas summed in order (none: the base
     /// model). The prompt cache keeps their KV in a namespace of their own.
     pub adapters: AdapterStack,
+    /// Whether the engine may decode this request speculatively when it is set up to
+    /// ([`crate::scheduler::EngineConfig::speculative`]); `false` opts out.
+    pub speculative: bool,
 }
 
 impl GenerationRequest {
@@ -66,6 +69,7 @@ impl GenerationRequest {
             cache_namespace: String::new(),
             prompt_logprobs: None,
             adapters: AdapterStack::none(),
+            speculative: true,
         }
     }
 
@@ -168,6 +172,8 @@ pub struct Usage {
     pub prefill_time: Duration,
     /// Time spent generating after the first token.
     pub decode_time: Duration,
+    /// Drafted and kept tokens, when the request was decoded speculatively.
+    pub speculation: Option<crate::speculative::SpeculationUsage>,
 }
 
 impl Usage {

@@ -11,6 +11,7 @@ use crate::constraint::RowConstraint;
 use crate::model::{KvCache, Model};
 use crate::models::decoder::{Logits, LogitsRequest};
 use crate::sampler::{row_logprobs, Sampler, SamplerTokens};
+use crate::speculative::{draft, DraftLength, SpeculationUsage, SpeculativeConfig};
 use crate::Result;
 
 /// What the next forward pass of a sequence feeds.
@@ -18,6 +19,9 @@ use crate::Result;
 pub struct SequenceStep {
     /// Prompt tokens to feed (`0` for a decode step, which feeds the last sampled token).
     pub prefill: usize,
+    /// Drafted tokens a decode step feeds after the last sampled one, to verify
+    /// ([`crate::speculative`]); such a step asks for [`LogitsRequest::All`].
+    pub drafts: usize,
     /// Which logits the step needs.
     pub logits: LogitsRequest,
 }
@@ -25,7 +29,11 @@ pub struct SequenceStep {
 impl SequenceStep {
     /// Tokens this step feeds.
     pub fn tokens(&self) -> usize {
-        self.prefill.max(1)
+        if self.prefill > 0 {
+            self.prefill
+        } else {
+            1 + self.drafts
+        }
     }
 }
 
@@ -59,6 +67,17 @@ pub struct Sequence {
     scores: Vec<PromptLogprob>,
     /// Whether a token event carried the scores.
     scores_sent: bool,
+    /// Prompt lookup, when this sequence decodes speculatively.
+    speculation: Option<Speculation>,
+}
+
+/// A speculatively decoding sequence's drafter settings, draft length and counts.
+struct Speculation {
+    config: SpeculativeConfig,
+    length: DraftLength,
+    /// The drafts the planned step verifies.
+    drafts: Vec<u32>,
+    usage: SpeculationUsage,
 }
 
 impl Sequence {
@@ -116,7 +135,58 @@ impl Sequence {
             score_top: request.prompt_logprobs,
             scores: Vec::new(),
             scores_sent: false,
+            speculation: None,
         })
+    }
+
+    /// Decodes speculatively with prompt lookup from now on, when this sequence can: not
+    /// under a structured-output constraint (drafts are not checked against the grammar).
+    /// Returns whether it will.
+    pub fn enable_speculation(&mut self, config: SpeculativeConfig) -> bool {
+        if self.constraint.is_some() {
+            return false;
+        }
+        self.speculation = Some(Speculation {
+            config,
+            length: DraftLength::new(config.num_draft_tokens),
+            drafts: Vec::new(),
+            usage: SpeculationUsage::default(),
+        });
+        true
+    }
+
+    /// Drafts the tokens the next decode step verifies (none for a sequence that does
+    /// not speculate, is not decoding, found no match, or has one token left to make).
+    /// Returns how many.
+    pub fn propose_drafts(&mut self) -> usize {
+        let decoding = self.is_decoding() && !self.generated.is_empty();
+        let left = self.max_tokens.saturating_sub(self.generated.len());
+        let Some(s) = self.speculation.as_mut() else {
+            return 0;
+        };
+        s.drafts.clear();
+        if !decoding || left < 2 {
+            return 0;
+        }
+        let k = s.length.next_length().min(left - 1);
+        s.drafts = draft(&self.history, s.config.ngram_min, s.config.ngram_max, k);
+        s.drafts.len()
+    }
+
+    /// Drops the drafts proposed for the next step (the pool had no room for them).
+    pub fn clear_drafts(&mut self) {
+        if let Some(s) = self.speculation.as_mut() {
+            s.drafts.clear();
+        }
+    }
+
+    /// Drafted and kept tokens so far, when the sequence decodes speculatively.
+    pub fn speculation(&self) -> Option<SpeculationUsage> {
+        self.speculation.as_ref().map(|s| s.usage)
+    }
+
+    fn drafts(&self) -> &[u32] {
+        self.speculation.as_ref().map_or(&[], |s| &s.drafts)
     }
 
     /// Whether the prompt chunk starting at `fed` holds a position whose score is still
@@ -158,6 +228,7 @@ impl Sequence {
                 self.fed + n == self.target && self.generated.is_empty() && self.max_tokens > 0;
             SequenceStep {
                 prefill: n,
+                drafts: 0,
                 logits: if scoring {
                     LogitsRequest::All
                 } else if last {
@@ -167,9 +238,15 @@ impl Sequence {
                 },
             }
         } else {
+            let drafts = self.drafts().len();
             SequenceStep {
                 prefill: 0,
-                logits: LogitsRequest::Last,
+                drafts,
+                logits: if drafts > 0 {
+                    LogitsRequest::All
+                } else {
+                    LogitsRequest::Last
+                },
             }
         }
     }
@@ -179,7 +256,9 @@ impl Sequence {
         if step.prefill > 0 {
             self.history[self.fed..self.fed + step.prefill].to_vec()
         } else {
-            vec![self.pending]
+            let mut t = vec![self.pending];
+            t.extend_from_slice(&self.drafts()[..step.drafts]);
+            t
         }
     }
 
@@ -195,12 +274,52 @@ impl Sequence {
 
     /// The tokens `step` feeds and the cache they go into.
     pub fn input_and_cache(&mut self, step: &SequenceStep) -> (Vec<u32>, &mut KvCache) {
-        let tokens = if step.prefill > 0 {
-            self.history[self.fed..self.fed + step.prefill].to_vec()
-        } else {
-            vec![self.pending]
+        (self.input_tokens(step), &mut self.cache)
+    }
+
+    /// Records a forward pass of a decode step that verified `step.drafts` drafts:
+    /// samples each position in turn from its processed logits (as plain decoding would,
+    /// one step at a time), keeping drafts while the sampler accepts them (greedy: the
+    /// draft is the argmax; sampled: the rejection rule of [`Sampler::sample_draft`]),
+    /// and ends with the first token that is not the draft (or the one after the last
+    /// draft). The cache is then cut back to what plain decoding would hold: everything
+    /// but the last token. Returns the tokens' events, in order.
+    pub fn advance_speculative(
+        &mut self,
+        step: &SequenceStep,
+        logits: Option<Logits>,
+        took: Duration,
+    ) -> Result<Vec<TokenEvent>> {
+        self.record(step, took);
+        let Some(mut logits) = logits else {
+            return Ok(Vec::new());
         };
-        (tokens, &mut self.cache)
+        let drafts = self
+            .speculation
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.drafts))
+            .unwrap_or_default();
+        let mut events = Vec::with_capacity(step.drafts + 1);
+        let mut accepted = 0;
+        for j in 0..logits.rows.min(step.drafts + 1) {
+            let row = &mut logits.data[j * logits.vocab..(j + 1) * logits.vocab];
+            let (sampled, kept) = match drafts.get(j).filter(|_| j < step.drafts) {
+                Some(&d) => self.sampler.sample_draft(row, &self.history, d),
+                None => (self.sampler.sample(row, &self.history), false),
+            };
+            events.push(self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)?);
+            accepted += usize::from(kept);
+            if !kept || self.finish.is_some() {
+                break;
+            }
+        }
+        if let Some(s) = self.speculation.as_mut() {
+            s.length.observe(step.drafts, accepted);
+            s.usage.drafted += step.drafts;
+            s.usage.accepted += accepted;
+        }
+        self.cache.trim(self.history.len() - 1)?;
+        Ok(events)
     }
 
     /// Records a finished forward pass of `step`; samples when logits came back (in
@@ -411,6 +530,7 @@ impl Sequence {
         };
         self.fed = 0;
         self.cache = empty;
+        self.clear_drafts();
         self.preemptions += 1;
     }
 
@@ -439,6 +559,11 @@ impl Sequence {
             completion_tokens: self.generated.len(),
             prefill_time: self.prefill_time,
             decode_time: self.decode_time,
+            speculation: self
+                .speculation
+                .as_ref()
+                .map(|s| s.usage)
+                .filter(|u| u.drafted > 0),
         }
     }
 

@@ -141,6 +141,18 @@ impl Model {
         with_decoder!(&self.decoder, d => d.config())
     }
 
+    /// Whether a decode step may feed drafted tokens and cut the rejected ones off again
+    /// ([`crate::speculative`]): every layer's cache can be trimmed at any length (no
+    /// sliding window, no recurrent state as in Qwen 3.5, no KV shared across layers as
+    /// in Gemma 4) and the backend is candle (MLX decodes a batch in shared buffers).
+    pub fn can_speculate(&self) -> bool {
+        let c = self.config();
+        c.layer_windows.iter().all(Option::is_none)
+            && c.gemma4.is_none()
+            && c.qwen35.is_none()
+            && matches!(self.decoder, AnyDecoder::Candle(_))
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

@@ -45,6 +45,7 @@ pub use error::SamplingError;
 pub use params::{SamplingParams, DEFAULT_PENALTY_CONTEXT, MAX_TOP_LOGPROBS};
 pub use rng::{fresh_seed, RngStream, StepRng};
 
+use crate::speculative::accept_one_hot;
 use candidates::{gather, keep_best, rank, Candidate, Mass, Prefix};
 use processors::TokenMarks;
 
@@ -142,14 +143,39 @@ impl Sampler {
     /// rule's fallback (first index), ids outside the row in `history` or `logit_bias` are
     /// skipped.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Sampled {
+        self.sample_against(logits, history, None).0
+    }
+
+    /// [`Sampler::sample`] for a position where `draft` was guessed (speculative
+    /// decoding): greedy picks the argmax as ever; a sampled step keeps the draft with
+    /// its probability under the final distribution and otherwise draws from that
+    /// distribution with the draft removed ([`crate::speculative::accept_one_hot`]), so
+    /// the token is distributed exactly as [`Sampler::sample`]'s. Returns the token and
+    /// whether it is the draft.
+    pub fn sample_draft(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        draft: u32,
+    ) -> (Sampled, bool) {
+        self.sample_against(logits, history, Some(draft))
+    }
+
+    fn sample_against(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        draft: Option<u32>,
+    ) -> (Sampled, bool) {
         let step = self.step;
         self.step = self.step.wrapping_add(1);
         if logits.is_empty() {
-            return Sampled {
+            let sampled = Sampled {
                 id: 0,
                 logprob: f32::NAN,
                 top_logprobs: Vec::new(),
             };
+            return (sampled, draft == Some(0));
         }
         self.process(logits, history);
 
@@ -200,20 +226,25 @@ impl Sampler {
 
         if greedy {
             let id = reduce::first_index_of(logits, max).unwrap_or(0);
-            return Sampled {
+            let sampled = Sampled {
                 id: id as u32,
                 logprob: logprob_of(logits, id),
                 top_logprobs,
             };
+            return (sampled, draft == Some(id as u32));
         }
         // XTC on the whole row writes -inf over the tokens it removes, which are then never
         // drawn: the chosen token's logit is still the processed one.
-        let id = self.draw(logits, step, stages, max, logsumexp);
-        Sampled {
+        let (id, kept) = match draft {
+            None => (self.draw(logits, step, stages, max, logsumexp), false),
+            Some(d) => self.draw_against(logits, step, stages, max, logsumexp, d),
+        };
+        let sampled = Sampled {
             id: id as u32,
             logprob: logprob_of(logits, id),
             top_logprobs,
-        }
+        };
+        (sampled, kept)
     }
 
     /// Applies the logits processors in mlx-lm's order.
@@ -251,6 +282,90 @@ impl Sampler {
         max: f32,
         logsumexp: f32,
     ) -> usize {
+        let listed = self.truncate(logits, stages, max, logsumexp);
+        let p = &self.params;
+        let inverse_temperature = 1.0 / p.temperature;
+        let uniform = StepRng::new(p.seed, step, RngStream::Categorical).next_f64();
+        let picked = if listed {
+            self.pick_candidate(inverse_temperature, uniform)
+        } else {
+            let shift = reduce::max(logits);
+            reduce::exp_weights(
+                logits,
+                shift,
+                inverse_temperature,
+                &mut self.weights,
+                &mut self.block_sums,
+            );
+            let total: f64 = self.block_sums.iter().sum();
+            reduce::pick_weighted(&self.weights, &self.block_sums, uniform * total)
+        };
+        picked.unwrap_or_else(|| reduce::argmax(logits))
+    }
+
+    /// The truncations and the rejection rule for `draft` (temperature > 0): the
+    /// token and whether it is the draft.
+    fn draw_against(
+        &mut self,
+        logits: &mut [f32],
+        step: u64,
+        stages: Stages,
+        max: f32,
+        logsumexp: f32,
+        draft: u32,
+    ) -> (usize, bool) {
+        let listed = self.truncate(logits, stages, max, logsumexp);
+        let p = &self.params;
+        let inverse_temperature = 1.0 / p.temperature;
+        let u_accept = StepRng::new(p.seed, step, RngStream::Categorical).next_f64();
+        let u_resample = StepRng::new(p.seed, step, RngStream::Resample).next_f64();
+        // The final distribution, normalized: over the candidates, or the whole row.
+        let (ids, at): (Option<Vec<u32>>, u32) = if listed {
+            let top = self
+                .candidates
+                .iter()
+                .map(|c| c.logit)
+                .fold(f32::NEG_INFINITY, f32::max);
+            self.probs.clear();
+            self.probs.extend(
+                self.candidates
+                    .iter()
+                    .map(|c| reduce::exp((c.logit - top) * inverse_temperature)),
+            );
+            let at = self.candidates.iter().position(|c| c.id == draft);
+            let ids = self.candidates.iter().map(|c| c.id).collect();
+            (Some(ids), at.map_or(u32::MAX, |i| i as u32))
+        } else {
+            let shift = reduce::max(logits);
+            reduce::exp_weights(
+                logits,
+                shift,
+                inverse_temperature,
+                &mut self.probs,
+                &mut self.block_sums,
+            );
+            (None, draft)
+        };
+        let total: f64 = self.probs.iter().map(|&w| f64::from(w)).sum();
+        if total.is_nan() || total <= 0.0 {
+            return (reduce::argmax(logits), false);
+        }
+        let scale = (1.0 / total) as f32;
+        self.probs.iter_mut().for_each(|w| *w *= scale);
+        let (i, kept) = accept_one_hot(&self.probs, at, u_accept, u_resample);
+        let id = match &ids {
+            Some(ids) => ids.get(i as usize).copied(),
+            None => ((i as usize) < logits.len()).then_some(i),
+        };
+        match id {
+            Some(id) => (id as usize, kept),
+            None => (reduce::argmax(logits), false),
+        }
+    }
+
+    /// The truncations (temperature > 0): returns whether they left a candidate list
+    /// (else the whole row, with XTC's removals written as -inf, is the distribution).
+    fn truncate(&mut self, logits: &mut [f32], stages: Stages, max: f32, logsumexp: f32) -> bool {
         let p = &self.params;
         // top-p, min-p and (unless XTC may reach past it) top-k keep one ranked prefix.
         let mut listed = false;
@@ -296,24 +411,7 @@ impl Sampler {
                 }
             }
         }
-
-        let inverse_temperature = 1.0 / p.temperature;
-        let uniform = StepRng::new(p.seed, step, RngStream::Categorical).next_f64();
-        let picked = if listed {
-            self.pick_candidate(inverse_temperature, uniform)
-        } else {
-            let shift = reduce::max(logits);
-            reduce::exp_weights(
-                logits,
-                shift,
-                inverse_temperature,
-                &mut self.weights,
-                &mut self.block_sums,
-            );
-            let total: f64 = self.block_sums.iter().sum();
-            reduce::pick_weighted(&self.weights, &self.block_sums, uniform * total)
-        };
-        picked.unwrap_or_else(|| reduce::argmax(logits))
+        listed
     }
 
     /// Draws from `softmax(logit * inverse_temperature)` over the candidates (walked in

@@ -23,6 +23,8 @@ pub enum RngStream {
     Categorical,
     /// XTC's coin: whether it removes the top choices this step.
     Xtc,
+    /// The redraw after a speculative draft was rejected ([`crate::speculative`]).
+    Resample,
 }
 
 /// SplitMix64's output function: a bijective 64-bit mixer.
@@ -44,6 +46,7 @@ impl StepRng {
         let stream_key = match stream {
             RngStream::Categorical => 0x243f_6a88_85a3_08d3,
             RngStream::Xtc => 0x1319_8a2e_0370_7344,
+            RngStream::Resample => 0xa409_3822_299f_31d0,
         };
         let key = mix64(step.wrapping_mul(GOLDEN_GAMMA) ^ stream_key);
         Self {

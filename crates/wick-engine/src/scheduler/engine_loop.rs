@@ -214,6 +214,11 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
             tracking,
         }) => {
             seq.cache_mut().attach(&shared.admission.pool);
+            if let Some(spec) = shared.config.speculative {
+                if p.request.speculative && model.can_speculate() {
+                    seq.enable_speculation(spec);
+                }
+            }
             tracing::debug!(
                 request = p.id,
                 waited_ms = p.submitted.elapsed().as_millis() as u64,
@@ -321,9 +326,19 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
     let mut i = 0;
     let mut widest = widest_decode_rows(b);
     while i < b.running.len() {
-        if !b.running[i].seq.is_decoding()
-            || b.running[i].seq.cache_mut().reserve_decode_step(&widest)
-        {
+        let seq = &mut b.running[i].seq;
+        if !seq.is_decoding() {
+            i += 1;
+            continue;
+        }
+        // Drafts need room for themselves too; without it the row decodes plainly.
+        let drafts = seq.propose_drafts();
+        if drafts > 0 && seq.cache_mut().reserve(1 + drafts) {
+            i += 1;
+            continue;
+        }
+        seq.clear_drafts();
+        if seq.cache_mut().reserve_decode_step(&widest) {
             i += 1;
             continue;
         }
@@ -332,7 +347,12 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
         widest = widest_decode_rows(b);
     }
     loop {
-        let decoding = b.running.iter().filter(|a| a.seq.is_decoding()).count();
+        let decoding: usize = b
+            .running
+            .iter()
+            .filter(|a| a.seq.is_decoding())
+            .map(|a| a.seq.next_step(1).tokens())
+            .sum();
         let mut budget = shared
             .config
             .step_token_budget
@@ -382,7 +402,7 @@ fn advance_all(
     plans: &[Option<SequenceStep>],
     outputs: Vec<StepOutput>,
     took: Duration,
-) -> Vec<(usize, crate::Result<Option<TokenEvent>>)> {
+) -> Vec<(usize, crate::Result<Vec<TokenEvent>>)> {
     let mut outputs = outputs.into_iter();
     let work: Vec<(usize, &mut Active, &SequenceStep, Option<StepOutput>)> = running
         .iter_mut()
@@ -394,13 +414,27 @@ fn advance_all(
     work.into_par_iter()
         .map(|(i, a, plan, output)| {
             let event = match output {
-                Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took),
-                Some(StepOutput::Logits(logits)) => a.seq.advance(plan, logits, took),
-                None => a.seq.advance(plan, None, took),
+                Some(StepOutput::Logits(logits)) if plan.drafts > 0 => {
+                    a.seq.advance_speculative(plan, logits, took)
+                }
+                Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took).map(Vec::from_iter),
+                Some(StepOutput::Logits(logits)) => {
+                    a.seq.advance(plan, logits, took).map(Vec::from_iter)
+                }
+                None => a.seq.advance(plan, None, took).map(Vec::from_iter),
             };
             (i, event)
         })
         .collect()
+}
+
+/// Drafted tokens the running sequences kept so far, all together.
+fn kept_drafts(running: &[Active]) -> usize {
+    running
+        .iter()
+        .filter_map(|a| a.seq.speculation())
+        .map(|u| u.accepted)
+        .sum()
 }
 
 /// Plans and runs one forward pass over the batch.
@@ -507,19 +541,22 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     c.prompt_tokens.fetch_add(prefill as u64, Ordering::Relaxed);
 
     let sampling = Instant::now();
+    let kept_before = kept_drafts(running);
     let advanced = advance_all(running, &plans, outputs, took);
     let mut sampled = 0u64;
     let mut finished = Vec::new();
-    for (i, event) in advanced {
+    for (i, events) in advanced {
         let a = &mut running[i];
-        match event {
-            Ok(Some(event)) => {
-                sampled += 1;
-                if a.req.events.send(EngineEvent::Token(event)).is_err() {
-                    a.seq.cancel();
+        match events {
+            Ok(events) => {
+                for event in events {
+                    sampled += 1;
+                    if a.req.events.send(EngineEvent::Token(event)).is_err() {
+                        a.seq.cancel();
+                        break;
+                    }
                 }
             }
-            Ok(None) => {}
             Err(e) => {
                 let _ = a
                     .req
@@ -538,8 +575,15 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     c.generated_tokens.fetch_add(sampled, Ordering::Relaxed);
     c.sampling_nanos
         .fetch_add(sampling.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    let drafted: usize = plans.iter().flatten().map(|p| p.drafts).sum();
+    let kept = kept_drafts(running) - kept_before;
+    if drafted > 0 {
+        c.spec_steps.fetch_add(1, Ordering::Relaxed);
+        c.spec_drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        c.spec_accepted.fetch_add(kept as u64, Ordering::Relaxed);
+    }
     if decoding > 0 {
-        let tps = decoding as f64 / took.as_secs_f64().max(1e-9);
+        let tps = (decoding + kept) as f64 / took.as_secs_f64().max(1e-9);
         let old = c.decode_tps_milli.load(Ordering::Relaxed) as f64 / 1000.0;
         let ema = if old == 0.0 {
             tps

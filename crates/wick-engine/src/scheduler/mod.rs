@@ -38,7 +38,7 @@ mod stats;
 pub use admission::{available_memory, KvBudget};
 pub use handle::{Engine, EngineHandle, RequestHandle, SubmitError};
 pub use stats::{
-    EngineStats, HistogramSnapshot, KvPoolStats, StepSeconds, BATCH_SIZE_BUCKETS,
+    EngineStats, HistogramSnapshot, KvPoolStats, SpeculationStats, StepSeconds, BATCH_SIZE_BUCKETS,
     STEP_TOKEN_BUCKETS,
 };
 pub use wick_cache::{CacheStats, FlushReport, ScanReport, SsdStats};
@@ -83,6 +83,9 @@ pub struct EngineConfig {
     /// requests wait, and a running sequence that cannot get a block preempts the
     /// newest one (which is recomputed later).
     pub kv_budget: KvBudget,
+    /// Prompt-lookup speculative decoding (`--spec ngram`); `None` decodes one token per
+    /// step. See [`crate::speculative`] for the rows that decode plainly regardless.
+    pub speculative: Option<crate::speculative::SpeculativeConfig>,
 }
 
 /// Default RAM prompt-cache cap: 8 GiB.
@@ -102,6 +105,7 @@ impl Default for EngineConfig {
             generation_checkpoint_tokens: 0,
             prompt_boundary_min_tokens: 256,
             kv_budget: KvBudget::Unbounded,
+            speculative: None,
         }
     }
 }

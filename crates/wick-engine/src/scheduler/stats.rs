@@ -137,6 +137,10 @@ pub struct EngineCounters {
     pub(crate) preemptions: AtomicU64,
     /// Preempted sequences waiting to be recomputed.
     pub(crate) preempted_waiting: AtomicUsize,
+    /// Steps that verified drafts, tokens drafted, and drafted tokens kept.
+    pub(crate) spec_steps: AtomicU64,
+    pub(crate) spec_drafted: AtomicU64,
+    pub(crate) spec_accepted: AtomicU64,
     /// Sequences per forward pass.
     pub(crate) batch_sizes: CountHistogram,
     /// Tokens per forward pass.
@@ -165,6 +169,9 @@ impl Default for EngineCounters {
             decode_tps_milli: AtomicU64::new(0),
             preemptions: AtomicU64::new(0),
             preempted_waiting: AtomicUsize::new(0),
+            spec_steps: AtomicU64::new(0),
+            spec_drafted: AtomicU64::new(0),
+            spec_accepted: AtomicU64::new(0),
             batch_sizes: CountHistogram::new(BATCH_SIZE_BUCKETS),
             step_tokens: CountHistogram::new(STEP_TOKEN_BUCKETS),
             step_nanos: AtomicU64::new(0),
@@ -226,6 +233,19 @@ pub struct EngineStats {
     pub step_tokens: HistogramSnapshot,
     /// Where the steps' time went.
     pub step_seconds: StepSeconds,
+    /// Speculative decoding, all time.
+    pub speculation: SpeculationStats,
+}
+
+/// Speculative decoding's counters (all zero when it is off).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SpeculationStats {
+    /// Forward passes that verified drafts.
+    pub steps: u64,
+    /// Tokens drafted and scored.
+    pub drafted: u64,
+    /// Drafted tokens the model agreed with.
+    pub accepted: u64,
 }
 
 impl EngineCounters {
@@ -254,6 +274,11 @@ impl EngineCounters {
                 total: self.step_nanos.load(o) as f64 / 1e9,
                 forward: self.forward_nanos.load(o) as f64 / 1e9,
                 sampling: self.sampling_nanos.load(o) as f64 / 1e9,
+            },
+            speculation: SpeculationStats {
+                steps: self.spec_steps.load(o),
+                drafted: self.spec_drafted.load(o),
+                accepted: self.spec_accepted.load(o),
             },
         }
     }

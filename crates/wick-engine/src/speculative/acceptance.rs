@@ -1,0 +1,202 @@
+//! What to keep of a draft: the rejection rule for a deterministic draft, and how many
+//! tokens to draft next given how many were kept.
+
+/// The speculative-sampling rule for a one-hot draft `draft` under the target
+/// distribution `probs` (normalized, after every processor and truncation): keep the
+/// draft with probability `probs[draft]` (`u_accept < probs[draft]`); otherwise draw
+/// from `probs` with `draft` removed and renormalized, with `u_resample` in `[0, 1)`.
+/// Returns the token and whether it is the draft. The token is distributed exactly as
+/// a plain draw from `probs`: `P(d) = p(d)`, and for `t ≠ d`,
+/// `P(t) = (1 − p(d)) · p(t) / (1 − p(d)) = p(t)`.
+pub fn accept_one_hot(probs: &[f32], draft: u32, u_accept: f64, u_resample: f64) -> (u32, bool) {
+    let p_draft = probs.get(draft as usize).map_or(0.0, |&p| f64::from(p));
+    if u_accept < p_draft {
+        return (draft, true);
+    }
+    let rest: f64 = probs
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != draft as usize)
+        .map(|(_, &p)| f64::from(p))
+        .sum();
+    let target = u_resample * rest;
+    let mut running = 0.0;
+    let mut last = None;
+    for (i, &p) in probs.iter().enumerate() {
+        if i == draft as usize || p <= 0.0 {
+            continue;
+        }
+        running += f64::from(p);
+        last = Some(i as u32);
+        if running > target {
+            return (i as u32, false);
+        }
+    }
+    // Rounding left `target` past the sum, or the draft held all the mass.
+    (last.unwrap_or(draft), last.is_none())
+}
+
+/// Steps decoded plainly after the draft length fell to nothing, before drafting one
+/// token again to probe whether the text turned repetitive.
+pub const PROBE_AFTER_STEPS: usize = 16;
+
+/// A sequence's draft length, adapted to what the model accepts: all of a draft kept
+/// grows it by one (up to the configured most), a partly kept draft sets it to one past
+/// what was kept, nothing kept halves it, and from one a rejection turns drafting off
+/// for [`PROBE_AFTER_STEPS`] steps.
+#[derive(Debug, Clone)]
+pub struct DraftLength {
+    max: usize,
+    current: usize,
+    resting: usize,
+}
+
+impl DraftLength {
+    /// Starting at the most, `max`.
+    pub fn new(max: usize) -> Self {
+        DraftLength {
+            max,
+            current: max,
+            resting: 0,
+        }
+    }
+
+    /// Tokens to draft this step (0: decode plainly); counts a resting step.
+    pub fn next_length(&mut self) -> usize {
+        if self.resting > 0 {
+            self.resting -= 1;
+            return 0;
+        }
+        self.current
+    }
+
+    /// Records that `accepted` of `drafted` (> 0) tokens were kept.
+    pub fn observe(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        if accepted >= drafted {
+            self.current = (self.current + 1).min(self.max);
+        } else if accepted > 0 {
+            self.current = (accepted + 1).min(self.max);
+        } else if self.current <= 1 {
+            self.current = 1;
+            self.resting = PROBE_AFTER_STEPS;
+        } else {
+            self.current /= 2;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::{RngStream, StepRng};
+
+    /// The rejection rule's output frequencies match the target distribution, whichever
+    /// token is drafted (a likely one, an unlikely one, one with no mass).
+    #[test]
+    fn the_rule_leaves_the_distribution_unchanged() {
+        let probs = [0.5f32, 0.25, 0.15, 0.1, 0.0];
+        let n = 200_000;
+        for draft in 0..probs.len() as u32 {
+            let mut counts = [0usize; 5];
+            let mut kept = 0usize;
+            for step in 0..n {
+                let u1 =
+                    StepRng::new(7 + u64::from(draft), step, RngStream::Categorical).next_f64();
+                let u2 = StepRng::new(7 + u64::from(draft), step, RngStream::Xtc).next_f64();
+                let (t, accepted) = accept_one_hot(&probs, draft, u1, u2);
+                counts[t as usize] += 1;
+                kept += accepted as usize;
+            }
+            for (i, &p) in probs.iter().enumerate() {
+                let f = counts[i] as f64 / n as f64;
+                // 5 standard deviations of a binomial frequency at n draws.
+                let tol = 5.0 * (f64::from(p) * (1.0 - f64::from(p)) / n as f64).sqrt() + 1e-9;
+                assert!(
+                    (f - f64::from(p)).abs() <= tol,
+                    "draft {draft}: token {i} drawn {f}, want {p} ± {tol}"
+                );
+            }
+            let want = f64::from(probs[draft as usize]);
+            let rate = kept as f64 / n as f64;
+            assert!(
+                (rate - want).abs() < 0.01,
+                "draft {draft} kept {rate}, want {want}"
+            );
+        }
+    }
+
+    /// Through the sampler: a sampled step given a draft draws each token as often as a
+    /// plain step does, with and without truncations, whatever the draft.
+    #[test]
+    fn a_sampled_step_with_a_draft_draws_what_a_plain_step_draws() {
+        use crate::sampler::{Sampler, SamplerTokens, SamplingParams};
+        let logits = [1.0f32, 0.5, 0.0, -0.5, -3.0];
+        let n = 60_000;
+        for (top_k, top_p) in [(0, 1.0), (3, 1.0), (0, 0.8)] {
+            let params = SamplingParams {
+                temperature: 0.8,
+                top_k,
+                top_p,
+                seed: 11,
+                ..Default::default()
+            };
+            let new = || Sampler::new(params.clone(), SamplerTokens::default()).unwrap();
+            let mut plain_counts = [0usize; 5];
+            let mut plain = new();
+            for _ in 0..n {
+                plain_counts[plain.sample(&mut logits.clone(), &[]).id as usize] += 1;
+            }
+            for draft in [0u32, 2, 4] {
+                let mut spec = new();
+                let mut counts = [0usize; 5];
+                for _ in 0..n {
+                    let (s, kept) = spec.sample_draft(&mut logits.clone(), &[], draft);
+                    assert_eq!(kept, s.id == draft);
+                    counts[s.id as usize] += 1;
+                }
+                for i in 0..5 {
+                    let (a, b) = (
+                        plain_counts[i] as f64 / n as f64,
+                        counts[i] as f64 / n as f64,
+                    );
+                    let tol = 5.0 * (2.0 * a.max(1e-4) * (1.0 - a) / n as f64).sqrt();
+                    assert!(
+                        (a - b).abs() <= tol,
+                        "top_k {top_k} top_p {top_p} draft {draft}: token {i} {b} vs plain {a}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_certain_draft_is_always_kept() {
+        let probs = [0.0f32, 1.0, 0.0];
+        assert_eq!(accept_one_hot(&probs, 1, 0.999, 0.5), (1, true));
+        assert_eq!(accept_one_hot(&probs, 0, 0.0, 0.5), (1, false));
+    }
+
+    #[test]
+    fn the_length_follows_acceptance() {
+        let mut k = DraftLength::new(4);
+        assert_eq!(k.next_length(), 4);
+        k.observe(4, 4);
+        assert_eq!(k.next_length(), 4);
+        k.observe(4, 1);
+        assert_eq!(k.next_length(), 2);
+        k.observe(2, 2);
+        assert_eq!(k.next_length(), 3);
+        k.observe(3, 0);
+        assert_eq!(k.next_length(), 1);
+        k.observe(1, 0);
+        for _ in 0..PROBE_AFTER_STEPS {
+            assert_eq!(k.next_length(), 0);
+        }
+        assert_eq!(k.next_length(), 1);
+        k.observe(1, 1);
+        assert_eq!(k.next_length(), 2);
+    }
+}

@@ -1,0 +1,55 @@
+//! Speculative decoding by prompt lookup: a decoding sequence guesses its next few tokens
+//! from what it has already seen ([`ngram`]), and one forward pass scores the guesses
+//! together with the token it would have fed anyway. The longest prefix the model agrees
+//! with is kept ([`acceptance`]), plus the model's own next token, so a step can emit up
+//! to `1 + k` tokens for about the weight reads of one.
+//!
+//! The output is the one plain decoding gives: a greedy row keeps a draft only when it
+//! is the token the sampler picks from that position's processed logits (penalties,
+//! logit bias, logprobs as usual), so greedy output is the same token for token; a
+//! sampled row keeps it with its probability under the final distribution and otherwise
+//! draws from that distribution without it ([`acceptance::accept_one_hot`]), so its
+//! tokens are distributed as plain sampling's (a seed gives other tokens than without
+//! speculation). The rejected positions are trimmed from the KV cache, so what stays
+//! cached is exactly what plain decoding would have cached.
+//!
+//! Rows that decode plainly: rows with a structured-output constraint (drafts are not
+//! checked against the grammar), requests that opt out, and models whose cache cannot be
+//! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
+//! that run on MLX.
+pub mod acceptance;
+pub mod ngram;
+
+pub use acceptance::{accept_one_hot, DraftLength};
+pub use ngram::draft;
+
+/// Prompt-lookup settings (`wick serve --spec ngram`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    /// Shortest suffix looked up (`--ngram-min`): 1 finds more drafts but worse ones.
+    pub ngram_min: usize,
+    /// Longest suffix looked up first (`--ngram-max`).
+    pub ngram_max: usize,
+    /// Most tokens drafted per step (`--num-draft-tokens`); the adaptive length stays
+    /// at or below it.
+    pub num_draft_tokens: usize,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        SpeculativeConfig {
+            ngram_min: 2,
+            ngram_max: 4,
+            num_draft_tokens: 4,
+        }
+    }
+}
+
+/// Drafted and kept tokens of one request, or of the whole engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SpeculationUsage {
+    /// Tokens proposed by the drafter and scored.
+    pub drafted: usize,
+    /// Of those, tokens the model agreed with (emitted without a forward pass of their own).
+    pub accepted: usize,
+}
