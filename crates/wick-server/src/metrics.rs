@@ -374,6 +374,25 @@ fn render_batching(out: &mut String, engine: &EngineStats) {
         "Tokens per forward pass.",
         &engine.step_tokens,
     );
+    let spec = &engine.speculation;
+    counter(
+        out,
+        "wick_spec_steps_total",
+        "Forward passes that verified speculative drafts (--spec).",
+        spec.steps,
+    );
+    counter(
+        out,
+        "wick_spec_draft_tokens_total",
+        "Tokens drafted by prompt lookup and verified.",
+        spec.drafted,
+    );
+    counter(
+        out,
+        "wick_spec_accepted_tokens_total",
+        "Drafted tokens the model agreed with (emitted without a forward pass of their own).",
+        spec.accepted,
+    );
 }
 
 /// An engine histogram of counts in the Prometheus format.

@@ -48,6 +48,8 @@ pub struct MessagesRequest {
     pub output_format: Option<Value>,
     /// Non-standard (vLLM's extension): generate past end-of-sequence tokens, for benchmarks.
     pub ignore_eos: Option<bool>,
+    /// `false` opts out of speculative decoding when the server runs it (`--spec`).
+    pub speculative: Option<bool>,
     /// Non-standard: the LoRA adapters to run with (as chat completions' `adapter`).
     pub adapter: Option<String>,
 }
@@ -422,6 +424,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         stop: req.stop_sequences.map(Stop::Many),
         stream: req.stream,
         ignore_eos: req.ignore_eos,
+        speculative: req.speculative,
         adapter: req.adapter,
         ..SamplingFields::default()
     };

@@ -353,6 +353,7 @@ mod tests {
                     cached_tokens: 4,
                     completion_tokens: 3,
                     reasoning_tokens: 0,
+                    speculation: None,
                 },
             },
         };

@@ -27,7 +27,10 @@ pub struct ChatMeta {
 
 /// OpenAI's usage object of a reply.
 pub fn usage(u: &ReplyUsage) -> Usage {
-    Usage::new(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+    Usage {
+        speculation: u.speculation,
+        ..Usage::new(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+    }
 }
 
 /// The `chat.completion` body of a whole reply.

@@ -530,6 +530,7 @@ mod tests {
             cached_tokens: 4,
             completion_tokens: 3,
             reasoning_tokens: 2,
+            speculation: None,
         });
         assert_eq!(u["input_tokens_details"]["cached_tokens"], 4);
         assert_eq!(u["output_tokens_details"]["reasoning_tokens"], 2);

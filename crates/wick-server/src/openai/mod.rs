@@ -88,6 +88,8 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     /// Generate past end-of-sequence tokens (vLLM's extension; for benchmarks).
     pub ignore_eos: Option<bool>,
+    /// `false` opts out of speculative decoding when the server runs it (`--spec`).
+    pub speculative: Option<bool>,
     /// vLLM's structured output: `{"json" | "regex" | "choice" | "grammar": …}`.
     pub structured_outputs: Option<Value>,
     /// vLLM's older spelling: a JSON Schema (object or JSON text).
@@ -114,6 +116,10 @@ pub struct Usage {
     pub total_tokens: usize,
     /// Prompt details.
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Non-standard: drafted and kept tokens, only when the reply was decoded
+    /// speculatively (`wick serve --spec`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<wick_engine::speculative::SpeculationUsage>,
 }
 
 /// `usage.prompt_tokens_details`.
@@ -133,6 +139,7 @@ impl Usage {
             prompt_tokens_details: PromptTokensDetails {
                 cached_tokens: cached,
             },
+            speculation: None,
         }
     }
 }

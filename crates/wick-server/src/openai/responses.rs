@@ -48,6 +48,8 @@ pub struct ResponsesRequest {
     pub metadata: Option<Value>,
     /// Non-standard (vLLM's extension): generate past end-of-sequence tokens, for benchmarks.
     pub ignore_eos: Option<bool>,
+    /// `false` opts out of speculative decoding when the server runs it (`--spec`).
+    pub speculative: Option<bool>,
     /// Non-standard: the LoRA adapters to run with (as chat completions' `adapter`).
     pub adapter: Option<String>,
 }
@@ -378,6 +380,7 @@ pub fn to_chat(
             top_p: req.top_p,
             stream: req.stream,
             ignore_eos: req.ignore_eos,
+            speculative: req.speculative,
             adapter: req.adapter.clone(),
             ..SamplingFields::default()
         },

@@ -78,6 +78,8 @@ pub struct ReplyUsage {
     pub completion_tokens: usize,
     /// Generated tokens that were reasoning.
     pub reasoning_tokens: usize,
+    /// Drafted and kept tokens, when the reply was decoded speculatively.
+    pub speculation: Option<wick_engine::speculative::SpeculationUsage>,
 }
 
 /// The end of a reply.
@@ -204,6 +206,7 @@ impl Reply {
                         cached_tokens: u.cached_tokens,
                         completion_tokens: u.completion_tokens,
                         reasoning_tokens: self.reasoning_tokens,
+                        speculation: u.speculation,
                     };
                     self.end(Some(done.finish_reason), usage);
                 }
@@ -273,6 +276,7 @@ impl Reply {
                         cached_tokens: self.cached_tokens,
                         completion_tokens: running.tokens(),
                         reasoning_tokens: self.reasoning_tokens,
+                        speculation: None,
                     }
                 }
                 None => ReplyUsage::default(),

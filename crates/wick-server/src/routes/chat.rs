@@ -130,6 +130,7 @@ pub fn start_chat(
         .stop(generation.stop)
         .adapters(generation.adapters);
     request.ignore_eos = generation.ignore_eos;
+    request.speculative = generation.speculative;
     request.keep_special_text = options.needs_special_text();
     Reply::start(state, request, options, arrived)
 }

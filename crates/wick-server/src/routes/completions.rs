@@ -64,6 +64,7 @@ pub async fn completions(
         .stop(gen.stop)
         .adapters(gen.adapters);
     request.ignore_eos = gen.ignore_eos;
+    request.speculative = gen.speculative;
     if echo.is_some() {
         // The echoed prompt's tokens get their log-probabilities too (the engine scores
         // the whole prompt, bypassing the prompt cache for this request).

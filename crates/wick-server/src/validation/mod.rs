@@ -82,6 +82,8 @@ pub struct ValidGeneration {
     pub include_usage: bool,
     /// Generate past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// May be decoded speculatively (`speculative`, default true).
+    pub speculative: bool,
     /// The LoRA adapters (resolved by the endpoint, which knows the mounted ones).
     pub adapters: wick_engine::adapters::AdapterStack,
 }
@@ -228,6 +230,7 @@ pub fn resolve_generation(
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         ignore_eos: f.ignore_eos.unwrap_or(false),
+        speculative: f.speculative.unwrap_or(true),
         adapters: wick_engine::adapters::AdapterStack::none(),
     })
 }

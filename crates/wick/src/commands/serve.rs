@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use wick_chat::tool_call::ToolFormat;
 use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
+use wick_engine::speculative::SpeculativeConfig;
 use wick_engine::{LoadOptions, Model};
 use wick_server::{AppState, SamplingDefaults, ServerConfig};
 
@@ -93,6 +94,20 @@ pub struct ServeArgs {
     /// Tokens one forward pass may carry (decode tokens first, then prompt chunks).
     #[arg(long, env = "WICK_STEP_TOKENS", default_value_t = 512)]
     step_tokens: usize,
+    /// Speculative decoding: `ngram` drafts the next tokens by prompt lookup (what followed
+    /// the last few tokens earlier in the prompt or output) and verifies them in one
+    /// forward pass; greedy output is unchanged. Off by default.
+    #[arg(long, env = "WICK_SPEC", value_enum)]
+    spec: Option<SpecMethod>,
+    /// Shortest suffix prompt lookup matches (with --spec ngram).
+    #[arg(long, env = "WICK_NGRAM_MIN", default_value_t = SpeculativeConfig::default().ngram_min)]
+    ngram_min: usize,
+    /// Longest suffix prompt lookup matches, tried first (with --spec ngram).
+    #[arg(long, env = "WICK_NGRAM_MAX", default_value_t = SpeculativeConfig::default().ngram_max)]
+    ngram_max: usize,
+    /// Most tokens drafted per step; the length adapts below it to what is accepted.
+    #[arg(long, env = "WICK_NUM_DRAFT_TOKENS", default_value_t = SpeculativeConfig::default().num_draft_tokens)]
+    num_draft_tokens: usize,
     /// Context length limit (default: the model's).
     #[arg(long, env = "WICK_CTX_SIZE")]
     ctx_size: Option<usize>,
@@ -163,6 +178,37 @@ pub struct ServeArgs {
     /// Serve the model as an embedding model: only /v1/embeddings (automatic for encoders such as BERT).
     #[arg(long, env = "WICK_EMBEDDING", value_parser = clap::builder::FalseyValueParser::new())]
     embedding: bool,
+}
+
+/// How `--spec` drafts tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SpecMethod {
+    /// Prompt lookup: the tokens that followed the latest earlier occurrence of the last
+    /// `--ngram-max` … `--ngram-min` tokens.
+    Ngram,
+}
+
+/// `--spec` and its knobs, checked.
+fn check_speculative(args: &ServeArgs) -> anyhow::Result<Option<SpeculativeConfig>> {
+    let Some(SpecMethod::Ngram) = args.spec else {
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        args.ngram_min >= 1 && args.ngram_min <= args.ngram_max,
+        "--ngram-min must be at least 1 and at most --ngram-max ({}), got {}",
+        args.ngram_max,
+        args.ngram_min
+    );
+    anyhow::ensure!(
+        (1..=16).contains(&args.num_draft_tokens),
+        "--num-draft-tokens must be 1 to 16, got {}",
+        args.num_draft_tokens
+    );
+    Ok(Some(SpeculativeConfig {
+        ngram_min: args.ngram_min,
+        ngram_max: args.ngram_max,
+        num_draft_tokens: args.num_draft_tokens,
+    }))
 }
 
 /// `--prompt-cache` default: the engine's cap, in GiB.
@@ -385,6 +431,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             ssd_cache_verify: cache.ssd_cache_verify,
             generation_checkpoint_tokens: cache.generation_checkpoint_tokens,
             kv_budget,
+            speculative: check_speculative(args)?,
             ..EngineConfig::default()
         },
     })
