@@ -259,3 +259,74 @@ fn backend_argmax_and_host_sampler_pick_the_same_greedy_tokens() {
     }
     assert!(engine.shutdown(Duration::from_secs(5)));
 }
+
+/// Prompt-lookup speculation in a pool that forces preemption: greedy outputs equal the
+/// plain single runs token for token, drafts were kept, sampled rows still finish, and
+/// every block comes back (the trimmed drafts' blocks included).
+#[test]
+fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
+    let model = default_model();
+    let lengths = [30usize, 140, 60, 200, 12, 90];
+    let requests: Vec<GenerationRequest> = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let mut r = GenerationRequest::new(prompt(&model, &format!("Story {i}:"), n))
+                .max_tokens(30 + 7 * i);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let alone = run_alone(&model, &requests);
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap();
+    let layers = model.config().num_layers;
+    let blocks = 2 * layers * longest.div_ceil(16) + layers;
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 8,
+            step_token_budget: 64,
+            prompt_cache_bytes: 0,
+            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            speculative: Some(wick_engine::speculative::SpeculativeConfig::default()),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let mut sampled = requests[1].clone().sampling(SamplingParams {
+        temperature: 0.8,
+        top_p: 0.9,
+        seed: 5,
+        ..SamplingParams::default()
+    });
+    sampled.max_tokens = 50;
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    let sampled = engine.submit(sampled).unwrap();
+    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        assert_eq!(
+            &collect(h),
+            want,
+            "request {i} differs from its plain single run"
+        );
+    }
+    assert_eq!(collect(sampled).len(), 50);
+    let stats = engine.stats();
+    assert!(
+        stats.preemptions > 0,
+        "meant to force preemption: {stats:?}"
+    );
+    let spec = &stats.speculation;
+    assert!(
+        spec.accepted > 0 && spec.accepted <= spec.drafted,
+        "{spec:?}"
+    );
+    assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}

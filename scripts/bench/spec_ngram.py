@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""A/B of prompt-lookup speculative decoding: starts `wick serve` without and with
+`--spec ngram` on the same model, sends the same greedy code-editing requests to both,
+alternating, checks the outputs are byte-identical, and prints the decode rates and
+their ratio (decode = tokens after the first / time after the first, streamed).
+
+    python scripts/bench/spec_ngram.py --model qwen2.5-coder-0.5b-instruct --rounds 3
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+WICK = ROOT / "target" / "release" / "wick"
+
+FUNCTION = '''def summarize_orders(orders, tax_rate, discounts):
+    """Totals per customer, with tax and the best discount applied."""
+    totals = {}
+    counts = {}
+    for order in orders:
+        customer = order["customer"]
+        amount = 0.0
+        for item in order["items"]:
+            price = item["price"]
+            quantity = item["quantity"]
+            if quantity <= 0:
+                continue
+            amount += price * quantity
+        best = 0.0
+        for code in order.get("codes", []):
+            if code in discounts:
+                rate = discounts[code]
+                if rate > best:
+                    best = rate
+        amount = amount * (1.0 - best)
+        amount = amount * (1.0 + tax_rate)
+        if customer not in totals:
+            totals[customer] = 0.0
+            counts[customer] = 0
+        totals[customer] += amount
+        counts[customer] += 1
+    report = []
+    for customer in sorted(totals):
+        average = totals[customer] / counts[customer]
+        report.append({
+            "customer": customer,
+            "total": round(totals[customer], 2),
+            "orders": counts[customer],
+            "average": round(average, 2),
+        })
+    report.sort(key=lambda row: row["total"], reverse=True)
+    return report
+'''
+
+PROMPTS = [
+    "Rename the variable `amount` to `subtotal` in this function. Reply with the whole "
+    "updated function in one code block and nothing else.\n\n```python\n" + FUNCTION + "```",
+    "Rename the parameter `orders` to `order_list` everywhere in this function. Reply "
+    "with the whole updated function in one code block and nothing else.\n\n```python\n"
+    + FUNCTION + "```",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="wick-spec-", suffix=".log", delete=False)
+    cmd = [str(WICK), "serve", model, "--port", str(port), "--prompt-cache", "0", *extra]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(1200):
+        if proc.poll() is not None:
+            sys.exit(f"{cmd} exited: {Path(log.name).read_text()}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    sys.exit(f"{cmd} not ready")
+
+
+def run(base: str, prompt: str, max_tokens: int) -> dict:
+    body = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    text, stamps, usage = [], [], None
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                piece = c.get("delta", {}).get("content")
+                if piece:
+                    text.append(piece)
+                    stamps.append(time.perf_counter())
+    n = usage["completion_tokens"]
+    decode = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
+    return {"text": "".join(text), "tokens": n, "tps": (n - 1) / decode, "usage": usage}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--spec-args", default="--spec ngram")
+    args = ap.parse_args()
+    print("load:", os.getloadavg())
+    plain, plain_url = start(args.model, [])
+    spec, spec_url = start(args.model, args.spec_args.split())
+    try:
+        rates = {"plain": [], "spec": []}
+        for r in range(args.rounds):
+            for i, prompt in enumerate(PROMPTS):
+                order = [("plain", plain_url), ("spec", spec_url)]
+                if (r + i) % 2:
+                    order.reverse()
+                out = {name: run(url, prompt, args.max_tokens) for name, url in order}
+                same = out["plain"]["text"] == out["spec"]["text"]
+                for name in rates:
+                    rates[name].append(out[name]["tps"])
+                print(
+                    f"round {r} prompt {i}: {out['plain']['tokens']} tokens, plain "
+                    f"{out['plain']['tps']:.1f} tok/s, spec {out['spec']['tps']:.1f} tok/s, "
+                    f"ratio {out['spec']['tps'] / out['plain']['tps']:.2f}, identical {same}, "
+                    f"speculation {out['spec']['usage'].get('speculation')}"
+                )
+                if not same:
+                    print("plain:", repr(out["plain"]["text"][:400]))
+                    print("spec: ", repr(out["spec"]["text"][:400]))
+        mean = {k: sum(v) / len(v) for k, v in rates.items()}
+        print(
+            f"mean decode: plain {mean['plain']:.1f} tok/s, spec {mean['spec']:.1f} tok/s, "
+            f"ratio {mean['spec'] / mean['plain']:.2f}"
+        )
+        print("load:", os.getloadavg())
+    finally:
+        for p in (plain, spec):
+            p.terminate()
+            p.wait()
+
+
+if __name__ == "__main__":
+    main()
