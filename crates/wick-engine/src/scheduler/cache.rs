@@ -30,6 +30,9 @@ pub(crate) struct CacheTracking {
     ns: Arc<str>,
     checkpoint: Option<CheckpointKey>,
     boundary_pending: bool,
+    /// Generated tokens at the last checkpoint (a speculative step emits several, so
+    /// the next one is due once `checkpoint_every` more were made, not at a multiple).
+    checkpointed: usize,
 }
 
 /// A sequence ready to run, and the tokens to replay to the client first.
@@ -127,6 +130,7 @@ impl EngineCache {
                                 ns,
                                 checkpoint,
                                 boundary_pending: false,
+                                checkpointed: r.generated.len(),
                             }),
                         });
                     }
@@ -150,6 +154,7 @@ impl EngineCache {
                 ns,
                 checkpoint,
                 boundary_pending: self.boundary_min.is_some_and(|min| computed >= min),
+                checkpointed: 0,
             }),
         })
     }
@@ -171,9 +176,10 @@ impl EngineCache {
             return;
         }
         let n = seq.generated().len();
-        if n == 0 || seq.is_finished() || !n.is_multiple_of(self.checkpoint_every) {
+        if n == 0 || seq.is_finished() || n < t.checkpointed + self.checkpoint_every {
             return;
         }
+        t.checkpointed = n;
         match seq.cache().to_host() {
             Ok(host) => self
                 .tiers
