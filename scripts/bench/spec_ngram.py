@@ -68,6 +68,12 @@ PROMPTS = [
     + FUNCTION + "```",
 ]
 
+# Text without much to copy: what drafting costs when it rarely pays.
+PROSE = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works to a ten-year-old, in a few paragraphs.",
+]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -125,6 +131,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--spec-args", default="--spec ngram")
+    ap.add_argument("--prompts", choices=["edit", "prose"], default="edit")
     args = ap.parse_args()
     print("load:", os.getloadavg())
     plain, plain_url = start(args.model, [])
@@ -132,7 +139,7 @@ def main():
     try:
         rates = {"plain": [], "spec": []}
         for r in range(args.rounds):
-            for i, prompt in enumerate(PROMPTS):
+            for i, prompt in enumerate(PROMPTS if args.prompts == "edit" else PROSE):
                 order = [("plain", plain_url), ("spec", spec_url)]
                 if (r + i) % 2:
                     order.reverse()
@@ -146,6 +153,8 @@ def main():
                     f"ratio {out['spec']['tps'] / out['plain']['tps']:.2f}, identical {same}, "
                     f"speculation {out['spec']['usage'].get('speculation')}"
                 )
+                if r == 0:
+                    print("  reply starts:", repr(out["plain"]["text"][:120]))
                 if not same:
                     print("plain:", repr(out["plain"]["text"][:400]))
                     print("spec: ", repr(out["spec"]["text"][:400]))
