@@ -406,3 +406,55 @@ fn a_llama_cpp_gguf_adapter_gives_the_peft_logits() {
         .to_string();
     assert!(msg.contains("not a GGUF adapter"), "{msg}");
 }
+
+/// Speculative decoding with adapters: the drafts are verified with the row's own
+/// adapters, so greedy output equals the plain engine's for every selection, in one batch.
+#[test]
+fn speculative_rows_keep_their_adapters() {
+    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+    use wick_engine::speculative::SpeculativeConfig;
+    let f = fixture();
+    let mut prompt = f.ids("len19");
+    prompt.extend(f.ids("len19"));
+    let requests: Vec<_> = ["none", "peft_a", "peft_a+mlx_c", "mlx_c"]
+        .iter()
+        .map(|sel| {
+            let mut r = wick_engine::GenerationRequest::new(prompt.clone())
+                .max_tokens(24)
+                .adapters(f.stack(sel));
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let model = Arc::new(f.model);
+    let run = |speculative: Option<SpeculativeConfig>| {
+        let config = EngineConfig {
+            prompt_cache_bytes: 0,
+            speculative,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(model.clone(), config).unwrap();
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| engine.submit(r.clone()).unwrap())
+            .collect();
+        let outputs: Vec<Vec<u32>> = handles
+            .into_iter()
+            .map(|mut h| loop {
+                match h.blocking_next() {
+                    Some(EngineEvent::Done(d)) => break d.tokens,
+                    Some(EngineEvent::Failed(e)) => panic!("{e}"),
+                    Some(EngineEvent::Token(_)) => {}
+                    None => panic!("closed without Done"),
+                }
+            })
+            .collect();
+        let stats = engine.stats();
+        assert!(engine.shutdown(std::time::Duration::from_secs(5)));
+        (outputs, stats.speculation)
+    };
+    let (plain, _) = run(None);
+    let (spec, counts) = run(Some(SpeculativeConfig::default()));
+    assert_eq!(spec, plain);
+    assert!(counts.drafted > 0, "{counts:?}");
+}
