@@ -138,6 +138,110 @@ impl AffineWeight<'_> {
     }
 }
 
+impl AffineWeight<'static> {
+    /// Quantizes the row-major `[rows, cols]` matrix `values` as MLX's `mx.quantize` does
+    /// on an array of `side_dtype` (F32, F16 or BF16; what scales and biases are stored
+    /// as), so a fuse re-quantizes as mlx-lm's does: per group of `group_size` inputs, the
+    /// edge of larger magnitude (min or max) is the bias and the scale is chosen so that
+    /// zero is exactly representable. As MLX, the values are first rounded to `side_dtype`,
+    /// the arithmetic is f32, and the scales and biases are rounded when stored.
+    /// [`AffineWeight::dequantize`] gives each value back within about a step.
+    pub fn quantize(
+        name: &str,
+        values: &[f32],
+        (rows, cols): (usize, usize),
+        (bits, group_size): (u32, usize),
+        side_dtype: GgmlType,
+    ) -> Result<AffineWeight<'static>> {
+        if values.len() != rows * cols {
+            return Err(bad(
+                name,
+                format!("{} values do not fill {rows}×{cols}", values.len()),
+            ));
+        }
+        let fits = [2, 3, 4, 5, 6, 8].contains(&bits)
+            && [32, 64, 128].contains(&group_size)
+            && cols.is_multiple_of(group_size);
+        if !fits {
+            return Err(bad(
+                name,
+                format!("cannot quantize {rows}×{cols} at {bits} bits in groups of {group_size}"),
+            ));
+        }
+        let store: fn(f32) -> f32 = match side_dtype {
+            GgmlType::F32 => |x| x,
+            GgmlType::F16 => |x| f16::from_f32(x).to_f32(),
+            GgmlType::Bf16 => |x| half::bf16::from_f32(x).to_f32(),
+            other => return Err(bad(name, format!("scales cannot be stored as {other}"))),
+        };
+        let groups = cols / group_size;
+        let n_bins = ((1u32 << bits) - 1) as f32;
+        let mut packed = Vec::with_capacity(rows * cols * bits as usize / 8);
+        let (mut scales, mut biases) = (Vec::new(), Vec::new());
+        let mut q = vec![0u32; group_size];
+        let mut w = vec![0f32; group_size];
+        for group in values.chunks_exact(group_size) {
+            for (x, &v) in w.iter_mut().zip(group) {
+                *x = store(v);
+            }
+            let lo = w.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let step = ((hi - lo) / n_bins).max(1e-7);
+            let (edge, mut scale) = if lo.abs() > hi.abs() {
+                (lo, step)
+            } else {
+                (hi, -step)
+            };
+            let q0 = (edge / scale).round_ties_even();
+            let bias = if q0 == 0.0 {
+                0.0
+            } else {
+                scale = edge / q0;
+                edge
+            };
+            for (slot, &x) in q.iter_mut().zip(&w) {
+                *slot = ((x - bias) / scale).round_ties_even().clamp(0.0, n_bins) as u32;
+            }
+            pack(&q, bits, &mut packed);
+            scales.push(store(scale));
+            biases.push(store(bias));
+        }
+        let side = |suffix: &str, v: Vec<f32>| HostWeight {
+            name: format!("{name}.{suffix}"),
+            dtype: side_dtype,
+            shape: vec![rows, groups],
+            bytes: Cow::Owned(float_bytes(&v, side_dtype)),
+        };
+        let w = AffineWeight {
+            name: name.to_string(),
+            rows,
+            cols,
+            bits,
+            group_size,
+            packed: Cow::Owned(packed),
+            scales: side("scales", scales),
+            biases: side("biases", biases),
+        };
+        w.validate()?;
+        Ok(w)
+    }
+}
+
+/// Little-endian bytes of `values` as `dtype` (F32, F16 or BF16).
+fn float_bytes(values: &[f32], dtype: GgmlType) -> Vec<u8> {
+    match dtype {
+        GgmlType::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect(),
+        GgmlType::Bf16 => values
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
+    }
+}
+
 /// Appends the `bits`-wide values to a little-endian bit stream.
 fn pack(values: &[u32], bits: u32, out: &mut Vec<u8>) {
     let mut acc: u64 = 0;
@@ -378,6 +482,78 @@ mod tests {
         roundtrip(GgmlDType::Q8_0, GgmlType::Q8_0);
         roundtrip(GgmlDType::Q4K, GgmlType::Q4K);
         roundtrip(GgmlDType::Q5K, GgmlType::Q5K);
+    }
+
+    /// `mx.quantize(w, group_size=32, bits=4)` of these values in MLX 0.32, on float32 and
+    /// bfloat16 arrays: packed words, scales, biases.
+    #[test]
+    fn quantize_matches_mlx() {
+        let v: Vec<f32> = (0..32)
+            .map(|i| ((i * 7) % 32 - 13) as f32 / 10.0)
+            .chain((0..32).map(|i| ((i * 5) % 32) as f32 / 40.0 + 0.3))
+            .collect();
+        let cases = [
+            (
+                GgmlType::F32,
+                [
+                    2061588687u32,
+                    3206978819,
+                    4083863624,
+                    917378188,
+                    3761605343,
+                    2901493403,
+                    1757217367,
+                    611962387,
+                ],
+                [-0.199_999_99_f32, -0.051_190_477],
+                [1.8_f32, 1.075],
+            ),
+            (
+                GgmlType::Bf16,
+                [
+                    2078365903, 3206913283, 4083863623, 917378188, 3778382559, 2901558939,
+                    1757217623, 611962388,
+                ],
+                [-0.19921875, -0.051_269_53],
+                [1.796875, 1.078125],
+            ),
+        ];
+        for (side, words, scales, biases) in cases {
+            let w = AffineWeight::quantize("w", &v, (1, 64), (4, 32), side).unwrap();
+            let got: Vec<u32> = w
+                .packed
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            assert_eq!(got, words, "{side} packed");
+            assert_eq!(w.scales.float_values("t").unwrap(), scales, "{side} scales");
+            assert_eq!(w.biases.float_values("t").unwrap(), biases, "{side} biases");
+        }
+    }
+
+    #[test]
+    fn quantize_round_trips_within_a_step() {
+        let (rows, cols) = (3, 128);
+        let v = values(rows * cols, 11);
+        for (bits, group, side) in [
+            (4, 64, GgmlType::Bf16),
+            (8, 32, GgmlType::F16),
+            (3, 128, GgmlType::F32),
+            (6, 64, GgmlType::F32),
+        ] {
+            let w = AffineWeight::quantize("w", &v, (rows, cols), (bits, group), side).unwrap();
+            assert_eq!(w.scales.dtype, side);
+            let back = w.dequantize().unwrap();
+            let scales = w.scales.float_values("t").unwrap();
+            for (i, (a, b)) in back.iter().zip(&v).enumerate() {
+                // Zero is kept exact, which may cost the far edge up to a step.
+                let step = scales[i / group].abs();
+                assert!(
+                    (a - b).abs() <= 1.05 * step + 1e-6,
+                    "{bits}-bit/{group}: value {i}: {a} vs {b} (step {step})"
+                );
+            }
+        }
     }
 
     #[test]
