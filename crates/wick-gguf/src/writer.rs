@@ -1,13 +1,26 @@
-//! A small GGUF writer: builds files for tests and for tools that emit GGUF.
+//! A small GGUF writer: builds files for tests and for tools that emit GGUF. Tensors are
+//! given with their bytes, or declared by length and streamed at write time (a model too
+//! large to hold in memory).
+use std::borrow::Cow;
 use std::io::{self, Write};
 
 use crate::{GgmlType, MetadataValue, DEFAULT_ALIGNMENT, MAGIC};
+
+/// One tensor's directory entry, and its bytes when they were given up front.
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    dims: Vec<u64>,
+    dtype: GgmlType,
+    len: usize,
+    data: Option<Vec<u8>>,
+}
 
 /// Collects metadata and tensors, then writes a version-3 GGUF file.
 #[derive(Debug, Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, MetadataValue)>,
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    tensors: Vec<Entry>,
 }
 
 impl GgufWriter {
@@ -30,12 +43,63 @@ impl GgufWriter {
         dtype: GgmlType,
         data: Vec<u8>,
     ) -> &mut Self {
-        self.tensors.push((name.into(), dims, dtype, data));
+        self.tensors.push(Entry {
+            name: name.into(),
+            dims,
+            dtype,
+            len: data.len(),
+            data: Some(data),
+        });
         self
     }
 
-    /// Serializes everything.
+    /// Declares a tensor of `len` bytes whose data [`GgufWriter::write_streaming`] asks for
+    /// when it reaches it.
+    pub fn tensor_of_len(
+        &mut self,
+        name: impl Into<String>,
+        dims: Vec<u64>,
+        dtype: GgmlType,
+        len: usize,
+    ) -> &mut Self {
+        self.tensors.push(Entry {
+            name: name.into(),
+            dims,
+            dtype,
+            len,
+            data: None,
+        });
+        self
+    }
+
+    /// The data alignment: `general.alignment` when the metadata sets it (readers honour
+    /// it), else the format's default.
+    fn alignment(&self) -> usize {
+        self.metadata
+            .iter()
+            .find(|(k, _)| k == "general.alignment")
+            .and_then(|(_, v)| v.as_u64())
+            .filter(|a| a.is_power_of_two())
+            .unwrap_or(DEFAULT_ALIGNMENT) as usize
+    }
+
+    /// Serializes everything (every tensor must have been given its bytes).
     pub fn write(&self, out: &mut impl Write) -> io::Result<()> {
+        self.write_streaming(out, |i| {
+            Err(io::Error::other(format!(
+                "tensor '{}' was declared without data",
+                self.tensors[i].name
+            )))
+        })
+    }
+
+    /// Serializes everything, asking `data` for the bytes of each tensor declared with
+    /// [`GgufWriter::tensor_of_len`], in order, once each; a wrong length is an error.
+    pub fn write_streaming<'a>(
+        &self,
+        out: &mut impl Write,
+        mut data: impl FnMut(usize) -> io::Result<Cow<'a, [u8]>>,
+    ) -> io::Result<()> {
         let mut header = Vec::new();
         header.extend_from_slice(&MAGIC);
         header.extend_from_slice(&3u32.to_le_bytes());
@@ -46,29 +110,41 @@ impl GgufWriter {
             header.extend_from_slice(&type_id(v).to_le_bytes());
             put_value(&mut header, v);
         }
-        let align = DEFAULT_ALIGNMENT as usize;
+        let align = self.alignment();
         let mut offset = 0usize;
-        for (name, dims, dtype, data) in &self.tensors {
-            put_string(&mut header, name);
-            header.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
+        for t in &self.tensors {
+            put_string(&mut header, &t.name);
+            header.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
                 header.extend_from_slice(&d.to_le_bytes());
             }
-            header.extend_from_slice(&dtype.id().to_le_bytes());
+            header.extend_from_slice(&t.dtype.id().to_le_bytes());
             header.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset += data.len().div_ceil(align) * align;
+            offset += t.len.div_ceil(align) * align;
         }
         header.resize(header.len().div_ceil(align) * align, 0);
         out.write_all(&header)?;
-        for (_, _, _, data) in &self.tensors {
-            out.write_all(data)?;
-            let pad = data.len().div_ceil(align) * align - data.len();
+        for (i, t) in self.tensors.iter().enumerate() {
+            let bytes = match &t.data {
+                Some(d) => Cow::Borrowed(&d[..]),
+                None => data(i)?,
+            };
+            if bytes.len() != t.len {
+                return Err(io::Error::other(format!(
+                    "tensor '{}' has {} bytes, {} were declared",
+                    t.name,
+                    bytes.len(),
+                    t.len
+                )));
+            }
+            out.write_all(&bytes)?;
+            let pad = t.len.div_ceil(align) * align - t.len;
             out.write_all(&vec![0u8; pad])?;
         }
         Ok(())
     }
 
-    /// Serializes into a byte vector.
+    /// Serializes into a byte vector (every tensor given its bytes; panics otherwise).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::new();
         self.write(&mut v).expect("writing to a Vec cannot fail");

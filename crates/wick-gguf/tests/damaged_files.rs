@@ -154,3 +154,29 @@ fn out_of_file_tensor_ranges_are_rejected() {
     bytes[field..field + 8].copy_from_slice(&(u64::MAX - 31).to_le_bytes());
     assert!(open_bytes(&bytes).is_err());
 }
+
+#[test]
+fn streamed_tensors_follow_the_declared_alignment() {
+    let mut w = GgufWriter::new();
+    w.metadata("general.alignment", MetadataValue::U32(64));
+    w.tensor_of_len("a.weight", vec![3], GgmlType::F32, 12);
+    w.tensor("b.weight", vec![2], GgmlType::F32, vec![0u8; 8]);
+    let mut bytes = Vec::new();
+    let a: Vec<u8> = [1.0f32, 2.0, 3.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    w.write_streaming(&mut bytes, |i| {
+        assert_eq!(i, 0, "only the declared tensor is asked for");
+        Ok(std::borrow::Cow::Owned(a.clone()))
+    })
+    .unwrap();
+    let f = open_bytes(&bytes).unwrap();
+    assert_eq!(f.tensor("a.weight").unwrap().data, &a[..]);
+    assert_eq!(f.tensors()[1].offset % 64, 0);
+    let mut short = Vec::new();
+    let err = w
+        .write_streaming(&mut short, |_| Ok(std::borrow::Cow::Owned(vec![0u8; 4])))
+        .unwrap_err();
+    assert!(err.to_string().contains("12 were declared"), "{err}");
+}
