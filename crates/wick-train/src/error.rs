@@ -1,7 +1,8 @@
 //! What can go wrong while training.
 use std::path::PathBuf;
 
-/// Errors of the trainer: bad base models, bad data, bad flags, I/O.
+/// Errors of the trainer and the adapter tools: bad base models, bad data, bad flags,
+/// adapters that do not fit, I/O.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     /// The engine could not read the base model, its tokenizer or template.
@@ -37,6 +38,17 @@ pub enum TrainError {
         /// The checkpoint directory.
         path: PathBuf,
         /// What does not fit.
+        reason: String,
+    },
+    /// An adapter could not be read, or does not fit the base model.
+    #[error(transparent)]
+    Adapter(#[from] wick_engine::adapters::AdapterError),
+    /// An adapter cannot be folded into this base model, or the output cannot be written.
+    #[error("cannot fuse into {path}: {reason}")]
+    Fuse {
+        /// The base model, or the output folder.
+        path: PathBuf,
+        /// What is wrong.
         reason: String,
     },
     /// Reading or writing a file failed.

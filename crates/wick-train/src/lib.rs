@@ -10,7 +10,8 @@
 //!   gradients;
 //! - [`data`] reads JSONL datasets into token sequences with loss masks;
 //! - [`adapter_io`] writes and reads PEFT adapters, checkpoints and optimizer state;
-//! - [`trainer`] is the loop.
+//! - [`trainer`] is the loop;
+//! - [`fuse`] folds an adapter into a copy of its base model.
 #![warn(missing_docs)]
 
 pub mod adapter_io;
@@ -18,6 +19,7 @@ pub mod base;
 pub mod data;
 pub mod decoder;
 mod error;
+pub mod fuse;
 mod linalg;
 pub mod lora;
 pub mod loss;
