@@ -11,7 +11,8 @@
 //! - [`data`] reads JSONL datasets into token sequences with loss masks;
 //! - [`adapter_io`] writes and reads PEFT adapters, checkpoints and optimizer state;
 //! - [`trainer`] is the loop;
-//! - [`fuse`] folds an adapter into a copy of its base model.
+//! - [`merge`] merges two adapters into one exactly (stacked factors), and [`fuse`] folds
+//!   an adapter into a copy of its base model.
 #![warn(missing_docs)]
 
 pub mod adapter_io;
@@ -23,6 +24,7 @@ pub mod fuse;
 mod linalg;
 pub mod lora;
 pub mod loss;
+pub mod merge;
 pub mod optim;
 pub mod trainer;
 
