@@ -42,6 +42,8 @@ enum Command {
     Embed(commands::embed::EmbedArgs),
     /// Fine-tune a LoRA adapter (SFT, DPO, ORPO) on the CPU.
     Train(commands::train::TrainArgs),
+    /// Fold a LoRA adapter into a copy of its base model.
+    Fuse(commands::fuse::FuseArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -74,6 +76,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::Train(a) => commands::train::run(a),
+        Command::Fuse(a) => commands::fuse::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

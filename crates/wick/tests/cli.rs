@@ -315,3 +315,32 @@ fn a_closed_stdout_pipe_ends_ls_and_generate_quietly() {
     let err = stderr(&generate);
     assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
 }
+
+#[test]
+fn fuse_refuses_the_reference_flags_it_does_not_do() {
+    let home = tempfile::tempdir().unwrap();
+    for (flags, says) in [
+        (&["--de-quantize"][..], "--de-quantize is not supported"),
+        (
+            &["--export-gguf"][..],
+            "--export-gguf/--gguf-path are not supported",
+        ),
+        (
+            &["--gguf-path", "x.gguf"][..],
+            "--export-gguf/--gguf-path are not supported",
+        ),
+        (
+            &["--upload-repo", "me/x"][..],
+            "--upload-repo is not supported",
+        ),
+    ] {
+        let mut c = wick();
+        c.arg("fuse")
+            .arg(tiny_model())
+            .args(["--adapter", "a"])
+            .args(flags);
+        let o = run(c.env("WICK_HOME", home.path()));
+        assert!(!o.status.success(), "{flags:?} was accepted");
+        assert!(stderr(&o).contains(says), "{flags:?}: {}", stderr(&o));
+    }
+}

@@ -2,6 +2,7 @@
 pub mod bench;
 pub mod embed;
 pub mod fit;
+pub mod fuse;
 pub mod gc;
 pub mod generate;
 pub mod get;
