@@ -1,7 +1,8 @@
 //! LoRA adapters at serve time (reference A.9): `GET/POST /v1/adapters`,
 //! `DELETE /v1/adapters/{id}`, `GET /v1/adapters/available`, vLLM's
-//! `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`, and the per-request
-//! selection every generation endpoint uses ([`select`]).
+//! `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`, the per-request
+//! selection every generation endpoint uses ([`select`]), and how the adapter tools find
+//! an adapter a request names ([`resolve_path`]).
 //!
 //! Mounting reads and uploads the adapter on a blocking worker, then inserts it into the
 //! registry (a map insert): the engine keeps stepping meanwhile. Unmounting removes it from
@@ -189,6 +190,49 @@ fn scan_roots(state: &AppState) -> Vec<PathBuf> {
         }
     }
     roots
+}
+
+/// The adapter a request names in `param`: an existing path, the id of a mounted adapter,
+/// or a folder name in the places `GET /v1/adapters/available` looks.
+pub fn resolve_path(
+    state: &AppState,
+    param: &str,
+    name: Option<&str>,
+) -> Result<PathBuf, ApiError> {
+    let name = name
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::Missing {
+            param: param.into(),
+        })?;
+    let path = Path::new(name);
+    if path.exists() {
+        return Ok(path.to_path_buf());
+    }
+    if let Some(mounted) = state.adapters().get(name) {
+        return Ok(mounted.info().path.clone());
+    }
+    let plain = !name.contains(['/', '\\']) && name != "." && name != "..";
+    if plain {
+        if let Some(dir) = scan_roots(state)
+            .into_iter()
+            .map(|root| root.join(name))
+            .find(|dir| dir.exists())
+        {
+            return Ok(dir);
+        }
+    }
+    Err(ApiError::field(
+        param,
+        format!(
+            "no adapter '{name}': not an existing path, a mounted adapter's id, or a folder in {}",
+            scan_roots(state)
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
 }
 
 /// Rank, scale and recorded base of an adapter directory, from its config alone.

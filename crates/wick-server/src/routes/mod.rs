@@ -4,6 +4,7 @@ pub mod admin;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod finetune_tools;
 pub mod jobs;
 pub mod library;
 pub mod messages;
@@ -104,6 +105,8 @@ pub fn app(state: AppState) -> Router {
         .post("/v1/unload_lora_adapter", adapters::unload_lora)
         .post("/api/finetune/inspect-dataset", jobs::inspect_dataset)
         .post("/api/finetune/submit", jobs::submit)
+        .post("/api/finetune/merge", finetune_tools::merge)
+        .post("/api/finetune/export", finetune_tools::export)
         .get("/api/jobs", jobs::list)
         .get("/api/jobs/{id}", jobs::get)
         .get("/api/jobs/{id}/stream", jobs::stream)
