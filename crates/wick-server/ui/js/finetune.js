@@ -1,8 +1,9 @@
 // The fine-tune page: pick a base model and a dataset folder (inspected by the server), set the
 // method and its hyper-parameters, start a job (POST /api/finetune/submit) and watch it through
 // its event stream (GET /api/jobs/{id}/stream: progress, train and validation loss drawn as a
-// chart), then mount the adapter (POST /v1/adapters) and chat with it. Recent jobs are listed
-// from /api/jobs; any of them can be watched again.
+// chart), then mount the adapter (POST /v1/adapters) and chat with it, or fuse it into a copy
+// of the base model (POST /api/finetune/export). Recent jobs are listed from /api/jobs; any of
+// them can be watched again.
 
 import { h, replace, announce } from "./dom.js";
 import { getJson, request } from "./api.js";
@@ -136,6 +137,8 @@ class FinetunePage {
     this.chart = new LossChart();
     this.cancelButton = h("button", { type: "button", id: "ft-cancel", disabled: true, onclick: () => this.cancel() }, "Cancel");
     this.mountButton = h("button", { type: "button", id: "ft-mount", class: "primary", disabled: true, onclick: () => this.mountAdapter() }, "Mount and chat");
+    this.exportButton = h("button", { type: "button", id: "ft-export", disabled: true, onclick: () => this.exportModel() }, "Export (fuse into a model)");
+    this.exportResult = h("p", { id: "ft-export-result", class: "hint", role: "status" });
     this.log = h("pre", { id: "ft-log", class: "job-log", tabindex: "0", "aria-label": "Trainer log" });
     this.jobsBody = h("tbody", { id: "ft-jobs" });
     replace(this.root, h("div", { class: "status-page finetune-page" },
@@ -143,8 +146,8 @@ class FinetunePage {
         h("p", { class: "live" }, "LoRA adapters trained on this machine, one job at a time, behind serving.")),
       h("section", { class: "card wide", "aria-labelledby": "ft-setup" }, h("h2", { id: "ft-setup" }, "New job"), form),
       h("section", { class: "card wide", "aria-labelledby": "ft-run" },
-        h("div", { class: "card-head" }, h("h2", { id: "ft-run" }, "Training"), h("span", { class: "row" }, this.cancelButton, this.mountButton)),
-        this.statusLine, this.progress, this.chart.el,
+        h("div", { class: "card-head" }, h("h2", { id: "ft-run" }, "Training"), h("span", { class: "row" }, this.cancelButton, this.mountButton, this.exportButton)),
+        this.statusLine, this.exportResult, this.progress, this.chart.el,
         h("p", { class: "legend" }, h("span", { class: "key train" }, "train loss"), " ", h("span", { class: "key val" }, "validation loss")),
         this.numbers, h("details", {}, h("summary", {}, "Log"), this.log)),
       h("section", { class: "card wide", "aria-labelledby": "ft-recent" }, h("h2", { id: "ft-recent" }, "Recent jobs"),
@@ -233,6 +236,8 @@ class FinetunePage {
     this.log.textContent = "";
     this.progress.value = 0;
     this.mountButton.disabled = true;
+    this.exportButton.disabled = true;
+    this.exportResult.textContent = "";
     this.cancelButton.disabled = false;
     this.statusLine.textContent = `${job.id}: waiting…`;
     this.root.querySelector(".finetune-page").dataset.job = job.id;
@@ -284,6 +289,7 @@ class FinetunePage {
         job.output_path = e.output_dir ?? job.output_path;
         this.statusLine.textContent = `${job.id}: done — adapter in ${job.output_path}`;
         this.mountButton.disabled = false;
+        this.exportButton.disabled = false;
         announce("Training finished");
         break;
       case "cancelled":
@@ -336,6 +342,26 @@ class FinetunePage {
     } catch (e) {
       this.statusLine.textContent = `cannot mount ${path}: ${e.message}`;
       this.mountButton.disabled = false;
+    }
+  }
+
+  /** Fuses the finished job's adapter into a copy of its base model, listed as a local model. */
+  async exportModel() {
+    const path = this.job?.output_path;
+    if (!path) return;
+    this.exportButton.disabled = true;
+    this.exportResult.className = "hint";
+    this.exportResult.textContent = "Fusing the adapter into a copy of the base model…";
+    try {
+      const body = { adapter_path: path };
+      if (this.job.config?.model_dir) body.base_model = this.job.config.model_dir;
+      const r = await (await request("/api/finetune/export", { method: "POST", body })).json();
+      this.exportResult.textContent = `Exported as ${r.manifest?.model} in ${r.export_path} (${r.manifest?.dtype}); serve it with: wick serve ${r.manifest?.model}`;
+      announce("Model exported");
+    } catch (e) {
+      this.exportResult.className = "error";
+      this.exportResult.textContent = `export failed: ${e.message}`;
+      this.exportButton.disabled = false;
     }
   }
 
