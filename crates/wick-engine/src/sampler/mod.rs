@@ -321,17 +321,7 @@ impl Sampler {
         let u_resample = StepRng::new(p.seed, step, RngStream::Resample).next_f64();
         // The final distribution, normalized: over the candidates, or the whole row.
         let (ids, at): (Option<Vec<u32>>, u32) = if listed {
-            let top = self
-                .candidates
-                .iter()
-                .map(|c| c.logit)
-                .fold(f32::NEG_INFINITY, f32::max);
-            self.probs.clear();
-            self.probs.extend(
-                self.candidates
-                    .iter()
-                    .map(|c| reduce::exp((c.logit - top) * inverse_temperature)),
-            );
+            self.candidate_weights(inverse_temperature);
             let at = self.candidates.iter().position(|c| c.id == draft);
             let ids = self.candidates.iter().map(|c| c.id).collect();
             (Some(ids), at.map_or(u32::MAX, |i| i as u32))
@@ -414,9 +404,8 @@ impl Sampler {
         listed
     }
 
-    /// Draws from `softmax(logit * inverse_temperature)` over the candidates (walked in
-    /// their stored order, which is deterministic).
-    fn pick_candidate(&mut self, inverse_temperature: f32, uniform: f64) -> Option<usize> {
+    /// Fills `probs` with the candidates' unnormalized `exp((logit − max) · inverse_temperature)`.
+    fn candidate_weights(&mut self, inverse_temperature: f32) {
         let top = self
             .candidates
             .iter()
@@ -428,6 +417,12 @@ impl Sampler {
                 .iter()
                 .map(|c| reduce::exp((c.logit - top) * inverse_temperature)),
         );
+    }
+
+    /// Draws from `softmax(logit * inverse_temperature)` over the candidates (walked in
+    /// their stored order, which is deterministic).
+    fn pick_candidate(&mut self, inverse_temperature: f32, uniform: f64) -> Option<usize> {
+        self.candidate_weights(inverse_temperature);
         let total: f64 = self.probs.iter().map(|&w| f64::from(w)).sum();
         let target = uniform * total;
         let mut running = 0.0;

@@ -227,8 +227,8 @@ impl AffineWeight<'static> {
     }
 }
 
-/// Little-endian bytes of `values` as `dtype` (F32, F16 or BF16).
-fn float_bytes(values: &[f32], dtype: GgmlType) -> Vec<u8> {
+/// Little-endian bytes of `values` as `dtype` (F32, F16 or BF16; round to nearest even).
+pub fn float_bytes(values: &[f32], dtype: GgmlType) -> Vec<u8> {
     match dtype {
         GgmlType::F16 => values
             .iter()

@@ -18,8 +18,9 @@ use wick_engine::weights::HostWeight;
 use wick_engine::EngineError;
 use wick_gguf::{GgmlType, GgufFile, GgufWriter};
 
-use super::{add_delta, float_bytes, refuse, FusedDtype, Written};
+use super::{add_delta, refuse, FusedDtype, Written};
 use crate::error::{io, Result, TrainError};
+use wick_engine::weights::affine::float_bytes;
 
 /// The type a changed matrix is written in: its own when it is a float, else F16.
 fn fused_type(t: GgmlType) -> GgmlType {

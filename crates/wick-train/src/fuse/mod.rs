@@ -175,21 +175,6 @@ fn add_delta(w: &mut [f32], d: &HostDelta) {
     );
 }
 
-/// Little-endian bytes of `values` as the float type `dtype` (round to nearest even).
-fn float_bytes(values: &[f32], dtype: GgmlType) -> Vec<u8> {
-    match dtype {
-        GgmlType::F16 => values
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-            .collect(),
-        GgmlType::Bf16 => values
-            .iter()
-            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-            .collect(),
-        _ => values.iter().flat_map(|&v| v.to_le_bytes()).collect(),
-    }
-}
-
 /// A Fuse error about `path`.
 fn refuse(path: &Path, reason: impl Into<String>) -> TrainError {
     TrainError::Fuse {

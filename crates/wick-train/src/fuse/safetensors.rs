@@ -12,8 +12,9 @@ use wick_engine::config::ModelConfig;
 use wick_engine::weights::{AffineWeight, MlxQuantization, SafetensorsWeights, WeightSource};
 use wick_gguf::GgmlType;
 
-use super::{add_delta, float_bytes, refuse, FusedDtype, Written};
+use super::{add_delta, refuse, FusedDtype, Written};
 use crate::error::{io, Result};
+use wick_engine::weights::affine::float_bytes;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
 
