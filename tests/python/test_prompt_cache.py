@@ -54,7 +54,8 @@ def wkv_files(root: Path) -> list[Path]:
 
 
 def fingerprint_dir(root: Path) -> Path:
-    dirs = [d for d in root.iterdir() if d.is_dir() and (d / ".lock").exists()]
+    # a live server holds an owner lock file in its fingerprint directory
+    dirs = [d for d in root.iterdir() if d.is_dir() and any(d.glob(".owner-*.lock"))]
     assert len(dirs) == 1, f"expected one fingerprint directory in {root}: {list(root.iterdir())}"
     return dirs[0]
 

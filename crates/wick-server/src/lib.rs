@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod middleware;
 pub mod openai;
 pub mod prompt;
+pub mod replica;
 pub mod reply;
 pub mod response_store;
 pub mod routes;

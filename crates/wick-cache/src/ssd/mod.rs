@@ -8,7 +8,17 @@
 //!
 //! - Writes are atomic: a `.tmp` file is written, fsynced, renamed over the final name,
 //!   and the directory fsynced. A crash at any point leaves the old state or the new
-//!   one, plus at most an orphan `.tmp` that the next start removes.
+//!   one, plus at most an orphan `.tmp` that the next scan removes.
+//! - The directory may be shared by several processes (replicas, also on several hosts
+//!   over a shared filesystem). Each writes only its own `.tmp` files ([`owner`]: an owner
+//!   id with a held lock file) and renames them into place; entry names are the hash of
+//!   namespace and tokens, so two replicas storing one prefix write the same name and
+//!   the last rename wins with an equivalent file. A tier opened with
+//!   [`SsdTier::open_in_background`] re-reads the directory every
+//!   [`REFRESH_INTERVAL`] ([`SsdTier::refresh`]): entries another process wrote become
+//!   restorable, and entries another process removed leave the index. Removing a file
+//!   (eviction, supersession) is safe while another process reads it: a reader that has
+//!   it open keeps its data, one that opens it after the removal gets a quiet miss.
 //! - Start-up scan rebuilds the index from the headers (hash-checked), removing orphans,
 //!   corrupt files, other format versions and files of another fingerprint or namespace.
 //!   [`SsdTier::open_in_background`] runs it on its own thread: entries become restorable
@@ -16,10 +26,14 @@
 //!   With `verify`, every payload is hash-checked too; payloads are always checked when
 //!   an entry is restored, so a damaged entry is never restored.
 //! - The byte cap evicts least-recently-used files by modification time (a restore
-//!   touches the file). A full disk evicts our oldest entries and retries once.
+//!   touches the file; the time is read again from the file before an eviction, so
+//!   another process's restores count). A full disk evicts the oldest entries and
+//!   retries once.
 //! - Every failure is a miss or a warning: a bad file is removed, a failed write is
 //!   cleaned up and counted, and serving goes on.
 pub mod format;
+pub mod owner;
+mod refresh;
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -35,6 +49,8 @@ use crate::ram::EntryId;
 use crate::value::KvSnapshot;
 use crate::{CacheError, Result};
 use format::{EntryLabel, FileHeader, EXTENSION};
+use owner::{Liveness, Owner};
+pub use refresh::{RefreshReport, REFRESH_INTERVAL};
 
 /// Where and how the SSD tier keeps its files.
 #[derive(Debug, Clone)]
@@ -71,6 +87,8 @@ pub struct ScanReport {
     /// Paths that are not regular files (directories, FIFOs, sockets, devices, symbolic
     /// links), left alone.
     pub skipped_not_files: usize,
+    /// Lock files of owners that died, removed.
+    pub removed_stale_locks: usize,
 }
 
 /// One indexed file.
@@ -228,10 +246,6 @@ fn open_regular(path: &Path) -> Result<(File, fs::Metadata)> {
     Ok((f, meta))
 }
 
-/// How far a file's modification time may lag `SystemTime::now()` (coarse kernel clock ticks;
-/// some filesystems keep times to a second or two).
-const TMP_CLOCK_SLACK: Duration = Duration::from_secs(3);
-
 /// Removes a crashed writer's `.tmp`; false when it was already gone (or cannot be removed).
 fn remove_orphan(path: &Path) -> bool {
     match fs::remove_file(path) {
@@ -241,6 +255,15 @@ fn remove_orphan(path: &Path) -> bool {
             tracing::warn!(path = %path.display(), error = %e, "cannot remove an orphan cache file");
             false
         }
+    }
+}
+
+/// The file's modification time now; `None` when it is gone.
+fn fresh_mtime(path: &Path) -> Option<SystemTime> {
+    match fs::symlink_metadata(path) {
+        Ok(m) => Some(m.modified().unwrap_or(UNIX_EPOCH)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(_) => Some(UNIX_EPOCH),
     }
 }
 
@@ -277,7 +300,8 @@ pub struct SsdTier {
     dir: PathBuf,
     cfg: SsdConfig,
     index: Mutex<Index>,
-    _lock: File,
+    /// Our owner id and its held lock (who may remove which `.tmp` file).
+    owner: Owner,
     restores: AtomicU64,
     restore_failures: AtomicU64,
     stores: AtomicU64,
@@ -287,26 +311,28 @@ pub struct SsdTier {
     restore_ms_last: AtomicU64,
     warned: AtomicBool,
     tmp_seq: AtomicU64,
-    /// When the tier was opened: a `.tmp` file newer than this may be a write of ours in
-    /// progress, which a background scan must not take for an orphan.
-    opened_at: SystemTime,
+    /// Files [`SsdTier::refresh`] could not index (not read again while they stay).
+    unreadable: Mutex<std::collections::HashSet<PathBuf>>,
     /// The start-up scan's report, once it is done.
     scan: Mutex<Option<ScanReport>>,
     scan_done: Condvar,
 }
 
 impl SsdTier {
-    /// Opens (creating) `<root>/<fingerprint>/`, takes its lock, and scans it.
+    /// Opens (creating) `<root>/<fingerprint>/`, takes an owner id in it, and scans it.
+    /// Other processes may use the same directory at the same time.
     pub fn open(cfg: SsdConfig) -> Result<(SsdTier, ScanReport)> {
         let tier = SsdTier::open_unscanned(cfg)?;
         let report = tier.run_scan();
         Ok((tier, report))
     }
 
-    /// Opens (creating) `<root>/<fingerprint>/` and takes its lock like [`SsdTier::open`],
-    /// then scans it on a thread of its own and returns at once. Entries become restorable
-    /// as the scan indexes them; until then a lookup misses. [`SsdTier::scan_report`] says
-    /// when it is done.
+    /// Opens (creating) `<root>/<fingerprint>/` like [`SsdTier::open`], then scans it on a
+    /// thread of its own and returns at once. Entries become restorable as the scan indexes
+    /// them; until then a lookup misses. [`SsdTier::scan_report`] says when it is done.
+    /// The same thread then re-reads the directory every [`REFRESH_INTERVAL`]
+    /// ([`SsdTier::refresh`]) for as long as the tier lives, so entries other processes
+    /// write into a shared directory become restorable here.
     pub fn open_in_background(cfg: SsdConfig) -> Result<Arc<SsdTier>> {
         let tier = Arc::new(SsdTier::open_unscanned(cfg)?);
         let scanning = tier.clone();
@@ -314,6 +340,7 @@ impl SsdTier {
             .name("wick-ssd-scan".into())
             .spawn(move || {
                 scanning.run_scan();
+                refresh::keep_fresh(Arc::downgrade(&scanning));
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "no thread for the SSD cache scan; scanning now");
@@ -352,31 +379,12 @@ impl SsdTier {
         }
         let dir = cfg.root.join(&cfg.fingerprint);
         fs::create_dir_all(&dir).map_err(CacheError::io("create", &dir))?;
-        let lock_path = dir.join(".lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(CacheError::io("open", &lock_path))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(CacheError::Locked { path: dir });
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(CacheError::Io {
-                    op: "lock",
-                    path: lock_path,
-                    source: e,
-                })
-            }
-        }
+        let owner = Owner::acquire(&dir)?;
         Ok(SsdTier {
             dir,
             cfg,
             index: Mutex::new(Index::default()),
-            _lock: lock,
+            owner,
             restores: AtomicU64::new(0),
             restore_failures: AtomicU64::new(0),
             stores: AtomicU64::new(0),
@@ -386,7 +394,7 @@ impl SsdTier {
             restore_ms_last: AtomicU64::new(0),
             warned: AtomicBool::new(false),
             tmp_seq: AtomicU64::new(0),
-            opened_at: SystemTime::now(),
+            unreadable: Mutex::default(),
             scan: Mutex::new(None),
             scan_done: Condvar::new(),
         })
@@ -397,7 +405,7 @@ impl SsdTier {
     /// report.
     fn run_scan(&self) -> ScanReport {
         let started = Instant::now();
-        let report = scan(&self.dir, &self.cfg, self.opened_at, |entry| {
+        let report = scan(&self.dir, &self.cfg, &self.owner, |entry| {
             let mut ix = self.index();
             // A store during the scan may have indexed this very file already.
             if ix.prefix.exact(&entry.ns, &entry.tokens).is_empty() {
@@ -535,6 +543,20 @@ impl SsdTier {
                 self.restore_ms_last
                     .store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 Ok(snap)
+            }
+            // Another process sharing the directory removed it (evicted or superseded): a
+            // miss, and the entry leaves our index.
+            Err(CacheError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(path = %entry.path.display(), "SSD cache entry removed by another process");
+                let mut ix = self.index();
+                if ix.entries.get(&m.id).is_some_and(|x| x.path == entry.path) {
+                    ix.remove(m.id);
+                }
+                Err(CacheError::Io {
+                    op: "open",
+                    path: entry.path.clone(),
+                    source,
+                })
             }
             Err(e) => {
                 tracing::warn!(error = %e, "SSD cache entry unusable; removed");
@@ -701,7 +723,7 @@ impl SsdTier {
     ) -> Result<PathBuf> {
         let path = dir.join(name);
         let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!("{name}.{}.{seq}.tmp", std::process::id()));
+        let tmp = dir.join(self.owner.tmp_name(name, seq));
         let mut renamed = false;
         let result = (|| {
             let mut f = OpenOptions::new()
@@ -746,8 +768,27 @@ impl SsdTier {
         if self.cfg.max_bytes == 0 {
             return 0;
         }
+        // Each entry's time is re-read at most once per call, so the loop ends.
+        let mut rechecked = std::collections::HashSet::new();
         while ix.bytes > self.cfg.max_bytes {
             let Some(id) = ix.oldest(keep) else { break };
+            if rechecked.insert(id) {
+                match fresh_mtime(&ix.entries[&id].path) {
+                    // Gone: another process removed it.
+                    None => {
+                        ix.remove(id);
+                        continue;
+                    }
+                    // Another process restored it since we indexed it.
+                    Some(t) if t > ix.entries[&id].mtime => {
+                        if let Some(e) = ix.entries.get_mut(&id) {
+                            e.mtime = t;
+                        }
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+            }
             ix.delete(id);
             n += 1;
         }
@@ -805,16 +846,18 @@ impl SsdTier {
 }
 
 /// Reads our fingerprint directory, handing each usable entry to `insert`. A `.tmp` file is a
-/// write a crash interrupted and is removed, unless this process may be writing it now (its
-/// name carries our process id and it changed after `opened_at`).
+/// write a crash interrupted and is removed, unless its owner is alive (this tier, or
+/// another process sharing the directory that holds its owner lock).
 fn scan(
     dir: &Path,
     cfg: &SsdConfig,
-    opened_at: SystemTime,
+    owner: &Owner,
     mut insert: impl FnMut(SsdEntry),
 ) -> Result<ScanReport> {
-    let mut report = ScanReport::default();
-    let our_tmp = format!(".{}.", std::process::id());
+    let mut report = ScanReport {
+        removed_stale_locks: owner::remove_stale_locks(dir, owner),
+        ..ScanReport::default()
+    };
     let subdirs = fs::read_dir(dir).map_err(CacheError::io("list", dir))?;
     for sub in subdirs.flatten() {
         let sub_path = sub.path();
@@ -844,17 +887,7 @@ fn scan(
                 continue;
             }
             if name.ends_with(".tmp") {
-                let modified = match file.metadata().and_then(|m| m.modified()) {
-                    Ok(m) => Some(m),
-                    // Renamed into place (or removed) since the listing: a write that finished.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(_) => None,
-                };
-                // File times come from a coarser clock than `SystemTime::now()`, so a write
-                // begun just after opening can carry a time just before it.
-                let ours = name.contains(&our_tmp)
-                    && modified.is_some_and(|m| m + TMP_CLOCK_SLACK >= opened_at);
-                if !ours && remove_orphan(&path) {
+                if owner.liveness_of_tmp(dir, &name) == Liveness::Dead && remove_orphan(&path) {
                     report.removed_orphans += 1;
                 }
                 continue;
@@ -874,6 +907,9 @@ fn scan(
                         checkpoint: header.checkpoint,
                     });
                 }
+                // Removed by another process sharing the directory since the listing.
+                Err(CacheError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
                 Err(CacheError::Io { op, source, .. }) => {
                     tracing::warn!(path = %path.display(), op, error = %source, "cannot read an SSD cache file; skipped");
                 }

@@ -62,14 +62,105 @@ fn store_find_load_after_reopen() {
     assert_eq!(ssd.counters().longest_durable_prefix_tokens, 200);
 }
 
+/// Two tiers on one directory (two replicas): each restores what the other wrote, after
+/// its start-up scan or a refresh, and sees the other's removals.
 #[test]
-fn a_second_opener_is_refused() {
+fn two_tiers_share_one_directory() {
     let root = tempfile::tempdir().unwrap();
-    let (_ssd, _) = SsdTier::open(cfg(root.path())).unwrap();
-    assert!(matches!(
-        SsdTier::open(cfg(root.path())),
-        Err(CacheError::Locked { .. })
-    ));
+    let t: Vec<u32> = (0..300).collect();
+    let (a, _) = SsdTier::open(cfg(root.path())).unwrap();
+    a.store("", &t[..100], &snap(&t[..100]), None).unwrap();
+    // b starts later: its scan finds a's entry.
+    let (b, report) = SsdTier::open(cfg(root.path())).unwrap();
+    assert_eq!(report.entries, 1);
+    let m = b.find("", &t).unwrap();
+    assert_eq!(m.usable, 100);
+    assert_eq!(b.load(&m).unwrap().len(), 100);
+    // a writes more: b sees it after a refresh, not before.
+    a.store("lora", &t[..50], &snap(&t[..50]), None).unwrap();
+    assert!(b.find("lora", &t).is_none());
+    let r = b.refresh();
+    assert_eq!((r.added, r.dropped), (1, 0));
+    assert_eq!(b.find("lora", &t).unwrap().usable, 50);
+    assert_eq!(b.refresh(), RefreshReport::default());
+    // b writes a longer entry of the same conversation: it supersedes (deletes) a's file.
+    b.store("", &t[..200], &snap(&t[..200]), None).unwrap();
+    assert_eq!(files(b.dir()).len(), 2);
+    // a still has the old entry indexed: its restore is a quiet miss, not a failure.
+    let stale = a.find("", &t).unwrap();
+    assert_eq!(stale.usable, 100);
+    assert!(a.load(&stale).is_err());
+    assert_eq!(a.counters().restore_failures, 0);
+    let r = a.refresh();
+    assert_eq!(r.added, 1);
+    let m = a.find("", &t).unwrap();
+    assert_eq!(m.usable, 200);
+    assert_eq!(a.load(&m).unwrap().len(), 200);
+    // Both store the same prefix: one file, both restore it.
+    a.store("", &t[..250], &snap(&t[..250]), None).unwrap();
+    b.refresh();
+    assert_eq!(
+        b.store("", &t[..250], &snap(&t[..250]), None).unwrap(),
+        StoreOutcome::AlreadyDurable
+    );
+    assert_eq!(files(a.dir()).len(), 2);
+    assert_eq!(a.counters().bytes, b.counters().bytes);
+}
+
+/// A file one tier evicts while another reads it: the reader either gets the whole, verified
+/// entry or a miss — never damaged data, never a removed file of its own making.
+#[test]
+fn eviction_is_safe_with_a_concurrent_reader() {
+    use std::sync::atomic::AtomicBool;
+    let root = tempfile::tempdir().unwrap();
+    let one = {
+        let (probe, _) = SsdTier::open(cfg(&root.path().join("probe"))).unwrap();
+        probe.store("", &[0; 64], &snap(&[0; 64]), None).unwrap();
+        probe.counters().bytes
+    };
+    let capped = SsdConfig {
+        max_bytes: one * 3,
+        ..cfg(root.path())
+    };
+    let (writer, _) = SsdTier::open(capped.clone()).unwrap();
+    let (reader, _) = SsdTier::open(capped).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let stop = done.clone();
+    let reads = std::thread::spawn(move || {
+        let (mut ok, mut missed) = (0, 0);
+        for i in 0..100_000u32 {
+            if stop.load(Ordering::Relaxed) && i > 50 {
+                break;
+            }
+            reader.refresh();
+            for e in reader.entries() {
+                let mut p = e.tokens.to_vec();
+                p.push(7);
+                let Some(m) = reader.find("", &p) else {
+                    continue;
+                };
+                match reader.load(&m) {
+                    Ok(s) => {
+                        assert_eq!(FakeKv { snapshot: s }.stored_tokens(), e.tokens.to_vec());
+                        ok += 1;
+                    }
+                    Err(CacheError::Io { .. }) | Err(CacheError::Value { .. }) => missed += 1,
+                    Err(other) => panic!("a concurrent eviction damaged a read: {other}"),
+                }
+            }
+        }
+        (ok, missed, reader.counters().restore_failures)
+    });
+    for round in 0..40u32 {
+        let toks = vec![round + 1; 64];
+        writer.store("", &toks, &snap(&toks), None).unwrap();
+        assert!(writer.counters().bytes <= one * 3);
+    }
+    done.store(true, Ordering::Relaxed);
+    let (ok, _missed, failures) = reads.join().unwrap();
+    assert!(ok > 0);
+    assert_eq!(failures, 0);
+    assert!(files(&root.path().join("fp1")).len() <= 3);
 }
 
 #[test]
@@ -411,40 +502,51 @@ fn the_background_scan_indexes_many_entries_while_lookups_and_stores_go_on() {
     assert_eq!(ssd.counters().entries, N as usize + 1);
 }
 
-/// A `.tmp` file this process may be writing now is not an orphan to a background scan; one
-/// with our process id but older than the tier is (a previous process with the same id).
+/// A `.tmp` file a live owner (this tier, or another process sharing the directory) is writing
+/// is not an orphan; one whose owner died is, and so is the dead owner's lock file.
 #[test]
-fn the_scan_leaves_our_own_writes_in_progress_alone() {
+fn the_scan_leaves_live_writers_in_progress_alone() {
     let root = tempfile::tempdir().unwrap();
     let t: Vec<u32> = (0..20).collect();
-    {
-        let (ssd, _) = SsdTier::open(cfg(root.path())).unwrap();
-        ssd.store("", &t, &snap(&t), None).unwrap();
-    }
+    let (ssd, _) = SsdTier::open(cfg(root.path())).unwrap();
+    ssd.store("", &t, &snap(&t), None).unwrap();
+    let (other, _) = SsdTier::open(cfg(root.path())).unwrap();
     let ns_dir = files(&root.path().join("fp1"))[0]
         .parent()
         .unwrap()
         .to_path_buf();
-    let pid = std::process::id();
-    let ours = ns_dir.join(format!("a.{EXTENSION}.{pid}.0.tmp"));
-    let stale = ns_dir.join(format!("b.{EXTENSION}.{pid}.1.tmp"));
-    fs::write(&stale, b"x").unwrap();
-    File::options()
-        .write(true)
-        .open(&stale)
-        .unwrap()
-        .set_modified(SystemTime::now() - std::time::Duration::from_secs(3600))
-        .unwrap();
-    let opened_at = SystemTime::now() - std::time::Duration::from_secs(1);
-    fs::write(&ours, b"x").unwrap();
+    let ours = ns_dir.join(ssd.owner.tmp_name("a.wkv", 0));
+    let theirs = ns_dir.join(other.owner.tmp_name("b.wkv", 0));
+    let dead = ns_dir.join(format!("c.{EXTENSION}.deadhost-1-0.1.tmp"));
+    let legacy = ns_dir.join(format!("d.{EXTENSION}.12345.1.tmp"));
+    for p in [&ours, &theirs, &dead, &legacy] {
+        fs::write(p, b"x").unwrap();
+    }
+    fs::write(
+        root.path().join("fp1").join(".owner-deadhost-1-0.lock"),
+        b"",
+    )
+    .unwrap();
     let mut indexed = 0;
     let report = scan(
         &root.path().join("fp1"),
         &cfg(root.path()),
-        opened_at,
+        &ssd.owner,
         |_| indexed += 1,
     )
     .unwrap();
-    assert_eq!((indexed, report.removed_orphans), (1, 1));
-    assert!(ours.exists() && !stale.exists());
+    assert_eq!((indexed, report.removed_orphans), (1, 2), "{report:?}");
+    assert_eq!(report.removed_stale_locks, 1);
+    assert!(ours.exists() && theirs.exists() && !dead.exists() && !legacy.exists());
+    // Once `other` is gone, its leftovers are orphans.
+    drop(other);
+    let report = scan(
+        &root.path().join("fp1"),
+        &cfg(root.path()),
+        &ssd.owner,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(report.removed_orphans, 1);
+    assert!(ours.exists() && !theirs.exists());
 }

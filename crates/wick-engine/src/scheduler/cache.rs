@@ -69,6 +69,10 @@ impl EngineCache {
                 verify: config.ssd_cache_verify,
             }),
             write_behind: config.ssd_write_behind,
+            timing: wick_cache::durability::dirty::Timing {
+                max_defer: config.ssd_write_max_defer,
+                ..Default::default()
+            },
             ..PromptCacheConfig::default()
         })?;
         // Sliding windows and recurrent layers (Qwen 3.5) make long entries untrimmable.

@@ -183,6 +183,13 @@ impl EngineHandle {
         cache.tiers.wait_for_scan(Duration::from_secs(86_400))
     }
 
+    /// Waits up to `timeout` for the SSD tier's start-up scan; its report, or `None` without
+    /// an SSD tier or while it is still running.
+    pub fn wait_for_cache_scan(&self, timeout: Duration) -> Option<ScanReport> {
+        let cache = self.shared.cache.as_ref()?;
+        cache.tiers.wait_for_scan(timeout)
+    }
+
     /// Whether the SSD tier's start-up scan is still indexing entries (lookups meanwhile
     /// miss the entries it has not reached).
     pub fn cache_scanning(&self) -> bool {

@@ -71,6 +71,10 @@ pub struct EngineConfig {
     pub ssd_cache_verify: bool,
     /// Snapshot RAM cache entries to the SSD after each put (debounced, while idle).
     pub ssd_write_behind: bool,
+    /// The longest a due write-behind snapshot waits for the engine to go idle
+    /// (`--ssd-write-max-defer`); replicas sharing one SSD directory want it short, so a
+    /// replica killed under load leaves its prefixes on disk.
+    pub ssd_write_max_defer: std::time::Duration,
     /// Save a generation checkpoint every this many generated tokens
     /// (`--generation-checkpoint N`, needs the SSD tier); 0 = off.
     pub generation_checkpoint_tokens: usize,
@@ -102,6 +106,7 @@ impl Default for EngineConfig {
             ssd_cache_max_bytes: 0,
             ssd_cache_verify: false,
             ssd_write_behind: true,
+            ssd_write_max_defer: wick_cache::durability::dirty::Timing::default().max_defer,
             generation_checkpoint_tokens: 0,
             prompt_boundary_min_tokens: 256,
             kv_budget: KvBudget::Unbounded,

@@ -10,6 +10,7 @@ pub mod library;
 pub mod messages;
 pub mod models;
 pub mod ops;
+pub mod replica;
 pub mod responses;
 pub mod ui;
 
@@ -90,6 +91,9 @@ pub fn app(state: AppState) -> Router {
         .get("/v1", ops::index)
         .get("/stats", ops::stats)
         .get("/metrics", ops::metrics)
+        .get("/get_load", replica::get_load)
+        .get("/version", replica::version)
+        .get("/server_info", replica::server_info)
         .post("/admin/cache/flush", admin::flush_cache)
         .get("/library", library::library)
         .get("/fit", library::fit)

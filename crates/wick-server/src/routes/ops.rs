@@ -1,4 +1,5 @@
-//! Operational endpoints: `/health`, `/v1` (endpoint index), `/stats`, `/metrics`, and the
+//! Operational endpoints: `/health`, `/v1` (endpoint index), `/stats`, `/metrics` (wick's
+//! figures and the vLLM-named gauges of [`crate::replica`]), and the
 //! answers for unknown routes and wrong methods.
 use axum::extract::State;
 use axum::http::{header, Method, Uri};
@@ -127,9 +128,13 @@ fn admission_stats(s: &EngineStats, weights_bytes: usize) -> Value {
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let engine = state.engine();
     let cfg = engine.config();
-    let text = state
-        .metrics()
-        .render(&engine.stats(), cfg.max_batch, cfg.max_queue);
+    let stats = engine.stats();
+    let mut text = state.metrics().render(&stats, cfg.max_batch, cfg.max_queue);
+    crate::replica::render_vllm_gauges(
+        &mut text,
+        &state.config().model_id,
+        &crate::replica::ReplicaLoad::from(&stats),
+    );
     (
         [(
             header::CONTENT_TYPE,

@@ -164,6 +164,15 @@ pub struct ServeArgs {
     /// Hash-check every SSD cache file's payload at start-up (restores are always checked).
     #[arg(long, env = "WICK_SSD_CACHE_VERIFY", value_parser = clap::builder::FalseyValueParser::new())]
     ssd_cache_verify: bool,
+    /// Longest a pending SSD snapshot waits for the engine to go idle, in seconds (replicas
+    /// sharing one --ssd-cache directory want it short: 1–2).
+    #[arg(
+        long,
+        env = "WICK_SSD_WRITE_MAX_DEFER",
+        value_name = "SECONDS",
+        default_value_t = 60.0
+    )]
+    ssd_write_max_defer: f64,
     /// Save an in-flight generation every N generated tokens so the identical request resumes after a crash (needs --ssd-cache; 0 = off).
     #[arg(long, env = "WICK_GENERATION_CHECKPOINT", value_name = "N")]
     generation_checkpoint: Option<usize>,
@@ -211,6 +220,9 @@ fn check_speculative(args: &ServeArgs) -> anyhow::Result<Option<SpeculativeConfi
     }))
 }
 
+/// How long `serve` waits for the SSD tier's start-up scan before it starts answering.
+const SSD_SCAN_WAIT: Duration = Duration::from_secs(3);
+
 /// `--prompt-cache` default: the engine's cap, in GiB.
 const DEFAULT_PROMPT_CACHE_GIB: f64 =
     wick_engine::scheduler::DEFAULT_PROMPT_CACHE_BYTES as f64 / GIB;
@@ -223,6 +235,7 @@ struct CacheFlags {
     ssd_cache_dir: Option<PathBuf>,
     ssd_cache_max_bytes: u64,
     ssd_cache_verify: bool,
+    ssd_write_max_defer: Duration,
     generation_checkpoint_tokens: usize,
 }
 
@@ -255,6 +268,7 @@ fn check_cache(args: &ServeArgs) -> anyhow::Result<CacheFlags> {
             ssd_cache_dir: None,
             ssd_cache_max_bytes: 0,
             ssd_cache_verify: false,
+            ssd_write_max_defer: Duration::from_secs(60),
             generation_checkpoint_tokens: 0,
         });
     };
@@ -277,11 +291,18 @@ fn check_cache(args: &ServeArgs) -> anyhow::Result<CacheFlags> {
             .with_context(|| format!("creating the --ssd-cache directory {}", dir.display()))?;
     }
     let ssd_cache_max_bytes = gib_to_bytes("ssd-cache-max", args.ssd_cache_max.unwrap_or(0.0))?;
+    anyhow::ensure!(
+        args.ssd_write_max_defer.is_finite()
+            && (0.0..=86_400.0).contains(&args.ssd_write_max_defer),
+        "--ssd-write-max-defer must be 0 to 86400 seconds, got {}",
+        args.ssd_write_max_defer
+    );
     Ok(CacheFlags {
         prompt_cache_bytes,
         ssd_cache_dir: Some(dir.clone()),
         ssd_cache_max_bytes,
         ssd_cache_verify: args.ssd_cache_verify,
+        ssd_write_max_defer: Duration::from_secs_f64(args.ssd_write_max_defer),
         generation_checkpoint_tokens,
     })
 }
@@ -429,6 +450,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             ssd_cache_dir: cache.ssd_cache_dir,
             ssd_cache_max_bytes: cache.ssd_cache_max_bytes,
             ssd_cache_verify: cache.ssd_cache_verify,
+            ssd_write_max_defer: cache.ssd_write_max_defer,
             generation_checkpoint_tokens: cache.generation_checkpoint_tokens,
             kv_budget,
             speculative: check_speculative(args)?,
@@ -661,9 +683,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model = Arc::new(model);
     let engine = Engine::start(model, checked.engine).context("starting the engine")?;
     if let Some(dir) = engine.ssd_cache_path() {
-        // The scan runs in the background: serving starts now, entries become restorable as
-        // they are indexed, and the tier logs "SSD cache scanned" with its report when done.
-        tracing::info!(dir = %dir.display(), "SSD prompt cache opened; scanning in the background");
+        // A replica joining others on a shared directory should answer its first request with
+        // what the directory holds: wait a little for the scan (thousands of headers take
+        // well under this). A larger directory goes on scanning in the background: serving
+        // starts, entries become restorable as they are indexed, and the tier logs "SSD cache
+        // scanned" with its report when done.
+        if engine.wait_for_cache_scan(SSD_SCAN_WAIT).is_none() {
+            tracing::info!(dir = %dir.display(), "SSD prompt cache opened; scanning in the background");
+        }
     }
     let state = AppState::new(engine, checked.config)?;
     // The grammar engine's token table takes up to a second or two to build: build it in the

@@ -1,0 +1,118 @@
+"""Replicas behind a router: the worker endpoints routers read (`/get_load`, `/version`,
+`/server_info`, the vLLM-named gauges in `/metrics`) behind `--api-key`, and two live
+`wick serve` processes sharing one `--ssd-cache` directory, each restoring prefixes the
+other computed on its first request for them."""
+import re
+import time
+
+import httpx
+
+from conftest import SMOLLM, WickServer, require_model
+
+# A long shared system prompt, so a restored prefix is unmistakable in cached_tokens.
+SYSTEM = "You are a terse assistant for a warehouse team. " + " ".join(
+    f"Rule {i}: bin {i} holds part {i * 13 % 97}, restock at {i % 9 + 1} units." for i in range(24))
+
+
+def chat(server: WickServer, messages: list[dict], max_tokens: int = 8) -> dict:
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={
+            "model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cached(reply: dict) -> int:
+    return (reply["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+def flushed(server: WickServer):
+    with server.http() as h:
+        r = h.post("/admin/cache/flush")
+    assert r.status_code == 200, r.text
+
+
+def stopped(server: WickServer):
+    code = server.stop()
+    assert code == 0, f"wick serve exited with {code}:\n{server.logs()}"
+
+
+def test_router_endpoints_and_vllm_gauges_honour_the_api_key():
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    s = WickServer("--model-id", "smol", api_key="k3y")
+    try:
+        bare = httpx.Client(base_url=s.base, timeout=30)
+        assert bare.get("/health").status_code == 200
+        for path in ("/get_load", "/version", "/server_info", "/metrics"):
+            r = bare.get(path)
+            assert r.status_code == 401, (path, r.status_code)
+            assert r.json()["error"]["type"]
+        with s.http() as h:
+            load = h.get("/get_load").json()
+            assert load == {"load": 0, "num_waiting_reqs": 0, "num_running_reqs": 0,
+                            "kv_cache_usage": 0.0}, load
+            assert re.fullmatch(r"\d+\.\d+\.\d+.*", h.get("/version").json()["version"])
+            info = h.get("/server_info").json()
+            assert info["model"] == "smol" and info["server"] == "wick"
+            assert info["max_batch"] >= 1 and info["kv_total_blocks"] > 0
+            chat(s, [{"role": "user", "content": "Say hi."}])
+            text = h.get("/metrics").text
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc",
+                     "gpu_cache_usage_perc"):
+            assert f"# TYPE vllm:{name} gauge" in text, name
+            m = re.search(rf'^vllm:{name}{{model_name="smol"}} (\S+)$', text, re.M)
+            assert m, name
+            assert 0.0 <= float(m.group(1)) <= (1.0 if "perc" in name else 64), (name, m.group(1))
+        # wick's own gauges are still there
+        assert "wick_queue_depth" in text and "wick_kv_blocks" in text
+    finally:
+        stopped(s)
+
+
+def test_two_live_replicas_share_one_ssd_cache(tmp_path):
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    root = tmp_path / "shared"
+    args = ("--ssd-cache", str(root), "--ssd-write-max-defer", "1")
+    a = WickServer(*args)
+    b = None
+    try:
+        # A serves conversation 1's first turn and makes it durable.
+        conv1 = [{"role": "system", "content": SYSTEM},
+                 {"role": "user", "content": "Where is part 26?"}]
+        first = chat(a, conv1)
+        assert first["usage"]["prompt_tokens"] > 300
+        flushed(a)
+        # B joins while A runs: its first request, the next turn of a conversation it never
+        # saw, restores A's prefix from the shared directory.
+        b = WickServer(*args)
+        conv1 += [first["choices"][0]["message"], {"role": "user", "content": "And part 39?"}]
+        turn2 = chat(b, conv1)
+        assert cached(turn2) >= first["usage"]["prompt_tokens"] - 8, turn2["usage"]
+        stats = b.stats()
+        assert stats["prompt_cache"]["ssd_hits"] == 1, stats["prompt_cache"]
+        assert stats["prompt_cache"]["misses"] == 0
+        # The other way round while both run: B's new conversation reaches A through A's
+        # refresh of the directory (about a second).
+        conv2 = [{"role": "system", "content": SYSTEM + " Answer in French."},
+                 {"role": "user", "content": "Where is part 52?"}]
+        b_first = chat(b, conv2)
+        flushed(b)
+        conv2 += [b_first["choices"][0]["message"], {"role": "user", "content": "Merci."}]
+        deadline = time.monotonic() + 10
+        while a.stats()["ssd_cache"]["entries"] < 2:
+            assert time.monotonic() < deadline, "A never saw B's entry"
+            time.sleep(0.1)
+        turn2 = chat(a, conv2)
+        assert cached(turn2) >= b_first["usage"]["prompt_tokens"] - 8, turn2["usage"]
+        assert a.stats()["prompt_cache"]["ssd_hits"] >= 1
+        for s in (a, b):
+            st = s.stats()
+            assert st["ssd_cache"]["restore_failures"] == 0
+            assert st["requests"]["failed"] == 0
+    finally:
+        if b is not None:
+            stopped(b)
+        stopped(a)
+    # Both owners are gone: no lock files or temporary files are left behind.
+    assert not list(root.rglob("*.tmp"))
+    assert not list(root.rglob(".owner-*.lock"))
