@@ -146,6 +146,10 @@ def user_turn(conv: int, turn: int) -> str:
     return f"Step {turn} of task {conv}: check item {(conv * 31 + turn * 7) % 1000} and report in one line."
 
 
+# The conversations of the run in progress (read by the probe of an added replica).
+LIVE: dict = {}
+
+
 class Conversation:
     def __init__(self, i: int, args, systems: list[str]):
         self.i = i
@@ -206,6 +210,7 @@ def stream_turn(base: str, conv: Conversation, args) -> dict:
 def run_load(base: str, args, on_progress) -> dict:
     systems = [system_prompt(i, args.system_words) for i in range(args.system_prompts)]
     convs = [Conversation(i, args, systems) for i in range(args.conversations)]
+    LIVE["convs"] = convs
     total_turns = args.conversations * args.turns
     results, errors = [], []
     lock = threading.Lock()
@@ -316,9 +321,19 @@ def bench_policy(args, policy: str, logs: Path) -> dict:
         def add():
             try:
                 extra.start()
+                # Its very first request, sent to it directly: the next turn of conversations
+                # it never saw (copies; the conversations themselves go on through the router).
+                probes = []
+                for conv in [c for c in LIVE["convs"] if c.turns_done >= 2][:3]:
+                    copy = Conversation(conv.i, args, [conv.messages[0]["content"]])
+                    copy.messages, copy.turns_done = list(conv.messages), conv.turns_done
+                    r = stream_turn(extra.url, copy, args)
+                    probes.append({"prompt_tokens": r["prompt_tokens"], "cached_tokens": r["cached_tokens"],
+                                   "ttft_s": round(r["ttft"], 3)})
+                chaos["added_replica_first_requests"] = probes
                 router.add_worker(extra.url)
                 chaos["added_at"] = round(time.monotonic() - t_start, 2)
-                log(f"replica {extra.index} added")
+                log(f"replica {extra.index} added; its first requests: {probes}")
             except Exception as e:  # noqa: BLE001
                 chaos["add_error"] = str(e)
 

@@ -340,7 +340,10 @@ impl SsdTier {
             .name("wick-ssd-scan".into())
             .spawn(move || {
                 scanning.run_scan();
-                refresh::keep_fresh(Arc::downgrade(&scanning));
+                // Only a weak handle from here on, so dropping the tier ends this thread.
+                let weak = Arc::downgrade(&scanning);
+                drop(scanning);
+                refresh::keep_fresh(weak);
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "no thread for the SSD cache scan; scanning now");
