@@ -77,7 +77,7 @@ class Replica:
         if self.args.api_key:
             cmd += ["--api-key", self.args.api_key]
         env = dict(os.environ, WICK_THREADS=str(self.args.threads), WICK_LOG="info")
-        out = open(self.logs / f"replica{self.index}.{self.starts}.log", "wb")
+        out = open(self.logs / f"{self.ssd.parent.name}-replica{self.index}.{self.starts}.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         if not wait_health(self.url, 180, self.proc):
             raise RuntimeError(f"replica {self.index} did not start; see {out.name}")
@@ -99,7 +99,7 @@ class Replica:
 
 
 class Router:
-    def __init__(self, args, policy: str, workers: list[str], logs: Path):
+    def __init__(self, args, policy: str, workers: list[str], logs: Path, name: str):
         self.url = f"http://{LOOPBACK}:{args.port_base}"
         venv = Path(args.router_venv)
         cmd = [str(venv / "bin" / "vllm-router"), "--host", LOOPBACK, "--port", str(args.port_base),
@@ -108,7 +108,7 @@ class Router:
                "--health-success-threshold", "1", "--retry-max-retries", "5",
                "--retry-initial-backoff-ms", "200", "--retry-max-backoff-ms", "2000",
                "--request-timeout-secs", "600", "--log-level", "info"]
-        self.out = open(logs / f"router-{policy}.log", "wb")
+        self.out = open(logs / f"router-{name}.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT)
         if not wait_health(self.url, 120, self.proc):
             raise RuntimeError(f"the router did not start; see {self.out.name}")
@@ -142,8 +142,13 @@ def system_prompt(i: int, words: int) -> str:
     return f"You are an agent that handles {topic}. Use the tool results below. {facts}"
 
 
-def user_turn(conv: int, turn: int) -> str:
-    return f"Step {turn} of task {conv}: check item {(conv * 31 + turn * 7) % 1000} and report in one line."
+def user_turn(conv: int, turn: int, words: int = 40) -> str:
+    """A turn of an agent loop: a tool result of its own (about `words` words) and the next ask."""
+    rng = random.Random(conv * 1000 + turn)
+    result = " ".join(f"row {rng.randrange(10000)}={rng.choice(['ok', 'late', 'lost', 'held'])};"
+                      for _ in range(words // 2))
+    return (f"Tool result for task {conv}, step {turn}: {result} "
+            f"Next: check item {(conv * 31 + turn * 7) % 1000} and report in one line.")
 
 
 # The conversations of the run in progress (read by the probe of an added replica).
@@ -161,7 +166,7 @@ class Conversation:
 def stream_turn(base: str, conv: Conversation, args) -> dict:
     """One streamed chat turn; returns timings and usage. Raises on any failure."""
     body = {"model": "default", "messages": conv.messages + [
-        {"role": "user", "content": user_turn(conv.i, conv.turns_done)}],
+        {"role": "user", "content": user_turn(conv.i, conv.turns_done, args.tool_words)}],
         "max_tokens": args.max_tokens, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True}}
     host, port = base.split("//")[1].split(":")
@@ -296,16 +301,21 @@ def summarize(policy: str, load: dict, chaos: dict) -> dict:
     return out
 
 
-def bench_policy(args, policy: str, logs: Path) -> dict:
+def bench_policy(args, spec: str, logs: Path) -> dict:
+    # `policy` or `policy:private` (each replica its own SSD directory, nothing shared).
+    policy, _, sharing = spec.partition(":")
+    private = sharing == "private"
     ssd = Path(tempfile.mkdtemp(prefix=f"ssd-{policy}-", dir=args.work))
-    replicas = [Replica(args, i, ssd, logs) for i in range(args.replicas)]
-    extra = Replica(args, args.replicas, ssd, logs) if args.add_at is not None else None
+    replicas = [Replica(args, i, ssd / (f"r{i}" if private else "shared"), logs)
+                for i in range(args.replicas)]
+    extra = (Replica(args, args.replicas, ssd / (f"r{args.replicas}" if private else "shared"), logs)
+             if args.add_at is not None else None)
     router = None
     chaos, timers = {}, []
     try:
         for r in replicas:
             r.start()
-        router = Router(args, policy, [r.url for r in replicas], logs)
+        router = Router(args, policy, [r.url for r in replicas], logs, spec.replace(":", "-"))
         log(f"{policy}: {len(replicas)} replicas and the router are up")
         state = {"killed": False, "added": False}
         t_start = time.monotonic()
@@ -380,7 +390,7 @@ def bench_policy(args, policy: str, logs: Path) -> dict:
             chaos["added_replica_requests"] = n
             chaos["added_replica_hit_fraction"] = round(p["hits"] / n, 3) if n else None
             chaos["added_replica_ssd_restores"] = p["ssd_hits"]
-        out = summarize(policy, load, chaos)
+        out = summarize(spec, load, chaos)
         out["per_replica"] = per_replica
         out["errors"] = load["errors"][:20]
         return out
@@ -394,11 +404,13 @@ def bench_policy(args, policy: str, logs: Path) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--policies", default="cache_aware,round_robin")
+    ap.add_argument("--policies", default="cache_aware,round_robin",
+                    help="router policies, comma-separated; `policy:private` gives each replica its own SSD directory")
     ap.add_argument("--conversations", type=int, default=32)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--system-prompts", type=int, default=4, help="distinct system prompts shared by the conversations")
     ap.add_argument("--system-words", type=int, default=200, help="about this many words per system prompt")
+    ap.add_argument("--tool-words", type=int, default=40, help="about this many words of tool output per turn, unique to the conversation")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=8, help="turns in flight at once")
     ap.add_argument("--client-retries", type=int, default=2)

@@ -85,8 +85,9 @@ pub enum CacheError {
         /// The engine's message.
         reason: String,
     },
-    /// Another process holds the SSD cache directory.
-    #[error("the SSD cache directory {} is in use by another process", path.display())]
+    /// No owner id could be taken in the SSD cache directory (every attempt collided with a
+    /// live owner's lock).
+    #[error("cannot take an owner lock in the SSD cache directory {}", path.display())]
     Locked {
         /// The fingerprint directory.
         path: PathBuf,
