@@ -927,14 +927,17 @@ impl<B: Backend> Decoder<B> {
                     k_bias,
                     v_bias,
                 } => {
-                    let [q, k, v] = three(be.linear_many(
-                        &h,
-                        &[
-                            (q, q_bias.as_ref()),
-                            (k, k_bias.as_ref()),
-                            (v, v_bias.as_ref()),
-                        ],
-                    )?)?;
+                    let ws = [
+                        (q, q_bias.as_ref()),
+                        (k, k_bias.as_ref()),
+                        (v, v_bias.as_ref()),
+                    ];
+                    let [q, k, v] = if lora.is_empty() {
+                        three(be.linear_many(&h, &ws)?)?
+                    } else {
+                        // The adapters' deltas are added here, with the base products.
+                        lora.linear_many(be, li, [Target::Q, Target::K, Target::V], &h, ws)?
+                    };
                     (q, k, v)
                 }
                 QkvProjection::Fused { qkv, bias, widths } => {
@@ -951,14 +954,11 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
-            let (mut q, mut k, v) = if lora.is_empty() {
-                (q, k, v)
+            let fused_qkv = matches!(layer.qkv, QkvProjection::Fused { .. });
+            let [mut q, mut k, v] = if lora.is_empty() || !fused_qkv {
+                [q, k, v]
             } else {
-                (
-                    lora.apply(be, li, Target::Q, &h, q)?,
-                    lora.apply(be, li, Target::K, &h, k)?,
-                    lora.apply(be, li, Target::V, &h, v)?,
-                )
+                lora.apply_many(be, li, [Target::Q, Target::K, Target::V], &h, [q, k, v])?
             };
             if let Some(w) = &layer.q_norm {
                 q = be.rms_norm(&q, w, cfg.rms_eps)?;
@@ -983,8 +983,13 @@ impl<B: Backend> Decoder<B> {
                 })
                 .collect();
             let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
-            let mut o = be.linear(&attn, &layer.o, layer.o_bias.as_ref())?;
-            o = lora.apply(be, li, Target::O, &attn, o)?;
+            let mut o = if lora.is_empty() {
+                be.linear(&attn, &layer.o, layer.o_bias.as_ref())?
+            } else {
+                let ws = [(&layer.o, layer.o_bias.as_ref())];
+                let [o] = lora.linear_many(be, li, [Target::O], &attn, ws)?;
+                o
+            };
             if let Some(w) = &layer.post_attn_norm {
                 o = self.norm(&o, w)?;
             }
@@ -995,9 +1000,12 @@ impl<B: Backend> Decoder<B> {
             x = sum;
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
-                    let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
-                    let gate = lora.apply(be, li, Target::Gate, &hf, gate)?;
-                    let up = lora.apply(be, li, Target::Up, &hf, up)?;
+                    let ws = [(gate, None), (up, None)];
+                    let [gate, up] = if lora.is_empty() {
+                        two(be.linear_many(&hf, &ws)?)?
+                    } else {
+                        lora.linear_many(be, li, [Target::Gate, Target::Up], &hf, ws)?
+                    };
                     be.glu(&gate, &up, cfg.activation)?
                 }
                 GateUpProjection::Plain { up, bias } => {
@@ -1009,8 +1017,13 @@ impl<B: Backend> Decoder<B> {
                     let both = be.linear(&hf, gate_up, None)?;
                     match be.split_columns(&both, &[*width, *width])?.as_slice() {
                         [gate, up] if !lora.is_empty() => {
-                            let gate = lora.apply(be, li, Target::Gate, &hf, gate.clone())?;
-                            let up = lora.apply(be, li, Target::Up, &hf, up.clone())?;
+                            let [gate, up] = lora.apply_many(
+                                be,
+                                li,
+                                [Target::Gate, Target::Up],
+                                &hf,
+                                [gate.clone(), up.clone()],
+                            )?;
                             be.glu(&gate, &up, cfg.activation)?
                         }
                         [gate, up] => be.glu(gate, up, cfg.activation)?,
@@ -1023,8 +1036,13 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
-            let mut m = be.linear(&act, &layer.down, layer.down_bias.as_ref())?;
-            m = lora.apply(be, li, Target::Down, &act, m)?;
+            let mut m = if lora.is_empty() {
+                be.linear(&act, &layer.down, layer.down_bias.as_ref())?
+            } else {
+                let ws = [(&layer.down, layer.down_bias.as_ref())];
+                let [m] = lora.linear_many(be, li, [Target::Down], &act, ws)?;
+                m
+            };
             if let Some(w) = &layer.post_ffw_norm {
                 m = self.norm(&m, w)?;
             }

@@ -24,7 +24,10 @@ use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, Q
 use candle_core::{DType, Device, Module, Tensor};
 use wick_gguf::GgmlType;
 use wick_kernels::elementwise::{self, GluActivation};
-use wick_kernels::{Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat};
+use wick_kernels::{
+    Isa, LowRankOn, LowRankOutput, LowRankUpdate, PackedMatrix, Product, QuantizedActivations,
+    ThreadPool, WeightFormat,
+};
 
 pub use block_pool::KvDtype;
 pub use kv::CpuKvLayer;
@@ -33,7 +36,7 @@ pub use tensor::HostTensor;
 
 use super::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot,
-    OptionalOp, RopeSpec,
+    LowRankDelta, OptionalOp, RopeSpec,
 };
 use crate::{EngineError, Result};
 
@@ -75,6 +78,16 @@ thread_local! {
     /// Quantized activations of the last product on this thread, reused so a decode
     /// step allocates no kernel scratch.
     static ACTIVATIONS: RefCell<QuantizedActivations> = RefCell::new(QuantizedActivations::new());
+    /// Adapter deltas of the last fused product on this thread, reused likewise.
+    static DELTAS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `m` as the fused low-rank kernels take it: packed f32.
+fn f32_packed(m: &CandleMatrix) -> Option<&PackedMatrix> {
+    match m {
+        CandleMatrix::Packed(p) if p.format() == WeightFormat::F32 => Some(p),
+        _ => None,
+    }
 }
 
 /// The kernels' name for a file's element type, when they handle it.
@@ -673,6 +686,137 @@ impl Backend for CandleBackend {
             }
         }
         HostTensor::from_vec(out, q.rows(), q.cols())
+    }
+
+    fn low_rank_add(
+        &self,
+        x: &HostTensor,
+        mut ys: Vec<HostTensor>,
+        deltas: &[&[LowRankDelta<'_, Self>]],
+    ) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("low_rank_add", x.rows());
+        if ys.len() != deltas.len() {
+            return Err(Self::err(format!(
+                "low_rank_add of {} outputs with {} delta lists",
+                ys.len(),
+                deltas.len()
+            )));
+        }
+        // Factors the fused kernel does not take go the long way (two products each).
+        let mut updates: Vec<Vec<LowRankUpdate<'_>>> = Vec::with_capacity(deltas.len());
+        for ds in deltas {
+            let mut these = Vec::with_capacity(ds.len());
+            for d in ds.iter() {
+                match (f32_packed(d.a), f32_packed(d.b)) {
+                    (Some(a), Some(b)) if a.rows() <= wick_kernels::MAX_LOW_RANK => {
+                        these.push(LowRankUpdate {
+                            a,
+                            b,
+                            rows: d.rows,
+                        })
+                    }
+                    _ => return super::low_rank_add_by_products(self, x, ys, deltas),
+                }
+            }
+            updates.push(these);
+        }
+        {
+            let mut outputs: Vec<LowRankOutput<'_>> = ys
+                .iter_mut()
+                .zip(&updates)
+                .map(|(y, u)| LowRankOutput {
+                    y: y.data_mut(),
+                    updates: u,
+                })
+                .collect();
+            wick_kernels::low_rank_add(self.pool, self.isa, x.data(), x.rows(), &mut outputs)?;
+        }
+        Ok(ys)
+    }
+
+    fn linear_many_low_rank(
+        &self,
+        x: &HostTensor,
+        ws: &[(&CandleMatrix, Option<&HostTensor>)],
+        deltas: &[&[LowRankDelta<'_, Self>]],
+    ) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("linear_low_rank", x.rows());
+        let mut packed: Vec<&PackedMatrix> = Vec::with_capacity(ws.len());
+        let mut updates: Vec<LowRankOn<'_>> = Vec::new();
+        for (w, _) in ws {
+            match w {
+                CandleMatrix::Packed(p) => packed.push(p),
+                CandleMatrix::Quantized { .. } => break,
+            }
+        }
+        'fused: {
+            if packed.len() != ws.len()
+                || ws.len() > wick_kernels::MAX_PRODUCTS
+                || deltas.len() != ws.len()
+            {
+                break 'fused;
+            }
+            for (product, ds) in deltas.iter().enumerate() {
+                for d in ds.iter() {
+                    match (f32_packed(d.a), f32_packed(d.b)) {
+                        (Some(a), Some(b)) if a.rows() <= wick_kernels::MAX_LOW_RANK => {
+                            updates.push(LowRankOn {
+                                product,
+                                update: LowRankUpdate {
+                                    a,
+                                    b,
+                                    rows: d.rows,
+                                },
+                            })
+                        }
+                        _ => break 'fused,
+                    }
+                }
+            }
+            let n = x.rows();
+            if let Some(w) = packed.iter().find(|w| w.cols() != x.cols()) {
+                return Err(Self::err(format!(
+                    "input of width {} for a matrix of {} columns",
+                    x.cols(),
+                    w.cols()
+                )));
+            }
+            let mut bufs: Vec<Vec<f32>> =
+                packed.iter().map(|w| tensor::buffer(n * w.rows())).collect();
+            {
+                let mut products: Vec<Product<'_>> = bufs
+                    .iter_mut()
+                    .zip(&packed)
+                    .zip(ws)
+                    .map(|((out, &weight), (_, bias))| Product {
+                        weight,
+                        out,
+                        bias: bias.map(|b| b.data()),
+                    })
+                    .collect();
+                ACTIVATIONS.with(|act| {
+                    DELTAS.with(|scratch| {
+                        wick_kernels::matmul_low_rank(
+                            self.pool,
+                            self.isa,
+                            x.data(),
+                            n,
+                            &mut products,
+                            &mut act.borrow_mut(),
+                            &updates,
+                            &mut scratch.borrow_mut(),
+                        )
+                    })
+                })?;
+            }
+            return bufs
+                .into_iter()
+                .zip(&packed)
+                .map(|(b, w)| HostTensor::from_vec(b, n, w.rows()))
+                .collect();
+        }
+        let ys = self.linear_many(x, ws)?;
+        self.low_rank_add(x, ys, deltas)
     }
 
     fn add_rows(&self, y: &HostTensor, rows: &[usize], d: &HostTensor) -> Result<HostTensor> {
