@@ -198,10 +198,6 @@ fn main() {
     let (mut b, mut s) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
         b.push(decode_rate(&model, &base, steps));
-        wick_engine::adapters::EXPERIMENT_OVERLAP.store(false, std::sync::atomic::Ordering::Relaxed);
-        let sep = decode_rate(&model, &spread, steps);
-        wick_engine::adapters::EXPERIMENT_OVERLAP.store(true, std::sync::atomic::Ordering::Relaxed);
-        println!("  separate: {sep:.1}");
         s.push(decode_rate(&model, &spread, steps));
         println!(
             "round: base {:.1} tok/s, {} adapters {:.1} tok/s",

@@ -49,9 +49,7 @@ pub use activation::QuantizedActivations;
 pub use error::{KernelError, Result};
 pub use format::WeightFormat;
 pub use isa::Isa;
-pub use lowrank::{
-    low_rank_add, matmul_low_rank, LowRankOn, LowRankOutput, LowRankUpdate, MAX_LOW_RANK,
-};
+pub use lowrank::{low_rank_add, LowRankOutput, LowRankUpdate, MAX_LOW_RANK};
 pub use matmul::{matmul, Product, MAX_PRODUCTS};
 pub use packed::PackedMatrix;
 pub use pool::ThreadPool;

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::packed::STRIP;
-use crate::{Isa, KernelError, PackedMatrix, Product, QuantizedActivations, Result, ThreadPool, WeightFormat};
+use crate::{Isa, KernelError, PackedMatrix, Result, ThreadPool, WeightFormat};
 
 /// Largest rank [`low_rank_add`] takes (its middle values live on the stack).
 pub const MAX_LOW_RANK: usize = 256;
@@ -133,97 +133,6 @@ struct Unit {
     rows: std::ops::Range<usize>,
 }
 
-/// A low-rank update of one product of a [`matmul_low_rank`] call.
-#[derive(Debug, Clone, Copy)]
-pub struct LowRankOn<'a> {
-    /// Index of the product whose output it updates.
-    pub product: usize,
-    /// The update (`B`'s rows equal that product's).
-    pub update: LowRankUpdate<'a>,
-}
-
-/// [`crate::matmul`] of `products`, then `updates` added to their products' outputs
-/// (each product's in order), as [`low_rank_add`] would add them. The updates' products
-/// (memory-bound: the factors are f32 and are read once per step) run in the same
-/// parallel section as the base products (compute-bound for quantized weights), into
-/// `scratch`; the adds follow.
-pub fn matmul_low_rank(
-    pool: &ThreadPool,
-    isa: Isa,
-    x: &[f32],
-    n: usize,
-    products: &mut [Product<'_>],
-    act: &mut QuantizedActivations,
-    updates: &[LowRankOn<'_>],
-    scratch: &mut Vec<f32>,
-) -> Result<()> {
-    let cols = products.first().map_or(0, |p| p.weight.cols());
-    // Where each update's delta goes in `scratch` (its rows × the product's rows).
-    let mut at = Vec::with_capacity(updates.len() + 1);
-    at.push(0usize);
-    for on in updates {
-        let p = products.get(on.product).ok_or(KernelError::Shape {
-            op: "matmul_low_rank",
-            what: "product index below",
-            expected: products.len(),
-            found: on.product,
-        })?;
-        check_update(&on.update, n, cols, p.weight.rows())?;
-        let last = at[at.len() - 1];
-        at.push(last + on.update.rows.len() * p.weight.rows());
-    }
-    let total = at[at.len() - 1];
-    if scratch.len() < total {
-        scratch.resize(total, 0.0);
-    }
-    if x.len() != n * cols {
-        return Err(shape("input", n * cols, x.len()));
-    }
-    let mut units: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-    for (i, on) in updates.iter().enumerate() {
-        let m = on.update.rows.len();
-        units.extend((0..m).step_by(CHUNK).map(|r| (i, r..(r + CHUNK).min(m))));
-    }
-    let deltas = SharedMut(scratch.as_mut_ptr());
-    let next = AtomicUsize::new(0);
-    let side = || loop {
-        let k = next.fetch_add(1, Ordering::Relaxed);
-        let Some((i, rows)) = units.get(k) else {
-            break;
-        };
-        let u = &updates[*i].update;
-        let out = u.b.rows();
-        // SAFETY: unit `k` writes rows `rows` of update `i`'s own part of `scratch`
-        // (sized above); its rows were checked against `n`.
-        unsafe {
-            let d = deltas.get().add(at[*i] + rows.start * out);
-            delta(isa, u, &u.rows[rows.clone()], x, cols, d);
-        }
-    };
-    crate::matmul::matmul_with(pool, isa, x, n, products, act, Some(&side))?;
-    for (i, on) in updates.iter().enumerate() {
-        let p = &mut products[on.product];
-        let out = p.weight.rows();
-        let d = &scratch[at[i]..at[i + 1]];
-        for (&r, dr) in on.update.rows.iter().zip(d.chunks_exact(out.max(1))) {
-            crate::elementwise::add_assign(isa, &mut p.out[r * out..(r + 1) * out], dr)?;
-        }
-    }
-    Ok(())
-}
-
-/// A raw pointer to the deltas, shared by the units of one call.
-struct SharedMut(*mut f32);
-
-// SAFETY: units write disjoint parts of the buffer.
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    fn get(&self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Checks one update against an input of `n × cols` and an output `out` wide.
 fn check_update(u: &LowRankUpdate<'_>, n: usize, cols: usize, out: usize) -> Result<()> {
     let (a, b) = (u.a, u.b);
@@ -308,19 +217,6 @@ unsafe fn update(
     }
 }
 
-/// The delta of `u` at `rows`, written to `d` (`rows.len()` rows, `B`'s rows wide).
-///
-/// # Safety
-/// Every row of `rows` is below the row count of `x` (`cols` wide); `d` holds
-/// `rows.len()` rows.
-unsafe fn delta(isa: Isa, u: &LowRankUpdate<'_>, rows: &[usize], x: &[f32], cols: usize, d: *mut f32) {
-    let out = u.b.rows();
-    for (t, tile) in rows.chunks(TILE).enumerate() {
-        let ds: [*mut f32; TILE] = std::array::from_fn(|i| d.add((t * TILE + i.min(tile.len() - 1)) * out));
-        run_tile(isa, u, tile, x, cols, &ds, false);
-    }
-}
-
 /// Up to [`TILE`] rows of `u`: the middle values, then the delta stored to `ys` (or
 /// added to them, with `add`).
 unsafe fn run_tile(
@@ -362,7 +258,10 @@ unsafe fn scalar_tile(
             for t in 0..rows {
                 let mut acc = 0f32;
                 for k in 0..cols {
-                    acc = w.add(k * STRIP + lane).read_unaligned().mul_add(*xs[t].add(k), acc);
+                    acc = w
+                        .add(k * STRIP + lane)
+                        .read_unaligned()
+                        .mul_add(*xs[t].add(k), acc);
                 }
                 mid[t][s * STRIP + lane] = acc;
             }
@@ -375,7 +274,10 @@ unsafe fn scalar_tile(
             for t in 0..rows {
                 let mut acc = 0f32;
                 for j in 0..rank {
-                    acc = w.add(j * STRIP + lane).read_unaligned().mul_add(mid[t][j], acc);
+                    acc = w
+                        .add(j * STRIP + lane)
+                        .read_unaligned()
+                        .mul_add(mid[t][j], acc);
                 }
                 let at = ys[t].add(s * STRIP + lane);
                 *at = if add { *at + acc } else { acc };
@@ -605,15 +507,20 @@ mod tests {
     /// (overlapping) updates apply in order.
     #[test]
     fn equals_two_products_and_an_add() {
-        let (n, cols, out) = (9, 40, 37);
-        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
-        let y0: Vec<f32> = (0..n * out).map(|i| ((i * 3) % 11) as f32 * 0.2 - 1.0).collect();
+        let (n, cols, out) = (40, 40, 37);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+            .collect();
+        let y0: Vec<f32> = (0..n * out)
+            .map(|i| ((i * 3) % 11) as f32 * 0.2 - 1.0)
+            .collect();
         let (a1, _) = packed(5, cols, 1);
         let (b1, _) = packed(out, 5, 2);
         let (a2, _) = packed(20, cols, 3);
         let (b2, _) = packed(out, 20, 4);
-        let rows1 = [0usize, 2, 3, 5, 6, 8];
-        let rows2 = [1usize, 2, 7];
+        // More rows than one unit takes; the second update overlaps the first (stacked).
+        let rows1: Vec<usize> = (0..n).filter(|r| r % 3 != 1).collect();
+        let rows2 = [1usize, 2, 7, 30];
         let pool = ThreadPool::new(2);
         for isa in Isa::available() {
             let mut want = y0.clone();
@@ -621,20 +528,38 @@ mod tests {
             reference(&x, cols, &mut want, out, &a2, &b2, &rows2, isa);
             let mut got = y0.clone();
             let ups = [
-                LowRankUpdate { a: &a1, b: &b1, rows: &rows1 },
-                LowRankUpdate { a: &a2, b: &b2, rows: &rows2 },
+                LowRankUpdate {
+                    a: &a1,
+                    b: &b1,
+                    rows: &rows1,
+                },
+                LowRankUpdate {
+                    a: &a2,
+                    b: &b2,
+                    rows: &rows2,
+                },
             ];
             let mut second = y0.clone();
-            let disjoint_rows = [4usize];
-            let more = [LowRankUpdate { a: &a1, b: &b1, rows: &disjoint_rows }];
+            let disjoint_rows: Vec<usize> = (0..n).step_by(2).collect();
+            let more = [LowRankUpdate {
+                a: &a1,
+                b: &b1,
+                rows: &disjoint_rows,
+            }];
             low_rank_add(
                 &pool,
                 isa,
                 &x,
                 n,
                 &mut [
-                    LowRankOutput { y: &mut got, updates: &ups },
-                    LowRankOutput { y: &mut second, updates: &more },
+                    LowRankOutput {
+                        y: &mut got,
+                        updates: &ups,
+                    },
+                    LowRankOutput {
+                        y: &mut second,
+                        updates: &more,
+                    },
                 ],
             )
             .unwrap();
@@ -642,54 +567,6 @@ mod tests {
             let mut want2 = y0.clone();
             reference(&x, cols, &mut want2, out, &a1, &b1, &disjoint_rows, isa);
             assert_eq!(second, want2, "{isa:?}");
-        }
-    }
-
-    /// The fused product equals `matmul` then the same updates added one by one, bit for
-    /// bit, for stacked updates and more rows than one unit of work takes.
-    #[test]
-    fn fused_with_the_base_product_equals_product_then_adds() {
-        let (n, cols, out) = (40, 48, 33);
-        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 5) % 17) as f32 * 0.07 - 0.5).collect();
-        let (w, _) = packed(out, cols, 9);
-        let bias: Vec<f32> = (0..out).map(|i| i as f32 * 0.01).collect();
-        let (a1, _) = packed(16, cols, 5);
-        let (b1, _) = packed(out, 16, 6);
-        let (a2, _) = packed(3, cols, 7);
-        let (b2, _) = packed(out, 3, 8);
-        let rows1: Vec<usize> = (0..n).collect();
-        let rows2: Vec<usize> = (3..n).step_by(2).collect();
-        let pool = ThreadPool::new(2);
-        let mut act = QuantizedActivations::new();
-        for isa in Isa::available() {
-            let mut want = vec![0f32; n * out];
-            let mut p = [Product {
-                weight: &w,
-                out: &mut want,
-                bias: Some(&bias),
-            }];
-            matmul(&pool, isa, &x, n, &mut p, &mut act).unwrap();
-            reference(&x, cols, &mut want, out, &a1, &b1, &rows1, isa);
-            reference(&x, cols, &mut want, out, &a2, &b2, &rows2, isa);
-            let mut got = vec![0f32; n * out];
-            let mut p = [Product {
-                weight: &w,
-                out: &mut got,
-                bias: Some(&bias),
-            }];
-            let updates = [
-                LowRankOn {
-                    product: 0,
-                    update: LowRankUpdate { a: &a1, b: &b1, rows: &rows1 },
-                },
-                LowRankOn {
-                    product: 0,
-                    update: LowRankUpdate { a: &a2, b: &b2, rows: &rows2 },
-                },
-            ];
-            let mut scratch = Vec::new();
-            matmul_low_rank(&pool, isa, &x, n, &mut p, &mut act, &updates, &mut scratch).unwrap();
-            assert_eq!(got, want, "{isa:?}");
         }
     }
 
@@ -701,17 +578,34 @@ mod tests {
         let x = vec![0f32; 2 * 8];
         let mut y = vec![0f32; 2 * 6];
         let rows = [2usize];
-        let ups = [LowRankUpdate { a: &a, b: &b, rows: &rows }];
-        let mut outs = [LowRankOutput { y: &mut y, updates: &ups }];
+        let ups = [LowRankUpdate {
+            a: &a,
+            b: &b,
+            rows: &rows,
+        }];
+        let mut outs = [LowRankOutput {
+            y: &mut y,
+            updates: &ups,
+        }];
         assert!(low_rank_add(&pool, Isa::best(), &x, 2, &mut outs).is_err());
         let (q, _) = {
             let bytes = vec![0u8; 34 * 6];
-            (PackedMatrix::from_ggml(WeightFormat::Q8_0, 6, 32, &bytes).unwrap(), ())
+            (
+                PackedMatrix::from_ggml(WeightFormat::Q8_0, 6, 32, &bytes).unwrap(),
+                (),
+            )
         };
         let rows = [0usize];
-        let ups = [LowRankUpdate { a: &a, b: &q, rows: &rows }];
+        let ups = [LowRankUpdate {
+            a: &a,
+            b: &q,
+            rows: &rows,
+        }];
         let mut y = vec![0f32; 2 * 6];
-        let mut outs = [LowRankOutput { y: &mut y, updates: &ups }];
+        let mut outs = [LowRankOutput {
+            y: &mut y,
+            updates: &ups,
+        }];
         assert!(low_rank_add(&pool, Isa::best(), &x, 2, &mut outs).is_err());
     }
 }

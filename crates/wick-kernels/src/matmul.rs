@@ -42,26 +42,7 @@ pub fn matmul(
     products: &mut [Product<'_>],
     act: &mut QuantizedActivations,
 ) -> Result<()> {
-    matmul_with(pool, isa, x, n, products, act, None)
-}
-
-/// [`matmul`], with `side` work run in the same parallel section: every thread but the
-/// caller calls `side` before taking product units, and every thread calls it once the
-/// units are gone (so memory-bound side work overlaps the compute-bound products).
-/// `side` must split its work itself (an atomic counter) and return when none is left.
-pub(crate) fn matmul_with(
-    pool: &ThreadPool,
-    isa: Isa,
-    x: &[f32],
-    n: usize,
-    products: &mut [Product<'_>],
-    act: &mut QuantizedActivations,
-    side: Option<&(dyn Fn() + Sync)>,
-) -> Result<()> {
     let Some(first) = products.first() else {
-        if let Some(side) = side {
-            side();
-        }
         return Ok(());
     };
     if products.len() > MAX_PRODUCTS {
@@ -88,9 +69,6 @@ pub(crate) fn matmul_with(
     }
     check("input", n * cols, x.len())?;
     if n == 0 {
-        if let Some(side) = side {
-            side();
-        }
         return Ok(());
     }
 
@@ -126,7 +104,7 @@ pub(crate) fn matmul_with(
     let weights: [Option<&PackedMatrix>; MAX_PRODUCTS] =
         std::array::from_fn(|i| products.get(i).map(|p| p.weight));
     let next = AtomicUsize::new(0);
-    let products_work = || loop {
+    let work = |_thread: usize| loop {
         let u = next.fetch_add(1, Ordering::Relaxed);
         if u >= units {
             break;
@@ -149,16 +127,7 @@ pub(crate) fn matmul_with(
             }
         }
     };
-    let work = |thread: usize| {
-        if let (Some(side), true) = (side, thread != 0) {
-            side();
-        }
-        products_work();
-        if let Some(side) = side {
-            side();
-        }
-    };
-    if macs < SERIAL_WORK && side.is_none() {
+    if macs < SERIAL_WORK {
         work(0);
     } else {
         pool.run(&work);

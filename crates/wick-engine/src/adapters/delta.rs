@@ -199,34 +199,6 @@ impl<'a, B: Backend> LoraBatch<'a, B> {
         })
     }
 
-    /// The products of `x` with `ws` (the base matrices of `targets` of `layer`, and
-    /// their biases), each plus its adapters' deltas at the rows that use them: the base
-    /// and low-rank products in one backend call.
-    pub fn linear_many<const N: usize>(
-        &self,
-        be: &B,
-        layer: usize,
-        targets: [Target; N],
-        x: &B::Tensor,
-        ws: [(&B::Matrix, Option<&B::Tensor>); N],
-    ) -> Result<[B::Tensor; N]> {
-        let deltas = self.deltas(layer, targets);
-        let out = if deltas.iter().all(Vec::is_empty) {
-            be.linear_many(x, &ws)?
-        } else if !super::EXPERIMENT_OVERLAP.load(std::sync::atomic::Ordering::Relaxed) {
-            let ys = be.linear_many(x, &ws)?;
-            let refs: Vec<&[LowRankDelta<'_, B>]> = deltas.iter().map(Vec::as_slice).collect();
-            be.low_rank_add(x, ys, &refs)?
-        } else {
-            let refs: Vec<&[LowRankDelta<'_, B>]> = deltas.iter().map(Vec::as_slice).collect();
-            be.linear_many_low_rank(x, &ws, &refs)?
-        };
-        out.try_into().map_err(|_| EngineError::Backend {
-            backend: be.name(),
-            message: "linear_many returned another number of outputs".into(),
-        })
-    }
-
     /// [`LoraBatch::apply`] for several projections of one input (q/k/v, gate/up), in one
     /// backend call.
     pub fn apply_many<const N: usize>(

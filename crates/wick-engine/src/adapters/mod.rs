@@ -15,9 +15,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-#[doc(hidden)]
-pub static EXPERIMENT_OVERLAP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
 pub use self::delta::{AnyLora, LoraBatch, LoraOf, LoraPair, LoraWeights};
 pub use self::load::{load_host, AdapterFormat, HostAdapter, HostDelta};
 

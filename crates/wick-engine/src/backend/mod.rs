@@ -499,21 +499,6 @@ pub trait Backend: Send + Sync + 'static {
         low_rank_add_by_products(self, x, ys, deltas)
     }
 
-    /// [`Backend::linear_many`] of `x`, then each product's low-rank deltas `deltas[i]`
-    /// added as [`Backend::low_rank_add`] adds them (backends may run both in one pass).
-    fn linear_many_low_rank(
-        &self,
-        x: &Self::Tensor,
-        ws: &[(&Self::Matrix, Option<&Self::Tensor>)],
-        deltas: &[&[LowRankDelta<'_, Self>]],
-    ) -> Result<Vec<Self::Tensor>>
-    where
-        Self: Sized,
-    {
-        let ys = self.linear_many(x, ws)?;
-        self.low_rank_add(x, ys, deltas)
-    }
-
     /// `y` with row `i` of `d` added to row `rows[i]` of it (an adapter's delta over the
     /// rows that use it). Backends without it refuse adapters on batches that mix them.
     fn add_rows(&self, y: &Self::Tensor, rows: &[usize], d: &Self::Tensor) -> Result<Self::Tensor> {
@@ -533,7 +518,7 @@ pub fn low_rank_add_by_products<B: Backend>(
     ys: Vec<B::Tensor>,
     deltas: &[&[LowRankDelta<'_, B>]],
 ) -> Result<Vec<B::Tensor>> {
-        ys.into_iter()
+    ys.into_iter()
         .zip(deltas)
         .map(|(mut y, ds)| {
             for d in ds.iter() {

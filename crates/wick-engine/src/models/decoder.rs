@@ -927,17 +927,14 @@ impl<B: Backend> Decoder<B> {
                     k_bias,
                     v_bias,
                 } => {
-                    let ws = [
-                        (q, q_bias.as_ref()),
-                        (k, k_bias.as_ref()),
-                        (v, v_bias.as_ref()),
-                    ];
-                    let [q, k, v] = if lora.is_empty() {
-                        three(be.linear_many(&h, &ws)?)?
-                    } else {
-                        // The adapters' deltas are added here, with the base products.
-                        lora.linear_many(be, li, [Target::Q, Target::K, Target::V], &h, ws)?
-                    };
+                    let [q, k, v] = three(be.linear_many(
+                        &h,
+                        &[
+                            (q, q_bias.as_ref()),
+                            (k, k_bias.as_ref()),
+                            (v, v_bias.as_ref()),
+                        ],
+                    )?)?;
                     (q, k, v)
                 }
                 QkvProjection::Fused { qkv, bias, widths } => {
@@ -954,8 +951,7 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
-            let fused_qkv = matches!(layer.qkv, QkvProjection::Fused { .. });
-            let [mut q, mut k, v] = if lora.is_empty() || !fused_qkv {
+            let [mut q, mut k, v] = if lora.is_empty() {
                 [q, k, v]
             } else {
                 lora.apply_many(be, li, [Target::Q, Target::K, Target::V], &h, [q, k, v])?
@@ -983,13 +979,8 @@ impl<B: Backend> Decoder<B> {
                 })
                 .collect();
             let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
-            let mut o = if lora.is_empty() {
-                be.linear(&attn, &layer.o, layer.o_bias.as_ref())?
-            } else {
-                let ws = [(&layer.o, layer.o_bias.as_ref())];
-                let [o] = lora.linear_many(be, li, [Target::O], &attn, ws)?;
-                o
-            };
+            let mut o = be.linear(&attn, &layer.o, layer.o_bias.as_ref())?;
+            o = lora.apply(be, li, Target::O, &attn, o)?;
             if let Some(w) = &layer.post_attn_norm {
                 o = self.norm(&o, w)?;
             }
@@ -1000,12 +991,9 @@ impl<B: Backend> Decoder<B> {
             x = sum;
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
-                    let ws = [(gate, None), (up, None)];
-                    let [gate, up] = if lora.is_empty() {
-                        two(be.linear_many(&hf, &ws)?)?
-                    } else {
-                        lora.linear_many(be, li, [Target::Gate, Target::Up], &hf, ws)?
-                    };
+                    let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
+                    let [gate, up] =
+                        lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, [gate, up])?;
                     be.glu(&gate, &up, cfg.activation)?
                 }
                 GateUpProjection::Plain { up, bias } => {
@@ -1036,13 +1024,8 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
-            let mut m = if lora.is_empty() {
-                be.linear(&act, &layer.down, layer.down_bias.as_ref())?
-            } else {
-                let ws = [(&layer.down, layer.down_bias.as_ref())];
-                let [m] = lora.linear_many(be, li, [Target::Down], &act, ws)?;
-                m
-            };
+            let mut m = be.linear(&act, &layer.down, layer.down_bias.as_ref())?;
+            m = lora.apply(be, li, Target::Down, &act, m)?;
             if let Some(w) = &layer.post_ffw_norm {
                 m = self.norm(&m, w)?;
             }

@@ -25,8 +25,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use wick_gguf::GgmlType;
 use wick_kernels::elementwise::{self, GluActivation};
 use wick_kernels::{
-    Isa, LowRankOn, LowRankOutput, LowRankUpdate, PackedMatrix, Product, QuantizedActivations,
-    ThreadPool, WeightFormat,
+    Isa, LowRankOutput, LowRankUpdate, PackedMatrix, Product, QuantizedActivations, ThreadPool,
+    WeightFormat,
 };
 
 pub use block_pool::KvDtype;
@@ -78,8 +78,7 @@ thread_local! {
     /// Quantized activations of the last product on this thread, reused so a decode
     /// step allocates no kernel scratch.
     static ACTIVATIONS: RefCell<QuantizedActivations> = RefCell::new(QuantizedActivations::new());
-    /// Adapter deltas of the last fused product on this thread, reused likewise.
-    static DELTAS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+
 }
 
 /// `m` as the fused low-rank kernels take it: packed f32.
@@ -709,11 +708,7 @@ impl Backend for CandleBackend {
             for d in ds.iter() {
                 match (f32_packed(d.a), f32_packed(d.b)) {
                     (Some(a), Some(b)) if a.rows() <= wick_kernels::MAX_LOW_RANK => {
-                        these.push(LowRankUpdate {
-                            a,
-                            b,
-                            rows: d.rows,
-                        })
+                        these.push(LowRankUpdate { a, b, rows: d.rows })
                     }
                     _ => return super::low_rank_add_by_products(self, x, ys, deltas),
                 }
@@ -732,91 +727,6 @@ impl Backend for CandleBackend {
             wick_kernels::low_rank_add(self.pool, self.isa, x.data(), x.rows(), &mut outputs)?;
         }
         Ok(ys)
-    }
-
-    fn linear_many_low_rank(
-        &self,
-        x: &HostTensor,
-        ws: &[(&CandleMatrix, Option<&HostTensor>)],
-        deltas: &[&[LowRankDelta<'_, Self>]],
-    ) -> Result<Vec<HostTensor>> {
-        let _t = profile::op("linear_low_rank", x.rows());
-        let mut packed: Vec<&PackedMatrix> = Vec::with_capacity(ws.len());
-        let mut updates: Vec<LowRankOn<'_>> = Vec::new();
-        for (w, _) in ws {
-            match w {
-                CandleMatrix::Packed(p) => packed.push(p),
-                CandleMatrix::Quantized { .. } => break,
-            }
-        }
-        'fused: {
-            if packed.len() != ws.len()
-                || ws.len() > wick_kernels::MAX_PRODUCTS
-                || deltas.len() != ws.len()
-            {
-                break 'fused;
-            }
-            for (product, ds) in deltas.iter().enumerate() {
-                for d in ds.iter() {
-                    match (f32_packed(d.a), f32_packed(d.b)) {
-                        (Some(a), Some(b)) if a.rows() <= wick_kernels::MAX_LOW_RANK => {
-                            updates.push(LowRankOn {
-                                product,
-                                update: LowRankUpdate {
-                                    a,
-                                    b,
-                                    rows: d.rows,
-                                },
-                            })
-                        }
-                        _ => break 'fused,
-                    }
-                }
-            }
-            let n = x.rows();
-            if let Some(w) = packed.iter().find(|w| w.cols() != x.cols()) {
-                return Err(Self::err(format!(
-                    "input of width {} for a matrix of {} columns",
-                    x.cols(),
-                    w.cols()
-                )));
-            }
-            let mut bufs: Vec<Vec<f32>> =
-                packed.iter().map(|w| tensor::buffer(n * w.rows())).collect();
-            {
-                let mut products: Vec<Product<'_>> = bufs
-                    .iter_mut()
-                    .zip(&packed)
-                    .zip(ws)
-                    .map(|((out, &weight), (_, bias))| Product {
-                        weight,
-                        out,
-                        bias: bias.map(|b| b.data()),
-                    })
-                    .collect();
-                ACTIVATIONS.with(|act| {
-                    DELTAS.with(|scratch| {
-                        wick_kernels::matmul_low_rank(
-                            self.pool,
-                            self.isa,
-                            x.data(),
-                            n,
-                            &mut products,
-                            &mut act.borrow_mut(),
-                            &updates,
-                            &mut scratch.borrow_mut(),
-                        )
-                    })
-                })?;
-            }
-            return bufs
-                .into_iter()
-                .zip(&packed)
-                .map(|(b, w)| HostTensor::from_vec(b, n, w.rows()))
-                .collect();
-        }
-        let ys = self.linear_many(x, ws)?;
-        self.low_rank_add(x, ys, deltas)
     }
 
     fn add_rows(&self, y: &HostTensor, rows: &[usize], d: &HostTensor) -> Result<HostTensor> {
