@@ -8,8 +8,8 @@
 //! ```
 //!
 //! `--random N` writes N random PEFT adapters (f32, every projection of every layer, rank
-//! `--rank`, `lora_alpha = 2·rank`) shaped for MODEL into a temporary folder and benches
-//! those too: speed does not depend on the values.
+//! `--rank`, `lora_alpha = 2·rank`) shaped for MODEL into a temporary folder (or, kept, into
+//! `--random-dir DIR`) and benches those too: speed does not depend on the values.
 //!
 //! Each round decodes `--steps` tokens for every stream (after a 16-token prompt) twice,
 //! base first then adapters, and prints both rates; the mount time is the median over
@@ -121,8 +121,13 @@ fn main() {
     let mut dirs = Vec::new();
     let (mut streams, mut steps, mut rounds) = (8usize, 48usize, 3usize);
     let (mut random, mut rank) = (0usize, 16usize);
+    let mut random_dir: Option<PathBuf> = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
+        if a == "--random-dir" {
+            random_dir = it.next().map(PathBuf::from);
+            continue;
+        }
         let mut num = || -> usize {
             it.next()
                 .and_then(|v| v.parse().ok())
@@ -147,7 +152,10 @@ fn main() {
     let model = Model::load(&model_path, &LoadOptions::default()).expect("model");
     let scratch = tempfile::tempdir().expect("temporary folder");
     for i in 0..random {
-        let dir = scratch.path().join(format!("random{}", i + 1));
+        let dir = random_dir
+            .as_deref()
+            .unwrap_or(scratch.path())
+            .join(format!("random{}", i + 1));
         write_random_peft(&model, &dir, rank, i as u64 + 1).expect("write a random adapter");
         dirs.push(dir);
     }

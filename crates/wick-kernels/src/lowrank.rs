@@ -55,7 +55,7 @@ pub fn low_rank_add(
     n: usize,
     outputs: &mut [LowRankOutput<'_>],
 ) -> Result<()> {
-    let cols = if n == 0 { 0 } else { x.len() / n };
+    let cols = x.len().checked_div(n).unwrap_or(0);
     if x.len() != n * cols {
         return Err(shape("input", n * cols, x.len()));
     }
@@ -465,16 +465,8 @@ mod tests {
     }
 
     /// `y + (x·Aᵀ)·Bᵀ` the long way: two [`matmul`] calls on the gathered rows, then adds.
-    fn reference(
-        x: &[f32],
-        cols: usize,
-        y: &mut [f32],
-        out: usize,
-        a: &PackedMatrix,
-        b: &PackedMatrix,
-        rows: &[usize],
-        isa: Isa,
-    ) {
+    fn reference(x: &[f32], cols: usize, y: &mut [f32], u: LowRankUpdate<'_>, isa: Isa) {
+        let (a, b, rows, out) = (u.a, u.b, u.rows, u.b.rows());
         let pool = ThreadPool::new(1);
         let mut act = QuantizedActivations::new();
         let xs: Vec<f32> = rows
@@ -524,8 +516,28 @@ mod tests {
         let pool = ThreadPool::new(2);
         for isa in Isa::available() {
             let mut want = y0.clone();
-            reference(&x, cols, &mut want, out, &a1, &b1, &rows1, isa);
-            reference(&x, cols, &mut want, out, &a2, &b2, &rows2, isa);
+            reference(
+                &x,
+                cols,
+                &mut want,
+                LowRankUpdate {
+                    a: &a1,
+                    b: &b1,
+                    rows: &rows1,
+                },
+                isa,
+            );
+            reference(
+                &x,
+                cols,
+                &mut want,
+                LowRankUpdate {
+                    a: &a2,
+                    b: &b2,
+                    rows: &rows2,
+                },
+                isa,
+            );
             let mut got = y0.clone();
             let ups = [
                 LowRankUpdate {
@@ -565,7 +577,17 @@ mod tests {
             .unwrap();
             assert_eq!(got, want, "{isa:?}");
             let mut want2 = y0.clone();
-            reference(&x, cols, &mut want2, out, &a1, &b1, &disjoint_rows, isa);
+            reference(
+                &x,
+                cols,
+                &mut want2,
+                LowRankUpdate {
+                    a: &a1,
+                    b: &b1,
+                    rows: &disjoint_rows,
+                },
+                isa,
+            );
             assert_eq!(second, want2, "{isa:?}");
         }
     }
