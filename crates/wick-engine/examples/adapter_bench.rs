@@ -4,18 +4,68 @@
 //!
 //! ```text
 //! cargo run --release -p wick-engine --example adapter_bench -- \
-//!     MODEL.gguf ADAPTER_DIR [ADAPTER_DIR ...] [--streams 8] [--steps 48] [--rounds 3]
+//!     MODEL.gguf [ADAPTER_DIR ...] [--random N] [--rank 16] [--streams 8] [--steps 48] [--rounds 3]
 //! ```
+//!
+//! `--random N` writes N random PEFT adapters (f32, every projection of every layer, rank
+//! `--rank`, `lora_alpha = 2·rank`) shaped for MODEL into a temporary folder (or, kept, into
+//! `--random-dir DIR`) and benches those too: speed does not depend on the values.
 //!
 //! Each round decodes `--steps` tokens for every stream (after a 16-token prompt) twice,
 //! base first then adapters, and prints both rates; the mount time is the median over
 //! mounting every adapter `--rounds` times.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use wick_engine::adapters::AdapterStack;
+use wick_engine::adapters::{AdapterStack, Target};
 use wick_engine::{LoadOptions, LogitsRequest, Model, Step};
+
+/// Writes a random PEFT adapter of `rank` for `model` (every projection of every layer,
+/// f32) into `dir`.
+fn write_random_peft(model: &Model, dir: &Path, rank: usize, seed: u64) -> std::io::Result<()> {
+    let cfg = model.config();
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        // xorshift64*: values in [-0.02, 0.02).
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let u = (state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
+        (u - 0.5) * 0.04
+    };
+    let mut header = serde_json::Map::new();
+    let mut data: Vec<u8> = Vec::new();
+    for layer in 0..cfg.num_layers {
+        for t in Target::ALL {
+            let (out, inp) = t.base_shape(cfg);
+            let stem = format!("base_model.model.model.layers.{layer}.{}", t.hf_module());
+            for (factor, shape) in [("A", [rank, inp]), ("B", [out, rank])] {
+                let at = data.len();
+                for _ in 0..shape[0] * shape[1] {
+                    data.extend_from_slice(&next().to_le_bytes());
+                }
+                header.insert(
+                    format!("{stem}.lora_{factor}.weight"),
+                    serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, data.len()]}),
+                );
+            }
+        }
+    }
+    let h = serde_json::Value::Object(header).to_string();
+    std::fs::create_dir_all(dir)?;
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(h.as_bytes());
+    bytes.extend_from_slice(&data);
+    std::fs::write(dir.join("adapter_model.safetensors"), bytes)?;
+    let config = serde_json::json!({
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": Target::ALL.map(|t| t.hf_module().rsplit('.').next().unwrap_or("")),
+    });
+    std::fs::write(dir.join("adapter_config.json"), config.to_string())
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -70,8 +120,14 @@ fn main() {
     let mut model_path = None;
     let mut dirs = Vec::new();
     let (mut streams, mut steps, mut rounds) = (8usize, 48usize, 3usize);
+    let (mut random, mut rank) = (0usize, 16usize);
+    let mut random_dir: Option<PathBuf> = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
+        if a == "--random-dir" {
+            random_dir = it.next().map(PathBuf::from);
+            continue;
+        }
         let mut num = || -> usize {
             it.next()
                 .and_then(|v| v.parse().ok())
@@ -81,17 +137,28 @@ fn main() {
             "--streams" => streams = num(),
             "--steps" => steps = num(),
             "--rounds" => rounds = num(),
+            "--random" => random = num(),
+            "--rank" => rank = num(),
             _ if model_path.is_none() => model_path = Some(PathBuf::from(a)),
             _ => dirs.push(PathBuf::from(a)),
         }
     }
-    let (Some(model_path), false) = (model_path, dirs.is_empty()) else {
+    let (Some(model_path), false) = (model_path, dirs.is_empty() && random == 0) else {
         eprintln!(
-            "usage: adapter_bench MODEL ADAPTER_DIR... [--streams N] [--steps N] [--rounds N]"
+            "usage: adapter_bench MODEL [ADAPTER_DIR...] [--random N] [--rank R] [--streams N] [--steps N] [--rounds N]"
         );
         std::process::exit(2);
     };
     let model = Model::load(&model_path, &LoadOptions::default()).expect("model");
+    let scratch = tempfile::tempdir().expect("temporary folder");
+    for i in 0..random {
+        let dir = random_dir
+            .as_deref()
+            .unwrap_or(scratch.path())
+            .join(format!("random{}", i + 1));
+        write_random_peft(&model, &dir, rank, i as u64 + 1).expect("write a random adapter");
+        dirs.push(dir);
+    }
     let mut mounts = Vec::new();
     let mut adapters = Vec::new();
     for r in 0..rounds.max(1) {
@@ -115,6 +182,21 @@ fn main() {
         "mount: median {:.1} ms over {} mounts",
         median(mounts.clone()),
         mounts.len()
+    );
+    // The part of a mount spent reading and checking the files (the rest is the upload).
+    let (mut reads, mut digests) = (Vec::new(), Vec::new());
+    for d in &dirs {
+        let t = Instant::now();
+        let host = wick_engine::adapters::load_host(d, model.config(), None).expect("adapter");
+        reads.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        std::hint::black_box(host.digest());
+        digests.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    println!(
+        "  of which reading and checking: median {:.1} ms, digest: median {:.1} ms",
+        median(reads),
+        median(digests)
     );
     let base: Vec<AdapterStack> = (0..streams).map(|_| AdapterStack::none()).collect();
     let spread: Vec<AdapterStack> = (0..streams)

@@ -53,6 +53,12 @@ pub enum KernelError {
         /// Columns of a later one.
         other: usize,
     },
+    /// An operand the call does not handle.
+    #[error("not supported: {what}")]
+    Unsupported {
+        /// What was asked for.
+        what: &'static str,
+    },
 }
 
 /// Result of kernel calls.

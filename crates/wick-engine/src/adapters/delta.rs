@@ -13,7 +13,7 @@ use super::{HostAdapter, Target};
 use crate::backend::candle::CandleBackend;
 #[cfg(feature = "mlx")]
 use crate::backend::mlx::MlxBackend;
-use crate::backend::{Backend, HostWeight};
+use crate::backend::{Backend, HostWeight, LowRankDelta};
 use crate::{EngineError, Result};
 
 /// One projection's delta on a backend: `A` `[rank, in]` and `scale · B` `[out, rank]`.
@@ -171,23 +171,53 @@ impl<'a, B: Backend> LoraBatch<'a, B> {
         layer: usize,
         target: Target,
         x: &B::Tensor,
-        mut y: B::Tensor,
+        y: B::Tensor,
     ) -> Result<B::Tensor> {
-        for g in &self.groups {
-            let Some(p) = g.weights.pair(layer, target) else {
-                continue;
-            };
-            if g.all {
-                let t = be.linear(x, &p.a, None)?;
-                let d = be.linear(&t, &p.b, None)?;
-                y = be.add(&y, &d)?;
-            } else {
-                let xs = be.select_rows(x, &g.rows)?;
-                let t = be.linear(&xs, &p.a, None)?;
-                let d = be.linear(&t, &p.b, None)?;
-                y = be.add_rows(&y, &g.rows, &d)?;
-            }
-        }
+        let [y] = self.apply_many(be, layer, [target], x, [y])?;
         Ok(y)
+    }
+
+    /// The deltas of `targets` of `layer`, per target.
+    fn deltas<const N: usize>(
+        &self,
+        layer: usize,
+        targets: [Target; N],
+    ) -> [Vec<LowRankDelta<'_, B>>; N] {
+        targets.map(|t| {
+            self.groups
+                .iter()
+                .filter_map(|g| {
+                    let p = g.weights.pair(layer, t)?;
+                    Some(LowRankDelta {
+                        a: &p.a,
+                        b: &p.b,
+                        rows: &g.rows,
+                        all: g.all,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// [`LoraBatch::apply`] for several projections of one input (q/k/v, gate/up), in one
+    /// backend call.
+    pub fn apply_many<const N: usize>(
+        &self,
+        be: &B,
+        layer: usize,
+        targets: [Target; N],
+        x: &B::Tensor,
+        ys: [B::Tensor; N],
+    ) -> Result<[B::Tensor; N]> {
+        let deltas = self.deltas(layer, targets);
+        if deltas.iter().all(Vec::is_empty) {
+            return Ok(ys);
+        }
+        let refs: Vec<&[LowRankDelta<'_, B>]> = deltas.iter().map(Vec::as_slice).collect();
+        let out = be.low_rank_add(x, ys.into(), &refs)?;
+        out.try_into().map_err(|_| EngineError::Backend {
+            backend: be.name(),
+            message: "low_rank_add returned another number of outputs".into(),
+        })
     }
 }

@@ -90,21 +90,23 @@ impl HostAdapter {
             .sum()
     }
 
-    /// A digest of the deltas' values (FNV-1a over the f32 bits).
+    /// A digest of the deltas' values (XXH3 over each delta's layer, target and f32 bits).
     pub fn digest(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |v: u64| {
-            h ^= v;
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        };
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
         for d in &self.deltas {
-            eat(d.layer as u64);
-            eat(d.target.index() as u64);
-            for v in d.a.iter().chain(&d.b) {
-                eat(u64::from(v.to_bits()));
+            h.update(&(d.layer as u64).to_le_bytes());
+            h.update(&(d.target.index() as u64).to_le_bytes());
+            for v in [&d.a, &d.b] {
+                if cfg!(target_endian = "little") {
+                    h.update(bytemuck::cast_slice(v));
+                } else {
+                    for x in v.iter() {
+                        h.update(&x.to_le_bytes());
+                    }
+                }
             }
         }
-        h
+        h.digest()
     }
 }
 

@@ -268,6 +268,18 @@ pub trait KvLayer: Clone + Send + Sync {
     }
 }
 
+/// One adapter's low-rank delta over some rows of a batch (see [`Backend::low_rank_add`]).
+pub struct LowRankDelta<'a, B: Backend> {
+    /// `[rank, in]`.
+    pub a: &'a B::Matrix,
+    /// `scale · B`, `[out, rank]`.
+    pub b: &'a B::Matrix,
+    /// The rows that use it, ascending.
+    pub rows: &'a [usize],
+    /// Whether `rows` is every row of the batch, in order.
+    pub all: bool,
+}
+
 /// The op surface. Tensors are 2-D row-major `[rows, cols]` activations unless a method
 /// says otherwise; a batch of several sequences is flattened into rows.
 pub trait Backend: Send + Sync + 'static {
@@ -471,6 +483,22 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// Each `ys[i]` plus the low-rank deltas of `deltas[i]`, in order, all computed from
+    /// `x`: `y[r] = y[r] + (x[r] · Aᵀ) · Bᵀ` at the rows `r` of each delta (the adapters of
+    /// several projections sharing one input). The default runs two [`Backend::linear`]
+    /// products per delta and adds the result at its rows.
+    fn low_rank_add(
+        &self,
+        x: &Self::Tensor,
+        ys: Vec<Self::Tensor>,
+        deltas: &[&[LowRankDelta<'_, Self>]],
+    ) -> Result<Vec<Self::Tensor>>
+    where
+        Self: Sized,
+    {
+        low_rank_add_by_products(self, x, ys, deltas)
+    }
+
     /// `y` with row `i` of `d` added to row `rows[i]` of it (an adapter's delta over the
     /// rows that use it). Backends without it refuse adapters on batches that mix them.
     fn add_rows(&self, y: &Self::Tensor, rows: &[usize], d: &Self::Tensor) -> Result<Self::Tensor> {
@@ -480,4 +508,32 @@ pub trait Backend: Send + Sync + 'static {
             message: "this backend cannot add a delta to some rows of a batch".into(),
         })
     }
+}
+
+/// [`Backend::low_rank_add`] by two [`Backend::linear`] products per delta and an add at
+/// its rows (the default, and any backend's way for operands its own path does not take).
+pub fn low_rank_add_by_products<B: Backend>(
+    be: &B,
+    x: &B::Tensor,
+    ys: Vec<B::Tensor>,
+    deltas: &[&[LowRankDelta<'_, B>]],
+) -> Result<Vec<B::Tensor>> {
+    ys.into_iter()
+        .zip(deltas)
+        .map(|(mut y, ds)| {
+            for d in ds.iter() {
+                if d.all {
+                    let t = be.linear(x, d.a, None)?;
+                    let delta = be.linear(&t, d.b, None)?;
+                    y = be.add(&y, &delta)?;
+                } else {
+                    let xs = be.select_rows(x, d.rows)?;
+                    let t = be.linear(&xs, d.a, None)?;
+                    let delta = be.linear(&t, d.b, None)?;
+                    y = be.add_rows(&y, d.rows, &delta)?;
+                }
+            }
+            Ok(y)
+        })
+        .collect()
 }

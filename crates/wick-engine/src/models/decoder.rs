@@ -951,14 +951,10 @@ impl<B: Backend> Decoder<B> {
                     }
                 }
             };
-            let (mut q, mut k, v) = if lora.is_empty() {
-                (q, k, v)
+            let [mut q, mut k, v] = if lora.is_empty() {
+                [q, k, v]
             } else {
-                (
-                    lora.apply(be, li, Target::Q, &h, q)?,
-                    lora.apply(be, li, Target::K, &h, k)?,
-                    lora.apply(be, li, Target::V, &h, v)?,
-                )
+                lora.apply_many(be, li, [Target::Q, Target::K, Target::V], &h, [q, k, v])?
             };
             if let Some(w) = &layer.q_norm {
                 q = be.rms_norm(&q, w, cfg.rms_eps)?;
@@ -996,8 +992,8 @@ impl<B: Backend> Decoder<B> {
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
                     let [gate, up] = two(be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
-                    let gate = lora.apply(be, li, Target::Gate, &hf, gate)?;
-                    let up = lora.apply(be, li, Target::Up, &hf, up)?;
+                    let [gate, up] =
+                        lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, [gate, up])?;
                     be.glu(&gate, &up, cfg.activation)?
                 }
                 GateUpProjection::Plain { up, bias } => {
@@ -1009,8 +1005,13 @@ impl<B: Backend> Decoder<B> {
                     let both = be.linear(&hf, gate_up, None)?;
                     match be.split_columns(&both, &[*width, *width])?.as_slice() {
                         [gate, up] if !lora.is_empty() => {
-                            let gate = lora.apply(be, li, Target::Gate, &hf, gate.clone())?;
-                            let up = lora.apply(be, li, Target::Up, &hf, up.clone())?;
+                            let [gate, up] = lora.apply_many(
+                                be,
+                                li,
+                                [Target::Gate, Target::Up],
+                                &hf,
+                                [gate.clone(), up.clone()],
+                            )?;
                             be.glu(&gate, &up, cfg.activation)?
                         }
                         [gate, up] => be.glu(gate, up, cfg.activation)?,

@@ -27,9 +27,14 @@ pub(super) fn pack(
             }
         }
     };
+    if scheme.is_none() && format == WeightFormat::F32 {
+        return pack_f32(rows, cols, src, dst, layout.stride);
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let total = dst.len();
     let strips: Vec<(usize, &mut [u8])> = dst.chunks_exact_mut(layout.stride).enumerate().collect();
-    if threads == 1 || strips.len() < 64 {
+    // Threads pay off on large matrices only (a LoRA factor packs faster than a spawn).
+    if threads == 1 || strips.len() < 64 || total < PARALLEL_BYTES {
         for (s, strip) in strips {
             pack_strip(s, strip);
         }
@@ -49,6 +54,24 @@ pub(super) fn pack(
             });
         }
     });
+}
+
+/// Bytes of a packed matrix under which it is packed on the calling thread.
+const PARALLEL_BYTES: usize = 1 << 22;
+
+/// [`pack`] of an f32 matrix: each strip is `[cols][16]` values, written in order.
+fn pack_f32(rows: usize, cols: usize, src: &[u8], dst: &mut [u8], stride: usize) {
+    for (s, strip) in dst.chunks_exact_mut(stride).enumerate() {
+        let lanes = rows.saturating_sub(s * STRIP).min(STRIP);
+        let src_rows: Vec<&[u8]> = (0..lanes)
+            .map(|l| &src[(s * STRIP + l) * cols * 4..(s * STRIP + l + 1) * cols * 4])
+            .collect();
+        for (k, group) in strip.chunks_exact_mut(STRIP * 4).take(cols).enumerate() {
+            for (lane, row) in src_rows.iter().enumerate() {
+                group[lane * 4..lane * 4 + 4].copy_from_slice(&row[k * 4..k * 4 + 4]);
+            }
+        }
+    }
 }
 
 fn float_row(format: WeightFormat, cols: usize, src: &[u8], strip: &mut [u8], lane: usize) {

@@ -24,7 +24,10 @@ use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QMatMul, Q
 use candle_core::{DType, Device, Module, Tensor};
 use wick_gguf::GgmlType;
 use wick_kernels::elementwise::{self, GluActivation};
-use wick_kernels::{Isa, PackedMatrix, Product, QuantizedActivations, ThreadPool, WeightFormat};
+use wick_kernels::{
+    Isa, LowRankOutput, LowRankUpdate, PackedMatrix, Product, QuantizedActivations, ThreadPool,
+    WeightFormat,
+};
 
 pub use block_pool::KvDtype;
 pub use kv::CpuKvLayer;
@@ -33,7 +36,7 @@ pub use tensor::HostTensor;
 
 use super::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot,
-    OptionalOp, RopeSpec,
+    LowRankDelta, OptionalOp, RopeSpec,
 };
 use crate::{EngineError, Result};
 
@@ -75,6 +78,15 @@ thread_local! {
     /// Quantized activations of the last product on this thread, reused so a decode
     /// step allocates no kernel scratch.
     static ACTIVATIONS: RefCell<QuantizedActivations> = RefCell::new(QuantizedActivations::new());
+
+}
+
+/// `m` as the fused low-rank kernels take it: packed f32.
+fn f32_packed(m: &CandleMatrix) -> Option<&PackedMatrix> {
+    match m {
+        CandleMatrix::Packed(p) if p.format() == WeightFormat::F32 => Some(p),
+        _ => None,
+    }
 }
 
 /// The kernels' name for a file's element type, when they handle it.
@@ -673,6 +685,48 @@ impl Backend for CandleBackend {
             }
         }
         HostTensor::from_vec(out, q.rows(), q.cols())
+    }
+
+    fn low_rank_add(
+        &self,
+        x: &HostTensor,
+        mut ys: Vec<HostTensor>,
+        deltas: &[&[LowRankDelta<'_, Self>]],
+    ) -> Result<Vec<HostTensor>> {
+        let _t = profile::op("low_rank_add", x.rows());
+        if ys.len() != deltas.len() {
+            return Err(Self::err(format!(
+                "low_rank_add of {} outputs with {} delta lists",
+                ys.len(),
+                deltas.len()
+            )));
+        }
+        // Factors the fused kernel does not take go the long way (two products each).
+        let mut updates: Vec<Vec<LowRankUpdate<'_>>> = Vec::with_capacity(deltas.len());
+        for ds in deltas {
+            let mut these = Vec::with_capacity(ds.len());
+            for d in ds.iter() {
+                match (f32_packed(d.a), f32_packed(d.b)) {
+                    (Some(a), Some(b)) if a.rows() <= wick_kernels::MAX_LOW_RANK => {
+                        these.push(LowRankUpdate { a, b, rows: d.rows })
+                    }
+                    _ => return super::low_rank_add_by_products(self, x, ys, deltas),
+                }
+            }
+            updates.push(these);
+        }
+        {
+            let mut outputs: Vec<LowRankOutput<'_>> = ys
+                .iter_mut()
+                .zip(&updates)
+                .map(|(y, u)| LowRankOutput {
+                    y: y.data_mut(),
+                    updates: u,
+                })
+                .collect();
+            wick_kernels::low_rank_add(self.pool, self.isa, x.data(), x.rows(), &mut outputs)?;
+        }
+        Ok(ys)
     }
 
     fn add_rows(&self, y: &HostTensor, rows: &[usize], d: &HostTensor) -> Result<HostTensor> {

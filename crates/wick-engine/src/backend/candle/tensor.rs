@@ -67,6 +67,14 @@ fn give(v: Vec<f32>) {
 /// Owns a buffer and hands it back to the recycler when dropped.
 struct Buffer(Vec<f32>);
 
+impl Clone for Buffer {
+    fn clone(&self) -> Self {
+        let mut v = buffer(self.0.len());
+        v.copy_from_slice(&self.0);
+        Buffer(v)
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         give(std::mem::take(&mut self.0));
@@ -134,6 +142,11 @@ impl HostTensor {
     pub fn data(&self) -> &[f32] {
         &self.buf.0
     }
+
+    /// The values, writable: the buffer is copied first if another handle shares it.
+    pub(crate) fn data_mut(&mut self) -> &mut [f32] {
+        &mut Arc::make_mut(&mut self.buf).0
+    }
 }
 
 #[cfg(test)]
@@ -157,5 +170,14 @@ mod tests {
         assert_eq!(b.data().len(), 3000);
         assert!(b.data().iter().all(|&v| v == 2.0));
         assert!(HostTensor::from_vec(vec![0.0; 5], 2, 3).is_err());
+    }
+
+    #[test]
+    fn writing_a_shared_tensor_copies_it() {
+        let a = HostTensor::from_vec(vec![1.0; 6], 2, 3).unwrap();
+        let mut b = a.clone();
+        b.data_mut()[0] = 5.0;
+        assert_eq!(a.data()[0], 1.0);
+        assert_eq!(b.data(), &[5.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
     }
 }
