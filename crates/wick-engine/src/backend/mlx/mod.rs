@@ -362,6 +362,35 @@ impl Backend for MlxBackend {
         self.stream.argmax(logits, -1).map_err(mlx_err)
     }
 
+    fn masked_argmax(&self, logits: &Array, masks: &[Option<Vec<u32>>]) -> Result<Array> {
+        if masks.iter().all(Option::is_none) {
+            return self.argmax(logits);
+        }
+        let s = &self.stream;
+        let shape = logits.shape();
+        let (rows, cols) = (shape[0] as usize, Self::cols(logits) as usize);
+        // One byte per logit (MLX's bool): the bit words expanded on the host, which is
+        // cheaper than the ops that would expand them on the device for one step.
+        let mut allowed = vec![1u8; rows * cols];
+        for (row, mask) in allowed.chunks_exact_mut(cols.max(1)).zip(masks) {
+            let Some(mask) = mask else { continue };
+            for (t, a) in row.iter_mut().enumerate() {
+                let bits = mask.get(t / 32).copied().unwrap_or(0);
+                *a = ((bits >> (t % 32)) & 1) as u8;
+            }
+        }
+        let allowed = Array::from_bytes(&allowed, &[rows as i32, cols as i32], Dtype::Bool)
+            .map_err(mlx_err)?;
+        let floor = Array::from_slice(&[f32::NEG_INFINITY], &[1]).map_err(mlx_err)?;
+        let floor = s.astype(&floor, logits.dtype()).map_err(mlx_err)?;
+        let masked = s.where_(&allowed, logits, &floor).map_err(mlx_err)?;
+        s.argmax(&masked, -1).map_err(mlx_err)
+    }
+
+    fn schedule_tensor(&self, x: &Array) -> Result<()> {
+        wick_mlx::async_eval(&[x]).map_err(mlx_err)
+    }
+
     fn embed_ids(&self, table: &MlxMatrix, ids: &Array) -> Result<Array> {
         let s = &self.stream;
         match table {
