@@ -529,7 +529,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
                 let rows = grammars.len();
                 let worker = scope.spawn(move || {
                     grammars
-                        .into_iter()
+                        .into_par_iter()
                         .map(|g| g.map_or(Ok(None), RowConstraint::next_mask))
                         .collect::<Vec<_>>()
                 });

@@ -373,10 +373,8 @@ impl Backend for MlxBackend {
         // cheaper than the ops that would expand them on the device for one step.
         let mut allowed = vec![1u8; rows * cols];
         for (row, mask) in allowed.chunks_exact_mut(cols.max(1)).zip(masks) {
-            let Some(mask) = mask else { continue };
-            for (t, a) in row.iter_mut().enumerate() {
-                let bits = mask.get(t / 32).copied().unwrap_or(0);
-                *a = ((bits >> (t % 32)) & 1) as u8;
+            if let Some(mask) = mask {
+                expand_mask(mask, row);
             }
         }
         let allowed = Array::from_bytes(&allowed, &[rows as i32, cols as i32], Dtype::Bool)
@@ -469,5 +467,21 @@ impl Backend for MlxBackend {
         let pos = Array::from_slice(&pos, &[n as i32]).map_err(mlx_err)?;
         let full = s.take(&padded, &pos, 0).map_err(mlx_err)?;
         s.add(y, &full).map_err(mlx_err)
+    }
+}
+
+/// Writes one byte per token of `row` (1: `mask` allows it), a word at a time: a grammar's
+/// mask is mostly whole words of allowed or refused tokens.
+fn expand_mask(mask: &[u32], row: &mut [u8]) {
+    for (w, out) in row.chunks_mut(32).enumerate() {
+        match mask.get(w).copied().unwrap_or(0) {
+            0 => out.fill(0),
+            u32::MAX => out.fill(1),
+            bits => {
+                for (b, a) in out.iter_mut().enumerate() {
+                    *a = ((bits >> b) & 1) as u8;
+                }
+            }
+        }
     }
 }
