@@ -6,15 +6,19 @@ W=${WICK_GPU_DIR:-/tmp/wick}  # scratch folder on the GPU machine
 # The CUDA libraries PyTorch installed (the `nvidia` package next to torch).
 SP=${TORCH_NVIDIA_DIR:-$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')} || return 1
 if [ ! -f $W/site/.done ]; then
-  [ -f carry/b/cudawhl.part01 ] && cp carry/b/cudawhl.part01 $W/
-  [ -f $W/cudawhl.part00 ] && [ -f $W/cudawhl.part01 ] || { echo "wheel halves missing: run stage1.sh first on this machine"; return 1; }
-  cat $W/cudawhl.part00 $W/cudawhl.part01 > $W/$(cat $W/cudawhl.name)
+  # The runtime came in three parts (prepare.sh): a and b copied to $W by earlier calls.
+  for d in carry/b carry/c; do [ -d $d ] && cp $d/runtime.part* $W/ 2>/dev/null; done
+  ls $W/runtime.part00 $W/runtime.part01 $W/runtime.part02 >/dev/null 2>&1 \
+    || { echo "runtime parts missing: run stage1.sh (carry/a), then copy carry/b, on this machine"; return 1; }
+  mkdir -p $W/site
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $W/site \
-    $W/$(cat $W/cudawhl.name) $W/mlx-0.32.4-*.whl $W/mlx_lm-*.whl || return 1
+    $W/mlx-0.32.4-*.whl $W/mlx_lm-*.whl || return 1
+  # The CUDA runtime's files (libmlx.so, headers for its JIT kernels) over the mlx package.
+  cat $W/runtime.part00 $W/runtime.part01 $W/runtime.part02 | xz -dc | tar -C $W/site -x || return 1
   # libmlx.so looks for the CUDA libraries at $ORIGIN/../../nvidia/...: PyTorch's.
   ln -sfn $SP $W/site/nvidia
   for f in wick mlx_reference; do
-    [ -f carry/b/$f.xz ] && xz -dc carry/b/$f.xz > $W/$f && chmod +x $W/$f
+    [ -f carry/c/$f.xz ] && xz -dc carry/c/$f.xz > $W/$f && chmod +x $W/$f
   done
   touch $W/site/.done
 fi

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Builds everything the H200 run needs, here, and lays it out for two `run` calls
-# (at most 64 MiB travel per call; the mlx-cuda-13 wheel alone is 90 MB):
-#   carry/a: first half of the mlx-cuda-13 wheel, the mlx (cp312) and mlx-lm wheels,
-#            the tokenizer for the random models
-#   carry/b: second half of the wheel, wick (release, --features mlx, x86-64-v3, xz) and
-#            the mlx_reference test binary (xz)
+# Builds everything the H200 run needs, here, and lays it out for three `run` calls (at
+# most 64 MiB travel per call, the checkout's own ~23 MB included; the mlx-cuda-13 wheel
+# alone is 90 MB, 75 MB as tar.xz):
+#   carry/a: first third of the MLX CUDA runtime (the wheel's files as tar.xz), the mlx
+#            (cp312) and mlx-lm wheels, the tokenizer for the random models
+#   carry/b: second third of the runtime
+#   carry/c: last third, wick (release, --features mlx, x86-64-v3, xz) and the
+#            mlx_reference test binary (xz)
 #   carry/gpu: these scripts (carried by every call)
+# Call 1 runs stage1.sh (carry/a), call 2 copies carry/b to the scratch folder
+# (`cp carry/b/* /tmp/wick/`), call 3 and later ones source env.sh (carry/c), which joins
+# and installs the runtime once.
 # Needs: an MLX runtime here to compile against (MLX_DIR, see docs/mlx.md), pip, xz.
 # TOKENIZER_DIR: a Hugging Face tokenizer folder for the random models (default: the
 # Qwen2.5 tokenizer scripts/gpu/make_cpu_reference.sh extracted from the GGUF).
@@ -17,8 +22,8 @@ MLX_LM_VERSION=0.32.2
 TOK=${TOKENIZER_DIR:-${WICK_HOME:-$HOME/.cache/wick}/mlx-reference/tok-qwen}
 WHEELS=${WHEEL_CACHE:-$HOME/.cache/wick/wheels}
 mkdir -p "$WHEELS" carry
-rm -rf carry/a carry/b carry/gpu
-mkdir -p carry/a carry/b
+rm -rf carry/a carry/b carry/c carry/gpu
+mkdir -p carry/a carry/b carry/c
 # The device receives the checkout its session started in, which may not be this
 # branch: the scripts travel as carry/gpu too, and every call runs them from there.
 cp -r scripts/gpu carry/gpu
@@ -28,9 +33,9 @@ cargo build --release --features mlx -p wick --target-dir target/gpu
 cargo test --release --features mlx -p wick-engine --test mlx_reference --no-run \
   --target-dir target/gpu 2>&1 | tee target/gpu/testbuild.log
 TEST_BIN=$(grep -o 'target/gpu/release/deps/mlx_reference-[0-9a-f]*' target/gpu/testbuild.log | tail -1)
-strip -o carry/b/wick target/gpu/release/wick
-strip -o carry/b/mlx_reference "$TEST_BIN"
-xz -T0 -6 carry/b/wick carry/b/mlx_reference
+strip -o carry/c/wick target/gpu/release/wick
+strip -o carry/c/mlx_reference "$TEST_BIN"
+xz -T0 -6 carry/c/wick carry/c/mlx_reference
 
 if ! ls "$WHEELS"/mlx_cuda_13-$MLX_VERSION-*.whl "$WHEELS"/mlx-$MLX_VERSION-cp312-*.whl \
   "$WHEELS"/mlx_lm-$MLX_LM_VERSION-*.whl >/dev/null 2>&1; then
@@ -40,10 +45,17 @@ if ! ls "$WHEELS"/mlx_cuda_13-$MLX_VERSION-*.whl "$WHEELS"/mlx-$MLX_VERSION-cp31
   python3 -m pip download -q --no-deps -d "$WHEELS" "mlx-lm==$MLX_LM_VERSION"
 fi
 CUDA_WHL=$(ls "$WHEELS"/mlx_cuda_13-$MLX_VERSION-*.whl)
-split -b 45M -d "$CUDA_WHL" carry/a/cudawhl.part
-mv carry/a/cudawhl.part01 carry/b/
-basename "$CUDA_WHL" > carry/a/cudawhl.name
+RUNTIME="$WHEELS/mlx_cuda_13-$MLX_VERSION.tar.xz"
+if [ ! -f "$RUNTIME" ]; then
+  x=$(mktemp -d)
+  (cd "$x" && unzip -q "$CUDA_WHL" && tar -cf - . | xz -T0 -6 > "$RUNTIME.tmp")
+  rm -rf "$x"
+  mv "$RUNTIME.tmp" "$RUNTIME"
+fi
+split -n 3 -d "$RUNTIME" carry/a/runtime.part
+mv carry/a/runtime.part01 carry/b/
+mv carry/a/runtime.part02 carry/c/
 cp "$WHEELS"/mlx-$MLX_VERSION-cp312-*.whl "$WHEELS"/mlx_lm-$MLX_LM_VERSION-*.whl carry/a/
 tar -C "$(dirname "$TOK")" -cJf carry/a/tokenizer.tar.xz "$(basename "$TOK")"
-du -sh carry/a carry/b carry/gpu
-ls -la carry/a carry/b
+du -sh carry/a carry/b carry/c carry/gpu
+ls -la carry/a carry/b carry/c

@@ -459,6 +459,23 @@ impl RowConstraint {
         Ok(picked)
     }
 
+    /// The tokens the grammar allows next, as bit words (token `i` is bit `i % 32` of word
+    /// `i / 32`), or `None` while the grammar does not apply (an open reasoning block, a
+    /// lazy grammar's free text). What a backend that masks on the device needs; the
+    /// token it picks is then recorded with [`Self::commit`] as any other.
+    pub fn next_mask(&mut self) -> Result<Option<Vec<u32>>, ConstraintError> {
+        if !self.is_active() {
+            return Ok(None);
+        }
+        let mask = self.matcher.compute_mask().map_err(failed)?;
+        if mask.is_zero() {
+            return Err(ConstraintError::Failed(
+                "the grammar allows no token here".into(),
+            ));
+        }
+        Ok(Some(mask.as_slice().to_vec()))
+    }
+
     /// Whether the grammar accepts `id` next (it is not consumed).
     pub fn allows(&mut self, id: u32) -> Result<bool, ConstraintError> {
         if id as usize >= self.env.tok_trie().vocab_size() {
@@ -526,18 +543,7 @@ fn failed(e: impl std::fmt::Display) -> ConstraintError {
 /// Sets every logit the mask does not allow to `-inf` (ids past the mask too: a padded
 /// output row has more ids than the vocabulary).
 fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) {
-    let words = mask.as_slice();
-    for (w, chunk) in logits.chunks_mut(32).enumerate() {
-        let bits = words.get(w).copied().unwrap_or(0);
-        if bits == u32::MAX && chunk.len() == 32 {
-            continue;
-        }
-        for (b, logit) in chunk.iter_mut().enumerate() {
-            if bits & (1 << b) == 0 {
-                *logit = f32::NEG_INFINITY;
-            }
-        }
-    }
+    crate::backend::apply_token_mask(mask.as_slice(), logits);
 }
 
 /// Where [`Model::grammars`] keeps its value.

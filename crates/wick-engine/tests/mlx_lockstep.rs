@@ -307,3 +307,80 @@ fn continuous_batch_steps_equal_each_sequence_alone() {
         assert_eq!(batched[i], sampled(&mlx, p, n), "prompt {i}");
     }
 }
+
+/// Structured output on MLX: greedy rows under a grammar (a regex, a JSON schema, a lazy
+/// grammar that starts mid-reply) picked in one batch by the backend's argmax under their
+/// masks give the tokens the host sampler gives each alone.
+#[test]
+fn masked_argmax_on_the_backend_equals_host_sampling() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use wick_engine::constraint::ConstraintSpec;
+    use wick_engine::sampler::SamplingParams;
+    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+
+    let m = Arc::new(load(BackendKind::Mlx));
+    let grammars = m.grammars().unwrap();
+    let digits = grammars
+        .compile(&ConstraintSpec::Regex("[0-9]{3}-[0-9]{4}".into()))
+        .unwrap();
+    let person = grammars
+        .compile(&ConstraintSpec::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 10},
+                           "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["name", "age"], "additionalProperties": false
+        })))
+        .unwrap();
+    let constraints = [
+        Some(digits.clone()),
+        Some(person),
+        Some(digits.triggered_by(" ")),
+        None,
+    ];
+    let requests: Vec<GenerationRequest> = constraints
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let text = format!("<|im_start|>user\nA phone number and a person, #{i}.<|im_end|>\n<|im_start|>assistant\n");
+            GenerationRequest::new(m.tokenize(&text).unwrap())
+                .max_tokens(24)
+                .sampling(SamplingParams {
+                    constraint: c,
+                    ..SamplingParams::default()
+                })
+        })
+        .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| m.generate(r, |_| ControlFlow::Continue(())).unwrap().tokens)
+        .collect();
+    let engine = Engine::start(
+        m.clone(),
+        EngineConfig {
+            prompt_cache_bytes: 0,
+            masked_argmax: Some(true),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        let mut ids = Vec::new();
+        while let Some(e) = h.blocking_next() {
+            match e {
+                EngineEvent::Token(t) => ids.push(t.id),
+                EngineEvent::Done(_) => break,
+                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
+            }
+        }
+        assert_eq!(
+            &ids, want,
+            "request {i}: the masked argmax differs from host sampling"
+        );
+    }
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}

@@ -106,17 +106,22 @@ fn a_grammar_unfinished_at_max_tokens_ends_with_length() {
 }
 
 /// Constrained and free rows in one batch, with a pool that forces preemption: every row's
-/// tokens equal its run alone, so the matcher kept step through the recompute.
+/// tokens equal its run alone, so the matcher kept step through the recompute. Greedy
+/// constrained rows are picked both ways: sampled on the host from their logits, and by the
+/// backend's argmax under the grammar's mask (what device backends do).
 #[test]
 fn constrained_rows_survive_batching_and_preemption() {
     let model = default_model();
     let json = constraint(&model, person());
     let digits = constraint(&model, ConstraintSpec::Regex("[0-9]{3}-[0-9]{4}".into()));
-    let requests: Vec<GenerationRequest> = (0..6)
+    // Free text until the first space, then the digits: the mask starts mid-reply.
+    let lazy = digits.clone().triggered_by(" ");
+    let requests: Vec<GenerationRequest> = (0..8)
         .map(|i| {
-            let c = match i % 3 {
+            let c = match i % 4 {
                 0 => Some(json.clone()),
                 1 => Some(digits.clone()),
+                2 => Some(lazy.clone()),
                 _ => None,
             };
             GenerationRequest::new(chat(&model, &format!("Person number {i}, please.")))
@@ -145,36 +150,42 @@ fn constrained_rows_survive_batching_and_preemption() {
         .unwrap();
     let layers = model.config().num_layers;
     let blocks = 2 * layers * longest.div_ceil(16) + layers;
-    let engine = Engine::start(
-        model.clone(),
-        EngineConfig {
-            max_batch: 6,
-            step_token_budget: 64,
-            prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
-    let handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        let mut ids = Vec::new();
-        while let Some(e) = h.blocking_next() {
-            match e {
-                EngineEvent::Token(t) => ids.push(t.id),
-                EngineEvent::Done(_) => break,
-                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
+    for masked_argmax in [false, true] {
+        let engine = Engine::start(
+            model.clone(),
+            EngineConfig {
+                max_batch: 8,
+                step_token_budget: 64,
+                prompt_cache_bytes: 0,
+                kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+                masked_argmax: Some(masked_argmax),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| engine.submit(r.clone()).unwrap())
+            .collect();
+        for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
+            let mut ids = Vec::new();
+            while let Some(e) = h.blocking_next() {
+                match e {
+                    EngineEvent::Token(t) => ids.push(t.id),
+                    EngineEvent::Done(_) => break,
+                    EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
+                }
             }
+            assert_eq!(
+                &ids, want,
+                "request {i} differs from its single run (masked argmax: {masked_argmax})"
+            );
         }
-        assert_eq!(&ids, want, "request {i} differs from its single run");
+        let stats = engine.stats();
+        assert!(
+            stats.preemptions > 0,
+            "the pool was meant to force preemption: {stats:?}"
+        );
+        assert!(engine.shutdown(Duration::from_secs(5)));
     }
-    let stats = engine.stats();
-    assert!(
-        stats.preemptions > 0,
-        "the pool was meant to force preemption: {stats:?}"
-    );
-    assert!(engine.shutdown(Duration::from_secs(5)));
 }

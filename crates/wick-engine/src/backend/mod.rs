@@ -414,6 +414,18 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Row-wise argmax of logits `[n, vocab]` (the first maximum), kept on the backend.
     fn argmax(&self, logits: &Self::Tensor) -> Result<Self::Ids>;
+    /// [`Backend::argmax`] of each row of `logits` `[n, vocab]` with `masks[i]` applied to
+    /// row `i` first: token `t` is allowed when bit `t % 32` of word `t / 32` is set (ids
+    /// past the words are not), the rest count as `-inf`; a `None` mask allows every id.
+    /// What structured output's greedy rows need, without the logits leaving the device.
+    fn masked_argmax(&self, logits: &Self::Tensor, masks: &[Option<Vec<u32>>])
+        -> Result<Self::Ids>;
+    /// Starts computing `x` and all it depends on, without waiting (see
+    /// [`Backend::schedule`]).
+    fn schedule_tensor(&self, x: &Self::Tensor) -> Result<()> {
+        let _ = x;
+        Ok(())
+    }
     /// Embedding rows for ids the backend holds (as [`Backend::embed`]).
     fn embed_ids(&self, table: &Self::Matrix, ids: &Self::Ids) -> Result<Self::Tensor>;
     /// The ids on the host; waits for them.
@@ -536,4 +548,19 @@ pub fn low_rank_add_by_products<B: Backend>(
             Ok(y)
         })
         .collect()
+}
+
+/// Sets every logit `mask` does not allow to `-inf` (see [`Backend::masked_argmax`]).
+pub(crate) fn apply_token_mask(mask: &[u32], logits: &mut [f32]) {
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let bits = mask.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX && chunk.len() == 32 {
+            continue;
+        }
+        for (b, logit) in chunk.iter_mut().enumerate() {
+            if bits & (1 << b) == 0 {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
 }

@@ -358,8 +358,23 @@ impl Sequence {
         self.sampler.params().is_raw_argmax()
     }
 
+    /// Whether this sequence's next token is the argmax of its logits under its
+    /// structured-output grammar's mask, if it has one (see
+    /// [`crate::sampler::SamplingParams::is_masked_argmax`]): a forward pass may then
+    /// return just that, given [`Self::next_mask`].
+    pub fn takes_masked_argmax(&self) -> bool {
+        self.sampler.params().is_masked_argmax()
+    }
+
+    /// The cache and the grammar state, borrowed together: the mask of the next token can
+    /// be computed while the cache is in a forward pass.
+    pub fn cache_and_constraint(&mut self) -> (&mut KvCache, Option<&mut RowConstraint>) {
+        (&mut self.cache, self.constraint.as_mut())
+    }
+
     /// [`Self::advance`] for a pass that returned the argmax `id` instead of logits (only
-    /// when [`Self::takes_raw_argmax`]): the same token the sampler would have picked.
+    /// when [`Self::takes_raw_argmax`], or [`Self::takes_masked_argmax`] with the grammar's
+    /// mask applied): the same token the sampler would have picked.
     pub fn advance_to(
         &mut self,
         step: &SequenceStep,

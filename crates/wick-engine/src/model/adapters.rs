@@ -77,7 +77,9 @@ fn upload_on<B: LoraOf>(
     )?))
 }
 
-fn stacks_of<'a, B: LoraOf>(adapters: &[&'a AdapterStack]) -> Result<Vec<Vec<&'a LoraWeights<B>>>> {
+pub(super) fn stacks_of<'a, B: LoraOf>(
+    adapters: &[&'a AdapterStack],
+) -> Result<Vec<Vec<&'a LoraWeights<B>>>> {
     adapters
         .iter()
         .map(|s| {

@@ -4,11 +4,14 @@
 //! - this file: the facade (what a loaded model offers);
 //! - `dispatch.rs`: the decoder and caches on whichever backend the model runs on;
 //! - `kv_cache.rs`: [`KvCache`], one sequence's cache and its charge to the KV pool;
-//! - `loading.rs`: reading GGUF files and Hugging Face directories.
+//! - `loading.rs`: reading GGUF files and Hugging Face directories;
+//! - `masked.rs`: argmax passes under structured-output token masks;
+//! - `adapters.rs`: loading adapters and forward passes with them.
 mod adapters;
 mod dispatch;
 mod kv_cache;
 mod loading;
+mod masked;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -781,6 +781,38 @@ impl<B: Backend> Decoder<B> {
         self.backend.argmax(&logits)
     }
 
+    /// [`Decoder::forward_argmax_lora`] with a token mask per item: `masks` is called once
+    /// the pass is built and started on the backend (so the host computes the masks while
+    /// the device computes the logits) and returns one mask per item (`None`: unmasked);
+    /// see [`Backend::masked_argmax`].
+    pub fn forward_argmax_masked(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        lora: &[Vec<&LoraWeights<B>>],
+        masks: impl FnOnce() -> Vec<Option<Vec<u32>>>,
+    ) -> Result<B::Ids> {
+        if batch.iter().any(|i| i.logits == LogitsRequest::All) {
+            return Err(EngineError::InvalidInput(
+                "an argmax forward pass returns one token per sequence, not every position".into(),
+            ));
+        }
+        let wants: Vec<bool> = batch
+            .iter()
+            .map(|i| i.logits == LogitsRequest::Last)
+            .collect();
+        let (logits, _) = self.run_batch(batch, false, lora)?;
+        let logits =
+            logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
+        self.backend.schedule_tensor(&logits)?;
+        // Logits rows are the items that ask for a token, in order.
+        let rows: Vec<Option<Vec<u32>>> = masks()
+            .into_iter()
+            .zip(wants)
+            .filter_map(|(m, w)| w.then_some(m))
+            .collect();
+        self.backend.masked_argmax(&logits, &rows)
+    }
+
     /// One decode step of several sequences whose new token each is an id the backend
     /// holds (`ids[i]` for `caches[i]`), typically the previous step's argmax: the step is
     /// built without waiting for those ids. Returns the next ids, scheduled.

@@ -108,13 +108,19 @@ impl SamplingParams {
     /// logit processor and no log-probabilities asked for. The backend may then pick it
     /// without the logits leaving the device.
     pub fn is_raw_argmax(&self) -> bool {
+        self.is_masked_argmax() && self.constraint.is_none()
+    }
+
+    /// Whether the next token is the argmax of the model's logits with only the
+    /// structured-output constraint's mask applied (no other processor, no
+    /// log-probabilities): the backend may then pick it from the masked row on the device.
+    pub fn is_masked_argmax(&self) -> bool {
         self.is_greedy()
             && self.logprobs.is_none()
             && self.logit_bias.is_empty()
             && (self.repetition_penalty == 0.0 || self.repetition_penalty == 1.0)
             && self.presence_penalty == 0.0
             && self.frequency_penalty == 0.0
-            && self.constraint.is_none()
     }
 
     /// Checks every field against its bound; the error names the field, the bound and the

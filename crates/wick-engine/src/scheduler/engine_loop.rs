@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use super::cache::{CacheTracking, Started};
 use super::queue::{Pending, Shared};
 use super::{Completion, EngineEvent};
+use crate::constraint::{ConstraintError, RowConstraint};
 use crate::generation::{Sequence, SequenceStep, TokenEvent};
 use crate::model::{Model, Step};
 use crate::models::decoder::{Logits, LogitsRequest};
@@ -392,6 +393,8 @@ enum StepOutput {
     Logits(Option<Logits>),
     /// The token, picked on the backend (none for a non-final prompt chunk).
     Token(Option<u32>),
+    /// The grammar allowed no token: the sequence fails.
+    Failed(ConstraintError),
 }
 
 /// Hands each planned sequence its share of a forward pass (sampling, detokenizing),
@@ -418,6 +421,7 @@ fn advance_all(
                     a.seq.advance_speculative(plan, logits, took)
                 }
                 Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took).map(Vec::from_iter),
+                Some(StepOutput::Failed(e)) => Err(e.into()),
                 Some(StepOutput::Logits(logits)) => {
                     a.seq.advance(plan, logits, took).map(Vec::from_iter)
                 }
@@ -466,15 +470,27 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         .map(|(a, p)| p.as_ref().map(|p| a.seq.input_tokens(p)))
         .collect();
     // When every sequence that samples this step takes the raw argmax, the backend picks
-    // the tokens and no logits leave it (a prompt being scored needs all its rows).
+    // the tokens and no logits leave it (a prompt being scored needs all its rows). Where
+    // the backend masks (a device backend), greedy rows under a grammar take the argmax of
+    // their masked logits too.
+    let backend_masks = shared
+        .config
+        .masked_argmax
+        .unwrap_or_else(|| model.prefers_backend_masks());
     let argmax_only = running.iter().zip(&plans).all(|(a, p)| match p {
         None => true,
         Some(p) => match p.logits {
             LogitsRequest::None => true,
-            LogitsRequest::Last => a.seq.takes_raw_argmax(),
+            LogitsRequest::Last => {
+                a.seq.takes_raw_argmax() || (backend_masks && a.seq.takes_masked_argmax())
+            }
             LogitsRequest::All => false,
         },
     });
+    let masked = argmax_only
+        && running.iter().zip(&plans).any(|(a, p)| {
+            p.as_ref().is_some_and(|p| p.logits == LogitsRequest::Last) && !a.seq.takes_raw_argmax()
+        });
     // Each planned sequence's adapters, in the steps' order (held by the step, so an
     // adapter unmounted meanwhile stays until its requests end).
     let stacks: Vec<crate::adapters::AdapterStack> = running
@@ -485,40 +501,91 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         .collect();
     let lora = stacks.iter().any(|s| !s.is_empty());
     let started = Instant::now();
+    // Rows whose grammar allowed nothing (their token is not taken), by step.
+    let mut mask_failures: Vec<Option<ConstraintError>> = Vec::new();
     let result = {
+        let mut grammars: Vec<Option<&mut RowConstraint>> = Vec::new();
         let mut steps: Vec<Step<'_>> = running
             .iter_mut()
             .zip(&plans)
             .zip(&inputs)
             .filter_map(|((a, p), t)| {
+                let (tokens, logits) = (t.as_deref()?, p.as_ref()?.logits);
+                let (cache, grammar) = a.seq.cache_and_constraint();
+                grammars.push(grammar.filter(|_| logits == LogitsRequest::Last));
                 Some(Step {
-                    tokens: t.as_deref()?,
-                    cache: a.seq.cache_mut(),
-                    logits: p.as_ref()?.logits,
+                    tokens,
+                    cache,
+                    logits,
                 })
             })
             .collect();
         let adapters: Vec<&crate::adapters::AdapterStack> = stacks.iter().collect();
-        match (argmax_only, lora) {
-            (true, false) => model
-                .forward_argmax(&mut steps)
-                .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
-            (true, true) => model
-                .forward_argmax_adapters(&mut steps, &adapters)
-                .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
-            (false, false) => model
-                .forward(&mut steps)
-                .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
-            (false, true) => model
-                .forward_adapters(&mut steps, &adapters)
-                .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
+        if masked {
+            // The masks are computed on another thread while this one builds and starts
+            // the pass.
+            let failures = &mut mask_failures;
+            std::thread::scope(|scope| {
+                let rows = grammars.len();
+                let worker = scope.spawn(move || {
+                    grammars
+                        .into_par_iter()
+                        .map(|g| g.map_or(Ok(None), RowConstraint::next_mask))
+                        .collect::<Vec<_>>()
+                });
+                model
+                    .forward_argmax_masked(&mut steps, &adapters, move || {
+                        let masks = worker.join().unwrap_or_else(|_| {
+                            (0..rows)
+                                .map(|_| Err(ConstraintError::Failed("token mask failed".into())))
+                                .collect()
+                        });
+                        masks
+                            .into_iter()
+                            .map(|m| match m {
+                                Ok(m) => {
+                                    failures.push(None);
+                                    m
+                                }
+                                Err(e) => {
+                                    failures.push(Some(e));
+                                    None
+                                }
+                            })
+                            .collect()
+                    })
+                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
+            })
+        } else {
+            drop(grammars);
+            match (argmax_only, lora) {
+                (true, false) => model
+                    .forward_argmax(&mut steps)
+                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
+                (true, true) => model
+                    .forward_argmax_adapters(&mut steps, &adapters)
+                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
+                (false, false) => model
+                    .forward(&mut steps)
+                    .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
+                (false, true) => model
+                    .forward_adapters(&mut steps, &adapters)
+                    .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
+            }
         }
     };
     let took = started.elapsed();
     c.forward_nanos
         .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     let outputs = match result {
-        Ok(o) => o,
+        Ok(mut o) => {
+            for (out, failure) in o.iter_mut().zip(mask_failures) {
+                if let Some(e) = failure {
+                    *out = StepOutput::Failed(e);
+                }
+            }
+            o
+        }
         Err(e) => {
             tracing::error!(error = %e, "forward pass failed; failing the batch");
             for a in running.drain(..) {

@@ -90,6 +90,11 @@ pub struct EngineConfig {
     /// Prompt-lookup speculative decoding (`--spec ngram`); `None` decodes one token per
     /// step. See [`crate::speculative`] for the rows that decode plainly regardless.
     pub speculative: Option<crate::speculative::SpeculativeConfig>,
+    /// Greedy rows under a structured-output grammar take the backend's argmax of their
+    /// masked logits (the host computes the masks while the backend runs the pass)
+    /// instead of sampling their logits on the host. `None`: when the model prefers it
+    /// ([`crate::Model::prefers_backend_masks`]: device backends).
+    pub masked_argmax: Option<bool>,
 }
 
 /// Default RAM prompt-cache cap: 8 GiB.
@@ -111,6 +116,7 @@ impl Default for EngineConfig {
             prompt_boundary_min_tokens: 256,
             kv_budget: KvBudget::Unbounded,
             speculative: None,
+            masked_argmax: None,
         }
     }
 }

@@ -108,6 +108,12 @@ pub struct ServeArgs {
     /// Most tokens drafted per step; the length adapts below it to what is accepted.
     #[arg(long, env = "WICK_NUM_DRAFT_TOKENS", default_value_t = SpeculativeConfig::default().num_draft_tokens)]
     num_draft_tokens: usize,
+    /// Where greedy structured-output rows get their token: `backend` takes the backend's
+    /// argmax of the logits under the grammar's mask (computed on the host while the pass
+    /// runs), `host` samples the logits on the host and masks only a token the grammar
+    /// refuses; `auto`: backend on a GPU, host on the CPU. The tokens are the same.
+    #[arg(long, env = "WICK_STRUCTURED_MASKS", value_parser = ["auto", "backend", "host"], default_value = "auto")]
+    structured_masks: String,
     /// Context length limit (default: the model's).
     #[arg(long, env = "WICK_CTX_SIZE")]
     ctx_size: Option<usize>,
@@ -454,6 +460,11 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             generation_checkpoint_tokens: cache.generation_checkpoint_tokens,
             kv_budget,
             speculative: check_speculative(args)?,
+            masked_argmax: match args.structured_masks.as_str() {
+                "backend" => Some(true),
+                "host" => Some(false),
+                _ => None,
+            },
             ..EngineConfig::default()
         },
     })

@@ -570,6 +570,26 @@ impl Backend for CandleBackend {
             .collect())
     }
 
+    fn masked_argmax(&self, logits: &HostTensor, masks: &[Option<Vec<u32>>]) -> Result<Vec<u32>> {
+        let _t = profile::op("masked_argmax", logits.rows());
+        let cols = logits.cols().max(1);
+        let mut row = Vec::new();
+        Ok(logits
+            .data()
+            .chunks_exact(cols)
+            .enumerate()
+            .map(|(i, x)| match masks.get(i).and_then(Option::as_deref) {
+                Some(mask) => {
+                    row.clear();
+                    row.extend_from_slice(x);
+                    super::apply_token_mask(mask, &mut row);
+                    first_max(&row)
+                }
+                None => first_max(x),
+            })
+            .collect())
+    }
+
     fn embed_ids(&self, table: &CandleMatrix, ids: &Vec<u32>) -> Result<HostTensor> {
         self.embed(table, ids)
     }

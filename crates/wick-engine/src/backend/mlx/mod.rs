@@ -362,6 +362,33 @@ impl Backend for MlxBackend {
         self.stream.argmax(logits, -1).map_err(mlx_err)
     }
 
+    fn masked_argmax(&self, logits: &Array, masks: &[Option<Vec<u32>>]) -> Result<Array> {
+        if masks.iter().all(Option::is_none) {
+            return self.argmax(logits);
+        }
+        let s = &self.stream;
+        let shape = logits.shape();
+        let (rows, cols) = (shape[0] as usize, Self::cols(logits) as usize);
+        // One byte per logit (MLX's bool): the bit words expanded on the host, which is
+        // cheaper than the ops that would expand them on the device for one step.
+        let mut allowed = vec![1u8; rows * cols];
+        for (row, mask) in allowed.chunks_exact_mut(cols.max(1)).zip(masks) {
+            if let Some(mask) = mask {
+                expand_mask(mask, row);
+            }
+        }
+        let allowed = Array::from_bytes(&allowed, &[rows as i32, cols as i32], Dtype::Bool)
+            .map_err(mlx_err)?;
+        let floor = Array::from_slice(&[f32::NEG_INFINITY], &[1]).map_err(mlx_err)?;
+        let floor = s.astype(&floor, logits.dtype()).map_err(mlx_err)?;
+        let masked = s.where_(&allowed, logits, &floor).map_err(mlx_err)?;
+        s.argmax(&masked, -1).map_err(mlx_err)
+    }
+
+    fn schedule_tensor(&self, x: &Array) -> Result<()> {
+        wick_mlx::async_eval(&[x]).map_err(mlx_err)
+    }
+
     fn embed_ids(&self, table: &MlxMatrix, ids: &Array) -> Result<Array> {
         let s = &self.stream;
         match table {
@@ -440,5 +467,21 @@ impl Backend for MlxBackend {
         let pos = Array::from_slice(&pos, &[n as i32]).map_err(mlx_err)?;
         let full = s.take(&padded, &pos, 0).map_err(mlx_err)?;
         s.add(y, &full).map_err(mlx_err)
+    }
+}
+
+/// Writes one byte per token of `row` (1: `mask` allows it), a word at a time: a grammar's
+/// mask is mostly whole words of allowed or refused tokens.
+fn expand_mask(mask: &[u32], row: &mut [u8]) {
+    for (w, out) in row.chunks_mut(32).enumerate() {
+        match mask.get(w).copied().unwrap_or(0) {
+            0 => out.fill(0),
+            u32::MAX => out.fill(1),
+            bits => {
+                for (b, a) in out.iter_mut().enumerate() {
+                    *a = ((bits >> b) & 1) as u8;
+                }
+            }
+        }
     }
 }
