@@ -86,6 +86,10 @@ pub struct EngineConfig {
     /// Prompt-lookup speculative decoding (`--spec ngram`); `None` decodes one token per
     /// step. See [`crate::speculative`] for the rows that decode plainly regardless.
     pub speculative: Option<crate::speculative::SpeculativeConfig>,
+    /// With [`EngineConfig::speculative`]: a draft model drafts instead of prompt lookup
+    /// (`--draft-model`), checked at [`Engine::start`] to share the model's vocabulary.
+    /// Its KV is kept per sequence outside the KV pool's budget.
+    pub draft_model: Option<crate::speculative::DraftModel>,
 }
 
 /// Default RAM prompt-cache cap: 8 GiB.
@@ -106,6 +110,7 @@ impl Default for EngineConfig {
             prompt_boundary_min_tokens: 256,
             kv_budget: KvBudget::Unbounded,
             speculative: None,
+            draft_model: None,
         }
     }
 }

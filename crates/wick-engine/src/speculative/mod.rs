@@ -18,9 +18,11 @@
 //! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
 //! that run on MLX.
 pub mod acceptance;
+pub mod draft_model;
 pub mod ngram;
 
-pub use acceptance::{accept_one_hot, DraftLength};
+pub use acceptance::{accept_one_hot, accept_sampled, DraftLength};
+pub use draft_model::DraftModel;
 pub use ngram::draft;
 
 /// Prompt-lookup settings (`wick serve --spec ngram`).
