@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""A/B of prompt-lookup speculative decoding: starts `wick serve` without and with
-`--spec ngram` on the same model, sends the same greedy code-editing requests to both,
-alternating, checks the outputs are byte-identical, and prints the decode rates and
-their ratio (decode = tokens after the first / time after the first, streamed).
+"""A/B of speculative decoding: starts `wick serve` without and with `--spec-args`
+(default `--spec ngram`; a draft model is `--spec-args "--draft-model PATH"`) on the same
+model, sends the same greedy requests to both, alternating, checks the outputs are
+byte-identical, and prints the decode rates and their ratio (decode = tokens after the
+first / time after the first, streamed; with `--concurrency N`, N requests at once and
+the sum of their decode rates).
 
     python scripts/bench/spec_ngram.py --model qwen2.5-coder-0.5b-instruct --rounds 3
+    python scripts/bench/spec_ngram.py --concurrency 8 --rounds 2
+    python scripts/bench/tiny_draft.py MODEL.gguf /tmp/tiny.gguf   # a draft that is never right
+    python scripts/bench/spec_ngram.py --model MODEL.gguf --prompts prose \
+        --spec-args "--draft-model /tmp/tiny.gguf"
 """
 import argparse
 import json
@@ -14,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -132,40 +139,78 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--spec-args", default="--spec ngram")
     ap.add_argument("--prompts", choices=["edit", "prose"], default="edit")
+    ap.add_argument("--concurrency", type=int, default=1)
     args = ap.parse_args()
     print("load:", os.getloadavg())
-    plain, plain_url = start(args.model, [])
-    spec, spec_url = start(args.model, args.spec_args.split())
+    # On a shared machine the server started second was measured ~1.18x faster than the
+    # first with both plain (an A/A run): the servers are restarted in the other order
+    # for the second half of the rounds, so that bias cancels in the median.
+    servers = []
+
+    def launch(spec_first: bool):
+        for p in servers:
+            p.terminate()
+            p.wait()
+        configs = [("plain", []), ("spec", args.spec_args.split())]
+        if spec_first:
+            configs.reverse()
+        urls = {}
+        servers.clear()
+        for name, extra in configs:
+            proc, urls[name] = start(args.model, extra)
+            servers.append(proc)
+        print(f"servers (re)started, {configs[0][0]} first")
+        return urls["plain"], urls["spec"]
+
+    plain_url, spec_url = launch(False)
     try:
         rates = {"plain": [], "spec": []}
         for r in range(args.rounds):
-            for i, prompt in enumerate(PROMPTS if args.prompts == "edit" else PROSE):
+            if args.rounds > 1 and r == args.rounds // 2:
+                plain_url, spec_url = launch(True)
+            prompts = PROMPTS if args.prompts == "edit" else PROSE
+            for i, prompt in enumerate(prompts):
                 order = [("plain", plain_url), ("spec", spec_url)]
                 if (r + i) % 2:
                     order.reverse()
-                out = {name: run(url, prompt, args.max_tokens) for name, url in order}
-                same = out["plain"]["text"] == out["spec"]["text"]
+                # With --concurrency N, N requests at once (the prompts in turn from this one).
+                batch = [prompts[(i + j) % len(prompts)] for j in range(args.concurrency)]
+                out = {}
+                for name, url in order:
+                    with ThreadPoolExecutor(len(batch)) as pool:
+                        replies = list(pool.map(lambda p: run(url, p, args.max_tokens), batch))
+                    out[name] = {
+                        "texts": [x["text"] for x in replies],
+                        "tokens": sum(x["tokens"] for x in replies),
+                        "tps": sum(x["tps"] for x in replies),
+                        "speculation": [x["usage"].get("speculation") for x in replies],
+                    }
+                same = out["plain"]["texts"] == out["spec"]["texts"]
                 for name in rates:
                     rates[name].append(out[name]["tps"])
                 print(
-                    f"round {r} prompt {i}: {out['plain']['tokens']} tokens, plain "
-                    f"{out['plain']['tps']:.1f} tok/s, spec {out['spec']['tps']:.1f} tok/s, "
+                    f"round {r} prompt {i} x{args.concurrency}: {out['plain']['tokens']} tokens, "
+                    f"plain {out['plain']['tps']:.1f} tok/s, spec {out['spec']['tps']:.1f} tok/s, "
                     f"ratio {out['spec']['tps'] / out['plain']['tps']:.2f}, identical {same}, "
-                    f"speculation {out['spec']['usage'].get('speculation')}"
+                    f"speculation {out['spec']['speculation'][0]}"
                 )
                 if r == 0:
-                    print("  reply starts:", repr(out["plain"]["text"][:120]))
+                    print("  reply starts:", repr(out["plain"]["texts"][0][:120]))
                 if not same:
-                    print("plain:", repr(out["plain"]["text"][:400]))
-                    print("spec: ", repr(out["spec"]["text"][:400]))
+                    print("plain:", repr(out["plain"]["texts"][0][:400]))
+                    print("spec: ", repr(out["spec"]["texts"][0][:400]))
         mean = {k: sum(v) / len(v) for k, v in rates.items()}
+        pairs = sorted(b / a for a, b in zip(rates["plain"], rates["spec"]))
+        median = pairs[len(pairs) // 2] if len(pairs) % 2 else (
+            pairs[len(pairs) // 2 - 1] + pairs[len(pairs) // 2]) / 2
         print(
             f"mean decode: plain {mean['plain']:.1f} tok/s, spec {mean['spec']:.1f} tok/s, "
-            f"ratio {mean['spec'] / mean['plain']:.2f}"
+            f"ratio {mean['spec'] / mean['plain']:.2f}; median pair ratio {median:.2f} "
+            f"(range {pairs[0]:.2f}–{pairs[-1]:.2f}, {len(pairs)} pairs)"
         )
         print("load:", os.getloadavg())
     finally:
-        for p in (plain, spec):
+        for p in servers:
             p.terminate()
             p.wait()
 

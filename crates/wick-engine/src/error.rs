@@ -131,6 +131,10 @@ pub enum EngineError {
     /// A LoRA adapter could not be loaded or selected.
     #[error(transparent)]
     Adapter(crate::adapters::AdapterError),
+
+    /// A draft model that cannot draft for the served model (`--draft-model`).
+    #[error("draft model: {0}")]
+    DraftModel(String),
 }
 
 impl From<candle_core::Error> for EngineError {

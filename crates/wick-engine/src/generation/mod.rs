@@ -8,7 +8,7 @@ pub use request::{
     FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, TokenEvent, Usage,
     PROMPT_SCORE_CHUNK,
 };
-pub use sequence::{Sequence, SequenceStep};
+pub use sequence::{DraftOutput, Sequence, SequenceStep};
 pub use text::TextStream;
 
 use std::ops::ControlFlow;

@@ -10,8 +10,8 @@ use super::text::TextStream;
 use crate::constraint::RowConstraint;
 use crate::model::{KvCache, Model};
 use crate::models::decoder::{Logits, LogitsRequest};
-use crate::sampler::{row_logprobs, Sampler, SamplerTokens};
-use crate::speculative::{draft, DraftLength, SpeculationUsage, SpeculativeConfig};
+use crate::sampler::{row_logprobs, RngStream, Sampler, SamplerTokens, StepRng};
+use crate::speculative::{draft, draft_model, DraftLength, SpeculationUsage, SpeculativeConfig};
 use crate::Result;
 
 /// What the next forward pass of a sequence feeds.
@@ -77,7 +77,34 @@ struct Speculation {
     length: DraftLength,
     /// The drafts the planned step verifies.
     drafts: Vec<u32>,
+    /// For a sampled row drafting with a draft model: the draft model's distribution each
+    /// draft was drawn from (the rejection rule needs it); empty otherwise.
+    q: Vec<Vec<f32>>,
     usage: SpeculationUsage,
+    /// The draft model's state, when a draft model drafts (else prompt lookup does).
+    model: Option<ModelDraft>,
+}
+
+/// One sequence's side of a draft model: its KV and what it holds.
+struct ModelDraft {
+    /// The draft model's KV for this sequence (not charged to the KV pool).
+    cache: KvCache,
+    /// The tokens `cache` holds, in order: a prefix of the history, then drafts.
+    fed: Vec<u32>,
+    /// Tokens the served model knows: a draft past them is not proposed.
+    vocab: usize,
+    /// Tokens to draft this step.
+    rounds: usize,
+}
+
+/// What a draft model's forward pass gave one drafting sequence.
+pub enum DraftOutput<'a> {
+    /// Nothing (the pass only fed tokens).
+    None,
+    /// The argmax, picked on the backend.
+    Id(u32),
+    /// The logits of the last fed position.
+    Logits(&'a [f32]),
 }
 
 impl Sequence {
@@ -142,7 +169,16 @@ impl Sequence {
     /// Decodes speculatively with prompt lookup from now on, when this sequence can: not
     /// under a structured-output constraint (drafts are not checked against the grammar).
     /// Returns whether it will.
-    pub fn enable_speculation(&mut self, config: SpeculativeConfig) -> bool {
+    ///
+    /// With `draft_cache` (an empty cache of the draft model) a draft model drafts
+    /// instead of prompt lookup: the engine loop runs it ([`Sequence::begin_model_draft`],
+    /// [`Sequence::record_model_draft`]); `vocab` is the served model's vocabulary size.
+    pub fn enable_speculation(
+        &mut self,
+        config: SpeculativeConfig,
+        draft_cache: Option<KvCache>,
+        vocab: usize,
+    ) -> bool {
         if self.constraint.is_some() {
             return false;
         }
@@ -150,9 +186,135 @@ impl Sequence {
             config,
             length: DraftLength::new(config.num_draft_tokens),
             drafts: Vec::new(),
+            q: Vec::new(),
             usage: SpeculationUsage::default(),
+            model: draft_cache.map(|cache| ModelDraft {
+                cache,
+                fed: Vec::new(),
+                vocab,
+                rounds: 0,
+            }),
         });
         true
+    }
+
+    /// Starts this step's drafting with the draft model: cuts the draft's cache back to
+    /// the part of the history it still shares (a rejected draft is gone from the
+    /// history) and returns the tokens to feed it first — the history it has not seen,
+    /// at most `max_feed` — and how many tokens to draft (0 while the adaptive length
+    /// rests or while the draft is still catching up on a long prompt). `None` for a
+    /// sequence that does not draft with a model this step, or would pass `context`.
+    pub fn begin_model_draft(
+        &mut self,
+        max_feed: usize,
+        context: usize,
+    ) -> Option<(Vec<u32>, usize)> {
+        let decoding = self.is_decoding() && !self.generated.is_empty();
+        let left = self.max_tokens.saturating_sub(self.generated.len());
+        let s = self.speculation.as_mut()?;
+        let m = s.model.as_mut()?;
+        s.drafts.clear();
+        s.q.clear();
+        m.rounds = 0;
+        if !decoding || left < 2 {
+            return None;
+        }
+        let k = s.length.next_length().min(left - 1);
+        if k == 0 || self.history.len() + k > context {
+            return None;
+        }
+        // At least the last token is fed: its logits propose the first draft.
+        let shared = m
+            .fed
+            .iter()
+            .zip(&self.history)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(self.history.len() - 1);
+        if shared < m.fed.len() {
+            if m.cache.trim(shared).is_err() {
+                // Not expected (draft models are checked to be trimmable): start over.
+                m.cache.trim(0).ok()?;
+                m.fed.clear();
+            } else {
+                m.fed.truncate(shared);
+            }
+        }
+        let from = m.fed.len();
+        let missing = self.history.len() - from;
+        if missing > max_feed.max(1) {
+            return Some((self.history[from..from + max_feed.max(1)].to_vec(), 0));
+        }
+        m.rounds = k;
+        Some((self.history[from..].to_vec(), k))
+    }
+
+    /// The draft model's cache, when a draft model drafts for this sequence.
+    pub fn draft_cache_mut(&mut self) -> Option<&mut KvCache> {
+        Some(&mut self.speculation.as_mut()?.model.as_mut()?.cache)
+    }
+
+    /// Whether the draft model proposes by argmax for this sequence (greedy sampling).
+    pub fn drafts_greedily(&self) -> bool {
+        self.sampler.params().is_greedy()
+    }
+
+    /// Records a draft-model pass that fed `input` into this sequence's draft cache and
+    /// gave `out`: the next draft is the argmax (greedy rows) or a draw from the draft
+    /// model's tempered distribution (sampled rows, keyed by the seed and the step the
+    /// draft is for). Returns the next pass's input for this sequence (the new draft),
+    /// or `None` when it has drafted enough (or drafted the end of the sequence).
+    pub fn record_model_draft(&mut self, input: &[u32], out: DraftOutput<'_>) -> Option<u32> {
+        let greedy = self.sampler.params().is_greedy();
+        let (seed, temperature) = (
+            self.sampler.params().seed,
+            self.sampler.params().temperature,
+        );
+        let step = self.sampler.step();
+        let s = self.speculation.as_mut()?;
+        let m = s.model.as_mut()?;
+        m.fed.extend_from_slice(input);
+        if s.drafts.len() >= m.rounds {
+            return None;
+        }
+        let d = match out {
+            DraftOutput::None => return None,
+            DraftOutput::Id(id) => id,
+            DraftOutput::Logits(row) if greedy => {
+                let row = &row[..m.vocab.min(row.len())];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                row.iter().position(|&l| l == max).unwrap_or(0) as u32
+            }
+            DraftOutput::Logits(row) => {
+                let q = draft_model::distribution(row, temperature, m.vocab);
+                let at = step + s.drafts.len() as u64;
+                let d = draft_model::pick(&q, StepRng::new(seed, at, RngStream::Draft).next_f64());
+                s.q.push(q);
+                d
+            }
+        };
+        if d as usize >= m.vocab {
+            return None;
+        }
+        s.drafts.push(d);
+        let more = s.drafts.len() < m.rounds && !self.eos.contains(&d);
+        more.then_some(d)
+    }
+
+    /// Forgets the draft model's state after its pass failed: the next step feeds it the
+    /// whole history again.
+    pub fn abandon_model_draft(&mut self) {
+        if let Some(s) = self.speculation.as_mut() {
+            s.drafts.clear();
+            s.q.clear();
+            if let Some(m) = s.model.as_mut() {
+                if m.cache.trim(0).is_err() {
+                    tracing::warn!("a draft cache could not be emptied");
+                }
+                m.fed.clear();
+                m.rounds = 0;
+            }
+        }
     }
 
     /// Drafts the tokens the next decode step verifies (none for a sequence that does
@@ -164,6 +326,10 @@ impl Sequence {
         let Some(s) = self.speculation.as_mut() else {
             return 0;
         };
+        if s.model.is_some() {
+            // Drafted by the engine loop's draft-model passes this step.
+            return s.drafts.len();
+        }
         s.drafts.clear();
         if !decoding || left < 2 {
             return 0;
@@ -177,6 +343,7 @@ impl Sequence {
     pub fn clear_drafts(&mut self) {
         if let Some(s) = self.speculation.as_mut() {
             s.drafts.clear();
+            s.q.clear();
         }
     }
 
@@ -294,17 +461,20 @@ impl Sequence {
         let Some(mut logits) = logits else {
             return Ok(Vec::new());
         };
-        let drafts = self
+        let (drafts, q) = self
             .speculation
             .as_mut()
-            .map(|s| std::mem::take(&mut s.drafts))
+            .map(|s| (std::mem::take(&mut s.drafts), std::mem::take(&mut s.q)))
             .unwrap_or_default();
         let mut events = Vec::with_capacity(step.drafts + 1);
         let mut accepted = 0;
         for j in 0..logits.rows.min(step.drafts + 1) {
             let row = &mut logits.data[j * logits.vocab..(j + 1) * logits.vocab];
             let (sampled, kept) = match drafts.get(j).filter(|_| j < step.drafts) {
-                Some(&d) => self.sampler.sample_draft(row, &self.history, d),
+                Some(&d) => match q.get(j) {
+                    Some(q) => self.sampler.sample_draft_from(row, &self.history, d, q),
+                    None => self.sampler.sample_draft(row, &self.history, d),
+                },
                 None => (self.sampler.sample(row, &self.history), false),
             };
             events.push(self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)?);
@@ -545,7 +715,8 @@ impl Sequence {
         };
         self.fed = 0;
         self.cache = empty;
-        self.clear_drafts();
+        // The draft model's KV goes too; it catches up again once the sequence decodes.
+        self.abandon_model_draft();
         self.preemptions += 1;
     }
 

@@ -45,7 +45,7 @@ pub use error::SamplingError;
 pub use params::{SamplingParams, DEFAULT_PENALTY_CONTEXT, MAX_TOP_LOGPROBS};
 pub use rng::{fresh_seed, RngStream, StepRng};
 
-use crate::speculative::accept_one_hot;
+use crate::speculative::{accept_one_hot, accept_sampled};
 use candidates::{gather, keep_best, rank, Candidate, Mass, Prefix};
 use processors::TokenMarks;
 
@@ -143,7 +143,7 @@ impl Sampler {
     /// rule's fallback (first index), ids outside the row in `history` or `logit_bias` are
     /// skipped.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Sampled {
-        self.sample_against(logits, history, None).0
+        self.sample_against(logits, history, None, None).0
     }
 
     /// [`Sampler::sample`] for a position where `draft` was guessed (speculative
@@ -158,7 +158,22 @@ impl Sampler {
         history: &[u32],
         draft: u32,
     ) -> (Sampled, bool) {
-        self.sample_against(logits, history, Some(draft))
+        self.sample_against(logits, history, Some(draft), None)
+    }
+
+    /// [`Sampler::sample_draft`] for a draft drawn from `q`, the draft model's
+    /// distribution over the vocabulary (normalized): a sampled step keeps the draft with
+    /// probability `min(1, p(d) / q(d))` and otherwise draws from `max(0, p − q)`
+    /// renormalized ([`crate::speculative::accept_sampled`]), so the token is distributed
+    /// exactly as [`Sampler::sample`]'s; greedy picks the argmax as ever.
+    pub fn sample_draft_from(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        draft: u32,
+        q: &[f32],
+    ) -> (Sampled, bool) {
+        self.sample_against(logits, history, Some(draft), Some(q))
     }
 
     fn sample_against(
@@ -166,6 +181,7 @@ impl Sampler {
         logits: &mut [f32],
         history: &[u32],
         draft: Option<u32>,
+        q: Option<&[f32]>,
     ) -> (Sampled, bool) {
         let step = self.step;
         self.step = self.step.wrapping_add(1);
@@ -237,7 +253,7 @@ impl Sampler {
         // drawn: the chosen token's logit is still the processed one.
         let (id, kept) = match draft {
             None => (self.draw(logits, step, stages, max, logsumexp), false),
-            Some(d) => self.draw_against(logits, step, stages, max, logsumexp, d),
+            Some(d) => self.draw_against(logits, step, stages, max, logsumexp, d, q),
         };
         let sampled = Sampled {
             id: id as u32,
@@ -303,8 +319,9 @@ impl Sampler {
         picked.unwrap_or_else(|| reduce::argmax(logits))
     }
 
-    /// The truncations and the rejection rule for `draft` (temperature > 0): the
-    /// token and whether it is the draft.
+    /// The truncations and the rejection rule for `draft` (temperature > 0), a one-hot
+    /// draft or one drawn from `q`: the token and whether it is the draft.
+    #[allow(clippy::too_many_arguments)]
     fn draw_against(
         &mut self,
         logits: &mut [f32],
@@ -313,6 +330,7 @@ impl Sampler {
         max: f32,
         logsumexp: f32,
         draft: u32,
+        q: Option<&[f32]>,
     ) -> (usize, bool) {
         let listed = self.truncate(logits, stages, max, logsumexp);
         let p = &self.params;
@@ -342,7 +360,21 @@ impl Sampler {
         }
         let scale = (1.0 / total) as f32;
         self.probs.iter_mut().for_each(|w| *w *= scale);
-        let (i, kept) = accept_one_hot(&self.probs, at, u_accept, u_resample);
+        let (i, kept) = match q {
+            None => accept_one_hot(&self.probs, at, u_accept, u_resample),
+            Some(q) => {
+                // `q` indexed as `probs`: by candidate, or the whole row.
+                let q_draft = q.get(draft as usize).copied().unwrap_or(0.0);
+                let aligned: std::borrow::Cow<'_, [f32]> = match &ids {
+                    Some(ids) => ids
+                        .iter()
+                        .map(|&id| q.get(id as usize).copied().unwrap_or(0.0))
+                        .collect(),
+                    None => q.into(),
+                };
+                accept_sampled(&self.probs, &aligned, at, q_draft, u_accept, u_resample)
+            }
+        };
         let id = match &ids {
             Some(ids) => ids.get(i as usize).copied(),
             None => ((i as usize) < logits.len()).then_some(i),

@@ -25,6 +25,8 @@ pub enum RngStream {
     Xtc,
     /// The redraw after a speculative draft was rejected ([`crate::speculative`]).
     Resample,
+    /// A draft model's draw of its guess for this step ([`crate::speculative`]).
+    Draft,
 }
 
 /// SplitMix64's output function: a bijective 64-bit mixer.
@@ -47,6 +49,7 @@ impl StepRng {
             RngStream::Categorical => 0x243f_6a88_85a3_08d3,
             RngStream::Xtc => 0x1319_8a2e_0370_7344,
             RngStream::Resample => 0xa409_3822_299f_31d0,
+            RngStream::Draft => 0x082e_fa98_ec4e_6c89,
         };
         let key = mix64(step.wrapping_mul(GOLDEN_GAMMA) ^ stream_key);
         Self {

@@ -11,7 +11,7 @@ use super::cache::{CacheTracking, Started};
 use super::queue::{Pending, Shared};
 use super::{Completion, EngineEvent};
 use crate::constraint::{ConstraintError, RowConstraint};
-use crate::generation::{Sequence, SequenceStep, TokenEvent};
+use crate::generation::{DraftOutput, Sequence, SequenceStep, TokenEvent};
 use crate::model::{Model, Step};
 use crate::models::decoder::{Logits, LogitsRequest};
 
@@ -217,7 +217,8 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
             seq.cache_mut().attach(&shared.admission.pool);
             if let Some(spec) = shared.config.speculative {
                 if p.request.speculative && model.can_speculate() {
-                    seq.enable_speculation(spec);
+                    let draft = shared.config.draft_model.as_ref().map(|d| d.0.new_cache());
+                    seq.enable_speculation(spec, draft, model.config().vocab_size);
                 }
             }
             tracing::debug!(
@@ -324,6 +325,9 @@ fn widest_decode_rows(b: &Batch) -> Vec<usize> {
 /// while the pool has no block for it; then prompt chunks under the step's token budget,
 /// shrunk to what the pool can give. `None` for a sequence that sits this step out.
 fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceStep>> {
+    if let Some(draft) = &shared.config.draft_model {
+        draft_with_model(&draft.0, shared, b);
+    }
     let mut i = 0;
     let mut widest = widest_decode_rows(b);
     while i < b.running.len() {
@@ -384,6 +388,90 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
         // Only prompts left and not one block for any of them: the newest makes room.
         let newest = b.running.len() - 1;
         preempt(model, shared, b, newest);
+    }
+}
+
+/// Drafts the next tokens of every row that drafts with the draft model: one batched
+/// forward pass of the draft model per draft position, over all those rows together.
+/// The first pass feeds each row what its draft cache has not seen yet (the tokens
+/// accepted last step, or a prompt chunk while it catches up); each later pass feeds the
+/// row's previous draft. Greedy rows draft the argmax, sampled rows draw from the
+/// draft's distribution (kept for the rejection rule).
+fn draft_with_model(draft: &Model, shared: &Shared, b: &mut Batch) {
+    let context = draft.info().context_length;
+    let budget = shared.config.step_token_budget;
+    // Each row's input this pass and whether it drafts (else it only catches up).
+    let mut inputs: Vec<Option<(Vec<u32>, bool)>> = b
+        .running
+        .iter_mut()
+        .map(|a| {
+            let (feed, rounds) = a.seq.begin_model_draft(budget, context)?;
+            Some((feed, rounds > 0))
+        })
+        .collect();
+    while inputs.iter().any(Option::is_some) {
+        let greedy = b
+            .running
+            .iter()
+            .zip(&inputs)
+            .all(|(a, t)| t.is_none() || a.seq.drafts_greedily());
+        let result = {
+            let mut steps: Vec<Step<'_>> = b
+                .running
+                .iter_mut()
+                .zip(&inputs)
+                .filter_map(|(a, t)| {
+                    let (tokens, drafts) = t.as_ref()?;
+                    Some(Step {
+                        tokens,
+                        cache: a.seq.draft_cache_mut()?,
+                        logits: if *drafts {
+                            LogitsRequest::Last
+                        } else {
+                            LogitsRequest::None
+                        },
+                    })
+                })
+                .collect();
+            if greedy {
+                draft
+                    .forward_argmax(&mut steps)
+                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
+            } else {
+                draft
+                    .forward(&mut steps)
+                    .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>())
+            }
+        };
+        let outputs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, "draft model pass failed; these rows decode plainly");
+                for (a, t) in b.running.iter_mut().zip(&inputs) {
+                    if t.is_some() {
+                        a.seq.abandon_model_draft();
+                    }
+                }
+                return;
+            }
+        };
+        let mut outputs = outputs.into_iter();
+        for (a, t) in b.running.iter_mut().zip(inputs.iter_mut()) {
+            let Some((input, _)) = t.take() else {
+                continue;
+            };
+            let out = outputs.next();
+            let next = match &out {
+                Some(StepOutput::Token(Some(id))) => {
+                    a.seq.record_model_draft(&input, DraftOutput::Id(*id))
+                }
+                Some(StepOutput::Logits(Some(l))) => a
+                    .seq
+                    .record_model_draft(&input, DraftOutput::Logits(l.last())),
+                _ => a.seq.record_model_draft(&input, DraftOutput::None),
+            };
+            *t = next.map(|d| (vec![d], true));
+        }
     }
 }
 

@@ -42,6 +42,17 @@ impl Engine {
     /// With an SSD cache directory this opens and scans it first (a directory another
     /// process holds, or one that cannot be created, is an error).
     pub fn start(model: Arc<Model>, config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        if let Some(draft) = &config.draft_model {
+            // The same checks as building it: a config assembled by hand is refused too.
+            crate::speculative::DraftModel::new(&model, draft.0.clone())?;
+            if config.speculative.is_none() {
+                return Err(EngineError::DraftModel(format!(
+                    "{} is set as the draft model but speculative decoding is off",
+                    draft.0.info().name
+                )));
+            }
+            tracing::info!(draft = %draft.0.info().name, "speculative decoding with a draft model");
+        }
         let cache = EngineCache::new(&model, &config)?;
         let admission = KvAdmission::new(
             &model,

@@ -95,6 +95,10 @@ pub struct EngineConfig {
     /// instead of sampling their logits on the host. `None`: when the model prefers it
     /// ([`crate::Model::prefers_backend_masks`]: device backends).
     pub masked_argmax: Option<bool>,
+    /// With [`EngineConfig::speculative`]: a draft model drafts instead of prompt lookup
+    /// (`--draft-model`), checked at [`Engine::start`] to share the model's vocabulary.
+    /// Its KV is kept per sequence outside the KV pool's budget.
+    pub draft_model: Option<crate::speculative::DraftModel>,
 }
 
 /// Default RAM prompt-cache cap: 8 GiB.
@@ -117,6 +121,7 @@ impl Default for EngineConfig {
             kv_budget: KvBudget::Unbounded,
             speculative: None,
             masked_argmax: None,
+            draft_model: None,
         }
     }
 }

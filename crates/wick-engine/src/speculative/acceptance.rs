@@ -1,5 +1,6 @@
-//! What to keep of a draft: the rejection rule for a deterministic draft, and how many
-//! tokens to draft next given how many were kept.
+//! What to keep of a draft: the rejection rule for a deterministic draft (prompt lookup)
+//! and for a draft sampled from a draft model's distribution, and how many tokens to
+//! draft next given how many were kept.
 
 /// The speculative-sampling rule for a one-hot draft `draft` under the target
 /// distribution `probs` (normalized, after every processor and truncation): keep the
@@ -34,6 +35,58 @@ pub fn accept_one_hot(probs: &[f32], draft: u32, u_accept: f64, u_resample: f64)
     }
     // Rounding left `target` past the sum, or the draft held all the mass.
     (last.unwrap_or(draft), last.is_none())
+}
+
+/// The speculative-sampling rule (Leviathan et al., Chen et al., 2023) for a draft
+/// `draft` drawn from the draft model's distribution `q`, under the target distribution
+/// `probs`: keep it with probability `min(1, p(d) / q(d))`
+/// (`u_accept · q(d) < p(d)`); otherwise draw from the residual `max(0, p − q)`,
+/// renormalized, with `u_resample` in `[0, 1)`. `probs` and `q` are indexed alike (both
+/// the whole row, or both a candidate list); `q_draft` is `q(d)`, which may lie outside
+/// that index space (a draft the target's truncation removed). Returns the index and
+/// whether it is the draft (`at`, the draft's index in `probs`, `u32::MAX` when absent).
+///
+/// The token is distributed as `p`: `P(t) = min(p(t), q(t)) + (1 − Σ min(p, q)) ·
+/// max(0, p(t) − q(t)) / Σ max(0, p − q)`, and `Σ max(0, p − q) = 1 − Σ min(p, q)`,
+/// so `P(t) = min(p, q) + max(0, p − q) = p(t)`.
+pub fn accept_sampled(
+    probs: &[f32],
+    q: &[f32],
+    at: u32,
+    q_draft: f32,
+    u_accept: f64,
+    u_resample: f64,
+) -> (u32, bool) {
+    let p_draft = probs.get(at as usize).map_or(0.0, |&p| f64::from(p));
+    if p_draft > 0.0 && u_accept * f64::from(q_draft) < p_draft {
+        return (at, true);
+    }
+    let residual = |i: usize| {
+        let p = f64::from(probs[i]);
+        let q = q.get(i).map_or(0.0, |&q| f64::from(q));
+        (p - q).max(0.0)
+    };
+    let rest: f64 = (0..probs.len()).map(residual).sum();
+    if rest <= 0.0 || !rest.is_finite() {
+        // p ≤ q everywhere up to rounding: p = q, so a draw from p is the residual's limit.
+        return accept_one_hot(probs, u32::MAX, u_resample, u_resample);
+    }
+    let target = u_resample * rest;
+    let mut running = 0.0;
+    let mut last = None;
+    for i in 0..probs.len() {
+        let r = residual(i);
+        if r <= 0.0 {
+            continue;
+        }
+        running += r;
+        last = Some(i as u32);
+        if running > target {
+            return (i as u32, i as u32 == at);
+        }
+    }
+    let last = last.unwrap_or(at);
+    (last, last == at)
 }
 
 /// Steps decoded plainly after the draft length fell to nothing, before drafting one
@@ -168,6 +221,108 @@ mod tests {
                         "top_k {top_k} top_p {top_p} draft {draft}: token {i} {b} vs plain {a}"
                     );
                 }
+            }
+        }
+    }
+
+    /// A draw from the cumulative sum of `q` at `u` in `[0, 1)`.
+    fn draw(q: &[f32], u: f64) -> u32 {
+        let mut running = 0.0;
+        for (i, &w) in q.iter().enumerate() {
+            running += f64::from(w);
+            if running > u && w > 0.0 {
+                return i as u32;
+            }
+        }
+        q.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
+    }
+
+    /// A draft drawn from a draft distribution `q` and judged by the rule leaves each
+    /// token as often as the target gives it, and the draft is kept at the rate
+    /// `Σ min(p, q)`, for a uniform `q`, one far from the target and one equal to it.
+    #[test]
+    fn the_rule_for_sampled_drafts_leaves_the_distribution_unchanged() {
+        let probs = [0.5f32, 0.25, 0.15, 0.1, 0.0];
+        let qs: [[f32; 5]; 4] = [
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+            [0.0, 0.0, 0.1, 0.4, 0.5],
+            [0.5, 0.25, 0.15, 0.1, 0.0],
+            [0.05, 0.05, 0.0, 0.0, 0.9],
+        ];
+        let n = 200_000;
+        for (k, q) in qs.iter().enumerate() {
+            let mut counts = [0usize; 5];
+            let mut kept = 0usize;
+            for step in 0..n {
+                let seed = 40 + k as u64;
+                let d = draw(q, StepRng::new(seed, step, RngStream::Draft).next_f64());
+                let u1 = StepRng::new(seed, step, RngStream::Categorical).next_f64();
+                let u2 = StepRng::new(seed, step, RngStream::Resample).next_f64();
+                let (t, accepted) = accept_sampled(&probs, q, d, q[d as usize], u1, u2);
+                assert_eq!(accepted, t == d, "q {k}: kept flag");
+                counts[t as usize] += 1;
+                kept += accepted as usize;
+            }
+            for (i, &p) in probs.iter().enumerate() {
+                let f = counts[i] as f64 / n as f64;
+                let tol = 5.0 * (f64::from(p) * (1.0 - f64::from(p)) / n as f64).sqrt() + 1e-9;
+                assert!(
+                    (f - f64::from(p)).abs() <= tol,
+                    "q {k}: token {i} drawn {f}, want {p} ± {tol}"
+                );
+            }
+            let want: f64 = probs
+                .iter()
+                .zip(q)
+                .map(|(&p, &q)| f64::from(p.min(q)))
+                .sum();
+            let rate = kept as f64 / n as f64;
+            assert!((rate - want).abs() < 0.01, "q {k} kept {rate}, want {want}");
+        }
+    }
+
+    /// Through the sampler, with truncations: a draft drawn from a draft model's
+    /// distribution (other logits than the target's) leaves a sampled step drawing each
+    /// token as often as a plain step.
+    #[test]
+    fn a_sampled_step_with_a_drawn_draft_draws_what_a_plain_step_draws() {
+        use crate::sampler::{Sampler, SamplerTokens, SamplingParams};
+        let logits = [1.0f32, 0.5, 0.0, -0.5, -3.0];
+        let draft_logits = [-1.0f32, 0.0, 0.8, 0.3, 1.0];
+        let q = crate::speculative::draft_model::distribution(&draft_logits, 0.8, 5);
+        let n = 60_000;
+        for (top_k, top_p) in [(0, 1.0), (3, 1.0), (0, 0.8)] {
+            let params = SamplingParams {
+                temperature: 0.8,
+                top_k,
+                top_p,
+                seed: 13,
+                ..Default::default()
+            };
+            let new = || Sampler::new(params.clone(), SamplerTokens::default()).unwrap();
+            let mut plain_counts = [0usize; 5];
+            let mut plain = new();
+            for _ in 0..n {
+                plain_counts[plain.sample(&mut logits.clone(), &[]).id as usize] += 1;
+            }
+            let mut spec = new();
+            let mut counts = [0usize; 5];
+            for step in 0..n as u64 {
+                let d = draw(&q, StepRng::new(99, step, RngStream::Draft).next_f64());
+                let (s, kept) = spec.sample_draft_from(&mut logits.clone(), &[], d, &q);
+                assert_eq!(kept, s.id == d);
+                counts[s.id as usize] += 1;
+            }
+            for i in 0..5 {
+                let (a, b) = (
+                    plain_counts[i] as f64 / n as f64,
+                    counts[i] as f64 / n as f64,
+                );
+                let tol = 5.0 * (2.0 * a.max(1e-4) * (1.0 - a) / n as f64).sqrt();
+                assert!(
+                    (a - b).abs() <= tol,
+                    "top_k {top_k} top_p {top_p}: token {i} {b} vs plain {a}"
+                );
             }
         }
     }

@@ -1,6 +1,7 @@
-//! Speculative decoding by prompt lookup: a decoding sequence guesses its next few tokens
-//! from what it has already seen ([`ngram`]), and one forward pass scores the guesses
-//! together with the token it would have fed anyway. The longest prefix the model agrees
+//! Speculative decoding: a decoding sequence guesses its next few tokens — from what it
+//! has already seen ([`ngram`], prompt lookup) or with a smaller model of the same
+//! vocabulary ([`draft_model`]) — and one forward pass scores the guesses together with
+//! the token it would have fed anyway. The longest prefix the model agrees
 //! with is kept ([`acceptance`]), plus the model's own next token, so a step can emit up
 //! to `1 + k` tokens for about the weight reads of one.
 //!
@@ -8,8 +9,11 @@
 //! is the token the sampler picks from that position's processed logits (penalties,
 //! logit bias, logprobs as usual), so greedy output is the same token for token; a
 //! sampled row keeps it with its probability under the final distribution and otherwise
-//! draws from that distribution without it ([`acceptance::accept_one_hot`]), so its
-//! tokens are distributed as plain sampling's (a seed gives other tokens than without
+//! draws from that distribution without it ([`acceptance::accept_one_hot`]); a draft
+//! model's draft, drawn from its distribution `q`, is kept with probability
+//! `min(1, p/q)` and otherwise replaced by a draw from `max(0, p − q)`
+//! ([`acceptance::accept_sampled`]). Either way its tokens are distributed as plain
+//! sampling's (a seed gives other tokens than without
 //! speculation). The rejected positions are trimmed from the KV cache, so what stays
 //! cached is exactly what plain decoding would have cached.
 //!
@@ -18,9 +22,11 @@
 //! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
 //! that run on MLX.
 pub mod acceptance;
+pub mod draft_model;
 pub mod ngram;
 
-pub use acceptance::{accept_one_hot, DraftLength};
+pub use acceptance::{accept_one_hot, accept_sampled, DraftLength};
+pub use draft_model::DraftModel;
 pub use ngram::draft;
 
 /// Prompt-lookup settings (`wick serve --spec ngram`).

@@ -39,14 +39,20 @@ fn stop(reason: &FinishReason) -> (&'static str, Value) {
     }
 }
 
-/// Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache.
+/// Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache; a
+/// speculatively decoded reply adds a non-standard `speculation {drafted, accepted}`
+/// (clients keep unknown usage fields).
 pub fn usage(u: &ReplyUsage) -> Value {
-    json!({
+    let mut usage = json!({
         "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": u.cached_tokens,
         "output_tokens": u.completion_tokens,
-    })
+    });
+    if let Some(s) = u.speculation {
+        usage["speculation"] = json!(s);
+    }
+    usage
 }
 
 /// A tool call's arguments as the `input` object (the parser already repaired them; text that
@@ -353,7 +359,10 @@ mod tests {
                     cached_tokens: 4,
                     completion_tokens: 3,
                     reasoning_tokens: 0,
-                    speculation: None,
+                    speculation: Some(wick_engine::speculative::SpeculationUsage {
+                        drafted: 8,
+                        accepted: 5,
+                    }),
                 },
             },
         };
@@ -367,5 +376,11 @@ mod tests {
         assert_eq!(body["content"][1]["input"], json!({"a": 1}));
         assert_eq!(body["usage"]["input_tokens"], 6);
         assert_eq!(body["usage"]["cache_read_input_tokens"], 4);
+        assert_eq!(
+            body["usage"]["speculation"],
+            json!({"drafted": 8, "accepted": 5})
+        );
+        let plain = usage(&ReplyUsage::default());
+        assert!(plain.get("speculation").is_none(), "{plain}");
     }
 }

@@ -30,15 +30,20 @@ pub struct ResponseMeta {
     pub store: Option<Vec<Value>>,
 }
 
-/// The Responses usage object.
+/// The Responses usage object; a speculatively decoded reply adds a non-standard
+/// `speculation {drafted, accepted}`.
 pub fn usage(u: &ReplyUsage) -> Value {
-    json!({
+    let mut usage = json!({
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens},
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-    })
+    });
+    if let Some(s) = u.speculation {
+        usage["speculation"] = json!(s);
+    }
+    usage
 }
 
 /// The response object in `status` with `output`.
@@ -530,8 +535,12 @@ mod tests {
             cached_tokens: 4,
             completion_tokens: 3,
             reasoning_tokens: 2,
-            speculation: None,
+            speculation: Some(wick_engine::speculative::SpeculationUsage {
+                drafted: 4,
+                accepted: 3,
+            }),
         });
+        assert_eq!(u["speculation"], json!({"drafted": 4, "accepted": 3}));
         assert_eq!(u["input_tokens_details"]["cached_tokens"], 4);
         assert_eq!(u["output_tokens_details"]["reasoning_tokens"], 2);
         assert_eq!(u["total_tokens"], 13);

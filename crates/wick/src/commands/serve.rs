@@ -95,10 +95,15 @@ pub struct ServeArgs {
     #[arg(long, env = "WICK_STEP_TOKENS", default_value_t = 512)]
     step_tokens: usize,
     /// Speculative decoding: `ngram` drafts the next tokens by prompt lookup (what followed
-    /// the last few tokens earlier in the prompt or output) and verifies them in one
-    /// forward pass; greedy output is unchanged. Off by default.
+    /// the last few tokens earlier in the prompt or output), `draft` with a smaller model
+    /// of the same vocabulary (--draft-model); the drafts are verified in one forward
+    /// pass; greedy output is unchanged. Off by default.
     #[arg(long, env = "WICK_SPEC", value_enum)]
     spec: Option<SpecMethod>,
+    /// The draft model of `--spec draft` (implies it): a .gguf path, a model directory or
+    /// a name in the store, with the served model's tokenizer.
+    #[arg(long, env = "WICK_DRAFT_MODEL", value_name = "MODEL")]
+    draft_model: Option<String>,
     /// Shortest suffix prompt lookup matches (with --spec ngram).
     #[arg(long, env = "WICK_NGRAM_MIN", default_value_t = SpeculativeConfig::default().ngram_min)]
     ngram_min: usize,
@@ -201,13 +206,22 @@ enum SpecMethod {
     /// Prompt lookup: the tokens that followed the latest earlier occurrence of the last
     /// `--ngram-max` … `--ngram-min` tokens.
     Ngram,
+    /// A draft model (`--draft-model`) proposes the tokens, batched over the rows.
+    Draft,
 }
 
 /// `--spec` and its knobs, checked.
 fn check_speculative(args: &ServeArgs) -> anyhow::Result<Option<SpeculativeConfig>> {
-    let Some(SpecMethod::Ngram) = args.spec else {
-        return Ok(None);
-    };
+    match (args.spec, &args.draft_model) {
+        (None, None) => return Ok(None),
+        (Some(SpecMethod::Draft), None) => {
+            anyhow::bail!("--spec draft needs --draft-model MODEL")
+        }
+        (Some(SpecMethod::Ngram), Some(_)) => {
+            anyhow::bail!("--draft-model drafts with a model: use it with --spec draft (or alone), not --spec ngram")
+        }
+        _ => {}
+    }
     anyhow::ensure!(
         args.ngram_min >= 1 && args.ngram_min <= args.ngram_max,
         "--ngram-min must be at least 1 and at most --ngram-max ({}), got {}",
@@ -692,6 +706,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("loading {}", path.display()))?;
     let model = Arc::new(model);
+    if let Some(name) = &args.draft_model {
+        let resolved = crate::model_arg::resolve_named(Some(name))?;
+        let draft = Model::load(
+            &resolved.path,
+            &LoadOptions {
+                context_length: args.ctx_size,
+                backend: args.backend.parse()?,
+                kv_dtype: crate::model_arg::kv_dtype(args.kv_type.as_deref())?,
+            },
+        )
+        .with_context(|| format!("loading the draft model {}", resolved.path.display()))?;
+        let draft = wick_engine::speculative::DraftModel::new(&model, Arc::new(draft))?;
+        checked.engine.draft_model = Some(draft);
+    }
     let engine = Engine::start(model, checked.engine).context("starting the engine")?;
     if let Some(dir) = engine.ssd_cache_path() {
         // A replica joining others on a shared directory should answer its first request with

@@ -1,0 +1,296 @@
+//! Speculative decoding with a draft model (`EngineConfig::draft_model`), with the real
+//! default model: drafting for itself keeps greedy output token for token (batched, under
+//! a pool small enough to preempt) and keeps nearly every draft; a random-weight draft of
+//! the same vocabulary keeps the output too and backs off to few drafts; a draft with
+//! another vocabulary is refused at start-up, naming both models.
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wick_engine::sampler::SamplingParams;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
+use wick_engine::speculative::{DraftModel, SpeculativeConfig};
+use wick_engine::{GenerationRequest, LoadOptions, Model};
+use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
+
+fn smollm2_path() -> PathBuf {
+    let home = std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
+    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} missing: run `wick pull default`",
+        path.display()
+    );
+    path
+}
+
+fn default_model() -> Arc<Model> {
+    Arc::new(Model::load(&smollm2_path(), &LoadOptions::default()).unwrap())
+}
+
+fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
+    (0..n)
+        .flat_map(|i| {
+            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 5000.0 - 0.1)
+                .to_le_bytes()
+        })
+        .collect()
+}
+
+/// A one-layer llama of hidden size 32 with fixed pseudo-random F32 weights and
+/// SmolLM2's tokenizer (every `tokenizer.*` key copied), or a 259-token byte vocabulary
+/// when `own_vocab`: a draft that agrees with SmolLM2 almost never.
+fn tiny_draft(dir: &Path, own_vocab: bool) -> PathBuf {
+    let source = GgufFile::open(smollm2_path()).unwrap();
+    let mut w = GgufWriter::new();
+    let (h, ff) = (32u64, 64u64);
+    let mut vocab = 0u64;
+    for (key, value) in source.metadata().entries() {
+        if key.starts_with("tokenizer.") && !own_vocab {
+            if key == "tokenizer.ggml.tokens" {
+                vocab = value.as_array().unwrap().len() as u64;
+            }
+            w.metadata(key.clone(), value.clone());
+        }
+    }
+    if own_vocab {
+        let mut tokens: Vec<V> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+            .iter()
+            .map(|s| V::String(s.to_string()))
+            .collect();
+        tokens.extend((0..256u32).map(|b| V::String(format!("<0x{b:02X}>"))));
+        vocab = tokens.len() as u64;
+        w.metadata("tokenizer.ggml.model", V::String("gpt2".into()))
+            .metadata("tokenizer.ggml.pre", V::String("gpt-2".into()))
+            .metadata("tokenizer.ggml.tokens", V::Array(tokens))
+            .metadata(
+                "tokenizer.ggml.merges",
+                V::Array(vec![V::String("a b".into())]),
+            )
+            .metadata("tokenizer.ggml.bos_token_id", V::U32(1))
+            .metadata("tokenizer.ggml.eos_token_id", V::U32(2));
+    }
+    let arch = "llama";
+    w.metadata("general.architecture", V::String(arch.into()))
+        .metadata("general.name", V::String("tiny-draft".into()))
+        .metadata(format!("{arch}.block_count"), V::U32(1))
+        .metadata(format!("{arch}.context_length"), V::U32(2048))
+        .metadata(format!("{arch}.embedding_length"), V::U32(h as u32))
+        .metadata(format!("{arch}.feed_forward_length"), V::U32(ff as u32))
+        .metadata(format!("{arch}.attention.head_count"), V::U32(2))
+        .metadata(format!("{arch}.attention.head_count_kv"), V::U32(1))
+        .metadata(
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            V::F32(1e-5),
+        );
+    let kv = h / 2;
+    let mut tensor = |name: &str, dims: Vec<u64>| {
+        let n: u64 = dims.iter().product();
+        w.tensor(
+            name,
+            dims,
+            GgmlType::F32,
+            f32_bytes(n as usize, name.len() as u32),
+        );
+    };
+    tensor("token_embd.weight", vec![h, vocab]);
+    tensor("output_norm.weight", vec![h]);
+    tensor("blk.0.attn_norm.weight", vec![h]);
+    tensor("blk.0.ffn_norm.weight", vec![h]);
+    tensor("blk.0.attn_q.weight", vec![h, h]);
+    tensor("blk.0.attn_k.weight", vec![h, kv]);
+    tensor("blk.0.attn_v.weight", vec![h, kv]);
+    tensor("blk.0.attn_output.weight", vec![h, h]);
+    tensor("blk.0.ffn_gate.weight", vec![h, ff]);
+    tensor("blk.0.ffn_up.weight", vec![h, ff]);
+    tensor("blk.0.ffn_down.weight", vec![ff, h]);
+    let path = dir.join(if own_vocab {
+        "tiny-bytes.gguf"
+    } else {
+        "tiny-smollm2-vocab.gguf"
+    });
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    path
+}
+
+fn collect(mut h: wick_engine::scheduler::RequestHandle) -> (Vec<u32>, String) {
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => {
+                assert_eq!(d.tokens, ids);
+                return (ids, d.text);
+            }
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+/// Greedy requests that repeat and edit text (prompt lengths mixed), one with a stop
+/// string, one with log-probabilities and a repetition penalty.
+fn greedy_requests(model: &Model) -> Vec<GenerationRequest> {
+    let topics = [
+        "Repeat this list exactly: apple, banana, cherry, apple, banana, cherry.",
+        "Write a short poem about the sea.",
+        "Count from one to twenty in words.",
+        "The river runs past the old mill, and the miller counts the sacks of grain. \
+         The river runs past the old mill, and",
+    ];
+    topics
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let prompt = model.tokenize(t).unwrap();
+            let mut r = GenerationRequest::new(prompt).max_tokens(24 + 6 * i);
+            r.ignore_eos = true;
+            if i == 1 {
+                r.stop = vec!["\n\n".into()];
+            }
+            if i == 2 {
+                r = r.sampling(SamplingParams {
+                    logprobs: Some(2),
+                    repetition_penalty: 1.1,
+                    ..SamplingParams::greedy()
+                });
+            }
+            r
+        })
+        .collect()
+}
+
+fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
+    requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect()
+}
+
+fn engine_with(
+    model: &Arc<Model>,
+    draft: DraftModel,
+    blocks: Option<usize>,
+) -> wick_engine::scheduler::EngineHandle {
+    Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 8,
+            step_token_budget: 64,
+            prompt_cache_bytes: 0,
+            kv_budget: blocks.map_or(KvBudget::Unbounded, |b| {
+                KvBudget::Bytes((b * model.kv_block_bytes()) as u64)
+            }),
+            speculative: Some(SpeculativeConfig::default()),
+            draft_model: Some(draft),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// The default model drafting for itself: every greedy reply is the plain one, batched
+/// and under a pool that preempts; nearly every draft is kept; a sampled request runs
+/// beside them to its length, keeping drafts too.
+#[test]
+fn a_model_drafting_for_itself_keeps_greedy_output_and_its_drafts() {
+    let model = default_model();
+    let requests = greedy_requests(&model);
+    let alone = run_alone(&model, &requests);
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap();
+    let layers = model.config().num_layers;
+    // Room for about two of the longest sequences (with their drafts), all layers.
+    let blocks = 2 * layers * (longest + 8).div_ceil(16) + layers;
+    let draft = DraftModel::new(&model, model.clone()).unwrap();
+    let engine = engine_with(&model, draft, Some(blocks));
+    let mut sampled = requests[1].clone().sampling(SamplingParams {
+        temperature: 0.7,
+        seed: 9,
+        ..SamplingParams::default()
+    });
+    sampled.stop.clear();
+    sampled.max_tokens = 40;
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    let sampled = engine.submit(sampled).unwrap();
+    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        assert_eq!(
+            &collect(h).0,
+            want,
+            "request {i} differs from its plain run"
+        );
+    }
+    assert_eq!(collect(sampled).0.len(), 40);
+    let stats = engine.stats();
+    let spec = &stats.speculation;
+    assert!(
+        spec.drafted > 40 && spec.accepted as f64 >= 0.8 * spec.drafted as f64,
+        "a model drafting for itself keeps nearly every draft: {spec:?}"
+    );
+    assert!(stats.preemptions > 0, "meant to preempt: {stats:?}");
+    assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}
+
+/// A random-weight draft with the same vocabulary: replies are still the plain ones, it
+/// is almost never right, and the adaptive length backs off to a draft every few steps.
+#[test]
+fn a_draft_that_is_never_right_keeps_the_output_and_backs_off() {
+    let model = default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let tiny =
+        Arc::new(Model::load(&tiny_draft(dir.path(), false), &LoadOptions::default()).unwrap());
+    let requests = greedy_requests(&model);
+    let alone = run_alone(&model, &requests);
+    let draft = DraftModel::new(&model, tiny).unwrap();
+    let engine = engine_with(&model, draft, None);
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    let mut generated = 0;
+    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        let got = collect(h).0;
+        assert_eq!(&got, want, "request {i} differs from its plain run");
+        generated += got.len() as u64;
+    }
+    let spec = engine.stats().speculation;
+    assert!(spec.accepted * 5 <= spec.drafted.max(1), "{spec:?}");
+    assert!(
+        spec.drafted * 4 <= generated,
+        "the draft length backs off: {spec:?} over {generated} tokens"
+    );
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}
+
+/// A draft with another tokenizer is refused, naming both models.
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    let model = default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let other =
+        Arc::new(Model::load(&tiny_draft(dir.path(), true), &LoadOptions::default()).unwrap());
+    let err = DraftModel::new(&model, other.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&other.info().name)
+            && err.contains(&model.info().name)
+            && err.contains("tokenizers differ"),
+        "{err}"
+    );
+}
