@@ -61,10 +61,11 @@ def test_metrics_prometheus_text(server, client):
         assert name in text, name
     count = re.search(r"wick_time_to_first_token_seconds_count (\d+)", text)
     assert int(count.group(1)) >= 1
-    # every sample line parses as `name{labels} value`
+    # every sample line parses as `name{labels} value`, names as Prometheus allows them
+    # (colons too: the vLLM-named gauges routers read are `vllm:…`)
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            assert re.fullmatch(r'[a-z_]+(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? ([-+0-9.eE]+|NaN|\+Inf)', line), line
+            assert re.fullmatch(r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? ([-+0-9.eE]+|NaN|\+Inf)', line), line
 
 
 def test_server_heap_asks_for_huge_pages(server):
