@@ -2,14 +2,14 @@
 //! passes whose sequences each run with their own adapter stack.
 use std::path::Path;
 
-use super::dispatch::{batch_of, with_decoder, AnyDecoder, CacheOf};
+use super::dispatch::{batch_of, spread_ids, token_steps, with_decoder, AnyDecoder, CacheOf};
 use super::{Model, ModelFormat, Step};
 use crate::adapters::{
     load::QkPermutation, validate_id, Adapter, AdapterError, AdapterInfo, AdapterStack, LoraOf,
     LoraWeights,
 };
 use crate::backend::RopeStyle;
-use crate::models::decoder::{Decoder, Logits, LogitsRequest};
+use crate::models::decoder::{Decoder, Logits};
 use crate::Result;
 
 impl Model {
@@ -105,21 +105,14 @@ fn argmax_lora_on<B: CacheOf + LoraOf>(
     steps: &mut [Step<'_>],
     adapters: &[&AdapterStack],
 ) -> Result<Vec<Option<u32>>> {
-    let wants: Vec<bool> = steps
-        .iter()
-        .map(|s| s.logits != LogitsRequest::None)
-        .collect();
+    let wants = token_steps(steps);
     let stacks = stacks_of::<B>(adapters)?;
     if !wants.contains(&true) {
         d.forward_lora(&mut batch_of(steps)?, &stacks)?;
         return Ok(vec![None; steps.len()]);
     }
     let ids = d.forward_argmax_lora(&mut batch_of(steps)?, &stacks)?;
-    let mut ids = d.backend().ids_to_host(&ids)?.into_iter();
-    Ok(wants
-        .into_iter()
-        .map(|w| if w { ids.next() } else { None })
-        .collect())
+    Ok(spread_ids(wants, d.backend().ids_to_host(&ids)?))
 }
 
 impl From<AdapterError> for crate::EngineError {

@@ -177,20 +177,30 @@ pub(crate) fn argmax_on<B: CacheOf>(
     d: &Decoder<B>,
     steps: &mut [Step<'_>],
 ) -> Result<Vec<Option<u32>>> {
-    let wants: Vec<bool> = steps
-        .iter()
-        .map(|s| s.logits != LogitsRequest::None)
-        .collect();
+    let wants = token_steps(steps);
     if !wants.contains(&true) {
         forward_on(d, steps)?;
         return Ok(vec![None; steps.len()]);
     }
     let ids = d.forward_argmax(&mut batch_of(steps)?)?;
-    let mut ids = d.backend().ids_to_host(&ids)?.into_iter();
-    Ok(wants
+    Ok(spread_ids(wants, d.backend().ids_to_host(&ids)?))
+}
+
+/// Which steps ask for a token: an argmax pass returns ids for those, in order.
+pub(super) fn token_steps(steps: &[Step<'_>]) -> Vec<bool> {
+    steps
+        .iter()
+        .map(|s| s.logits != LogitsRequest::None)
+        .collect()
+}
+
+/// The ids of an argmax pass spread over every step (`None` where `wants` is false).
+pub(super) fn spread_ids(wants: Vec<bool>, ids: Vec<u32>) -> Vec<Option<u32>> {
+    let mut ids = ids.into_iter();
+    wants
         .into_iter()
         .map(|w| if w { ids.next() } else { None })
-        .collect())
+        .collect()
 }
 
 pub(crate) fn hidden_on<B: CacheOf>(

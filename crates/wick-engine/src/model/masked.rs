@@ -1,10 +1,10 @@
 //! [`Model`]'s argmax pass under token masks: structured output's greedy rows picked on
 //! the backend, so their logits never leave the device.
 use super::adapters::stacks_of;
-use super::dispatch::{batch_of, with_decoder, AnyDecoder, CacheOf};
+use super::dispatch::{batch_of, spread_ids, token_steps, with_decoder, AnyDecoder, CacheOf};
 use super::{Model, Step};
 use crate::adapters::{AdapterStack, LoraOf};
-use crate::models::decoder::{Decoder, LogitsRequest};
+use crate::models::decoder::Decoder;
 use crate::Result;
 
 impl Model {
@@ -37,10 +37,7 @@ fn masked_on<B: CacheOf + LoraOf>(
     adapters: &[&AdapterStack],
     masks: impl FnOnce() -> Vec<Option<Vec<u32>>>,
 ) -> Result<Vec<Option<u32>>> {
-    let wants: Vec<bool> = steps
-        .iter()
-        .map(|s| s.logits != LogitsRequest::None)
-        .collect();
+    let wants = token_steps(steps);
     let stacks = stacks_of::<B>(adapters)?;
     if !wants.contains(&true) {
         d.forward_lora(&mut batch_of(steps)?, &stacks)?;
@@ -48,9 +45,5 @@ fn masked_on<B: CacheOf + LoraOf>(
         return Ok(vec![None; steps.len()]);
     }
     let ids = d.forward_argmax_masked(&mut batch_of(steps)?, &stacks, masks)?;
-    let mut ids = d.backend().ids_to_host(&ids)?.into_iter();
-    Ok(wants
-        .into_iter()
-        .map(|w| if w { ids.next() } else { None })
-        .collect())
+    Ok(spread_ids(wants, d.backend().ids_to_host(&ids)?))
 }
