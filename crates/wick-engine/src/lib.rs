@@ -49,6 +49,7 @@ pub mod weights;
 pub use error::{EngineError, Result};
 pub mod generation;
 pub mod kv_pool;
+pub mod media;
 mod model;
 
 pub use backend::BackendKind;

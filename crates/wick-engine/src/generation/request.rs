@@ -53,6 +53,9 @@ pub struct GenerationRequest {
     /// Whether the engine may decode this request speculatively when it is set up to
     /// ([`crate::scheduler::EngineConfig::speculative`]); `false` opts out.
     pub speculative: bool,
+    /// Images and audio clips whose embeddings replace their soft tokens' rows in the
+    /// prompt (sorted by position, not overlapping; empty for text).
+    pub media: Vec<crate::media::MediaSpan>,
 }
 
 impl GenerationRequest {
@@ -70,6 +73,7 @@ impl GenerationRequest {
             prompt_logprobs: None,
             adapters: AdapterStack::none(),
             speculative: true,
+            media: Vec::new(),
         }
     }
 

@@ -191,6 +191,7 @@ impl Model {
             weight_bytes,
             backend,
             kv_type,
+            media: crate::media::MediaCaps::none(),
         };
         Ok(Model {
             decoder,

@@ -60,6 +60,8 @@ pub struct ModelInfo {
     /// How the KV cache stores numbers (`f16`, `f32`; the MLX backend keeps the
     /// checkpoint's compute type, `mlx`).
     pub kv_type: &'static str,
+    /// The media towers that loaded (none for a text model).
+    pub media: crate::media::MediaCaps,
 }
 
 /// Sampling defaults from `generation_config.json` (absent fields are `None`).
