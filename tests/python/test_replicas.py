@@ -69,6 +69,50 @@ def test_router_endpoints_and_vllm_gauges_honour_the_api_key():
         stopped(s)
 
 
+def test_render_endpoints_give_the_prompt_the_request_would_run_and_load_can_be_public():
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    s = WickServer("--model-id", "smol", "--public-load", api_key="k3y")
+    try:
+        bare = httpx.Client(base_url=s.base, timeout=30)
+        # --public-load: the load poll needs no key; everything else still does.
+        assert bare.get("/get_load").json()["load"] == 0
+        assert bare.post("/v1/chat/completions/render", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Bin 3?"}]
+        with s.http() as h:
+            r = h.post("/v1/chat/completions/render", json={
+                "model": "m", "messages": messages, "max_tokens": 5, "temperature": 0})
+            assert r.status_code == 200, r.text
+            rendered = r.json()
+            assert rendered["request_id"].startswith("chatcmpl-")
+            assert rendered["sampling_params"]["max_tokens"] == 5
+            ids = rendered["token_ids"]
+            # The ids are the prompt the chat endpoint runs: its usage counts them.
+            reply = chat(s, messages, max_tokens=5)
+            assert reply["usage"]["prompt_tokens"] == len(ids)
+            # A longer conversation renders to an extension of the shorter one's ids
+            # (what a router's token-prefix matching relies on).
+            longer = messages + [{"role": "assistant", "content": "Part 39."},
+                                 {"role": "user", "content": "Bin 4?"}]
+            ids2 = h.post("/v1/chat/completions/render",
+                          json={"model": "m", "messages": longer}).json()["token_ids"]
+            assert len(ids2) > len(ids) and ids2[:len(ids) - 3] == ids[:len(ids) - 3]
+            # Completions: a list with one rendered prompt; token input passes through.
+            r = h.post("/v1/completions/render", json={"model": "m", "prompt": "Hello there"})
+            assert r.status_code == 200, r.text
+            [one] = r.json()
+            assert one["request_id"].startswith("cmpl-") and len(one["token_ids"]) >= 2
+            r = h.post("/v1/completions/render", json={"model": "m", "prompt": [1, 2, 3]})
+            assert r.json()[0]["token_ids"] == [1, 2, 3]
+            # Same validation as the generating endpoints, same error shape.
+            r = h.post("/v1/chat/completions/render", json={"model": "m", "messages": []})
+            assert r.status_code == 400 and r.json()["error"]["type"]
+            r = h.post("/v1/completions/render", json={"model": "m", "prompt": [10**9]})
+            assert r.status_code == 400 and "prompt[0]" in r.text
+    finally:
+        stopped(s)
+
+
 def test_two_live_replicas_share_one_ssd_cache(tmp_path):
     require_model(SMOLLM, "smollm2-135m-instruct")
     root = tmp_path / "shared"

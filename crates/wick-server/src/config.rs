@@ -65,6 +65,9 @@ pub struct ServerConfig {
     pub defaults: SamplingDefaults,
     /// When set, every route but `/health` needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// Serve `GET /get_load` without the API key (`--public-load`): routers poll it
+    /// without one. It tells only how many requests wait and run and how full the KV is.
+    pub public_load: bool,
     /// The tool-call format, overriding detection from the chat template (`--tool-parser`).
     pub tool_format: Option<ToolFormat>,
     /// A chat template that replaces the model's: `(source name, Jinja text)`.
@@ -106,6 +109,7 @@ impl ServerConfig {
             model_id: model_id.into(),
             defaults: SamplingDefaults::default(),
             api_key: None,
+            public_load: false,
             tool_format: None,
             chat_template: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,

@@ -10,6 +10,7 @@ pub mod library;
 pub mod messages;
 pub mod models;
 pub mod ops;
+pub mod render;
 pub mod replica;
 pub mod responses;
 pub mod ui;
@@ -74,9 +75,11 @@ impl Table {
 
 /// The whole HTTP application for `state`; tests drive it without a socket.
 pub fn app(state: AppState) -> Router {
-    let api = Table::new()
+    let mut api = Table::new()
         .post("/v1/chat/completions", chat::chat_completions)
         .post("/v1/completions", completions::completions)
+        .post("/v1/chat/completions/render", render::chat)
+        .post("/v1/completions/render", render::completions)
         .post("/v1/embeddings", embeddings::refuse)
         .post("/v1/messages", messages::messages)
         .post("/v1/messages/count_tokens", messages::count_tokens)
@@ -91,7 +94,6 @@ pub fn app(state: AppState) -> Router {
         .get("/v1", ops::index)
         .get("/stats", ops::stats)
         .get("/metrics", ops::metrics)
-        .get("/get_load", replica::get_load)
         .get("/version", replica::version)
         .get("/server_info", replica::server_info)
         .post("/admin/cache/flush", admin::flush_cache)
@@ -116,10 +118,16 @@ pub fn app(state: AppState) -> Router {
         .get("/api/jobs/{id}/stream", jobs::stream)
         .post("/api/jobs/{id}/cancel", jobs::cancel);
     // The UI's files hold no data: the page asks for the key and sends it on its API calls.
-    let open = Table::new()
+    let mut open = Table::new()
         .get("/health", ops::health)
         .get("/", ui::index)
         .get("/ui/{*file}", ui::file);
+    // `--public-load`: routers' load polls carry no key (vllm-router's power_of_two).
+    if state.config().public_load {
+        open = open.get("/get_load", replica::get_load);
+    } else {
+        api = api.get("/get_load", replica::get_load);
+    }
     let mut listed = api.listed;
     listed.extend(open.listed);
     let api = api.router.route_layer(from_fn_with_state(

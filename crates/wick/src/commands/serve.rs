@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer <KEY>` on every route but /health (an empty key is refused).
     #[arg(long, env = "WICK_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Serve GET /get_load without the API key, for routers whose load polls carry none
+    /// (vllm-router's power_of_two); it reveals only queue counts and KV use.
+    #[arg(long, env = "WICK_PUBLIC_LOAD")]
+    public_load: bool,
     /// Host names `Host` headers may carry besides localhost, IP addresses and --host
     /// (DNS-rebinding protection); comma-separated; `*` allows any.
     #[arg(
@@ -453,6 +457,7 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
         repetition_penalty: args.repetition_penalty,
     };
     config.api_key = api_key;
+    config.public_load = args.public_load;
     config.tool_format = tool_format;
     config.chat_template = chat_template;
     config.adapters = args.adapters.clone();
