@@ -494,6 +494,13 @@ impl MlxQuantization {
 
 impl HfNamedWeights<'_> {
     fn map(&self, canonical: &str) -> Option<String> {
+        if let Some(raw) = canonical.strip_prefix(super::RAW_PREFIX) {
+            // A tower's own tensors, by their Hugging Face names: at the top level as
+            // transformers saves them, or under `model.` (newer multimodal layouts).
+            return [raw.to_string(), format!("model.{raw}")]
+                .into_iter()
+                .find(|n| self.inner.entries.contains_key(n));
+        }
         let name = match self.naming {
             HfNaming::Gemma => hf_name_gemma(canonical),
             naming => hf_name_as(naming, canonical),
@@ -505,6 +512,12 @@ impl HfNamedWeights<'_> {
         let nested = name.replacen("model.", "model.language_model.", 1);
         if self.inner.entries.contains_key(&nested) {
             return Some(nested);
+        }
+        // Older multimodal checkpoints (Gemma 3) keep the whole causal LM under
+        // `language_model.`.
+        let wrapped = format!("language_model.{name}");
+        if self.inner.entries.contains_key(&wrapped) {
+            return Some(wrapped);
         }
         // A bare decoder saved without its head (`Qwen3Model`, as sentence-transformers
         // saves embedding models) has no `model.` prefix.
