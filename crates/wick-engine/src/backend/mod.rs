@@ -90,6 +90,8 @@ pub enum OptionalOp {
     Activation,
     /// Rotary cos/sin scaled by [`RopeSpec::attention_factor`] other than 1.
     RopeAttentionFactor,
+    /// [`Backend::attention_to`] (bidirectional attention inside an image).
+    AttentionTo,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.

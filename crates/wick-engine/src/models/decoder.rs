@@ -675,8 +675,13 @@ impl<B: Backend> Decoder<B> {
     pub fn embed_images(&self, spans: &[crate::media::MediaSpan]) -> Result<Vec<ImageRows>> {
         let (Some(tower), Some(vcfg)) = (&self.vision, &self.cfg.vision) else {
             return Err(EngineError::InvalidInput(format!(
-                "this {} model has no vision tower: it cannot read images",
-                self.cfg.arch
+                "this {} model has no vision tower {}: it cannot read images",
+                self.cfg.arch,
+                if self.cfg.vision.is_some() && !Gemma3Vision::backend_can_run(&self.backend) {
+                    format!("on the {} backend (use --backend cpu)", self.backend.name())
+                } else {
+                    "in its checkpoint".to_string()
+                }
             )));
         };
         let mut out: Vec<ImageRows> = Vec::with_capacity(spans.len());

@@ -519,9 +519,10 @@ impl Backend for CandleBackend {
 
     fn supports(&self, op: OptionalOp) -> bool {
         match op {
-            OptionalOp::LayerNorm | OptionalOp::Activation | OptionalOp::RopeAttentionFactor => {
-                true
-            }
+            OptionalOp::LayerNorm
+            | OptionalOp::Activation
+            | OptionalOp::RopeAttentionFactor
+            | OptionalOp::AttentionTo => true,
         }
     }
 

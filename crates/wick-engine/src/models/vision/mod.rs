@@ -106,19 +106,19 @@ impl VisionConfig {
     fn check(&self, source: &str) -> Result<()> {
         let side = self.patches_per_side();
         let tokens_side = (self.tokens_per_image as f64).sqrt() as usize;
-        let reason = if self.hidden_size % self.num_heads != 0 {
+        let reason = if !self.hidden_size.is_multiple_of(self.num_heads) {
             Some(format!(
                 "vision hidden_size {} is not a multiple of its {} heads",
                 self.hidden_size, self.num_heads
             ))
-        } else if self.image_size % self.patch_size != 0 || side * side > MAX_PATCHES {
+        } else if !self.image_size.is_multiple_of(self.patch_size) || side * side > MAX_PATCHES {
             Some(format!(
                 "image_size {} is not a whole number of {}-pixel patches (or too many)",
                 self.image_size, self.patch_size
             ))
         } else if tokens_side == 0
             || tokens_side * tokens_side != self.tokens_per_image
-            || side % tokens_side != 0
+            || !side.is_multiple_of(tokens_side)
         {
             Some(format!(
                 "mm_tokens_per_image {} is not a square that divides the {side}×{side} patch grid",
@@ -272,15 +272,17 @@ mod tests {
     #[test]
     fn a_pass_that_cuts_an_image_is_refused() {
         let imgs = [image(4..8)];
-        let r = PassMedia::for_pass(&[&imgs], &[2..6], &[0..4]);
-        assert!(r.is_err());
-        let m = PassMedia::for_pass(&[&imgs], &[2..10], &[0..8])
-            .unwrap()
-            .unwrap();
+        let pass = |p: Range<usize>, flat: Range<usize>| {
+            PassMedia::for_pass(
+                &[&imgs],
+                std::slice::from_ref(&p),
+                std::slice::from_ref(&flat),
+            )
+        };
+        assert!(pass(2..6, 0..4).is_err());
+        let m = pass(2..10, 0..8).unwrap().unwrap();
         assert_eq!(m.ends, vec![3, 4, 8, 8, 8, 8, 9, 10]);
         assert_eq!(m.replace.len(), 4);
-        assert!(PassMedia::for_pass(&[&imgs], &[8..10], &[0..2])
-            .unwrap()
-            .is_none());
+        assert!(pass(8..10, 0..2).unwrap().is_none());
     }
 }

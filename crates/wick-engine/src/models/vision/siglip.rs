@@ -61,7 +61,13 @@ impl<B: Backend> Gemma3Vision<B> {
 
     /// Whether `backend` has the ops the tower runs on.
     pub(crate) fn backend_can_run(backend: &B) -> bool {
-        backend.supports(OptionalOp::LayerNorm) && backend.supports(OptionalOp::Activation)
+        [
+            OptionalOp::LayerNorm,
+            OptionalOp::Activation,
+            OptionalOp::AttentionTo,
+        ]
+        .into_iter()
+        .all(|op| backend.supports(op))
     }
 
     pub(in crate::models) fn load(
