@@ -165,6 +165,15 @@ fn the_tower_is_reported_only_when_it_loaded() {
         .attach_media(&mut cache, &g.media("one_image"))
         .unwrap_err();
     assert!(err.to_string().contains("no vision tower"), "{err}");
+    // Refused before it runs, naming the model.
+    let err = text
+        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("'gemma3' has no vision tower"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -222,6 +231,14 @@ fn bad_spans_are_refused() {
     }
     let err = g.model.attach_media(&mut cache, &media).unwrap_err();
     assert!(err.to_string().contains("pixel values"), "{err}");
+    let mut req = request(&g, "one_image");
+    req.media[0].start = req.prompt.len() - 4;
+    let err = g
+        .model
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("outside the"), "{err}");
 }
 
 #[test]

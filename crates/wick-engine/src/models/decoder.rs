@@ -1048,7 +1048,18 @@ impl<B: Backend> Decoder<B> {
         };
 
         let mut x = match input {
-            Input::Host(ids) => be.embed(&self.embed, ids)?,
+            // Soft tokens take their image's rows below; their id need not be in the
+            // table (some checkpoints put the image token past the vocabulary).
+            Input::Host(ids) => match &media {
+                Some(m) => {
+                    let mut ids = ids.to_vec();
+                    for (row, _, _) in &m.replace {
+                        ids[*row] = 0;
+                    }
+                    be.embed(&self.embed, &ids)?
+                }
+                None => be.embed(&self.embed, ids)?,
+            },
             Input::Backend(ids) => be.embed_ids(&self.embed, ids)?,
         };
         if cfg.scale_embeddings {
