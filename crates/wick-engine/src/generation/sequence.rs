@@ -724,7 +724,7 @@ impl Sequence {
     /// sequence) and continues on `empty`: the next steps recompute the prompt and the
     /// tokens generated so far (without sampling), then decoding goes on where it
     /// stopped, with the same sampler state, so the output is what it would have been.
-    pub fn preempt(&mut self, empty: KvCache) {
+    pub fn preempt(&mut self, mut empty: KvCache) {
         self.target = if self.generated.is_empty() {
             self.prompt.len()
         } else {
@@ -732,7 +732,7 @@ impl Sequence {
             self.history.len() - 1
         };
         self.fed = 0;
-        let mut empty = empty;
+        // The images' rows stay: the recompute places them again.
         empty.adopt_media(&self.cache);
         self.cache = empty;
         // The draft model's KV goes too; it catches up again once the sequence decodes.

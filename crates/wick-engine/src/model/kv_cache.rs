@@ -38,11 +38,6 @@ impl KvCache {
         }
     }
 
-    /// Whether the sequence has media rows attached.
-    pub fn has_media(&self) -> bool {
-        with_cache!(&self.inner, c => !c.images().is_empty())
-    }
-
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         with_cache!(&self.inner, c => c.is_empty())
