@@ -8,7 +8,7 @@
 # Steps: a new venv in $GOLDENS_VENV (default target/goldens/venv; removed first), llama-cpp-python
 # built once from source into target/goldens/wheels with $LLAMA_CMAKE_ARGS, the pinned
 # requirements.txt, the models and test assets through `wick pull` (into $WICK_HOME, default
-# ~/.cache/wick), then the seven scripts of this folder. Needs python3 (3.11 or newer) with venv,
+# ~/.cache/wick), then the scripts of this folder. Needs python3 (3.11 or newer) with venv,
 # cargo (to build wick when target/release/wick is missing), a C++ compiler, and PyPI.
 # The first run builds llama.cpp (20-40 min on 2 cores); a run after that took 22 min on a
 # busy 2-core machine, most of it the llama.cpp generations.
@@ -82,6 +82,7 @@ run scripts/goldens/hf_tiny_models.py
 run scripts/goldens/rope_scalings.py
 run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_tiny_qwen35.py
+run scripts/goldens/hf_tiny_gemma3_vision.py
 run scripts/goldens/hf_numpy_check.py
 run scripts/goldens/peft_adapters.py
 run scripts/goldens/train_parity.py

@@ -383,6 +383,9 @@ pub struct ModelConfig {
     pub gemma4: Option<Box<crate::models::gemma4::Gemma4Params>>,
     /// Qwen 3.5's hybrid layout (linear-attention layers and their shape).
     pub qwen35: Option<crate::models::qwen35::Qwen35Config>,
+    /// The vision tower and projector of a multimodal checkpoint (Gemma 3's SigLIP), when
+    /// `config.json` describes one; whether its weights are present is checked at load.
+    pub vision: Option<crate::models::vision::VisionConfig>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.

@@ -7,6 +7,7 @@
 //! [`MediaSpan`] per item to the [`crate::GenerationRequest`]. The engine runs the tower on
 //! the item, projects it into the text model's embedding space, and the embeddings replace
 //! the rows of the span's soft tokens during prefill.
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Pixel values of one image after the model's processor, channels first `[c, h, w]`.
@@ -124,5 +125,58 @@ impl MediaCaps {
     /// Text only.
     pub fn none() -> Self {
         MediaCaps::default()
+    }
+}
+
+/// The tokens a prompt is cached under: `tokens` with each media span's positions replaced
+/// by ids derived from the span's digest (with the high bit set, outside any vocabulary), so
+/// that two prompts with the same soft tokens but different images share no cached KV past
+/// the first image, while a text prefix before it still matches.
+pub fn cache_key_tokens<'a>(tokens: &'a [u32], media: &[MediaSpan]) -> Cow<'a, [u32]> {
+    if media.is_empty() {
+        return Cow::Borrowed(tokens);
+    }
+    let mut keyed = tokens.to_vec();
+    for span in media {
+        let seed = (span.digest ^ (span.digest >> 32)) as u32;
+        let end = (span.start + span.len).min(keyed.len());
+        for (i, t) in keyed.iter_mut().enumerate().take(end).skip(span.start) {
+            *t = 0x8000_0000
+                | (seed
+                    .wrapping_add((i - span.start) as u32)
+                    .wrapping_mul(0x9E37_79B1)
+                    >> 1);
+        }
+    }
+    Cow::Owned(keyed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(start: usize, digest: u64) -> MediaSpan {
+        MediaSpan {
+            start,
+            len: 2,
+            data: MediaData::Audio(AudioFeatures {
+                frames: 0,
+                bins: 0,
+                data: Arc::from(Vec::new()),
+            }),
+            digest,
+        }
+    }
+
+    #[test]
+    fn different_images_key_differently_after_the_text_prefix() {
+        let tokens = [1, 2, 9, 9, 3];
+        let a = cache_key_tokens(&tokens, &[span(2, 7)]);
+        let b = cache_key_tokens(&tokens, &[span(2, 8)]);
+        assert_eq!(a[..2], tokens[..2]);
+        assert_ne!(a[2..4], b[2..4]);
+        assert_eq!(a[4], 3);
+        assert!(a[2] >= 0x8000_0000);
+        assert_eq!(cache_key_tokens(&tokens, &[]), Cow::Borrowed(&tokens[..]));
     }
 }

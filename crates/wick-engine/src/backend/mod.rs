@@ -90,6 +90,8 @@ pub enum OptionalOp {
     Activation,
     /// Rotary cos/sin scaled by [`RopeSpec::attention_factor`] other than 1.
     RopeAttentionFactor,
+    /// [`Backend::attention_to`] (bidirectional attention inside an image).
+    AttentionTo,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -471,6 +473,27 @@ pub trait Backend: Send + Sync + 'static {
         segments: &mut [AttentionSegment<'_, Self::KvLayer>],
         params: &AttentionParams,
     ) -> Result<Self::Tensor>;
+
+    /// [`Backend::attention`] where row `i` of the flattened batch sees the keys before
+    /// position `ends[i]` (exclusive) instead of those up to its own position: an image's
+    /// soft tokens see each other both ways. `ends[i]` lies between the row's position + 1
+    /// and the end of its segment's new rows; a sliding window still counts back from the
+    /// row's own position. Backends without it (the default) say so.
+    fn attention_to(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        segments: &mut [AttentionSegment<'_, Self::KvLayer>],
+        params: &AttentionParams,
+        ends: &[usize],
+    ) -> Result<Self::Tensor> {
+        let _ = (q, k, v, segments, params, ends);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "bidirectional attention inside an image (needed for image input) is not implemented on this backend; use --backend cpu".into(),
+        })
+    }
 
     /// [`Backend::attention`] for caches that several layers share (Gemma 4's KV sharing).
     /// With `new_kv` it appends those rows as `attention` does; without, each segment's

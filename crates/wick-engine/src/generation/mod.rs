@@ -26,8 +26,21 @@ impl Model {
                 "the prompt is empty".into(),
             ));
         }
+        self.check_media(request)?;
         let vocab = self.config().vocab_size;
-        if let Some(&bad) = request.prompt.iter().find(|&&id| id as usize >= vocab) {
+        // A soft token's id is never looked up (its image's rows replace it).
+        let in_media = |i: usize| {
+            request
+                .media
+                .iter()
+                .any(|s| (s.start..s.start + s.len).contains(&i))
+        };
+        if let Some((_, &bad)) = request
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|&(i, &id)| id as usize >= vocab && !in_media(i))
+        {
             return Err(crate::EngineError::InvalidInput(format!(
                 "prompt token id {bad} is outside the vocabulary ({vocab})"
             )));
@@ -38,6 +51,41 @@ impl Model {
             return Err(crate::EngineError::ContextOverflow { needed, limit });
         }
         request.sampling.validate_for_vocab(vocab)?;
+        Ok(())
+    }
+
+    /// The request's media fit the prompt and the model's towers.
+    fn check_media(&self, request: &GenerationRequest) -> Result<()> {
+        let bad = |m: String| Err(crate::EngineError::InvalidInput(m));
+        for span in &request.media {
+            if span.len == 0 || span.start + span.len > request.prompt.len() {
+                return bad(format!(
+                    "a media span at {}..{} lies outside the {}-token prompt",
+                    span.start,
+                    span.start + span.len,
+                    request.prompt.len()
+                ));
+            }
+            match (&span.data, &self.info().media.vision) {
+                (crate::media::MediaData::Audio(_), _) => {
+                    return bad(format!("model '{}' has no audio tower", self.info().name))
+                }
+                (crate::media::MediaData::Image(_), None) => {
+                    return bad(format!("model '{}' has no vision tower", self.info().name))
+                }
+                (crate::media::MediaData::Image(_), Some(v)) => {
+                    if v.tokens_per_image.is_some_and(|n| n != span.len) {
+                        return bad(format!(
+                            "an image span at position {} has {} soft tokens; model '{}' reads {} per image",
+                            span.start,
+                            span.len,
+                            self.info().name,
+                            v.tokens_per_image.unwrap_or(0)
+                        ));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

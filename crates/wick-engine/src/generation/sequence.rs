@@ -122,6 +122,23 @@ impl Sequence {
             cached = request.prompt.len() - 1;
             cache.trim(cached)?;
         }
+        // A cached prefix that ends inside an image is cut back to before it (the image's
+        // soft tokens must be computed in one pass).
+        if let Some(span) = request
+            .media
+            .iter()
+            .find(|s| s.start < cached && cached < s.start + s.len)
+        {
+            if cache.can_trim_to(span.start) {
+                cache.trim(span.start)?;
+                cached = span.start;
+            } else {
+                cache = model.new_cache();
+                cached = 0;
+            }
+        }
+        // Always set: a cached prefix may carry another request's images.
+        model.attach_media(&mut cache, &request.media)?;
         let sampler = Sampler::new(
             request.sampling.clone(),
             SamplerTokens {
@@ -389,6 +406,7 @@ impl Sequence {
                 chunk
             };
             let n = chunk.max(1).min(self.target - self.fed);
+            let n = self.cache.chunk_end(self.fed, self.fed + n) - self.fed;
             // A recomputed sequence already sampled its next token: no logits needed.
             // With `max_tokens` 0 (a scored prompt) nothing is sampled.
             let last =
@@ -706,7 +724,7 @@ impl Sequence {
     /// sequence) and continues on `empty`: the next steps recompute the prompt and the
     /// tokens generated so far (without sampling), then decoding goes on where it
     /// stopped, with the same sampler state, so the output is what it would have been.
-    pub fn preempt(&mut self, empty: KvCache) {
+    pub fn preempt(&mut self, mut empty: KvCache) {
         self.target = if self.generated.is_empty() {
             self.prompt.len()
         } else {
@@ -714,6 +732,8 @@ impl Sequence {
             self.history.len() - 1
         };
         self.fed = 0;
+        // The images' rows stay: the recompute places them again.
+        empty.adopt_media(&self.cache);
         self.cache = empty;
         // The draft model's KV goes too; it catches up again once the sequence decodes.
         self.abandon_model_draft();

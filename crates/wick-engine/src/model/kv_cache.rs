@@ -20,6 +20,24 @@ impl KvCache {
         with_cache!(&self.inner, c => c.len())
     }
 
+    /// The end of a prefill chunk that starts at `from` and would end at `to`, moved so
+    /// that it cuts none of the sequence's images ([`crate::Model::attach_media`]): before
+    /// an image it would cut, or past the whole image when the chunk starts at one.
+    pub fn chunk_end(&self, from: usize, to: usize) -> usize {
+        with_cache!(&self.inner, c => crate::models::vision::chunk_end(c.images(), from, to))
+    }
+
+    /// Takes over `other`'s media rows (a preempted sequence's fresh cache).
+    pub fn adopt_media(&mut self, other: &KvCache) {
+        match (&mut self.inner, &other.inner) {
+            (AnyCache::Candle(a), AnyCache::Candle(b)) => a.set_images(b.images().to_vec()),
+            #[cfg(feature = "mlx")]
+            (AnyCache::Mlx(a), AnyCache::Mlx(b)) => a.set_images(b.images().to_vec()),
+            #[cfg(feature = "mlx")]
+            _ => {}
+        }
+    }
+
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         with_cache!(&self.inner, c => c.is_empty())

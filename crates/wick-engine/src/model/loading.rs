@@ -191,7 +191,10 @@ impl Model {
             weight_bytes,
             backend,
             kv_type,
-            media: crate::media::MediaCaps::none(),
+            media: crate::media::MediaCaps {
+                vision: with_decoder!(&decoder, d => d.vision_caps()),
+                audio: None,
+            },
         };
         Ok(Model {
             decoder,

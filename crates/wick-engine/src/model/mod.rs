@@ -21,7 +21,9 @@ use wick_chat::chat_template::{ChatInput, ChatTemplate};
 use wick_chat::tokenizer::Tokenizer;
 
 pub(crate) use self::dispatch::PeakBlocks;
-use self::dispatch::{argmax_on, forward_on, hidden_on, with_decoder, wrap_cache, AnyDecoder};
+use self::dispatch::{
+    argmax_on, forward_on, hidden_on, with_cache, with_decoder, wrap_cache, AnyCache, AnyDecoder,
+};
 pub use self::kv_cache::KvCache;
 use crate::backend::candle::KvDtype;
 use crate::backend::{BackendKind, KvLayerSnapshot};
@@ -260,6 +262,26 @@ impl Model {
         Ok(KvCache {
             inner: with_decoder!(&self.decoder, d => wrap_cache(d.cache_from_snapshots(layers, recurrent)?)),
         })
+    }
+
+    /// Runs a request's media through the model's towers and keeps the projected rows
+    /// with `cache`: the forward passes that reach each span's positions take those rows
+    /// instead of the soft tokens' embeddings, and an image's soft tokens see each other
+    /// both ways. A pass must hold each span it reaches whole (see
+    /// [`KvCache::chunk_end`]). A model without the tower a span needs, or a span whose
+    /// length is not the tower's output, is an error.
+    pub fn attach_media(
+        &self,
+        cache: &mut KvCache,
+        media: &[crate::media::MediaSpan],
+    ) -> Result<()> {
+        let images = if media.is_empty() {
+            Vec::new()
+        } else {
+            with_decoder!(&self.decoder, d => d.embed_images(media))?
+        };
+        with_cache!(&mut cache.inner, c => c.set_images(images));
+        Ok(())
     }
 
     /// One batched forward pass over several sequences.

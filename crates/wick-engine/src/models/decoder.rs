@@ -13,6 +13,8 @@ use crate::backend::{
 use crate::config::{MlpKind, ModelConfig, NormKind};
 use crate::models::qwen35::Hybrid;
 use crate::models::recurrent::{RecurrentCache, RecurrentSnapshot};
+use crate::models::vision::siglip::Gemma3Vision;
+use crate::models::vision::{ImageRows, PassMedia};
 use crate::weights::WeightSource;
 use crate::{EngineError, Result};
 
@@ -80,6 +82,8 @@ pub struct SequenceCache<B: Backend> {
     /// The recurrent states of a hybrid model's linear-attention layers (Qwen 3.5);
     /// `layers` then holds its full-attention layers only.
     recurrent: Option<RecurrentCache>,
+    /// The projected rows of the sequence's images, placed by the passes that reach them.
+    images: Vec<ImageRows>,
 }
 
 impl<B: Backend> Clone for SequenceCache<B> {
@@ -87,6 +91,7 @@ impl<B: Backend> Clone for SequenceCache<B> {
         SequenceCache {
             layers: self.layers.clone(),
             recurrent: self.recurrent.clone(),
+            images: self.images.clone(),
         }
     }
 }
@@ -138,6 +143,16 @@ impl<B: Backend> SequenceCache<B> {
     /// The recurrent states, mutably.
     pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentCache> {
         self.recurrent.as_mut()
+    }
+
+    /// The sequence's images (their projected rows and prompt positions).
+    pub fn images(&self) -> &[ImageRows] {
+        &self.images
+    }
+
+    /// Sets the sequence's images (see [`Decoder::embed_images`]).
+    pub fn set_images(&mut self, images: Vec<ImageRows>) {
+        self.images = images;
     }
 
     /// The per-layer caches (for backend bookkeeping such as KV block leases).
@@ -225,6 +240,8 @@ pub struct Decoder<B: Backend> {
     gemma4: Option<super::gemma4::Gemma4Model<B>>,
     /// The layers of a hybrid model (Qwen 3.5), which then has no plain `layers`.
     hybrid: Option<Hybrid<B>>,
+    /// The vision tower, when the checkpoint has one and the backend can run it.
+    vision: Option<Gemma3Vision<B>>,
 }
 
 pub(super) struct Loader<'a, B: Backend> {
@@ -275,6 +292,15 @@ impl<B: Backend> Loader<'_, B> {
         let m = self.backend.matrix(w)?;
         self.bytes += self.backend.matrix_bytes(&m);
         Ok(m)
+    }
+
+    /// The 1-D weight `name`, which must exist.
+    pub(super) fn required_vector(&mut self, name: &str, len: usize) -> Result<B::Tensor> {
+        self.vector(name, len)?
+            .ok_or_else(|| EngineError::MissingTensor {
+                source_name: self.src.source_name(),
+                tensor: name.into(),
+            })
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Option<B::Tensor>> {
@@ -600,6 +626,19 @@ impl<B: Backend> Decoder<B> {
                 use_rope: cfg.features.rope_layers.get(i).copied().unwrap_or(true),
             });
         }
+        let vision = match &cfg.vision {
+            Some(v) if Gemma3Vision::present(&ld) && Gemma3Vision::backend_can_run(&backend) => {
+                Some(Gemma3Vision::load(&mut ld, v, h)?)
+            }
+            Some(_) => {
+                tracing::warn!(
+                    backend = backend.name(),
+                    "the checkpoint's vision tower is absent or this backend cannot run it: text only"
+                );
+                None
+            }
+            None => None,
+        };
         let weight_bytes = ld.bytes;
         let rope = cfg.rope.spec(cfg.rope_style, cfg.rotary_dims);
         let rope_local = cfg
@@ -618,7 +657,62 @@ impl<B: Backend> Decoder<B> {
             weight_bytes,
             gemma4,
             hybrid,
+            vision,
         })
+    }
+
+    /// What the vision tower reads, when one loaded.
+    pub fn vision_caps(&self) -> Option<crate::media::VisionCaps> {
+        self.vision
+            .as_ref()
+            .and(self.cfg.vision.as_ref())
+            .map(|v| v.caps())
+    }
+
+    /// Runs each image of `spans` through the vision tower: the rows a sequence's cache
+    /// keeps ([`SequenceCache::set_images`]) for the passes that reach the spans. Spans
+    /// must be in prompt order, apart, and as long as the tower's output.
+    pub fn embed_images(&self, spans: &[crate::media::MediaSpan]) -> Result<Vec<ImageRows>> {
+        let (Some(tower), Some(vcfg)) = (&self.vision, &self.cfg.vision) else {
+            return Err(EngineError::InvalidInput(format!(
+                "this {} model has no vision tower {}: it cannot read images",
+                self.cfg.arch,
+                if self.cfg.vision.is_some() && !Gemma3Vision::backend_can_run(&self.backend) {
+                    format!("on the {} backend (use --backend cpu)", self.backend.name())
+                } else {
+                    "in its checkpoint".to_string()
+                }
+            )));
+        };
+        let mut out: Vec<ImageRows> = Vec::with_capacity(spans.len());
+        for span in spans {
+            let crate::media::MediaData::Image(pixels) = &span.data else {
+                return Err(EngineError::InvalidInput(
+                    "this model has no audio tower: it cannot read audio".into(),
+                ));
+            };
+            if span.len != vcfg.tokens_per_image {
+                return Err(EngineError::InvalidInput(format!(
+                    "an image span at position {} has {} soft tokens; this model's images have {}",
+                    span.start, span.len, vcfg.tokens_per_image
+                )));
+            }
+            if out
+                .last()
+                .is_some_and(|prev| prev.positions.end > span.start)
+            {
+                return Err(EngineError::InvalidInput(format!(
+                    "image spans overlap or are out of order at position {}",
+                    span.start
+                )));
+            }
+            let rows = tower.embed(&self.backend, pixels)?;
+            out.push(ImageRows {
+                positions: span.start..span.start + span.len,
+                rows: rows.into(),
+            });
+        }
+        Ok(out)
     }
 
     /// `(kv_heads, head_dim, window)` of each layer cache of a sequence.
@@ -661,6 +755,7 @@ impl<B: Backend> Decoder<B> {
                     .map(|a| self.backend.new_kv_layer(a.kv_heads, a.head_dim, a.window))
                     .collect(),
                 recurrent: Some(h.new_recurrent()),
+                images: Vec::new(),
             };
         }
         SequenceCache {
@@ -672,6 +767,7 @@ impl<B: Backend> Decoder<B> {
                 })
                 .collect(),
             recurrent: None,
+            images: Vec::new(),
         }
     }
 
@@ -692,6 +788,7 @@ impl<B: Backend> Decoder<B> {
                 |(layers, recurrent)| SequenceCache {
                     layers,
                     recurrent: Some(recurrent),
+                    images: Vec::new(),
                 },
             );
         }
@@ -721,6 +818,7 @@ impl<B: Backend> Decoder<B> {
                 .map(|s| self.backend.kv_layer_from_snapshot(s))
                 .collect::<Result<_>>()?,
             recurrent: None,
+            images: Vec::new(),
         })
     }
 
@@ -877,6 +975,24 @@ impl<B: Backend> Decoder<B> {
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let be = &self.backend;
         let cfg = &self.cfg;
+        let media = {
+            let images: Vec<&[ImageRows]> = caches.iter().map(|c| c.images.as_slice()).collect();
+            let mut passes = Vec::with_capacity(caches.len());
+            let mut flat = Vec::with_capacity(caches.len());
+            let mut total = 0;
+            for (c, &n) in caches.iter().zip(counts) {
+                passes.push(c.len()..c.len() + n);
+                flat.push(total..total + n);
+                total += n;
+            }
+            PassMedia::for_pass(&images, &passes, &flat)?
+        };
+        if media.is_some() && (self.gemma4.is_some() || self.hybrid.is_some()) {
+            return Err(EngineError::InvalidInput(format!(
+                "{} models do not read images yet",
+                cfg.arch
+            )));
+        }
         if let Some(g) = &self.gemma4 {
             let (embed, output) = (&self.embed, self.output.as_ref());
             return g.run(
@@ -932,7 +1048,18 @@ impl<B: Backend> Decoder<B> {
         };
 
         let mut x = match input {
-            Input::Host(ids) => be.embed(&self.embed, ids)?,
+            // Soft tokens take their image's rows below; their id need not be in the
+            // table (some checkpoints put the image token past the vocabulary).
+            Input::Host(ids) => match &media {
+                Some(m) => {
+                    let mut ids = ids.to_vec();
+                    for (row, _, _) in &m.replace {
+                        ids[*row] = 0;
+                    }
+                    be.embed(&self.embed, &ids)?
+                }
+                None => be.embed(&self.embed, ids)?,
+            },
             Input::Backend(ids) => be.embed_ids(&self.embed, ids)?,
         };
         if cfg.scale_embeddings {
@@ -940,6 +1067,16 @@ impl<B: Backend> Decoder<B> {
         }
         if let Some(m) = cfg.features.embed_multiplier {
             x = be.scale(&x, m)?;
+        }
+        if let Some(m) = &media {
+            // Image rows replace their soft tokens' embeddings (unscaled: the scale is the
+            // text table's).
+            let h = cfg.hidden_size;
+            let mut host = be.rows_to_host(&x, &[total])?.pop().unwrap_or_default();
+            for (row, rows, i) in &m.replace {
+                host[row * h..(row + 1) * h].copy_from_slice(&rows[i * h..(i + 1) * h]);
+            }
+            x = be.tensor_from_host(host, total, h)?;
         }
         let residual = cfg.features.residual_multiplier;
         let mut h = match self.layers.first().and_then(|l| l.attn_norm.as_ref()) {
@@ -1010,7 +1147,10 @@ impl<B: Backend> Decoder<B> {
                     cache: &mut cache.layers[li],
                 })
                 .collect();
-            let attn = be.attention(&q, &k, &v, &mut segments, &layer.attention)?;
+            let attn = match &media {
+                Some(m) => be.attention_to(&q, &k, &v, &mut segments, &layer.attention, &m.ends)?,
+                None => be.attention(&q, &k, &v, &mut segments, &layer.attention)?,
+            };
             let mut o = be.linear(&attn, &layer.o, layer.o_bias.as_ref())?;
             o = lora.apply(be, li, Target::O, &attn, o)?;
             if let Some(w) = &layer.post_attn_norm {

@@ -65,6 +65,7 @@ pub(super) fn base_from_gguf(
         features: Default::default(),
         gemma4: None,
         qwen35: None,
+        vision: None,
     })
 }
 
@@ -116,6 +117,7 @@ pub(super) fn base_from_hf(
         features: Default::default(),
         gemma4: None,
         qwen35: None,
+        vision: None,
     })
 }
 

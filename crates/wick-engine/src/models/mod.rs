@@ -15,6 +15,7 @@ mod qwen2;
 mod qwen3;
 pub mod qwen35;
 pub mod recurrent;
+pub mod vision;
 
 use serde_json::Value;
 use wick_gguf::Metadata;
@@ -102,6 +103,9 @@ impl ModelConfig {
             arch
         };
         let mut cfg = arch.config_from_hf(&keys)?;
+        if arch == Arch::Gemma3 {
+            cfg.vision = vision::VisionConfig::from_hf(json, source)?;
+        }
         if cfg.eos_token_ids.is_empty() {
             cfg.eos_token_ids = HfKeys { json, source }.ids("eos_token_id");
         }

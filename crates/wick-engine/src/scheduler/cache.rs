@@ -11,6 +11,7 @@ use wick_cache::{
 
 use super::EngineConfig;
 use crate::generation::{GenerationRequest, Sequence, SequenceStep, TokenEvent};
+use crate::media::cache_key_tokens;
 use crate::model::{KvCache, Model};
 use crate::{EngineError, Result};
 
@@ -33,6 +34,8 @@ pub(crate) struct CacheTracking {
     /// Generated tokens at the last checkpoint (a speculative step emits several, so
     /// the next one is due once `checkpoint_every` more were made, not at a multiple).
     checkpointed: usize,
+    /// The request's media: their positions are cached under ids of their digests.
+    media: Vec<crate::media::MediaSpan>,
 }
 
 /// A sequence ready to run, and the tokens to replay to the client first.
@@ -110,7 +113,9 @@ impl EngineCache {
         let eligible = self.checkpoint_every > 0
             && self.tiers.checkpoints_available()
             && request.sampling.logprobs.is_none()
-            && request.prompt_logprobs.is_none();
+            && request.prompt_logprobs.is_none()
+            // A resumed generation would need its images again: not checkpointed.
+            && request.media.is_empty();
         eligible.then(|| self.checkpoint_key(request))
     }
 
@@ -135,6 +140,7 @@ impl EngineCache {
                                 checkpoint,
                                 boundary_pending: false,
                                 checkpointed: r.generated.len(),
+                                media: Vec::new(),
                             }),
                         });
                     }
@@ -147,7 +153,8 @@ impl EngineCache {
         let (computed, value) = if request.prompt_logprobs.is_some() {
             (request.prompt.len(), None)
         } else {
-            let hit = self.tiers.lookup(&ns, &request.prompt, model);
+            let keyed = cache_key_tokens(&request.prompt, &request.media);
+            let hit = self.tiers.lookup(&ns, &keyed, model);
             (request.prompt.len() - hit.cached, hit.value)
         };
         let seq = Sequence::new(model, request, value.unwrap_or_else(|| model.new_cache()))?;
@@ -159,6 +166,7 @@ impl EngineCache {
                 checkpoint,
                 boundary_pending: self.boundary_min.is_some_and(|min| computed >= min),
                 checkpointed: 0,
+                media: request.media.clone(),
             }),
         })
     }
@@ -170,7 +178,9 @@ impl EngineCache {
             t.boundary_pending = false;
             let prompt = seq.prompt();
             match seq.cache().fork(prompt.len()) {
-                Ok(kv) => self.tiers.put(&t.ns, prompt, kv),
+                Ok(kv) => self
+                    .tiers
+                    .put(&t.ns, &cache_key_tokens(prompt, &t.media), kv),
                 Err(e) => tracing::warn!(error = %e, "prompt-boundary entry skipped"),
             }
         }
@@ -196,7 +206,8 @@ impl EngineCache {
     /// checkpoints are removed (a cancelled one keeps its latest).
     pub fn finish(&self, t: &CacheTracking, tokens: &[u32], kv: KvCache, completed: bool) {
         if tokens.len() == kv.len() && !kv.is_empty() {
-            self.tiers.put(&t.ns, tokens, kv);
+            self.tiers
+                .put(&t.ns, &cache_key_tokens(tokens, &t.media), kv);
         }
         if completed {
             if let Some(key) = t.checkpoint {

@@ -377,8 +377,12 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
                 if n == 0 {
                     return None;
                 }
+                // A chunk that starts at an image takes the whole image (never cut).
                 let s = a.seq.next_step(n);
-                budget -= s.tokens();
+                if s.tokens() > n && !a.seq.cache_mut().reserve(s.tokens()) {
+                    return None;
+                }
+                budget = budget.saturating_sub(s.tokens());
                 Some(s)
             })
             .collect();

@@ -12,6 +12,11 @@ pub use self::safetensors::{AffineParams, HfNamedWeights, MlxQuantization, Safet
 
 use crate::Result;
 
+/// Prefix of a canonical name that stands for a Hugging Face tensor name as is: how a
+/// media tower (which has no GGUF-style names) asks a safetensors source for its weights,
+/// e.g. `hf:vision_tower.post_layernorm.weight`. Other sources hold no such tensors.
+pub const RAW_PREFIX: &str = "hf:";
+
 /// A set of named weights. Names are llama.cpp's: `token_embd.weight`,
 /// `blk.3.attn_q.weight`, `output_norm.weight` …; each source maps them to its own.
 pub trait WeightSource {

@@ -494,6 +494,20 @@ impl MlxQuantization {
 
 impl HfNamedWeights<'_> {
     fn map(&self, canonical: &str) -> Option<String> {
+        if let Some(raw) = canonical.strip_prefix(super::RAW_PREFIX) {
+            // A tower's own tensors, by their Hugging Face names: at the top level as
+            // transformers 5 saves them, or under `model.` (newer multimodal layouts); the
+            // SigLIP of checkpoints saved by transformers 4 nests one `vision_model.` deeper.
+            let nested = raw.replacen("vision_tower.", "vision_tower.vision_model.", 1);
+            return [
+                raw.to_string(),
+                format!("model.{raw}"),
+                nested.clone(),
+                format!("model.{nested}"),
+            ]
+            .into_iter()
+            .find(|n| self.inner.entries.contains_key(n));
+        }
         let name = match self.naming {
             HfNaming::Gemma => hf_name_gemma(canonical),
             naming => hf_name_as(naming, canonical),
@@ -505,6 +519,12 @@ impl HfNamedWeights<'_> {
         let nested = name.replacen("model.", "model.language_model.", 1);
         if self.inner.entries.contains_key(&nested) {
             return Some(nested);
+        }
+        // Older multimodal checkpoints (Gemma 3) keep the whole causal LM under
+        // `language_model.`.
+        let wrapped = format!("language_model.{name}");
+        if self.inner.entries.contains_key(&wrapped) {
+            return Some(wrapped);
         }
         // A bare decoder saved without its head (`Qwen3Model`, as sentence-transformers
         // saves embedding models) has no `model.` prefix.
@@ -700,6 +720,41 @@ mod tests {
         };
         let msg = err.to_string();
         assert!(msg.contains("overflows"), "{msg}");
+    }
+
+    #[test]
+    fn multimodal_layouts_find_the_text_model_and_the_tower() {
+        let dir = tempfile::tempdir().unwrap();
+        let layouts = [
+            [
+                "language_model.model.norm.weight",
+                "vision_tower.post_layernorm.weight",
+            ],
+            [
+                "model.language_model.norm.weight",
+                "model.vision_tower.post_layernorm.weight",
+            ],
+            [
+                "language_model.model.norm.weight",
+                "vision_tower.vision_model.post_layernorm.weight",
+            ],
+        ];
+        for (i, [text, tower]) in layouts.into_iter().enumerate() {
+            let file = dir.path().join(format!("{i}.safetensors"));
+            let header = serde_json::json!({
+                text: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                tower: {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+            });
+            std::fs::write(&file, file_bytes(header, 8)).unwrap();
+            let w = SafetensorsWeights::open_files(dir.path(), &[file]).unwrap();
+            let named = w.canonical(true);
+            assert!(named.contains("output_norm.weight"), "{text}");
+            let raw = format!(
+                "{}vision_tower.post_layernorm.weight",
+                super::super::RAW_PREFIX
+            );
+            assert!(named.contains(&raw), "{tower}");
+        }
     }
 
     #[test]

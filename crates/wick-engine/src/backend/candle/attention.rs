@@ -286,6 +286,9 @@ fn max_of(xs: &[f32]) -> f32 {
 pub(crate) struct RowSource<'a> {
     pub cache: &'a CpuKvLayer,
     pub pos: usize,
+    /// The end (exclusive) of the keys the row sees: `pos + 1` for causal attention,
+    /// further for a row inside a bidirectional block.
+    pub end: usize,
 }
 
 /// Multiply-adds under which attention stays on the calling thread.
@@ -409,9 +412,9 @@ fn attend_heads_as<E: KvNumber, S: Simd>(
 ) {
     let hd = p.head_dim;
     let heads = qs.len() / hd;
-    let hi = src.pos + 1;
+    let hi = src.end;
     let lo = match p.window {
-        Some(w) => hi.saturating_sub(w),
+        Some(w) => (src.pos + 1).saturating_sub(w),
         None => 0,
     }
     .max(src.cache.start);
@@ -465,7 +468,7 @@ pub(crate) fn attend(
     let units_per_row = p.heads / per_unit;
     let work_size: usize = rows
         .iter()
-        .map(|r| (r.pos + 1 - r.cache.start.min(r.pos)).min(p.window.unwrap_or(usize::MAX)))
+        .map(|r| (r.end - r.cache.start.min(r.pos)).min(p.window.unwrap_or(usize::MAX)))
         .sum::<usize>()
         * p.heads
         * hd

@@ -141,6 +141,50 @@ impl CandleBackend {
         self.kv_dtype
     }
 
+    /// [`Backend::attention`], each row seeing keys up to `ends[row]` when given
+    /// ([`Backend::attention_to`]) or up to its own position.
+    fn attention_rows(
+        &self,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        segments: &mut [AttentionSegment<'_, CpuKvLayer>],
+        params: &AttentionParams,
+        ends: Option<&[usize]>,
+    ) -> Result<HostTensor> {
+        let _t = profile::op("attention", q.rows());
+        let row = params.kv_heads * params.head_dim;
+        let (k, v) = (k.data(), v.data());
+        let mut starts = Vec::with_capacity(segments.len());
+        for seg in segments.iter_mut() {
+            starts.push(seg.cache.len);
+            let (a, b) = (seg.rows.start * row, seg.rows.end * row);
+            seg.cache.append(&k[a..b], &v[a..b]);
+        }
+        let out = {
+            let mut rows = Vec::new();
+            for (seg, &start) in segments.iter().zip(&starts) {
+                for (i, r) in seg.rows.clone().enumerate() {
+                    let pos = start + i;
+                    // Never past the keys this pass appended.
+                    let end = ends
+                        .and_then(|e| e.get(r))
+                        .map_or(pos + 1, |&e| e.clamp(pos + 1, seg.cache.len));
+                    rows.push(attention::RowSource {
+                        cache: &*seg.cache,
+                        pos,
+                        end,
+                    });
+                }
+            }
+            attention::attend(self.pool, self.isa, q.data(), &rows, params)
+        };
+        for seg in segments.iter_mut() {
+            seg.cache.evict();
+        }
+        HostTensor::from_vec(out, q.rows(), q.cols())
+    }
+
     fn err(message: impl Into<String>) -> EngineError {
         EngineError::Backend {
             backend: "cpu",
@@ -475,9 +519,10 @@ impl Backend for CandleBackend {
 
     fn supports(&self, op: OptionalOp) -> bool {
         match op {
-            OptionalOp::LayerNorm | OptionalOp::Activation | OptionalOp::RopeAttentionFactor => {
-                true
-            }
+            OptionalOp::LayerNorm
+            | OptionalOp::Activation
+            | OptionalOp::RopeAttentionFactor
+            | OptionalOp::AttentionTo => true,
         }
     }
 
@@ -628,31 +673,26 @@ impl Backend for CandleBackend {
         segments: &mut [AttentionSegment<'_, CpuKvLayer>],
         params: &AttentionParams,
     ) -> Result<HostTensor> {
-        let _t = profile::op("attention", q.rows());
-        let row = params.kv_heads * params.head_dim;
-        let (k, v) = (k.data(), v.data());
-        let mut starts = Vec::with_capacity(segments.len());
-        for seg in segments.iter_mut() {
-            starts.push(seg.cache.len);
-            let (a, b) = (seg.rows.start * row, seg.rows.end * row);
-            seg.cache.append(&k[a..b], &v[a..b]);
+        self.attention_rows(q, k, v, segments, params, None)
+    }
+
+    fn attention_to(
+        &self,
+        q: &HostTensor,
+        k: &HostTensor,
+        v: &HostTensor,
+        segments: &mut [AttentionSegment<'_, CpuKvLayer>],
+        params: &AttentionParams,
+        ends: &[usize],
+    ) -> Result<HostTensor> {
+        if ends.len() != q.rows() {
+            return Err(Self::err(format!(
+                "attention_to got {} key ends for {} rows",
+                ends.len(),
+                q.rows()
+            )));
         }
-        let out = {
-            let mut rows = Vec::new();
-            for (seg, &start) in segments.iter().zip(&starts) {
-                for (i, _) in seg.rows.clone().enumerate() {
-                    rows.push(attention::RowSource {
-                        cache: &*seg.cache,
-                        pos: start + i,
-                    });
-                }
-            }
-            attention::attend(self.pool, self.isa, q.data(), &rows, params)
-        };
-        for seg in segments.iter_mut() {
-            seg.cache.evict();
-        }
-        HostTensor::from_vec(out, q.rows(), q.cols())
+        self.attention_rows(q, k, v, segments, params, Some(ends))
     }
 
     fn attention_shared(
@@ -694,6 +734,7 @@ impl Backend for CandleBackend {
                     rows.push(attention::RowSource {
                         cache: &*seg.cache,
                         pos: start + i,
+                        end: start + i + 1,
                     });
                 }
             }

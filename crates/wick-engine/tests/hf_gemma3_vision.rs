@@ -1,0 +1,430 @@
+//! Gemma 3 with its vision tower (a tiny random model made by
+//! scripts/goldens/hf_tiny_gemma3_vision.py) against transformers' f32 logits: one image, two
+//! images, text only through the multimodal checkpoint, chunked prefill whose chunks would
+//! cut an image, a batch mixing an image row and a text row, the greedy continuation of
+//! `generate()`, and a prompt cache that never serves one image's KV to another.
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
+use wick_engine::models::decoder::LogitsRequest;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+use wick_engine::weights::SafetensorsWeights;
+use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma3_vision")
+}
+
+struct Golden {
+    model: Model,
+    reference: serde_json::Value,
+    logits: SafetensorsWeights,
+}
+
+fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
+    w.raw(name)
+        .unwrap()
+        .bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn load() -> Golden {
+    let d = dir();
+    Golden {
+        model: Model::load(&d, &LoadOptions::default()).unwrap(),
+        reference: serde_json::from_str(
+            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
+        )
+        .unwrap(),
+        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+    }
+}
+
+impl Golden {
+    fn case(&self, name: &str) -> &serde_json::Value {
+        self.reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+    }
+
+    fn ids(&self, name: &str) -> Vec<u32> {
+        self.case(name)["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    /// Image `i` of the committed pixel values (what Gemma3ImageProcessor made of the test
+    /// images), with a digest standing in for the server's hash.
+    fn pixels(&self, i: usize) -> ImagePixels {
+        let all = floats(&self.logits, "pixel_values");
+        let n = 3 * 64 * 64;
+        ImagePixels {
+            channels: 3,
+            height: 64,
+            width: 64,
+            data: Arc::from(&all[i * n..(i + 1) * n]),
+        }
+    }
+
+    /// The case's media spans: image `k` of the case is committed image `k`.
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        self.case(name)["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(k, s)| MediaSpan {
+                start: s[0].as_u64().unwrap() as usize,
+                len: s[1].as_u64().unwrap() as usize,
+                data: MediaData::Image(self.pixels(k)),
+                digest: 1000 + k as u64,
+            })
+            .collect()
+    }
+
+    fn expected(&self, name: &str) -> Vec<f32> {
+        floats(&self.logits, &format!("{name}.logits"))
+    }
+
+    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
+    /// each moved so that it cuts no image.
+    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
+        let ids = self.ids(name);
+        let mut cache = self.model.new_cache();
+        self.model
+            .attach_media(&mut cache, &self.media(name))
+            .unwrap();
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < ids.len() {
+            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
+            out.extend(self.pass(&ids[at..end], &mut cache));
+            at = end;
+        }
+        out
+    }
+
+    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+        let mut steps = [Step {
+            tokens,
+            cache,
+            logits: LogitsRequest::All,
+        }];
+        let out = self.model.forward(&mut steps).unwrap();
+        out.into_iter().next().unwrap().unwrap().data
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    assert!(
+        diff <= TOLERANCE,
+        "{what}: max |diff| {diff} at {i} ({} vs {})",
+        got[i],
+        want[i]
+    );
+}
+
+#[test]
+fn the_tower_is_reported_only_when_it_loaded() {
+    let g = load();
+    let vision = g.model.info().media.vision.clone().expect("vision caps");
+    assert_eq!(vision.processor, VisionProcessor::Gemma3 { size: 64 });
+    assert_eq!(vision.tokens_per_image, Some(16));
+    assert_eq!(
+        (
+            vision.image_token_id,
+            vision.boi_token_id,
+            vision.eoi_token_id
+        ),
+        (8, 6, 7)
+    );
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma3");
+    let text = Model::load(&text, &LoadOptions::default()).unwrap();
+    assert!(text.info().media.vision.is_none());
+    let mut cache = text.new_cache();
+    let err = text
+        .attach_media(&mut cache, &g.media("one_image"))
+        .unwrap_err();
+    assert!(err.to_string().contains("no vision tower"), "{err}");
+    // Refused before it runs, naming the model.
+    let err = text
+        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("'gemma3' has no vision tower"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_position_matches_transformers() {
+    let g = load();
+    for name in ["one_image", "two_images", "text_only"] {
+        let got = g.chunked(name, usize::MAX);
+        assert_close(name, &got, &g.expected(name));
+    }
+}
+
+#[test]
+fn chunked_prefill_never_cuts_an_image() {
+    let g = load();
+    for chunk in [1, 5, 7, 13, 20] {
+        for name in ["one_image", "two_images"] {
+            let got = g.chunked(name, chunk);
+            assert_close(
+                &format!("{name} in chunks of {chunk}"),
+                &got,
+                &g.expected(name),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pass_that_cuts_an_image_is_an_error() {
+    let g = load();
+    let ids = g.ids("one_image");
+    let media = g.media("one_image");
+    let mut cache = g.model.new_cache();
+    g.model.attach_media(&mut cache, &media).unwrap();
+    let cut = media[0].start + 3;
+    let mut steps = [Step {
+        tokens: &ids[..cut],
+        cache: &mut cache,
+        logits: LogitsRequest::None,
+    }];
+    let err = g.model.forward(&mut steps).unwrap_err();
+    assert!(err.to_string().contains("cuts the image"), "{err}");
+}
+
+#[test]
+fn bad_spans_are_refused() {
+    let g = load();
+    let mut media = g.media("one_image");
+    media[0].len = 15;
+    let mut cache = g.model.new_cache();
+    let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+    assert!(err.to_string().contains("soft tokens"), "{err}");
+    let mut media = g.media("one_image");
+    if let MediaData::Image(p) = &mut media[0].data {
+        p.height = 32;
+    }
+    let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+    assert!(err.to_string().contains("pixel values"), "{err}");
+    let mut req = request(&g, "one_image");
+    req.media[0].start = req.prompt.len() - 4;
+    let err = g
+        .model
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("outside the"), "{err}");
+}
+
+#[test]
+fn a_batch_mixes_an_image_row_and_a_text_row() {
+    let g = load();
+    let (a, b) = (g.ids("one_image"), g.ids("text_only"));
+    let mut ca = g.model.new_cache();
+    g.model
+        .attach_media(&mut ca, &g.media("one_image"))
+        .unwrap();
+    let mut cb = g.model.new_cache();
+    let mut steps = [
+        Step {
+            tokens: &b,
+            cache: &mut cb,
+            logits: LogitsRequest::All,
+        },
+        Step {
+            tokens: &a,
+            cache: &mut ca,
+            logits: LogitsRequest::All,
+        },
+    ];
+    let out = g.model.forward(&mut steps).unwrap();
+    assert_close(
+        "text row",
+        &out[0].as_ref().unwrap().data,
+        &g.expected("text_only"),
+    );
+    assert_close(
+        "image row",
+        &out[1].as_ref().unwrap().data,
+        &g.expected("one_image"),
+    );
+    // Then both decode together, the image row like any other.
+    let mut steps = [
+        Step {
+            tokens: &[10],
+            cache: &mut cb,
+            logits: LogitsRequest::Last,
+        },
+        Step {
+            tokens: &[10],
+            cache: &mut ca,
+            logits: LogitsRequest::Last,
+        },
+    ];
+    g.model.forward(&mut steps).unwrap();
+}
+
+fn request(g: &Golden, name: &str) -> GenerationRequest {
+    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(12);
+    req.media = g.media(name);
+    req.ignore_eos = true;
+    req
+}
+
+#[test]
+fn greedy_continuation_matches_generate() {
+    let g = load();
+    let want: Vec<u32> = g.reference["greedy"]["continuation_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let out = g
+        .model
+        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(out.tokens, want);
+}
+
+fn collect(
+    engine: &wick_engine::scheduler::EngineHandle,
+    req: GenerationRequest,
+) -> (Vec<u32>, usize) {
+    let mut h = engine.submit(req).unwrap();
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+#[test]
+fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
+    let g = load();
+    let model = Arc::new(load().model);
+    // A step budget of 7 tokens: prompt chunks that would cut the images.
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            step_token_budget: 7,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let want = g.reference["greedy"]["continuation_ids"].clone();
+    let mut first = request(&g, "one_image");
+    first.prefill_chunk = 7;
+    let cold = model
+        .generate(&first, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    assert_eq!(serde_json::json!(cold), want);
+    // An image request and a text request side by side, prefilled in 7-token chunks.
+    let mut text = GenerationRequest::new(g.ids("text_only")).max_tokens(6);
+    text.prefill_chunk = 7;
+    let text_cold = model
+        .generate(&text, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    let (e1, e2) = (engine.clone(), engine.clone());
+    let (r1, r2) = (first.clone(), text.clone());
+    let a = std::thread::spawn(move || collect(&e1, r1));
+    let b = std::thread::spawn(move || collect(&e2, r2));
+    assert_eq!(a.join().unwrap().0, cold);
+    assert_eq!(b.join().unwrap().0, text_cold);
+
+    // The same text with the other image: only the text before the image may be reused.
+    let mut other = first.clone();
+    if let MediaData::Image(p) = &mut other.media[0].data {
+        *p = g.pixels(1);
+    }
+    other.media[0].digest = 2000;
+    let other_cold = model
+        .generate(&other, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    assert_ne!(other_cold, cold, "the second image should change the reply");
+    let (ids, cached) = collect(&engine, other.clone());
+    assert_eq!(ids, other_cold);
+    assert!(
+        cached <= other.media[0].start,
+        "reused {cached} tokens past the image start"
+    );
+    // The first image again: its whole prompt is cached now.
+    let (ids, cached) = collect(&engine, first.clone());
+    assert_eq!(ids, cold);
+    assert!(
+        cached > first.media[0].start + first.media[0].len,
+        "cached {cached}"
+    );
+}
+
+#[test]
+fn a_preempted_image_sequence_recomputes_the_same_reply() {
+    let g = load();
+    let mut req = request(&g, "two_images");
+    req.prefill_chunk = 9;
+    let cold = g
+        .model
+        .generate(&req, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    let mut seq = wick_engine::Sequence::new(&g.model, &req, g.model.new_cache()).unwrap();
+    let mut steps = 0;
+    while !seq.is_finished() {
+        // Preempted once inside the prompt and once while decoding.
+        if steps == 3 || steps == 12 {
+            seq.preempt(g.model.new_cache());
+        }
+        steps += 1;
+        let step = seq.next_step(req.prefill_chunk);
+        let out = {
+            let (tokens, cache) = seq.input_and_cache(&step);
+            g.model
+                .forward(&mut [Step {
+                    tokens: &tokens,
+                    cache,
+                    logits: step.logits,
+                }])
+                .unwrap()
+        };
+        seq.advance(
+            &step,
+            out.into_iter().next().flatten(),
+            std::time::Duration::ZERO,
+        )
+        .unwrap();
+    }
+    assert_eq!(seq.preemptions(), 2);
+    assert_eq!(seq.finish().tokens, cold);
+}
