@@ -100,6 +100,9 @@ pub struct ServerConfig {
     /// Training jobs over HTTP (`/api/finetune/*`, `/api/jobs`); `None`: those routes
     /// answer 503.
     pub jobs: Option<crate::jobs::JobsConfig>,
+    /// Limits on images and audio in requests, and whether URLs may reach private
+    /// addresses (`--allow-private-media`).
+    pub media: crate::media::MediaPolicy,
 }
 
 impl ServerConfig {
@@ -124,6 +127,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             adapters: Vec::new(),
             jobs: None,
+            media: crate::media::MediaPolicy::default(),
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod extract;
 pub mod generation;
 pub mod jobs;
 pub mod logprobs;
+pub mod media;
 pub mod metrics;
 pub mod middleware;
 pub mod openai;

@@ -5,7 +5,11 @@ use serde_json::{Map, Value};
 use wick_chat::chat_template::{normalize_messages, starts_in_thinking, ChatInput, ChatTemplate};
 use wick_chat::tokenizer::pick_marker;
 
+use wick_engine::media::MediaSpan;
+
 use crate::error::ApiError;
+use crate::media::splice::{self, MediaTokens};
+use crate::media::LoadedMedia;
 use crate::state::AppState;
 
 /// A rendered and tokenized chat prompt.
@@ -15,6 +19,8 @@ pub struct ChatPrompt {
     pub ids: Vec<u32>,
     /// Whether the prompt ends inside an open `<think>` block.
     pub starts_in_thinking: bool,
+    /// The media items, placed on their soft tokens.
+    pub media: Vec<MediaSpan>,
 }
 
 /// Runs `work` on a blocking worker; a panic inside is an internal error, not a crash.
@@ -29,11 +35,14 @@ async fn blocking<T: Send + 'static>(
 /// Renders `messages` (with `tools` and template `kwargs`) through the chat template in force
 /// and tokenizes the result. Everything the client sent is user text: special-token text in
 /// it is tokenized as plain text, only the template's own markup becomes control tokens.
+/// `media` are the messages' media items in order: each marker the template writes for one
+/// is expanded into the item's tokens ([`splice`]) before tokenizing.
 pub async fn chat_prompt(
     state: &AppState,
     mut messages: Vec<Value>,
     mut tools: Vec<Value>,
     mut kwargs: Map<String, Value>,
+    media: Vec<LoadedMedia>,
 ) -> Result<ChatPrompt, ApiError> {
     let state = state.clone();
     blocking(move || {
@@ -73,6 +82,18 @@ pub async fn chat_prompt(
                 .map_err(|e| ApiError::PromptBuild(e.to_string()))?,
             None => model.render_chat(&messages, tools.as_deref(), &kwargs)?,
         };
+        let media_tokens = if media.is_empty() {
+            None
+        } else {
+            let tokens = MediaTokens::new(&model.info().media, |id| {
+                tokenizer.decode(&[id], false).ok()
+            })?;
+            Some(tokens)
+        };
+        let text = match &media_tokens {
+            Some(tokens) => splice::expand(&text, marked.then_some(marker), &media, tokens)?,
+            None => text,
+        };
         let (text, ids) = if marked {
             let (clean, ids) = tokenizer
                 .encode_marked(&text, marker, true)
@@ -82,9 +103,14 @@ pub async fn chat_prompt(
             let ids = model.tokenize(&text)?;
             (text, ids)
         };
+        let media = match &media_tokens {
+            Some(tokens) => splice::spans(&ids, media, tokens)?,
+            None => Vec::new(),
+        };
         Ok(ChatPrompt {
             starts_in_thinking: starts_in_thinking(&text),
             ids,
+            media,
         })
     })
     .await

@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, RequestBody};
+use crate::media::parts::{from_anthropic_image, ContentBuilder};
 use crate::openai::chat::ChatCompletionRequest;
 use crate::openai::{SamplingFields, Stop};
 
@@ -168,7 +169,7 @@ fn tool_result_text(at: &str, content: Option<&Value>) -> Result<String, ApiErro
 fn no_images(at: &str) -> ApiError {
     ApiError::unsupported(
         format!("{at}.type"),
-        "image and document blocks are not supported: the served model reads text only",
+        "document blocks, and image blocks outside user turns, are not supported",
     )
 }
 
@@ -208,12 +209,12 @@ fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()
             ))
         }
     };
-    let mut text = String::new();
+    let mut text = ContentBuilder::new("\n");
     let mut reasoning = String::new();
     let mut calls = Vec::new();
-    let flush = |text: &mut String, out: &mut Vec<Value>| {
+    let flush = |text: &mut ContentBuilder, out: &mut Vec<Value>| {
         if !text.is_empty() {
-            out.push(json!({"role": role, "content": std::mem::take(text)}));
+            out.push(json!({"role": role, "content": text.take()}));
         }
     };
     for (j, block) in blocks.iter().enumerate() {
@@ -222,10 +223,7 @@ fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()
         match (role, kind) {
             (_, Some("text")) => match block.get("text") {
                 Some(Value::String(t)) => {
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(&if role == "system" {
+                    text.push_text(&if role == "system" {
                         normalize_attribution(t)
                     } else {
                         t.clone()
@@ -233,6 +231,7 @@ fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()
                 }
                 _ => return Err(ApiError::field(format!("{at}.text"), "must be a string")),
             },
+            ("user", Some("image")) => text.push_media(from_anthropic_image(&at, block)?),
             (_, Some("image" | "document")) => return Err(no_images(&at)),
             ("assistant", Some("thinking")) => {
                 if let Some(t) = block.get("thinking").and_then(Value::as_str) {
@@ -284,7 +283,7 @@ fn convert_message(i: usize, message: &Value, out: &mut Vec<Value>) -> Result<()
     if role == "assistant" {
         let mut m = Map::new();
         m.insert("role".into(), json!("assistant"));
-        m.insert("content".into(), json!(text));
+        m.insert("content".into(), text.take());
         if !reasoning.is_empty() {
             m.insert("reasoning_content".into(), json!(reasoning));
         }

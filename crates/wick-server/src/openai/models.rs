@@ -44,6 +44,10 @@ pub struct ModelCard {
     pub reasoning: bool,
     /// Whether the chat template renders tools.
     pub tools: bool,
+    /// Reads images (the model's vision tower loaded).
+    pub vision: bool,
+    /// Reads audio (the model's audio tower loaded).
+    pub audio: bool,
     /// For a mounted LoRA adapter (vLLM's listing): the served model it adapts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,

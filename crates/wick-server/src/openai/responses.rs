@@ -9,6 +9,7 @@ use super::custom_tools;
 use super::SamplingFields;
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, RequestBody};
+use crate::media::parts::{from_responses_part, ContentBuilder};
 
 /// Separator of a namespace tool's flattened function names (`namespace__function`).
 pub const NAMESPACE_SEPARATOR: &str = "__";
@@ -87,7 +88,7 @@ fn content_text(at: &str, content: Option<&Value>) -> Result<String, ApiError> {
                     Some(kind @ ("input_image" | "input_file" | "input_audio")) => {
                         return Err(ApiError::unsupported(
                             format!("{at}.content[{j}].type"),
-                            format!("'{kind}' is not supported: the served model reads text only"),
+                            format!("'{kind}' is not supported here: only message content carries images and audio"),
                         ))
                     }
                     other => {
@@ -105,6 +106,43 @@ fn content_text(at: &str, content: Option<&Value>) -> Result<String, ApiError> {
             format!("{at}.content"),
             "must be a string or a list of content parts",
         )),
+    }
+}
+
+/// A message item's content for the chat path: a string, or a list of chat parts when it
+/// holds `input_image` / `input_audio` parts (text parts joined as [`content_text`] does).
+fn message_content(at: &str, content: Option<&Value>) -> Result<Value, ApiError> {
+    let Some(Value::Array(parts)) = content else {
+        return content_text(at, content).map(Value::String);
+    };
+    let mut built = ContentBuilder::new("");
+    for (j, part) in parts.iter().enumerate() {
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_image" | "input_audio") => {
+                built.push_media(from_responses_part(&format!("{at}.content[{j}]"), part)?)
+            }
+            _ => {
+                let text = content_text(at, Some(&Value::Array(vec![part.clone()])))
+                    .map_err(|e| renumber(e, j))?;
+                built.push_text(&text);
+            }
+        }
+    }
+    Ok(built.take())
+}
+
+/// An error about part `[0]` of a one-part list, pointed at part `[j]` of the real list.
+fn renumber(e: ApiError, j: usize) -> ApiError {
+    match e {
+        ApiError::InvalidField { param, message } => ApiError::InvalidField {
+            param: param.replacen(".content[0]", &format!(".content[{j}]"), 1),
+            message,
+        },
+        ApiError::Unsupported { param, message } => ApiError::Unsupported {
+            param: param.replacen(".content[0]", &format!(".content[{j}]"), 1),
+            message,
+        },
+        other => other,
     }
 }
 
@@ -153,8 +191,8 @@ pub fn input_messages(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiErro
                         ))
                     }
                 };
-                let text = content_text(&at, item.get("content"))?;
-                out.push(json!({"role": role, "content": text}));
+                let content = message_content(&at, item.get("content"))?;
+                out.push(json!({"role": role, "content": content}));
             }
             Some("function_call") => {
                 let name = match item.get("name").and_then(Value::as_str) {
@@ -434,16 +472,37 @@ mod tests {
     }
 
     #[test]
-    fn images_and_missing_input_are_400_naming_the_field() {
+    fn files_and_missing_input_are_400_naming_the_field() {
         let req = ResponsesRequest {
-            input: Some(
-                json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
-            ),
+            input: Some(json!([{"role": "user", "content": [
+                {"type": "input_text", "text": "see"},
+                {"type": "input_file", "file_id": "f"},
+            ]}])),
             ..ResponsesRequest::default()
         };
         let err = to_chat(&req, Vec::new()).unwrap_err();
-        assert_eq!(err.param(), Some("input[0].content[0].type"));
+        assert_eq!(err.param(), Some("input[0].content[1].type"));
         let err = to_chat(&ResponsesRequest::default(), Vec::new()).unwrap_err();
         assert_eq!(err.param(), Some("input"));
+    }
+
+    #[test]
+    fn images_become_chat_parts_in_order() {
+        let content = message_content(
+            "input[0]",
+            Some(&json!([
+                {"type": "input_text", "text": "what is "},
+                {"type": "input_text", "text": "this?"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AA=="},
+            ])),
+        )
+        .unwrap();
+        assert_eq!(
+            content,
+            json!([
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+            ])
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`: validate, render and tokenize the conversation, start the
 //! reply, and answer it whole or as a stream of `chat.completion.chunk` frames
 //! ([`crate::encoders::chat`]).
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -12,6 +13,7 @@ use crate::encoders::chat::{whole, ChatEncoder, ChatMeta};
 use crate::encoders::stream;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
+use crate::media;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::openai::{response_id, unix_now};
 use crate::prompt::{self, ChatPrompt};
@@ -84,7 +86,7 @@ pub async fn prepare_chat(
     req: ChatCompletionRequest,
 ) -> Result<PreparedChat, ApiError> {
     let ValidChat {
-        messages,
+        mut messages,
         tools,
         tool_specs,
         parallel_tool_calls,
@@ -92,7 +94,16 @@ pub async fn prepare_chat(
         logprobs,
         generation,
     } = validate(req, state)?;
-    let prompt = prompt::chat_prompt(state, messages, tools, template_kwargs).await?;
+    let items = media::parts::extract(&mut messages)?;
+    let loaded = if items.is_empty() {
+        Vec::new()
+    } else {
+        let caps = &state.model().info().media;
+        let policy = &state.config().media;
+        media::check_towers(&items, caps, &state.config().model_id, policy)?;
+        media::load_all(items, caps.clone(), Arc::new(policy.clone())).await?
+    };
+    let prompt = prompt::chat_prompt(state, messages, tools, template_kwargs, loaded).await?;
     Ok(PreparedChat {
         prompt,
         tool_specs,
@@ -110,7 +121,7 @@ pub fn start_chat(
     policy: LimitPolicy,
 ) -> Result<Reply, ApiError> {
     let PreparedChat {
-        prompt,
+        mut prompt,
         tool_specs,
         parallel_tool_calls,
         generation,
@@ -124,11 +135,13 @@ pub fn start_chat(
     };
     let max_tokens = limit.resolve_within(prompt.ids.len(), context, kv_limit, "messages")?;
     let options = chat_reply_options(state, &prompt, tool_specs, parallel_tool_calls);
+    let media = std::mem::take(&mut prompt.media);
     let mut request = GenerationRequest::new(prompt.ids)
         .max_tokens(max_tokens)
         .sampling(generation.sampling)
         .stop(generation.stop)
         .adapters(generation.adapters);
+    request.media = media;
     request.ignore_eos = generation.ignore_eos;
     request.speculative = generation.speculative;
     request.keep_special_text = options.needs_special_text();

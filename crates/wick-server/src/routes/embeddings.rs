@@ -197,6 +197,8 @@ fn card(state: &EmbedState) -> ModelCard {
         arch: info.arch.clone(),
         reasoning: false,
         tools: false,
+        vision: false,
+        audio: false,
         parent: None,
         root: None,
     }

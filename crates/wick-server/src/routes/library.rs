@@ -46,7 +46,9 @@ fn machine() -> (Machine, Option<Store>) {
     (Machine::detect(Device::Cpu, &root), store)
 }
 
-fn scan_library(served: &std::path::Path) -> Vec<Value> {
+/// `towers`: the served model's `(vision, audio)`, which its row reports (other rows can
+/// only say whether their config declares a vision tower).
+fn scan_library(served: &std::path::Path, towers: (bool, bool)) -> Vec<Value> {
     let (machine, store) = machine();
     let Some(store) = store else {
         return Vec::new();
@@ -84,12 +86,14 @@ fn scan_library(served: &std::path::Path) -> Vec<Value> {
             })
         });
         let serving = std::fs::canonicalize(&m.path).ok() == std::fs::canonicalize(served).ok();
+        let (vision, audio) = if serving { towers } else { (vision, false) };
         rows.push(json!({
             "repo_id": repo_id,
             "model_type": m.arch,
             "size_bytes": m.size_bytes,
             "quant_bits": fit.as_ref().and_then(|f| quant_bits(&f.quant)),
             "vision": vision,
+            "audio": audio,
             "supported": fit.is_some(),
             "support_tier": fit.as_ref().map(|_| "targeted"),
             "serving": serving,
@@ -102,6 +106,8 @@ fn scan_library(served: &std::path::Path) -> Vec<Value> {
 /// `GET /library`.
 pub async fn library(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let served = state.model().info().path.clone();
+    let media = &state.model().info().media;
+    let towers = (media.vision.is_some(), media.audio.is_some());
     let cached = LIBRARY
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -111,7 +117,7 @@ pub async fn library(State(state): State<AppState>) -> Result<Json<Value>, ApiEr
     let rows = match cached {
         Some(rows) => rows,
         None => {
-            let rows = tokio::task::spawn_blocking(move || scan_library(&served))
+            let rows = tokio::task::spawn_blocking(move || scan_library(&served, towers))
                 .await
                 .map_err(|e| ApiError::Internal(format!("library scan: {e}")))?;
             *LIBRARY.lock().unwrap_or_else(|e| e.into_inner()) =

@@ -21,6 +21,8 @@ fn card(state: &AppState) -> ModelCard {
         arch: info.arch.to_string(),
         reasoning: caps.is_some_and(|c| c.uses_think_tags),
         tools: caps.is_some_and(|c| c.uses_tools),
+        vision: info.media.vision.is_some(),
+        audio: info.media.audio.is_some(),
         parent: None,
         root: None,
     }

@@ -297,12 +297,11 @@ fn check_part(at: &str, part: &Value) -> Result<(), ApiError> {
             Some(Value::String(_)) => Ok(()),
             _ => Err(ApiError::field(format!("{at}.text"), "must be a string")),
         },
-        Some(kind @ ("image_url" | "input_audio" | "file" | "image" | "audio")) => {
-            Err(ApiError::unsupported(
-                format!("{at}.type"),
-                format!("'{kind}' content is not supported: the served model reads text only"),
-            ))
-        }
+        Some("image_url" | "input_audio") => crate::media::parts::check_part(at, part),
+        Some(kind @ ("file" | "image" | "audio")) => Err(ApiError::unsupported(
+            format!("{at}.type"),
+            format!("'{kind}' content is not supported: the served model reads text only"),
+        )),
         Some(other) => Err(ApiError::field(
             format!("{at}.type"),
             format!("unknown content part type '{other}'"),
@@ -383,7 +382,7 @@ mod tests {
             ),
             (
                 json!({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}),
-                "messages[0].content[0].type",
+                "messages[0].content[0].image_url.url",
             ),
             (
                 json!({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}),

@@ -57,6 +57,14 @@ pub struct ServeArgs {
         value_name = "HOSTS"
     )]
     allowed_hosts: Vec<String>,
+    /// Let image and audio URLs in requests reach loopback, private, link-local and other
+    /// non-public addresses (off: such URLs are refused, so clients cannot probe the
+    /// server's network).
+    #[arg(long, env = "WICK_ALLOW_PRIVATE_MEDIA")]
+    allow_private_media: bool,
+    /// Most images and audio clips one request may carry.
+    #[arg(long, env = "WICK_MAX_MEDIA_ITEMS", default_value_t = wick_server::media::DEFAULT_MAX_MEDIA_ITEMS)]
+    max_media_items: usize,
     /// A web page origin (`http://localhost:3000`) allowed to call the API from a browser;
     /// comma-separated for several. Without it, cross-origin requests are refused.
     #[arg(
@@ -458,6 +466,8 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
     };
     config.api_key = api_key;
     config.public_load = args.public_load;
+    config.media.allow_private = args.allow_private_media;
+    config.media.max_items = args.max_media_items;
     config.tool_format = tool_format;
     config.chat_template = chat_template;
     config.adapters = args.adapters.clone();

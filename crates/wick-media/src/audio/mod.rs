@@ -1,0 +1,5 @@
+//! Audio: decoding to mono ([`decode`]), resampling ([`resample`]) and the towers' log-mel
+//! features ([`mel`]).
+pub mod decode;
+pub mod mel;
+pub mod resample;

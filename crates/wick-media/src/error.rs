@@ -1,0 +1,62 @@
+//! The one error type of wick-media: what was wrong with an input, with the limit or the
+//! format it broke.
+use thiserror::Error;
+
+/// Why an image or audio clip could not be used.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum MediaError {
+    /// The encoded input is larger than allowed.
+    #[error("the {kind} is {bytes} bytes, more than the limit of {limit} bytes")]
+    TooLarge {
+        /// "image" or "audio clip".
+        kind: &'static str,
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The input is empty.
+    #[error("the {kind} is empty")]
+    Empty {
+        /// "image" or "audio clip".
+        kind: &'static str,
+    },
+    /// The bytes are not in any format this server reads.
+    #[error("unrecognized {kind} format (the bytes start with {head}); supported: {supported}")]
+    UnknownFormat {
+        /// "image" or "audio clip".
+        kind: &'static str,
+        /// The first bytes, in hex.
+        head: String,
+        /// The formats that are read.
+        supported: &'static str,
+    },
+    /// The image's declared size is over the limit (checked before decoding).
+    #[error("the image is {width}×{height} pixels, more than the limit of {max_side} px per side and {max_pixels} pixels")]
+    TooManyPixels {
+        /// Declared width.
+        width: u32,
+        /// Declared height.
+        height: u32,
+        /// Largest side allowed.
+        max_side: u32,
+        /// Most pixels allowed.
+        max_pixels: u64,
+    },
+    /// The image or clip could not be decoded (truncated, corrupt, unsupported variant).
+    #[error("could not decode the {format} {kind}: {reason}")]
+    Decode {
+        /// "image" or "audio clip".
+        kind: &'static str,
+        /// The format sniffed from its bytes.
+        format: String,
+        /// What the decoder said.
+        reason: String,
+    },
+    /// A processor parameter cannot make an image (e.g. a zero size).
+    #[error("invalid processor setting: {0}")]
+    Processor(String),
+    /// The audio clip has no samples.
+    #[error("the audio clip has no samples")]
+    NoSamples,
+}

@@ -1,0 +1,168 @@
+//! The image processors of the supported vision towers, as transformers' PIL processors
+//! compute them: the resize rule, the resampling filter, rescaling and normalisation, into
+//! channels-first `f32` pixels.
+use super::decode::RgbImage;
+use super::resample::{resize, Filter};
+use crate::error::MediaError;
+
+/// How a vision tower wants its pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageProcessor {
+    /// Gemma 3 (`Gemma3ImageProcessor`): bilinear resize to `size × size` without keeping
+    /// the aspect ratio, then `(x / 255 − 0.5) / 0.5`.
+    Gemma3 {
+        /// Side of the square the tower reads.
+        size: usize,
+    },
+    /// Gemma 4 (`Gemma4ImageProcessor`): bicubic resize keeping the aspect ratio to the
+    /// largest multiples of `patch × pool` pixels holding at most `max_patches` patches,
+    /// then `x / 255`.
+    Gemma4 {
+        /// Patch side in pixels.
+        patch: usize,
+        /// Pooling factor per side.
+        pool: usize,
+        /// Most patches per image.
+        max_patches: usize,
+    },
+}
+
+/// Pixels ready for a vision tower.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessedImage {
+    /// Channels (3).
+    pub channels: usize,
+    /// Height in pixels.
+    pub height: usize,
+    /// Width in pixels.
+    pub width: usize,
+    /// `channels × height × width` values, one plane per channel.
+    pub data: Vec<f32>,
+    /// Soft tokens the image takes in the prompt, where the processor decides it (Gemma 4);
+    /// `None` for towers with a fixed count per image.
+    pub soft_tokens: Option<usize>,
+}
+
+impl ImageProcessor {
+    /// Prepares `image` for the tower.
+    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, MediaError> {
+        match *self {
+            ImageProcessor::Gemma3 { size } => {
+                if size == 0 {
+                    return Err(MediaError::Processor("Gemma 3 image size 0".into()));
+                }
+                let resized = resize(image, size, size, Filter::Bilinear);
+                // transformers rescales in f64 and stores f32, then normalises in f32.
+                let data = planes(&resized, |v| {
+                    let x = (f64::from(v) * (1.0 / 255.0)) as f32;
+                    (x - 0.5) / 0.5
+                });
+                Ok(ProcessedImage {
+                    channels: 3,
+                    height: size,
+                    width: size,
+                    data,
+                    soft_tokens: None,
+                })
+            }
+            ImageProcessor::Gemma4 {
+                patch,
+                pool,
+                max_patches,
+            } => {
+                let (height, width) =
+                    gemma4_target_size(image.height, image.width, patch, pool, max_patches)?;
+                let resized = if (height, width) == (image.height, image.width) {
+                    std::borrow::Cow::Borrowed(image)
+                } else {
+                    std::borrow::Cow::Owned(resize(image, width, height, Filter::Bicubic))
+                };
+                let data = planes(&resized, |v| (f64::from(v) * (1.0 / 255.0)) as f32);
+                let soft_tokens = (height / patch) * (width / patch) / (pool * pool);
+                Ok(ProcessedImage {
+                    channels: 3,
+                    height,
+                    width,
+                    data,
+                    soft_tokens: Some(soft_tokens),
+                })
+            }
+        }
+    }
+}
+
+/// Channels-first values of an interleaved RGB image through `f`.
+fn planes(image: &RgbImage, f: impl Fn(u8) -> f32) -> Vec<f32> {
+    let n = image.width * image.height;
+    let mut data = vec![0f32; 3 * n];
+    for (i, px) in image.data.chunks_exact(3).enumerate() {
+        for c in 0..3 {
+            data[c * n + i] = f(px[c]);
+        }
+    }
+    data
+}
+
+/// Gemma 4's target size `(height, width)`: the largest multiples of `patch × pool` with the
+/// image's aspect ratio and at most `max_patches` patches; a very thin image keeps one
+/// block on its short side and `floor(long / short)` blocks (capped) on the long one.
+pub fn gemma4_target_size(
+    height: usize,
+    width: usize,
+    patch: usize,
+    pool: usize,
+    max_patches: usize,
+) -> Result<(usize, usize), MediaError> {
+    if height == 0 || width == 0 || patch == 0 || pool == 0 {
+        return Err(MediaError::Processor(format!(
+            "cannot size a {width}×{height} image with patch {patch} and pool {pool}"
+        )));
+    }
+    let target_px = (max_patches * patch * patch) as f64;
+    let factor = (target_px / (height * width) as f64).sqrt();
+    let side = pool * patch;
+    let mut th = ((factor * height as f64) / side as f64).floor() as usize * side;
+    let mut tw = ((factor * width as f64) / side as f64).floor() as usize * side;
+    let max_side = (max_patches / (pool * pool)) * side;
+    match (th, tw) {
+        (0, 0) => {
+            return Err(MediaError::Processor(format!(
+                "a {width}×{height} image cannot be resized to a multiple of {side} px"
+            )))
+        }
+        (0, _) => {
+            th = side;
+            tw = ((width as f64 / height as f64).floor() as usize * side).min(max_side);
+        }
+        (_, 0) => {
+            tw = side;
+            th = ((height as f64 / width as f64).floor() as usize * side).min(max_side);
+        }
+        _ => {}
+    }
+    if (th * tw) as f64 > target_px {
+        return Err(MediaError::Processor(format!(
+            "a {width}×{height} image resized to {tw}×{th} exceeds {max_patches} patches"
+        )));
+    }
+    Ok((th, tw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemma4_sizes_are_multiples_within_budget() {
+        // 280 soft tokens × 9 patches of 16 px.
+        let (h, w) = gemma4_target_size(480, 640, 16, 3, 2520).unwrap();
+        assert_eq!((h % 48, w % 48), (0, 0));
+        assert!(h * w <= 2520 * 256);
+        assert_eq!((h, w), (672, 912));
+        // A thin strip keeps one block on its short side.
+        assert_eq!(
+            gemma4_target_size(10, 4000, 16, 3, 2520).unwrap(),
+            (48, 13440)
+        );
+    }
+}
