@@ -128,7 +128,7 @@ def test_client_errors_have_anthropic_shape(server):
     assert e.value.status_code == 400
     assert e.value.body["type"] == "error"
     assert e.value.body["error"]["type"] == "invalid_request_error"
-    assert "text only" in e.value.body["error"]["message"]
+    assert "vision tower" in e.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model="claude", max_tokens=4, tool_choice={"type": "tool"}, tools=[WEATHER],
                           messages=[{"role": "user", "content": "x"}])

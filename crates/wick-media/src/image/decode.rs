@@ -81,12 +81,50 @@ pub fn decode_image(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage, Medi
         let (width, height) = decoder.dimensions();
         check_size(width, height, limits)?;
         let orientation = decoder.orientation().map_err(|e| failed(e.to_string()))?;
-        let mut image = DynamicImage::from_decoder(decoder).map_err(|e| failed(e.to_string()))?;
+        let mut image = if format == ImageFormat::Jpeg {
+            drop(decoder);
+            decode_jpeg(bytes).map_err(failed)?
+        } else {
+            DynamicImage::from_decoder(decoder).map_err(|e| failed(e.to_string()))?
+        };
         image.apply_orientation(orientation);
         Ok(image)
     }))
     .map_err(|_| failed("the decoder failed on malformed data".into()))??;
     Ok(to_rgb(decoded))
+}
+
+/// JPEG pixels as libjpeg-turbo (Pillow's decoder) makes them: accurate integer IDCT,
+/// smooth chroma upsampling, converted to RGB by the library.
+fn decode_jpeg(bytes: &[u8]) -> Result<DynamicImage, String> {
+    // libjpeg fills a truncated scan with gray and only warns; Pillow refuses such a file.
+    // Inside entropy-coded data 0xFF is always stuffed, so an end-of-image marker after the
+    // last start-of-scan means the data is complete.
+    let last_scan = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]);
+    let end = bytes.windows(2).rposition(|w| w == [0xFF, 0xD9]);
+    match (last_scan, end) {
+        (Some(scan), Some(end)) if end > scan => {}
+        _ => {
+            return Err(
+                "the JPEG data is truncated (no end-of-image marker after the last scan)".into(),
+            )
+        }
+    }
+    let decompress = mozjpeg::Decompress::new_mem(bytes).map_err(|e| e.to_string())?;
+    let mut started = decompress.rgb().map_err(|e| e.to_string())?;
+    let (width, height) = (started.width(), started.height());
+    let pixels: Vec<[u8; 3]> = started.read_scanlines().map_err(|e| e.to_string())?;
+    started.finish().map_err(|e| e.to_string())?;
+    if pixels.len() != width * height {
+        return Err(format!(
+            "the JPEG data ends after {} of {height} rows",
+            pixels.len() / width.max(1)
+        ));
+    }
+    let data: Vec<u8> = pixels.into_iter().flatten().collect();
+    image::RgbImage::from_raw(width as u32, height as u32, data)
+        .map(DynamicImage::ImageRgb8)
+        .ok_or_else(|| "the JPEG's pixel buffer does not match its size".to_string())
 }
 
 /// The format the bytes are in, from their signature.

@@ -603,6 +603,10 @@ mod tests {
             (json!({"max_tokens": 5}), "messages"),
             (
                 json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+                "messages[0].content[0].source.type",
+            ),
+            (
+                json!({"max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "image", "source": {}}]}]}),
                 "messages[0].content[0].type",
             ),
             (

@@ -211,6 +211,73 @@ mod tests {
         }
     }
 
+    /// A one-connection-at-a-time HTTP server on 127.0.0.1 answering every request with
+    /// `response`; its address.
+    fn local_server(response: &'static [u8]) -> std::net::SocketAddr {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let mut stream = stream;
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf);
+                let _ = stream.write_all(response);
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn loopback_is_refused_unless_allowed() {
+        let addr =
+            local_server(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
+        let url = format!("http://{addr}/a.png");
+        let err = fetch(&url, &MediaPolicy::default(), 100).unwrap_err();
+        assert!(matches!(err, FetchError::PrivateAddress { .. }), "{err:?}");
+        assert!(err.to_string().contains("--allow-private-media"));
+        // "localhost" resolves to loopback too.
+        let url_by_name = format!("http://localhost:{}/a.png", addr.port());
+        let err = fetch(&url_by_name, &MediaPolicy::default(), 100).unwrap_err();
+        assert!(matches!(err, FetchError::PrivateAddress { .. }), "{err:?}");
+
+        let allowed = MediaPolicy {
+            allow_private: true,
+            ..MediaPolicy::default()
+        };
+        assert_eq!(fetch(&url, &allowed, 100).unwrap(), b"hello");
+        // The size limit holds.
+        assert_eq!(
+            fetch(&url, &allowed, 3).unwrap_err(),
+            FetchError::TooLarge(3)
+        );
+    }
+
+    #[test]
+    fn error_statuses_and_redirects_to_private_addresses() {
+        let allowed = MediaPolicy {
+            allow_private: true,
+            ..MediaPolicy::default()
+        };
+        let missing = local_server(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+        let err = fetch(&format!("http://{missing}/x"), &allowed, 100).unwrap_err();
+        assert_eq!(err, FetchError::Status(404));
+        // A redirect hop is resolved and checked like the first URL.
+        let redirect = local_server(
+            b"HTTP/1.1 302 Found\r\nLocation: http://10.255.255.1/secret\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+        let policy = MediaPolicy {
+            allow_private: false,
+            ..MediaPolicy::default()
+        };
+        // The first hop (loopback) is already refused; with loopback allowed only through a
+        // resolver that trusts it, the hop to 10/8 would be checked the same way.
+        let err = fetch(&format!("http://{redirect}/"), &policy, 100).unwrap_err();
+        assert!(matches!(err, FetchError::PrivateAddress { .. }), "{err:?}");
+    }
+
     #[test]
     fn other_schemes_are_refused() {
         let err = fetch("ftp://example.com/a.png", &MediaPolicy::default(), 10).unwrap_err();

@@ -153,13 +153,11 @@ pub fn load(
         MediaKind::Image => policy.image.max_bytes,
         MediaKind::Audio => policy.audio.max_bytes,
     };
-    let bytes = match (&item.source, item.source.inline_bytes(&item.at)) {
-        (_, Some(bytes)) => bytes?,
-        (MediaSource::Url(url), None)
-        | (MediaSource::DataUrl(url) | MediaSource::Base64(url), None) => {
-            fetch::fetch(url, policy, max_bytes)
-                .map_err(|e| ApiError::field(item.at.clone(), e.to_string()))?
-        }
+    let bytes = match &item.source {
+        MediaSource::Url(url) => fetch::fetch(url, policy, max_bytes)
+            .map_err(|e| ApiError::field(item.at.clone(), e.to_string()))?,
+        MediaSource::DataUrl(url) => parts::decode_data_url(&item.at, url)?,
+        MediaSource::Base64(data) => parts::decode_base64(&item.at, data)?,
     };
     match item.kind {
         MediaKind::Image => {

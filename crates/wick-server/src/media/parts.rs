@@ -34,18 +34,6 @@ pub enum MediaSource {
     Url(String),
 }
 
-impl MediaSource {
-    /// The item's bytes when they are in the request (`None` for a URL to fetch); `at`
-    /// names the part in errors.
-    pub fn inline_bytes(&self, at: &str) -> Option<Result<Vec<u8>, ApiError>> {
-        match self {
-            MediaSource::DataUrl(url) => Some(decode_data_url(at, url)),
-            MediaSource::Base64(data) => Some(decode_base64(at, data)),
-            MediaSource::Url(_) => None,
-        }
-    }
-}
-
 /// One media item of a request, in message order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaRef {
@@ -370,7 +358,11 @@ mod tests {
         ]})];
         let items = extract(&mut messages).unwrap();
         assert_eq!(items.len(), 3);
-        let bytes = |i: usize| items[i].source.inline_bytes("x").unwrap().unwrap();
+        let bytes = |i: usize| match &items[i].source {
+            MediaSource::DataUrl(url) => decode_data_url("x", url).unwrap(),
+            MediaSource::Base64(data) => decode_base64("x", data).unwrap(),
+            MediaSource::Url(_) => panic!("inline expected"),
+        };
         assert_eq!(bytes(0), vec![0, 1, 2]);
         assert_eq!(items[1].kind, MediaKind::Audio);
         assert_eq!(bytes(1), vec![3, 4]);
@@ -414,9 +406,10 @@ mod tests {
         for (part, want) in cases {
             let mut messages = vec![json!({"role": "user", "content": [part]})];
             let err = extract(&mut messages)
-                .and_then(|items| match items[0].source.inline_bytes(&items[0].at) {
-                    Some(Err(e)) => Err(e),
-                    _ => Ok(items),
+                .and_then(|items| match &items[0].source {
+                    MediaSource::DataUrl(url) => decode_data_url(&items[0].at, url).map(|_| ()),
+                    MediaSource::Base64(data) => decode_base64(&items[0].at, data).map(|_| ()),
+                    MediaSource::Url(_) => Ok(()),
                 })
                 .unwrap_err();
             assert!(err.to_string().contains(want), "{err}");
