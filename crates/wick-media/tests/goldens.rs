@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use wick_media::{
     decode_audio, decode_image, prepare_audio, AudioLimits, ImageLimits, ImageProcessor, MelConfig,
+    PreparedAudio,
 };
 
 fn data(name: &str) -> PathBuf {
@@ -34,6 +35,21 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// The golden's feature shape `[frames, bins]` and soft-token count.
+fn same_shape_and_tokens(entry: &Value, prepared: &PreparedAudio) {
+    let shape: Vec<usize> = entry["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(usize_of)
+        .collect();
+    assert_eq!(
+        vec![prepared.features.frames, prepared.features.bins],
+        shape
+    );
+    assert_eq!(prepared.soft_tokens, usize_of(&entry["soft_tokens"]));
 }
 
 fn usize_of(v: &Value) -> usize {
@@ -115,17 +131,7 @@ fn mel_features_match_transformers_at_16k() {
         &MelConfig::default(),
     )
     .unwrap();
-    let shape: Vec<usize> = entry["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(usize_of)
-        .collect();
-    assert_eq!(
-        vec![prepared.features.frames, prepared.features.bins],
-        shape
-    );
-    assert_eq!(prepared.soft_tokens, usize_of(&entry["soft_tokens"]));
+    same_shape_and_tokens(entry, &prepared);
     let diff = max_diff(
         &prepared.features.data,
         &f32s(entry["values"].as_str().unwrap()),
@@ -146,17 +152,7 @@ fn stereo_44k1_is_mixed_resampled_and_close_to_soxr() {
         &MelConfig::default(),
     )
     .unwrap();
-    let shape: Vec<usize> = entry["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(usize_of)
-        .collect();
-    assert_eq!(
-        vec![prepared.features.frames, prepared.features.bins],
-        shape
-    );
-    assert_eq!(prepared.soft_tokens, usize_of(&entry["soft_tokens"]));
+    same_shape_and_tokens(entry, &prepared);
     // The reference resampled with soxr (librosa); a different resampler moves the
     // log-mel values a little, most in the near-silent bins.
     let want = f32s(entry["values"].as_str().unwrap());
