@@ -11,12 +11,15 @@ GOLDENS = Path(__file__).resolve().parents[2] / "scripts" / "goldens"
 
 # Import name -> distribution name on PyPI, for the third-party modules the scripts use.
 DISTRIBUTIONS = {
+    "PIL": "pillow",
     "jinja2": "jinja2",
+    "librosa": "librosa",
     "llama_cpp": "llama-cpp-python",
     "numpy": "numpy",
     "peft": "peft",
     "safetensors": "safetensors",
     "sentence_transformers": "sentence-transformers",
+    "soundfile": "soundfile",
     "tokenizers": "tokenizers",
     "torch": "torch",
     "transformers": "transformers",
