@@ -16,7 +16,7 @@ logits at every position, plus a greedy continuation with an image.
 
 Everything lands in crates/wick-engine/tests/goldens/hf/gemma3_vision/. Deterministic.
 
-    /work/torchvenv/bin/python scripts/goldens/hf_tiny_gemma3_vision.py
+    python scripts/goldens/hf_tiny_gemma3_vision.py   # in the venv regen.sh makes (requirements.txt)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ hf_tiny_gemma3_vision.py (copied here), input_ids with each image expanded as Ge
 does (begin-of-image, the soft tokens, end-of-image), and mm_token_type_ids. Cases: one image,
 two images, text only; logits at every position, plus a greedy continuation with an image.
 
-    /work/torchvenv/bin/python scripts/goldens/hf_tiny_gemma4_vision.py
+    python scripts/goldens/hf_tiny_gemma4_vision.py   # in the venv regen.sh makes (requirements.txt)
 """
 
 from __future__ import annotations

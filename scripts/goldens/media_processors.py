@@ -5,7 +5,7 @@ a 16 kHz mono WAV and a 44.1 kHz stereo WAV) under crates/wick-media/tests/data/
 transformers 5.24's PIL image processors and Gemma 4's audio feature extractor make of them:
 raw little-endian f32 files plus `goldens.json` naming shapes and token counts.
 
-Run with the reference venv: /work/torchvenv/bin/python scripts/goldens/media_processors.py
+Run in the venv regen.sh makes (requirements.txt): python scripts/goldens/media_processors.py
 """
 
 import io

@@ -32,13 +32,7 @@ pub async fn completions(
             (ids, text)
         }
         PromptInput::Tokens(ids) => {
-            let vocab = state.model().config().vocab_size;
-            if let Some(i) = ids.iter().position(|&id| id as usize >= vocab) {
-                return Err(ApiError::field(
-                    format!("prompt[{i}]"),
-                    format!("token id {} is outside the vocabulary ({vocab})", ids[i]),
-                ));
-            }
+            check_token_ids(&state, &ids)?;
             let text = if valid.echo {
                 prompt::detokenize(&state, ids.clone()).await?
             } else {
@@ -83,5 +77,18 @@ pub async fn completions(
         let collected = reply.collect().await?;
         let body = whole(collected, &meta, &state, echo, columns);
         Ok(Json(body).into_response())
+    }
+}
+
+/// A token-id prompt's ids must be in the model's vocabulary (`prompt[i]` names the first
+/// that is not).
+pub fn check_token_ids(state: &AppState, ids: &[u32]) -> Result<(), ApiError> {
+    let vocab = state.model().config().vocab_size;
+    match ids.iter().position(|&id| id as usize >= vocab) {
+        Some(i) => Err(ApiError::field(
+            format!("prompt[{i}]"),
+            format!("token id {} is outside the vocabulary ({vocab})", ids[i]),
+        )),
+        None => Ok(()),
     }
 }

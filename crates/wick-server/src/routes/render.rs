@@ -17,6 +17,7 @@ use crate::openai::completions::CompletionRequest;
 use crate::openai::response_id;
 use crate::prompt;
 use crate::routes::chat::prepare_chat;
+use crate::routes::completions::check_token_ids;
 use crate::state::AppState;
 use crate::validation::completion::{self, PromptInput};
 use crate::validation::ValidGeneration;
@@ -47,13 +48,7 @@ pub async fn completions(
     let ids = match valid.prompt {
         PromptInput::Text(text) => prompt::tokenize(&state, text).await?,
         PromptInput::Tokens(ids) => {
-            let vocab = state.model().config().vocab_size;
-            if let Some(i) = ids.iter().position(|&id| id as usize >= vocab) {
-                return Err(ApiError::field(
-                    format!("prompt[{i}]"),
-                    format!("token id {} is outside the vocabulary ({vocab})", ids[i]),
-                ));
-            }
+            check_token_ids(&state, &ids)?;
             ids
         }
     };
