@@ -84,6 +84,10 @@ def write_audio():
     mono = 0.4 * np.sin(2 * math.pi * 440 * t16) + 0.2 * np.sin(2 * math.pi * 1234 * t16)
     mono += RNG.normal(0, 0.02, mono.shape)
     soundfile.write(OUT / "mono16k.wav", mono, 16000, subtype="PCM_16")
+    # The same clip in the compressed containers, for the decoder's tests (complete and cut).
+    soundfile.write(OUT / "mono16k.flac", mono, 16000, subtype="PCM_16")
+    soundfile.write(OUT / "mono16k.ogg", mono, 16000, format="OGG", subtype="VORBIS")
+    soundfile.write(OUT / "mono16k.mp3", mono, 16000, format="MP3")
 
     t44 = np.arange(int(44100 * 1.1)) / 44100
     left = 0.5 * np.sin(2 * math.pi * 300 * t44) + RNG.normal(0, 0.01, t44.shape)

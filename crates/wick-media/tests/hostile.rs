@@ -105,6 +105,32 @@ fn audio_garbage_and_truncation() {
     assert_eq!(clip.samples.len(), 8000);
 }
 
+/// A file cut short (a partial upload) is refused in every container, not heard in part;
+/// the complete files decode to the whole clip.
+#[test]
+fn audio_cut_short_is_a_decode_error() {
+    for name in ["mono16k.wav", "mono16k.flac", "mono16k.mp3", "mono16k.ogg"] {
+        let bytes = read(name);
+        let clip =
+            decode_audio(&bytes, &AudioLimits::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!clip.truncated, "{name}");
+        assert!(
+            clip.samples.len() >= 20_800,
+            "{name}: {}",
+            clip.samples.len()
+        );
+        for percent in [50, 90, 95] {
+            let cut = &bytes[..bytes.len() * percent / 100];
+            // (An Ogg cut in half already fails in the container reader: "end of stream".)
+            let result = decode_audio(cut, &AudioLimits::default());
+            assert!(
+                matches!(result, Err(MediaError::Decode { .. })),
+                "{name} cut to {percent}%: {result:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn random_bytes_after_valid_signatures_never_panic() {
     let mut seed = 0x2545_f491_4f6c_dd1du64;

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use wick_chat::tool_call::ToolFormat;
 
-/// Request body limit when none is configured.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+/// Request body limit when none is configured: one media item at its 20 MB limit still
+/// fits once base64 inflates it by 4/3 (26.7 MB), with room for the rest of the request.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
 
 /// How long a connection may take to send a request's headers, counted from when it opened
 /// or answered its previous request (so it is also the keep-alive idle timeout).

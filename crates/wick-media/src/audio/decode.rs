@@ -117,6 +117,31 @@ pub fn decode_audio(bytes: &[u8], limits: &AudioLimits) -> Result<MonoClip, Medi
     .map_err(|_| failed("the decoder failed on malformed data".into()))?
 }
 
+/// A file whose data stops before the frame count its header declares is cut short (a
+/// partial upload or a broken file), and is refused rather than heard in part. Lossless
+/// containers must deliver every declared frame; MP3 may fall short by less than one MPEG
+/// frame (1152 samples) of rounding in estimated counts. An Ogg stream whose final page
+/// cannot be found (no declared length) ended early.
+fn check_complete(
+    format: AudioFormat,
+    declared: Option<u64>,
+    decoded: usize,
+) -> Result<(), String> {
+    const MP3_FRAME: u64 = 1152;
+    let decoded = decoded as u64;
+    match (format, declared) {
+        (AudioFormat::Ogg, None) => {
+            Err("the Ogg stream has no final page (the file is truncated)".into())
+        }
+        (_, None) => Ok(()),
+        (AudioFormat::Mp3, Some(n)) if decoded + MP3_FRAME > n => Ok(()),
+        (_, Some(n)) if decoded >= n => Ok(()),
+        (_, Some(n)) => Err(format!(
+            "the audio data is truncated ({decoded} of the {n} frames its header declares)"
+        )),
+    }
+}
+
 fn decode_inner(
     bytes: Vec<u8>,
     format: AudioFormat,
@@ -141,6 +166,7 @@ fn decode_inner(
         .find(|t| t.codec_params.codec != CODEC_TYPE_NULL)
         .ok_or_else(|| failed("no audio track".into()))?;
     let track_id = track.id;
+    let declared_frames = track.codec_params.n_frames;
     let rate = track
         .codec_params
         .sample_rate
@@ -187,6 +213,9 @@ fn decode_inner(
     }
     if samples.is_empty() {
         return Err(MediaError::NoSamples);
+    }
+    if !truncated {
+        check_complete(format, declared_frames, samples.len()).map_err(failed)?;
     }
     Ok(MonoClip {
         rate,

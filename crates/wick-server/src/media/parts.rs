@@ -45,6 +45,19 @@ pub struct MediaRef {
     pub at: String,
 }
 
+/// Key of a part converted from another protocol (Anthropic, Responses) that holds the
+/// part's path in the request the client sent, so errors name what the client wrote
+/// rather than the converted chat messages.
+const ORIGIN: &str = "_wick_origin";
+
+/// The path errors about `part` name: where the client wrote it when the part was
+/// converted from another protocol, else `at` (its place in the chat messages).
+fn origin_path(at: &str, part: &Value) -> String {
+    part.get(ORIGIN)
+        .and_then(Value::as_str)
+        .map_or_else(|| at.to_string(), str::to_string)
+}
+
 /// Whether `part` is a media part (OpenAI chat shape).
 pub fn is_media_part(part: &Value) -> bool {
     matches!(
@@ -65,7 +78,7 @@ pub fn extract(messages: &mut [Value]) -> Result<Vec<MediaRef>, ApiError> {
             if !is_media_part(part) {
                 continue;
             }
-            let at = format!("messages[{i}].content[{j}]");
+            let at = origin_path(&format!("messages[{i}].content[{j}]"), part);
             let item = parse_part(&at, part)?;
             *part = match item.kind {
                 MediaKind::Image => json!({"type": "image"}),
@@ -79,7 +92,7 @@ pub fn extract(messages: &mut [Value]) -> Result<Vec<MediaRef>, ApiError> {
 
 /// Checks a media part's shape without decoding it (validation's pass).
 pub fn check_part(at: &str, part: &Value) -> Result<(), ApiError> {
-    parse_source(at, part).map(|_| ())
+    parse_source(&origin_path(at, part), part).map(|_| ())
 }
 
 fn parse_part(at: &str, part: &Value) -> Result<MediaRef, ApiError> {
@@ -310,7 +323,7 @@ pub fn from_anthropic_image(at: &str, block: &Value) -> Result<Value, ApiError> 
             ))
         }
     };
-    Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+    Ok(json!({"type": "image_url", "image_url": {"url": url}, ORIGIN: at}))
 }
 
 /// A Responses `input_image` part (`image_url` a string, or `{"url"}`) as an OpenAI chat
@@ -332,11 +345,13 @@ pub fn from_responses_part(at: &str, part: &Value) -> Result<Value, ApiError> {
                     ))
                 }
             };
-            Ok(json!({"type": "image_url", "image_url": {"url": url}}))
+            Ok(json!({"type": "image_url", "image_url": {"url": url}, ORIGIN: at}))
         }
-        Some("input_audio") => Ok(
-            json!({"type": "input_audio", "input_audio": part.get("input_audio").cloned().unwrap_or(Value::Null)}),
-        ),
+        Some("input_audio") => Ok(json!({
+            "type": "input_audio",
+            "input_audio": part.get("input_audio").cloned().unwrap_or(Value::Null),
+            ORIGIN: at,
+        })),
         other => Err(ApiError::field(
             format!("{at}.type"),
             format!("unknown media part {other:?}"),
@@ -422,7 +437,7 @@ mod tests {
         let block = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAEC"}});
         assert_eq!(
             from_anthropic_image("m", &block).unwrap(),
-            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAEC"}})
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAEC"}, ORIGIN: "m"})
         );
         let block = json!({"type": "image", "source": {"type": "url", "url": "https://x/y.png"}});
         assert_eq!(
@@ -434,6 +449,27 @@ mod tests {
             from_responses_part("i", &part).unwrap()["type"],
             "image_url"
         );
+    }
+
+    /// A converted part's errors name where the client wrote it, not the chat messages it
+    /// became (which gain a system message, merge turns, renumber parts).
+    #[test]
+    fn converted_parts_errors_name_the_original_path() {
+        let block =
+            json!({"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}});
+        let part = from_anthropic_image("messages[2].content[1]", &block).unwrap();
+        let mut messages = vec![json!({"role": "user", "content": [part]})];
+        let err = extract(&mut messages).unwrap_err().to_string();
+        assert!(err.contains("messages[2].content[1]"), "{err}");
+        assert!(!err.contains("messages[0].content[0]"), "{err}");
+
+        let audio =
+            json!({"type": "input_audio", "input_audio": {"format": "aiff", "data": "AA=="}});
+        let part = from_responses_part("input[3].content[0]", &audio).unwrap();
+        let err = check_part("messages[0].content[0]", &part)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("input[3].content[0]"), "{err}");
     }
 
     #[test]
