@@ -160,3 +160,70 @@ def test_two_live_replicas_share_one_ssd_cache(tmp_path):
     # Both owners are gone: no lock files or temporary files are left behind.
     assert not list(root.rglob("*.tmp"))
     assert not list(root.rglob(".owner-*.lock"))
+
+
+def test_replica_killed_mid_reply_and_restarted_loses_nothing(tmp_path):
+    """kill -9 of a replica in the middle of a streamed reply: the client's stream ends (it
+    does not hang), the surviving replica and the restarted one both restore the dead one's
+    prefixes from the shared directory, and the dead owner's lock is reaped. Every wait here
+    is bounded, so a regression fails the test instead of stalling the suite."""
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    root = tmp_path / "shared"
+    args = ("--ssd-cache", str(root), "--ssd-write-max-defer", "1")
+    a = WickServer(*args)
+    b = restarted = None
+    try:
+        conv = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Where is part 26?"}]
+        first = chat(a, conv)
+        # No flush: the write deferral (1 s) alone makes the prefix durable.
+        deadline = time.monotonic() + 15
+        while a.stats()["ssd_cache"]["entries"] < 1:
+            assert time.monotonic() < deadline, "A never wrote its prefix"
+            time.sleep(0.1)
+        b = WickServer(*args)
+
+        # A long streamed reply on A; A dies after the first few chunks.
+        chunks = 0
+        with httpx.Client(base_url=a.base, timeout=httpx.Timeout(30.0)) as h:
+            try:
+                with h.stream("POST", "/v1/chat/completions", json={
+                        "model": "m", "stream": True, "max_tokens": 400, "temperature": 0,
+                        "ignore_eos": True,
+                        "messages": conv + [{"role": "assistant", "content": "Bin 26."},
+                                            {"role": "user", "content": "List every bin."}]}) as r:
+                    assert r.status_code == 200
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            chunks += 1
+                            if chunks == 3:
+                                a.proc.kill()
+                                a.proc.wait(10)
+            except httpx.HTTPError:
+                pass  # the cut connection, as a client sees it
+        assert chunks >= 3 and a.proc.returncode == -9, (chunks, a.proc.returncode)
+
+        # The survivor restores the dead replica's prefix.
+        conv += [first["choices"][0]["message"], {"role": "user", "content": "And part 39?"}]
+        turn = chat(b, conv)
+        assert cached(turn) >= first["usage"]["prompt_tokens"] - 8, turn["usage"]
+
+        # The dead replica comes back on the same directory and restores it too.
+        restarted = WickServer(*args)
+        again = chat(restarted, conv)
+        assert cached(again) >= first["usage"]["prompt_tokens"] - 8, again["usage"]
+        assert again["choices"][0]["message"]["content"] == turn["choices"][0]["message"]["content"]
+        for s in (b, restarted):
+            st = s.stats()
+            assert st["ssd_cache"]["restore_failures"] == 0, st["ssd_cache"]
+            assert st["requests"]["failed"] == 0, st["requests"]
+    finally:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.wait(10)
+        for s in (restarted, b):
+            if s is not None:
+                stopped(s)
+    # The killed owner's lock and temporary files were reaped by the replicas that outlived it.
+    assert not list(root.rglob("*.tmp"))
+    assert not list(root.rglob(".owner-*.lock"))
