@@ -56,7 +56,7 @@ fn bench(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::from_parameter(name), &form, |bench, &form| {
             bench.iter(|| {
                 let mut state = DeltaState::new(&shape);
-                black_box(mix(&p, &qkv, &z, &b, &a, &mut state, form))
+                black_box(mix(&p, &qkv, &z, &b, &a, &mut state, form).unwrap())
             })
         });
     }
@@ -67,7 +67,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("conv1d_silu", |b| {
         b.iter(|| {
             let mut st = vec![0.0; shape.conv_state_len()];
-            black_box(conv1d_silu(&qkv, cd, &conv, shape.conv_kernel, &mut st))
+            black_box(conv1d_silu(&qkv, cd, &conv, shape.conv_kernel, &mut st).unwrap())
         })
     });
     g.finish();

@@ -269,6 +269,76 @@ pub fn softcap(isa: Isa, x: &[f32], cap: f32, out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
+/// `x = silu(x) = x / (1 + e^-x)`, elementwise, in place.
+pub fn silu_in_place(isa: Isa, x: &mut [f32]) {
+    multiversion!(isa, (x: &mut [f32]) {
+        for v in x.iter_mut() {
+            *v = silu(*v);
+        }
+    });
+}
+
+/// A causal depthwise convolution followed by SiLU, over `channels`-wide rows:
+/// `out[t][c] = silu(Σⱼ taps[j][c] · e[t + j][c])`, where `e` is the `kernel − 1` rows of
+/// `history` (oldest first) followed by the rows of `x`, and `taps` is tap-major
+/// (`[kernel][channels]`). `out` has as many rows as `x`. Each output row is one chain of
+/// multiply-adds in tap order, so splitting the rows between callers changes nothing.
+pub fn causal_conv1d_silu(
+    isa: Isa,
+    history: &[f32],
+    x: &[f32],
+    channels: usize,
+    taps: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let op = "causal_conv1d_silu";
+    if channels == 0 || taps.is_empty() || !taps.len().is_multiple_of(channels) {
+        return Err(KernelError::Shape {
+            op,
+            what: "taps",
+            expected: channels.max(1),
+            found: taps.len(),
+        });
+    }
+    let kernel = taps.len() / channels;
+    same_len(op, "history", (kernel - 1) * channels, history.len())?;
+    same_len(op, "output", x.len(), out.len())?;
+    if !x.len().is_multiple_of(channels) {
+        return Err(KernelError::Shape {
+            op,
+            what: "input",
+            expected: x.len().div_ceil(channels) * channels,
+            found: x.len(),
+        });
+    }
+    multiversion!(isa, (history: &[f32], x: &[f32], channels: usize, taps: &[f32], out: &mut [f32]) {
+        let hist = history.len() / channels;
+        for (t, o) in out.chunks_exact_mut(channels).enumerate() {
+            for (j, w) in taps.chunks_exact(channels).enumerate() {
+                let e = t + j;
+                let row = if e < hist {
+                    &history[e * channels..(e + 1) * channels]
+                } else {
+                    &x[(e - hist) * channels..(e - hist + 1) * channels]
+                };
+                if j == 0 {
+                    for ((y, &w), &r) in o.iter_mut().zip(w).zip(row) {
+                        *y = w * r;
+                    }
+                } else {
+                    for ((y, &w), &r) in o.iter_mut().zip(w).zip(row) {
+                        *y = w.mul_add(r, *y);
+                    }
+                }
+            }
+            for y in o.iter_mut() {
+                *y = silu(*y);
+            }
+        }
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +452,49 @@ mod tests {
             &mut out
         )
         .is_err());
+    }
+
+    #[test]
+    fn causal_conv_silu_matches_the_f64_definition_on_every_isa() {
+        let (channels, kernel, rows) = (37, 4, 9);
+        let history = sample((kernel - 1) * channels);
+        let x = sample(rows * channels);
+        let taps: Vec<f32> = sample(kernel * channels).iter().map(|v| v / 6.0).collect();
+        let extended: Vec<f32> = history.iter().chain(&x).copied().collect();
+        for isa in Isa::available() {
+            let mut out = vec![0f32; x.len()];
+            causal_conv1d_silu(isa, &history, &x, channels, &taps, &mut out).unwrap();
+            for t in 0..rows {
+                for c in 0..channels {
+                    let s: f64 = (0..kernel)
+                        .map(|j| {
+                            taps[j * channels + c] as f64 * extended[(t + j) * channels + c] as f64
+                        })
+                        .sum();
+                    let want = s / (1.0 + (-s).exp());
+                    let got = out[t * channels + c] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                        "{isa:?} t={t} c={c}"
+                    );
+                }
+            }
+            let mut y = x.clone();
+            silu_in_place(isa, &mut y);
+            for (&got, &v) in y.iter().zip(&x) {
+                let want = v as f64 / (1.0 + (-(v as f64)).exp());
+                assert!(
+                    (got as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
+                    "{isa:?} silu"
+                );
+            }
+        }
+        let mut out = vec![0f32; x.len()];
+        assert!(
+            causal_conv1d_silu(Isa::Scalar, &history[1..], &x, channels, &taps, &mut out).is_err()
+        );
+        assert!(
+            causal_conv1d_silu(Isa::Scalar, &history, &x, channels, &taps[1..], &mut out).is_err()
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! a chunk every interaction is a small dense product, and the state is read and written
 //! once per chunk instead of once per token.
 use rayon::prelude::*;
+use wick_kernels::{elementwise, Isa};
 
 /// Tokens per chunk of the chunked form (transformers' and flash-linear-attention's).
 pub const CHUNK: usize = 64;
@@ -54,10 +55,8 @@ fn l2norm(x: &mut [f32]) {
 
 use wick_kernels::elementwise::exp as fast_exp;
 
-#[inline(always)]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + fast_exp(-x))
-}
+/// Rows of one parallel block of the convolution.
+const CONV_BLOCK: usize = 64;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + fast_exp(-x))
@@ -81,18 +80,10 @@ pub fn conv1d_silu(
     weight: &[f32],
     kernel: usize,
     state: &mut [f32],
-) -> Vec<f32> {
+) -> wick_kernels::Result<Vec<f32>> {
     let n = x.len() / channels;
     let hist = kernel - 1;
-    // Rows of the extended input: the state, then x.
-    let row = |t: usize| -> &[f32] {
-        if t < hist {
-            &state[t * channels..(t + 1) * channels]
-        } else {
-            &x[(t - hist) * channels..(t - hist + 1) * channels]
-        }
-    };
-    // Tap-major weights, so the inner loop runs over contiguous channels.
+    // Tap-major weights, so the kernel's inner loop runs over contiguous channels.
     let mut taps = vec![0.0f32; kernel * channels];
     for c in 0..channels {
         for j in 0..kernel {
@@ -100,20 +91,35 @@ pub fn conv1d_silu(
         }
     }
     let mut out = vec![0.0f32; n * channels];
-    for (t, o) in out.chunks_exact_mut(channels).enumerate() {
-        for (j, w) in taps.chunks_exact(channels).enumerate() {
-            for ((x, &w), &r) in o.iter_mut().zip(w).zip(row(t + j)) {
-                *x += w * r;
-            }
-        }
-    }
-    out.iter_mut().for_each(|v| *v = silu(*v));
+    // Blocks of rows in parallel: a block's history is the state (first block) or the
+    // `hist` input rows before it, so every block reads only what it needs.
+    let block = CONV_BLOCK.max(hist);
+    let isa = Isa::best();
+    out.par_chunks_mut(block * channels)
+        .enumerate()
+        .try_for_each(|(i, o)| {
+            let t0 = i * block;
+            let rows = o.len() / channels;
+            let history = if t0 == 0 {
+                &state[..]
+            } else {
+                &x[(t0 - hist) * channels..t0 * channels]
+            };
+            let input = &x[t0 * channels..(t0 + rows) * channels];
+            elementwise::causal_conv1d_silu(isa, history, input, channels, &taps, o)
+        })?;
+    // The new state: the last `hist` rows of the extended input (state, then x).
     let mut next = vec![0.0f32; hist * channels];
     for (i, dst) in next.chunks_exact_mut(channels).enumerate() {
-        dst.copy_from_slice(row(n + i));
+        let t = n + i;
+        dst.copy_from_slice(if t < hist {
+            &state[t * channels..(t + 1) * channels]
+        } else {
+            &x[(t - hist) * channels..(t - hist + 1) * channels]
+        });
     }
     state.copy_from_slice(&next);
-    out
+    Ok(out)
 }
 
 /// One value head's inputs for the delta rule, `n` tokens.
@@ -420,11 +426,11 @@ pub fn mix(
     a: &[f32],
     state: &mut DeltaState,
     form: Form,
-) -> Vec<f32> {
+) -> wick_kernels::Result<Vec<f32>> {
     let sh = p.shape;
     let cd = sh.conv_dim();
     let n = qkv.len() / cd;
-    let mixed = conv1d_silu(qkv, cd, p.conv, sh.conv_kernel, &mut state.conv);
+    let mixed = conv1d_silu(qkv, cd, p.conv, sh.conv_kernel, &mut state.conv)?;
     let (kd, vd) = (sh.k_heads * sh.k_dim, sh.v_heads * sh.v_dim);
     let per_k = sh.v_heads / sh.k_heads;
     let scale = (sh.k_dim as f32).powf(-0.5);
@@ -477,7 +483,8 @@ pub fn mix(
         })
         .collect();
     // Gated RMS norm per head: w · x / rms(x) · silu(z).
-    let mut out: Vec<f32> = z.iter().map(|&z| silu(z)).collect();
+    let mut out = z.to_vec();
+    elementwise::silu_in_place(Isa::best(), &mut out);
     for t in 0..n {
         for (hv, o) in outs.iter().enumerate() {
             let x = &o[t * sh.v_dim..(t + 1) * sh.v_dim];
@@ -489,7 +496,7 @@ pub fn mix(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -555,11 +562,11 @@ mod tests {
         let w: Vec<f32> = (0..c * kernel).map(|i| i as f32 * 0.1 - 0.5).collect();
         let x: Vec<f32> = (0..7 * c).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut s_all = vec![0.0; (kernel - 1) * c];
-        let all = conv1d_silu(&x, c, &w, kernel, &mut s_all);
+        let all = conv1d_silu(&x, c, &w, kernel, &mut s_all).unwrap();
         let mut s = vec![0.0; (kernel - 1) * c];
-        let mut parts = conv1d_silu(&x[..2 * c], c, &w, kernel, &mut s);
-        parts.extend(conv1d_silu(&x[2 * c..3 * c], c, &w, kernel, &mut s));
-        parts.extend(conv1d_silu(&x[3 * c..], c, &w, kernel, &mut s));
+        let mut parts = conv1d_silu(&x[..2 * c], c, &w, kernel, &mut s).unwrap();
+        parts.extend(conv1d_silu(&x[2 * c..3 * c], c, &w, kernel, &mut s).unwrap());
+        parts.extend(conv1d_silu(&x[3 * c..], c, &w, kernel, &mut s).unwrap());
         assert_eq!(all, parts);
         assert_eq!(s_all, s);
     }

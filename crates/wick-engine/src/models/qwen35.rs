@@ -498,7 +498,7 @@ impl<B: Backend> Hybrid<B> {
                             &a[i],
                             st,
                             Form::Auto,
-                        ));
+                        )?);
                     }
                     be.linear(&be.tensor_from_host(mixed, total, vd)?, out, None)?
                 }
