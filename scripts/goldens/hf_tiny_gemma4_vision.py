@@ -15,6 +15,11 @@ hf_tiny_gemma3_vision.py (copied here), input_ids with each image expanded as Ge
 does (begin-of-image, the soft tokens, end-of-image), and mm_token_type_ids. Cases: one image,
 two images, text only; logits at every position, plus a greedy continuation with an image.
 
+A small chat template (Gemma 4's turn markers; an image part renders as `<|image|>`, which the
+processor expands, text parts verbatim) renders `CHAT_MESSAGES` to the `one_image` prompt
+exactly (checked here with transformers' own renderer and expansion), so a server given
+those messages and image_a.png must reply with the greedy continuation.
+
     python scripts/goldens/hf_tiny_gemma4_vision.py   # in the venv regen.sh makes (requirements.txt)
 """
 
@@ -48,6 +53,24 @@ PATCH = 8
 POOL = 3
 MAX_SOFT_TOKENS = 70  # the smallest budget the processor accepts
 GREEDY_NEW_TOKENS = 12
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{ '<|turn>' + role + '\n' }}"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<turn|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
+# The one_image case as a chat request (the image part is image_a.png).
+CHAT_MESSAGES = [{"role": "user", "content": [
+    {"type": "text", "text": "What is in "}, {"type": "image"},
+    {"type": "text", "text": " this picture?"}]}]
 
 
 def build_tokenizer() -> Tokenizer:
@@ -85,6 +108,7 @@ def tokenizer_config() -> dict:
         "clean_up_tokenization_spaces": False,
         "model_max_length": 2048,
         "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
     }
 
 
@@ -206,6 +230,10 @@ def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path]) -
                 if meta["max_diff_causal_image"] < 1e-2:
                     raise SystemExit(f"{name} {case}: bidirectional attention does not show")
         metas.append(meta)
+    hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(out_dir)
+    rendered = hf_tok.apply_chat_template(CHAT_MESSAGES, tokenize=False, add_generation_prompt=True)
+    if rendered.replace("<|image|>", block(0), 1) != cases["one_image"][0]:
+        raise SystemExit(f"{name}: the chat template renders {rendered!r}, not the one_image prompt")
     ids = metas[0]["ids"]
     tt = torch.tensor([[int(t == IMAGE_ID) for t in ids]])
     out = model.generate(input_ids=torch.tensor([ids]), pixel_values=px[:1], image_position_ids=pos[:1],
@@ -233,6 +261,8 @@ def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path]) -
         "cases": metas,
         "greedy": {"case": "one_image", "max_new_tokens": GREEDY_NEW_TOKENS,
                    "continuation_ids": continuation},
+        "chat": {"case": "one_image", "messages": CHAT_MESSAGES, "images": ["image_a.png"],
+                 "rendered": rendered},
     }
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
     total = sum(f.stat().st_size for f in out_dir.iterdir())
