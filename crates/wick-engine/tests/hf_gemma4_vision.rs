@@ -241,6 +241,19 @@ fn the_tower_is_reported_with_the_processor_budget() {
 }
 
 #[test]
+fn a_text_only_gemma4_lists_no_tower_and_refuses_images() {
+    let g = load(VARIANTS[0]);
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4");
+    let text = Model::load(&text, &LoadOptions::default()).unwrap();
+    assert!(text.info().media.vision.is_none());
+    let mut cache = text.new_cache();
+    let err = text
+        .attach_media(&mut cache, &g.media("one_image"))
+        .unwrap_err();
+    assert!(err.to_string().contains("no vision tower"), "{err}");
+}
+
+#[test]
 fn every_position_matches_transformers() {
     for variant in VARIANTS {
         let g = load(variant);
