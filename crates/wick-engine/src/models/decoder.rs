@@ -663,6 +663,9 @@ impl<B: Backend> Decoder<B> {
 
     /// What the vision tower reads, when one loaded.
     pub fn vision_caps(&self) -> Option<crate::media::VisionCaps> {
+        if let Some(g) = &self.gemma4 {
+            return g.vision_caps();
+        }
         self.vision
             .as_ref()
             .and(self.cfg.vision.as_ref())
@@ -673,6 +676,9 @@ impl<B: Backend> Decoder<B> {
     /// keeps ([`SequenceCache::set_images`]) for the passes that reach the spans. Spans
     /// must be in prompt order, apart, and as long as the tower's output.
     pub fn embed_images(&self, spans: &[crate::media::MediaSpan]) -> Result<Vec<ImageRows>> {
+        if let Some(g) = &self.gemma4 {
+            return g.embed_images(&self.backend, spans);
+        }
         let (Some(tower), Some(vcfg)) = (&self.vision, &self.cfg.vision) else {
             return Err(EngineError::InvalidInput(format!(
                 "this {} model has no vision tower {}: it cannot read images",
@@ -710,6 +716,7 @@ impl<B: Backend> Decoder<B> {
             out.push(ImageRows {
                 positions: span.start..span.start + span.len,
                 rows: rows.into(),
+                bidirectional: true,
             });
         }
         Ok(out)
@@ -987,7 +994,7 @@ impl<B: Backend> Decoder<B> {
             }
             PassMedia::for_pass(&images, &passes, &flat)?
         };
-        if media.is_some() && (self.gemma4.is_some() || self.hybrid.is_some()) {
+        if media.is_some() && self.hybrid.is_some() {
             return Err(EngineError::InvalidInput(format!(
                 "{} models do not read images yet",
                 cfg.arch
@@ -1005,6 +1012,7 @@ impl<B: Backend> Decoder<B> {
                 caches,
                 counts,
                 requests,
+                media.as_ref(),
             );
         }
         let mut positions = Vec::new();
