@@ -221,9 +221,9 @@ def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path],
     images = [Image.open(p).convert("RGB") for p in image_paths]
     inputs = processor(images=images, return_tensors="pt")
     px, pos = inputs["pixel_values"].float(), inputs["image_position_ids"]
-    # The model pools each image's real (unpadded) patches 3×3: that many soft tokens. (On
-    # these images the processor's own num_soft_tokens_per_image says one more, which the
-    # model then refuses; the count the model takes is the one recorded.)
+    # The model pools each image's real (unpadded) patches 3×3: that many soft tokens. The
+    # processor's own num_soft_tokens_per_image is recorded beside it; the prompts use the
+    # model's count, which is what a server must splice (they agree on these images).
     counts = [int((p != -1).all(-1).sum()) // POOL**2 for p in pos]
     processor_counts = [int(n) for n in inputs["num_soft_tokens_per_image"]]
     block = lambda k: "<|image>" + "<|image|>" * counts[k] + "<image|>"
