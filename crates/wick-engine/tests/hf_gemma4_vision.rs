@@ -1,98 +1,432 @@
-//! Gemma 4 checkpoints with a vision tower (tiny random models made by
-//! scripts/goldens/hf_tiny_gemma4_vision.py). The tower itself is not implemented yet: the
-//! text model loads from the multimodal checkpoint and matches transformers on a text-only
-//! prompt, the model lists no vision tower, and an image request is refused clearly.
+//! Gemma 4 with its vision tower (tiny random models made by
+//! scripts/goldens/hf_tiny_gemma4_vision.py) against transformers' f32 logits, for both
+//! variants (causal soft tokens, and `use_bidirectional_attention: "vision"`): one image,
+//! two images, text only through the multimodal checkpoint, chunked prefill whose chunks
+//! would cut an image, a batch mixing an image row and a text row, the greedy continuation
+//! of `generate()`, and a prompt cache that never serves one image's KV to another.
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wick_engine::media::{ImagePixels, MediaData, MediaSpan};
+use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
 use wick_engine::models::decoder::LogitsRequest;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
+use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
 
-const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
 const TOLERANCE: f32 = 1e-4;
+const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
 
 fn dir(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/goldens/hf")
-        .join(variant)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{variant}"))
 }
 
-fn case_ids(reference: &serde_json::Value, name: &str) -> Vec<u32> {
-    reference["cases"]
-        .as_array()
+struct Golden {
+    variant: &'static str,
+    model: Model,
+    reference: serde_json::Value,
+    logits: SafetensorsWeights,
+    /// `(pixel_values, image_position_ids)` as stored with the first variant (both read them).
+    stored: (Vec<f32>, Vec<i64>),
+}
+
+fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
+    w.raw(name)
         .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
+        .bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
 
-#[test]
-fn text_through_the_multimodal_checkpoint_matches_transformers() {
-    for variant in VARIANTS {
-        let d = dir(variant);
-        let model = Model::load(&d, &LoadOptions::default()).unwrap();
-        assert!(model.info().media.vision.is_none(), "{variant}");
-        let reference: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap())
-                .unwrap();
-        let ids = case_ids(&reference, "text_only");
-        let mut cache = model.new_cache();
-        let out = model
-            .forward(&mut [Step {
-                tokens: &ids,
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
-            .unwrap();
-        let got = &out[0].as_ref().unwrap().data;
-        let logits = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
-        let want: Vec<f32> = logits
-            .raw("text_only.logits")
+/// The bytes of tensor `name` of a safetensors file, read directly (the engine's reader
+/// takes float tensors only; the patch positions are int64).
+fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offsets = &header[name]["data_offsets"];
+    let (a, b) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    bytes[8 + n + a..8 + n + b].to_vec()
+}
+
+fn load(variant: &'static str) -> Golden {
+    let d = dir(variant);
+    let first = dir(VARIANTS[0]);
+    Golden {
+        variant,
+        model: Model::load(&d, &LoadOptions::default()).unwrap(),
+        reference: serde_json::from_str(
+            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
+        )
+        .unwrap(),
+        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+        stored: {
+            let file = first.join("logits.safetensors");
+            let values = tensor_bytes(&file, "pixel_values")
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let positions = tensor_bytes(&file, "image_position_ids")
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (values, positions)
+        },
+    }
+}
+
+impl Golden {
+    fn case(&self, name: &str) -> &serde_json::Value {
+        self.reference["cases"]
+            .as_array()
             .unwrap()
-            .bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        assert_eq!(got.len(), want.len());
-        let diff = got
             .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(diff <= TOLERANCE, "{variant}: max |diff| {diff}");
+            .find(|c| c["name"] == name)
+            .unwrap()
+    }
+
+    fn ids(&self, name: &str) -> Vec<u32> {
+        self.case(name)["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    /// Image `i` of the committed pixel values (Gemma4ImageProcessorPil's patches, padded to
+    /// its budget) put back together as the `[3, h, w]` image the server hands the engine.
+    fn pixels(&self, i: usize) -> ImagePixels {
+        let (values, positions) = &self.stored;
+        let (budget, patch_len) = (630, 192);
+        let p = 8;
+        let pos = &positions[i * budget * 2..(i + 1) * budget * 2];
+        let real: Vec<(usize, usize)> = pos
+            .chunks_exact(2)
+            .take_while(|xy| xy[0] >= 0)
+            .map(|xy| (xy[0] as usize, xy[1] as usize))
+            .collect();
+        let w = (real.iter().map(|r| r.0).max().unwrap() + 1) * p;
+        let h = (real.iter().map(|r| r.1).max().unwrap() + 1) * p;
+        let mut data = vec![0f32; 3 * h * w];
+        for (k, &(gx, gy)) in real.iter().enumerate() {
+            let patch = &values[(i * budget + k) * patch_len..(i * budget + k + 1) * patch_len];
+            for y in 0..p {
+                for x in 0..p {
+                    for c in 0..3 {
+                        data[c * h * w + (gy * p + y) * w + gx * p + x] =
+                            patch[(y * p + x) * 3 + c];
+                    }
+                }
+            }
+        }
+        ImagePixels {
+            channels: 3,
+            height: h,
+            width: w,
+            data: Arc::from(data),
+        }
+    }
+
+    /// The case's media spans: image `k` of the case is committed image `k`.
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        self.case(name)["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(k, s)| MediaSpan {
+                start: s[0].as_u64().unwrap() as usize,
+                len: s[1].as_u64().unwrap() as usize,
+                data: MediaData::Image(self.pixels(k)),
+                digest: 1000 + k as u64,
+            })
+            .collect()
+    }
+
+    fn expected(&self, name: &str) -> Vec<f32> {
+        floats(&self.logits, &format!("{name}.logits"))
+    }
+
+    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
+    /// each moved so that it cuts no image.
+    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
+        let ids = self.ids(name);
+        let mut cache = self.model.new_cache();
+        self.model
+            .attach_media(&mut cache, &self.media(name))
+            .unwrap();
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < ids.len() {
+            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
+            out.extend(self.pass(&ids[at..end], &mut cache));
+            at = end;
+        }
+        out
+    }
+
+    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+        let mut steps = [Step {
+            tokens,
+            cache,
+            logits: LogitsRequest::All,
+        }];
+        let out = self.model.forward(&mut steps).unwrap();
+        out.into_iter().next().unwrap().unwrap().data
+    }
+
+    fn greedy(&self) -> Vec<u32> {
+        self.reference["greedy"]["continuation_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    assert!(
+        diff <= TOLERANCE,
+        "{what}: max |diff| {diff} at {i} ({} vs {})",
+        got[i],
+        want[i]
+    );
+}
+
+#[test]
+fn the_tower_is_reported_with_the_processor_budget() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        let vision = g.model.info().media.vision.clone().expect("vision caps");
+        assert_eq!(
+            vision.processor,
+            VisionProcessor::Gemma4 {
+                patch: 8,
+                pool: 3,
+                max_patches: 630
+            }
+        );
+        assert_eq!(vision.tokens_per_image, None);
+        assert_eq!(
+            (
+                vision.image_token_id,
+                vision.boi_token_id,
+                vision.eoi_token_id
+            ),
+            (8, 6, 7)
+        );
+        // The soft tokens the reference counted are the tower's patches over 3×3.
+        let counts = g.reference["num_soft_tokens_per_image"].as_array().unwrap();
+        for (k, n) in counts.iter().enumerate() {
+            let px = g.pixels(k);
+            assert_eq!(
+                (px.height / 8) * (px.width / 8) / 9,
+                n.as_u64().unwrap() as usize
+            );
+        }
     }
 }
 
 #[test]
-fn an_image_request_is_refused_until_the_tower_exists() {
-    let d = dir("gemma4_vision");
-    let model = Model::load(&d, &LoadOptions::default()).unwrap();
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
-    let mut req = GenerationRequest::new(case_ids(&reference, "one_image")).max_tokens(2);
-    let span = &reference["cases"][0]["spans"][0];
-    req.media = vec![MediaSpan {
-        start: span[0].as_u64().unwrap() as usize,
-        len: span[1].as_u64().unwrap() as usize,
-        data: MediaData::Image(ImagePixels {
-            channels: 3,
-            height: 8,
-            width: 8,
-            data: Arc::from(vec![0.0f32; 3 * 8 * 8]),
-        }),
-        digest: 1,
+fn every_position_matches_transformers() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        for name in ["one_image", "two_images", "text_only"] {
+            let got = g.chunked(name, usize::MAX);
+            assert_close(&format!("{variant} {name}"), &got, &g.expected(name));
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_never_cuts_an_image() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        for chunk in [1, 5, 8, 13, 40] {
+            for name in ["one_image", "two_images"] {
+                let got = g.chunked(name, chunk);
+                assert_close(
+                    &format!("{variant} {name} in chunks of {chunk}"),
+                    &got,
+                    &g.expected(name),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_pass_that_cuts_an_image_is_an_error() {
+    let g = load(VARIANTS[1]);
+    let ids = g.ids("one_image");
+    let media = g.media("one_image");
+    let mut cache = g.model.new_cache();
+    g.model.attach_media(&mut cache, &media).unwrap();
+    let cut = media[0].start + 3;
+    let mut steps = [Step {
+        tokens: &ids[..cut],
+        cache: &mut cache,
+        logits: LogitsRequest::None,
     }];
-    let err = model
-        .generate(&req, |_| ControlFlow::Continue(()))
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("has no vision tower"), "{err}");
+    let err = g.model.forward(&mut steps).unwrap_err();
+    assert!(err.to_string().contains("cuts the image"), "{err}");
+}
+
+#[test]
+fn bad_spans_are_refused() {
+    let g = load(VARIANTS[0]);
+    let mut media = g.media("one_image");
+    media[0].len -= 1;
+    let mut cache = g.model.new_cache();
+    let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+    assert!(err.to_string().contains("soft tokens"), "{err}");
+    let mut media = g.media("one_image");
+    if let MediaData::Image(p) = &mut media[0].data {
+        p.height += 8;
+    }
+    let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+    assert!(err.to_string().contains("multiples of 24"), "{err}");
+}
+
+#[test]
+fn a_batch_mixes_an_image_row_and_a_text_row() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        let (a, b) = (g.ids("one_image"), g.ids("text_only"));
+        let mut ca = g.model.new_cache();
+        g.model
+            .attach_media(&mut ca, &g.media("one_image"))
+            .unwrap();
+        let mut cb = g.model.new_cache();
+        let mut steps = [
+            Step {
+                tokens: &b,
+                cache: &mut cb,
+                logits: LogitsRequest::All,
+            },
+            Step {
+                tokens: &a,
+                cache: &mut ca,
+                logits: LogitsRequest::All,
+            },
+        ];
+        let out = g.model.forward(&mut steps).unwrap();
+        assert_close(
+            &format!("{variant} text row"),
+            &out[0].as_ref().unwrap().data,
+            &g.expected("text_only"),
+        );
+        assert_close(
+            &format!("{variant} image row"),
+            &out[1].as_ref().unwrap().data,
+            &g.expected("one_image"),
+        );
+    }
+}
+
+fn request(g: &Golden, name: &str) -> GenerationRequest {
+    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(g.greedy().len());
+    req.media = g.media(name);
+    req.ignore_eos = true;
+    req
+}
+
+#[test]
+fn greedy_continuation_matches_generate() {
+    for variant in VARIANTS {
+        let g = load(variant);
+        let out = g
+            .model
+            .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+            .unwrap();
+        assert_eq!(out.tokens, g.greedy(), "{}", g.variant);
+    }
+}
+
+fn collect(
+    engine: &wick_engine::scheduler::EngineHandle,
+    req: GenerationRequest,
+) -> (Vec<u32>, usize) {
+    let mut h = engine.submit(req).unwrap();
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+#[test]
+fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
+    let g = load(VARIANTS[1]);
+    let model = Arc::new(load(VARIANTS[1]).model);
+    // A step budget of 7 tokens: prompt chunks that would cut the images.
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            step_token_budget: 7,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let mut first = request(&g, "one_image");
+    first.prefill_chunk = 7;
+    let cold = model
+        .generate(&first, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    assert_eq!(cold, g.greedy());
+    let mut text = GenerationRequest::new(g.ids("text_only")).max_tokens(6);
+    text.prefill_chunk = 7;
+    let text_cold = model
+        .generate(&text, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    let (e1, e2) = (engine.clone(), engine.clone());
+    let (r1, r2) = (first.clone(), text.clone());
+    let a = std::thread::spawn(move || collect(&e1, r1));
+    let b = std::thread::spawn(move || collect(&e2, r2));
+    assert_eq!(a.join().unwrap().0, cold);
+    assert_eq!(b.join().unwrap().0, text_cold);
+
+    // The same text with the other image (same soft-token count): only the text before
+    // the image may be reused.
+    let mut other = first.clone();
+    if let MediaData::Image(p) = &mut other.media[0].data {
+        *p = g.pixels(1);
+    }
+    other.media[0].digest = 2000;
+    let other_cold = model
+        .generate(&other, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens;
+    assert_ne!(other_cold, cold, "the second image should change the reply");
+    let (ids, cached) = collect(&engine, other.clone());
+    assert_eq!(ids, other_cold);
+    assert!(
+        cached <= other.media[0].start,
+        "reused {cached} tokens past the image start"
+    );
+    let (ids, cached) = collect(&engine, first.clone());
+    assert_eq!(ids, cold);
+    assert!(
+        cached > first.media[0].start + first.media[0].len,
+        "cached {cached}"
+    );
 }

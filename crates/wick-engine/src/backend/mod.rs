@@ -500,7 +500,9 @@ pub trait Backend: Send + Sync + 'static {
     /// cache already holds this pass's rows as its last `rows.len()` tokens (the owning
     /// layer appended them) and the queries attend to it as it stands. Keys that fall out
     /// of a sliding window are dropped only when `evict` is set: the last layer of the
-    /// pass that reads the cache sets it. Backends without KV sharing (the default) say so.
+    /// pass that reads the cache sets it. With `ends`, row `i` sees the keys before position
+    /// `ends[i]`, as in [`Backend::attention_to`] (Gemma 4's bidirectional image blocks).
+    /// Backends without KV sharing (the default) say so.
     fn attention_shared(
         &self,
         q: &Self::Tensor,
@@ -508,9 +510,13 @@ pub trait Backend: Send + Sync + 'static {
         segments: &mut [AttentionSegment<'_, Self::KvLayer>],
         params: &AttentionParams,
         evict: bool,
+        ends: Option<&[usize]>,
     ) -> Result<Self::Tensor> {
-        match new_kv {
-            Some((k, v)) if evict => self.attention(q, k, v, segments, params),
+        match (new_kv, ends) {
+            (Some((k, v)), None) if evict => self.attention(q, k, v, segments, params),
+            (Some((k, v)), Some(ends)) if evict => {
+                self.attention_to(q, k, v, segments, params, ends)
+            }
             _ => Err(EngineError::Backend {
                 backend: self.name(),
                 message: "this backend does not implement KV caches shared between layers".into(),

@@ -101,7 +101,18 @@ impl Model {
             source_name: source.clone(),
             reason: "no config.json: not a Hugging Face model directory".into(),
         })?;
-        let cfg = ModelConfig::from_hf(&config, &dir.join("config.json").display().to_string())?;
+        let mut cfg =
+            ModelConfig::from_hf(&config, &dir.join("config.json").display().to_string())?;
+        if let Some(vision) = cfg.gemma4.as_mut().and_then(|g| g.vision.as_mut()) {
+            // Gemma 4's image budget is the processor's (`max_soft_tokens`).
+            for file in ["preprocessor_config.json", "processor_config.json"] {
+                let path = dir.join(file);
+                if let Some(json) = read_json(&path)? {
+                    vision.read_processor(&json, &path.display().to_string())?;
+                    break;
+                }
+            }
+        }
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let weights = SafetensorsWeights::open(dir)?;
         let quantization = MlxQuantization::from_config(&config, &source)?;

@@ -705,6 +705,9 @@ impl<B: Backend> Decoder<B> {
 
     /// What the vision tower reads, when one loaded.
     pub fn vision_caps(&self) -> Option<crate::media::VisionCaps> {
+        if let Some(g) = &self.gemma4 {
+            return g.vision_caps();
+        }
         self.vision
             .as_ref()
             .and(self.cfg.vision.as_ref())
@@ -728,6 +731,8 @@ impl<B: Backend> Decoder<B> {
             out.push(ImageRows {
                 positions: span.start..span.start + span.len,
                 rows: self.embed_clip(span)?.into(),
+                // A clip's soft tokens attend causally, like text (as transformers' Gemma 4).
+                bidirectional: false,
             });
         }
         out.sort_by_key(|r| r.positions.start);
@@ -747,6 +752,9 @@ impl<B: Backend> Decoder<B> {
     /// keeps ([`SequenceCache::set_images`]) for the passes that reach the spans. Spans
     /// must be in prompt order, apart, and as long as the tower's output.
     pub fn embed_images(&self, spans: &[crate::media::MediaSpan]) -> Result<Vec<ImageRows>> {
+        if let Some(g) = &self.gemma4 {
+            return g.embed_images(&self.backend, spans);
+        }
         let (Some(tower), Some(vcfg)) = (&self.vision, &self.cfg.vision) else {
             return Err(EngineError::InvalidInput(format!(
                 "this {} model has no vision tower {}: it cannot read images",
@@ -784,6 +792,7 @@ impl<B: Backend> Decoder<B> {
             out.push(ImageRows {
                 positions: span.start..span.start + span.len,
                 rows: rows.into(),
+                bidirectional: true,
             });
         }
         Ok(out)
@@ -1061,7 +1070,7 @@ impl<B: Backend> Decoder<B> {
             }
             PassMedia::for_pass(&images, &passes, &flat)?
         };
-        if media.is_some() && (self.gemma4.is_some() || self.hybrid.is_some()) {
+        if media.is_some() && self.hybrid.is_some() {
             return Err(EngineError::InvalidInput(format!(
                 "{} models do not read images yet",
                 cfg.arch
@@ -1079,6 +1088,7 @@ impl<B: Backend> Decoder<B> {
                 caches,
                 counts,
                 requests,
+                media.as_ref(),
             );
         }
         let mut positions = Vec::new();

@@ -29,6 +29,8 @@ use crate::backend::{
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::models::decoder::{Input, Loader, LogitsRequest, SequenceCache};
 use crate::models::moe::{Experts, Routing};
+use crate::models::vision::gemma4::{Gemma4Vision, Gemma4VisionConfig};
+use crate::models::vision::{ImageRows, PassMedia};
 use crate::models::{llama, Arch};
 use crate::{EngineError, Result};
 
@@ -82,6 +84,12 @@ pub struct Gemma4Params {
     pub rope_sliding: RopeSpec,
     /// Rotary embedding of full layers.
     pub rope_full: RopeSpec,
+    /// `use_bidirectional_attention: "vision"`: an image's soft tokens see each other both
+    /// ways on the sliding layers (full layers stay causal, as transformers masks them).
+    pub bidirectional_vision: bool,
+    /// The vision tower of a `gemma4` multimodal checkpoint (`vision_config`), when
+    /// `config.json` describes one; whether its weights are present is checked at load.
+    pub vision: Option<Gemma4VisionConfig>,
 }
 
 impl Gemma4Params {
@@ -168,16 +176,19 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     cfg.features.hf_naming = crate::config::HfNaming::Gemma;
     cfg.attn_scale = 1.0;
     cfg.final_softcap = keys.opt_f64("final_logit_softcapping")?.map(|v| v as f32);
-    if keys
+    let bidirectional_vision = match keys
         .get("use_bidirectional_attention")
         .and_then(Value::as_str)
-        == Some("all")
     {
-        return Err(config_error(
-            src,
-            "use_bidirectional_attention 'all' (a non-causal model) is not supported".into(),
-        ));
-    }
+        None => false,
+        Some("vision") => true,
+        Some(other) => {
+            return Err(config_error(
+                src,
+                format!("use_bidirectional_attention '{other}' is not supported (only 'vision')"),
+            ))
+        }
+    };
     let n = cfg.num_layers;
     let heads = cfg.num_heads;
     let head_dim = keys.opt_usize("head_dim")?.unwrap_or(256);
@@ -366,6 +377,8 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
         pad_id: keys.ids("pad_token_id").first().copied().unwrap_or(0),
         rope_sliding,
         rope_full,
+        bidirectional_vision,
+        vision: None,
     }));
     Ok(cfg)
 }
@@ -438,6 +451,8 @@ pub(super) struct Gemma4Model<B: Backend> {
     layers: Vec<Layer<B>>,
     ple: Option<Ple<B>>,
     params: Gemma4Params,
+    /// The vision tower, when the checkpoint describes one and its weights loaded.
+    vision: Option<Gemma4Vision<B>>,
 }
 
 fn f32_weight(name: String, values: &[f32]) -> HostWeight<'static> {
@@ -565,11 +580,73 @@ impl<B: Backend> Gemma4Model<B> {
                 evict: last_reader[slot_of[i]] == i,
             });
         }
+        let vision = match &params.vision {
+            Some(v) if Gemma4Vision::present(ld) => Some(Gemma4Vision::load(ld, v, h)?),
+            Some(_) => {
+                tracing::warn!("the checkpoint's vision tower weights are absent: text only");
+                None
+            }
+            None => None,
+        };
         Ok(Gemma4Model {
             layers,
             ple,
             params,
+            vision,
         })
+    }
+
+    /// What the vision tower reads, when one loaded.
+    pub(super) fn vision_caps(&self) -> Option<crate::media::VisionCaps> {
+        self.vision
+            .as_ref()
+            .and(self.params.vision.as_ref())
+            .map(Gemma4VisionConfig::caps)
+    }
+
+    /// Runs each image of `spans` through the vision tower (see `Decoder::embed_images`);
+    /// a span's length must be the image's soft tokens (its patches over `pool²`).
+    pub(super) fn embed_images(
+        &self,
+        be: &B,
+        spans: &[crate::media::MediaSpan],
+    ) -> Result<Vec<ImageRows>> {
+        let (Some(tower), Some(vcfg)) = (&self.vision, &self.params.vision) else {
+            return Err(EngineError::InvalidInput(
+                "this gemma4 model has no vision tower in its checkpoint: it cannot read images"
+                    .into(),
+            ));
+        };
+        let mut out: Vec<ImageRows> = Vec::with_capacity(spans.len());
+        for span in spans {
+            let crate::media::MediaData::Image(pixels) = &span.data else {
+                return Err(EngineError::InvalidInput(
+                    "this model has no audio tower: it cannot read audio".into(),
+                ));
+            };
+            let tokens = vcfg.soft_tokens(pixels.channels, pixels.height, pixels.width)?;
+            if span.len != tokens {
+                return Err(EngineError::InvalidInput(format!(
+                    "an image span at position {} has {} soft tokens; its {}×{} pixels make {tokens}",
+                    span.start, span.len, pixels.height, pixels.width
+                )));
+            }
+            if out
+                .last()
+                .is_some_and(|prev| prev.positions.end > span.start)
+            {
+                return Err(EngineError::InvalidInput(format!(
+                    "image spans overlap or are out of order at position {}",
+                    span.start
+                )));
+            }
+            out.push(ImageRows {
+                positions: span.start..span.start + span.len,
+                rows: tower.embed(be, pixels)?.into(),
+                bidirectional: self.params.bidirectional_vision,
+            });
+        }
+        Ok(out)
     }
 
     /// `(kv_heads, head_dim, window)` of each cache entry of a sequence.
@@ -584,7 +661,10 @@ impl<B: Backend> Gemma4Model<B> {
             .collect()
     }
 
-    /// The forward pass (see `Decoder::run`).
+    /// The forward pass (see `Decoder::run`). `media` places the media rows that fall in
+    /// the pass: they replace their soft tokens' (unscaled) embeddings, their per-layer
+    /// inputs take the pad token's table row (as transformers' `Gemma4Model` does), and
+    /// the soft tokens of a bidirectional item see each other on the sliding layers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run(
         &self,
@@ -597,6 +677,7 @@ impl<B: Backend> Gemma4Model<B> {
         caches: &mut [&mut SequenceCache<B>],
         counts: &[usize],
         requests: &[LogitsRequest],
+        media: Option<&PassMedia>,
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
         let slots = self.params.cache_layers();
         let mut positions = Vec::new();
@@ -616,10 +697,19 @@ impl<B: Backend> Gemma4Model<B> {
             total += n;
             positions.extend(start..start + n);
         }
-        let ids: Vec<u32> = match input {
+        let mut ids: Vec<u32> = match input {
             Input::Host(ids) => ids.to_vec(),
             Input::Backend(ids) => be.ids_to_host(ids)?,
         };
+        // A soft token's id (which may lie outside the tables) stands for the pad token:
+        // its embedding is replaced below and its per-layer input is the pad token's.
+        if let Some(m) = media {
+            for &(row, _, _) in &m.replace {
+                if let Some(id) = ids.get_mut(row) {
+                    *id = self.params.pad_id;
+                }
+            }
+        }
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(EngineError::InvalidInput(format!(
                 "token id {bad} is outside the vocabulary of {}",
@@ -630,6 +720,9 @@ impl<B: Backend> Gemma4Model<B> {
         let h = cfg.hidden_size;
         let x = be.embed(embed, &ids)?;
         let mut x = be.scale(&x, (h as f32).sqrt())?;
+        if let Some(m) = media {
+            x = place_rows(be, x, m, total, h)?;
+        }
         let per_layer = match &self.ple {
             Some(p) => {
                 let ple_ids: Vec<u32> = ids
@@ -673,6 +766,8 @@ impl<B: Backend> Gemma4Model<B> {
                     cache: &mut cache.layers_mut()[layer.slot],
                 })
                 .collect();
+            // Bidirectional media blocks exist on sliding layers only.
+            let ends = media.filter(|_| layer.sliding).map(|m| m.ends.as_slice());
             let attn = match &layer.kv {
                 Some(kv) => {
                     let k = be.linear(&hn, &kv.k, None)?;
@@ -683,9 +778,9 @@ impl<B: Backend> Gemma4Model<B> {
                     let k = be.rms_norm(&k, &kv.k_norm, eps)?;
                     let k = be.rope(&k, a.kv_heads, table)?;
                     let v = be.rms_norm(&v, &kv.v_norm, eps)?;
-                    be.attention_shared(&q, Some((&k, &v)), &mut segments, a, layer.evict)?
+                    be.attention_shared(&q, Some((&k, &v)), &mut segments, a, layer.evict, ends)?
                 }
-                None => be.attention_shared(&q, None, &mut segments, a, layer.evict)?,
+                None => be.attention_shared(&q, None, &mut segments, a, layer.evict, ends)?,
             };
             drop(segments);
             let o = be.linear(&attn, &layer.o, None)?;
@@ -759,6 +854,29 @@ impl<B: Backend> Gemma4Model<B> {
         }
         Ok((Some(logits), per_item))
     }
+}
+
+/// `x` `[total, h]` with the media rows of `m` in place of their soft tokens' rows.
+fn place_rows<B: Backend>(
+    be: &B,
+    x: B::Tensor,
+    m: &PassMedia,
+    total: usize,
+    h: usize,
+) -> Result<B::Tensor> {
+    let mut host = be.rows_to_host(&x, &[total])?.pop().unwrap_or_default();
+    for (row, rows, i) in &m.replace {
+        let (dst, src) = (row * h..(row + 1) * h, i * h..(i + 1) * h);
+        match (host.get_mut(dst), rows.get(src)) {
+            (Some(dst), Some(src)) => dst.copy_from_slice(src),
+            _ => {
+                return Err(EngineError::InvalidInput(format!(
+                    "media row {i} does not fit the pass's row {row} of width {h}"
+                )))
+            }
+        }
+    }
+    be.tensor_from_host(host, total, h)
 }
 
 fn load_moe<B: Backend>(

@@ -110,6 +110,9 @@ impl ModelConfig {
         if arch == Arch::Gemma4 {
             cfg.audio = audio::AudioConfig::from_hf(json, source)?;
         }
+        if let Some(g4) = cfg.gemma4.as_mut() {
+            g4.vision = vision::gemma4::Gemma4VisionConfig::from_hf(json, source)?;
+        }
         if cfg.eos_token_ids.is_empty() {
             cfg.eos_token_ids = HfKeys { json, source }.ids("eos_token_id");
         }

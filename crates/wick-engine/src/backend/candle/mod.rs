@@ -702,8 +702,16 @@ impl Backend for CandleBackend {
         segments: &mut [AttentionSegment<'_, CpuKvLayer>],
         params: &AttentionParams,
         evict: bool,
+        ends: Option<&[usize]>,
     ) -> Result<HostTensor> {
         let _t = profile::op("attention", q.rows());
+        if ends.is_some_and(|e| e.len() != q.rows()) {
+            return Err(Self::err(format!(
+                "attention_shared got {} key ends for {} rows",
+                ends.map_or(0, <[usize]>::len),
+                q.rows()
+            )));
+        }
         let row = params.kv_heads * params.head_dim;
         let mut starts = Vec::with_capacity(segments.len());
         for seg in segments.iter_mut() {
@@ -730,11 +738,16 @@ impl Backend for CandleBackend {
         let out = {
             let mut rows = Vec::new();
             for (seg, &start) in segments.iter().zip(&starts) {
-                for (i, _) in seg.rows.clone().enumerate() {
+                for (i, r) in seg.rows.clone().enumerate() {
+                    let pos = start + i;
+                    // Never past the keys this pass holds.
+                    let end = ends
+                        .and_then(|e| e.get(r))
+                        .map_or(pos + 1, |&e| e.clamp(pos + 1, seg.cache.len));
                     rows.push(attention::RowSource {
                         cache: &*seg.cache,
-                        pos: start + i,
-                        end: start + i + 1,
+                        pos,
+                        end,
                     });
                 }
             }

@@ -3,12 +3,15 @@
 //!
 //! - this file: the tower's configuration, the projected rows a sequence keeps
 //!   ([`ImageRows`]), and the rule that places them in a pass ([`PassMedia`]);
-//! - `siglip.rs`: Gemma 3's SigLIP encoder and its pooling projector.
+//! - `siglip.rs`: Gemma 3's SigLIP encoder and its pooling projector;
+//! - `gemma4.rs`: Gemma 4's encoder (2-D positions, axial rotary embeddings, 3×3 pooling)
+//!   and its embedder, whose rows [`crate::models::gemma4`] places.
 //!
 //! A request's images run through the tower once, when the request's cache is set up
 //! ([`crate::Model::attach_media`]); the cache keeps the rows. A prefill pass that reaches
 //! an image's soft tokens takes its rows instead of the token embeddings, and the soft
 //! tokens of one image attend to each other both ways (everything else stays causal).
+pub mod gemma4;
 pub(crate) mod siglip;
 
 use std::ops::Range;
@@ -155,13 +158,17 @@ impl VisionConfig {
     }
 }
 
-/// One image's projected rows, kept with the sequence's cache until a pass places them.
+/// One media item's projected rows (an image's, or an audio clip's on models whose audio
+/// tower feeds the same pass), kept with the sequence's cache until a pass places them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ImageRows {
     /// Prompt positions the rows replace.
     pub positions: Range<usize>,
     /// `positions.len() × hidden` values, row-major.
     pub rows: Arc<[f32]>,
+    /// The item's soft tokens see each other both ways (Gemma 3's images; Gemma 4's with
+    /// `use_bidirectional_attention: "vision"`, on its sliding layers); otherwise causal.
+    pub bidirectional: bool,
 }
 
 /// Where a forward pass meets images: rows to overwrite and how far each row sees.
@@ -169,7 +176,7 @@ pub(crate) struct PassMedia {
     /// `(row of the flattened pass, the image row's values)`.
     pub replace: Vec<(usize, Arc<[f32]>, usize)>,
     /// For every row of the pass, the end (exclusive) of the key positions it sees: its
-    /// own position + 1, or the end of its image for an image's soft token.
+    /// own position + 1, or the end of its item for a soft token of a bidirectional item.
     pub ends: Vec<usize>,
 }
 
@@ -214,7 +221,7 @@ impl PassMedia {
             debug_assert_eq!(m.ends.len(), flat.end);
         }
         for (imgs, (pass, flat)) in images.iter().zip(passes.iter().zip(rows)) {
-            for img in imgs.iter() {
+            for img in imgs.iter().filter(|img| img.bidirectional) {
                 let p = &img.positions;
                 if p.start >= pass.start && p.end <= pass.end {
                     let first = flat.start + (p.start - pass.start);
@@ -255,6 +262,7 @@ mod tests {
         ImageRows {
             rows: vec![0.0; positions.len()].into(),
             positions,
+            bidirectional: true,
         }
     }
 
@@ -284,5 +292,18 @@ mod tests {
         assert_eq!(m.ends, vec![3, 4, 8, 8, 8, 8, 9, 10]);
         assert_eq!(m.replace.len(), 4);
         assert!(pass(8..10, 0..2).unwrap().is_none());
+    }
+
+    #[test]
+    fn causal_items_are_placed_but_see_only_backwards() {
+        let imgs = [ImageRows {
+            bidirectional: false,
+            ..image(4..8)
+        }];
+        let m = PassMedia::for_pass(&[&imgs], &[2..10], &[0..8])
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.ends, vec![3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(m.replace.len(), 4);
     }
 }
