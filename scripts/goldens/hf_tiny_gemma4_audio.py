@@ -18,7 +18,9 @@ the tower's projected rows (`embed_audio` of the valid frames), input_ids with t
 as Gemma4Processor does (begin-of-audio, one soft token per valid subsampled frame, end-of-audio),
 and logits at every position for a mono clip, a stereo clip and text only, plus a greedy
 continuation with the mono clip. A chat template (audio parts as <|audio|>) is written with the
-tokenizer so the directory can be served.
+tokenizer so the directory can be served. A second model, `gemma4_audio_vision`, adds
+hf_tiny_gemma4_vision.py's vision tower, with the logits of one prompt holding an image and the
+mono clip.
 
     python scripts/goldens/hf_tiny_gemma4_audio.py   # in the venv regen.sh makes (requirements.txt)
 """
@@ -70,7 +72,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def config() -> Gemma4Config:
+def config(vision: bool = False) -> Gemma4Config:
     _, text = g4.variants()["gemma4"]
     text = text.to_dict()
     text.update(vocab_size=g4v.VOCAB_SIZE, vocab_size_per_layer_input=g4v.VOCAB_SIZE,
@@ -81,8 +83,9 @@ def config() -> Gemma4Config:
         attention_chunk_size=12, attention_context_left=13, attention_context_right=0,
         attention_logit_cap=50.0, use_clipped_linears=True, rms_norm_eps=1e-6,
         output_proj_dims=24)
+    vision_config = g4v.config(False).vision_config.to_dict() if vision else None
     return Gemma4Config(
-        text_config=text, vision_config=None, audio_config=audio,
+        text_config=text, vision_config=vision_config, audio_config=audio,
         boi_token_id=g4v.BOI_ID, eoi_token_id=g4v.EOI_ID, image_token_id=g4v.IMAGE_ID,
         video_token_id=g4v.VIDEO_ID, boa_token_id=g4v.BOA_ID, eoa_token_index=g4v.EOA_ID,
         audio_token_id=AUDIO_ID, tie_word_embeddings=True)
@@ -129,6 +132,75 @@ def load_clip(path: Path) -> np.ndarray:
     if rate != 16000:
         samples = librosa.resample(samples, orig_sr=rate, target_sr=16000).astype(np.float32)
     return samples
+
+
+def build_both(root: Path, clip: dict, image_path: Path) -> None:
+    """`gemma4_audio_vision`: the same shapes with hf_tiny_gemma4_vision.py's vision tower as
+    well, and one prompt holding an image and the mono clip. The image is stored as the
+    `[3, h, w]` pixels the server hands the engine (the processor's patches put back)."""
+    from PIL import Image
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    name = "gemma4_audio_vision"
+    out_dir = root / name
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    seed = base.variant_seed(name)
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration._from_config(config(vision=True), attn_implementation="eager",
+                                                         dtype=torch.float32)
+    init_weights(model, seed)
+    model.eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok = g4v.build_tokenizer()
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(g4v.tokenizer_config(), indent=2) + "\n")
+    processor = Gemma4ImageProcessorPil(patch_size=g4v.PATCH, pooling_kernel_size=g4v.POOL,
+                                        max_soft_tokens=g4v.MAX_SOFT_TOKENS)
+    processor.save_pretrained(out_dir)
+    inputs = processor(images=[Image.open(image_path).convert("RGB")], return_tensors="pt")
+    px, pos = inputs["pixel_values"].float(), inputs["image_position_ids"]
+    real = (pos[0] != -1).all(-1)
+    n_image = int(real.sum()) // g4v.POOL**2
+    gw, gh = int(pos[0][real, 0].max()) + 1, int(pos[0][real, 1].max()) + 1
+    p = g4v.PATCH
+    chw = px[0][real].reshape(gh, gw, p, p, 3).permute(4, 0, 2, 1, 3).reshape(3, gh * p, gw * p)
+    n_audio = clip["soft_tokens"]
+    body = ("Compare<|image>" + "<|image|>" * n_image + "<image|>with<|audio>"
+            + "<|audio|>" * n_audio + "<audio|>please.")
+    text = f"<bos><|turn>user\n{body}<turn|>\n<|turn>model\n"
+    ids = tok.encode(text).ids
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    pixel_values=px, image_position_ids=pos, input_features=clip["x"],
+                    input_features_mask=clip["m"], use_cache=False)
+    logits = out.logits[0].float().contiguous()
+    with torch.no_grad():
+        blind = model(input_ids=torch.tensor([ids]), pixel_values=px, image_position_ids=pos,
+                      use_cache=False).logits[0].float()
+    diff = float((blind - logits).abs().max())
+    if diff < 1e-2:
+        raise SystemExit(f"{name}: the audio does not change the logits")
+    save_file({"both.logits": logits, "image": chw.contiguous(), "mono16k.features": clip["x"][0].contiguous()},
+              str(out_dir / "logits.safetensors"), metadata={"format": "pt"})
+    spans_ = [[i, 0] for i, t in enumerate(ids) if t in (g4v.IMAGE_ID, AUDIO_ID) and ids[i - 1] != t]
+    for sp in spans_:
+        t = ids[sp[0]]
+        while sp[0] + sp[1] < len(ids) and ids[sp[0] + sp[1]] == t:
+            sp[1] += 1
+    reference = {
+        "variant": name, "architecture": type(model).__name__,
+        "transformers": transformers.__version__, "torch": torch.__version__, "seed": seed,
+        "image": image_path.name, "image_shape": list(chw.shape),
+        "clip": {kk: vv for kk, vv in clip.items() if kk not in ("x", "m")},
+        "cases": [{"name": "both", "text": text, "ids": ids, "spans": spans_,
+                   "argmax": logits.argmax(-1).tolist(), "min_top2_gap": base.top2_gap(logits),
+                   "max_diff_without_audio": diff}],
+    }
+    (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    total = sum(f.stat().st_size for f in out_dir.iterdir())
+    print(f"{name}: {total} bytes; image {n_image} + audio {n_audio} soft tokens; diff without audio {diff:.2e}")
 
 
 def main() -> int:
@@ -244,6 +316,7 @@ def main() -> int:
           f"greedy {continuation}; "
           + ", ".join(f"{m['name']} {len(m['ids'])} ids gap {m['min_top2_gap']:.2e} "
                       f"diff {m.get('max_diff_without_audio', 0):.2e}" for m in metas))
+    build_both(out_dir.parent, clips["mono16k"], out_dir.parent / "gemma3_vision" / "image_a.png")
     return 0
 
 

@@ -107,6 +107,29 @@ def silence_wav(samples: int) -> bytes:
     return out.getvalue()
 
 
+def test_a_clip_over_30_s_is_cut_to_750_soft_tokens(server):
+    # 31 s of silence: the server keeps 30 s (logging a warning), which the processor counts
+    # as 750 soft tokens in place of the mono clip's.
+    mono = case("mono")
+    soft = mono["spans"][0][1]
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 1, "temperature": 0,
+            "messages": messages(base64.b64encode(silence_wav(31 * 16000)).decode())})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(mono["ids"]) - soft + 750
+    assert "truncated" in server.logs()
+
+
+def test_stereo_clip_is_read_with_the_processor_token_count(server):
+    # 44.1 kHz stereo, averaged and resampled by the server: the prompt has the soft tokens
+    # transformers' processor gives the clip.
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="none")
+    r = client.chat.completions.create(model=MODEL, messages=messages(b64("stereo44k.wav")),
+                                       max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens == len(case("stereo")["ids"])
+
+
 def test_broken_clips_are_400_not_5xx(server):
     wav = (GOLD / "mono16k.wav").read_bytes()
     bad = {

@@ -2,7 +2,8 @@
 //! scripts/goldens/hf_tiny_gemma4_audio.py) against transformers' f32 outputs: the tower's
 //! projected rows for a 16 kHz mono and a 44.1 kHz stereo clip, logits at every position
 //! with each clip and with text only, chunked prefill, a batch mixing an audio row and a
-//! text row, and the greedy continuation of `generate()`.
+//! text row, the greedy continuation of `generate()`, and (on `gemma4_audio_vision`, the same
+//! model with hf_tiny_gemma4_vision.py's vision tower too) a prompt holding an image and a clip.
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -267,4 +268,78 @@ fn greedy_continuation_matches_generate() {
         .generate(&request(&g, "mono"), |_| ControlFlow::Continue(()))
         .unwrap();
     assert_eq!(out.tokens, want);
+}
+
+#[test]
+fn an_image_and_a_clip_in_one_prompt_match_transformers() {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4_audio_vision");
+    let model = Model::load(&d, &LoadOptions::default()).unwrap();
+    assert!(model.info().media.audio.is_some() && model.info().media.vision.is_some());
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
+    let stored = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
+    let case = &reference["cases"][0];
+    let ids: Vec<u32> = case["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let shape: Vec<usize> = reference["image_shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let frames = reference["clip"]["valid_frames"].as_u64().unwrap() as usize;
+    let features = floats(&stored, "mono16k.features");
+    let spans = case["spans"].as_array().unwrap();
+    let span = |i: usize| {
+        (
+            spans[i][0].as_u64().unwrap() as usize,
+            spans[i][1].as_u64().unwrap() as usize,
+        )
+    };
+    let (image, clip) = (span(0), span(1));
+    let media = vec![
+        MediaSpan {
+            start: image.0,
+            len: image.1,
+            data: MediaData::Image(wick_engine::media::ImagePixels {
+                channels: shape[0],
+                height: shape[1],
+                width: shape[2],
+                data: Arc::from(floats(&stored, "image")),
+            }),
+            digest: 1,
+        },
+        MediaSpan {
+            start: clip.0,
+            len: clip.1,
+            data: MediaData::Audio(AudioFeatures {
+                frames,
+                bins: 128,
+                data: Arc::from(&features[..frames * 128]),
+            }),
+            digest: 2,
+        },
+    ];
+    let want = floats(&stored, "both.logits");
+    for chunk in [usize::MAX, 9] {
+        let mut cache = model.new_cache();
+        model.attach_media(&mut cache, &media).unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        while at < ids.len() {
+            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
+            let mut steps = [Step {
+                tokens: &ids[at..end],
+                cache: &mut cache,
+                logits: LogitsRequest::All,
+            }];
+            got.extend(model.forward(&mut steps).unwrap().remove(0).unwrap().data);
+            at = end;
+        }
+        assert_close(&format!("image and clip, chunks of {chunk}"), &got, &want);
+    }
 }
