@@ -79,6 +79,17 @@ def test_openai_audio_reply_is_transformers_greedy_continuation(server):
     assert text == expected_text()
 
 
+def test_responses_audio_gives_the_same_reply(server):
+    n = len(reference()["greedy"]["continuation_ids"])
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="none")
+    resp = client.responses.create(model=MODEL, max_output_tokens=n, temperature=0, input=[
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "Transcribe"},
+            {"type": "input_audio", "input_audio": {"data": b64("mono16k.wav"), "format": "wav"}},
+            {"type": "input_text", "text": "this clip."}]}])
+    assert resp.output_text == expected_text()
+
+
 def test_logprobs_of_the_first_token_match_transformers(server):
     # The first generated token's logprob against transformers' logits at the prompt's last
     # position (a log-softmax of the committed row).
