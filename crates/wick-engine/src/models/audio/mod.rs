@@ -142,7 +142,7 @@ impl AudioConfig {
             ))
         } else if cfg.context_right > 4096 {
             Some("audio attention_context_right is above 4096".to_string())
-        } else if !(cfg.logit_cap > 0.0) {
+        } else if cfg.logit_cap.is_nan() || cfg.logit_cap <= 0.0 {
             Some("audio attention_logit_cap must be positive".to_string())
         } else {
             None
