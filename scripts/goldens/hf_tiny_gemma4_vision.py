@@ -6,7 +6,11 @@ Gemma4ForConditionalGeneration small enough to commit: hf_tiny_gemma4.py's `gemm
 position tables, axial rotary embeddings, 8-pixel patches, 3×3 pooling) and the embedder that
 projects pooled patches into the text model. Two variants: `gemma4_vision` (causal attention over
 the soft tokens, as the small Gemma 4 checkpoints) and `gemma4_vision_bidir`
-(`use_bidirectional_attention: "vision"`: an image's soft tokens see each other).
+(`use_bidirectional_attention: "vision"`: an image's soft tokens see each other), and a small
+third, `gemma4_vision_clipped` (one-image case only): the tower with `use_clipped_linears`
+(every linear clamps its input and output to stored bounds that do cut values) and
+`standardize` (pooled rows shifted and scaled by stored vectors), as the large checkpoints
+ship it.
 
 The references are transformers' eager outputs as generate() computes them on its first pass:
 pixel values, patch positions and soft-token counts from Gemma4ImageProcessorPil (aspect-preserving
@@ -14,6 +18,11 @@ resize to whole 3×3 blocks of patches, at most 70 soft tokens) on the two test 
 hf_tiny_gemma3_vision.py (copied here), input_ids with each image expanded as Gemma4Processor
 does (begin-of-image, the soft tokens, end-of-image), and mm_token_type_ids. Cases: one image,
 two images, text only; logits at every position, plus a greedy continuation with an image.
+
+A small chat template (Gemma 4's turn markers; an image part renders as `<|image|>`, which the
+processor expands, text parts verbatim) renders `CHAT_MESSAGES` to the `one_image` prompt
+exactly (checked here with transformers' own renderer and expansion), so a server given
+those messages and image_a.png must reply with the greedy continuation.
 
     python scripts/goldens/hf_tiny_gemma4_vision.py   # in the venv regen.sh makes (requirements.txt)
 """
@@ -48,6 +57,24 @@ PATCH = 8
 POOL = 3
 MAX_SOFT_TOKENS = 70  # the smallest budget the processor accepts
 GREEDY_NEW_TOKENS = 12
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{ '<|turn>' + role + '\n' }}"
+    "{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<turn|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
+# The one_image case as a chat request (the image part is image_a.png).
+CHAT_MESSAGES = [{"role": "user", "content": [
+    {"type": "text", "text": "What is in "}, {"type": "image"},
+    {"type": "text", "text": " this picture?"}]}]
 
 
 def build_tokenizer() -> Tokenizer:
@@ -85,10 +112,11 @@ def tokenizer_config() -> dict:
         "clean_up_tokenization_spaces": False,
         "model_max_length": 2048,
         "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
     }
 
 
-def config(bidirectional: bool) -> Gemma4Config:
+def config(bidirectional: bool, clipped: bool = False) -> Gemma4Config:
     _, text = g4.variants()["gemma4"]
     text = text.to_dict()
     text.update(vocab_size=VOCAB_SIZE, vocab_size_per_layer_input=VOCAB_SIZE,
@@ -97,7 +125,8 @@ def config(bidirectional: bool) -> Gemma4Config:
     vision = dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, head_dim=8, patch_size=PATCH, pooling_kernel_size=POOL,
-        position_embedding_size=64, rms_norm_eps=1e-6)
+        position_embedding_size=64, rms_norm_eps=1e-6,
+        use_clipped_linears=clipped, standardize=clipped)
     return Gemma4Config(
         text_config=text, vision_config=vision, audio_config=None,
         boi_token_id=BOI_ID, eoi_token_id=EOI_ID, image_token_id=IMAGE_ID,
@@ -119,6 +148,22 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(0.5 + torch.rand(param.shape, generator=gen))
             else:
                 param.copy_(base.WEIGHT_STD * noise)
+
+
+def init_clip_buffers(model: torch.nn.Module, seed: int) -> None:
+    """Clip bounds tight enough to cut activations (0.5 to 1.5 either side of 0) and a
+    standardization that moves every channel."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith(("input_min", "output_min")):
+                buf.fill_(-0.5 - float(torch.rand(1, generator=gen)))
+            elif name.endswith(("input_max", "output_max")):
+                buf.fill_(0.5 + float(torch.rand(1, generator=gen)))
+            elif name.endswith("std_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=gen))
+            elif name.endswith("std_scale"):
+                buf.copy_(0.5 + torch.rand(buf.shape, generator=gen))
 
 
 @torch.no_grad()
@@ -145,16 +190,19 @@ def spans(ids: list[int]) -> list[list[int]]:
     return out
 
 
-def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path]) -> None:
+def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path],
+          clipped: bool = False) -> None:
     out_dir = root / name
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     seed = base.variant_seed(name)
     torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration._from_config(config(bidirectional),
+    model = Gemma4ForConditionalGeneration._from_config(config(bidirectional, clipped),
                                                          attn_implementation="eager", dtype=torch.float32)
     init_weights(model, seed)
+    if clipped:
+        init_clip_buffers(model, seed)
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -185,9 +233,11 @@ def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path]) -
         "two_images": (turn(f"Compare {block(0)} with {block(1)} please."), slice(0, 2)),
         "text_only": (turn("What is the capital of France?"), None),
     }
-    # Both variants read the same pixels: stored once, with the first variant.
-    tensors = {} if bidirectional else {"pixel_values": px.contiguous(),
-                                        "image_position_ids": pos.to(torch.int64).contiguous()}
+    if clipped:
+        cases = {"one_image": cases["one_image"]}
+    # Every variant reads the same pixels: stored once, with the first variant.
+    tensors = {} if name != "gemma4_vision" else {
+        "pixel_values": px.contiguous(), "image_position_ids": pos.to(torch.int64).contiguous()}
     metas = []
     for case, (text, sel) in cases.items():
         ids = tok.encode(text).ids
@@ -200,12 +250,27 @@ def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path]) -
             meta["max_diff_without_pixels"] = float((blind - logits).abs().max())
             if meta["max_diff_without_pixels"] < 1e-2:
                 raise SystemExit(f"{name} {case}: the image does not change the logits")
+            if clipped:
+                for module in model.modules():
+                    if hasattr(module, "use_clipped_linears"):
+                        module.use_clipped_linears = False
+                unclipped = logits_of(model, ids, px[sel], pos[sel])
+                for module in model.modules():
+                    if hasattr(module, "use_clipped_linears"):
+                        module.use_clipped_linears = True
+                meta["max_diff_unclipped"] = float((unclipped - logits).abs().max())
+                if meta["max_diff_unclipped"] < 1e-2:
+                    raise SystemExit(f"{name} {case}: the clip bounds do not cut anything")
             if bidirectional:
                 causal = logits_of(model, ids, px[sel], pos[sel], block=False)
                 meta["max_diff_causal_image"] = float((causal - logits).abs().max())
                 if meta["max_diff_causal_image"] < 1e-2:
                     raise SystemExit(f"{name} {case}: bidirectional attention does not show")
         metas.append(meta)
+    hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(out_dir)
+    rendered = hf_tok.apply_chat_template(CHAT_MESSAGES, tokenize=False, add_generation_prompt=True)
+    if rendered.replace("<|image|>", block(0), 1) != cases["one_image"][0]:
+        raise SystemExit(f"{name}: the chat template renders {rendered!r}, not the one_image prompt")
     ids = metas[0]["ids"]
     tt = torch.tensor([[int(t == IMAGE_ID) for t in ids]])
     out = model.generate(input_ids=torch.tensor([ids]), pixel_values=px[:1], image_position_ids=pos[:1],
@@ -233,6 +298,8 @@ def build(name: str, bidirectional: bool, root: Path, image_paths: list[Path]) -
         "cases": metas,
         "greedy": {"case": "one_image", "max_new_tokens": GREEDY_NEW_TOKENS,
                    "continuation_ids": continuation},
+        "chat": {"case": "one_image", "messages": CHAT_MESSAGES, "images": ["image_a.png"],
+                 "rendered": rendered},
     }
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
     total = sum(f.stat().st_size for f in out_dir.iterdir())
@@ -250,6 +317,7 @@ def main() -> int:
           f"tokenizers {tokenizers.__version__}")
     build("gemma4_vision", False, root, images)
     build("gemma4_vision_bidir", True, root, images)
+    build("gemma4_vision_clipped", False, root, images, clipped=True)
     return 0
 
 

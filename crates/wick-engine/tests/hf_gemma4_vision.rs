@@ -1,6 +1,7 @@
 //! Gemma 4 with its vision tower (tiny random models made by
 //! scripts/goldens/hf_tiny_gemma4_vision.py) against transformers' f32 logits, for both
-//! variants (causal soft tokens, and `use_bidirectional_attention: "vision"`): one image,
+//! variants (causal soft tokens, and `use_bidirectional_attention: "vision"`) and the tower
+//! with clipped linears and standardization (one image only): one image,
 //! two images, text only through the multimodal checkpoint, chunked prefill whose chunks
 //! would cut an image, a batch mixing an image row and a text row, the greedy continuation
 //! of `generate()`, and a prompt cache that never serves one image's KV to another.
@@ -16,6 +17,8 @@ use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
 
 const TOLERANCE: f32 = 1e-4;
 const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
+/// `use_clipped_linears` and `standardize` on; its reference has the one-image case only.
+const CLIPPED: &str = "gemma4_vision_clipped";
 
 fn dir(variant: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{variant}"))
@@ -241,6 +244,19 @@ fn the_tower_is_reported_with_the_processor_budget() {
 }
 
 #[test]
+fn a_text_only_gemma4_lists_no_tower_and_refuses_images() {
+    let g = load(VARIANTS[0]);
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4");
+    let text = Model::load(&text, &LoadOptions::default()).unwrap();
+    assert!(text.info().media.vision.is_none());
+    let mut cache = text.new_cache();
+    let err = text
+        .attach_media(&mut cache, &g.media("one_image"))
+        .unwrap_err();
+    assert!(err.to_string().contains("no vision tower"), "{err}");
+}
+
+#[test]
 fn every_position_matches_transformers() {
     for variant in VARIANTS {
         let g = load(variant);
@@ -249,6 +265,24 @@ fn every_position_matches_transformers() {
             assert_close(&format!("{variant} {name}"), &got, &g.expected(name));
         }
     }
+}
+
+#[test]
+fn clipped_linears_and_standardization_match_transformers() {
+    let g = load(CLIPPED);
+    for chunk in [usize::MAX, 5] {
+        let got = g.chunked("one_image", chunk);
+        assert_close(
+            &format!("{CLIPPED} in chunks of {chunk}"),
+            &got,
+            &g.expected("one_image"),
+        );
+    }
+    let out = g
+        .model
+        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!(out.tokens, g.greedy());
 }
 
 #[test]

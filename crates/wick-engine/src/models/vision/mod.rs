@@ -300,9 +300,14 @@ mod tests {
             bidirectional: false,
             ..image(4..8)
         }];
-        let m = PassMedia::for_pass(&[&imgs], &[2..10], &[0..8])
-            .unwrap()
-            .unwrap();
+        let (pass, flat) = (2..10, 0..8);
+        let m = PassMedia::for_pass(
+            &[&imgs],
+            std::slice::from_ref(&pass),
+            std::slice::from_ref(&flat),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(m.ends, vec![3, 4, 5, 6, 7, 8, 9, 10]);
         assert_eq!(m.replace.len(), 4);
     }
