@@ -9,6 +9,8 @@
 //! text model's prefill. Every frame it is given counts as real audio: the server hands it
 //! only the frames that hold samples (the extractor's padded frames never reach a soft
 //! token, and with causal convolutions and masked keys they change no real row).
+use rayon::prelude::*;
+
 use super::AudioConfig;
 use crate::backend::Backend;
 use crate::media::AudioFeatures;
@@ -16,6 +18,9 @@ use crate::models::decoder::Loader;
 use crate::models::deltanet::{mm, plain, transposed};
 use crate::weights::RAW_PREFIX;
 use crate::{EngineError, Result};
+
+/// Rows one thread multiplies at a time.
+const ROW_BLOCK: usize = 32;
 
 /// A linear map `[out, in]` (row-major), with an optional bias and, for the clipped linears,
 /// the `[input_min, input_max, output_min, output_max]` bounds stored with the weights.
@@ -40,14 +45,20 @@ impl Linear {
             }
             None => x,
         };
-        mm(
-            &mut y,
-            plain(x),
-            transposed(&self.w),
-            (rows, self.out, self.inp),
-            1.0,
-            false,
-        );
+        // Blocks of rows on the rayon pool (a 30 s clip is 750 rows through 4× wide
+        // feed-forwards; one thread would take seconds on a full-size tower).
+        y.par_chunks_mut(ROW_BLOCK * self.out)
+            .zip(x.par_chunks(ROW_BLOCK * self.inp))
+            .for_each(|(y, x)| {
+                mm(
+                    y,
+                    plain(x),
+                    transposed(&self.w),
+                    (x.len() / self.inp, self.out, self.inp),
+                    1.0,
+                    false,
+                )
+            });
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.out) {
                 row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
