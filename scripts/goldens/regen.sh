@@ -84,6 +84,7 @@ run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_tiny_qwen35.py
 run scripts/goldens/hf_tiny_gemma3_vision.py
 run scripts/goldens/hf_tiny_gemma4_vision.py
+run scripts/goldens/hf_tiny_gemma4_audio.py
 run scripts/goldens/media_processors.py
 run scripts/goldens/hf_numpy_check.py
 run scripts/goldens/peft_adapters.py

@@ -386,6 +386,9 @@ pub struct ModelConfig {
     /// The vision tower and projector of a multimodal checkpoint (Gemma 3's SigLIP), when
     /// `config.json` describes one; whether its weights are present is checked at load.
     pub vision: Option<crate::models::vision::VisionConfig>,
+    /// The audio tower of a multimodal checkpoint (Gemma 4's Conformer), when `config.json`
+    /// describes one; whether its weights are present is checked at load.
+    pub audio: Option<crate::models::audio::AudioConfig>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.

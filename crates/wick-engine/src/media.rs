@@ -24,9 +24,11 @@ pub struct ImagePixels {
 }
 
 /// Log-mel features of one audio clip after the model's feature extractor, `[frames, bins]`.
+/// Every frame counts as real audio: the extractor's trailing frames that end in its
+/// padding (zeroed, reaching no soft token) are left out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AudioFeatures {
-    /// Frames (time steps).
+    /// Frames (time steps) that hold samples.
     pub frames: usize,
     /// Mel bins per frame.
     pub bins: usize,

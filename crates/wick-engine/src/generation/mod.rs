@@ -68,7 +68,9 @@ impl Model {
             }
             match (&span.data, &self.info().media.vision) {
                 (crate::media::MediaData::Audio(_), _) => {
-                    return bad(format!("model '{}' has no audio tower", self.info().name))
+                    if self.info().media.audio.is_none() {
+                        return bad(format!("model '{}' has no audio tower", self.info().name));
+                    }
                 }
                 (crate::media::MediaData::Image(_), None) => {
                     return bad(format!("model '{}' has no vision tower", self.info().name))

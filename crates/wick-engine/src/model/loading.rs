@@ -204,7 +204,7 @@ impl Model {
             kv_type,
             media: crate::media::MediaCaps {
                 vision: with_decoder!(&decoder, d => d.vision_caps()),
-                audio: None,
+                audio: with_decoder!(&decoder, d => d.audio_caps()),
             },
         };
         Ok(Model {

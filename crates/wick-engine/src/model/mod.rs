@@ -278,10 +278,18 @@ impl Model {
         let images = if media.is_empty() {
             Vec::new()
         } else {
-            with_decoder!(&self.decoder, d => d.embed_images(media))?
+            with_decoder!(&self.decoder, d => d.embed_media(media))?
         };
         with_cache!(&mut cache.inner, c => c.set_images(images));
         Ok(())
+    }
+
+    /// The projected rows each media item of `media` puts in the prompt (`len × hidden`
+    /// values per span, row-major, in prompt order): what [`Model::attach_media`] keeps,
+    /// for checking a tower on its own.
+    pub fn media_rows(&self, media: &[crate::media::MediaSpan]) -> Result<Vec<Vec<f32>>> {
+        let rows = with_decoder!(&self.decoder, d => d.embed_media(media))?;
+        Ok(rows.into_iter().map(|r| r.rows.to_vec()).collect())
     }
 
     /// One batched forward pass over several sequences.

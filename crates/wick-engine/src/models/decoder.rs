@@ -11,6 +11,7 @@ use crate::backend::{
     RopeSpec,
 };
 use crate::config::{MlpKind, ModelConfig, NormKind};
+use crate::models::audio::gemma4::Gemma4Audio;
 use crate::models::qwen35::Hybrid;
 use crate::models::recurrent::{RecurrentCache, RecurrentSnapshot};
 use crate::models::vision::siglip::Gemma3Vision;
@@ -242,6 +243,8 @@ pub struct Decoder<B: Backend> {
     hybrid: Option<Hybrid<B>>,
     /// The vision tower, when the checkpoint has one and the backend can run it.
     vision: Option<Gemma3Vision<B>>,
+    /// The audio tower (runs on the host), when the checkpoint has one.
+    audio: Option<Gemma4Audio>,
 }
 
 pub(super) struct Loader<'a, B: Backend> {
@@ -639,6 +642,14 @@ impl<B: Backend> Decoder<B> {
             }
             None => None,
         };
+        let audio = match &cfg.audio {
+            Some(a) if Gemma4Audio::present(&ld) => Some(Gemma4Audio::load(&mut ld, a, h)?),
+            Some(_) => {
+                tracing::warn!("the checkpoint's audio tower is absent: no audio");
+                None
+            }
+            None => None,
+        };
         let weight_bytes = ld.bytes;
         let rope = cfg.rope.spec(cfg.rope_style, cfg.rotary_dims);
         let rope_local = cfg
@@ -658,7 +669,38 @@ impl<B: Backend> Decoder<B> {
             gemma4,
             hybrid,
             vision,
+            audio,
         })
+    }
+
+    /// What the audio tower reads, when one loaded.
+    pub fn audio_caps(&self) -> Option<crate::media::AudioCaps> {
+        self.audio
+            .as_ref()
+            .and(self.cfg.audio.as_ref())
+            .map(|a| a.caps())
+    }
+
+    /// The projected rows of one audio clip (`span.len × hidden`), checked against the
+    /// span's length.
+    fn embed_clip(&self, span: &crate::media::MediaSpan) -> Result<Vec<f32>> {
+        let crate::media::MediaData::Audio(clip) = &span.data else {
+            return Err(EngineError::InvalidInput("not an audio clip".into()));
+        };
+        let Some(tower) = &self.audio else {
+            return Err(EngineError::InvalidInput(format!(
+                "this {} model has no audio tower in its checkpoint: it cannot read audio",
+                self.cfg.arch
+            )));
+        };
+        let tokens = crate::models::audio::soft_tokens(clip.frames);
+        if span.len != tokens {
+            return Err(EngineError::InvalidInput(format!(
+                "an audio span at position {} has {} soft tokens; its {} feature frames make {}",
+                span.start, span.len, clip.frames, tokens
+            )));
+        }
+        tower.embed(clip)
     }
 
     /// What the vision tower reads, when one loaded.
@@ -670,6 +712,40 @@ impl<B: Backend> Decoder<B> {
             .as_ref()
             .and(self.cfg.vision.as_ref())
             .map(|v| v.caps())
+    }
+
+    /// Runs each item of `spans` through its tower (images through the vision tower,
+    /// clips through the audio tower): the rows a sequence's cache keeps, in prompt order.
+    /// Spans must be apart and as long as their tower's output.
+    pub fn embed_media(&self, spans: &[crate::media::MediaSpan]) -> Result<Vec<ImageRows>> {
+        let is_audio =
+            |s: &&crate::media::MediaSpan| matches!(s.data, crate::media::MediaData::Audio(_));
+        let images: Vec<crate::media::MediaSpan> =
+            spans.iter().filter(|s| !is_audio(s)).cloned().collect();
+        let mut out = if images.is_empty() {
+            Vec::new()
+        } else {
+            self.embed_images(&images)?
+        };
+        for span in spans.iter().filter(is_audio) {
+            out.push(ImageRows {
+                positions: span.start..span.start + span.len,
+                rows: self.embed_clip(span)?.into(),
+                // A clip's soft tokens attend causally, like text (as transformers' Gemma 4).
+                bidirectional: false,
+            });
+        }
+        out.sort_by_key(|r| r.positions.start);
+        if let Some(w) = out
+            .windows(2)
+            .find(|w| w[0].positions.end > w[1].positions.start)
+        {
+            return Err(EngineError::InvalidInput(format!(
+                "media spans overlap at position {}",
+                w[1].positions.start
+            )));
+        }
+        Ok(out)
     }
 
     /// Runs each image of `spans` through the vision tower: the rows a sequence's cache

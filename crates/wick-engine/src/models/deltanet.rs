@@ -183,19 +183,19 @@ fn axpy(out: &mut [f32], a: f32, b: &[f32]) {
 /// A row-major matrix operand of [`mm`]: `rows × cols`, or the transpose of a row-major
 /// `cols × rows` buffer.
 #[derive(Clone, Copy)]
-struct Operand<'a> {
+pub(super) struct Operand<'a> {
     data: &'a [f32],
     transposed: bool,
 }
 
-fn plain(data: &[f32]) -> Operand<'_> {
+pub(super) fn plain(data: &[f32]) -> Operand<'_> {
     Operand {
         data,
         transposed: false,
     }
 }
 
-fn transposed(data: &[f32]) -> Operand<'_> {
+pub(super) fn transposed(data: &[f32]) -> Operand<'_> {
     Operand {
         data,
         transposed: true,
@@ -204,7 +204,7 @@ fn transposed(data: &[f32]) -> Operand<'_> {
 
 /// `c = (accumulate ? c : 0) + s · a · b` with `a` `m × k`, `b` `k × n` and `c` `m × n`,
 /// all row-major (an operand may be given transposed), on the calling thread.
-fn mm(
+pub(super) fn mm(
     c: &mut [f32],
     a: Operand<'_>,
     b: Operand<'_>,

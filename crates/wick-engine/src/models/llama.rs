@@ -66,6 +66,7 @@ pub(super) fn base_from_gguf(
         gemma4: None,
         qwen35: None,
         vision: None,
+        audio: None,
     })
 }
 
@@ -118,6 +119,7 @@ pub(super) fn base_from_hf(
         gemma4: None,
         qwen35: None,
         vision: None,
+        audio: None,
     })
 }
 

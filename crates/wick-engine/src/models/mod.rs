@@ -3,6 +3,7 @@
 //! Each architecture file reads its configuration (from GGUF metadata and from
 //! `config.json`) into a [`ModelConfig`]; [`decoder::Decoder`] runs every one of them,
 //! switching on the config's flags (biases, Q/K norms, sandwich norms, activation …).
+pub mod audio;
 pub mod decoder;
 pub mod deltanet;
 mod dense;
@@ -105,6 +106,9 @@ impl ModelConfig {
         let mut cfg = arch.config_from_hf(&keys)?;
         if arch == Arch::Gemma3 {
             cfg.vision = vision::VisionConfig::from_hf(json, source)?;
+        }
+        if arch == Arch::Gemma4 {
+            cfg.audio = audio::AudioConfig::from_hf(json, source)?;
         }
         if let Some(g4) = cfg.gemma4.as_mut() {
             g4.vision = vision::gemma4::Gemma4VisionConfig::from_hf(json, source)?;

@@ -198,12 +198,22 @@ pub fn load(
                     "audio clip truncated to the longest duration the model reads"
                 );
             }
-            let features = prepared.features;
+            let mut features = prepared.features;
+            // The tower reads the frames that hold samples (a prefix): the extractor's
+            // trailing padded frames are zero and reach no soft token.
+            let real = features.mask.iter().take_while(|&&m| m).count();
+            if real == 0 || prepared.soft_tokens == 0 {
+                return Err(ApiError::field(
+                    item.at.clone(),
+                    "the audio clip is too short: it holds no complete 20 ms frame",
+                ));
+            }
+            features.data.truncate(real * features.bins);
             Ok(LoadedMedia {
                 kind: MediaKind::Audio,
                 soft_tokens: prepared.soft_tokens.min(audio.max_tokens),
                 data: MediaData::Audio(AudioFeatures {
-                    frames: features.frames,
+                    frames: real,
                     bins: features.bins,
                     data: Arc::from(features.data),
                 }),
