@@ -291,7 +291,8 @@ def main() -> int:
         if which:
             mm = torch.tensor([[int(t == IMAGE_ID) for t in ids]])
             positions, delta = model.model.get_rope_index(torch.tensor([ids]), mm, image_grid_thw=grid)
-            tensors[f"{name}.positions"] = positions[:, 0].to(torch.int32).contiguous()
+            # [3, seq] (temporal, row, column), stored as f32 (exact for these small ints).
+            tensors[f"{name}.positions"] = positions[:, 0].to(torch.float32).contiguous()
             meta["rope_delta"] = int(delta[0, 0])
             flat = torch.arange(len(ids)).view(1, 1, -1).expand(3, 1, -1)
             plain = logits_of(model, ids, rows, grid, positions=flat)

@@ -386,6 +386,10 @@ pub struct ModelConfig {
     /// The vision tower and projector of a multimodal checkpoint (Gemma 3's SigLIP), when
     /// `config.json` describes one; whether its weights are present is checked at load.
     pub vision: Option<crate::models::vision::VisionConfig>,
+    /// Qwen 3.5's vision tower, when `config.json` describes one (weights checked at load).
+    pub qwen_vision: Option<crate::models::vision::qwen::QwenVisionConfig>,
+    /// Multimodal rotary positions (Qwen-VL), used for prompts that hold images.
+    pub mrope: Option<crate::models::mrope::Mrope>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.

@@ -101,7 +101,16 @@ impl Model {
             source_name: source.clone(),
             reason: "no config.json: not a Hugging Face model directory".into(),
         })?;
-        let cfg = ModelConfig::from_hf(&config, &dir.join("config.json").display().to_string())?;
+        let mut cfg =
+            ModelConfig::from_hf(&config, &dir.join("config.json").display().to_string())?;
+        if let Some(vision) = cfg.qwen_vision.take() {
+            // Qwen's pixel budget and normalisation live with its image processor.
+            let path = dir.join("preprocessor_config.json");
+            cfg.qwen_vision = Some(match read_json(&path)? {
+                Some(pre) => vision.with_preprocessor(&pre, &path.display().to_string())?,
+                None => vision,
+            });
+        }
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let weights = SafetensorsWeights::open(dir)?;
         let quantization = MlxQuantization::from_config(&config, &source)?;

@@ -66,6 +66,8 @@ pub(super) fn base_from_gguf(
         gemma4: None,
         qwen35: None,
         vision: None,
+        qwen_vision: None,
+        mrope: None,
     })
 }
 
@@ -118,6 +120,8 @@ pub(super) fn base_from_hf(
         gemma4: None,
         qwen35: None,
         vision: None,
+        qwen_vision: None,
+        mrope: None,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod gemma4;
 pub mod greedy;
 mod llama;
 pub mod moe;
+pub mod mrope;
 mod qwen2;
 mod qwen3;
 pub mod qwen35;
@@ -105,6 +106,12 @@ impl ModelConfig {
         let mut cfg = arch.config_from_hf(&keys)?;
         if arch == Arch::Gemma3 {
             cfg.vision = vision::VisionConfig::from_hf(json, source)?;
+        }
+        if arch == Arch::Qwen35 {
+            cfg.qwen_vision = vision::qwen::QwenVisionConfig::from_hf(json, source)?;
+            if cfg.qwen_vision.is_some() {
+                cfg.mrope = mrope::Mrope::from_hf(&keys, cfg.rotary_dims)?;
+            }
         }
         if cfg.eos_token_ids.is_empty() {
             cfg.eos_token_ids = HfKeys { json, source }.ids("eos_token_id");

@@ -3,12 +3,14 @@
 //!
 //! - this file: the tower's configuration, the projected rows a sequence keeps
 //!   ([`ImageRows`]), and the rule that places them in a pass ([`PassMedia`]);
-//! - `siglip.rs`: Gemma 3's SigLIP encoder and its pooling projector.
+//! - `siglip.rs`: Gemma 3's SigLIP encoder and its pooling projector;
+//! - `qwen.rs`: Qwen 3.5's tower (3-D patch embedding, 2-D rotary, 2×2 patch merger).
 //!
 //! A request's images run through the tower once, when the request's cache is set up
 //! ([`crate::Model::attach_media`]); the cache keeps the rows. A prefill pass that reaches
 //! an image's soft tokens takes its rows instead of the token embeddings, and the soft
 //! tokens of one image attend to each other both ways (everything else stays causal).
+pub mod qwen;
 pub(crate) mod siglip;
 
 use std::ops::Range;
@@ -162,6 +164,9 @@ pub struct ImageRows {
     pub positions: Range<usize>,
     /// `positions.len() × hidden` values, row-major.
     pub rows: Arc<[f32]>,
+    /// The soft tokens' grid `(rows, columns)` for towers whose text model places them in
+    /// 2-D (Qwen's M-RoPE, [`crate::models::mrope`]); `None` otherwise.
+    pub grid: Option<(usize, usize)>,
 }
 
 /// Where a forward pass meets images: rows to overwrite and how far each row sees.
@@ -255,6 +260,7 @@ mod tests {
         ImageRows {
             rows: vec![0.0; positions.len()].into(),
             positions,
+            grid: None,
         }
     }
 
