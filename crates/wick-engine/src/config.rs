@@ -101,7 +101,7 @@ impl Arch {
     pub fn from_hf_model_type(model_type: &str) -> Option<Arch> {
         Some(match model_type {
             "llama" | "smollm" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
+            "qwen2" | "qwen2_5_vl" | "qwen2_5_vl_text" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
             "mistral" => Arch::Mistral,

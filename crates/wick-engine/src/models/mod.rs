@@ -107,8 +107,10 @@ impl ModelConfig {
         if arch == Arch::Gemma3 {
             cfg.vision = vision::VisionConfig::from_hf(json, source)?;
         }
-        if arch == Arch::Qwen35 {
-            cfg.qwen_vision = vision::qwen::QwenVisionConfig::from_hf(json, source)?;
+        // Qwen 3.5 and Qwen2.5-VL (a Qwen2 text model) may carry a Qwen vision tower.
+        let qwen25 = model_type == "qwen2_5_vl";
+        if arch == Arch::Qwen35 || qwen25 {
+            cfg.qwen_vision = vision::qwen::QwenVisionConfig::from_hf(json, source, qwen25)?;
             if cfg.qwen_vision.is_some() {
                 cfg.mrope = mrope::Mrope::from_hf(&keys, cfg.rotary_dims)?;
             }

@@ -1,8 +1,14 @@
-//! Qwen 3.5's vision tower: a patch embedding over `temporal × p × p` cubes (a still image
-//! repeats its frame), learned positions interpolated to the image's patch grid, pre-norm
-//! blocks whose attention turns queries and keys with a 2-D (row, column) rotary and sees
-//! the whole image, and the merger that joins each `merge × merge` window of patches into
-//! one row of the text model's width.
+//! Qwen-VL vision towers: a patch embedding over `temporal × p × p` cubes (a still image
+//! repeats its frame), pre-norm blocks whose attention turns queries and keys with a 2-D
+//! (row, column) rotary, and the merger that joins each `merge × merge` window of patches
+//! into one row of the text model's width. Two generations ([`QwenTower`]):
+//!
+//! - Qwen 3.5: learned positions interpolated to the image's patch grid, LayerNorms, a GELU
+//!   MLP, every block attending over the whole image;
+//! - Qwen2.5-VL: no learned positions, RMSNorms, a SwiGLU MLP, and window attention: the
+//!   merged tokens are grouped in square windows (`window_size` pixels), patches run window
+//!   by window, and all blocks but `fullatt_block_indexes` attend within their window; the
+//!   merger's rows are put back in grid order at the end.
 //!
 //! Patches run in merge-window order (window row, window column, row and column inside the
 //! window), as transformers' processor emits them, so that each window's patches are
@@ -30,10 +36,26 @@ const MAX_POSITIONS: usize = 1 << 20;
 /// pixel budget keeps real requests far below).
 const MAX_PATCHES: usize = 1 << 16;
 
-/// Qwen 3.5's vision tower, from `config.json`'s `vision_config`, the token ids beside it and
+/// Which Qwen tower a checkpoint has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QwenTower {
+    /// Qwen 3.5 (`qwen3_5`): learned positions, LayerNorm, GELU MLP, full attention.
+    Qwen35,
+    /// Qwen2.5-VL (`qwen2_5_vl`): RMSNorm, SwiGLU MLP, window attention.
+    Qwen25 {
+        /// Side of an attention window in pixels.
+        window_size: usize,
+        /// Blocks that attend over the whole image instead of their window.
+        full_blocks: Vec<usize>,
+    },
+}
+
+/// A Qwen vision tower, from `config.json`'s `vision_config`, the token ids beside it and
 /// the image processor's `preprocessor_config.json`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QwenVisionConfig {
+    /// Which generation.
+    pub tower: QwenTower,
     /// Blocks.
     pub depth: usize,
     /// Width of the blocks.
@@ -52,7 +74,7 @@ pub struct QwenVisionConfig {
     pub merge_size: usize,
     /// Width of the merger's output (the text model's hidden size).
     pub out_hidden_size: usize,
-    /// Learned positions (a square grid).
+    /// Learned positions (a square grid; 0 for towers without them).
     pub num_position_embeddings: usize,
     /// Base of the blocks' 2-D rotary.
     pub rope_theta: f64,
@@ -73,9 +95,9 @@ pub struct QwenVisionConfig {
 }
 
 impl QwenVisionConfig {
-    /// Reads a Qwen 3.5 `config.json`; `None` when it has no `vision_config` (a text-only
-    /// checkpoint).
-    pub(crate) fn from_hf(json: &Value, source: &str) -> Result<Option<Self>> {
+    /// Reads a Qwen 3.5 or Qwen2.5-VL `config.json` (`qwen25`); `None` when it has no
+    /// `vision_config` (a text-only checkpoint).
+    pub(crate) fn from_hf(json: &Value, source: &str, qwen25: bool) -> Result<Option<Self>> {
         let Some(vision) = json.get("vision_config").filter(|v| v.is_object()) else {
             return Ok(None);
         };
@@ -99,18 +121,49 @@ impl QwenVisionConfig {
                 u32::try_from(v).map_err(|_| top.bad(key, "is not a token id"))
             })
         };
-        if let Some(act) = keys.get("hidden_act").and_then(Value::as_str) {
-            if !matches!(act, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast") {
-                return Err(keys.bad("hidden_act", "is not a tanh GELU (the one wick implements)"));
-            }
+        let act = keys.get("hidden_act").and_then(Value::as_str);
+        if qwen25 && act.is_some_and(|a| a != "silu") {
+            return Err(keys.bad(
+                "hidden_act",
+                "is not SiLU (the one wick implements for Qwen2.5-VL)",
+            ));
         }
+        if !qwen25
+            && act.is_some_and(|a| !matches!(a, "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast"))
+        {
+            return Err(keys.bad("hidden_act", "is not a tanh GELU (the one wick implements)"));
+        }
+        let depth = bounded("depth", None, MAX_DEPTH)?;
+        let tower = if qwen25 {
+            let full_blocks: Vec<usize> = vision
+                .get("fullatt_block_indexes")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_u64)
+                        .map(|v| v as usize)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if full_blocks.iter().any(|&b| b >= depth) {
+                return Err(keys.bad("fullatt_block_indexes", "names a block past depth"));
+            }
+            QwenTower::Qwen25 {
+                window_size: bounded("window_size", Some(112), 1 << 16)?,
+                full_blocks,
+            }
+        } else {
+            QwenTower::Qwen35
+        };
         let rope_theta = vision
             .get("rope_parameters")
             .and_then(|r| r.get("rope_theta"))
             .and_then(Value::as_f64)
             .unwrap_or(10_000.0);
+        let clip_mean = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+        let clip_std = [0.268_629_54, 0.261_302_58, 0.275_777_11];
         let cfg = QwenVisionConfig {
-            depth: bounded("depth", None, MAX_DEPTH)?,
+            depth,
             hidden_size: bounded("hidden_size", None, MAX_WIDTH)?,
             intermediate_size: bounded("intermediate_size", None, 4 * MAX_WIDTH)?,
             num_heads: bounded("num_heads", None, MAX_WIDTH)?,
@@ -119,16 +172,28 @@ impl QwenVisionConfig {
             temporal_patch_size: bounded("temporal_patch_size", Some(2), 16)?,
             merge_size: bounded("spatial_merge_size", Some(2), 16)?,
             out_hidden_size: bounded("out_hidden_size", None, MAX_WIDTH)?,
-            num_position_embeddings: bounded("num_position_embeddings", None, MAX_POSITIONS)?,
+            num_position_embeddings: if qwen25 {
+                0
+            } else {
+                bounded("num_position_embeddings", None, MAX_POSITIONS)?
+            },
             rope_theta,
-            image_token_id: id("image_token_id", 248_056)?,
-            vision_start_token_id: id("vision_start_token_id", 248_053)?,
-            vision_end_token_id: id("vision_end_token_id", 248_054)?,
-            // Qwen 3.5's processor defaults (Qwen3-VL's): 64 Ki to 16 Mi pixels, mean/std 0.5.
-            min_pixels: 65_536,
-            max_pixels: 16_777_216,
-            image_mean: [0.5; 3],
-            image_std: [0.5; 3],
+            image_token_id: id("image_token_id", if qwen25 { 151_655 } else { 248_056 })?,
+            vision_start_token_id: id(
+                "vision_start_token_id",
+                if qwen25 { 151_652 } else { 248_053 },
+            )?,
+            vision_end_token_id: id(
+                "vision_end_token_id",
+                if qwen25 { 151_653 } else { 248_054 },
+            )?,
+            // The processors' defaults: Qwen 3.5 (Qwen3-VL's) 64 Ki to 16 Mi pixels with
+            // mean/std 0.5; Qwen2.5-VL 56² to 28²·16384 pixels with CLIP's mean/std.
+            min_pixels: if qwen25 { 3_136 } else { 65_536 },
+            max_pixels: if qwen25 { 12_845_056 } else { 16_777_216 },
+            image_mean: if qwen25 { clip_mean } else { [0.5; 3] },
+            image_std: if qwen25 { clip_std } else { [0.5; 3] },
+            tower,
         };
         cfg.check(source)?;
         Ok(Some(cfg))
@@ -209,7 +274,7 @@ impl QwenVisionConfig {
                 "vision hidden_size {} over {} heads is not a head width divisible by 4 (the 2-D rotary needs it)",
                 self.hidden_size, self.num_heads
             ))
-        } else if side * side != self.num_position_embeddings {
+        } else if self.tower == QwenTower::Qwen35 && side * side != self.num_position_embeddings {
             Some(format!(
                 "num_position_embeddings {} is not a square grid",
                 self.num_position_embeddings
@@ -268,25 +333,48 @@ impl QwenVisionConfig {
     }
 }
 
-/// One block: LayerNorm → attention → residual, LayerNorm → MLP → residual.
-struct Block<B: Backend> {
-    norm1: (B::Tensor, B::Tensor),
-    qkv: (B::Matrix, B::Tensor),
-    proj: (B::Matrix, B::Tensor),
-    norm2: (B::Tensor, B::Tensor),
-    fc1: (B::Matrix, B::Tensor),
-    fc2: (B::Matrix, B::Tensor),
+/// A norm's scale, and its bias for a LayerNorm (none: an RMSNorm).
+struct Norm<B: Backend> {
+    weight: B::Tensor,
+    bias: Option<B::Tensor>,
 }
 
-/// Qwen 3.5's vision tower and merger, loaded.
+/// A block's MLP.
+enum Mlp<B: Backend> {
+    /// `fc2(gelu_tanh(fc1(x)))` (Qwen 3.5).
+    Plain {
+        fc1: (B::Matrix, B::Tensor),
+        fc2: (B::Matrix, B::Tensor),
+    },
+    /// `down(silu(gate(x)) · up(x))` (Qwen2.5-VL).
+    Gated {
+        gate: (B::Matrix, B::Tensor),
+        up: (B::Matrix, B::Tensor),
+        down: (B::Matrix, B::Tensor),
+    },
+}
+
+/// One block: norm → attention → residual, norm → MLP → residual.
+struct Block<B: Backend> {
+    norm1: Norm<B>,
+    qkv: (B::Matrix, B::Tensor),
+    proj: (B::Matrix, B::Tensor),
+    norm2: Norm<B>,
+    mlp: Mlp<B>,
+    /// Whether the block attends over the whole image (else within its window).
+    full: bool,
+}
+
+/// A Qwen vision tower and merger, loaded.
 pub(crate) struct QwenVision<B: Backend> {
     cfg: QwenVisionConfig,
     /// The patch convolution as a product over unfolded cubes `[hidden, c·t·p·p]`.
-    patch: (B::Matrix, B::Tensor),
-    /// Learned positions `[num_position_embeddings][hidden]`, on the host for interpolation.
+    patch: (B::Matrix, Option<B::Tensor>),
+    /// Learned positions `[num_position_embeddings][hidden]`, on the host for interpolation
+    /// (empty for towers without them).
     positions: Vec<f32>,
     blocks: Vec<Block<B>>,
-    merger_norm: (B::Tensor, B::Tensor),
+    merger_norm: Norm<B>,
     merger_fc1: (B::Matrix, B::Tensor),
     merger_fc2: (B::Matrix, B::Tensor),
 }
@@ -302,7 +390,8 @@ impl<B: Backend> QwenVision<B> {
     /// Whether `ld`'s weights hold the tower.
     pub(in crate::models) fn present(ld: &Loader<'_, B>) -> bool {
         ld.src.contains(&name("patch_embed.proj.weight"))
-            && ld.src.contains(&name("merger.linear_fc2.weight"))
+            && (ld.src.contains(&name("merger.linear_fc2.weight"))
+                || ld.src.contains(&name("merger.mlp.2.weight")))
     }
 
     /// Whether `backend` has the ops the tower runs on.
@@ -320,17 +409,23 @@ impl<B: Backend> QwenVision<B> {
         let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
         let p = cfg.patch_size;
         let cube = cfg.channels * cfg.temporal_patch_size * p * p;
+        let qwen25 = cfg.tower != QwenTower::Qwen35;
         let linear = |ld: &mut Loader<'_, B>, n: &str, rows: usize, cols: usize| {
             Ok::<_, EngineError>((
                 ld.matrix(&name(&format!("{n}.weight")), rows, cols)?,
                 ld.required_vector(&name(&format!("{n}.bias")), rows)?,
             ))
         };
-        let layer_norm = |ld: &mut Loader<'_, B>, n: &str| {
-            Ok::<_, EngineError>((
-                ld.required_vector(&name(&format!("{n}.weight")), d)?,
-                ld.required_vector(&name(&format!("{n}.bias")), d)?,
-            ))
+        // Qwen 3.5 normalises with LayerNorms (scale and bias), Qwen2.5-VL with RMSNorms.
+        let norm = |ld: &mut Loader<'_, B>, n: &str| {
+            Ok::<_, EngineError>(Norm {
+                weight: ld.required_vector(&name(&format!("{n}.weight")), d)?,
+                bias: if qwen25 {
+                    None
+                } else {
+                    Some(ld.required_vector(&name(&format!("{n}.bias")), d)?)
+                },
+            })
         };
         // The convolution's kernel `[hidden, c, t, p, p]` is the matrix `[hidden, c·t·p·p]`.
         let conv = ld.required(&name("patch_embed.proj.weight"))?;
@@ -340,33 +435,59 @@ impl<B: Backend> QwenVision<B> {
             ..conv
         };
         let patch_matrix = ld.backend.matrix(conv)?;
-        let patch = (
-            patch_matrix,
-            ld.required_vector(&name("patch_embed.proj.bias"), d)?,
-        );
-        let pos = ld.required(&name("pos_embed.weight"))?;
-        ld.check(&pos, &[cfg.num_position_embeddings, d])?;
-        let positions = pos.float_values("vision position embedding")?;
+        let patch_bias = if qwen25 {
+            None
+        } else {
+            Some(ld.required_vector(&name("patch_embed.proj.bias"), d)?)
+        };
+        let positions = if qwen25 {
+            Vec::new()
+        } else {
+            let pos = ld.required(&name("pos_embed.weight"))?;
+            ld.check(&pos, &[cfg.num_position_embeddings, d])?;
+            pos.float_values("vision position embedding")?
+        };
+        let full_blocks = match &cfg.tower {
+            QwenTower::Qwen35 => None,
+            QwenTower::Qwen25 { full_blocks, .. } => Some(full_blocks),
+        };
         let mut blocks = Vec::with_capacity(cfg.depth);
         for i in 0..cfg.depth {
             let n = |s: &str| format!("blocks.{i}.{s}");
+            let mlp = if qwen25 {
+                Mlp::Gated {
+                    gate: linear(ld, &n("mlp.gate_proj"), f, d)?,
+                    up: linear(ld, &n("mlp.up_proj"), f, d)?,
+                    down: linear(ld, &n("mlp.down_proj"), d, f)?,
+                }
+            } else {
+                Mlp::Plain {
+                    fc1: linear(ld, &n("mlp.linear_fc1"), f, d)?,
+                    fc2: linear(ld, &n("mlp.linear_fc2"), d, f)?,
+                }
+            };
             blocks.push(Block {
-                norm1: layer_norm(ld, &n("norm1"))?,
+                norm1: norm(ld, &n("norm1"))?,
                 qkv: linear(ld, &n("attn.qkv"), 3 * d, d)?,
                 proj: linear(ld, &n("attn.proj"), d, d)?,
-                norm2: layer_norm(ld, &n("norm2"))?,
-                fc1: linear(ld, &n("mlp.linear_fc1"), f, d)?,
-                fc2: linear(ld, &n("mlp.linear_fc2"), d, f)?,
+                norm2: norm(ld, &n("norm2"))?,
+                mlp,
+                full: full_blocks.is_none_or(|b| b.contains(&i)),
             });
         }
         let merged = d * cfg.merge_size * cfg.merge_size;
-        let merger_norm = layer_norm(ld, "merger.norm")?;
-        let merger_fc1 = linear(ld, "merger.linear_fc1", merged, merged)?;
-        let merger_fc2 = linear(ld, "merger.linear_fc2", cfg.out_hidden_size, merged)?;
+        let (norm_name, fc1_name, fc2_name) = if qwen25 {
+            ("merger.ln_q", "merger.mlp.0", "merger.mlp.2")
+        } else {
+            ("merger.norm", "merger.linear_fc1", "merger.linear_fc2")
+        };
+        let merger_norm = norm(ld, norm_name)?;
+        let merger_fc1 = linear(ld, fc1_name, merged, merged)?;
+        let merger_fc2 = linear(ld, fc2_name, cfg.out_hidden_size, merged)?;
         ld.bytes += (cfg.num_position_embeddings + cube) * d * 4;
         Ok(QwenVision {
             cfg: cfg.clone(),
-            patch,
+            patch: (patch_matrix, patch_bias),
             positions,
             blocks,
             merger_norm,
@@ -401,9 +522,12 @@ impl<B: Backend> QwenVision<B> {
         let (gh, gw) = (grid_rows * m, grid_cols * m);
         let n = gh * gw;
         let d = cfg.hidden_size;
-        // Each patch's (row, column) on the patch grid, in merge-window order.
-        let cells: Vec<(usize, usize)> = (0..grid_rows)
-            .flat_map(|br| (0..grid_cols).map(move |bc| (br, bc)))
+        let (order, windows) = self.token_order(grid_rows, grid_cols);
+        // Each patch's (row, column) on the patch grid: the merged tokens in run order, the
+        // patches of one token consecutive (row-major inside the token).
+        let cells: Vec<(usize, usize)> = order
+            .iter()
+            .map(|&t| (t / grid_cols, t % grid_cols))
             .flat_map(|(br, bc)| {
                 (0..m).flat_map(move |r| (0..m).map(move |c| (br * m + r, bc * m + c)))
             })
@@ -412,12 +536,12 @@ impl<B: Backend> QwenVision<B> {
         let mut x = be.linear(
             &be.tensor_from_host(self.unfold(image, &cells), n, cube)?,
             &self.patch.0,
-            Some(&self.patch.1),
+            self.patch.1.as_ref(),
         )?;
-        x = be.add(
-            &x,
-            &be.tensor_from_host(self.interpolated_positions(&cells, gh, gw), n, d)?,
-        )?;
+        if !self.positions.is_empty() {
+            let pos = self.interpolated_positions(&cells, gh, gw);
+            x = be.add(&x, &be.tensor_from_host(pos, n, d)?)?;
+        }
 
         let heads = cfg.num_heads;
         let head_dim = d / heads;
@@ -443,10 +567,26 @@ impl<B: Backend> QwenVision<B> {
             window: None,
             softcap: None,
         };
-        // Every patch sees every patch of its image.
-        let ends = vec![n; n];
+        // Patch ranges of the windows, and for each patch the end of what it sees (every
+        // patch of its window, or of the image).
+        let mut window_rows = Vec::with_capacity(windows.len());
+        let mut window_ends = Vec::with_capacity(n);
+        let mut at = 0;
+        for &w in &windows {
+            let len = w * m * m;
+            window_rows.push(at..at + len);
+            window_ends.extend(std::iter::repeat_n(len, len));
+            at += len;
+        }
+        let image_rows = [0..n];
+        let image_ends = vec![n; n];
         for b in &self.blocks {
-            let h = be.layer_norm(&x, &b.norm1.0, Some(&b.norm1.1), EPS)?;
+            let (rows, ends) = if b.full {
+                (&image_rows[..], &image_ends)
+            } else {
+                (&window_rows[..], &window_ends)
+            };
+            let h = self.norm(be, &x, &b.norm1)?;
             let qkv = be.linear(&h, &b.qkv.0, Some(&b.qkv.1))?;
             let [q, k, v] = <[B::Tensor; 3]>::try_from(be.split_columns(&qkv, &[d, d, d])?)
                 .map_err(|_| EngineError::Backend {
@@ -455,26 +595,42 @@ impl<B: Backend> QwenVision<B> {
                 })?;
             let q = be.rope(&q, heads, &rope)?;
             let k = be.rope(&k, heads, &rope)?;
-            let mut scratch = be.new_kv_layer(heads, head_dim, None);
-            let mut segments = [AttentionSegment {
-                rows: 0..n,
-                cache: &mut scratch,
-            }];
-            let a = be.attention_to(&q, &k, &v, &mut segments, &params, &ends)?;
+            let mut scratch: Vec<B::KvLayer> = rows
+                .iter()
+                .map(|_| be.new_kv_layer(heads, head_dim, None))
+                .collect();
+            let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = rows
+                .iter()
+                .zip(scratch.iter_mut())
+                .map(|(r, cache)| AttentionSegment {
+                    rows: r.clone(),
+                    cache,
+                })
+                .collect();
+            let a = be.attention_to(&q, &k, &v, &mut segments, &params, ends)?;
             x = be.add(&x, &be.linear(&a, &b.proj.0, Some(&b.proj.1))?)?;
-            let h = be.layer_norm(&x, &b.norm2.0, Some(&b.norm2.1), EPS)?;
-            let mlp = be.activation(
-                &be.linear(&h, &b.fc1.0, Some(&b.fc1.1))?,
-                Activation::GeluTanh,
-            )?;
-            x = be.add(&x, &be.linear(&mlp, &b.fc2.0, Some(&b.fc2.1))?)?;
+            let h = self.norm(be, &x, &b.norm2)?;
+            let mlp = match &b.mlp {
+                Mlp::Plain { fc1, fc2 } => {
+                    let hidden =
+                        be.activation(&be.linear(&h, &fc1.0, Some(&fc1.1))?, Activation::GeluTanh)?;
+                    be.linear(&hidden, &fc2.0, Some(&fc2.1))?
+                }
+                Mlp::Gated { gate, up, down } => {
+                    let g = be.linear(&h, &gate.0, Some(&gate.1))?;
+                    let u = be.linear(&h, &up.0, Some(&up.1))?;
+                    let hidden = be.glu(&g, &u, Activation::Silu)?;
+                    be.linear(&hidden, &down.0, Some(&down.1))?
+                }
+            };
+            x = be.add(&x, &mlp)?;
         }
-        // The merger: LayerNorm per patch, each window's patches side by side, MLP.
-        let normed = be.layer_norm(&x, &self.merger_norm.0, Some(&self.merger_norm.1), EPS)?;
+        // The merger: norm per patch, each token's patches side by side, MLP.
+        let normed = self.norm(be, &x, &self.merger_norm)?;
         let host = be.rows_to_host(&normed, &[n])?.pop().unwrap_or_default();
         let tokens = grid_rows * grid_cols;
-        let windows = be.tensor_from_host(host, tokens, d * m * m)?;
-        let hidden = be.linear(&windows, &self.merger_fc1.0, Some(&self.merger_fc1.1))?;
+        let joined = be.tensor_from_host(host, tokens, d * m * m)?;
+        let hidden = be.linear(&joined, &self.merger_fc1.0, Some(&self.merger_fc1.1))?;
         let mut hidden = be
             .rows_to_host(&hidden, &[tokens])?
             .pop()
@@ -485,8 +641,45 @@ impl<B: Backend> QwenVision<B> {
         }
         let hidden = be.tensor_from_host(hidden, tokens, d * m * m)?;
         let out = be.linear(&hidden, &self.merger_fc2.0, Some(&self.merger_fc2.1))?;
-        let rows = be.rows_to_host(&out, &[tokens])?.pop().unwrap_or_default();
+        let run = be.rows_to_host(&out, &[tokens])?.pop().unwrap_or_default();
+        // Back to grid order.
+        let width = cfg.out_hidden_size;
+        let mut rows = vec![0f32; run.len()];
+        for (k, &t) in order.iter().enumerate() {
+            rows[t * width..(t + 1) * width].copy_from_slice(&run[k * width..(k + 1) * width]);
+        }
         Ok((rows, (grid_rows, grid_cols)))
+    }
+
+    /// The norm of `x`: a LayerNorm when it has a bias, else an RMSNorm.
+    fn norm(&self, be: &B, x: &B::Tensor, norm: &Norm<B>) -> Result<B::Tensor> {
+        match &norm.bias {
+            Some(bias) => be.layer_norm(x, &norm.weight, Some(bias), EPS),
+            None => be.rms_norm(x, &norm.weight, EPS),
+        }
+    }
+
+    /// The order the merged tokens (row-major indices on the `rows × cols` merged grid) run
+    /// through the blocks, and how many tokens each attention window holds: the grid in
+    /// one window (Qwen 3.5), or square windows of `window_size` pixels, row by row, each
+    /// window's tokens row-major (Qwen2.5-VL; windows at the right and bottom edges are cut).
+    fn token_order(&self, rows: usize, cols: usize) -> (Vec<usize>, Vec<usize>) {
+        let QwenTower::Qwen25 { window_size, .. } = &self.cfg.tower else {
+            return ((0..rows * cols).collect(), vec![rows * cols]);
+        };
+        let w = (window_size / self.cfg.merge_size / self.cfg.patch_size).max(1);
+        let mut order = Vec::with_capacity(rows * cols);
+        let mut windows = Vec::new();
+        for wr in (0..rows).step_by(w) {
+            for wc in (0..cols).step_by(w) {
+                let before = order.len();
+                for r in wr..(wr + w).min(rows) {
+                    order.extend((wc..(wc + w).min(cols)).map(|c| r * cols + c));
+                }
+                windows.push(order.len() - before);
+            }
+        }
+        (order, windows)
     }
 
     /// The image's patch cubes as rows `[channel][frame][y][x]` (the still frame repeated),
