@@ -161,7 +161,7 @@ impl QwenVisionConfig {
             .and_then(Value::as_f64)
             .unwrap_or(10_000.0);
         let clip_mean = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-        let clip_std = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+        let clip_std = [0.268_629_54, 0.261_302_6, 0.275_777_1];
         let cfg = QwenVisionConfig {
             depth,
             hidden_size: bounded("hidden_size", None, MAX_WIDTH)?,
@@ -269,7 +269,9 @@ impl QwenVisionConfig {
     fn check(&self, source: &str) -> Result<()> {
         let side = self.grid_side();
         let head_dim = self.hidden_size / self.num_heads.max(1);
-        let reason = if !self.hidden_size.is_multiple_of(self.num_heads) || head_dim % 4 != 0 {
+        let reason = if !self.hidden_size.is_multiple_of(self.num_heads)
+            || !head_dim.is_multiple_of(4)
+        {
             Some(format!(
                 "vision hidden_size {} over {} heads is not a head width divisible by 4 (the 2-D rotary needs it)",
                 self.hidden_size, self.num_heads
@@ -578,11 +580,11 @@ impl<B: Backend> QwenVision<B> {
             window_ends.extend(std::iter::repeat_n(len, len));
             at += len;
         }
-        let image_rows = [0..n];
+        let whole = 0..n;
         let image_ends = vec![n; n];
         for b in &self.blocks {
             let (rows, ends) = if b.full {
-                (&image_rows[..], &image_ends)
+                (std::slice::from_ref(&whole), &image_ends)
             } else {
                 (&window_rows[..], &window_ends)
             };
