@@ -83,8 +83,9 @@ run scripts/goldens/rope_scalings.py
 run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_tiny_qwen35.py
 run scripts/goldens/hf_tiny_gemma3_vision.py
-run scripts/goldens/hf_tiny_qwen35_vision.py  # after gemma3_vision: reuses its test PNGs
-run scripts/goldens/hf_tiny_qwen25_vl.py  # likewise
+# The Qwen vision goldens reuse gemma3_vision's test PNGs: after it.
+run scripts/goldens/hf_tiny_qwen35_vision.py
+run scripts/goldens/hf_tiny_qwen25_vl.py
 run scripts/goldens/hf_tiny_gemma4_vision.py
 run scripts/goldens/media_processors.py
 run scripts/goldens/hf_numpy_check.py
