@@ -130,10 +130,8 @@ mod tests {
     #[test]
     fn interleaved_axes_cycle_within_each_share() {
         assert_eq!(Mrope::new(&[2, 1, 1], true).axes, vec![0, 1, 2, 0]);
-        assert_eq!(
-            Mrope::new(&[11, 11, 10], true).axes[27..],
-            [0, 1, 2, 0, 1, 0, 0, 0, 0]
-        );
+        // Qwen 3.5's sections: rows take 1, 4, …, 31 and columns 2, 5, …, 29.
+        assert_eq!(Mrope::new(&[11, 11, 10], true).axes[27..], [0, 1, 2, 0, 1]);
         assert_eq!(Mrope::new(&[2, 1, 1], false).axes, vec![0, 0, 1, 2]);
     }
 
