@@ -2,7 +2,8 @@
 
 Writes small real files (PNG with alpha, EXIF-rotated JPEG, lossless WebP, GIF, BMP, TIFF,
 a 16 kHz mono WAV and a 44.1 kHz stereo WAV) under crates/wick-media/tests/data/, and what
-transformers 5.24's PIL image processors and Gemma 4's audio feature extractor make of them:
+transformers 5.24's PIL image processors (Gemma 3, Gemma 4, Qwen-VL) and Gemma 4's audio
+feature extractor make of them:
 raw little-endian f32 files plus `goldens.json` naming shapes and token counts.
 
 Run in the venv regen.sh makes (requirements.txt): python scripts/goldens/media_processors.py
@@ -20,6 +21,7 @@ from transformers.image_utils import load_image
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 OUT = pathlib.Path(__file__).resolve().parents[2] / "crates" / "wick-media" / "tests" / "data"
 RNG = np.random.default_rng(27)
@@ -29,6 +31,15 @@ GEMMA3_SIZES = [32, 80]
 # Gemma 4 with a 4 px patch keeps the tensors small while exercising the same size rule
 # (multiples of patch × pool, within max_soft_tokens × pool² patches).
 GEMMA4 = {"patch_size": 4, "pooling_kernel_size": 3, "max_soft_tokens": 70}
+# Qwen-VL's smart resize with small patches and pixel budgets, so that the ~60 px test images
+# are rounded, scaled up and scaled down: Qwen 3.5's mean/std 0.5, and Qwen2.5-VL's CLIP values.
+QWEN = [
+    {"patch_size": 8, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 48 * 48,
+     "max_pixels": 64 * 64, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+    {"patch_size": 4, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 16 * 16,
+     "max_pixels": 40 * 40, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+     "image_std": [0.26862954, 0.26130258, 0.27577711]},
+]
 
 
 def smooth_rgb(w, h):
@@ -128,6 +139,23 @@ def main():
         chw = patches.transpose(4, 0, 2, 1, 3).reshape(3, gh * p, gw * p)
         entry["gemma4"] = {**GEMMA4, "shape": list(chw.shape), "soft_tokens": n,
                            "values": save_f32(f"{name.replace('.', '_')}.gemma4.f32", chw)}
+        entry["qwen"] = []
+        for k, q in enumerate(QWEN):
+            proc = Qwen2VLImageProcessorPil(
+                patch_size=q["patch_size"], merge_size=q["merge_size"],
+                temporal_patch_size=q["temporal_patch_size"],
+                size={"shortest_edge": q["min_pixels"], "longest_edge": q["max_pixels"]},
+                image_mean=q["image_mean"], image_std=q["image_std"])
+            out = proc(image, return_tensors="np")
+            _, gh, gw = (int(v) for v in out["image_grid_thw"][0])
+            p, m, t = q["patch_size"], q["merge_size"], q["temporal_patch_size"]
+            # Patch rows (window row, window column, row, column; each [c][frame][y][x]) back
+            # to the first frame's [c, h, w].
+            rows = out["pixel_values"].reshape(gh // m, gw // m, m, m, 3, t, p, p)[:, :, :, :, :, 0]
+            chw = rows.transpose(4, 0, 2, 5, 1, 3, 6).reshape(3, gh * p, gw * p)
+            entry["qwen"].append({**q, "shape": list(chw.shape),
+                                  "soft_tokens": gh * gw // (m * m),
+                                  "values": save_f32(f"{name.replace('.', '_')}.qwen{k}.f32", chw)})
         manifest["images"].append(entry)
 
     extractor = Gemma4AudioFeatureExtractor()

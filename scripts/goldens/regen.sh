@@ -83,6 +83,9 @@ run scripts/goldens/rope_scalings.py
 run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_tiny_qwen35.py
 run scripts/goldens/hf_tiny_gemma3_vision.py
+# The Qwen vision goldens reuse gemma3_vision's test PNGs: after it.
+run scripts/goldens/hf_tiny_qwen35_vision.py
+run scripts/goldens/hf_tiny_qwen25_vl.py
 run scripts/goldens/hf_tiny_gemma4_vision.py
 run scripts/goldens/hf_tiny_gemma4_audio.py
 run scripts/goldens/media_processors.py

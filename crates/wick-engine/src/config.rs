@@ -101,7 +101,7 @@ impl Arch {
     pub fn from_hf_model_type(model_type: &str) -> Option<Arch> {
         Some(match model_type {
             "llama" | "smollm" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
+            "qwen2" | "qwen2_5_vl" | "qwen2_5_vl_text" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "gemma3" | "gemma3_text" => Arch::Gemma3,
             "mistral" => Arch::Mistral,
@@ -389,6 +389,10 @@ pub struct ModelConfig {
     /// The audio tower of a multimodal checkpoint (Gemma 4's Conformer), when `config.json`
     /// describes one; whether its weights are present is checked at load.
     pub audio: Option<crate::models::audio::AudioConfig>,
+    /// Qwen 3.5's vision tower, when `config.json` describes one (weights checked at load).
+    pub qwen_vision: Option<crate::models::vision::qwen::QwenVisionConfig>,
+    /// Multimodal rotary positions (Qwen-VL), used for prompts that hold images.
+    pub mrope: Option<crate::models::mrope::Mrope>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.

@@ -80,6 +80,25 @@ pub enum VisionProcessor {
         /// Most patches per image.
         max_patches: usize,
     },
+    /// Qwen-VL (`Qwen2VLImageProcessor`): "smart resize" keeping the aspect ratio to
+    /// multiples of `patch × merge` pixels within `min_pixels ..= max_pixels` (bicubic), then
+    /// `(x / 255 − mean) / std`; one soft token per `merge × merge` patches.
+    Qwen {
+        /// Patch side in pixels.
+        patch: usize,
+        /// Frames per patch cube (a still image repeats its frame).
+        temporal_patch: usize,
+        /// Patches per side of a soft token's window.
+        merge: usize,
+        /// Fewest pixels after resizing.
+        min_pixels: usize,
+        /// Most pixels after resizing.
+        max_pixels: usize,
+        /// Per-channel mean.
+        mean: [f32; 3],
+        /// Per-channel standard deviation.
+        std: [f32; 3],
+    },
 }
 
 /// What a model's vision tower reads and how its soft tokens look in a prompt.

@@ -1,5 +1,5 @@
-//! A 1-megapixel JPEG decoded and prepared for Gemma 3 (896 × 896): the CPU cost an image
-//! adds to a request before the tower runs.
+//! A 1-megapixel JPEG decoded and prepared for Gemma 3 (896 × 896), Gemma 4 and Qwen 3.5: the
+//! CPU cost an image adds to a request before the tower runs.
 use criterion::{criterion_group, criterion_main, Criterion};
 use image::codecs::jpeg::JpegEncoder;
 use wick_media::{decode_image, ImageLimits, ImageProcessor};
@@ -42,6 +42,21 @@ fn bench(c: &mut Criterion) {
     };
     c.bench_function("gemma4_280 resize only", |b| {
         b.iter(|| gemma4.process(&image).expect("process"))
+    });
+    // Qwen 3.5's processor defaults: 1000 × 1000 rounds to 992 × 992 (no budget scaling).
+    let qwen = ImageProcessor::Qwen {
+        patch: 16,
+        merge: 2,
+        min_pixels: 65_536,
+        max_pixels: 16_777_216,
+        mean: [0.5; 3],
+        std: [0.5; 3],
+    };
+    c.bench_function("decode+qwen35 1MP jpeg", |b| {
+        b.iter(|| {
+            let image = decode_image(&jpeg, &limits).expect("decode");
+            qwen.process(&image).expect("process")
+        })
     });
 }
 

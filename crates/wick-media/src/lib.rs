@@ -46,7 +46,7 @@ pub use audio::mel::{MelConfig, MelFeatures};
 pub use audio::resample::resample;
 pub use error::MediaError;
 pub use image::decode::{decode_image, sniff_image, ImageLimits, RgbImage, IMAGE_FORMATS};
-pub use image::processor::{gemma4_target_size, ImageProcessor, ProcessedImage};
+pub use image::processor::{gemma4_target_size, qwen_target_size, ImageProcessor, ProcessedImage};
 
 /// An audio clip ready for Gemma 4's audio tower.
 #[derive(Debug, Clone, PartialEq)]

@@ -121,6 +121,51 @@ fn gemma4_pixels_match_transformers() {
 }
 
 #[test]
+fn qwen_pixels_match_transformers() {
+    let mut failures = 0;
+    for entry in manifest()["images"].as_array().unwrap() {
+        let name = entry["file"].as_str().unwrap();
+        let image = decode_image(&read(name), &ImageLimits::default()).unwrap();
+        for golden in entry["qwen"].as_array().unwrap() {
+            let triple = |key: &str| -> [f32; 3] {
+                let v: Vec<f32> = golden[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap() as f32)
+                    .collect();
+                [v[0], v[1], v[2]]
+            };
+            let processor = ImageProcessor::Qwen {
+                patch: usize_of(&golden["patch_size"]),
+                merge: usize_of(&golden["merge_size"]),
+                min_pixels: usize_of(&golden["min_pixels"]),
+                max_pixels: usize_of(&golden["max_pixels"]),
+                mean: triple("image_mean"),
+                std: triple("image_std"),
+            };
+            let got = processor.process(&image).unwrap();
+            let shape: Vec<usize> = golden["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(usize_of)
+                .collect();
+            assert_eq!(vec![got.channels, got.height, got.width], shape, "{name}");
+            assert_eq!(
+                got.soft_tokens,
+                Some(usize_of(&golden["soft_tokens"])),
+                "{name}"
+            );
+            let diff = max_diff(&got.data, &f32s(golden["values"].as_str().unwrap()));
+            eprintln!("qwen {name} {:?}: max diff {diff}", golden["patch_size"]);
+            failures += usize::from(diff > 1e-5);
+        }
+    }
+    assert_eq!(failures, 0);
+}
+
+#[test]
 fn mel_features_match_transformers_at_16k() {
     let manifest = manifest();
     let entry = &manifest["audio"][0];

@@ -441,6 +441,23 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Rotary angles for `positions` (one per row of the batch).
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<Self::Rope>;
+    /// Rotary angles where each row has several position components and frequency `i`
+    /// turns with component `axes[i]` of the row (multimodal rotary: Qwen-VL's M-RoPE,
+    /// whose image tokens have temporal, row and column positions, and the 2-D rotary of
+    /// its vision tower). `axes` has one entry per frequency of `spec`. Backends without it
+    /// (the default) say so.
+    fn rope_table_axes(
+        &self,
+        positions: &[[usize; 3]],
+        axes: &[u8],
+        spec: &RopeSpec,
+    ) -> Result<Self::Rope> {
+        let _ = (positions, axes, spec);
+        Err(EngineError::Backend {
+            backend: self.name(),
+            message: "multimodal rotary positions (M-RoPE, needed for image input) are not implemented on this backend; use --backend cpu".into(),
+        })
+    }
     /// Applies rotary embeddings to `x` `[n, heads * head_dim]`.
     fn rope(&self, x: &Self::Tensor, heads: usize, table: &Self::Rope) -> Result<Self::Tensor>;
 

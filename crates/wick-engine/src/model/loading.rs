@@ -113,6 +113,14 @@ impl Model {
                 }
             }
         }
+        if let Some(vision) = cfg.qwen_vision.take() {
+            // Qwen's pixel budget and normalisation live with its image processor.
+            let path = dir.join("preprocessor_config.json");
+            cfg.qwen_vision = Some(match read_json(&path)? {
+                Some(pre) => vision.with_preprocessor(&pre, &path.display().to_string())?,
+                None => vision,
+            });
+        }
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let weights = SafetensorsWeights::open(dir)?;
         let quantization = MlxQuantization::from_config(&config, &source)?;

@@ -14,6 +14,7 @@ use crate::config::{MlpKind, ModelConfig, NormKind};
 use crate::models::audio::gemma4::Gemma4Audio;
 use crate::models::qwen35::Hybrid;
 use crate::models::recurrent::{RecurrentCache, RecurrentSnapshot};
+use crate::models::vision::qwen::QwenVision;
 use crate::models::vision::siglip::Gemma3Vision;
 use crate::models::vision::{ImageRows, PassMedia};
 use crate::weights::WeightSource;
@@ -245,6 +246,8 @@ pub struct Decoder<B: Backend> {
     vision: Option<Gemma3Vision<B>>,
     /// The audio tower (runs on the host), when the checkpoint has one.
     audio: Option<Gemma4Audio>,
+    /// Qwen 3.5's vision tower, likewise.
+    qwen_vision: Option<QwenVision<B>>,
 }
 
 pub(super) struct Loader<'a, B: Backend> {
@@ -650,6 +653,30 @@ impl<B: Backend> Decoder<B> {
             }
             None => None,
         };
+        let qwen_vision = match &cfg.qwen_vision {
+            Some(v) if QwenVision::present(&ld) && QwenVision::backend_can_run(&backend) => {
+                Some(QwenVision::load(&mut ld, v)?)
+            }
+            Some(_) => {
+                tracing::warn!(
+                    backend = backend.name(),
+                    "the checkpoint's vision tower is absent or this backend cannot run it: text only"
+                );
+                None
+            }
+            None => None,
+        };
+        if let Some(v) = &qwen_vision {
+            if v.config().out_hidden_size != h {
+                return Err(EngineError::Config {
+                    source_name: src.source_name(),
+                    reason: format!(
+                        "the vision tower's out_hidden_size {} is not the text model's hidden size {h}",
+                        v.config().out_hidden_size
+                    ),
+                });
+            }
+        }
         let weight_bytes = ld.bytes;
         let rope = cfg.rope.spec(cfg.rope_style, cfg.rotary_dims);
         let rope_local = cfg
@@ -670,6 +697,7 @@ impl<B: Backend> Decoder<B> {
             hybrid,
             vision,
             audio,
+            qwen_vision,
         })
     }
 
@@ -708,6 +736,9 @@ impl<B: Backend> Decoder<B> {
         if let Some(g) = &self.gemma4 {
             return g.vision_caps();
         }
+        if let Some(q) = &self.qwen_vision {
+            return Some(q.config().caps());
+        }
         self.vision
             .as_ref()
             .and(self.cfg.vision.as_ref())
@@ -733,6 +764,7 @@ impl<B: Backend> Decoder<B> {
                 rows: self.embed_clip(span)?.into(),
                 // A clip's soft tokens attend causally, like text (as transformers' Gemma 4).
                 bidirectional: false,
+                grid: None,
             });
         }
         out.sort_by_key(|r| r.positions.start);
@@ -754,6 +786,9 @@ impl<B: Backend> Decoder<B> {
     pub fn embed_images(&self, spans: &[crate::media::MediaSpan]) -> Result<Vec<ImageRows>> {
         if let Some(g) = &self.gemma4 {
             return g.embed_images(&self.backend, spans);
+        }
+        if let Some(tower) = &self.qwen_vision {
+            return self.embed_images_qwen(tower, spans);
         }
         let (Some(tower), Some(vcfg)) = (&self.vision, &self.cfg.vision) else {
             return Err(EngineError::InvalidInput(format!(
@@ -793,6 +828,53 @@ impl<B: Backend> Decoder<B> {
                 positions: span.start..span.start + span.len,
                 rows: rows.into(),
                 bidirectional: true,
+                grid: None,
+            });
+        }
+        Ok(out)
+    }
+
+    /// [`Decoder::embed_images`] through Qwen's tower: each span as long as its image's
+    /// merged grid, which the rows keep for the M-RoPE positions.
+    fn embed_images_qwen(
+        &self,
+        tower: &QwenVision<B>,
+        spans: &[crate::media::MediaSpan],
+    ) -> Result<Vec<ImageRows>> {
+        let mut out: Vec<ImageRows> = Vec::with_capacity(spans.len());
+        for span in spans {
+            let crate::media::MediaData::Image(pixels) = &span.data else {
+                return Err(EngineError::InvalidInput(
+                    "this model has no audio tower: it cannot read audio".into(),
+                ));
+            };
+            let (rows, cols) = tower.config().merged_grid(pixels.height, pixels.width)?;
+            if span.len != rows * cols {
+                return Err(EngineError::InvalidInput(format!(
+                    "an image span at position {} has {} soft tokens; its {}×{} image makes {}",
+                    span.start,
+                    span.len,
+                    pixels.width,
+                    pixels.height,
+                    rows * cols
+                )));
+            }
+            if out
+                .last()
+                .is_some_and(|prev| prev.positions.end > span.start)
+            {
+                return Err(EngineError::InvalidInput(format!(
+                    "image spans overlap or are out of order at position {}",
+                    span.start
+                )));
+            }
+            let (values, grid) = tower.embed(&self.backend, pixels)?;
+            out.push(ImageRows {
+                positions: span.start..span.start + span.len,
+                rows: values.into(),
+                // Qwen's text model attends causally over an image's tokens.
+                bidirectional: false,
+                grid: Some(grid),
             });
         }
         Ok(out)
@@ -1070,7 +1152,7 @@ impl<B: Backend> Decoder<B> {
             }
             PassMedia::for_pass(&images, &passes, &flat)?
         };
-        if media.is_some() && self.hybrid.is_some() {
+        if media.is_some() && self.hybrid.is_some() && self.qwen_vision.is_none() {
             return Err(EngineError::InvalidInput(format!(
                 "{} models do not read images yet",
                 cfg.arch
@@ -1120,10 +1202,26 @@ impl<B: Backend> Decoder<B> {
             .map(|(c, &n)| c.len() + n)
             .max()
             .unwrap_or(0);
-        let rope = be.rope_table(
-            &positions,
-            &spec_for_len(cfg, &cfg.rope, &self.rope, longest),
-        )?;
+        // M-RoPE only where a sequence of the pass has images (text alone gives the same
+        // angles, so text-only passes keep the plain table).
+        let mrope = cfg
+            .mrope
+            .as_ref()
+            .filter(|_| caches.iter().any(|c| !c.images.is_empty()));
+        let rope = match mrope {
+            Some(m) => {
+                let mut triples = Vec::with_capacity(positions.len());
+                for (cache, &n) in caches.iter().zip(counts) {
+                    let start = cache.len();
+                    triples.extend(super::mrope::positions(&cache.images, start..start + n));
+                }
+                be.rope_table_axes(&triples, &m.axes, &self.rope)?
+            }
+            None => be.rope_table(
+                &positions,
+                &spec_for_len(cfg, &cfg.rope, &self.rope, longest),
+            )?,
+        };
         let rope_local = match (&cfg.rope_local, &self.rope_local) {
             (Some(r), Some(s)) => {
                 Some(be.rope_table(&positions, &spec_for_len(cfg, r, s, longest))?)
@@ -1231,7 +1329,7 @@ impl<B: Backend> Decoder<B> {
                     cache: &mut cache.layers[li],
                 })
                 .collect();
-            let attn = match &media {
+            let attn = match media.as_ref().filter(|_| self.qwen_vision.is_none()) {
                 Some(m) => be.attention_to(&q, &k, &v, &mut segments, &layer.attention, &m.ends)?,
                 None => be.attention(&q, &k, &v, &mut segments, &layer.attention)?,
             };

@@ -644,6 +644,7 @@ impl<B: Backend> Gemma4Model<B> {
                 positions: span.start..span.start + span.len,
                 rows: tower.embed(be, pixels)?.into(),
                 bidirectional: self.params.bidirectional_vision,
+                grid: None,
             });
         }
         Ok(out)

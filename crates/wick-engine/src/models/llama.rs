@@ -67,6 +67,8 @@ pub(super) fn base_from_gguf(
         qwen35: None,
         vision: None,
         audio: None,
+        qwen_vision: None,
+        mrope: None,
     })
 }
 
@@ -120,6 +122,8 @@ pub(super) fn base_from_hf(
         qwen35: None,
         vision: None,
         audio: None,
+        qwen_vision: None,
+        mrope: None,
     })
 }
 

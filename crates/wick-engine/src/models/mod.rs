@@ -12,6 +12,7 @@ pub mod gemma4;
 pub mod greedy;
 mod llama;
 pub mod moe;
+pub mod mrope;
 mod qwen2;
 mod qwen3;
 pub mod qwen35;
@@ -112,6 +113,14 @@ impl ModelConfig {
         }
         if let Some(g4) = cfg.gemma4.as_mut() {
             g4.vision = vision::gemma4::Gemma4VisionConfig::from_hf(json, source)?;
+        }
+        // Qwen 3.5 and Qwen2.5-VL (a Qwen2 text model) may carry a Qwen vision tower.
+        let qwen25 = model_type == "qwen2_5_vl";
+        if arch == Arch::Qwen35 || qwen25 {
+            cfg.qwen_vision = vision::qwen::QwenVisionConfig::from_hf(json, source, qwen25)?;
+            if cfg.qwen_vision.is_some() {
+                cfg.mrope = mrope::Mrope::from_hf(&keys, cfg.rotary_dims)?;
+            }
         }
         if cfg.eos_token_ids.is_empty() {
             cfg.eos_token_ids = HfKeys { json, source }.ids("eos_token_id");

@@ -6,7 +6,7 @@ use super::resample::{resize, Filter};
 use crate::error::MediaError;
 
 /// How a vision tower wants its pixels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ImageProcessor {
     /// Gemma 3 (`Gemma3ImageProcessor`): bilinear resize to `size × size` without keeping
     /// the aspect ratio, then `(x / 255 − 0.5) / 0.5`.
@@ -24,6 +24,24 @@ pub enum ImageProcessor {
         pool: usize,
         /// Most patches per image.
         max_patches: usize,
+    },
+    /// Qwen-VL (`Qwen2VLImageProcessor`): bicubic "smart resize" keeping the aspect ratio
+    /// to multiples of `patch × merge` pixels within `min_pixels ..= max_pixels`
+    /// ([`qwen_target_size`]), then `(x / 255 − mean) / std`; one soft token per
+    /// `merge × merge` patches. (The tower cuts the image into patches itself.)
+    Qwen {
+        /// Patch side in pixels.
+        patch: usize,
+        /// Patches per side of a soft token's window.
+        merge: usize,
+        /// Fewest pixels after resizing.
+        min_pixels: usize,
+        /// Most pixels after resizing.
+        max_pixels: usize,
+        /// Per-channel mean.
+        mean: [f32; 3],
+        /// Per-channel standard deviation.
+        std: [f32; 3],
     },
 }
 
@@ -87,8 +105,83 @@ impl ImageProcessor {
                     soft_tokens: Some(soft_tokens),
                 })
             }
+            ImageProcessor::Qwen {
+                patch,
+                merge,
+                min_pixels,
+                max_pixels,
+                mean,
+                std,
+            } => {
+                let factor = patch * merge;
+                let (height, width) =
+                    qwen_target_size(image.height, image.width, factor, min_pixels, max_pixels)?;
+                let resized = if (height, width) == (image.height, image.width) {
+                    std::borrow::Cow::Borrowed(image)
+                } else {
+                    std::borrow::Cow::Owned(resize(image, width, height, Filter::Bicubic))
+                };
+                // Rescaled in f64 and stored as f32, then normalised in f32 per channel.
+                let n = width * height;
+                let mut data = vec![0f32; 3 * n];
+                for (i, px) in resized.data.chunks_exact(3).enumerate() {
+                    for c in 0..3 {
+                        let x = (f64::from(px[c]) * (1.0 / 255.0)) as f32;
+                        data[c * n + i] = (x - mean[c]) / std[c];
+                    }
+                }
+                Ok(ProcessedImage {
+                    channels: 3,
+                    height,
+                    width,
+                    data,
+                    soft_tokens: Some((height / factor) * (width / factor)),
+                })
+            }
         }
     }
+}
+
+/// Qwen-VL's target size `(height, width)`: each side rounded (half to even) to a multiple
+/// of `factor`; when that holds more than `max_pixels`, both sides scaled down to fit (and
+/// floored to multiples, at least one `factor`); when fewer than `min_pixels`, scaled up
+/// (and ceiled). Aspect ratios beyond 200:1 are refused, as transformers does.
+pub fn qwen_target_size(
+    height: usize,
+    width: usize,
+    factor: usize,
+    min_pixels: usize,
+    max_pixels: usize,
+) -> Result<(usize, usize), MediaError> {
+    if height == 0 || width == 0 || factor == 0 {
+        return Err(MediaError::Processor(format!(
+            "cannot size a {width}×{height} image to multiples of {factor} px"
+        )));
+    }
+    let (h, w, f) = (height as f64, width as f64, factor as f64);
+    if h.max(w) / h.min(w) > 200.0 {
+        return Err(MediaError::Processor(format!(
+            "a {width}×{height} image is more than 200 times longer than it is wide"
+        )));
+    }
+    let mut th = (h / f).round_ties_even() * f;
+    let mut tw = (w / f).round_ties_even() * f;
+    if th * tw > max_pixels as f64 {
+        let beta = (h * w / max_pixels as f64).sqrt();
+        th = f.max((h / beta / f).floor() * f);
+        tw = f.max((w / beta / f).floor() * f);
+    } else if th * tw < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (h * w)).sqrt();
+        th = (h * beta / f).ceil() * f;
+        tw = (w * beta / f).ceil() * f;
+    }
+    let (th, tw) = (th as usize, tw as usize);
+    if th == 0 || tw == 0 || th.saturating_mul(tw) > max_pixels.max(factor * factor) {
+        return Err(MediaError::Processor(format!(
+            "a {width}×{height} image resized to {tw}×{th} is outside the pixel budget {min_pixels}..={max_pixels}"
+        )));
+    }
+    Ok((th, tw))
 }
 
 /// Channels-first values of an interleaved RGB image through `f`.
@@ -151,6 +244,17 @@ pub fn gemma4_target_size(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qwen_sizes_round_half_to_even_and_respect_the_budget() {
+        // 40 / 16 = 2.5 rounds to 2 (Python's round).
+        assert_eq!(qwen_target_size(40, 48, 16, 1024, 4096).unwrap(), (32, 48));
+        // Over the budget: scaled down and floored.
+        assert_eq!(qwen_target_size(64, 80, 16, 1024, 4096).unwrap(), (48, 64));
+        // Under it: scaled up and ceiled.
+        assert_eq!(qwen_target_size(10, 10, 16, 1024, 4096).unwrap(), (32, 32));
+        assert!(qwen_target_size(1, 400, 16, 1024, 4096).is_err());
+    }
 
     #[test]
     fn gemma4_sizes_are_multiples_within_budget() {

@@ -235,6 +235,22 @@ fn image_processor(vision: &VisionCaps) -> ImageProcessor {
             pool,
             max_patches,
         },
+        VisionProcessor::Qwen {
+            patch,
+            merge,
+            min_pixels,
+            max_pixels,
+            mean,
+            std,
+            ..
+        } => ImageProcessor::Qwen {
+            patch,
+            merge,
+            min_pixels,
+            max_pixels,
+            mean,
+            std,
+        },
     }
 }
 

@@ -70,6 +70,15 @@ impl MediaTokens {
                         soft_id: v.image_token_id,
                         suffix: eoi,
                     },
+                    // Qwen's template writes `<|vision_start|><|image_pad|><|vision_end|>`
+                    // itself; its processor repeats the pad once per merged patch window.
+                    VisionProcessor::Qwen { .. } => ItemTokens {
+                        marker: soft.clone(),
+                        prefix: String::new(),
+                        soft,
+                        soft_id: v.image_token_id,
+                        suffix: String::new(),
+                    },
                 })
             }
         };
@@ -311,6 +320,46 @@ mod tests {
         assert!(expand("<|image|>", None, &items, &tokens).is_err());
         assert!(expand("<|audio|><|image|>", None, &items, &tokens).is_err());
         assert!(expand("<|image|><|image|><|audio|>", None, &items, &tokens).is_err());
+    }
+
+    #[test]
+    fn qwen_pads_repeat_inside_the_templates_vision_tokens() {
+        let caps = MediaCaps {
+            vision: Some(VisionCaps {
+                processor: VisionProcessor::Qwen {
+                    patch: 16,
+                    temporal_patch: 2,
+                    merge: 2,
+                    min_pixels: 65536,
+                    max_pixels: 16777216,
+                    mean: [0.5; 3],
+                    std: [0.5; 3],
+                },
+                tokens_per_image: None,
+                image_token_id: 30,
+                boi_token_id: 31,
+                eoi_token_id: 32,
+            }),
+            audio: None,
+        };
+        let text_of = |id: u32| {
+            Some(
+                match id {
+                    30 => "<|image_pad|>",
+                    31 => "<|vision_start|>",
+                    32 => "<|vision_end|>",
+                    _ => return None,
+                }
+                .to_string(),
+            )
+        };
+        let tokens = MediaTokens::new(&caps, text_of).unwrap();
+        let text = "look <|vision_start|><|image_pad|><|vision_end|> here";
+        let out = expand(text, None, &[item(MediaKind::Image, 3, 0.0)], &tokens).unwrap();
+        assert_eq!(
+            out,
+            "look <|vision_start|><|image_pad|><|image_pad|><|image_pad|><|vision_end|> here"
+        );
     }
 
     #[test]

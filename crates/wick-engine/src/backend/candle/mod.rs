@@ -648,6 +648,23 @@ impl Backend for CandleBackend {
         Ok(CpuRope::new(positions, spec))
     }
 
+    fn rope_table_axes(
+        &self,
+        positions: &[[usize; 3]],
+        axes: &[u8],
+        spec: &RopeSpec,
+    ) -> Result<CpuRope> {
+        let _t = profile::op("rope_table", positions.len());
+        if axes.len() != spec.inv_freq.len() || axes.iter().any(|&a| a > 2) {
+            return Err(EngineError::InvalidInput(format!(
+                "{} rotary axes (each 0..=2) for {} frequencies",
+                axes.len(),
+                spec.inv_freq.len()
+            )));
+        }
+        Ok(CpuRope::with_axes(positions, axes, spec))
+    }
+
     fn rope(&self, x: &HostTensor, heads: usize, table: &CpuRope) -> Result<HostTensor> {
         let _t = profile::op("rope", x.rows());
         Self::map(x, |x, out| {

@@ -32,6 +32,27 @@ impl CpuRope {
         }
     }
 
+    /// Angles where frequency `i` of row `r` turns with `positions[r][axes[i]]`.
+    pub(crate) fn with_axes(positions: &[[usize; 3]], axes: &[u8], spec: &RopeSpec) -> Self {
+        let half = spec.dims / 2;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for p in positions {
+            for (&f, &axis) in spec.inv_freq.iter().zip(axes) {
+                let p = p[axis as usize] as f64 * spec.position_scale as f64;
+                let (s, c) = (p * f as f64).sin_cos();
+                cos.push(c as f32 * spec.attention_factor);
+                sin.push(s as f32 * spec.attention_factor);
+            }
+        }
+        CpuRope {
+            style: spec.style,
+            dims: spec.dims,
+            cos,
+            sin,
+        }
+    }
+
     /// Rotates `x` (`[rows][heads][head_dim]`) in place.
     pub(crate) fn apply(&self, x: &mut [f32], heads: usize) {
         let half = self.dims / 2;

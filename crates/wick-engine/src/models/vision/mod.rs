@@ -6,12 +6,14 @@
 //! - `siglip.rs`: Gemma 3's SigLIP encoder and its pooling projector;
 //! - `gemma4.rs`: Gemma 4's encoder (2-D positions, axial rotary embeddings, 3×3 pooling)
 //!   and its embedder, whose rows [`crate::models::gemma4`] places.
+//! - `qwen.rs`: Qwen 3.5's tower (3-D patch embedding, 2-D rotary, 2×2 patch merger).
 //!
 //! A request's images run through the tower once, when the request's cache is set up
 //! ([`crate::Model::attach_media`]); the cache keeps the rows. A prefill pass that reaches
 //! an image's soft tokens takes its rows instead of the token embeddings, and the soft
 //! tokens of one image attend to each other both ways (everything else stays causal).
 pub mod gemma4;
+pub mod qwen;
 pub(crate) mod siglip;
 
 use std::ops::Range;
@@ -169,6 +171,9 @@ pub struct ImageRows {
     /// The item's soft tokens see each other both ways (Gemma 3's images; Gemma 4's with
     /// `use_bidirectional_attention: "vision"`, on its sliding layers); otherwise causal.
     pub bidirectional: bool,
+    /// The soft tokens' grid `(rows, columns)` for towers whose text model places them in
+    /// 2-D (Qwen's M-RoPE, [`crate::models::mrope`]); `None` otherwise.
+    pub grid: Option<(usize, usize)>,
 }
 
 /// Where a forward pass meets images: rows to overwrite and how far each row sees.
@@ -263,6 +268,7 @@ mod tests {
             rows: vec![0.0; positions.len()].into(),
             positions,
             bidirectional: true,
+            grid: None,
         }
     }
 

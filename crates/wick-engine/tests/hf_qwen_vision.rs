@@ -1,0 +1,518 @@
+//! Qwen 3.5 and Qwen2.5-VL with their vision towers (tiny random models made by
+//! scripts/goldens/hf_tiny_qwen35_vision.py and hf_tiny_qwen25_vl.py) against transformers'
+//! f32 logits, every test on both: one image, two images of different grids (their M-RoPE
+//! positions resume after each image), text only through the multimodal checkpoint, chunked
+//! prefill, a batch mixing an image row and a text row, the greedy continuation of
+//! `generate()` (decode positions shifted by the images), preemption, and a prompt cache
+//! that never serves one image's state to another.
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
+use wick_engine::models::decoder::LogitsRequest;
+use wick_engine::models::vision::ImageRows;
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+use wick_engine::weights::SafetensorsWeights;
+use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+
+const TOLERANCE: f32 = 1e-4;
+
+/// Each golden and the text-only golden of the same text architecture.
+const GOLDENS: [(&str, &str); 2] = [("qwen35_vision", "qwen35"), ("qwen25_vl", "qwen2")];
+
+fn dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{name}"))
+}
+
+struct Golden {
+    dir: PathBuf,
+    model: Model,
+    reference: serde_json::Value,
+    logits: SafetensorsWeights,
+}
+
+fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
+    w.raw(name)
+        .unwrap()
+        .bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn load(name: &str) -> Golden {
+    let d = dir(name);
+    Golden {
+        dir: d.clone(),
+        model: Model::load(&d, &LoadOptions::default()).unwrap(),
+        reference: serde_json::from_str(
+            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
+        )
+        .unwrap(),
+        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+    }
+}
+
+impl Golden {
+    fn case(&self, name: &str) -> &serde_json::Value {
+        self.reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+    }
+
+    fn ids(&self, name: &str) -> Vec<u32> {
+        self.case(name)["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    /// Committed image `i` as the processor made it (`[3, h, w]`, transformers' patch rows
+    /// folded back into the image).
+    fn pixels(&self, i: usize) -> ImagePixels {
+        let meta = &self.reference["images"][i];
+        ImagePixels {
+            channels: 3,
+            height: meta["height"].as_u64().unwrap() as usize,
+            width: meta["width"].as_u64().unwrap() as usize,
+            data: Arc::from(floats(&self.logits, &format!("image_{i}.pixels"))),
+        }
+    }
+
+    /// The case's media spans: image `k` of the case is committed image `k`.
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        self.case(name)["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(k, s)| MediaSpan {
+                start: s[0].as_u64().unwrap() as usize,
+                len: s[1].as_u64().unwrap() as usize,
+                data: MediaData::Image(
+                    self.pixels(self.case(name)["images"][k].as_u64().unwrap() as usize),
+                ),
+                digest: 1000 + k as u64,
+            })
+            .collect()
+    }
+
+    /// The case's images as a sequence's cache keeps them (positions and merged grids; the
+    /// rows do not matter for positions).
+    fn model_images(&self, name: &str) -> Vec<ImageRows> {
+        self.media(name)
+            .iter()
+            .map(|span| {
+                let MediaData::Image(p) = &span.data else {
+                    unreachable!()
+                };
+                ImageRows {
+                    positions: span.start..span.start + span.len,
+                    rows: Arc::from(Vec::new()),
+                    bidirectional: false,
+                    grid: Some((p.height / 16, p.width / 16)),
+                }
+            })
+            .collect()
+    }
+
+    /// The processor's mean and std, as the golden's preprocessor_config.json has them.
+    fn mean_std(&self) -> ([f32; 3], [f32; 3]) {
+        let pre: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(self.dir.join("preprocessor_config.json")).unwrap(),
+        )
+        .unwrap();
+        let triple = |k: &str| -> [f32; 3] {
+            let v: Vec<f32> = pre[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            [v[0], v[1], v[2]]
+        };
+        (triple("image_mean"), triple("image_std"))
+    }
+
+    fn expected(&self, name: &str) -> Vec<f32> {
+        floats(&self.logits, &format!("{name}.logits"))
+    }
+
+    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
+    /// each moved so that it cuts no image.
+    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
+        let ids = self.ids(name);
+        let mut cache = self.model.new_cache();
+        self.model
+            .attach_media(&mut cache, &self.media(name))
+            .unwrap();
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < ids.len() {
+            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
+            out.extend(self.pass(&ids[at..end], &mut cache));
+            at = end;
+        }
+        out
+    }
+
+    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+        let mut steps = [Step {
+            tokens,
+            cache,
+            logits: LogitsRequest::All,
+        }];
+        let out = self.model.forward(&mut steps).unwrap();
+        out.into_iter().next().unwrap().unwrap().data
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    assert!(
+        diff <= TOLERANCE,
+        "{what}: max |diff| {diff} at {i} ({} vs {})",
+        got[i],
+        want[i]
+    );
+}
+
+#[test]
+fn the_tower_is_reported_only_when_it_loaded() {
+    for (golden, text_golden) in GOLDENS {
+        let g = load(golden);
+        let vision = g.model.info().media.vision.clone().expect("vision caps");
+        assert_eq!(
+            vision.processor,
+            VisionProcessor::Qwen {
+                patch: 8,
+                temporal_patch: 2,
+                merge: 2,
+                min_pixels: 1024,
+                max_pixels: 4096,
+                mean: g.mean_std().0,
+                std: g.mean_std().1,
+            }
+        );
+        assert_eq!(vision.tokens_per_image, None);
+        assert_eq!(
+            (
+                vision.image_token_id,
+                vision.boi_token_id,
+                vision.eoi_token_id
+            ),
+            (5, 3, 4)
+        );
+        let text = dir(text_golden);
+        let text = Model::load(&text, &LoadOptions::default()).unwrap();
+        assert!(text.info().media.vision.is_none());
+        let mut cache = text.new_cache();
+        let err = text
+            .attach_media(&mut cache, &g.media("one_image"))
+            .unwrap_err();
+        assert!(err.to_string().contains("no vision tower"), "{err}");
+    }
+}
+
+#[test]
+fn every_position_matches_transformers() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        for name in ["one_image", "two_images", "text_only"] {
+            let got = g.chunked(name, usize::MAX);
+            assert_close(name, &got, &g.expected(name));
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_never_cuts_an_image() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        for chunk in [1, 5, 7, 13, 20] {
+            for name in ["one_image", "two_images"] {
+                let got = g.chunked(name, chunk);
+                assert_close(
+                    &format!("{name} in chunks of {chunk}"),
+                    &got,
+                    &g.expected(name),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_pass_that_cuts_an_image_is_an_error() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        let ids = g.ids("one_image");
+        let media = g.media("one_image");
+        let mut cache = g.model.new_cache();
+        g.model.attach_media(&mut cache, &media).unwrap();
+        let cut = media[0].start + 3;
+        let mut steps = [Step {
+            tokens: &ids[..cut],
+            cache: &mut cache,
+            logits: LogitsRequest::None,
+        }];
+        let err = g.model.forward(&mut steps).unwrap_err();
+        assert!(err.to_string().contains("cuts the image"), "{err}");
+    }
+}
+
+#[test]
+fn bad_spans_are_refused() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        let mut media = g.media("one_image");
+        media[0].len = 5;
+        let mut cache = g.model.new_cache();
+        let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+        assert!(err.to_string().contains("soft tokens"), "{err}");
+        let mut media = g.media("one_image");
+        if let MediaData::Image(p) = &mut media[0].data {
+            p.data = Arc::from(&p.data[..10]);
+        }
+        let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+        assert!(err.to_string().contains("channels"), "{err}");
+        let mut media = g.media("one_image");
+        if let MediaData::Image(p) = &mut media[0].data {
+            (p.height, p.width) = (24, 64);
+        }
+        let err = g.model.attach_media(&mut cache, &media).unwrap_err();
+        assert!(err.to_string().contains("multiples of 16"), "{err}");
+    }
+}
+
+#[test]
+fn the_positions_are_transformers_m_rope_ids() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        for name in ["one_image", "two_images"] {
+            let want = floats(&g.logits, &format!("{name}.positions"));
+            let n = want.len() / 3;
+            let got = wick_engine::models::mrope::positions(&g.model_images(name), 0..n);
+            for (i, t) in got.iter().enumerate() {
+                let w = [want[i], want[n + i], want[2 * n + i]].map(|v| v as usize);
+                assert_eq!(*t, w, "{name} position {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batch_mixes_an_image_row_and_a_text_row() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        let (a, b) = (g.ids("one_image"), g.ids("text_only"));
+        let mut ca = g.model.new_cache();
+        g.model
+            .attach_media(&mut ca, &g.media("one_image"))
+            .unwrap();
+        let mut cb = g.model.new_cache();
+        let mut steps = [
+            Step {
+                tokens: &b,
+                cache: &mut cb,
+                logits: LogitsRequest::All,
+            },
+            Step {
+                tokens: &a,
+                cache: &mut ca,
+                logits: LogitsRequest::All,
+            },
+        ];
+        let out = g.model.forward(&mut steps).unwrap();
+        assert_close(
+            "text row",
+            &out[0].as_ref().unwrap().data,
+            &g.expected("text_only"),
+        );
+        assert_close(
+            "image row",
+            &out[1].as_ref().unwrap().data,
+            &g.expected("one_image"),
+        );
+        // Then both decode together, the image row like any other.
+        let mut steps = [
+            Step {
+                tokens: &[100],
+                cache: &mut cb,
+                logits: LogitsRequest::Last,
+            },
+            Step {
+                tokens: &[100],
+                cache: &mut ca,
+                logits: LogitsRequest::Last,
+            },
+        ];
+        g.model.forward(&mut steps).unwrap();
+    }
+}
+
+fn request(g: &Golden, name: &str) -> GenerationRequest {
+    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(12);
+    req.media = g.media(name);
+    req.ignore_eos = true;
+    req
+}
+
+#[test]
+fn greedy_continuation_matches_generate() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        let want: Vec<u32> = g.reference["greedy"]["continuation_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let out = g
+            .model
+            .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+            .unwrap();
+        assert_eq!(out.tokens, want);
+    }
+}
+
+fn collect(
+    engine: &wick_engine::scheduler::EngineHandle,
+    req: GenerationRequest,
+) -> (Vec<u32>, usize) {
+    let mut h = engine.submit(req).unwrap();
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+#[test]
+fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        let model = Arc::new(load(golden).model);
+        // A step budget of 7 tokens: prompt chunks that would cut the images.
+        let engine = Engine::start(
+            model.clone(),
+            EngineConfig {
+                step_token_budget: 7,
+                // Qwen 3.5's recurrent state is cached at prompt boundaries: for short prompts too.
+                prompt_boundary_min_tokens: 8,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let want = g.reference["greedy"]["continuation_ids"].clone();
+        let mut first = request(&g, "one_image");
+        first.prefill_chunk = 7;
+        let cold = model
+            .generate(&first, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .tokens;
+        assert_eq!(serde_json::json!(cold), want);
+        // An image request and a text request side by side, prefilled in 7-token chunks.
+        let mut text = GenerationRequest::new(g.ids("text_only")).max_tokens(6);
+        text.prefill_chunk = 7;
+        let text_cold = model
+            .generate(&text, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .tokens;
+        let (e1, e2) = (engine.clone(), engine.clone());
+        let (r1, r2) = (first.clone(), text.clone());
+        let a = std::thread::spawn(move || collect(&e1, r1));
+        let b = std::thread::spawn(move || collect(&e2, r2));
+        assert_eq!(a.join().unwrap().0, cold);
+        assert_eq!(b.join().unwrap().0, text_cold);
+
+        // The same text with the other image: only the text before the image may be reused.
+        let mut other = first.clone();
+        // Another picture of the same size (the first one's negative).
+        if let MediaData::Image(p) = &mut other.media[0].data {
+            p.data = p.data.iter().map(|v| -v).collect();
+        }
+        other.media[0].digest = 2000;
+        let other_cold = model
+            .generate(&other, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .tokens;
+        assert_ne!(other_cold, cold, "the second image should change the reply");
+        let (ids, cached) = collect(&engine, other.clone());
+        assert_eq!(ids, other_cold);
+        assert!(
+            cached <= other.media[0].start,
+            "reused {cached} tokens past the image start"
+        );
+        // A follow-up that extends the first image's prompt: the recurrent state is cached at
+        // that prompt's boundary, so everything up to it is reused, image included.
+        let mut follow = first.clone();
+        follow.prompt.extend([100, 101, 102]);
+        let follow_cold = model
+            .generate(&follow, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .tokens;
+        let (ids, cached) = collect(&engine, follow.clone());
+        assert_eq!(ids, follow_cold);
+        // Qwen 3.5's recurrent state only at that boundary; Qwen2.5-VL's KV trims to it.
+        assert_eq!(cached, first.prompt.len(), "{golden}: cached {cached}");
+    }
+}
+
+#[test]
+fn a_preempted_image_sequence_recomputes_the_same_reply() {
+    for (golden, _) in GOLDENS {
+        let g = load(golden);
+        let mut req = request(&g, "two_images");
+        req.prefill_chunk = 9;
+        let cold = g
+            .model
+            .generate(&req, |_| ControlFlow::Continue(()))
+            .unwrap()
+            .tokens;
+        let mut seq = wick_engine::Sequence::new(&g.model, &req, g.model.new_cache()).unwrap();
+        let mut steps = 0;
+        while !seq.is_finished() {
+            // Preempted once inside the prompt and once while decoding.
+            if steps == 3 || steps == 12 {
+                seq.preempt(g.model.new_cache());
+            }
+            steps += 1;
+            let step = seq.next_step(req.prefill_chunk);
+            let out = {
+                let (tokens, cache) = seq.input_and_cache(&step);
+                g.model
+                    .forward(&mut [Step {
+                        tokens: &tokens,
+                        cache,
+                        logits: step.logits,
+                    }])
+                    .unwrap()
+            };
+            seq.advance(
+                &step,
+                out.into_iter().next().flatten(),
+                std::time::Duration::ZERO,
+            )
+            .unwrap();
+        }
+        assert_eq!(seq.preemptions(), 2);
+        assert_eq!(seq.finish().tokens, cold);
+    }
+}
