@@ -137,3 +137,35 @@ def test_bad_images_are_400_not_5xx(server):
                     {"type": "image_url", "image_url": {"url": url}}]}]})
             assert r.status_code == 400, (url, r.status_code, r.text)
             assert r.json()["error"]["message"], url
+
+
+def test_wrong_media_types_are_400s_that_say_so(server):
+    png = b64("image_a.png")
+    with server.http() as h:
+        # A PNG sent under a type that is not an image's.
+        for declared in ("application/pdf", "audio/wav", "text/plain"):
+            r = h.post("/v1/chat/completions", json={
+                "model": "tiny-vision", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": f"data:{declared};base64,{png}"}}]}]})
+            assert r.status_code == 400, (declared, r.text)
+            assert declared in r.json()["error"]["message"], r.text
+        # Among image types the bytes decide (clients often label every image image/jpeg).
+        r = h.post("/v1/chat/completions", json={
+            "model": "tiny-vision", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{png}"}}]}]})
+        assert r.status_code == 200, r.text
+        # Anthropic checks media_type as Anthropic does: one of its four types, matching the data.
+        for media_type, want in (("image/jpeg", "says image/jpeg but the data is PNG"),
+                                 ("image/bmp", "not supported"),
+                                 (None, "required")):
+            source = {"type": "base64", "data": png}
+            if media_type:
+                source["media_type"] = media_type
+            r = h.post("/v1/messages", json={
+                "model": "tiny-vision", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                    {"type": "image", "source": source}]}]})
+            assert r.status_code == 400, (media_type, r.text)
+            body = r.json()
+            assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+            assert want in body["error"]["message"], body
+            assert "messages[0].content[0].source.media_type" in body["error"]["message"], body

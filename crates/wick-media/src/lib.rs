@@ -41,6 +41,8 @@ pub mod audio;
 pub mod error;
 pub mod image;
 
+/// The image formats [`sniff_image`] tells apart (the `image` crate's enum).
+pub use ::image::ImageFormat;
 pub use audio::decode::{decode_audio, AudioFormat, AudioLimits, MonoClip, AUDIO_FORMATS};
 pub use audio::mel::{MelConfig, MelFeatures};
 pub use audio::resample::resample;

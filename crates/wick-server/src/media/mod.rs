@@ -156,7 +156,23 @@ pub fn load(
     let bytes = match &item.source {
         MediaSource::Url(url) => fetch::fetch(url, policy, max_bytes)
             .map_err(|e| ApiError::field(item.at.clone(), e.to_string()))?,
-        MediaSource::DataUrl(url) => parts::decode_data_url(&item.at, url)?,
+        MediaSource::DataUrl(url) => {
+            // An image part's data must say it is an image (or say nothing): a PDF, a clip
+            // or text sent as an image is the client's mistake, told as such. Among image
+            // types the bytes decide (clients often label every image image/jpeg).
+            let declared = parts::data_url_type(url);
+            if item.kind == MediaKind::Image
+                && !(declared.is_empty()
+                    || declared == "application/octet-stream"
+                    || declared.starts_with("image/"))
+            {
+                return Err(ApiError::field(
+                    item.at.clone(),
+                    format!("the data: URL's type '{declared}' is not an image type"),
+                ));
+            }
+            parts::decode_data_url(&item.at, url)?
+        }
         MediaSource::Base64(data) => parts::decode_base64(&item.at, data)?,
     };
     match item.kind {

@@ -295,16 +295,13 @@ pub fn from_anthropic_image(at: &str, block: &Value) -> Result<Value, ApiError> 
         })?;
     let url = match source.get("type").and_then(Value::as_str) {
         Some("base64") => {
-            let media_type = source
-                .get("media_type")
-                .and_then(Value::as_str)
-                .unwrap_or("application/octet-stream");
             let Some(data) = source.get("data").and_then(Value::as_str) else {
                 return Err(ApiError::field(
                     format!("{at}.source.data"),
                     "must be a base64 string",
                 ));
             };
+            let media_type = anthropic_media_type(at, source.get("media_type"), data)?;
             format!("data:{media_type};base64,{data}")
         }
         Some("url") => match source.get("url").and_then(Value::as_str) {
@@ -324,6 +321,84 @@ pub fn from_anthropic_image(at: &str, block: &Value) -> Result<Value, ApiError> 
         }
     };
     Ok(json!({"type": "image_url", "image_url": {"url": url}, ORIGIN: at}))
+}
+
+/// The image types Anthropic's `image` blocks take, and the format each names.
+const ANTHROPIC_IMAGE_TYPES: [(&str, wick_media::ImageFormat); 4] = [
+    ("image/jpeg", wick_media::ImageFormat::Jpeg),
+    ("image/png", wick_media::ImageFormat::Png),
+    ("image/gif", wick_media::ImageFormat::Gif),
+    ("image/webp", wick_media::ImageFormat::WebP),
+];
+
+/// An Anthropic base64 image's `media_type`, checked as Anthropic does: one of the four
+/// image types, and the type of the data (read from the signature in the payload's first
+/// bytes; data with no known signature is left to the decoder's error).
+fn anthropic_media_type<'a>(
+    at: &str,
+    media_type: Option<&'a Value>,
+    data: &str,
+) -> Result<&'a str, ApiError> {
+    let field = format!("{at}.source.media_type");
+    let allowed = || {
+        ANTHROPIC_IMAGE_TYPES
+            .iter()
+            .map(|(t, _)| *t)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some(media_type) = media_type.and_then(Value::as_str) else {
+        return Err(ApiError::field(
+            field,
+            format!("is required: one of {}", allowed()),
+        ));
+    };
+    let Some(&(_, declared)) = ANTHROPIC_IMAGE_TYPES
+        .iter()
+        .find(|(t, _)| t.eq_ignore_ascii_case(media_type))
+    else {
+        return Err(ApiError::field(
+            field,
+            format!("'{media_type}' is not supported: one of {}", allowed()),
+        ));
+    };
+    // 16 base64 characters are 12 bytes: enough for every signature (WebP's is 12).
+    let head: String = data
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .take(16)
+        .collect();
+    let head = head.get(..head.len() / 4 * 4).unwrap_or_default();
+    if let Ok(bytes) = decode_base64(at, head) {
+        if let Ok(found) = wick_media::sniff_image(&bytes) {
+            if found != declared {
+                return Err(ApiError::field(
+                    field,
+                    format!(
+                        "says {media_type} but the data is {}",
+                        found
+                            .extensions_str()
+                            .first()
+                            .map_or("another format", |e| *e)
+                            .to_uppercase()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(media_type)
+}
+
+/// The media type a `data:` URL declares (`data:<type>[;params];base64,…`), lower-cased;
+/// empty when it declares none.
+pub fn data_url_type(url: &str) -> String {
+    let rest = url.get("data:".len()..).unwrap_or_default();
+    let meta = rest.split_once(',').map_or(rest, |(m, _)| m);
+    meta.split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// A Responses `input_image` part (`image_url` a string, or `{"url"}`) as an OpenAI chat
