@@ -4,20 +4,16 @@
 //! cut an image, a batch mixing an image row and a text row, the greedy continuation of
 //! `generate()`, and a prompt cache that never serves one image's KV to another.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
 use wick_engine::models::decoder::LogitsRequest;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+use wick_engine::scheduler::{Engine, EngineConfig};
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
 
-const TOLERANCE: f32 = 1e-4;
-
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma3_vision")
-}
+mod common;
+use common::{assert_close, collect, floats, golden_dir, load_parts, Cases};
 
 struct Golden {
     model: Model,
@@ -25,46 +21,31 @@ struct Golden {
     logits: SafetensorsWeights,
 }
 
-fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
-    w.raw(name)
-        .unwrap()
-        .bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+fn load() -> Golden {
+    let (model, reference, logits) = load_parts(&golden_dir("gemma3_vision"));
+    Golden {
+        model,
+        reference,
+        logits,
+    }
 }
 
-fn load() -> Golden {
-    let d = dir();
-    Golden {
-        model: Model::load(&d, &LoadOptions::default()).unwrap(),
-        reference: serde_json::from_str(
-            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
-        )
-        .unwrap(),
-        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+impl Cases for Golden {
+    fn model(&self) -> &Model {
+        &self.model
+    }
+    fn reference(&self) -> &serde_json::Value {
+        &self.reference
+    }
+    fn logits(&self) -> &SafetensorsWeights {
+        &self.logits
+    }
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        Golden::media(self, name)
     }
 }
 
 impl Golden {
-    fn case(&self, name: &str) -> &serde_json::Value {
-        self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap()
-    }
-
-    fn ids(&self, name: &str) -> Vec<u32> {
-        self.case(name)["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
     /// Image `i` of the committed pixel values (what Gemma3ImageProcessor made of the test
     /// images), with a digest standing in for the server's hash.
     fn pixels(&self, i: usize) -> ImagePixels {
@@ -93,54 +74,6 @@ impl Golden {
             })
             .collect()
     }
-
-    fn expected(&self, name: &str) -> Vec<f32> {
-        floats(&self.logits, &format!("{name}.logits"))
-    }
-
-    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
-    /// each moved so that it cuts no image.
-    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
-        let ids = self.ids(name);
-        let mut cache = self.model.new_cache();
-        self.model
-            .attach_media(&mut cache, &self.media(name))
-            .unwrap();
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < ids.len() {
-            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
-            out.extend(self.pass(&ids[at..end], &mut cache));
-            at = end;
-        }
-        out
-    }
-
-    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
-        let mut steps = [Step {
-            tokens,
-            cache,
-            logits: LogitsRequest::All,
-        }];
-        let out = self.model.forward(&mut steps).unwrap();
-        out.into_iter().next().unwrap().unwrap().data
-    }
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .enumerate()
-        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    assert!(
-        diff <= TOLERANCE,
-        "{what}: max |diff| {diff} at {i} ({} vs {})",
-        got[i],
-        want[i]
-    );
 }
 
 #[test]
@@ -157,7 +90,7 @@ fn the_tower_is_reported_only_when_it_loaded() {
         ),
         (8, 6, 7)
     );
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma3");
+    let text = golden_dir("gemma3");
     let text = Model::load(&text, &LoadOptions::default()).unwrap();
     assert!(text.info().media.vision.is_none());
     let mut cache = text.new_cache();
@@ -167,7 +100,7 @@ fn the_tower_is_reported_only_when_it_loaded() {
     assert!(err.to_string().contains("no vision tower"), "{err}");
     // Refused before it runs, naming the model.
     let err = text
-        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .generate(&g.request("one_image", 12), |_| ControlFlow::Continue(()))
         .err()
         .unwrap();
     assert!(
@@ -231,7 +164,7 @@ fn bad_spans_are_refused() {
     }
     let err = g.model.attach_media(&mut cache, &media).unwrap_err();
     assert!(err.to_string().contains("pixel values"), "{err}");
-    let mut req = request(&g, "one_image");
+    let mut req = g.request("one_image", 12);
     req.media[0].start = req.prompt.len() - 4;
     let err = g
         .model
@@ -289,13 +222,6 @@ fn a_batch_mixes_an_image_row_and_a_text_row() {
     g.model.forward(&mut steps).unwrap();
 }
 
-fn request(g: &Golden, name: &str) -> GenerationRequest {
-    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(12);
-    req.media = g.media(name);
-    req.ignore_eos = true;
-    req
-}
-
 #[test]
 fn greedy_continuation_matches_generate() {
     let g = load();
@@ -307,25 +233,9 @@ fn greedy_continuation_matches_generate() {
         .collect();
     let out = g
         .model
-        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .generate(&g.request("one_image", 12), |_| ControlFlow::Continue(()))
         .unwrap();
     assert_eq!(out.tokens, want);
-}
-
-fn collect(
-    engine: &wick_engine::scheduler::EngineHandle,
-    req: GenerationRequest,
-) -> (Vec<u32>, usize) {
-    let mut h = engine.submit(req).unwrap();
-    let mut ids = Vec::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => ids.push(t.id),
-            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
 }
 
 #[test]
@@ -342,7 +252,7 @@ fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
     )
     .unwrap();
     let want = g.reference["greedy"]["continuation_ids"].clone();
-    let mut first = request(&g, "one_image");
+    let mut first = g.request("one_image", 12);
     first.prefill_chunk = 7;
     let cold = model
         .generate(&first, |_| ControlFlow::Continue(()))
@@ -392,7 +302,7 @@ fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
 #[test]
 fn a_preempted_image_sequence_recomputes_the_same_reply() {
     let g = load();
-    let mut req = request(&g, "two_images");
+    let mut req = g.request("two_images", 12);
     req.prefill_chunk = 9;
     let cold = g
         .model

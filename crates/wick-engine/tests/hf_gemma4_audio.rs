@@ -5,19 +5,15 @@
 //! text row, the greedy continuation of `generate()`, and (on `gemma4_audio_vision`, the same
 //! model with hf_tiny_gemma4_vision.py's vision tower too) a prompt holding an image and a clip.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wick_engine::media::{AudioFeatures, MediaData, MediaSpan};
 use wick_engine::models::decoder::LogitsRequest;
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+use wick_engine::{LoadOptions, Model, Step};
 
-const TOLERANCE: f32 = 1e-4;
-
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4_audio")
-}
+mod common;
+use common::{assert_close, floats, golden_dir, load_parts, Cases};
 
 struct Golden {
     model: Model,
@@ -25,46 +21,31 @@ struct Golden {
     logits: SafetensorsWeights,
 }
 
-fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
-    w.raw(name)
-        .unwrap()
-        .bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+fn load() -> Golden {
+    let (model, reference, logits) = load_parts(&golden_dir("gemma4_audio"));
+    Golden {
+        model,
+        reference,
+        logits,
+    }
 }
 
-fn load() -> Golden {
-    let d = dir();
-    Golden {
-        model: Model::load(&d, &LoadOptions::default()).unwrap(),
-        reference: serde_json::from_str(
-            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
-        )
-        .unwrap(),
-        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+impl Cases for Golden {
+    fn model(&self) -> &Model {
+        &self.model
+    }
+    fn reference(&self) -> &serde_json::Value {
+        &self.reference
+    }
+    fn logits(&self) -> &SafetensorsWeights {
+        &self.logits
+    }
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        Golden::media(self, name)
     }
 }
 
 impl Golden {
-    fn case(&self, name: &str) -> &serde_json::Value {
-        self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap()
-    }
-
-    fn ids(&self, name: &str) -> Vec<u32> {
-        self.case(name)["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
     /// The clip's features as the server hands them over: the extractor's frames that hold
     /// samples (the trailing padded frames dropped).
     fn features(&self, clip: &str) -> AudioFeatures {
@@ -93,62 +74,6 @@ impl Golden {
             })
             .collect()
     }
-
-    fn expected(&self, name: &str) -> Vec<f32> {
-        floats(&self.logits, &format!("{name}.logits"))
-    }
-
-    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
-    /// each moved so that it cuts no clip.
-    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
-        let ids = self.ids(name);
-        let mut cache = self.model.new_cache();
-        self.model
-            .attach_media(&mut cache, &self.media(name))
-            .unwrap();
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < ids.len() {
-            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
-            out.extend(self.pass(&ids[at..end], &mut cache));
-            at = end;
-        }
-        out
-    }
-
-    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
-        let mut steps = [Step {
-            tokens,
-            cache,
-            logits: LogitsRequest::All,
-        }];
-        let out = self.model.forward(&mut steps).unwrap();
-        out.into_iter().next().unwrap().unwrap().data
-    }
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .enumerate()
-        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    eprintln!("{what}: max |diff| {diff}");
-    assert!(
-        diff <= TOLERANCE,
-        "{what}: max |diff| {diff} at {i} ({} vs {})",
-        got[i],
-        want[i]
-    );
-}
-
-fn request(g: &Golden, name: &str) -> GenerationRequest {
-    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(12);
-    req.media = g.media(name);
-    req.ignore_eos = true;
-    req
 }
 
 #[test]
@@ -164,11 +89,11 @@ fn the_tower_is_reported_only_when_it_loaded() {
         (11, 9, 10)
     );
     assert!(g.model.info().media.vision.is_none());
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4");
+    let text = golden_dir("gemma4");
     let text = Model::load(&text, &LoadOptions::default()).unwrap();
     assert!(text.info().media.audio.is_none());
     let err = text
-        .generate(&request(&g, "mono"), |_| ControlFlow::Continue(()))
+        .generate(&g.request("mono", 12), |_| ControlFlow::Continue(()))
         .err()
         .unwrap();
     assert!(err.to_string().contains("has no audio tower"), "{err}");
@@ -265,14 +190,14 @@ fn greedy_continuation_matches_generate() {
         .collect();
     let out = g
         .model
-        .generate(&request(&g, "mono"), |_| ControlFlow::Continue(()))
+        .generate(&g.request("mono", 12), |_| ControlFlow::Continue(()))
         .unwrap();
     assert_eq!(out.tokens, want);
 }
 
 #[test]
 fn an_image_and_a_clip_in_one_prompt_match_transformers() {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4_audio_vision");
+    let d = golden_dir("gemma4_audio_vision");
     let model = Model::load(&d, &LoadOptions::default()).unwrap();
     assert!(model.info().media.audio.is_some() && model.info().media.vision.is_some());
     let reference: serde_json::Value =

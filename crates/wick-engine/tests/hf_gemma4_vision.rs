@@ -6,23 +6,21 @@
 //! would cut an image, a batch mixing an image row and a text row, the greedy continuation
 //! of `generate()`, and a prompt cache that never serves one image's KV to another.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
 use wick_engine::models::decoder::LogitsRequest;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+use wick_engine::scheduler::{Engine, EngineConfig};
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
 
-const TOLERANCE: f32 = 1e-4;
+mod common;
+use common::{assert_close, collect, golden_dir, load_parts, Cases};
+
 const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
 /// `use_clipped_linears` and `standardize` on; its reference has the one-image case only.
 const CLIPPED: &str = "gemma4_vision_clipped";
-
-fn dir(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{variant}"))
-}
 
 struct Golden {
     variant: &'static str,
@@ -31,15 +29,6 @@ struct Golden {
     logits: SafetensorsWeights,
     /// `(pixel_values, image_position_ids)` as stored with the first variant (both read them).
     stored: (Vec<f32>, Vec<i64>),
-}
-
-fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
-    w.raw(name)
-        .unwrap()
-        .bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 /// The bytes of tensor `name` of a safetensors file, read directly (the engine's reader
@@ -57,16 +46,13 @@ fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
 }
 
 fn load(variant: &'static str) -> Golden {
-    let d = dir(variant);
-    let first = dir(VARIANTS[0]);
+    let (model, reference, logits) = load_parts(&golden_dir(variant));
+    let first = golden_dir(VARIANTS[0]);
     Golden {
         variant,
-        model: Model::load(&d, &LoadOptions::default()).unwrap(),
-        reference: serde_json::from_str(
-            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
-        )
-        .unwrap(),
-        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+        model,
+        reference,
+        logits,
         stored: {
             let file = first.join("logits.safetensors");
             let values = tensor_bytes(&file, "pixel_values")
@@ -82,25 +68,22 @@ fn load(variant: &'static str) -> Golden {
     }
 }
 
+impl Cases for Golden {
+    fn model(&self) -> &Model {
+        &self.model
+    }
+    fn reference(&self) -> &serde_json::Value {
+        &self.reference
+    }
+    fn logits(&self) -> &SafetensorsWeights {
+        &self.logits
+    }
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        Golden::media(self, name)
+    }
+}
+
 impl Golden {
-    fn case(&self, name: &str) -> &serde_json::Value {
-        self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap()
-    }
-
-    fn ids(&self, name: &str) -> Vec<u32> {
-        self.case(name)["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
     /// Image `i` of the committed pixel values (Gemma4ImageProcessorPil's patches, padded to
     /// its budget) put back together as the `[3, h, w]` image the server hands the engine.
     fn pixels(&self, i: usize) -> ImagePixels {
@@ -151,38 +134,6 @@ impl Golden {
             .collect()
     }
 
-    fn expected(&self, name: &str) -> Vec<f32> {
-        floats(&self.logits, &format!("{name}.logits"))
-    }
-
-    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
-    /// each moved so that it cuts no image.
-    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
-        let ids = self.ids(name);
-        let mut cache = self.model.new_cache();
-        self.model
-            .attach_media(&mut cache, &self.media(name))
-            .unwrap();
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < ids.len() {
-            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
-            out.extend(self.pass(&ids[at..end], &mut cache));
-            at = end;
-        }
-        out
-    }
-
-    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
-        let mut steps = [Step {
-            tokens,
-            cache,
-            logits: LogitsRequest::All,
-        }];
-        let out = self.model.forward(&mut steps).unwrap();
-        out.into_iter().next().unwrap().unwrap().data
-    }
-
     fn greedy(&self) -> Vec<u32> {
         self.reference["greedy"]["continuation_ids"]
             .as_array()
@@ -191,22 +142,6 @@ impl Golden {
             .map(|v| v.as_u64().unwrap() as u32)
             .collect()
     }
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .enumerate()
-        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    assert!(
-        diff <= TOLERANCE,
-        "{what}: max |diff| {diff} at {i} ({} vs {})",
-        got[i],
-        want[i]
-    );
 }
 
 #[test]
@@ -246,7 +181,7 @@ fn the_tower_is_reported_with_the_processor_budget() {
 #[test]
 fn a_text_only_gemma4_lists_no_tower_and_refuses_images() {
     let g = load(VARIANTS[0]);
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/hf/gemma4");
+    let text = golden_dir("gemma4");
     let text = Model::load(&text, &LoadOptions::default()).unwrap();
     assert!(text.info().media.vision.is_none());
     let mut cache = text.new_cache();
@@ -280,7 +215,9 @@ fn clipped_linears_and_standardization_match_transformers() {
     }
     let out = g
         .model
-        .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+        .generate(&g.request("one_image", g.greedy().len()), |_| {
+            ControlFlow::Continue(())
+        })
         .unwrap();
     assert_eq!(out.tokens, g.greedy());
 }
@@ -371,39 +308,18 @@ fn a_batch_mixes_an_image_row_and_a_text_row() {
     }
 }
 
-fn request(g: &Golden, name: &str) -> GenerationRequest {
-    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(g.greedy().len());
-    req.media = g.media(name);
-    req.ignore_eos = true;
-    req
-}
-
 #[test]
 fn greedy_continuation_matches_generate() {
     for variant in VARIANTS {
         let g = load(variant);
         let out = g
             .model
-            .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+            .generate(&g.request("one_image", g.greedy().len()), |_| {
+                ControlFlow::Continue(())
+            })
             .unwrap();
         assert_eq!(out.tokens, g.greedy(), "{}", g.variant);
     }
-}
-
-fn collect(
-    engine: &wick_engine::scheduler::EngineHandle,
-    req: GenerationRequest,
-) -> (Vec<u32>, usize) {
-    let mut h = engine.submit(req).unwrap();
-    let mut ids = Vec::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => ids.push(t.id),
-            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
 }
 
 #[test]
@@ -419,7 +335,7 @@ fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
         },
     )
     .unwrap();
-    let mut first = request(&g, "one_image");
+    let mut first = g.request("one_image", g.greedy().len());
     first.prefill_chunk = 7;
     let cold = model
         .generate(&first, |_| ControlFlow::Continue(()))

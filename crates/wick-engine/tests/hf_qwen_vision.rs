@@ -6,24 +6,21 @@
 //! `generate()` (decode positions shifted by the images), preemption, and a prompt cache
 //! that never serves one image's state to another.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
 use wick_engine::models::decoder::LogitsRequest;
 use wick_engine::models::vision::ImageRows;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+use wick_engine::scheduler::{Engine, EngineConfig};
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
 
-const TOLERANCE: f32 = 1e-4;
+mod common;
+use common::{assert_close, collect, floats, golden_dir, load_parts, Cases};
 
 /// Each golden and the text-only golden of the same text architecture.
 const GOLDENS: [(&str, &str); 2] = [("qwen35_vision", "qwen35"), ("qwen25_vl", "qwen2")];
-
-fn dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{name}"))
-}
 
 struct Golden {
     dir: PathBuf,
@@ -32,47 +29,33 @@ struct Golden {
     logits: SafetensorsWeights,
 }
 
-fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
-    w.raw(name)
-        .unwrap()
-        .bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+fn load(name: &str) -> Golden {
+    let dir = golden_dir(name);
+    let (model, reference, logits) = load_parts(&dir);
+    Golden {
+        dir,
+        model,
+        reference,
+        logits,
+    }
 }
 
-fn load(name: &str) -> Golden {
-    let d = dir(name);
-    Golden {
-        dir: d.clone(),
-        model: Model::load(&d, &LoadOptions::default()).unwrap(),
-        reference: serde_json::from_str(
-            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
-        )
-        .unwrap(),
-        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
+impl Cases for Golden {
+    fn model(&self) -> &Model {
+        &self.model
+    }
+    fn reference(&self) -> &serde_json::Value {
+        &self.reference
+    }
+    fn logits(&self) -> &SafetensorsWeights {
+        &self.logits
+    }
+    fn media(&self, name: &str) -> Vec<MediaSpan> {
+        Golden::media(self, name)
     }
 }
 
 impl Golden {
-    fn case(&self, name: &str) -> &serde_json::Value {
-        self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap()
-    }
-
-    fn ids(&self, name: &str) -> Vec<u32> {
-        self.case(name)["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
     /// Committed image `i` as the processor made it (`[3, h, w]`, transformers' patch rows
     /// folded back into the image).
     fn pixels(&self, i: usize) -> ImagePixels {
@@ -139,54 +122,6 @@ impl Golden {
         };
         (triple("image_mean"), triple("image_std"))
     }
-
-    fn expected(&self, name: &str) -> Vec<f32> {
-        floats(&self.logits, &format!("{name}.logits"))
-    }
-
-    /// Every position's logits with the prompt fed in passes of at most `chunk` tokens,
-    /// each moved so that it cuts no image.
-    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
-        let ids = self.ids(name);
-        let mut cache = self.model.new_cache();
-        self.model
-            .attach_media(&mut cache, &self.media(name))
-            .unwrap();
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < ids.len() {
-            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
-            out.extend(self.pass(&ids[at..end], &mut cache));
-            at = end;
-        }
-        out
-    }
-
-    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
-        let mut steps = [Step {
-            tokens,
-            cache,
-            logits: LogitsRequest::All,
-        }];
-        let out = self.model.forward(&mut steps).unwrap();
-        out.into_iter().next().unwrap().unwrap().data
-    }
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .enumerate()
-        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    assert!(
-        diff <= TOLERANCE,
-        "{what}: max |diff| {diff} at {i} ({} vs {})",
-        got[i],
-        want[i]
-    );
 }
 
 #[test]
@@ -215,7 +150,7 @@ fn the_tower_is_reported_only_when_it_loaded() {
             ),
             (5, 3, 4)
         );
-        let text = dir(text_golden);
+        let text = golden_dir(text_golden);
         let text = Model::load(&text, &LoadOptions::default()).unwrap();
         assert!(text.info().media.vision.is_none());
         let mut cache = text.new_cache();
@@ -363,13 +298,6 @@ fn a_batch_mixes_an_image_row_and_a_text_row() {
     }
 }
 
-fn request(g: &Golden, name: &str) -> GenerationRequest {
-    let mut req = GenerationRequest::new(g.ids(name)).max_tokens(12);
-    req.media = g.media(name);
-    req.ignore_eos = true;
-    req
-}
-
 #[test]
 fn greedy_continuation_matches_generate() {
     for (golden, _) in GOLDENS {
@@ -382,26 +310,10 @@ fn greedy_continuation_matches_generate() {
             .collect();
         let out = g
             .model
-            .generate(&request(&g, "one_image"), |_| ControlFlow::Continue(()))
+            .generate(&g.request("one_image", 12), |_| ControlFlow::Continue(()))
             .unwrap();
         assert_eq!(out.tokens, want);
     }
-}
-
-fn collect(
-    engine: &wick_engine::scheduler::EngineHandle,
-    req: GenerationRequest,
-) -> (Vec<u32>, usize) {
-    let mut h = engine.submit(req).unwrap();
-    let mut ids = Vec::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => ids.push(t.id),
-            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
 }
 
 #[test]
@@ -421,7 +333,7 @@ fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
         )
         .unwrap();
         let want = g.reference["greedy"]["continuation_ids"].clone();
-        let mut first = request(&g, "one_image");
+        let mut first = g.request("one_image", 12);
         first.prefill_chunk = 7;
         let cold = model
             .generate(&first, |_| ControlFlow::Continue(()))
@@ -479,7 +391,7 @@ fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
 fn a_preempted_image_sequence_recomputes_the_same_reply() {
     for (golden, _) in GOLDENS {
         let g = load(golden);
-        let mut req = request(&g, "two_images");
+        let mut req = g.request("two_images", 12);
         req.prefill_chunk = 9;
         let cold = g
             .model

@@ -1,0 +1,151 @@
+//! What the media goldens' tests share (`hf_gemma3_vision`, `hf_gemma4_vision`,
+//! `hf_gemma4_audio`, `hf_qwen_vision`): a golden directory is a tiny random model made by
+//! a script in `scripts/goldens/`, its `reference.json` (cases with token ids and media
+//! spans, the greedy continuation) and `logits.safetensors` (transformers' f32 logits at
+//! every position of each case, and the preprocessed media). Each test file says how its
+//! cases' media are built ([`Cases::media`]); the passes and comparisons are these.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use std::path::{Path, PathBuf};
+
+use wick_engine::media::MediaSpan;
+use wick_engine::models::decoder::LogitsRequest;
+use wick_engine::scheduler::{EngineEvent, EngineHandle};
+use wick_engine::weights::SafetensorsWeights;
+use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
+
+/// Largest difference from transformers' f32 logits the goldens allow.
+pub const TOLERANCE: f32 = 1e-4;
+
+/// The directory of golden `name`.
+pub fn golden_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{name}"))
+}
+
+/// The model, `reference.json` and `logits.safetensors` of a golden directory.
+pub fn load_parts(dir: &Path) -> (Model, serde_json::Value, SafetensorsWeights) {
+    (
+        Model::load(dir, &LoadOptions::default()).unwrap(),
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap(),
+        SafetensorsWeights::open_files(dir, &[dir.join("logits.safetensors")]).unwrap(),
+    )
+}
+
+/// The f32 tensor `name`.
+pub fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
+    w.raw(name)
+        .unwrap()
+        .bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Fails unless every value of `got` is within [`TOLERANCE`] of `want` (and prints the
+/// largest difference, which the closing notes quote).
+pub fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .enumerate()
+        .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+    eprintln!("{what}: max |diff| {diff}");
+    assert!(
+        diff <= TOLERANCE,
+        "{what}: max |diff| {diff} at {i} ({} vs {})",
+        got[i],
+        want[i]
+    );
+}
+
+/// A request through the engine to its end: the generated ids and the prompt tokens the
+/// prompt cache served.
+pub fn collect(engine: &EngineHandle, req: GenerationRequest) -> (Vec<u32>, usize) {
+    let mut h = engine.submit(req).unwrap();
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => return (ids, d.usage.cached_tokens),
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+/// A golden's cases, and the passes every media test runs over them.
+pub trait Cases {
+    /// The loaded model.
+    fn model(&self) -> &Model;
+    /// `reference.json`.
+    fn reference(&self) -> &serde_json::Value;
+    /// `logits.safetensors`.
+    fn logits(&self) -> &SafetensorsWeights;
+    /// The media spans of case `name`, as the server would attach them.
+    fn media(&self, name: &str) -> Vec<MediaSpan>;
+
+    /// Case `name` of the reference.
+    fn case(&self, name: &str) -> &serde_json::Value {
+        self.reference()["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+    }
+
+    /// The prompt ids of case `name`.
+    fn ids(&self, name: &str) -> Vec<u32> {
+        self.case(name)["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    /// transformers' logits at every position of case `name`.
+    fn expected(&self, name: &str) -> Vec<f32> {
+        floats(self.logits(), &format!("{name}.logits"))
+    }
+
+    /// Every position's logits with the prompt of case `name` fed in passes of at most
+    /// `chunk` tokens, each moved so that it cuts no media item.
+    fn chunked(&self, name: &str, chunk: usize) -> Vec<f32> {
+        let ids = self.ids(name);
+        let mut cache = self.model().new_cache();
+        self.model()
+            .attach_media(&mut cache, &self.media(name))
+            .unwrap();
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < ids.len() {
+            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
+            out.extend(self.pass(&ids[at..end], &mut cache));
+            at = end;
+        }
+        out
+    }
+
+    /// One forward pass of `tokens` on `cache`: logits at every position.
+    fn pass(&self, tokens: &[u32], cache: &mut KvCache) -> Vec<f32> {
+        let mut steps = [Step {
+            tokens,
+            cache,
+            logits: LogitsRequest::All,
+        }];
+        let out = self.model().forward(&mut steps).unwrap();
+        out.into_iter().next().unwrap().unwrap().data
+    }
+
+    /// Case `name` as a generation request of `max_tokens` (end of sequence ignored).
+    fn request(&self, name: &str, max_tokens: usize) -> GenerationRequest {
+        let mut req = GenerationRequest::new(self.ids(name)).max_tokens(max_tokens);
+        req.media = self.media(name);
+        req.ignore_eos = true;
+        req
+    }
+}
