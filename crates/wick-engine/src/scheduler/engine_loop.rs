@@ -217,7 +217,14 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
             seq.cache_mut().attach(&shared.admission.pool);
             if let Some(spec) = shared.config.speculative {
                 if p.request.speculative && model.can_speculate() {
-                    let draft = shared.config.draft_model.as_ref().map(|d| d.0.new_cache());
+                    // A draft model would read an image's or clip's soft tokens as text
+                    // (it has no tower): such requests draft by prompt lookup instead.
+                    let draft = shared
+                        .config
+                        .draft_model
+                        .as_ref()
+                        .filter(|_| p.request.media.is_empty())
+                        .map(|d| d.0.new_cache());
                     seq.enable_speculation(spec, draft, model.config().vocab_size);
                 }
             }

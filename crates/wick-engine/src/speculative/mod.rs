@@ -20,7 +20,8 @@
 //! Rows that decode plainly: rows with a structured-output constraint (drafts are not
 //! checked against the grammar), requests that opt out, and models whose cache cannot be
 //! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
-//! that run on MLX.
+//! that run on MLX. Requests with images or audio draft by prompt lookup, never with a
+//! draft model (which has no tower and would read their soft tokens as text).
 pub mod acceptance;
 pub mod draft_model;
 pub mod ngram;
