@@ -19,7 +19,7 @@ pub struct LsArgs {
 /// What a model can do beyond plain chat, from its chat template and configuration.
 pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
     let mut caps = Vec::new();
-    let (template, vision) = match m.format {
+    let (template, (vision, audio)) = match m.format {
         ModelKind::Gguf => {
             let t = wick_gguf::GgufFile::open(&m.path).ok().and_then(|f| {
                 f.metadata()
@@ -28,16 +28,16 @@ pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
                     .flatten()
                     .map(str::to_string)
             });
-            (t, false)
+            (t, (false, false))
         }
         ModelKind::HfDir => {
             let config: Option<serde_json::Value> =
                 std::fs::read_to_string(m.path.join("config.json"))
                     .ok()
                     .and_then(|t| serde_json::from_str(&t).ok());
-            let vision = config
-                .as_ref()
-                .is_some_and(|c| c.get("vision_config").is_some());
+            let towers = config.as_ref().map_or((false, false), |c| {
+                towers(c, &m.path.join("config.json").display().to_string())
+            });
             let tokenizer_config: Option<serde_json::Value> =
                 std::fs::read_to_string(m.path.join("tokenizer_config.json"))
                     .ok()
@@ -48,7 +48,7 @@ pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
                 .and_then(|t| t.as_str())
                 .map(str::to_string)
                 .or_else(|| std::fs::read_to_string(m.path.join("chat_template.jinja")).ok());
-            (t, vision)
+            (t, towers)
         }
     };
     if let Some(t) = &template {
@@ -63,7 +63,25 @@ pub fn capabilities(m: &LocalModel) -> Vec<&'static str> {
     if vision {
         caps.push("vision");
     }
+    if audio {
+        caps.push("audio");
+    }
     caps
+}
+
+/// Whether the engine reads images and audio with this configuration's towers `(vision,
+/// audio)`: a tower the configuration describes in a family the engine runs towers for
+/// (`wick serve` still checks the weights are there when it loads the model).
+fn towers(config: &serde_json::Value, source: &str) -> (bool, bool) {
+    match wick_engine::config::ModelConfig::from_hf(config, source) {
+        Ok(cfg) => (
+            cfg.vision.is_some()
+                || cfg.qwen_vision.is_some()
+                || cfg.gemma4.as_ref().is_some_and(|g| g.vision.is_some()),
+            cfg.audio.is_some(),
+        ),
+        Err(_) => (false, false),
+    }
 }
 
 pub fn run(args: LsArgs) -> anyhow::Result<()> {
@@ -129,4 +147,29 @@ pub fn run(args: LsArgs) -> anyhow::Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::towers;
+
+    fn golden(name: &str) -> (bool, bool) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../wick-engine/tests/goldens/hf")
+            .join(name)
+            .join("config.json");
+        let config = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        towers(&config, &path.display().to_string())
+    }
+
+    #[test]
+    fn towers_follow_the_families_the_engine_reads_media_for() {
+        assert_eq!(golden("gemma3"), (false, false));
+        assert_eq!(golden("gemma3_vision"), (true, false));
+        assert_eq!(golden("gemma4_vision"), (true, false));
+        assert_eq!(golden("gemma4_audio_vision"), (true, true));
+        assert_eq!(golden("qwen35_vision"), (true, false));
+        assert_eq!(golden("qwen25_vl"), (true, false));
+        assert_eq!(golden("qwen35"), (false, false));
+    }
 }
