@@ -137,8 +137,29 @@ def test_stereo_clip_is_read_with_the_processor_token_count(server):
     # transformers' processor gives the clip.
     client = openai.OpenAI(base_url=server.base + "/v1", api_key="none")
     r = client.chat.completions.create(model=MODEL, messages=messages(b64("stereo44k.wav")),
-                                       max_tokens=1, temperature=0)
+                                       max_tokens=1, temperature=0, logprobs=True, top_logprobs=5)
     assert r.usage.prompt_tokens == len(case("stereo")["ids"])
+    # transformers' reference resampled the clip with soxr (librosa); wick's resampler is
+    # shaped after soxr's but is not the same filter, so the log-probabilities agree to a
+    # looser tolerance than the mono clip's.
+    import math
+
+    from safetensors.numpy import load_file
+
+    logits = load_file(str(GOLD / "logits.safetensors"))["stereo.logits"][-1].astype("float64")
+    top = logits.max()
+    lse = top + math.log(sum(math.exp(v - top) for v in logits))
+    got = {t.token: t.logprob for t in r.choices[0].logprobs.content[0].top_logprobs}
+    tok = Tokenizer.from_file(str(GOLD / "tokenizer.json"))
+    # Token texts name ids only where one id decodes to that text.
+    by_text: dict[str, list[int]] = {}
+    for i in range(tok.get_vocab_size()):
+        by_text.setdefault(tok.decode([i], skip_special_tokens=False), []).append(i)
+    diffs = [abs(lp - (logits[by_text[t][0]] - lse)) for t, lp in got.items()
+             if len(by_text.get(t, [])) == 1]
+    assert len(diffs) >= 3, got
+    # Measured 0.006 (0.1 before the resampler was shaped after soxr's).
+    assert max(diffs) < 0.02, diffs
 
 
 def test_broken_clips_are_400_not_5xx(server):

@@ -212,5 +212,7 @@ fn stereo_44k1_is_mixed_resampled_and_close_to_soxr() {
         "44.1 kHz stereo vs soxr: mean |diff| {mean}, max {}",
         max_diff(got, &want)
     );
-    assert!(mean < 0.05, "mean diff {mean}");
+    // Measured 0.0015 mean (max 0.17) with the current filter; 0.012 before it was
+    // shaped after soxr's.
+    assert!(mean < 0.004, "mean diff {mean}");
 }

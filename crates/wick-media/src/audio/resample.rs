@@ -1,12 +1,19 @@
 //! Sample-rate conversion: a polyphase windowed-sinc (Kaiser) filter between any two
 //! integer rates, low-passed below the lower rate's Nyquist frequency.
 
+// The filter's shape is chosen to sit close to soxr's "HQ" recipe (what librosa, and so
+// transformers' audio loading, resamples with: passband to 0.913 of the lower Nyquist
+// frequency, stopband from 1.0): on white noise plus a tone, 8–48 kHz to 16 kHz, these
+// values put wick's output about 2.5e-4 RMS from soxr's (32 crossings, cutoff 0.95,
+// beta 9 were 3e-3), and Gemma 4's log-mel features of the 44.1 kHz test clip 0.0015
+// mean apart (was 0.012). Matching soxr exactly would take its multi-stage design.
 /// Zero crossings of the sinc on each side, at the lower rate.
-const ZERO_CROSSINGS: usize = 32;
-/// Passband edge as a fraction of the lower Nyquist frequency.
-const CUTOFF: f64 = 0.95;
-/// Kaiser window shape (about 90 dB of stopband).
-const KAISER_BETA: f64 = 9.0;
+const ZERO_CROSSINGS: usize = 96;
+/// Centre of the transition band (the −6 dB point) as a fraction of the lower Nyquist
+/// frequency.
+const CUTOFF: f64 = 0.956;
+/// Kaiser window shape (about 120 dB of stopband).
+const KAISER_BETA: f64 = 12.0;
 
 /// Resamples `samples` from `from` Hz to `to` Hz (`ceil(len × to / from)` samples out).
 pub fn resample(samples: &[f32], from: u32, to: u32) -> Vec<f32> {
