@@ -501,7 +501,8 @@ mod tests {
             content,
             json!([
                 {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="},
+                 "_wick_origin": "input[0].content[2]"},
             ])
         );
     }
