@@ -217,10 +217,19 @@ def spans(ids: list[int]) -> list[list[int]]:
 
 
 def main() -> int:
+    return write_golden(NAME, Qwen3_5ForConditionalGeneration, config(), init_weights,
+                        mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+
+
+def write_golden(golden: str, model_class, model_config, init, mean: list[float],
+                 std: list[float]) -> int:
+    """Builds golden `golden` (model, tokenizer, processor, pixels, logits, positions, greedy
+    continuation) from a multimodal Qwen class, its tiny config and its weight initializer;
+    hf_tiny_qwen25_vl.py uses it too."""
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     repo = Path(__file__).resolve().parents[2]
-    out_dir = repo / "crates" / "wick-engine" / "tests" / "goldens" / "hf" / NAME
+    out_dir = repo / "crates" / "wick-engine" / "tests" / "goldens" / "hf" / golden
     images_dir = out_dir.parent / "gemma3_vision"
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -228,11 +237,11 @@ def main() -> int:
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, "
           f"tokenizers {tokenizers.__version__}")
 
-    seed = base.variant_seed(NAME)
+    seed = base.variant_seed(golden)
     torch.manual_seed(seed)
-    model = Qwen3_5ForConditionalGeneration._from_config(config(), attn_implementation="eager",
-                                                          dtype=torch.float32)
-    init_weights(model, seed)
+    model = model_class._from_config(model_config, attn_implementation="eager",
+                                     dtype=torch.float32)
+    init(model, seed)
     model.eval()
     model.generation_config.do_sample = False
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -243,11 +252,11 @@ def main() -> int:
     processor = Qwen2VLImageProcessorPil(
         patch_size=PATCH, merge_size=MERGE, temporal_patch_size=TEMPORAL,
         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+        image_mean=mean, image_std=std)
     processor.save_pretrained(out_dir)
 
-    model = Qwen3_5ForConditionalGeneration.from_pretrained(out_dir, attn_implementation="eager",
-                                                             dtype=torch.float32)
+    model = model_class.from_pretrained(out_dir, attn_implementation="eager",
+                                        dtype=torch.float32)
     model.eval()
 
     names = ["image_a.png", "image_b.png"]
@@ -307,7 +316,7 @@ def main() -> int:
 
     save_file(tensors, str(out_dir / "logits.safetensors"), metadata={"format": "pt"})
     reference = {
-        "variant": NAME,
+        "variant": golden,
         "architecture": type(model).__name__,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
@@ -324,7 +333,7 @@ def main() -> int:
     }
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
     total = sum(f.stat().st_size for f in out_dir.iterdir())
-    print(f"{NAME}: {total} bytes; images {image_meta}; greedy {continuation}; "
+    print(f"{golden}: {total} bytes; images {image_meta}; greedy {continuation}; "
           + ", ".join(f"{c['name']} {len(c['ids'])} ids gap {c['min_top2_gap']:.2e}" for c in case_meta))
     return 0
 
