@@ -176,50 +176,7 @@ fn bad_spans_are_refused() {
 
 #[test]
 fn a_batch_mixes_an_image_row_and_a_text_row() {
-    let g = load();
-    let (a, b) = (g.ids("one_image"), g.ids("text_only"));
-    let mut ca = g.model.new_cache();
-    g.model
-        .attach_media(&mut ca, &g.media("one_image"))
-        .unwrap();
-    let mut cb = g.model.new_cache();
-    let mut steps = [
-        Step {
-            tokens: &b,
-            cache: &mut cb,
-            logits: LogitsRequest::All,
-        },
-        Step {
-            tokens: &a,
-            cache: &mut ca,
-            logits: LogitsRequest::All,
-        },
-    ];
-    let out = g.model.forward(&mut steps).unwrap();
-    assert_close(
-        "text row",
-        &out[0].as_ref().unwrap().data,
-        &g.expected("text_only"),
-    );
-    assert_close(
-        "image row",
-        &out[1].as_ref().unwrap().data,
-        &g.expected("one_image"),
-    );
-    // Then both decode together, the image row like any other.
-    let mut steps = [
-        Step {
-            tokens: &[10],
-            cache: &mut cb,
-            logits: LogitsRequest::Last,
-        },
-        Step {
-            tokens: &[10],
-            cache: &mut ca,
-            logits: LogitsRequest::Last,
-        },
-    ];
-    g.model.forward(&mut steps).unwrap();
+    load().batch_beside_text("gemma3_vision", "one_image", "text_only");
 }
 
 #[test]

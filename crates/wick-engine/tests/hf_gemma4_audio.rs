@@ -149,34 +149,7 @@ fn bad_spans_are_refused() {
 
 #[test]
 fn a_batch_mixes_an_audio_row_and_a_text_row() {
-    let g = load();
-    let (a, b) = (g.ids("mono"), g.ids("text_only"));
-    let mut ca = g.model.new_cache();
-    g.model.attach_media(&mut ca, &g.media("mono")).unwrap();
-    let mut cb = g.model.new_cache();
-    let mut steps = [
-        Step {
-            tokens: &b,
-            cache: &mut cb,
-            logits: LogitsRequest::All,
-        },
-        Step {
-            tokens: &a,
-            cache: &mut ca,
-            logits: LogitsRequest::All,
-        },
-    ];
-    let out = g.model.forward(&mut steps).unwrap();
-    assert_close(
-        "text row",
-        &out[0].as_ref().unwrap().data,
-        &g.expected("text_only"),
-    );
-    assert_close(
-        "audio row",
-        &out[1].as_ref().unwrap().data,
-        &g.expected("mono"),
-    );
+    load().batch_beside_text("gemma4_audio", "mono", "text_only");
 }
 
 #[test]

@@ -141,6 +141,61 @@ pub trait Cases {
         out.into_iter().next().unwrap().unwrap().data
     }
 
+    /// Case `media_case` prefilled in one batch beside the text-only case `text_case`: both
+    /// rows' logits at every position match transformers'; then the two rows decode a
+    /// token together, the media row like any other.
+    fn batch_beside_text(&self, what: &str, media_case: &str, text_case: &str) {
+        let (a, b) = (self.ids(media_case), self.ids(text_case));
+        let model = self.model();
+        let mut ca = model.new_cache();
+        model
+            .attach_media(&mut ca, &self.media(media_case))
+            .unwrap();
+        let mut cb = model.new_cache();
+        let mut steps = [
+            Step {
+                tokens: &b,
+                cache: &mut cb,
+                logits: LogitsRequest::All,
+            },
+            Step {
+                tokens: &a,
+                cache: &mut ca,
+                logits: LogitsRequest::All,
+            },
+        ];
+        let out = model.forward(&mut steps).unwrap();
+        let row = |i: usize| &out[i].as_ref().unwrap().data;
+        assert_close(
+            &format!("{what} text row"),
+            row(0),
+            &self.expected(text_case),
+        );
+        assert_close(
+            &format!("{what} media row"),
+            row(1),
+            &self.expected(media_case),
+        );
+        let mut steps = [
+            Step {
+                tokens: &[10],
+                cache: &mut cb,
+                logits: LogitsRequest::Last,
+            },
+            Step {
+                tokens: &[10],
+                cache: &mut ca,
+                logits: LogitsRequest::Last,
+            },
+        ];
+        for out in model.forward(&mut steps).unwrap() {
+            assert!(
+                out.unwrap().data.iter().all(|v| v.is_finite()),
+                "{what}: decode"
+            );
+        }
+    }
+
     /// Case `name` as a generation request of `max_tokens` (end of sequence ignored).
     fn request(&self, name: &str, max_tokens: usize) -> GenerationRequest {
         let mut req = GenerationRequest::new(self.ids(name)).max_tokens(max_tokens);
