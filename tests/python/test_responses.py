@@ -95,8 +95,8 @@ def test_bad_input_is_400_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model="m", input=[{"role": "user", "content": [
             {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}], max_output_tokens=2)
-    # The text model has no vision tower: the part is named in the chat form it converts to.
-    assert e.value.body["param"] == "messages[0].content[0].type"
+    # The text model has no vision tower: the error names the part where the client wrote it.
+    assert e.value.body["param"] == "input[0].content[0].type"
     assert "vision tower" in e.value.body["message"]
 
 
