@@ -347,41 +347,6 @@ fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
 #[test]
 fn a_preempted_image_sequence_recomputes_the_same_reply() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        let mut req = g.request("two_images", 12);
-        req.prefill_chunk = 9;
-        let cold = g
-            .model
-            .generate(&req, |_| ControlFlow::Continue(()))
-            .unwrap()
-            .tokens;
-        let mut seq = wick_engine::Sequence::new(&g.model, &req, g.model.new_cache()).unwrap();
-        let mut steps = 0;
-        while !seq.is_finished() {
-            // Preempted once inside the prompt and once while decoding.
-            if steps == 3 || steps == 12 {
-                seq.preempt(g.model.new_cache());
-            }
-            steps += 1;
-            let step = seq.next_step(req.prefill_chunk);
-            let out = {
-                let (tokens, cache) = seq.input_and_cache(&step);
-                g.model
-                    .forward(&mut [Step {
-                        tokens: &tokens,
-                        cache,
-                        logits: step.logits,
-                    }])
-                    .unwrap()
-            };
-            seq.advance(
-                &step,
-                out.into_iter().next().flatten(),
-                std::time::Duration::ZERO,
-            )
-            .unwrap();
-        }
-        assert_eq!(seq.preemptions(), 2);
-        assert_eq!(seq.finish().tokens, cold);
+        load(golden).preempted_reply_is_unchanged("two_images", 9);
     }
 }

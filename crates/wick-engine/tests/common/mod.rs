@@ -196,6 +196,46 @@ pub trait Cases {
         }
     }
 
+    /// Case `name` run step by step with the sequence preempted once inside its prompt
+    /// (prefilled `chunk` tokens at a time) and once while decoding: the recomputed reply
+    /// equals the uninterrupted one.
+    fn preempted_reply_is_unchanged(&self, name: &str, chunk: usize) {
+        let model = self.model();
+        let mut req = self.request(name, 12);
+        req.prefill_chunk = chunk;
+        let cold = model
+            .generate(&req, |_| std::ops::ControlFlow::Continue(()))
+            .unwrap()
+            .tokens;
+        let mut seq = wick_engine::Sequence::new(model, &req, model.new_cache()).unwrap();
+        let mut steps = 0;
+        while !seq.is_finished() {
+            if steps == 3 || steps == 12 {
+                seq.preempt(model.new_cache());
+            }
+            steps += 1;
+            let step = seq.next_step(req.prefill_chunk);
+            let out = {
+                let (tokens, cache) = seq.input_and_cache(&step);
+                model
+                    .forward(&mut [Step {
+                        tokens: &tokens,
+                        cache,
+                        logits: step.logits,
+                    }])
+                    .unwrap()
+            };
+            seq.advance(
+                &step,
+                out.into_iter().next().flatten(),
+                std::time::Duration::ZERO,
+            )
+            .unwrap();
+        }
+        assert_eq!(seq.preemptions(), 2);
+        assert_eq!(seq.finish().tokens, cold);
+    }
+
     /// Case `name` as a generation request of `max_tokens` (end of sequence ignored).
     fn request(&self, name: &str, max_tokens: usize) -> GenerationRequest {
         let mut req = GenerationRequest::new(self.ids(name)).max_tokens(max_tokens);
