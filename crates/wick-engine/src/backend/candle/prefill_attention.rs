@@ -8,15 +8,27 @@ use std::sync::Mutex;
 use half::f16;
 use wick_kernels::ThreadPool;
 
-use super::attention::RowSource;
+use super::attention::{lane_sum, max_of, Kernel, RowSource};
 use super::block_pool::{KvDtype, KvNumber, BLOCK_TOKENS};
 use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
 use crate::backend::AttentionParams;
 
 /// Fewest consecutive rows of one sequence's prompt chunk that go through the products;
-/// shorter runs (decode, small chunks) stay with the per-row kernel, which is faster there.
+/// shorter runs (decode, small chunks, speculative verification) stay with the per-row
+/// kernel, which is faster there.
 pub(crate) const MIN_ROWS: usize = 48;
+
+/// Fewest keys the last row of a run must see for the run to go through the products.
+///
+/// The products sum in another order than the per-row kernel, so a row's bits depend on
+/// the path it took. Below this length every row takes the per-row path, whose result
+/// depends only on the row: a sequence gets the same bits alone or batched, chunked in
+/// any way, or recomputed after preemption. Past it, where the products pay (attention
+/// grows with the context, the per-row kernel streams every key once per row), a prompt
+/// row's bits depend on whether its chunk was long enough: equal within f32 rounding,
+/// not bit for bit, so sampled outputs of long prompts may differ between such runs.
+pub(crate) const MIN_KEYS: usize = 1024;
 
 /// Query rows of one work unit: with the query heads of a KV head stacked, the left
 /// matrix has `QUERY_ROWS × group` rows.
@@ -34,8 +46,9 @@ pub(crate) struct ChunkRun {
     pub len: usize,
 }
 
-/// The runs of at least [`MIN_ROWS`] causal rows of one sequence in `rows`. A row that
-/// sees past its own position (a bidirectional image span) ends a run.
+/// The runs of at least [`MIN_ROWS`] causal rows of one sequence in `rows` whose last row
+/// sees at least [`MIN_KEYS`] keys. A row that sees past its own position (a
+/// bidirectional image span) ends a run.
 pub(crate) fn chunk_runs(rows: &[RowSource<'_>]) -> Vec<ChunkRun> {
     let mut runs = Vec::new();
     let mut at = 0;
@@ -51,7 +64,7 @@ pub(crate) fn chunk_runs(rows: &[RowSource<'_>]) -> Vec<ChunkRun> {
             }
             len += 1;
         }
-        if len >= MIN_ROWS {
+        if len >= MIN_ROWS && rows[at + len - 1].end >= MIN_KEYS {
             runs.push(ChunkRun { first: at, len });
         }
         at += len.max(1);
@@ -161,6 +174,12 @@ fn matmul(
     }
 }
 
+thread_local! {
+    /// This thread's [`Scratch`], kept across units and calls (the score tiles are large
+    /// enough that a fresh allocation per call costs page faults).
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
 /// Scratch of one thread, kept across its units.
 #[derive(Default)]
 struct Scratch {
@@ -171,18 +190,60 @@ struct Scratch {
     sum: Vec<f32>,
 }
 
-/// Attention of rows `rows` (indices into the batch, consecutive positions of one
-/// sequence) for the query heads of KV head `kvh`; writes each row's heads into `out`
-/// (one slice per row, `[group][hd]`).
-fn attend_block(
-    q: &[f32],
-    rows: &[RowSource<'_>],
-    kv: &HeadKv,
+/// One unit's work: rows `rows` (consecutive positions of one sequence) against KV
+/// head `kvh`'s keys and values `kv`, for the query heads of that KV head; `q` holds the
+/// rows' queries (`[row][heads][hd]`), and each row's heads go to its slice of `out`
+/// (`[group][hd]`).
+struct Block<'a, 'b, 'c> {
+    q: &'a [f32],
+    rows: &'a [RowSource<'b>],
+    kv: &'a HeadKv,
     kvh: usize,
-    p: &AttentionParams,
-    s: &mut Scratch,
-    out: &mut [&mut [f32]],
-) {
+    out: &'a mut [&'c mut [f32]],
+}
+
+/// [`attend_block_on`] compiled for `kernel`'s instruction set, so the softmax loops
+/// between the products become its vector code.
+fn attend_block(kernel: Kernel, job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    match kernel {
+        Kernel::Portable => attend_block_on(job, p, s),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` kernel proves the CPU has AVX2, FMA and F16C.
+        Kernel::Avx2(_) => unsafe { attend_block_avx2(job, p, s) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx512` kernel proves the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
+        Kernel::Avx512(_) => unsafe { attend_block_avx512(job, p, s) },
+    }
+}
+
+/// [`attend_block_on`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_block_avx2(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    attend_block_on(job, p, s)
+}
+
+/// [`attend_block_on`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn attend_block_avx512(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    attend_block_on(job, p, s)
+}
+
+/// The work of [`attend_block`]: the query heads stacked (matrix row `i * group + g`, the
+/// scale folded in unless scores are soft-capped), then per tile of keys `S = Q·Kᵀ`, each
+/// row's scores outside its keys zeroed and the rest turned into `exp(s − running max)`
+/// with the running sum and the accumulator rescaled when the maximum grows, and
+/// `O += P·V`; finally each row divided by its sum.
+#[inline(always)]
+fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    let Block {
+        q,
+        rows,
+        kv,
+        kvh,
+        out,
+    } = job;
     let hd = p.head_dim;
     let group = p.heads / p.kv_heads;
     let m = rows.len() * group;
@@ -191,12 +252,11 @@ fn attend_block(
         .iter()
         .map(|r| (first_key(r.pos, cache, p), r.pos + 1))
         .collect();
-    // Query heads of every row stacked: matrix row `i * group + g`.
+    let q_scale = if p.softcap.is_some() { 1.0 } else { p.scale };
     s.q.clear();
-    s.q.resize(m * hd, 0.0);
-    for (i, row) in q.chunks_exact(p.heads * hd).enumerate().take(rows.len()) {
+    for row in q.chunks_exact(p.heads * hd).take(rows.len()) {
         let at = kvh * group * hd;
-        s.q[i * group * hd..(i + 1) * group * hd].copy_from_slice(&row[at..at + group * hd]);
+        s.q.extend(row[at..at + group * hd].iter().map(|&x| x * q_scale));
     }
     s.acc.clear();
     s.acc.resize(m * hd, 0.0);
@@ -204,54 +264,46 @@ fn attend_block(
     s.max.resize(m, f32::NEG_INFINITY);
     s.sum.clear();
     s.sum.resize(m, 0.0);
+    if s.scores.len() < m * KEY_TILE {
+        s.scores.resize(m * KEY_TILE, 0.0);
+    }
     let lo = bounds.iter().map(|b| b.0).min().unwrap_or(0);
     let hi = bounds.iter().map(|b| b.1).max().unwrap_or(0);
-    let mut t0 = lo;
-    while t0 < hi {
-        let t1 = (t0 + KEY_TILE).min(hi);
+    // Tiles from the last key back, so the diagonal tile ends where the rows' keys do
+    // and the masked triangle it computes in vain is only as wide as the block.
+    let mut t1 = hi;
+    while t1 > lo {
+        let t0 = t1.saturating_sub(KEY_TILE).max(lo);
         let n = t1 - t0;
         let keys = &kv.keys[(t0 - kv.base) * hd..(t1 - kv.base) * hd];
         let values = &kv.values[(t0 - kv.base) * hd..(t1 - kv.base) * hd];
-        s.scores.clear();
-        s.scores.resize(m * n, 0.0);
+        let scores = &mut s.scores[..m * n];
         // S = Q · Kᵀ: the keys `[position][dim]` read as a `dim × position` matrix.
-        matmul(
-            (m, n, hd),
-            &mut s.scores,
-            false,
-            (&s.q, hd, 1),
-            (keys, 1, hd),
-        );
+        matmul((m, n, hd), scores, false, (&s.q, hd, 1), (keys, 1, hd));
         for (i, &(from, to)) in bounds.iter().enumerate() {
             let (a, b) = (from.clamp(t0, t1) - t0, to.clamp(t0, t1) - t0);
             for g in 0..group {
                 let mi = i * group + g;
-                let row = &mut s.scores[mi * n..(mi + 1) * n];
+                let row = &mut scores[mi * n..(mi + 1) * n];
+                row[..a.min(b)].fill(0.0);
+                row[b.max(a)..].fill(0.0);
                 if a >= b {
-                    row.fill(0.0);
                     continue;
                 }
-                let mut tile_max = f32::NEG_INFINITY;
-                for x in &mut row[a..b] {
-                    let mut v = *x * p.scale;
-                    if let Some(cap) = p.softcap {
-                        v = cap * (v / cap).tanh();
+                let live = &mut row[a..b];
+                if let Some(cap) = p.softcap {
+                    for x in live.iter_mut() {
+                        *x = cap * (*x * p.scale / cap).tanh();
                     }
-                    *x = v;
-                    tile_max = tile_max.max(v);
                 }
-                let new_max = s.max[mi].max(tile_max);
+                let new_max = s.max[mi].max(max_of(live));
                 let carry = (s.max[mi] - new_max).exp();
                 s.max[mi] = new_max;
-                row[..a].fill(0.0);
-                row[b..].fill(0.0);
-                let live = &mut row[a..b];
                 for x in live.iter_mut() {
                     *x -= new_max;
                 }
                 exp_in_place(live);
-                let tile_sum: f32 = live.iter().sum();
-                s.sum[mi] = s.sum[mi] * carry + tile_sum;
+                s.sum[mi] = s.sum[mi] * carry + lane_sum(live);
                 if carry != 1.0 {
                     for x in &mut s.acc[mi * hd..(mi + 1) * hd] {
                         *x *= carry;
@@ -264,10 +316,10 @@ fn attend_block(
             (m, hd, n),
             &mut s.acc,
             true,
-            (&s.scores, n, 1),
+            (scores, n, 1),
             (values, hd, 1),
         );
-        t0 = t1;
+        t1 = t0;
     }
     for (i, o) in out.iter_mut().enumerate() {
         for g in 0..group {
@@ -288,6 +340,7 @@ fn attend_block(
 /// (which see the most keys) first.
 pub(crate) fn attend_runs(
     pool: &ThreadPool,
+    kernel: Kernel,
     q: &[f32],
     rows: &[RowSource<'_>],
     runs: &[ChunkRun],
@@ -334,8 +387,7 @@ pub(crate) fn attend_runs(
     let slices: Vec<Mutex<&mut [f32]>> = out.chunks_mut(group * hd).map(Mutex::new).collect();
     let next = AtomicUsize::new(0);
     pool.run(&|_| {
-        let mut scratch = Scratch::default();
-        loop {
+        SCRATCH.with_borrow_mut(|scratch| loop {
             let u = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(r, kvh, b)) = units.get(u) else {
                 break;
@@ -351,15 +403,14 @@ pub(crate) fn attend_runs(
                 })
                 .collect();
             let mut outs: Vec<&mut [f32]> = guards.iter_mut().map(|g| &mut ***g).collect();
-            attend_block(
-                &q[first * row_width..last * row_width],
-                &rows[first..last],
-                &converted[r * p.kv_heads + kvh],
+            let job = Block {
+                q: &q[first * row_width..last * row_width],
+                rows: &rows[first..last],
+                kv: &converted[r * p.kv_heads + kvh],
                 kvh,
-                p,
-                &mut scratch,
-                &mut outs,
-            );
-        }
+                out: &mut outs,
+            };
+            attend_block(kernel, job, p, scratch);
+        });
     });
 }
