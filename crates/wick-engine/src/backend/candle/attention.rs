@@ -12,6 +12,7 @@ use super::block_pool::{Avx2, Avx512};
 use super::block_pool::{KvBlock, KvDtype, KvNumber, Portable, Simd, BLOCK_TOKENS};
 use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
+use super::prefill_attention;
 use crate::backend::AttentionParams;
 
 /// `out += w * v`
@@ -233,7 +234,7 @@ fn normalize(weights: &mut [f32]) {
 
 /// The sum of `xs` in the [`normalize`] order.
 #[inline(always)]
-fn lane_sum(xs: &[f32]) -> f32 {
+pub(super) fn lane_sum(xs: &[f32]) -> f32 {
     let mut lanes = [0f32; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
@@ -267,7 +268,7 @@ macro_rules! by_group {
 /// The largest of `xs` (−∞ when empty), sixteen lanes at a time: a maximum does not
 /// depend on the order it is taken in.
 #[inline(always)]
-fn max_of(xs: &[f32]) -> f32 {
+pub(super) fn max_of(xs: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
@@ -298,7 +299,7 @@ const SERIAL_WORK: usize = 1 << 15;
 /// computes the same operations in the same order (no fused multiply-adds, no reordered
 /// sums), so all give the same bits; they differ only in vector width.
 #[derive(Debug, Clone, Copy)]
-enum Kernel {
+pub(super) enum Kernel {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2(Avx2),
@@ -308,7 +309,7 @@ enum Kernel {
 
 impl Kernel {
     /// The kernel for the family `isa`, or the best smaller one this CPU has.
-    fn for_isa(isa: Isa) -> Kernel {
+    pub(super) fn for_isa(isa: Isa) -> Kernel {
         #[cfg(target_arch = "x86_64")]
         {
             if isa >= Isa::Avx512Vnni {
@@ -327,28 +328,37 @@ impl Kernel {
     }
 }
 
-/// Attention of the query heads `h0 .. h0 + qs.len() / hd`, which all read KV head `kvh`,
-/// for one row, up to [`MAX_GROUP`] heads at a time sharing every key and value load;
-/// `scores` is reused scratch. The body is compiled once per [`Kernel`], each copy with its
-/// instruction set enabled, so the sixteen-wide loops become that set's vector code whatever
-/// CPU the build targets.
+/// One job of the per-row kernel: the query heads `qs` (`[head][hd]`) of one row, all
+/// reading KV head `kvh`, over the keys `span` (`lo .. hi`).
+struct HeadsJob<'a, 'b> {
+    qs: &'a [f32],
+    src: &'a RowSource<'b>,
+    kvh: usize,
+    span: (usize, usize),
+    /// For a piece of a split row: where each head's softmax maximum and sum go, the
+    /// output left unnormalized for [`merge_pieces`]. `None`: the whole row, normalized.
+    stats: Option<&'a mut [(f32, f32)]>,
+}
+
+/// Attention of one [`HeadsJob`], up to [`MAX_GROUP`] heads at a time sharing every key
+/// and value load; `scores` is reused scratch. The body is compiled once per [`Kernel`],
+/// each copy with its instruction set enabled, so the sixteen-wide loops become that
+/// set's vector code whatever CPU the build targets.
 fn attend_heads(
     kernel: Kernel,
-    qs: &[f32],
-    src: &RowSource<'_>,
-    kvh: usize,
+    job: HeadsJob<'_, '_>,
     p: &AttentionParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     match kernel {
-        Kernel::Portable => attend_heads_on(Portable, qs, src, kvh, p, scores, out),
+        Kernel::Portable => attend_heads_on(Portable, job, p, scores, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Avx2` proves the CPU has AVX2, FMA and F16C.
-        Kernel::Avx2(s) => unsafe { attend_heads_avx2(s, qs, src, kvh, p, scores, out) },
+        Kernel::Avx2(s) => unsafe { attend_heads_avx2(s, job, p, scores, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Avx512` proves the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
-        Kernel::Avx512(s) => unsafe { attend_heads_avx512(s, qs, src, kvh, p, scores, out) },
+        Kernel::Avx512(s) => unsafe { attend_heads_avx512(s, job, p, scores, out) },
     }
 }
 
@@ -357,14 +367,12 @@ fn attend_heads(
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attend_heads_avx2(
     simd: Avx2,
-    qs: &[f32],
-    src: &RowSource<'_>,
-    kvh: usize,
+    job: HeadsJob<'_, '_>,
     p: &AttentionParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_heads_on(simd, qs, src, kvh, p, scores, out)
+    attend_heads_on(simd, job, p, scores, out)
 }
 
 /// [`attend_heads`] compiled for AVX-512.
@@ -372,30 +380,26 @@ fn attend_heads_avx2(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 fn attend_heads_avx512(
     simd: Avx512,
-    qs: &[f32],
-    src: &RowSource<'_>,
-    kvh: usize,
+    job: HeadsJob<'_, '_>,
     p: &AttentionParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    attend_heads_on(simd, qs, src, kvh, p, scores, out)
+    attend_heads_on(simd, job, p, scores, out)
 }
 
 /// [`attend_heads`] with the instructions of `simd`, inlined into its caller.
 #[inline(always)]
 fn attend_heads_on<S: Simd>(
     simd: S,
-    qs: &[f32],
-    src: &RowSource<'_>,
-    kvh: usize,
+    job: HeadsJob<'_, '_>,
     p: &AttentionParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    match src.cache.dtype {
-        KvDtype::F32 => attend_heads_as::<f32, S>(simd, qs, src, kvh, p, scores, out),
-        KvDtype::F16 => attend_heads_as::<f16, S>(simd, qs, src, kvh, p, scores, out),
+    match job.src.cache.dtype {
+        KvDtype::F32 => attend_heads_as::<f32, S>(simd, job, p, scores, out),
+        KvDtype::F16 => attend_heads_as::<f16, S>(simd, job, p, scores, out),
     }
 }
 
@@ -403,25 +407,23 @@ fn attend_heads_on<S: Simd>(
 #[inline(always)]
 fn attend_heads_as<E: KvNumber, S: Simd>(
     simd: S,
-    qs: &[f32],
-    src: &RowSource<'_>,
-    kvh: usize,
+    job: HeadsJob<'_, '_>,
     p: &AttentionParams,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let HeadsJob {
+        qs,
+        src,
+        kvh,
+        span,
+        mut stats,
+    } = job;
     let hd = p.head_dim;
     let heads = qs.len() / hd;
-    let hi = src.end;
-    let lo = match p.window {
-        Some(w) => (src.pos + 1).saturating_sub(w),
-        None => 0,
-    }
-    .max(src.cache.start);
-    let n = hi - lo;
+    let n = span.1 - span.0;
     scores.clear();
     scores.resize(heads * n, 0.0);
-    let span = (lo, hi);
     for r in head_groups(heads) {
         let (q, s) = (
             &qs[r.start * hd..r.end * hd],
@@ -429,13 +431,16 @@ fn attend_heads_as<E: KvNumber, S: Simd>(
         );
         by_group!(r, group_scores::<E, S>(simd, q, src, span, kvh, p, s));
     }
-    for weights in scores.chunks_exact_mut(n) {
+    for (h, weights) in scores.chunks_exact_mut(n).enumerate() {
         let max = max_of(weights);
         for s in weights.iter_mut() {
             *s -= max;
         }
         exp_in_place(weights);
-        normalize(weights);
+        match stats.as_deref_mut() {
+            Some(stats) => stats[h] = (max, lane_sum(weights)),
+            None => normalize(weights),
+        }
     }
     for r in head_groups(heads) {
         let (w, o) = (
@@ -446,9 +451,85 @@ fn attend_heads_as<E: KvNumber, S: Simd>(
     }
 }
 
+/// The keys a row sees: from its window's start (or the cache's) to its end.
+fn row_span(src: &RowSource<'_>, p: &AttentionParams) -> (usize, usize) {
+    let lo = match p.window {
+        Some(w) => (src.pos + 1).saturating_sub(w),
+        None => 0,
+    }
+    .max(src.cache.start);
+    (lo, src.end)
+}
+
+/// Rows that see at least this many keys are split over the threads in pieces.
+const SPLIT_KEYS: usize = 1024;
+
+/// Keys of one piece of a split row; pieces start at multiples of this position, so how
+/// a row is split (and the bits of its result) depends only on the row, never on the
+/// batch around it.
+const PIECE_KEYS: usize = 512;
+
+/// The pieces of `span`, cut at multiples of [`PIECE_KEYS`].
+fn pieces((lo, hi): (usize, usize)) -> impl Iterator<Item = (usize, usize)> {
+    let first = lo - lo % PIECE_KEYS;
+    (first..hi)
+        .step_by(PIECE_KEYS)
+        .map(move |at| (at.max(lo), (at + PIECE_KEYS).min(hi)))
+}
+
+/// What one piece of a split row leaves for the merge: per head of its group the softmax
+/// maximum and sum over the piece, and the unnormalized weighted values `[head][hd]`.
+#[derive(Default)]
+struct Partial {
+    stats: Vec<(f32, f32)>,
+    acc: Vec<f32>,
+}
+
+/// Combines the pieces of one split row's KV-head group, in position order, into `out`
+/// (`[head][hd]`): each piece's values and sum scaled by `exp(its max − overall max)`.
+fn merge_pieces(parts: &[Partial], hd: usize, out: &mut [f32]) {
+    for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+        let max = parts
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, part| m.max(part.stats[h].0));
+        o.fill(0.0);
+        let mut total = 0f32;
+        for part in parts {
+            let (m, sum) = part.stats[h];
+            let w = (m - max).exp();
+            total += w * sum;
+            axpy(o, w, &part.acc[h * hd..(h + 1) * hd]);
+        }
+        let inv = 1.0 / total;
+        for x in o.iter_mut() {
+            *x *= inv;
+        }
+    }
+}
+
+/// A work unit of [`attend`].
+enum Unit {
+    /// Query heads `h0 ..` (one [`attend`] slice's worth) of a whole row.
+    Heads { row: usize, h0: usize },
+    /// A piece of a split row: the query heads of KV head `kvh` over `span`, into partial
+    /// `slot`.
+    Piece {
+        row: usize,
+        kvh: usize,
+        span: (usize, usize),
+        slot: usize,
+    },
+}
+
 /// Attention for every (row, head) on `pool`, with the kernels of the family `isa` (or
-/// the best smaller one the CPU has); `q` is `[rows][heads][head_dim]`, the result too. A work unit is one row's query heads of one KV head (the group shares
-/// every key load), or a single head when that leaves too few units for the threads.
+/// the best smaller one the CPU has); `q` is `[rows][heads][head_dim]`, the result too.
+///
+/// Runs of at least [`prefill_attention::MIN_ROWS`] prompt rows of one sequence go
+/// through [`prefill_attention`]'s matrix products. Every other row is a work unit of
+/// its query heads of one KV head (the group shares every key load), or a single head
+/// when that leaves too few units for the threads; a row that sees [`SPLIT_KEYS`] keys
+/// or more is cut into pieces per KV head, computed apart and merged, so a long decode
+/// row keeps every thread busy.
 pub(crate) fn attend(
     pool: &ThreadPool,
     isa: Isa,
@@ -460,40 +541,117 @@ pub(crate) fn attend(
     let group = p.heads / p.kv_heads;
     let kernel = Kernel::for_isa(isa);
     let mut out = vec![0f32; q.len()];
-    let per_unit = if rows.len() * p.kv_heads >= 2 * pool.threads() {
+    // Long runs of one sequence's prompt rows go through the matrix products.
+    let runs = prefill_attention::chunk_runs(rows);
+    let mut in_run = vec![false; rows.len()];
+    for run in &runs {
+        in_run[run.first..run.first + run.len].fill(true);
+    }
+    let single = in_run.iter().filter(|&&r| !r).count();
+    let per_unit = if single * p.kv_heads >= 2 * pool.threads() {
         group
     } else {
         1
     };
-    let units_per_row = p.heads / per_unit;
-    let work_size: usize = rows
-        .iter()
-        .map(|r| (r.end - r.cache.start.min(r.pos)).min(p.window.unwrap_or(usize::MAX)))
-        .sum::<usize>()
-        * p.heads
-        * hd
-        * 2;
-    let units: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per_unit * hd).map(Mutex::new).collect();
+    let mut units = Vec::new();
+    let mut splits = Vec::new();
+    let mut slots = 0;
+    let mut work_size = 0;
+    for (r, src) in rows.iter().enumerate() {
+        if in_run[r] {
+            continue;
+        }
+        let span = row_span(src, p);
+        work_size += (span.1 - span.0) * p.heads * hd * 2;
+        if span.1 - span.0 >= SPLIT_KEYS {
+            for kvh in 0..p.kv_heads {
+                let first = slots;
+                for span in pieces(span) {
+                    units.push(Unit::Piece {
+                        row: r,
+                        kvh,
+                        span,
+                        slot: slots,
+                    });
+                    slots += 1;
+                }
+                splits.push((r, kvh, first..slots));
+            }
+        } else {
+            units.extend(
+                (0..p.heads)
+                    .step_by(per_unit)
+                    .map(|h0| Unit::Heads { row: r, h0 }),
+            );
+        }
+    }
+    let partials: Vec<Mutex<Partial>> = (0..slots).map(|_| Mutex::default()).collect();
+    let slices: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per_unit * hd).map(Mutex::new).collect();
     let next = AtomicUsize::new(0);
     let work = |_thread: usize| {
         let mut scores = Vec::new();
         loop {
             let u = next.fetch_add(1, Ordering::Relaxed);
-            if u >= units.len() {
-                break;
+            match units.get(u) {
+                None => break,
+                Some(&Unit::Heads { row, h0 }) => {
+                    let qs = &q[(row * p.heads + h0) * hd..(row * p.heads + h0 + per_unit) * hd];
+                    let src = &rows[row];
+                    let job = HeadsJob {
+                        qs,
+                        src,
+                        kvh: h0 / group,
+                        span: row_span(src, p),
+                        stats: None,
+                    };
+                    let mut o = slices[(row * p.heads + h0) / per_unit]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    attend_heads(kernel, job, p, &mut scores, &mut o);
+                }
+                Some(&Unit::Piece {
+                    row,
+                    kvh,
+                    span,
+                    slot,
+                }) => {
+                    let h0 = kvh * group;
+                    let mut part = Partial {
+                        stats: vec![(0.0, 0.0); group],
+                        acc: vec![0.0; group * hd],
+                    };
+                    let job = HeadsJob {
+                        qs: &q[(row * p.heads + h0) * hd..(row * p.heads + h0 + group) * hd],
+                        src: &rows[row],
+                        kvh,
+                        span,
+                        stats: Some(&mut part.stats),
+                    };
+                    attend_heads(kernel, job, p, &mut scores, &mut part.acc);
+                    *partials[slot].lock().unwrap_or_else(|e| e.into_inner()) = part;
+                }
             }
-            let (r, h0) = (u / units_per_row, (u % units_per_row) * per_unit);
-            let qs = &q[(r * p.heads + h0) * hd..(r * p.heads + h0 + per_unit) * hd];
-            let mut o = units[u].lock().unwrap_or_else(|e| e.into_inner());
-            attend_heads(kernel, qs, &rows[r], h0 / group, p, &mut scores, &mut o);
         }
     };
-    if work_size < SERIAL_WORK {
+    if units.is_empty() {
+        // Every row is in a run.
+    } else if work_size < SERIAL_WORK {
         work(0);
     } else {
         pool.run(&work);
     }
-    drop(units);
+    drop(slices);
+    let partials: Vec<Partial> = partials
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .collect();
+    for (r, kvh, slots) in splits {
+        let at = (r * p.heads + kvh * group) * hd;
+        merge_pieces(&partials[slots], hd, &mut out[at..at + group * hd]);
+    }
+    if !runs.is_empty() {
+        prefill_attention::attend_runs(pool, kernel, q, rows, &runs, p, &mut out);
+    }
     out
 }
 
@@ -618,7 +776,9 @@ mod tests {
     /// Grouped heads (one to four sharing each load, seven split four and three), head
     /// sizes with and without a tail past the four partials or a 64-wide value tile: every
     /// output is bit for bit the ordered reference's, for decode rows of several sequences
-    /// and for a prompt chunk, on every instruction set this CPU has.
+    /// and for a prompt chunk, on every instruction set this CPU has. (The chunks are
+    /// shorter than [`prefill_attention::MIN_KEYS`], so they stay on the per-row kernel;
+    /// the matrix products have their own test below.)
     #[test]
     fn grouped_heads_keep_the_promised_summation_order() {
         for isa in Isa::available() {
@@ -847,6 +1007,212 @@ mod tests {
                 );
                 assert!(caches[2].start > 0, "nothing fell out of the window");
             }
+        }
+    }
+
+    /// Prompt chunks long enough for the matrix products — a first chunk, then one after a
+    /// prefix, with and without a sliding window and soft-capping, f32 and f16 caches, beside
+    /// a decode row of another sequence in the same batch — match the f64 reference, and the
+    /// per-row kernel (the same rows fed one at a time) within f32 rounding.
+    #[test]
+    fn long_prompt_chunks_match_the_reference_and_the_per_row_kernel() {
+        let n = prefill_attention::MIN_KEYS + 2 * prefill_attention::MIN_ROWS + 30;
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let be = CandleBackend::cpu().with_kv_dtype(dtype);
+            let stored = |x: f32| match dtype {
+                KvDtype::F32 => x,
+                KvDtype::F16 => half::f16::from_f32(x).to_f32(),
+            };
+            for (heads, kv_heads, head_dim, window, softcap) in [
+                (14, 2, 64, None, None),
+                (4, 1, 256, Some(150), Some(30.0)),
+                (6, 3, 80, Some(40), None),
+            ] {
+                let p = AttentionParams {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    window,
+                    softcap,
+                };
+                let (q_w, kv_w) = (heads * head_dim, kv_heads * head_dim);
+                let q: Vec<f32> = noise(7, n * q_w).iter().map(|x| 3.0 * x).collect();
+                let k: Vec<f32> = noise(8, n * kv_w).iter().map(|x| 3.0 * x).collect();
+                let v = noise(9, n * kv_w);
+                let (k_kept, v_kept): (Vec<f32>, Vec<f32>) = (
+                    k.iter().map(|&x| stored(x)).collect(),
+                    v.iter().map(|&x| stored(x)).collect(),
+                );
+                // The other sequence: one earlier token, then a decode row.
+                let other: Vec<f32> = noise(10, 2 * kv_w);
+                let tensor =
+                    |x: &[f32], w: usize| HostTensor::from_vec(x.to_vec(), x.len() / w, w).unwrap();
+                let mut whole = be.new_kv_layer(kv_heads, head_dim, window);
+                let mut rowwise = be.new_kv_layer(kv_heads, head_dim, window);
+                let mut side = be.new_kv_layer(kv_heads, head_dim, window);
+                be.attention(
+                    &tensor(&noise(11, q_w), q_w),
+                    &tensor(&other[..kv_w], kv_w),
+                    &tensor(&other[..kv_w], kv_w),
+                    &mut [AttentionSegment {
+                        rows: 0..1,
+                        cache: &mut side,
+                    }],
+                    &p,
+                )
+                .unwrap();
+                let split = n - prefill_attention::MIN_ROWS - 7;
+                let mut worst_ref = 0f32;
+                let mut worst_row = 0f32;
+                for span in [0..split, split..n] {
+                    // The chunk, then the other sequence's decode row, in one batch.
+                    let rows = span.len();
+                    let mut qb = q[span.start * q_w..span.end * q_w].to_vec();
+                    let mut kb = k[span.start * kv_w..span.end * kv_w].to_vec();
+                    let mut vb = v[span.start * kv_w..span.end * kv_w].to_vec();
+                    qb.extend(std::iter::repeat_n(0.5, q_w));
+                    kb.extend_from_slice(&other[kv_w..]);
+                    vb.extend_from_slice(&other[kv_w..]);
+                    let out = be
+                        .attention(
+                            &tensor(&qb, q_w),
+                            &tensor(&kb, kv_w),
+                            &tensor(&vb, kv_w),
+                            &mut [
+                                AttentionSegment {
+                                    rows: 0..rows,
+                                    cache: &mut whole,
+                                },
+                                AttentionSegment {
+                                    rows: rows..rows + 1,
+                                    cache: &mut side,
+                                },
+                            ],
+                            &p,
+                        )
+                        .unwrap();
+                    for (i, pos) in span.clone().enumerate() {
+                        let one = be
+                            .attention(
+                                &tensor(&q[pos * q_w..(pos + 1) * q_w], q_w),
+                                &tensor(&k[pos * kv_w..(pos + 1) * kv_w], kv_w),
+                                &tensor(&v[pos * kv_w..(pos + 1) * kv_w], kv_w),
+                                &mut [AttentionSegment {
+                                    rows: 0..1,
+                                    cache: &mut rowwise,
+                                }],
+                                &p,
+                            )
+                            .unwrap();
+                        let want =
+                            reference(&q[pos * q_w..(pos + 1) * q_w], &k_kept, &v_kept, pos, &p);
+                        let got = &out.data()[i * q_w..(i + 1) * q_w];
+                        for ((a, b), c) in got.iter().zip(&want).zip(one.data()) {
+                            worst_ref = worst_ref.max((a - b).abs());
+                            worst_row = worst_row.max((a - c).abs());
+                        }
+                    }
+                }
+                assert!(
+                    worst_ref <= 1e-5 && worst_row <= 1e-5,
+                    "{dtype:?} {heads}/{kv_heads} heads of {head_dim}, window {window:?}: \
+                     {worst_ref} from the reference, {worst_row} from the per-row kernel"
+                );
+            }
+        }
+    }
+
+    /// Decode rows that see more than [`SPLIT_KEYS`] keys are cut into pieces and merged:
+    /// they match the f64 reference (with and without a window whose start falls inside a
+    /// piece), and a row gives the same bits alone and beside another sequence's row.
+    #[test]
+    fn split_decode_rows_match_the_reference_alone_or_batched() {
+        let n = SPLIT_KEYS + PIECE_KEYS + 37;
+        for window in [None, Some(SPLIT_KEYS + 100)] {
+            let be = CandleBackend::cpu().with_kv_dtype(KvDtype::F32);
+            let p = AttentionParams {
+                heads: 14,
+                kv_heads: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window,
+                softcap: None,
+            };
+            let (q_w, kv_w) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
+            let q: Vec<f32> = noise(21, n * q_w).iter().map(|x| 3.0 * x).collect();
+            let k: Vec<f32> = noise(22, n * kv_w).iter().map(|x| 3.0 * x).collect();
+            let v = noise(23, n * kv_w);
+            let tensor =
+                |x: &[f32], w: usize| HostTensor::from_vec(x.to_vec(), x.len() / w, w).unwrap();
+            let mut alone = be.new_kv_layer(p.kv_heads, p.head_dim, window);
+            let mut batched = be.new_kv_layer(p.kv_heads, p.head_dim, window);
+            let mut other = be.new_kv_layer(p.kv_heads, p.head_dim, window);
+            let prompt = n - 3;
+            for cache in [&mut alone, &mut batched] {
+                be.attention(
+                    &tensor(&q[..prompt * q_w], q_w),
+                    &tensor(&k[..prompt * kv_w], kv_w),
+                    &tensor(&v[..prompt * kv_w], kv_w),
+                    &mut [AttentionSegment {
+                        rows: 0..prompt,
+                        cache,
+                    }],
+                    &p,
+                )
+                .unwrap();
+            }
+            let mut worst = 0f32;
+            for pos in prompt..n {
+                let (qr, kr, vr) = (
+                    &q[pos * q_w..(pos + 1) * q_w],
+                    &k[pos * kv_w..(pos + 1) * kv_w],
+                    &v[pos * kv_w..(pos + 1) * kv_w],
+                );
+                let one = be
+                    .attention(
+                        &tensor(qr, q_w),
+                        &tensor(kr, kv_w),
+                        &tensor(vr, kv_w),
+                        &mut [AttentionSegment {
+                            rows: 0..1,
+                            cache: &mut alone,
+                        }],
+                        &p,
+                    )
+                    .unwrap();
+                let two = be
+                    .attention(
+                        &tensor(&[qr, qr].concat(), q_w),
+                        &tensor(&[kr, kr].concat(), kv_w),
+                        &tensor(&[vr, vr].concat(), kv_w),
+                        &mut [
+                            AttentionSegment {
+                                rows: 0..1,
+                                cache: &mut other,
+                            },
+                            AttentionSegment {
+                                rows: 1..2,
+                                cache: &mut batched,
+                            },
+                        ],
+                        &p,
+                    )
+                    .unwrap();
+                assert_eq!(
+                    one.data(),
+                    &two.data()[q_w..],
+                    "alone and batched differ at {pos}"
+                );
+                let want = reference(qr, &k, &v, pos, &p);
+                for (a, b) in one.data().iter().zip(&want) {
+                    worst = worst.max((a - b).abs());
+                }
+            }
+            assert!(
+                worst <= 1e-5,
+                "window {window:?}: {worst} from the reference"
+            );
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod block_pool;
 mod exp;
 mod kv;
 mod norm;
+mod prefill_attention;
 mod profile;
 mod rope;
 mod tensor;

@@ -1,0 +1,416 @@
+//! Attention of long prompt chunks as matrix products: the keys and values a chunk sees
+//! are converted to f32 once per call, and blocks of query rows (every query head of one
+//! KV head stacked) meet tiles of keys in `gemm` products with an online softmax, so each
+//! key and value is reused by a whole block of rows instead of streamed once per row.
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use half::f16;
+use wick_kernels::ThreadPool;
+
+use super::attention::{lane_sum, max_of, Kernel, RowSource};
+use super::block_pool::{KvDtype, KvNumber, BLOCK_TOKENS};
+use super::exp::exp_in_place;
+use super::kv::CpuKvLayer;
+use crate::backend::AttentionParams;
+
+/// Fewest consecutive rows of one sequence's prompt chunk that go through the products;
+/// shorter runs (decode, small chunks, speculative verification) stay with the per-row
+/// kernel, which is faster there.
+pub(crate) const MIN_ROWS: usize = 48;
+
+/// Fewest keys the last row of a run must see for the run to go through the products.
+///
+/// The products sum in another order than the per-row kernel, so a row's bits depend on
+/// the path it took. Below this length every row takes the per-row path, whose result
+/// depends only on the row: a sequence gets the same bits alone or batched, chunked in
+/// any way, or recomputed after preemption. Past it, where the products pay (attention
+/// grows with the context, the per-row kernel streams every key once per row), a prompt
+/// row's bits depend on whether its chunk was long enough: equal within f32 rounding,
+/// not bit for bit, so sampled outputs of long prompts may differ between such runs.
+pub(crate) const MIN_KEYS: usize = 1024;
+
+/// Query rows of one work unit: with the query heads of a KV head stacked, the left
+/// matrix has `QUERY_ROWS × group` rows.
+const QUERY_ROWS: usize = 64;
+
+/// Key positions of one tile: the scores of a unit's rows against one tile stay in the
+/// core's second-level cache between the two products.
+const KEY_TILE: usize = 256;
+
+/// Rows `first .. first + len` of a batch: consecutive positions of one sequence, each
+/// seeing the keys up to its own position (plain causal attention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChunkRun {
+    pub first: usize,
+    pub len: usize,
+}
+
+/// The runs of at least [`MIN_ROWS`] causal rows of one sequence in `rows` whose last row
+/// sees at least [`MIN_KEYS`] keys. A row that sees past its own position (a
+/// bidirectional image span) ends a run.
+pub(crate) fn chunk_runs(rows: &[RowSource<'_>]) -> Vec<ChunkRun> {
+    let mut runs = Vec::new();
+    let mut at = 0;
+    while at < rows.len() {
+        let first = &rows[at];
+        let mut len = 0;
+        while let Some(r) = rows.get(at + len) {
+            let next = std::ptr::eq(r.cache, first.cache)
+                && r.pos == first.pos + len
+                && r.end == r.pos + 1;
+            if !next {
+                break;
+            }
+            len += 1;
+        }
+        if len >= MIN_ROWS && rows[at + len - 1].end >= MIN_KEYS {
+            runs.push(ChunkRun { first: at, len });
+        }
+        at += len.max(1);
+    }
+    runs
+}
+
+/// First key a row at `pos` sees.
+fn first_key(pos: usize, cache: &CpuKvLayer, p: &AttentionParams) -> usize {
+    match p.window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    }
+    .max(cache.start)
+}
+
+/// One KV head's keys and values of positions `base ..` as f32, `[position][dim]` each.
+struct HeadKv {
+    base: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// Keys and values of KV head `kvh` at positions `from .. to` of `cache`, converted.
+fn gather(cache: &CpuKvLayer, kvh: usize, hd: usize, from: usize, to: usize) -> HeadKv {
+    match cache.dtype {
+        KvDtype::F32 => gather_as::<f32>(cache, kvh, hd, from, to),
+        KvDtype::F16 => gather_as::<f16>(cache, kvh, hd, from, to),
+    }
+}
+
+fn gather_as<E: KvNumber>(
+    cache: &CpuKvLayer,
+    kvh: usize,
+    hd: usize,
+    from: usize,
+    to: usize,
+) -> HeadKv {
+    let n = to - from;
+    let mut keys = vec![0f32; n * hd];
+    let mut values = Vec::with_capacity(n * hd);
+    let mut pos = from;
+    while pos < to {
+        let (block, slot) = cache.locate(pos);
+        let len = (BLOCK_TOKENS - slot).min(to - pos);
+        // Keys are stored transposed, `[dim][slot]`.
+        let kt: &[E] = block.head_keys(kvh, hd);
+        let out = &mut keys[(pos - from) * hd..(pos - from + len) * hd];
+        for (d, col) in kt.chunks_exact(BLOCK_TOKENS).enumerate() {
+            for (s, &x) in col[slot..slot + len].iter().enumerate() {
+                out[s * hd + d] = x.to_f32();
+            }
+        }
+        let v: &[E] = block.head_values(kvh, hd, slot..slot + len);
+        values.extend(v.iter().map(|x| x.to_f32()));
+        pos += len;
+    }
+    HeadKv {
+        base: from,
+        keys,
+        values,
+    }
+}
+
+/// `c (m × n) = a (m × k) · b (k × n)`, or `c +=` when `accumulate`; each operand given as
+/// (data, row stride, column stride).
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    (m, n, k): (usize, usize, usize),
+    c: &mut [f32],
+    accumulate: bool,
+    (a, a_rs, a_cs): (&[f32], usize, usize),
+    (b, b_rs, b_cs): (&[f32], usize, usize),
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    let last = |rs: usize, cs: usize, rows: usize, cols: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(
+        c.len() >= m * n && a.len() > last(a_rs, a_cs, m, k) && b.len() > last(b_rs, b_cs, k, n),
+        "matrix buffers smaller than their shapes"
+    );
+    // SAFETY: the assertion above keeps every addressed element inside its buffer; `c`
+    // does not alias `a` or `b` (one `&mut` and two `&` borrows).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+thread_local! {
+    /// This thread's [`Scratch`], kept across units and calls (the score tiles are large
+    /// enough that a fresh allocation per call costs page faults).
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Scratch of one thread, kept across its units.
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+/// One unit's work: rows `rows` (consecutive positions of one sequence) against KV
+/// head `kvh`'s keys and values `kv`, for the query heads of that KV head; `q` holds the
+/// rows' queries (`[row][heads][hd]`), and each row's heads go to its slice of `out`
+/// (`[group][hd]`).
+struct Block<'a, 'b, 'c> {
+    q: &'a [f32],
+    rows: &'a [RowSource<'b>],
+    kv: &'a HeadKv,
+    kvh: usize,
+    out: &'a mut [&'c mut [f32]],
+}
+
+/// [`attend_block_on`] compiled for `kernel`'s instruction set, so the softmax loops
+/// between the products become its vector code.
+fn attend_block(kernel: Kernel, job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    match kernel {
+        Kernel::Portable => attend_block_on(job, p, s),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx2` kernel proves the CPU has AVX2, FMA and F16C.
+        Kernel::Avx2(_) => unsafe { attend_block_avx2(job, p, s) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Avx512` kernel proves the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
+        Kernel::Avx512(_) => unsafe { attend_block_avx512(job, p, s) },
+    }
+}
+
+/// [`attend_block_on`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_block_avx2(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    attend_block_on(job, p, s)
+}
+
+/// [`attend_block_on`] compiled for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+fn attend_block_avx512(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    attend_block_on(job, p, s)
+}
+
+/// The work of [`attend_block`]: the query heads stacked (matrix row `i * group + g`, the
+/// scale folded in unless scores are soft-capped), then per tile of keys `S = Q·Kᵀ`, each
+/// row's scores outside its keys zeroed and the rest turned into `exp(s − running max)`
+/// with the running sum and the accumulator rescaled when the maximum grows, and
+/// `O += P·V`; finally each row divided by its sum.
+#[inline(always)]
+fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
+    let Block {
+        q,
+        rows,
+        kv,
+        kvh,
+        out,
+    } = job;
+    let hd = p.head_dim;
+    let group = p.heads / p.kv_heads;
+    let m = rows.len() * group;
+    let cache = rows[0].cache;
+    let bounds: Vec<(usize, usize)> = rows
+        .iter()
+        .map(|r| (first_key(r.pos, cache, p), r.pos + 1))
+        .collect();
+    let q_scale = if p.softcap.is_some() { 1.0 } else { p.scale };
+    s.q.clear();
+    for row in q.chunks_exact(p.heads * hd).take(rows.len()) {
+        let at = kvh * group * hd;
+        s.q.extend(row[at..at + group * hd].iter().map(|&x| x * q_scale));
+    }
+    s.acc.clear();
+    s.acc.resize(m * hd, 0.0);
+    s.max.clear();
+    s.max.resize(m, f32::NEG_INFINITY);
+    s.sum.clear();
+    s.sum.resize(m, 0.0);
+    if s.scores.len() < m * KEY_TILE {
+        s.scores.resize(m * KEY_TILE, 0.0);
+    }
+    let lo = bounds.iter().map(|b| b.0).min().unwrap_or(0);
+    let hi = bounds.iter().map(|b| b.1).max().unwrap_or(0);
+    // Tiles from the last key back, so the diagonal tile ends where the rows' keys do
+    // and the masked triangle it computes in vain is only as wide as the block.
+    let mut t1 = hi;
+    while t1 > lo {
+        let t0 = t1.saturating_sub(KEY_TILE).max(lo);
+        let n = t1 - t0;
+        let keys = &kv.keys[(t0 - kv.base) * hd..(t1 - kv.base) * hd];
+        let values = &kv.values[(t0 - kv.base) * hd..(t1 - kv.base) * hd];
+        let scores = &mut s.scores[..m * n];
+        // S = Q · Kᵀ: the keys `[position][dim]` read as a `dim × position` matrix.
+        matmul((m, n, hd), scores, false, (&s.q, hd, 1), (keys, 1, hd));
+        for (i, &(from, to)) in bounds.iter().enumerate() {
+            let (a, b) = (from.clamp(t0, t1) - t0, to.clamp(t0, t1) - t0);
+            for g in 0..group {
+                let mi = i * group + g;
+                let row = &mut scores[mi * n..(mi + 1) * n];
+                row[..a.min(b)].fill(0.0);
+                row[b.max(a)..].fill(0.0);
+                if a >= b {
+                    continue;
+                }
+                let live = &mut row[a..b];
+                if let Some(cap) = p.softcap {
+                    for x in live.iter_mut() {
+                        *x = cap * (*x * p.scale / cap).tanh();
+                    }
+                }
+                let new_max = s.max[mi].max(max_of(live));
+                let carry = (s.max[mi] - new_max).exp();
+                s.max[mi] = new_max;
+                for x in live.iter_mut() {
+                    *x -= new_max;
+                }
+                exp_in_place(live);
+                s.sum[mi] = s.sum[mi] * carry + lane_sum(live);
+                if carry != 1.0 {
+                    for x in &mut s.acc[mi * hd..(mi + 1) * hd] {
+                        *x *= carry;
+                    }
+                }
+            }
+        }
+        // O += P · V.
+        matmul(
+            (m, hd, n),
+            &mut s.acc,
+            true,
+            (scores, n, 1),
+            (values, hd, 1),
+        );
+        t1 = t0;
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        for g in 0..group {
+            let mi = i * group + g;
+            let inv = 1.0 / s.sum[mi];
+            for (o, &a) in o[g * hd..(g + 1) * hd]
+                .iter_mut()
+                .zip(&s.acc[mi * hd..(mi + 1) * hd])
+            {
+                *o = a * inv;
+            }
+        }
+    }
+}
+
+/// Attention of the rows of `runs` into `out` (`[rows][heads][head_dim]`, as `q`), on
+/// `pool`: one unit per (run, KV head, block of [`QUERY_ROWS`] rows), the latest blocks
+/// (which see the most keys) first.
+pub(crate) fn attend_runs(
+    pool: &ThreadPool,
+    kernel: Kernel,
+    q: &[f32],
+    rows: &[RowSource<'_>],
+    runs: &[ChunkRun],
+    p: &AttentionParams,
+    out: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let group = p.heads / p.kv_heads;
+    let row_width = p.heads * hd;
+    // Every run's keys and values, per KV head, converted once.
+    let jobs: Vec<(usize, usize)> = (0..runs.len())
+        .flat_map(|r| (0..p.kv_heads).map(move |h| (r, h)))
+        .collect();
+    let converted: Vec<Mutex<Option<HeadKv>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    pool.run(&|_| loop {
+        let j = next.fetch_add(1, Ordering::Relaxed);
+        let Some(&(r, kvh)) = jobs.get(j) else { break };
+        let run = &runs[r];
+        let (first, last) = (&rows[run.first], &rows[run.first + run.len - 1]);
+        let from = first_key(first.pos, first.cache, p);
+        let kv = gather(first.cache, kvh, hd, from, last.pos + 1);
+        *converted[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(kv);
+    });
+    let converted: Vec<HeadKv> = converted
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every run and head converted")
+        })
+        .collect();
+    // Units, latest blocks first.
+    let mut units: Vec<(usize, usize, usize)> = Vec::new();
+    for (r, run) in runs.iter().enumerate() {
+        for b in 0..run.len.div_ceil(QUERY_ROWS) {
+            for kvh in 0..p.kv_heads {
+                units.push((r, kvh, b * QUERY_ROWS));
+            }
+        }
+    }
+    units.sort_by_key(|&(r, _, b)| std::cmp::Reverse(rows[runs[r].first].pos + b));
+    // One slice per (row, KV head): the group's heads of that row.
+    let slices: Vec<Mutex<&mut [f32]>> = out.chunks_mut(group * hd).map(Mutex::new).collect();
+    let next = AtomicUsize::new(0);
+    pool.run(&|_| {
+        SCRATCH.with_borrow_mut(|scratch| loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(r, kvh, b)) = units.get(u) else {
+                break;
+            };
+            let run = &runs[r];
+            let first = run.first + b;
+            let last = (first + QUERY_ROWS).min(run.first + run.len);
+            let mut guards: Vec<_> = (first..last)
+                .map(|row| {
+                    slices[row * p.kv_heads + kvh]
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                })
+                .collect();
+            let mut outs: Vec<&mut [f32]> = guards.iter_mut().map(|g| &mut ***g).collect();
+            let job = Block {
+                q: &q[first * row_width..last * row_width],
+                rows: &rows[first..last],
+                kv: &converted[r * p.kv_heads + kvh],
+                kvh,
+                out: &mut outs,
+            };
+            attend_block(kernel, job, p, scratch);
+        });
+    });
+}
