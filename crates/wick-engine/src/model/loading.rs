@@ -10,6 +10,7 @@ use wick_gguf::GgufFile;
 
 use super::dispatch::{with_decoder, AnyDecoder};
 use super::{GenerationDefaults, LoadOptions, Model, ModelFormat, ModelInfo};
+use crate::adapters::{AdapterDtype, BasePrecision, Target};
 use crate::backend::candle::{CandleBackend, KvDtype};
 use crate::backend::{Backend, BackendKind};
 use crate::config::ModelConfig;
@@ -79,7 +80,9 @@ impl Model {
             .opt_str("tokenizer.chat_template")?
             .map(str::to_string);
         // GGUF scales are exact in f32 (see backend::mlx).
-        let decoder = load_decoder(backend, cfg, &GgufWeights::new(&file), MlxDtype::F32, kv)?;
+        let weights = GgufWeights::new(&file);
+        let base = base_precision(&weights);
+        let decoder = load_decoder(backend, cfg, &weights, MlxDtype::F32, kv)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -92,6 +95,7 @@ impl Model {
             name,
             path,
             ModelFormat::Gguf,
+            base,
         )
     }
 
@@ -129,6 +133,7 @@ impl Model {
             .canonical_as(cfg.features.hf_naming)
             .with_quantization(quantization);
         let dtype = MlxDtype::of_checkpoint(&config, &named);
+        let base = base_precision(&named);
         let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
         let template_source = hf_chat_template(dir)?;
         let gen_path = dir.join("generation_config.json");
@@ -159,6 +164,7 @@ impl Model {
                 name,
                 dir,
                 ModelFormat::HuggingFace,
+                base,
             )?
         };
         // generation_config's eos ids join the set.
@@ -179,6 +185,7 @@ impl Model {
         name: String,
         path: &Path,
         format: ModelFormat,
+        base_precision: BasePrecision,
     ) -> Result<Model> {
         let cfg = with_decoder!(&decoder, d => d.config());
         let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
@@ -224,8 +231,29 @@ impl Model {
             defaults,
             eos,
             grammars: Default::default(),
+            adapter_dtype: AdapterDtype::Auto,
+            base_precision,
         })
     }
+}
+
+/// Whether the base model's projections compute on f32 weights: those of layer 0, the
+/// first that the file holds (an affine-quantized, quantized or half-precision one is
+/// [`BasePrecision::Rounded`]); a model without any is taken as exact.
+fn base_precision(weights: &dyn WeightSource) -> BasePrecision {
+    for t in Target::ALL {
+        let name = format!("blk.0.{}.weight", t.gguf_stem());
+        if let Ok(Some(_)) = weights.affine(&name) {
+            return BasePrecision::Rounded;
+        }
+        if let Ok(Some(w)) = weights.get(&name) {
+            return match w.dtype {
+                wick_gguf::GgmlType::F32 => BasePrecision::Exact,
+                _ => BasePrecision::Rounded,
+            };
+        }
+    }
+    BasePrecision::Exact
 }
 
 /// Activation dtype for the MLX backend, chosen from the checkpoint (candle ignores it).
