@@ -87,7 +87,7 @@ impl Model {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| source.clone());
-        Self::assemble(
+        let mut model = Self::assemble(
             decoder,
             tokenizer,
             template_source,
@@ -95,8 +95,9 @@ impl Model {
             name,
             path,
             ModelFormat::Gguf,
-            base,
-        )
+        )?;
+        model.base_precision = base;
+        Ok(model)
     }
 
     fn load_hf(dir: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
@@ -164,9 +165,9 @@ impl Model {
                 name,
                 dir,
                 ModelFormat::HuggingFace,
-                base,
             )?
         };
+        model.base_precision = base;
         // generation_config's eos ids join the set.
         let extra = crate::config::hf_ids(&gen, "eos_token_id");
         for id in extra {
@@ -185,7 +186,6 @@ impl Model {
         name: String,
         path: &Path,
         format: ModelFormat,
-        base_precision: BasePrecision,
     ) -> Result<Model> {
         let cfg = with_decoder!(&decoder, d => d.config());
         let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
@@ -232,7 +232,8 @@ impl Model {
             eos,
             grammars: Default::default(),
             adapter_dtype: AdapterDtype::Auto,
-            base_precision,
+            // Set by the loader that read the weights.
+            base_precision: BasePrecision::Exact,
         })
     }
 }
