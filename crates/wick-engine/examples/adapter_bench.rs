@@ -4,21 +4,23 @@
 //!
 //! ```text
 //! cargo run --release -p wick-engine --example adapter_bench -- \
-//!     MODEL.gguf [ADAPTER_DIR ...] [--random N] [--rank 16] [--streams 8] [--steps 48] [--rounds 3]
+//!     MODEL.gguf [ADAPTER_DIR ...] [--random N] [--rank 16] [--streams 8] [--steps 48] [--rounds 3] \
+//!     [--adapter-dtype auto,f32,f16]
 //! ```
 //!
 //! `--random N` writes N random PEFT adapters (f32, every projection of every layer, rank
 //! `--rank`, `lora_alpha = 2·rank`) shaped for MODEL into a temporary folder (or, kept, into
 //! `--random-dir DIR`) and benches those too: speed does not depend on the values.
 //!
-//! Each round decodes `--steps` tokens for every stream (after a 16-token prompt) twice,
-//! base first then adapters, and prints both rates; the mount time is the median over
-//! mounting every adapter `--rounds` times.
+//! Each round decodes `--steps` tokens for every stream (after a 16-token prompt) on the
+//! base, then spread over the adapters once per `--adapter-dtype` (a comma-separated list;
+//! default `auto`: each is mounted with the model's factor type set to it), and prints the
+//! rates; the mount time is the median over mounting every adapter `--rounds` times.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use wick_engine::adapters::{AdapterStack, Target};
+use wick_engine::adapters::{Adapter, AdapterDtype, AdapterStack, Target};
 use wick_engine::{LoadOptions, LogitsRequest, Model, Step};
 
 /// Writes a random PEFT adapter of `rank` for `model` (every projection of every layer,
@@ -122,10 +124,19 @@ fn main() {
     let (mut streams, mut steps, mut rounds) = (8usize, 48usize, 3usize);
     let (mut random, mut rank) = (0usize, 16usize);
     let mut random_dir: Option<PathBuf> = None;
+    let mut dtypes = vec![AdapterDtype::Auto];
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         if a == "--random-dir" {
             random_dir = it.next().map(PathBuf::from);
+            continue;
+        }
+        if a == "--adapter-dtype" {
+            let list = it.next().unwrap_or_default();
+            dtypes = list
+                .split(',')
+                .map(|d| d.parse().expect("auto, f32 or f16"))
+                .collect();
             continue;
         }
         let mut num = || -> usize {
@@ -149,7 +160,7 @@ fn main() {
         );
         std::process::exit(2);
     };
-    let model = Model::load(&model_path, &LoadOptions::default()).expect("model");
+    let mut model = Model::load(&model_path, &LoadOptions::default()).expect("model");
     let scratch = tempfile::tempdir().expect("temporary folder");
     for i in 0..random {
         let dir = random_dir
@@ -159,30 +170,38 @@ fn main() {
         write_random_peft(&model, &dir, rank, i as u64 + 1).expect("write a random adapter");
         dirs.push(dir);
     }
-    let mut mounts = Vec::new();
-    let mut adapters = Vec::new();
-    for r in 0..rounds.max(1) {
-        for (i, d) in dirs.iter().enumerate() {
-            let t = Instant::now();
-            let a = model.load_adapter(&format!("a{i}"), d).expect("adapter");
-            mounts.push(t.elapsed().as_secs_f64() * 1e3);
-            if r == 0 {
-                println!(
-                    "adapter {}: rank {}, {} layers, {:.1} MB",
-                    d.display(),
-                    a.info().rank,
-                    a.info().mounted_layers,
-                    a.info().size_bytes as f64 / 1e6
-                );
-                adapters.push(Arc::new(a));
+    // One set of mounted adapters per factor type.
+    let mut sets: Vec<(String, Vec<Arc<Adapter>>)> = Vec::new();
+    for &dtype in &dtypes {
+        model.set_adapter_dtype(dtype);
+        let mut mounts = Vec::new();
+        let mut adapters = Vec::new();
+        for r in 0..rounds.max(1) {
+            for (i, d) in dirs.iter().enumerate() {
+                let t = Instant::now();
+                let a = model.load_adapter(&format!("a{i}"), d).expect("adapter");
+                mounts.push(t.elapsed().as_secs_f64() * 1e3);
+                if r == 0 {
+                    println!(
+                        "adapter {}: rank {}, {} layers, {:.1} MB of {}",
+                        d.display(),
+                        a.info().rank,
+                        a.info().mounted_layers,
+                        a.info().size_bytes as f64 / 1e6,
+                        a.info().factor_dtype.name()
+                    );
+                    adapters.push(Arc::new(a));
+                }
             }
         }
+        let name = format!("{dtype:?}").to_lowercase();
+        println!(
+            "mount ({name}): median {:.1} ms over {} mounts",
+            median(mounts.clone()),
+            mounts.len()
+        );
+        sets.push((name, adapters));
     }
-    println!(
-        "mount: median {:.1} ms over {} mounts",
-        median(mounts.clone()),
-        mounts.len()
-    );
     // The part of a mount spent reading and checking the files (the rest is the upload).
     let (mut reads, mut digests) = (Vec::new(), Vec::new());
     for d in &dirs {
@@ -199,25 +218,42 @@ fn main() {
         median(digests)
     );
     let base: Vec<AdapterStack> = (0..streams).map(|_| AdapterStack::none()).collect();
-    let spread: Vec<AdapterStack> = (0..streams)
-        .map(|i| AdapterStack::new(vec![adapters[i % adapters.len()].clone()]).expect("stack"))
+    let spreads: Vec<Vec<AdapterStack>> = sets
+        .iter()
+        .map(|(_, adapters)| {
+            (0..streams)
+                .map(|i| {
+                    AdapterStack::new(vec![adapters[i % adapters.len()].clone()]).expect("stack")
+                })
+                .collect()
+        })
         .collect();
     decode_rate(&model, &base, 4);
-    let (mut b, mut s) = (Vec::new(), Vec::new());
+    let mut b = Vec::new();
+    let mut s: Vec<Vec<f64>> = vec![Vec::new(); sets.len()];
     for _ in 0..rounds.max(1) {
         b.push(decode_rate(&model, &base, steps));
-        s.push(decode_rate(&model, &spread, steps));
+        let mut line = format!("round: base {:.1} tok/s", b[b.len() - 1]);
+        for (k, spread) in spreads.iter().enumerate() {
+            let rate = decode_rate(&model, spread, steps);
+            s[k].push(rate);
+            line += &format!(
+                ", {} adapters ({}) {rate:.1} tok/s ({:.2})",
+                dirs.len(),
+                sets[k].0,
+                rate / b[b.len() - 1]
+            );
+        }
+        println!("{line}");
+    }
+    let b = median(b);
+    for (k, rates) in s.into_iter().enumerate() {
+        let s = median(rates);
         println!(
-            "round: base {:.1} tok/s, {} adapters {:.1} tok/s",
-            b[b.len() - 1],
-            adapters.len(),
-            s[s.len() - 1]
+            "{streams} streams: base {b:.1} tok/s, over {} adapters ({}) {s:.1} tok/s, ratio {:.2}",
+            dirs.len(),
+            sets[k].0,
+            s / b
         );
     }
-    let (b, s) = (median(b), median(s));
-    println!(
-        "{streams} streams: base {b:.1} tok/s, over {} adapters {s:.1} tok/s, ratio {:.2}",
-        adapters.len(),
-        s / b
-    );
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wick_engine::adapters::{AdapterRegistry, AdapterStack};
+use wick_engine::adapters::{AdapterDtype, AdapterRegistry, AdapterStack, FactorDtype};
 use wick_engine::weights::SafetensorsWeights;
 use wick_engine::{EngineError, LoadOptions, LogitsRequest, Model, Step};
 
@@ -457,4 +457,57 @@ fn speculative_rows_keep_their_adapters() {
     let (spec, counts) = run(Some(SpeculativeConfig::default()));
     assert_eq!(spec, plain);
     assert!(counts.drafted > 0, "{counts:?}");
+}
+
+/// Issue 18, half-precision factors: on the f32 golden base `auto` keeps the golden
+/// adapters' f32 factors (their values are not exact in f16), so the PEFT tolerances
+/// above are unchanged; forced to f16 they take half the bytes, get another cache digest
+/// and stay close to PEFT's logits, also stacked with an f32 adapter in one batch.
+#[test]
+fn half_precision_factors() {
+    let mut f = fixture();
+    for a in f.registry.list() {
+        assert_eq!(a.info().factor_dtype, FactorDtype::F32, "{}", a.id());
+    }
+    f.model.set_adapter_dtype(AdapterDtype::F16);
+    let dir = goldens().join("adapters");
+    let half = Arc::new(f.model.load_adapter("peft_a", &dir.join("peft_a")).unwrap());
+    let full = f.registry.get("peft_a").unwrap();
+    assert_eq!(half.info().factor_dtype, FactorDtype::F16);
+    assert_eq!(half.info().size_bytes * 2, full.info().size_bytes);
+    assert_ne!(half.info().digest, full.info().digest);
+    let stacks = [
+        AdapterStack::new(vec![half.clone()]).unwrap(),
+        AdapterStack::new(vec![half, f.registry.get("peft_b").unwrap()]).unwrap(),
+    ];
+    let ids = f.ids("len7");
+    let mut caches = [f.model.new_cache(), f.model.new_cache()];
+    let [c0, c1] = &mut caches;
+    let mut steps = [
+        Step {
+            tokens: &ids,
+            cache: c0,
+            logits: LogitsRequest::All,
+        },
+        Step {
+            tokens: &ids,
+            cache: c1,
+            logits: LogitsRequest::All,
+        },
+    ];
+    let out = f
+        .model
+        .forward_adapters(&mut steps, &[&stacks[0], &stacks[1]])
+        .unwrap();
+    for (got, sel) in out.iter().zip(["peft_a", "peft_a+peft_b"]) {
+        let got = &got.as_ref().unwrap().data;
+        let want = f.expected(sel, "len7");
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-2 * scale, "{sel} in f16: max |diff| {worst}");
+    }
 }

@@ -1,5 +1,9 @@
 //! [`low_rank_add`]: LoRA deltas of a few rows, `y[r] += (x[r] · Aᵀ) · Bᵀ`, with `A`
-//! `[rank, cols]` and `B` `[out, rank]` packed f32 matrices.
+//! `[rank, cols]` and `B` `[out, rank]` packed matrices of f32, f16 or bf16 (both of one
+//! format). Half-precision factors are widened to f32 as they are loaded (F16C/AVX-512
+//! conversions, a shift for bf16) and everything accumulates in f32, so a half-precision
+//! update is bit-identical to the f32 one fed the same (already rounded) values; the
+//! halves only halve the bytes a decode step streams.
 //!
 //! Both products of one adapter run back to back in one unit of work, the `rank` middle
 //! values of up to four rows kept on the stack, the rows gathered and scattered by index
@@ -10,6 +14,7 @@
 //! result is bit-identical to computing `d` with two products and adding it.
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::ggml::{bf16_bits_to_f32, f16_bits_to_f32};
 use crate::packed::STRIP;
 use crate::{Isa, KernelError, PackedMatrix, Result, ThreadPool, WeightFormat};
 
@@ -28,9 +33,9 @@ const SERIAL_WORK: usize = 1 << 16;
 /// One adapter's delta over some rows of the batch.
 #[derive(Debug, Clone, Copy)]
 pub struct LowRankUpdate<'a> {
-    /// `[rank, cols]`, f32.
+    /// `[rank, cols]`: f32, f16 or bf16.
     pub a: &'a PackedMatrix,
-    /// `[out, rank]`, f32, the scale folded in.
+    /// `[out, rank]`, the scale folded in, in `a`'s format.
     pub b: &'a PackedMatrix,
     /// Rows of `x` and `y` it applies to, strictly ascending.
     pub rows: &'a [usize],
@@ -136,9 +141,9 @@ struct Unit {
 /// Checks one update against an input of `n × cols` and an output `out` wide.
 fn check_update(u: &LowRankUpdate<'_>, n: usize, cols: usize, out: usize) -> Result<()> {
     let (a, b) = (u.a, u.b);
-    if a.format() != WeightFormat::F32 || b.format() != WeightFormat::F32 {
+    if factor_kind(a.format()).is_none() || a.format() != b.format() {
         return Err(KernelError::Unsupported {
-            what: "low-rank factors other than f32",
+            what: "low-rank factors other than f32, f16 or bf16 (both of one format)",
         });
     }
     if a.cols() != cols {
@@ -232,12 +237,49 @@ unsafe fn run_tile(
     let xs: [*const f32; TILE] =
         std::array::from_fn(|i| x.as_ptr().add(tile.get(i).map_or(0, |&r| r * cols)));
     let rows = tile.len();
-    match isa {
+    // `check_update` let only these formats through.
+    let kind = factor_kind(u.a.format()).unwrap_or(F32);
+    match (isa, kind) {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => avx512::tile(u.a, u.b, &xs, ys, rows, &mut mid, add),
+        (Isa::Avx512Vnni, F16) => avx512::tile::<F16>(u.a, u.b, &xs, ys, rows, &mut mid, add),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => avx2::tile(u.a, u.b, &xs, ys, rows, &mut mid, add),
+        (Isa::Avx512Vnni, BF16) => avx512::tile::<BF16>(u.a, u.b, &xs, ys, rows, &mut mid, add),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni, _) => avx512::tile::<F32>(u.a, u.b, &xs, ys, rows, &mut mid, add),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, F16) => avx2::tile::<F16>(u.a, u.b, &xs, ys, rows, &mut mid, add),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, BF16) => avx2::tile::<BF16>(u.a, u.b, &xs, ys, rows, &mut mid, add),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, _) => avx2::tile::<F32>(u.a, u.b, &xs, ys, rows, &mut mid, add),
         _ => scalar_tile(u.a, u.b, &xs, ys, rows, &mut mid, add),
+    }
+}
+
+/// Factor element kinds, as the kernels' const parameter: f32, f16 or bf16.
+const F32: u8 = 0;
+const F16: u8 = 1;
+const BF16: u8 = 2;
+
+/// The kernels' kind of a factor format, `None` for formats they do not take.
+fn factor_kind(f: WeightFormat) -> Option<u8> {
+    match f {
+        WeightFormat::F32 => Some(F32),
+        WeightFormat::F16 => Some(F16),
+        WeightFormat::Bf16 => Some(BF16),
+        _ => None,
+    }
+}
+
+/// Element `i` of a float strip of `m`'s format, widened to f32 (exactly).
+///
+/// # Safety
+/// `i` is inside the strip `w` points to.
+unsafe fn factor_at(m: &PackedMatrix, w: *const u8, i: usize) -> f32 {
+    match m.format() {
+        WeightFormat::F16 => f16_bits_to_f32(w.cast::<u16>().add(i).read_unaligned()),
+        WeightFormat::Bf16 => bf16_bits_to_f32(w.cast::<u16>().add(i).read_unaligned()),
+        _ => w.cast::<f32>().add(i).read_unaligned(),
     }
 }
 
@@ -253,31 +295,25 @@ unsafe fn scalar_tile(
 ) {
     let (cols, rank, out) = (a.cols(), a.rows(), b.rows());
     for s in 0..a.strips() {
-        let w = a.strip(s).as_ptr().cast::<f32>();
+        let w = a.strip(s).as_ptr();
         for lane in 0..STRIP {
             for t in 0..rows {
                 let mut acc = 0f32;
                 for k in 0..cols {
-                    acc = w
-                        .add(k * STRIP + lane)
-                        .read_unaligned()
-                        .mul_add(*xs[t].add(k), acc);
+                    acc = factor_at(a, w, k * STRIP + lane).mul_add(*xs[t].add(k), acc);
                 }
                 mid[t][s * STRIP + lane] = acc;
             }
         }
     }
     for s in 0..b.strips() {
-        let w = b.strip(s).as_ptr().cast::<f32>();
+        let w = b.strip(s).as_ptr();
         let valid = (out - s * STRIP).min(STRIP);
         for lane in 0..valid {
             for t in 0..rows {
                 let mut acc = 0f32;
                 for j in 0..rank {
-                    acc = w
-                        .add(j * STRIP + lane)
-                        .read_unaligned()
-                        .mul_add(mid[t][j], acc);
+                    acc = factor_at(b, w, j * STRIP + lane).mul_add(mid[t][j], acc);
                 }
                 let at = ys[t].add(s * STRIP + lane);
                 *at = if add { *at + acc } else { acc };
@@ -290,12 +326,27 @@ unsafe fn scalar_tile(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{MAX_LOW_RANK, STRIP, TILE};
+    use super::{BF16, F16, MAX_LOW_RANK, STRIP, TILE};
     use crate::PackedMatrix;
 
-    /// Up to [`TILE`] rows: `mid = x · Aᵀ` strip by strip, then `y += mid · Bᵀ`.
+    /// The 16 factors at element `i` of strip `w` (of kind `K`), as f32.
+    macro_rules! load16 {
+        ($k:expr, $w:expr, $i:expr) => {
+            if $k == F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256($w.cast::<u16>().add($i).cast()))
+            } else if $k == BF16 {
+                let h = _mm256_loadu_si256($w.cast::<u16>().add($i).cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            } else {
+                _mm512_loadu_ps($w.cast::<f32>().add($i))
+            }
+        };
+    }
+
+    /// Up to [`TILE`] rows: `mid = x · Aᵀ` strip by strip, then `y += mid · Bᵀ`, the
+    /// factors of kind `K`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile(
+    pub(super) unsafe fn tile<const K: u8>(
         a: &PackedMatrix,
         b: &PackedMatrix,
         xs: &[*const f32; TILE],
@@ -305,15 +356,15 @@ mod avx512 {
         add: bool,
     ) {
         match rows {
-            1 => rows_n::<1>(a, b, xs, ys, mid, add),
-            2 => rows_n::<2>(a, b, xs, ys, mid, add),
-            3 => rows_n::<3>(a, b, xs, ys, mid, add),
-            _ => rows_n::<4>(a, b, xs, ys, mid, add),
+            1 => rows_n::<1, K>(a, b, xs, ys, mid, add),
+            2 => rows_n::<2, K>(a, b, xs, ys, mid, add),
+            3 => rows_n::<3, K>(a, b, xs, ys, mid, add),
+            _ => rows_n::<4, K>(a, b, xs, ys, mid, add),
         }
     }
 
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_n<const T: usize>(
+    unsafe fn rows_n<const T: usize, const K: u8>(
         a: &PackedMatrix,
         b: &PackedMatrix,
         xs: &[*const f32; TILE],
@@ -323,10 +374,10 @@ mod avx512 {
     ) {
         let (cols, rank, out) = (a.cols(), a.rows(), b.rows());
         for s in 0..a.strips() {
-            let w = a.strip(s).as_ptr().cast::<f32>();
+            let w = a.strip(s).as_ptr();
             let mut acc = [_mm512_setzero_ps(); T];
             for k in 0..cols {
-                let wv = _mm512_loadu_ps(w.add(k * STRIP));
+                let wv = load16!(K, w, k * STRIP);
                 for t in 0..T {
                     acc[t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(*xs[t].add(k)), acc[t]);
                 }
@@ -336,10 +387,10 @@ mod avx512 {
             }
         }
         for s in 0..b.strips() {
-            let w = b.strip(s).as_ptr().cast::<f32>();
+            let w = b.strip(s).as_ptr();
             let mut acc = [_mm512_setzero_ps(); T];
             for j in 0..rank {
-                let wv = _mm512_loadu_ps(w.add(j * STRIP));
+                let wv = load16!(K, w, j * STRIP);
                 for t in 0..T {
                     acc[t] = _mm512_fmadd_ps(wv, _mm512_set1_ps(mid[t][j]), acc[t]);
                 }
@@ -367,14 +418,28 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{MAX_LOW_RANK, STRIP, TILE};
+    use super::{BF16, F16, MAX_LOW_RANK, STRIP, TILE};
     use crate::PackedMatrix;
 
     const HALF: usize = STRIP / 2;
 
-    /// Up to [`TILE`] rows, each strip as two 8-lane halves.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile(
+    /// The 8 factors at element `i` of strip `w` (of kind `K`), as f32.
+    macro_rules! load8 {
+        ($k:expr, $w:expr, $i:expr) => {
+            if $k == F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128($w.cast::<u16>().add($i).cast()))
+            } else if $k == BF16 {
+                let h = _mm_loadu_si128($w.cast::<u16>().add($i).cast());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            } else {
+                _mm256_loadu_ps($w.cast::<f32>().add($i))
+            }
+        };
+    }
+
+    /// Up to [`TILE`] rows, each strip as two 8-lane halves, the factors of kind `K`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile<const K: u8>(
         a: &PackedMatrix,
         b: &PackedMatrix,
         xs: &[*const f32; TILE],
@@ -384,15 +449,15 @@ mod avx2 {
         add: bool,
     ) {
         match rows {
-            1 => rows_n::<1>(a, b, xs, ys, mid, add),
-            2 => rows_n::<2>(a, b, xs, ys, mid, add),
-            3 => rows_n::<3>(a, b, xs, ys, mid, add),
-            _ => rows_n::<4>(a, b, xs, ys, mid, add),
+            1 => rows_n::<1, K>(a, b, xs, ys, mid, add),
+            2 => rows_n::<2, K>(a, b, xs, ys, mid, add),
+            3 => rows_n::<3, K>(a, b, xs, ys, mid, add),
+            _ => rows_n::<4, K>(a, b, xs, ys, mid, add),
         }
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_n<const T: usize>(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_n<const T: usize, const K: u8>(
         a: &PackedMatrix,
         b: &PackedMatrix,
         xs: &[*const f32; TILE],
@@ -402,11 +467,11 @@ mod avx2 {
     ) {
         let (cols, rank, out) = (a.cols(), a.rows(), b.rows());
         for s in 0..a.strips() {
-            let w = a.strip(s).as_ptr().cast::<f32>();
+            let w = a.strip(s).as_ptr();
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for k in 0..cols {
-                let lo = _mm256_loadu_ps(w.add(k * STRIP));
-                let hi = _mm256_loadu_ps(w.add(k * STRIP + HALF));
+                let lo = load8!(K, w, k * STRIP);
+                let hi = load8!(K, w, k * STRIP + HALF);
                 for t in 0..T {
                     let xv = _mm256_set1_ps(*xs[t].add(k));
                     acc[t][0] = _mm256_fmadd_ps(lo, xv, acc[t][0]);
@@ -420,11 +485,11 @@ mod avx2 {
             }
         }
         for s in 0..b.strips() {
-            let w = b.strip(s).as_ptr().cast::<f32>();
+            let w = b.strip(s).as_ptr();
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for j in 0..rank {
-                let lo = _mm256_loadu_ps(w.add(j * STRIP));
-                let hi = _mm256_loadu_ps(w.add(j * STRIP + HALF));
+                let lo = load8!(K, w, j * STRIP);
+                let hi = load8!(K, w, j * STRIP + HALF);
                 for t in 0..T {
                     let mv = _mm256_set1_ps(mid[t][j]);
                     acc[t][0] = _mm256_fmadd_ps(lo, mv, acc[t][0]);
@@ -592,6 +657,107 @@ mod tests {
         }
     }
 
+    /// `v` (`rows × cols`) rounded to `format` (f16 or bf16), packed in it and, widened
+    /// back, in f32.
+    fn half_and_f32(
+        v: &[f32],
+        rows: usize,
+        cols: usize,
+        format: WeightFormat,
+    ) -> (PackedMatrix, PackedMatrix) {
+        let bits: Vec<u16> = v
+            .iter()
+            .map(|&x| match format {
+                WeightFormat::F16 => half::f16::from_f32(x).to_bits(),
+                _ => half::bf16::from_f32(x).to_bits(),
+            })
+            .collect();
+        let wide: Vec<f32> = bits
+            .iter()
+            .map(|&b| match format {
+                WeightFormat::F16 => f16_bits_to_f32(b),
+                _ => bf16_bits_to_f32(b),
+            })
+            .collect();
+        let hb: Vec<u8> = bits.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let fb: Vec<u8> = wide.iter().flat_map(|x| x.to_le_bytes()).collect();
+        (
+            PackedMatrix::from_ggml(format, rows, cols, &hb).unwrap(),
+            PackedMatrix::from_ggml(WeightFormat::F32, rows, cols, &fb).unwrap(),
+        )
+    }
+
+    /// Half-precision factors give exactly what f32 factors holding the same (rounded)
+    /// values give, on every family: the widening is exact and the chains are the same.
+    /// Every tile size, a rank that is not a multiple of 16, a partial last strip, and
+    /// stacked updates in both formats.
+    #[test]
+    fn half_factors_equal_f32_factors_of_the_same_values() {
+        let (n, cols, out) = (23, 48, 37);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6)
+            .collect();
+        let y0: Vec<f32> = (0..n * out)
+            .map(|i| ((i * 3) % 11) as f32 * 0.2 - 1.0)
+            .collect();
+        let rows1: Vec<usize> = (0..n).filter(|r| r % 3 != 1).collect();
+        let rows2 = [0usize, 4, 5, 22];
+        let pool = ThreadPool::new(2);
+        for format in [WeightFormat::F16, WeightFormat::Bf16] {
+            let (_, a1) = packed(5, cols, 1);
+            let (_, b1) = packed(out, 5, 2);
+            let (_, a2) = packed(18, cols, 3);
+            let (_, b2) = packed(out, 18, 4);
+            let (a1h, a1f) = half_and_f32(&a1, 5, cols, format);
+            let (b1h, b1f) = half_and_f32(&b1, out, 5, format);
+            let (a2h, a2f) = half_and_f32(&a2, 18, cols, format);
+            let (b2h, b2f) = half_and_f32(&b2, out, 18, format);
+            for isa in Isa::available() {
+                let run = |ups: &[LowRankUpdate<'_>]| {
+                    let mut y = y0.clone();
+                    low_rank_add(
+                        &pool,
+                        isa,
+                        &x,
+                        n,
+                        &mut [LowRankOutput {
+                            y: &mut y,
+                            updates: ups,
+                        }],
+                    )
+                    .unwrap();
+                    y
+                };
+                let half = run(&[
+                    LowRankUpdate {
+                        a: &a1h,
+                        b: &b1h,
+                        rows: &rows1,
+                    },
+                    LowRankUpdate {
+                        a: &a2h,
+                        b: &b2h,
+                        rows: &rows2,
+                    },
+                ]);
+                let wide = run(&[
+                    LowRankUpdate {
+                        a: &a1f,
+                        b: &b1f,
+                        rows: &rows1,
+                    },
+                    LowRankUpdate {
+                        a: &a2f,
+                        b: &b2f,
+                        rows: &rows2,
+                    },
+                ]);
+                assert_eq!(half, wide, "{format:?} {isa:?}");
+                assert_ne!(half, y0, "{format:?} {isa:?}: no update applied");
+            }
+        }
+    }
+
     #[test]
     fn bad_shapes_are_errors() {
         let pool = ThreadPool::new(1);
@@ -621,6 +787,20 @@ mod tests {
         let ups = [LowRankUpdate {
             a: &a,
             b: &q,
+            rows: &rows,
+        }];
+        let mut y = vec![0f32; 2 * 6];
+        let mut outs = [LowRankOutput {
+            y: &mut y,
+            updates: &ups,
+        }];
+        assert!(low_rank_add(&pool, Isa::best(), &x, 2, &mut outs).is_err());
+        // A of one float format and B of another.
+        let (_, bv) = packed(6, 4, 2);
+        let (bh, _) = half_and_f32(&bv, 6, 4, WeightFormat::F16);
+        let ups = [LowRankUpdate {
+            a: &a,
+            b: &bh,
             rows: &rows,
         }];
         let mut y = vec![0f32; 2 * 6];

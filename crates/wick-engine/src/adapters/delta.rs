@@ -4,12 +4,12 @@
 //! each adapter some row uses, one `(x_rows · Aᵀ) · Bᵀ` over just those rows, added back
 //! at those rows. Rows of the base model cost nothing more; rows sharing an adapter share
 //! its two small products.
-use std::borrow::Cow;
 use std::ops::Range;
 
 use wick_gguf::GgmlType;
 
-use super::{HostAdapter, Target};
+use super::precision::factor_bytes;
+use super::{FactorDtype, HostAdapter, Target};
 use crate::backend::candle::CandleBackend;
 #[cfg(feature = "mlx")]
 use crate::backend::mlx::MlxBackend;
@@ -27,23 +27,28 @@ pub struct LoraWeights<B: Backend> {
     layers: Vec<[Option<LoraPair<B>>; 7]>,
 }
 
-fn upload<B: Backend>(be: &B, name: String, shape: [usize; 2], v: &[f32]) -> Result<B::Matrix> {
-    let bytes: Cow<'_, [u8]> = if cfg!(target_endian = "little") {
-        Cow::Borrowed(bytemuck::cast_slice(v))
-    } else {
-        Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect())
-    };
+fn upload<B: Backend>(
+    be: &B,
+    name: String,
+    shape: [usize; 2],
+    v: &[f32],
+    dtype: FactorDtype,
+) -> Result<B::Matrix> {
     be.matrix(HostWeight {
         name,
-        dtype: GgmlType::F32,
+        dtype: match dtype {
+            FactorDtype::F32 => GgmlType::F32,
+            FactorDtype::F16 => GgmlType::F16,
+            FactorDtype::Bf16 => GgmlType::Bf16,
+        },
         shape: shape.to_vec(),
-        bytes,
+        bytes: factor_bytes(v, dtype),
     })
 }
 
 impl<B: Backend> LoraWeights<B> {
-    /// Uploads `host`'s deltas for a model of `layers` layers.
-    pub fn upload(be: &B, host: &HostAdapter, layers: usize) -> Result<Self> {
+    /// Uploads `host`'s deltas for a model of `layers` layers, the factors in `dtype`.
+    pub fn upload(be: &B, host: &HostAdapter, layers: usize, dtype: FactorDtype) -> Result<Self> {
         let mut out: Vec<[Option<LoraPair<B>>; 7]> =
             (0..layers).map(|_| std::array::from_fn(|_| None)).collect();
         for d in &host.deltas {
@@ -52,8 +57,8 @@ impl<B: Backend> LoraWeights<B> {
                 .ok_or_else(|| EngineError::InvalidInput(format!("layer {}", d.layer)))?;
             let name = format!("lora.{}.{:?}", d.layer, d.target);
             slot[d.target.index()] = Some(LoraPair {
-                a: upload(be, format!("{name}.a"), [d.rank, d.in_dim], &d.a)?,
-                b: upload(be, format!("{name}.b"), [d.out_dim, d.rank], &d.b)?,
+                a: upload(be, format!("{name}.a"), [d.rank, d.in_dim], &d.a, dtype)?,
+                b: upload(be, format!("{name}.b"), [d.out_dim, d.rank], &d.b, dtype)?,
             });
         }
         Ok(LoraWeights { layers: out })

@@ -3,6 +3,8 @@
 //!
 //! - `load.rs`: reading PEFT, mlx-lm and llama.cpp GGUF LoRA files into host deltas,
 //!   checked all-or-nothing against the base model's shapes;
+//! - `precision.rs`: which element type the factors are kept in (f16 where that loses
+//!   nothing the base model does not already lose);
 //! - `delta.rs`: the deltas on a backend and the grouped product of one batch (the base
 //!   product once for every row, then one low-rank product per adapter over the rows that
 //!   use it);
@@ -10,6 +12,7 @@
 //!   [`AdapterRegistry`] (what is mounted, by id).
 mod delta;
 pub mod load;
+mod precision;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +20,9 @@ use std::sync::{Arc, RwLock};
 
 pub use self::delta::{AnyLora, LoraBatch, LoraOf, LoraPair, LoraWeights};
 pub use self::load::{load_host, AdapterFormat, HostAdapter, HostDelta};
+pub use self::precision::{
+    choose as choose_factor_dtype, AdapterDtype, BasePrecision, FactorDtype,
+};
 
 /// The linear layers an adapter may target, in the decoder's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,6 +128,9 @@ pub enum AdapterError {
     /// An id already taken.
     #[error("adapter '{0}' is already mounted")]
     AlreadyMounted(String),
+    /// An `--adapter-dtype` that is not `auto`, `f32` or `f16`.
+    #[error("invalid adapter dtype '{0}': expected auto, f32 or f16")]
+    BadDtype(String),
     /// The same adapter named twice in one stack.
     #[error("adapter '{0}' appears twice in the selection")]
     Repeated(String),
@@ -149,8 +158,10 @@ pub struct AdapterInfo {
     pub rank: usize,
     /// The scale applied to `B·A` (of the first module, when modules differ).
     pub scale: f32,
-    /// Bytes of the adapter's tensors as loaded (f32).
+    /// Bytes of the adapter's factors as kept in memory.
     pub size_bytes: usize,
+    /// The element type the factors are kept in.
+    pub factor_dtype: FactorDtype,
     /// Linear layers the adapter changes.
     pub mounted_layers: usize,
     /// Tensors in the files that target nothing wick adapts (embeddings, heads), skipped.

@@ -5,14 +5,20 @@ use std::path::Path;
 use super::dispatch::{batch_of, spread_ids, token_steps, with_decoder, AnyDecoder, CacheOf};
 use super::{Model, ModelFormat, Step};
 use crate::adapters::{
-    load::QkPermutation, validate_id, Adapter, AdapterError, AdapterInfo, AdapterStack, LoraOf,
-    LoraWeights,
+    choose_factor_dtype, load::QkPermutation, validate_id, Adapter, AdapterDtype, AdapterError,
+    AdapterInfo, AdapterStack, FactorDtype, LoraOf, LoraWeights,
 };
 use crate::backend::RopeStyle;
 use crate::models::decoder::{Decoder, Logits};
 use crate::Result;
 
 impl Model {
+    /// How adapters mounted from now on keep their factors (`auto` unless set): see
+    /// [`AdapterDtype`].
+    pub fn set_adapter_dtype(&mut self, dtype: AdapterDtype) {
+        self.adapter_dtype = dtype;
+    }
+
     /// Reads the adapter at `path` (a PEFT or mlx-lm directory, or a llama.cpp GGUF
     /// adapter), checks it against this model (all or nothing) and uploads its deltas to
     /// the model's backend, under `id`. Runs on the caller's thread: the engine keeps
@@ -28,18 +34,38 @@ impl Model {
             });
         let host = crate::adapters::load_host(path, cfg, permute)?;
         let layers = cfg.num_layers;
-        let weights = with_decoder!(&self.decoder, d => upload_on(d, &host, layers)?);
+        // The MLX backend's products take f32 factors only so far.
+        let (dtype, why) = match &self.decoder {
+            AnyDecoder::Candle(_) => {
+                choose_factor_dtype(&host, self.adapter_dtype, self.base_precision)
+            }
+            #[allow(unreachable_patterns)]
+            _ => (FactorDtype::F32, "the backend takes f32 factors only"),
+        };
+        tracing::info!(
+            adapter = id,
+            factors = dtype.name(),
+            reason = why,
+            "adapter factors"
+        );
+        let weights = with_decoder!(&self.decoder, d => upload_on(d, &host, layers, dtype)?);
+        // A cached prompt made with rounded factors is not one made with the file's.
+        let digest = match dtype {
+            FactorDtype::F32 => host.digest(),
+            other => xxhash_rust::xxh3::xxh3_64_with_seed(other.name().as_bytes(), host.digest()),
+        };
         let info = AdapterInfo {
             id: id.to_string(),
             path: path.to_path_buf(),
             format: host.format,
             rank: host.rank(),
             scale: host.scale(),
-            size_bytes: host.size_bytes(),
+            size_bytes: host.size_bytes() / 4 * dtype.bytes(),
+            factor_dtype: dtype,
             mounted_layers: host.deltas.len(),
             skipped_tensors: host.skipped_tensors,
             base_model: host.base_model.clone(),
-            digest: host.digest(),
+            digest,
         };
         Ok(Adapter::new(info, weights))
     }
@@ -69,11 +95,13 @@ fn upload_on<B: LoraOf>(
     d: &Decoder<B>,
     host: &crate::adapters::HostAdapter,
     layers: usize,
+    dtype: FactorDtype,
 ) -> Result<crate::adapters::AnyLora> {
     Ok(B::wrap_lora(LoraWeights::upload(
         d.backend(),
         host,
         layers,
+        dtype,
     )?))
 }
 

@@ -10,6 +10,7 @@ use wick_gguf::GgufFile;
 
 use super::dispatch::{with_decoder, AnyDecoder};
 use super::{GenerationDefaults, LoadOptions, Model, ModelFormat, ModelInfo};
+use crate::adapters::{AdapterDtype, BasePrecision, Target};
 use crate::backend::candle::{CandleBackend, KvDtype};
 use crate::backend::{Backend, BackendKind};
 use crate::config::ModelConfig;
@@ -79,12 +80,14 @@ impl Model {
             .opt_str("tokenizer.chat_template")?
             .map(str::to_string);
         // GGUF scales are exact in f32 (see backend::mlx).
-        let decoder = load_decoder(backend, cfg, &GgufWeights::new(&file), MlxDtype::F32, kv)?;
+        let weights = GgufWeights::new(&file);
+        let base = base_precision(&weights);
+        let decoder = load_decoder(backend, cfg, &weights, MlxDtype::F32, kv)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| source.clone());
-        Self::assemble(
+        let mut model = Self::assemble(
             decoder,
             tokenizer,
             template_source,
@@ -92,7 +95,9 @@ impl Model {
             name,
             path,
             ModelFormat::Gguf,
-        )
+        )?;
+        model.base_precision = base;
+        Ok(model)
     }
 
     fn load_hf(dir: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
@@ -129,6 +134,7 @@ impl Model {
             .canonical_as(cfg.features.hf_naming)
             .with_quantization(quantization);
         let dtype = MlxDtype::of_checkpoint(&config, &named);
+        let base = base_precision(&named);
         let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
         let template_source = hf_chat_template(dir)?;
         let gen_path = dir.join("generation_config.json");
@@ -161,6 +167,7 @@ impl Model {
                 ModelFormat::HuggingFace,
             )?
         };
+        model.base_precision = base;
         // generation_config's eos ids join the set.
         let extra = crate::config::hf_ids(&gen, "eos_token_id");
         for id in extra {
@@ -224,8 +231,30 @@ impl Model {
             defaults,
             eos,
             grammars: Default::default(),
+            adapter_dtype: AdapterDtype::Auto,
+            // Set by the loader that read the weights.
+            base_precision: BasePrecision::Exact,
         })
     }
+}
+
+/// Whether the base model's projections compute on f32 weights: those of layer 0, the
+/// first that the file holds (an affine-quantized, quantized or half-precision one is
+/// [`BasePrecision::Rounded`]); a model without any is taken as exact.
+fn base_precision(weights: &dyn WeightSource) -> BasePrecision {
+    for t in Target::ALL {
+        let name = format!("blk.0.{}.weight", t.gguf_stem());
+        if let Ok(Some(_)) = weights.affine(&name) {
+            return BasePrecision::Rounded;
+        }
+        if let Ok(Some(w)) = weights.get(&name) {
+            return match w.dtype {
+                wick_gguf::GgmlType::F32 => BasePrecision::Exact,
+                _ => BasePrecision::Rounded,
+            };
+        }
+    }
+    BasePrecision::Exact
 }
 
 /// Activation dtype for the MLX backend, chosen from the checkpoint (candle ignores it).

@@ -135,6 +135,10 @@ pub struct Model {
     eos: Vec<u32>,
     /// Structured output's token trie and parser factory, built on first use.
     pub(crate) grammars: crate::constraint::GrammarsSlot,
+    /// How adapters mounted from now on keep their factors.
+    adapter_dtype: crate::adapters::AdapterDtype,
+    /// Whether the base computes on f32 weights (the adapter factor rule's input).
+    base_precision: crate::adapters::BasePrecision,
 }
 
 impl Model {

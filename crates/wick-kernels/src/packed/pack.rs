@@ -27,8 +27,12 @@ pub(super) fn pack(
             }
         }
     };
-    if scheme.is_none() && format == WeightFormat::F32 {
-        return pack_f32(rows, cols, src, dst, layout.stride);
+    match (scheme, format) {
+        (None, WeightFormat::F32) => return pack_float::<4>(rows, cols, src, dst, layout.stride),
+        (None, WeightFormat::F16 | WeightFormat::Bf16) => {
+            return pack_float::<2>(rows, cols, src, dst, layout.stride)
+        }
+        _ => {}
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let total = dst.len();
@@ -59,16 +63,24 @@ pub(super) fn pack(
 /// Bytes of a packed matrix under which it is packed on the calling thread.
 const PARALLEL_BYTES: usize = 1 << 22;
 
-/// [`pack`] of an f32 matrix: each strip is `[cols][16]` values, written in order.
-fn pack_f32(rows: usize, cols: usize, src: &[u8], dst: &mut [u8], stride: usize) {
+/// [`pack`] of a float matrix of `SIZE`-byte values (f32, f16, bf16): each strip is
+/// `[cols][16]` values, written in order.
+fn pack_float<const SIZE: usize>(
+    rows: usize,
+    cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+    stride: usize,
+) {
     for (s, strip) in dst.chunks_exact_mut(stride).enumerate() {
         let lanes = rows.saturating_sub(s * STRIP).min(STRIP);
         let src_rows: Vec<&[u8]> = (0..lanes)
-            .map(|l| &src[(s * STRIP + l) * cols * 4..(s * STRIP + l + 1) * cols * 4])
+            .map(|l| &src[(s * STRIP + l) * cols * SIZE..(s * STRIP + l + 1) * cols * SIZE])
             .collect();
-        for (k, group) in strip.chunks_exact_mut(STRIP * 4).take(cols).enumerate() {
+        for (k, group) in strip.chunks_exact_mut(STRIP * SIZE).take(cols).enumerate() {
             for (lane, row) in src_rows.iter().enumerate() {
-                group[lane * 4..lane * 4 + 4].copy_from_slice(&row[k * 4..k * 4 + 4]);
+                group[lane * SIZE..(lane + 1) * SIZE]
+                    .copy_from_slice(&row[k * SIZE..(k + 1) * SIZE]);
             }
         }
     }

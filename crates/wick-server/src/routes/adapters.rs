@@ -56,6 +56,7 @@ fn card(a: &Adapter, default: Option<&str>) -> Value {
         "rank": i.rank,
         "scale": i.scale,
         "size_bytes": i.size_bytes,
+        "dtype": i.factor_dtype.name(),
         "mounted_layers": i.mounted_layers,
         "skipped_tensors": i.skipped_tensors,
         "base_model": i.base_model,

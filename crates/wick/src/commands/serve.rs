@@ -158,6 +158,11 @@ pub struct ServeArgs {
     /// that name no `adapter`.
     #[arg(long = "adapter", alias = "adapter-path", value_name = "DIR")]
     adapters: Vec<PathBuf>,
+    /// How mounted adapters keep their LoRA factors in memory: f16 (half the bytes decode
+    /// reads per step), f32, or auto: f16 on a quantized or half-precision base, and on an
+    /// f32 base the narrowest of f16, bf16 and f32 that holds every value exactly.
+    #[arg(long, env = "WICK_ADAPTER_DTYPE", value_parser = ["auto", "f32", "f16"], default_value = "auto")]
+    adapter_dtype: String,
     /// The model id /v1/models lists and responses echo (default: the model's name).
     #[arg(long, env = "WICK_MODEL_ID")]
     model_id: Option<String>,
@@ -711,7 +716,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         };
         return super::embed::serve(&path, &opts, checked.config, listener, started);
     }
-    let model = Model::load(
+    let mut model = Model::load(
         &path,
         &LoadOptions {
             context_length: args.ctx_size,
@@ -720,6 +725,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;
+    model.set_adapter_dtype(args.adapter_dtype.parse()?);
     let model = Arc::new(model);
     if let Some(name) = &args.draft_model {
         let resolved = crate::model_arg::resolve_named(Some(name))?;

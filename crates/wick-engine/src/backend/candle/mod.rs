@@ -82,10 +82,17 @@ thread_local! {
 
 }
 
-/// `m` as the fused low-rank kernels take it: packed f32.
-fn f32_packed(m: &CandleMatrix) -> Option<&PackedMatrix> {
+/// `m` as the fused low-rank kernels take it: packed f32, f16 or bf16.
+fn float_packed(m: &CandleMatrix) -> Option<&PackedMatrix> {
     match m {
-        CandleMatrix::Packed(p) if p.format() == WeightFormat::F32 => Some(p),
+        CandleMatrix::Packed(p)
+            if matches!(
+                p.format(),
+                WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16
+            ) =>
+        {
+            Some(p)
+        }
         _ => None,
     }
 }
@@ -798,8 +805,10 @@ impl Backend for CandleBackend {
         for ds in deltas {
             let mut these = Vec::with_capacity(ds.len());
             for d in ds.iter() {
-                match (f32_packed(d.a), f32_packed(d.b)) {
-                    (Some(a), Some(b)) if a.rows() <= wick_kernels::MAX_LOW_RANK => {
+                match (float_packed(d.a), float_packed(d.b)) {
+                    (Some(a), Some(b))
+                        if a.rows() <= wick_kernels::MAX_LOW_RANK && a.format() == b.format() =>
+                    {
                         these.push(LowRankUpdate { a, b, rows: d.rows })
                     }
                     _ => return super::low_rank_add_by_products(self, x, ys, deltas),
