@@ -23,10 +23,12 @@
 //! that run on MLX. Requests with images or audio draft by prompt lookup, never with a
 //! draft model (which has no tower and would read their soft tokens as text).
 pub mod acceptance;
+pub mod budget;
 pub mod draft_model;
 pub mod ngram;
 
 pub use acceptance::{accept_one_hot, accept_sampled, DraftLength};
+pub use budget::{DraftBudget, RowDrafts};
 pub use draft_model::DraftModel;
 pub use ngram::draft;
 
