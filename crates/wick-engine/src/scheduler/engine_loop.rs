@@ -338,7 +338,7 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
     if let Some(draft) = &shared.config.draft_model {
         draft_with_model(&draft.0, shared, b);
     }
-    budget_drafts(b);
+    budget_drafts(shared, b);
     let mut i = 0;
     let mut widest = widest_decode_rows(b);
     while i < b.running.len() {
@@ -407,8 +407,9 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
 }
 
 /// Drafts the next tokens of every decoding row, then keeps of them what the step's
-/// [`DraftBudget`] finds worth a row of the forward pass.
-fn budget_drafts(b: &mut Batch) {
+/// [`DraftBudget`] finds worth a row of the forward pass (when it is on).
+fn budget_drafts(shared: &Shared, b: &mut Batch) {
+    let budget = shared.config.speculative.is_some_and(|s| s.budget);
     let mut plain = 0;
     let mut rows = Vec::new();
     for a in b.running.iter_mut().filter(|a| a.seq.is_decoding()) {
@@ -418,7 +419,7 @@ fn budget_drafts(b: &mut Batch) {
             None => plain += 1,
         }
     }
-    if rows.is_empty() {
+    if rows.is_empty() || !budget {
         return;
     }
     let mut allotted = b.drafts.allot(plain, &rows).into_iter();
