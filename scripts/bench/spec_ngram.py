@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
-WICK = ROOT / "target" / "release" / "wick"
+WICK = ROOT / "target" / "release" / "wick"  # --wick picks another build
 
 FUNCTION = '''def summarize_orders(orders, tax_rate, discounts):
     """Totals per customer, with tax and the best discount applied."""
@@ -88,10 +88,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start(wick: Path, model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="wick-spec-", suffix=".log", delete=False)
-    cmd = [str(WICK), "serve", model, "--port", str(port), "--prompt-cache", "0", *extra]
+    cmd = [str(wick), "serve", model, "--port", str(port), "--prompt-cache", "0", *extra]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     for _ in range(1200):
@@ -132,6 +132,43 @@ def run(base: str, prompt: str, max_tokens: int) -> dict:
     return {"text": "".join(text), "tokens": n, "tps": (n - 1) / decode, "usage": usage}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` (Linux; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_stats(base: str, pid: int) -> dict:
+    """The engine's step counters (`/stats`): steps, their seconds, tokens fed; and the
+    server's CPU time (on a loaded machine, less noisy than wall time)."""
+    e = httpx.get(base + "/stats", timeout=10).json()["engine"]
+    return {
+        "cpu": cpu_seconds(pid),
+        "steps": e["steps"],
+        "total": e["step_seconds"]["total"],
+        "forward": e["step_seconds"]["forward"],
+        "sampling": e["step_seconds"]["sampling"],
+        "fed": e["step_tokens"]["sum"],
+        "generated": e["generated_tokens_total"],
+    }
+
+
+def step_report(before: dict, after: dict) -> str:
+    """Per forward pass between two `engine_stats`: ms in all, in the pass, in sampling;
+    tokens fed and tokens emitted."""
+    d = {k: after[k] - before[k] for k in after}
+    n = max(d["steps"], 1)
+    return (
+        f"{d['steps']} steps, {1e3 * d['total'] / n:.1f} ms/step (forward "
+        f"{1e3 * d['forward'] / n:.1f}, sampling {1e3 * d['sampling'] / n:.1f}), "
+        f"fed {d['fed'] / n:.1f}, emitted {d['generated'] / n:.1f} tokens/step; "
+        f"CPU {1e3 * d['cpu'] / max(d['generated'], 1):.1f} ms/token"
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
@@ -140,12 +177,15 @@ def main():
     ap.add_argument("--spec-args", default="--spec ngram")
     ap.add_argument("--prompts", choices=["edit", "prose"], default="edit")
     ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--wick", help="the wick binary (default: this checkout's release build)")
     args = ap.parse_args()
+    wick = Path(args.wick) if args.wick else WICK
     print("load:", os.getloadavg())
     # On a shared machine the server started second was measured ~1.18x faster than the
     # first with both plain (an A/A run): the servers are restarted in the other order
     # for the second half of the rounds, so that bias cancels in the median.
     servers = []
+    pids = {}
 
     def launch(spec_first: bool):
         for p in servers:
@@ -157,7 +197,8 @@ def main():
         urls = {}
         servers.clear()
         for name, extra in configs:
-            proc, urls[name] = start(args.model, extra)
+            proc, urls[name] = start(wick, args.model, extra)
+            pids[urls[name]] = proc.pid
             servers.append(proc)
         print(f"servers (re)started, {configs[0][0]} first")
         return urls["plain"], urls["spec"]
@@ -177,9 +218,11 @@ def main():
                 batch = [prompts[(i + j) % len(prompts)] for j in range(args.concurrency)]
                 out = {}
                 for name, url in order:
+                    before = engine_stats(url, pids[url])
                     with ThreadPoolExecutor(len(batch)) as pool:
                         replies = list(pool.map(lambda p: run(url, p, args.max_tokens), batch))
                     out[name] = {
+                        "steps": step_report(before, engine_stats(url, pids[url])),
                         "texts": [x["text"] for x in replies],
                         "tokens": sum(x["tokens"] for x in replies),
                         "tps": sum(x["tps"] for x in replies),
@@ -194,6 +237,8 @@ def main():
                     f"ratio {out['spec']['tps'] / out['plain']['tps']:.2f}, identical {same}, "
                     f"speculation {out['spec']['speculation'][0]}"
                 )
+                for name in ("plain", "spec"):
+                    print(f"  {name}: {out[name]['steps']}")
                 if r == 0:
                     print("  reply starts:", repr(out["plain"]["texts"][0][:120]))
                 if not same:

@@ -454,7 +454,11 @@ fn speculative_rows_keep_their_adapters() {
         (outputs, stats.speculation)
     };
     let (plain, _) = run(None);
-    let (spec, counts) = run(Some(SpeculativeConfig::default()));
+    // Every draft verified, so the count does not hang on step timings.
+    let (spec, counts) = run(Some(SpeculativeConfig {
+        budget: false,
+        ..SpeculativeConfig::default()
+    }));
     assert_eq!(spec, plain);
     assert!(counts.drafted > 0, "{counts:?}");
 }

@@ -292,7 +292,11 @@ fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
             step_token_budget: 64,
             prompt_cache_bytes: 0,
             kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
-            speculative: Some(wick_engine::speculative::SpeculativeConfig::default()),
+            // Every draft verified, so the counts below do not hang on step timings.
+            speculative: Some(wick_engine::speculative::SpeculativeConfig {
+                budget: false,
+                ..Default::default()
+            }),
             ..EngineConfig::default()
         },
     )
@@ -329,4 +333,54 @@ fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
     );
     assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
     assert!(engine.shutdown(Duration::from_secs(5)));
+}
+
+/// Issue 23: eight greedy rows speculating together (their drafts verified by the
+/// backend's argmax of every position, no logits on the host) give each request's plain
+/// single-run tokens, with every draft verified and with the step's draft budget on.
+#[test]
+fn speculative_greedy_batch_of_eight_equals_single_runs() {
+    let model = default_model();
+    let requests: Vec<GenerationRequest> = (0..8)
+        .map(|i| {
+            // Repeated text, so prompt lookup finds drafts and the model keeps many.
+            let mut r = GenerationRequest::new(prompt(&model, &format!("Copy {i}:"), 40 + 9 * i))
+                .max_tokens(24 + 3 * i);
+            r.ignore_eos = true;
+            r
+        })
+        .collect();
+    let alone = run_alone(&model, &requests);
+    for budget in [false, true] {
+        let engine = Engine::start(
+            model.clone(),
+            EngineConfig {
+                max_batch: 8,
+                prompt_cache_bytes: 0,
+                speculative: Some(wick_engine::speculative::SpeculativeConfig {
+                    budget,
+                    ..Default::default()
+                }),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| engine.submit(r.clone()).unwrap())
+            .collect();
+        for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+            assert_eq!(&collect(h), want, "request {i}, budget {budget}");
+        }
+        let stats = engine.stats();
+        if !budget {
+            let spec = &stats.speculation;
+            assert!(
+                spec.accepted > 0 && spec.accepted <= spec.drafted,
+                "{spec:?}"
+            );
+        }
+        assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
+        assert!(engine.shutdown(Duration::from_secs(5)));
+    }
 }

@@ -189,7 +189,12 @@ fn engine_with(
             kv_budget: blocks.map_or(KvBudget::Unbounded, |b| {
                 KvBudget::Bytes((b * model.kv_block_bytes()) as u64)
             }),
-            speculative: Some(SpeculativeConfig::default()),
+            // Every draft verified, so the counts the tests check do not hang on step
+            // timings.
+            speculative: Some(SpeculativeConfig {
+                budget: false,
+                ..SpeculativeConfig::default()
+            }),
             draft_model: Some(draft),
             ..EngineConfig::default()
         },

@@ -11,7 +11,9 @@ use crate::constraint::RowConstraint;
 use crate::model::{KvCache, Model};
 use crate::models::decoder::{Logits, LogitsRequest};
 use crate::sampler::{row_logprobs, RngStream, Sampler, SamplerTokens, StepRng};
-use crate::speculative::{draft, draft_model, DraftLength, SpeculationUsage, SpeculativeConfig};
+use crate::speculative::{
+    draft, draft_model, DraftLength, RowDrafts, SpeculationUsage, SpeculativeConfig,
+};
 use crate::Result;
 
 /// What the next forward pass of a sequence feeds.
@@ -356,6 +358,34 @@ impl Sequence {
         s.drafts.len()
     }
 
+    /// The drafts proposed for the next step and how likely each is kept (see
+    /// [`crate::speculative::DraftBudget::allot`]); `None` without drafts.
+    pub fn draft_prospect(&self) -> Option<RowDrafts> {
+        let s = self.speculation.as_ref().filter(|s| !s.drafts.is_empty())?;
+        Some(RowDrafts {
+            drafted: s.drafts.len(),
+            acceptance: s.length.acceptance(),
+        })
+    }
+
+    /// Keeps the first `n` of the drafts proposed for the next step (the step's budget
+    /// verifies no more).
+    pub fn limit_drafts(&mut self, n: usize) {
+        let Some(s) = self.speculation.as_mut() else {
+            return;
+        };
+        if n == 0 && !s.drafts.is_empty() {
+            s.length.withheld();
+        }
+        s.drafts.truncate(n);
+        s.q.truncate(n);
+    }
+
+    /// How many drafts the next step verifies.
+    pub fn draft_count(&self) -> usize {
+        self.drafts().len()
+    }
+
     /// Drops the drafts proposed for the next step (the pool had no room for them).
     pub fn clear_drafts(&mut self) {
         if let Some(s) = self.speculation.as_mut() {
@@ -501,13 +531,53 @@ impl Sequence {
                 break;
             }
         }
-        if let Some(s) = self.speculation.as_mut() {
-            s.length.observe(step.drafts, accepted);
-            s.usage.drafted += step.drafts;
-            s.usage.accepted += accepted;
-        }
+        self.observe_drafts(step.drafts, accepted);
         self.cache.trim(self.history.len() - 1)?;
         Ok(events)
+    }
+
+    /// [`Self::advance_speculative`] for a pass that returned each verified position's
+    /// argmax instead of its logits (only when [`Self::takes_raw_argmax`]): the tokens the
+    /// greedy sampler would have picked, drafts kept while they equal them.
+    pub fn advance_speculative_to(
+        &mut self,
+        step: &SequenceStep,
+        ids: &[u32],
+        took: Duration,
+    ) -> Result<Vec<TokenEvent>> {
+        self.record(step, took);
+        let drafts = self
+            .speculation
+            .as_mut()
+            .map(|s| {
+                s.q.clear();
+                std::mem::take(&mut s.drafts)
+            })
+            .unwrap_or_default();
+        let mut events = Vec::with_capacity(step.drafts + 1);
+        let mut accepted = 0;
+        for (j, &id) in ids.iter().enumerate().take(step.drafts + 1) {
+            self.sampler.set_step(self.sampler.step() + 1);
+            events.push(self.accept(id, f32::NAN, Vec::new())?);
+            let kept = j < step.drafts && drafts.get(j) == Some(&id);
+            accepted += usize::from(kept);
+            if !kept || self.finish.is_some() {
+                break;
+            }
+        }
+        self.observe_drafts(step.drafts, accepted);
+        self.cache.trim(self.history.len() - 1)?;
+        Ok(events)
+    }
+
+    /// Counts a verified step's drafts and how many were kept, and adapts the draft
+    /// length to it.
+    fn observe_drafts(&mut self, drafted: usize, accepted: usize) {
+        if let Some(s) = self.speculation.as_mut() {
+            s.length.observe(drafted, accepted);
+            s.usage.drafted += drafted;
+            s.usage.accepted += accepted;
+        }
     }
 
     /// Records a finished forward pass of `step`; samples when logits came back (in

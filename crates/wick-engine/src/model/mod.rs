@@ -12,6 +12,7 @@ mod dispatch;
 mod kv_cache;
 mod loading;
 mod masked;
+mod verify;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1044,6 +1044,20 @@ impl<B: Backend> Decoder<B> {
         self.backend.argmax(&logits)
     }
 
+    /// [`Decoder::forward_argmax_lora`] for items that may also ask for
+    /// [`LogitsRequest::All`] (speculative verification): the argmax of every requested
+    /// row, flattened in order, and how many rows each item has.
+    pub fn forward_argmax_rows(
+        &self,
+        batch: &mut [BatchItem<'_, B>],
+        lora: &[Vec<&LoraWeights<B>>],
+    ) -> Result<(B::Ids, Vec<usize>)> {
+        let (logits, rows) = self.run_batch(batch, false, lora)?;
+        let logits =
+            logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
+        Ok((self.backend.argmax(&logits)?, rows))
+    }
+
     /// [`Decoder::forward_argmax_lora`] with a token mask per item: `masks` is called once
     /// the pass is built and started on the backend (so the host computes the masks while
     /// the device computes the logits) and returns one mask per item (`None`: unmasked);

@@ -14,6 +14,7 @@ use crate::constraint::{ConstraintError, RowConstraint};
 use crate::generation::{DraftOutput, Sequence, SequenceStep, TokenEvent};
 use crate::model::{Model, Step};
 use crate::models::decoder::{Logits, LogitsRequest};
+use crate::speculative::DraftBudget;
 
 /// A sequence in the running batch and the request it serves.
 struct Active {
@@ -40,6 +41,8 @@ struct Batch {
     preempted: VecDeque<Active>,
     /// Admission counter: a higher `order` is a newer sequence.
     next_order: u64,
+    /// The decode steps' cost, which decides how many drafts a step verifies.
+    drafts: DraftBudget,
 }
 
 impl Batch {
@@ -335,6 +338,7 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
     if let Some(draft) = &shared.config.draft_model {
         draft_with_model(&draft.0, shared, b);
     }
+    budget_drafts(shared, b);
     let mut i = 0;
     let mut widest = widest_decode_rows(b);
     while i < b.running.len() {
@@ -344,7 +348,7 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
             continue;
         }
         // Drafts need room for themselves too; without it the row decodes plainly.
-        let drafts = seq.propose_drafts();
+        let drafts = seq.draft_count();
         if drafts > 0 && seq.cache_mut().reserve(1 + drafts) {
             i += 1;
             continue;
@@ -399,6 +403,30 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
         // Only prompts left and not one block for any of them: the newest makes room.
         let newest = b.running.len() - 1;
         preempt(model, shared, b, newest);
+    }
+}
+
+/// Drafts the next tokens of every decoding row, then keeps of them what the step's
+/// [`DraftBudget`] finds worth a row of the forward pass (when it is on).
+fn budget_drafts(shared: &Shared, b: &mut Batch) {
+    let budget = shared.config.speculative.is_some_and(|s| s.budget);
+    let mut plain = 0;
+    let mut rows = Vec::new();
+    for a in b.running.iter_mut().filter(|a| a.seq.is_decoding()) {
+        a.seq.propose_drafts();
+        match a.seq.draft_prospect() {
+            Some(r) => rows.push(r),
+            None => plain += 1,
+        }
+    }
+    if rows.is_empty() || !budget {
+        return;
+    }
+    let mut allotted = b.drafts.allot(plain, &rows).into_iter();
+    for a in b.running.iter_mut().filter(|a| a.seq.is_decoding()) {
+        if a.seq.draft_prospect().is_some() {
+            a.seq.limit_drafts(allotted.next().unwrap_or(0));
+        }
     }
 }
 
@@ -492,6 +520,8 @@ enum StepOutput {
     Logits(Option<Logits>),
     /// The token, picked on the backend (none for a non-final prompt chunk).
     Token(Option<u32>),
+    /// Every verified position's token, picked on the backend (a greedy row's drafts).
+    Tokens(Vec<u32>),
     /// The grammar allowed no token: the sequence fails.
     Failed(ConstraintError),
 }
@@ -520,6 +550,7 @@ fn advance_all(
                     a.seq.advance_speculative(plan, logits, took)
                 }
                 Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took).map(Vec::from_iter),
+                Some(StepOutput::Tokens(ids)) => a.seq.advance_speculative_to(plan, &ids, took),
                 Some(StepOutput::Failed(e)) => Err(e.into()),
                 Some(StepOutput::Logits(logits)) => {
                     a.seq.advance(plan, logits, took).map(Vec::from_iter)
@@ -583,13 +614,18 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
             LogitsRequest::Last => {
                 a.seq.takes_raw_argmax() || (backend_masks && a.seq.takes_masked_argmax())
             }
-            LogitsRequest::All => false,
+            // A greedy row verifying drafts needs each position's argmax only.
+            LogitsRequest::All => p.drafts > 0 && a.seq.takes_raw_argmax(),
         },
     });
+    let verifies = plans.iter().flatten().any(|p| p.drafts > 0);
     let masked = argmax_only
         && running.iter().zip(&plans).any(|(a, p)| {
             p.as_ref().is_some_and(|p| p.logits == LogitsRequest::Last) && !a.seq.takes_raw_argmax()
         });
+    // The masked pass returns one token per row: with drafts to verify, logits instead.
+    let argmax_only = argmax_only && !(masked && verifies);
+    let masked = masked && argmax_only;
     // Each planned sequence's adapters, in the steps' order (held by the step, so an
     // adapter unmounted meanwhile stays until its requests end).
     let stacks: Vec<crate::adapters::AdapterStack> = running
@@ -655,6 +691,22 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
                     })
                     .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
             })
+        } else if argmax_only && verifies {
+            drop(grammars);
+            let picked = if lora {
+                model.forward_argmax_rows(&mut steps, &adapters)
+            } else {
+                model.forward_argmax_rows(&mut steps, &[])
+            };
+            picked.map(|rows| {
+                rows.into_iter()
+                    .zip(steps.iter().map(|s| s.logits))
+                    .map(|(ids, logits)| match logits {
+                        LogitsRequest::All => StepOutput::Tokens(ids),
+                        _ => StepOutput::Token(ids.last().copied()),
+                    })
+                    .collect::<Vec<_>>()
+            })
         } else {
             drop(grammars);
             match (argmax_only, lora) {
@@ -705,7 +757,6 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     c.last_step_tokens.store(step_tokens, Ordering::Relaxed);
     let prefill: usize = plans.iter().flatten().map(|p| p.prefill).sum();
     c.prompt_tokens.fetch_add(prefill as u64, Ordering::Relaxed);
-
     let sampling = Instant::now();
     let kept_before = kept_drafts(running);
     let advanced = advance_all(running, &plans, outputs, took);
@@ -739,8 +790,19 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         }
     }
     c.generated_tokens.fetch_add(sampled, Ordering::Relaxed);
+    let sampled_in = sampling.elapsed();
     c.sampling_nanos
-        .fetch_add(sampling.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        .fetch_add(sampled_in.as_nanos() as u64, Ordering::Relaxed);
+    if prefill == 0 && shared.config.speculative.is_some() {
+        b.drafts
+            .observe(step_tokens, (took + sampled_in).as_secs_f64());
+        tracing::debug!(
+            tokens = step_tokens,
+            rows = decoding,
+            seconds = (took + sampled_in).as_secs_f64(),
+            "decode step recorded for the draft budget"
+        );
+    }
     let drafted: usize = plans.iter().flatten().map(|p| p.drafts).sum();
     let kept = kept_drafts(running) - kept_before;
     if drafted > 0 {

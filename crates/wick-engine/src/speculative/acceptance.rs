@@ -93,15 +93,30 @@ pub fn accept_sampled(
 /// token again to probe whether the text turned repetitive.
 pub const PROBE_AFTER_STEPS: usize = 16;
 
+/// How much of the acceptance estimate's evidence a new verified step leaves standing
+/// (a memory of a few steps: copying turns into writing and back within a reply).
+const ACCEPTANCE_DECAY: f64 = 0.75;
+
+/// The acceptance estimate before any evidence, and the evidence it counts as (in
+/// drafted positions): optimistic, so a new row drafts and finds out.
+const ACCEPTANCE_PRIOR: (f64, f64) = (0.8, 2.0);
+
 /// A sequence's draft length, adapted to what the model accepts: all of a draft kept
 /// grows it by one (up to the configured most), a partly kept draft sets it to one past
 /// what was kept, nothing kept halves it, and from one a rejection turns drafting off
-/// for [`PROBE_AFTER_STEPS`] steps.
+/// for [`PROBE_AFTER_STEPS`] steps. It also estimates how likely a draft token is kept
+/// ([`DraftLength::acceptance`]), which the step's [`crate::speculative::DraftBudget`]
+/// weighs against what a verified row costs.
 #[derive(Debug, Clone)]
 pub struct DraftLength {
     max: usize,
     current: usize,
     resting: usize,
+    /// Recent drafted positions kept and rejected, decayed by [`ACCEPTANCE_DECAY`] a step.
+    kept: f64,
+    rejected: f64,
+    /// Steps in a row the budget verified none of this sequence's drafts.
+    withheld: usize,
 }
 
 impl DraftLength {
@@ -111,6 +126,28 @@ impl DraftLength {
             max,
             current: max,
             resting: 0,
+            kept: 0.0,
+            rejected: 0.0,
+            withheld: 0,
+        }
+    }
+
+    /// Probability that a drafted token is kept when the one before it was: recent kept
+    /// positions over recent verified ones, starting from [`ACCEPTANCE_PRIOR`].
+    pub fn acceptance(&self) -> f64 {
+        let (p, n) = ACCEPTANCE_PRIOR;
+        (self.kept + p * n) / (self.kept + self.rejected + n)
+    }
+
+    /// Records that the step's budget verified none of the drafts: after
+    /// [`PROBE_AFTER_STEPS`] such steps the estimate forgets its evidence, so the
+    /// sequence gets to show whether the text turned repetitive.
+    pub fn withheld(&mut self) {
+        self.withheld += 1;
+        if self.withheld > PROBE_AFTER_STEPS {
+            self.withheld = 0;
+            self.kept = 0.0;
+            self.rejected = 0.0;
         }
     }
 
@@ -128,6 +165,9 @@ impl DraftLength {
         if drafted == 0 {
             return;
         }
+        self.withheld = 0;
+        self.kept = ACCEPTANCE_DECAY * self.kept + accepted.min(drafted) as f64;
+        self.rejected = ACCEPTANCE_DECAY * self.rejected + f64::from(u8::from(accepted < drafted));
         if accepted >= drafted {
             self.current = (self.current + 1).min(self.max);
         } else if accepted > 0 {
@@ -353,5 +393,24 @@ mod tests {
         assert_eq!(k.next_length(), 1);
         k.observe(1, 1);
         assert_eq!(k.next_length(), 2);
+    }
+
+    #[test]
+    fn the_acceptance_follows_recent_steps() {
+        let mut k = DraftLength::new(4);
+        assert!((k.acceptance() - 0.8).abs() < 1e-12);
+        for _ in 0..20 {
+            k.observe(4, 4);
+        }
+        assert!(k.acceptance() > 0.95, "{}", k.acceptance());
+        for _ in 0..20 {
+            k.observe(1, 0);
+        }
+        assert!(k.acceptance() < 0.4, "{}", k.acceptance());
+        // Withheld long enough, the evidence is forgotten.
+        for _ in 0..=PROBE_AFTER_STEPS {
+            k.withheld();
+        }
+        assert!((k.acceptance() - 0.8).abs() < 1e-12);
     }
 }

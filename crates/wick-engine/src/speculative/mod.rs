@@ -17,16 +17,23 @@
 //! speculation). The rejected positions are trimmed from the KV cache, so what stays
 //! cached is exactly what plain decoding would have cached.
 //!
+//! Each verified draft is a row of the pass: [`budget`] keeps, each step, only the drafts
+//! worth their rows by the recorded time of decode steps of each size (a batch that is
+//! already compute-bound drafts little). Greedy rows without processors verify by the
+//! backend's argmax of every position ([`crate::Model::forward_argmax_rows`]).
+//!
 //! Rows that decode plainly: rows with a structured-output constraint (drafts are not
 //! checked against the grammar), requests that opt out, and models whose cache cannot be
 //! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
 //! that run on MLX. Requests with images or audio draft by prompt lookup, never with a
 //! draft model (which has no tower and would read their soft tokens as text).
 pub mod acceptance;
+pub mod budget;
 pub mod draft_model;
 pub mod ngram;
 
 pub use acceptance::{accept_one_hot, accept_sampled, DraftLength};
+pub use budget::{DraftBudget, RowDrafts};
 pub use draft_model::DraftModel;
 pub use ngram::draft;
 
@@ -40,6 +47,9 @@ pub struct SpeculativeConfig {
     /// Most tokens drafted per step (`--num-draft-tokens`); the adaptive length stays
     /// at or below it.
     pub num_draft_tokens: usize,
+    /// Whether a step verifies only the drafts worth their rows by the recorded cost of
+    /// decode steps ([`DraftBudget`], `--draft-budget`); off, every draft is verified.
+    pub budget: bool,
 }
 
 impl Default for SpeculativeConfig {
@@ -48,6 +58,7 @@ impl Default for SpeculativeConfig {
             ngram_min: 2,
             ngram_max: 4,
             num_draft_tokens: 4,
+            budget: true,
         }
     }
 }

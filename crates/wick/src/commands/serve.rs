@@ -125,6 +125,10 @@ pub struct ServeArgs {
     /// Most tokens drafted per step; the length adapts below it to what is accepted.
     #[arg(long, env = "WICK_NUM_DRAFT_TOKENS", default_value_t = SpeculativeConfig::default().num_draft_tokens)]
     num_draft_tokens: usize,
+    /// `on`: each step verifies only the drafts worth their rows, by the recorded time of
+    /// decode steps of each size (a compute-bound batch drafts little); `off`: every draft.
+    #[arg(long, env = "WICK_DRAFT_BUDGET", value_parser = ["on", "off"], default_value = "on")]
+    draft_budget: String,
     /// Where greedy structured-output rows get their token: `backend` takes the backend's
     /// argmax of the logits under the grammar's mask (computed on the host while the pass
     /// runs), `host` samples the logits on the host and masks only a token the grammar
@@ -254,6 +258,7 @@ fn check_speculative(args: &ServeArgs) -> anyhow::Result<Option<SpeculativeConfi
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
         num_draft_tokens: args.num_draft_tokens,
+        budget: args.draft_budget == "on",
     }))
 }
 
