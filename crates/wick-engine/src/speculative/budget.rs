@@ -103,7 +103,7 @@ impl DraftBudget {
         let Some(base) = self.seconds(fed) else {
             return vec![0; rows.len()];
         };
-        if self.allotments % EXPLORE_EVERY == 0 {
+        if self.allotments.is_multiple_of(EXPLORE_EVERY) {
             return rows.iter().map(|r| r.drafted).collect();
         }
         // Drafts, most likely first (each row's in order, as their odds only fall).
