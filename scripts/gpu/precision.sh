@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200, after stage1.sh made the 0.5B model (MAKE=qwen2.5-0.5b:bfloat16), with carry/b:
+# H200, after stage1.sh made the 0.5B model (MAKE=qwen2.5-0.5b:bfloat16), with the last carry folder:
 # the bf16 noise floor on a random-weight model. The same weights upcast to f32 run by
 # mlx-lm are the reference; against it: mlx-lm in bf16, and wick in bf16 with its
 # own kernels and fused products on and off. Output in $OUT/precision.txt.

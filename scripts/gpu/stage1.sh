@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200, first call (carry: carry/a). Keeps the first runtime part and the small files in
-# /tmp/wick (the machine keeps /tmp while it stays warm: copy carry/b there next, then
-# call stage2.sh or another script with carry/c right after),
+# /tmp/wick (the machine keeps /tmp while it stays warm: copy the middle part folders there
+# next, one call each, then call stage2.sh or another script with the last folder),
 # makes the random-weight models with transformers on the GPU, measures the ceilings.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # this folder (scripts/gpu or a carried copy)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200, third call, after stage1.sh and the copy of carry/b (carry: carry/c). Installs the MLX runtime,
+# H200, after stage1.sh and the copies of the middle parts (carry: the last folder). Installs the MLX runtime,
 # checks wick against mlx-lm on the GPU (and candle on the 0.5B model), then runs the
 # benchmark cases of $MODELS (wick, then mlx-lm, same run). Results go to $OUT as they
 # come, so a timeout still returns what was measured.

@@ -19,6 +19,10 @@ pub struct GreedyRun {
     pub prefill_time: Duration,
     /// From then until the last ids were on the host.
     pub decode_time: Duration,
+    /// Of `decode_time`, the host's time building and queuing the decode steps.
+    pub decode_build_time: Duration,
+    /// Of `decode_time`, the time spent waiting for ids the device had not finished.
+    pub decode_wait_time: Duration,
 }
 
 impl GreedyRun {
@@ -53,6 +57,8 @@ pub(crate) fn run<B: Backend>(
             prompt_tokens: 0,
             prefill_time: Duration::ZERO,
             decode_time: Duration::ZERO,
+            decode_build_time: Duration::ZERO,
+            decode_wait_time: Duration::ZERO,
         });
     }
     // Everything but each prompt's last chunk, one sequence at a time.
@@ -83,25 +89,35 @@ pub(crate) fn run<B: Backend>(
     }
     let prefill_time = started.elapsed();
     let decoding = Instant::now();
+    let (mut build, mut wait) = (Duration::ZERO, Duration::ZERO);
     let mut refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+    let mut read = |ids: &B::Ids, tokens: &mut Vec<Vec<u32>>| -> Result<()> {
+        let t = Instant::now();
+        let host = be.ids_to_host(ids)?;
+        wait += t.elapsed();
+        for (t, id) in tokens.iter_mut().zip(host) {
+            t.push(id);
+        }
+        Ok(())
+    };
     for step in 1..max_tokens {
+        let t = Instant::now();
         let next = d.decode_ids(&current, &mut refs)?;
+        build += t.elapsed();
         if step > 1 {
-            for (t, id) in tokens.iter_mut().zip(be.ids_to_host(&current)?) {
-                t.push(id);
-            }
+            read(&current, &mut tokens)?;
         }
         current = next;
     }
     if max_tokens > 1 {
-        for (t, id) in tokens.iter_mut().zip(be.ids_to_host(&current)?) {
-            t.push(id);
-        }
+        read(&current, &mut tokens)?;
     }
     Ok(GreedyRun {
         tokens,
         prompt_tokens,
         prefill_time,
         decode_time: decoding.elapsed(),
+        decode_build_time: build,
+        decode_wait_time: wait,
     })
 }

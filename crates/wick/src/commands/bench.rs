@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use serde_json::json;
+use serde_json::{json, Value};
 use wick_engine::{BackendKind, GenerationRequest, LoadOptions, Model};
 
 #[derive(Args)]
@@ -193,10 +193,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let lockstep = case.batch > 1 || backend != BackendKind::Candle;
         let mut pp = Vec::new();
         let mut tg = Vec::new();
+        // Per decode step, lockstep runs only: host time building it, time waiting for ids.
+        let mut build_ms = Vec::new();
+        let mut wait_ms = Vec::new();
         for run in 0..args.warmup + args.runs.max(1) {
             let (prompt_tps, decode_tps) = if lockstep {
                 let prompts = vec![ids.clone(); case.batch];
                 let out = model.generate_greedy(&prompts, case.gen.max(2), case.prompt)?;
+                if run >= args.warmup {
+                    let steps = out
+                        .tokens
+                        .first()
+                        .map_or(1, |t| t.len().saturating_sub(1).max(1));
+                    build_ms.push(out.decode_build_time.as_secs_f64() * 1e3 / steps as f64);
+                    wait_ms.push(out.decode_wait_time.as_secs_f64() * 1e3 / steps as f64);
+                }
                 (out.prefill_tps(), out.decode_tps())
             } else {
                 let mut request = GenerationRequest::new(ids.clone()).max_tokens(case.gen);
@@ -220,6 +231,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         }
         let (pp, tg) = (median(pp), median(tg));
+        let (build_ms, wait_ms) = if build_ms.is_empty() {
+            (Value::Null, Value::Null)
+        } else {
+            (json!(median(build_ms)), json!(median(wait_ms)))
+        };
         let peak = peak_rss().unwrap_or(0);
         if args.json {
             println!(
@@ -229,7 +245,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                        "mode": if lockstep { "greedy-lockstep" } else { "sampler" },
                        "runs": args.runs, "warmup": args.warmup, "prompt_tps": pp, "decode_tps": tg,
                        "weight_bytes": model.info().weight_bytes,
-                       "peak_rss_bytes": peak, "load_seconds": load_s})
+                       "peak_rss_bytes": peak, "load_seconds": load_s,
+                       "decode_build_ms_per_step": build_ms, "decode_wait_ms_per_step": wait_ms})
             );
         } else {
             println!(
