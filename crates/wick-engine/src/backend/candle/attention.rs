@@ -661,6 +661,24 @@ mod tests {
     use crate::backend::candle::{CandleBackend, HostTensor, KvDtype};
     use crate::backend::{AttentionSegment, Backend, KvLayer};
 
+    /// Attention parameters with the usual `1/√head_dim` scale.
+    fn params(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    ) -> AttentionParams {
+        AttentionParams {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window,
+            softcap,
+        }
+    }
+
     /// Deterministic values in `[-1, 1)`.
     fn noise(seed: u64, n: usize) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -804,14 +822,7 @@ mod tests {
             (2, 1, 128, None, None),
             (3, 1, 18, None, None),
         ] {
-            let p = AttentionParams {
-                heads,
-                kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window,
-                softcap,
-            };
+            let p = params(heads, kv_heads, head_dim, window, softcap);
             let (q_w, kv_w) = (heads * head_dim, kv_heads * head_dim);
             let lens = [75usize, 33, 130];
             let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..lens.len())
@@ -896,14 +907,7 @@ mod tests {
             (Some(20), Some(30.0), 4, 1, 256),
             (None, None, 14, 2, 80),
         ] {
-            let p = AttentionParams {
-                heads,
-                kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window,
-                softcap,
-            };
+            let p = params(heads, kv_heads, head_dim, window, softcap);
             let (q_w, kv_w) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
             let lens = [70usize, 45, 101];
             let data: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = lens
@@ -1028,14 +1032,7 @@ mod tests {
                 (4, 1, 256, Some(150), Some(30.0)),
                 (6, 3, 80, Some(40), None),
             ] {
-                let p = AttentionParams {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    scale: 1.0 / (head_dim as f32).sqrt(),
-                    window,
-                    softcap,
-                };
+                let p = params(heads, kv_heads, head_dim, window, softcap);
                 let (q_w, kv_w) = (heads * head_dim, kv_heads * head_dim);
                 let q: Vec<f32> = noise(7, n * q_w).iter().map(|x| 3.0 * x).collect();
                 let k: Vec<f32> = noise(8, n * kv_w).iter().map(|x| 3.0 * x).collect();
