@@ -51,7 +51,7 @@ print(json.dumps({'model_dir': '$m', 'after': '$1', 'steps': e['steps'], \
   kill $pid; wait $pid 2>/dev/null
   args=()
   for n in $CURVE; do args+=(--case "$PROMPT:$GEN:$n"); done
-  timeout 300 $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --json --warmup 1 \
+  timeout 300 $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --prefill-chunk 0 --json --warmup 1 \
     --runs ${LOCKSTEP_RUNS:-2} "${args[@]}" 2>> $OUT/lockstep.err \
     | sed -u "s/^{/{\"model_dir\":\"$m\",/" | tee -a $OUT/lockstep.jsonl
 done

@@ -13,14 +13,14 @@ for m in "$@"; do
   echo "== $m"
   python3 $G/model_facts.py $W/models/$m >> $OUT/facts.jsonl
   if [ -z "${ONLY_VARIANTS:-}" ]; then
-    timeout ${BENCH_TIMEOUT:-200} $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --json \
+    timeout ${BENCH_TIMEOUT:-200} $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --prefill-chunk 0 --json \
       --warmup 1 --runs 2 "${args[@]}" 2>>$OUT/bench.err \
       | sed -u "s/^{/{\"engine\":\"wick\",\"variant\":\"default\",\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
     timeout ${BENCH_TIMEOUT:-200} python3 $G/mlx_lm_bench.py $W/models/$m "${args[@]}" 2>>$OUT/bench.err \
       | sed -u "s/^{/{\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
   fi
   for v in ${VARIANTS:-}; do
-    env $(echo $v | tr ',' ' ') timeout 120 $W/wick bench $W/models/$m --backend mlx --synthetic-prompt \
+    env $(echo $v | tr ',' ' ') timeout 120 $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --prefill-chunk 0 \
       --json --warmup 1 --runs 2 --case 512:128:1 2>>$OUT/bench.err \
       | sed -u "s/^{/{\"engine\":\"wick\",\"variant\":\"$v\",\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
   done

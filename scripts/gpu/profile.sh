@@ -13,7 +13,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 for m in "$@"; do
   for v in default ${VARIANTS:-}; do
     env $( [ "$v" = default ] || echo $v | tr ',' ' ') timeout ${BENCH_TIMEOUT:-150} \
-      $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --json --warmup 1 --runs 3 \
+      $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 3 \
       --case ${CASE:-512:128:1} 2>>$OUT/profile.err \
       | sed -u "s/^{/{\"variant\":\"$v\",\"model_dir\":\"$m\",/" | tee -a $OUT/profile.jsonl
   done
@@ -25,7 +25,7 @@ for m in "$@"; do
   if [ -n "$NCU" ] && [ -z "${SKIP_NCU:-}" ]; then
     timeout ${NCU_TIMEOUT:-200} $NCU --clock-control none --cache-control none \
       --metrics gpu__time_duration.sum --csv --print-units base --launch-count ${NCU_KERNELS:-20000} \
-      $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --json --warmup 0 --runs 1 \
+      $W/wick bench $W/models/$m --backend mlx --synthetic-prompt --prefill-chunk 0 --json --warmup 0 --runs 1 \
       --case 64:24:1 > $OUT/ncu-$m.csv 2>>$OUT/profile.err
     python3 $G/kernel_profile.py $OUT/ncu-$m.csv $m | tee $OUT/ncu-$m.json
     xz -T0 $OUT/ncu-$m.csv

@@ -1,5 +1,6 @@
 //! The `wick` command: a thin clap layer over the wick crates.
 mod commands;
+mod heap;
 mod huge_pages;
 mod model_arg;
 
@@ -48,6 +49,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     huge_pages::enable();
+    heap::retain_freed_memory();
     let cli = Cli::parse();
     // A server logs its requests by default; the other commands only warnings.
     let default_log = match cli.command {

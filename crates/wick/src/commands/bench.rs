@@ -74,6 +74,11 @@ pub struct BenchArgs {
     /// same ids scripts/gpu/mlx_lm_bench.py feeds mlx-lm).
     #[arg(long)]
     synthetic_prompt: bool,
+    /// Prompt rows per forward pass, as `wick serve` feeds a prompt in chunks of its
+    /// --step-tokens (and llama.cpp in its batch of 512); 0 feeds the whole prompt in one
+    /// pass.
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
 }
 
 /// Prompt lengths of `--long-prompts`: a chat turn, then what coding agents send (Codex's
@@ -191,6 +196,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ids
         };
         let lockstep = case.batch > 1 || backend != BackendKind::Candle;
+        let chunk = match args.prefill_chunk {
+            0 => case.prompt.max(1),
+            n => n,
+        };
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         // Per decode step, lockstep runs only: host time building it, time waiting for ids.
@@ -199,7 +208,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         for run in 0..args.warmup + args.runs.max(1) {
             let (prompt_tps, decode_tps) = if lockstep {
                 let prompts = vec![ids.clone(); case.batch];
-                let out = model.generate_greedy(&prompts, case.gen.max(2), case.prompt)?;
+                let out = model.generate_greedy(&prompts, case.gen.max(2), chunk)?;
                 if run >= args.warmup {
                     let steps = out
                         .tokens
@@ -212,7 +221,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             } else {
                 let mut request = GenerationRequest::new(ids.clone()).max_tokens(case.gen);
                 request.ignore_eos = true;
-                request.prefill_chunk = case.prompt;
+                request.prefill_chunk = chunk;
                 let out = model.generate(&request, |_| ControlFlow::Continue(()))?;
                 (out.usage.prefill_tps(), out.usage.decode_tps())
             };
@@ -243,7 +252,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 json!({"model": model.info().name, "backend": model.info().backend, "kv_type": model.info().kv_type, "threads": rayon_threads(),
                        "prompt_tokens": ids.len(), "gen_tokens": case.gen, "batch": case.batch,
                        "mode": if lockstep { "greedy-lockstep" } else { "sampler" },
-                       "runs": args.runs, "warmup": args.warmup, "prompt_tps": pp, "decode_tps": tg,
+                       "prefill_chunk": chunk, "runs": args.runs, "warmup": args.warmup, "prompt_tps": pp, "decode_tps": tg,
                        "weight_bytes": model.info().weight_bytes,
                        "peak_rss_bytes": peak, "load_seconds": load_s,
                        "decode_build_ms_per_step": build_ms, "decode_wait_ms_per_step": wait_ms})
