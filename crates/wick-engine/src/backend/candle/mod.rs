@@ -14,6 +14,7 @@ mod exp;
 mod kv;
 mod norm;
 mod prefill_attention;
+mod prefill_bf16;
 mod profile;
 mod rope;
 mod tensor;
@@ -62,6 +63,8 @@ pub struct CandleBackend {
     pool: &'static ThreadPool,
     isa: Isa,
     kv_dtype: KvDtype,
+    /// Long prompt chunks' attention products in bf16 where the CPU has AVX-512 BF16.
+    bf16_prompt_attention: bool,
 }
 
 impl Default for CandleBackend {
@@ -71,6 +74,8 @@ impl Default for CandleBackend {
             pool: ThreadPool::global(),
             isa: Isa::best(),
             kv_dtype: KvDtype::F32,
+            bf16_prompt_attention: std::env::var("WICK_PROMPT_ATTENTION")
+                .map_or(true, |v| v != "f32"),
         }
     }
 }
@@ -144,6 +149,15 @@ impl CandleBackend {
         CandleBackend { isa, ..self }
     }
 
+    /// The same backend with long prompt chunks' attention products in bf16 (where the
+    /// CPU has AVX-512 BF16; the default, unless `WICK_PROMPT_ATTENTION=f32`) or in f32.
+    pub fn with_bf16_prompt_attention(self, on: bool) -> Self {
+        CandleBackend {
+            bf16_prompt_attention: on,
+            ..self
+        }
+    }
+
     /// How this backend's KV caches store numbers.
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
@@ -185,7 +199,14 @@ impl CandleBackend {
                     });
                 }
             }
-            attention::attend(self.pool, self.isa, q.data(), &rows, params)
+            attention::attend(
+                self.pool,
+                self.isa,
+                self.bf16_prompt_attention,
+                q.data(),
+                &rows,
+                params,
+            )
         };
         for seg in segments.iter_mut() {
             seg.cache.evict();
@@ -776,7 +797,14 @@ impl Backend for CandleBackend {
                     });
                 }
             }
-            attention::attend(self.pool, self.isa, q.data(), &rows, params)
+            attention::attend(
+                self.pool,
+                self.isa,
+                self.bf16_prompt_attention,
+                q.data(),
+                &rows,
+                params,
+            )
         };
         if evict {
             for seg in segments.iter_mut() {

@@ -1,0 +1,579 @@
+//! The two products of a long prompt chunk's attention in bf16 (AVX-512 BF16), at twice
+//! the multiply-adds per instruction of f32 FMAs: `vdpbf16ps` multiplies pairs of bf16
+//! numbers and adds both products to one f32 lane.
+//!
+//! Operands are rounded to bf16 (8 significant bits), products summed in f32. To keep
+//! that rounding small where keys or values share a large common part (a bias on the key
+//! projection makes some dimensions nearly constant), each KV head's keys and values are
+//! centred on their mean over the positions of the call before rounding: a row's scores
+//! against centred keys differ from the true ones by one constant per row, which the
+//! softmax ignores, and the value mean is added back to each output row. Soft-capped
+//! scores are not shift-invariant, so those models keep the f32 products.
+//!
+//! Layouts (one `u32` = two bf16, the first in the low half):
+//! - queries `[row][hd / 2]`: dimensions `2j, 2j + 1` of a row;
+//! - keys in groups of [`KEYS`] positions, `[group][hd / 2][KEYS]`: one 512-bit load is
+//!   the same two dimensions of sixteen positions;
+//! - probabilities `[row][n / 2]`: positions `2i, 2i + 1` of a row;
+//! - values `[position pair][hd]`: one 512-bit load is sixteen dimensions of two positions.
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use half::bf16;
+
+/// Key positions of one packed group (the lanes of a 512-bit register).
+pub(crate) const KEYS: usize = 16;
+
+/// Key tiles start and end on multiples of this many positions from the packed base, so
+/// every tile is whole groups of [`GROUPS`] × [`KEYS`].
+pub(crate) const ALIGN: usize = GROUPS * KEYS;
+
+/// Query rows × key groups of one score micro-tile (24 accumulators).
+const ROWS: usize = 6;
+const GROUPS: usize = 4;
+
+/// Output rows of one `P·V` micro-tile, each four 16-dimension vectors (24 accumulators).
+const OUT_ROWS: usize = 6;
+const OUT_VECS: usize = 4;
+
+/// What a [`Bf16Products`] holds: nothing on x86-64, and no value at all elsewhere (so
+/// none can be made there).
+#[cfg(target_arch = "x86_64")]
+type Proof = ();
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Debug, Clone, Copy)]
+enum Proof {}
+
+/// Proof that this CPU runs the bf16 products.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bf16Products(Proof);
+
+impl Bf16Products {
+    pub(crate) fn detect() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let has = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512bf16");
+            has.then_some(Bf16Products(()))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        None
+    }
+
+    /// Whether a head of `head_dim` dimensions fits the layouts.
+    pub(crate) fn fits(head_dim: usize) -> bool {
+        head_dim > 0 && head_dim.is_multiple_of(KEYS * OUT_VECS)
+    }
+}
+
+fn pair(a: f32, b: f32) -> u32 {
+    u32::from(bf16::from_f32(a).to_bits()) | (u32::from(bf16::from_f32(b).to_bits()) << 16)
+}
+
+/// Mean of each dimension over `rows` rows of `x` (`[row][hd]`).
+fn column_mean(x: &[f32], hd: usize) -> Vec<f32> {
+    let rows = x.len() / hd;
+    let mut sum = vec![0f64; hd];
+    for row in x.chunks_exact(hd) {
+        for (s, &v) in sum.iter_mut().zip(row) {
+            *s += f64::from(v);
+        }
+    }
+    sum.iter()
+        .map(|&s| (s / rows.max(1) as f64) as f32)
+        .collect()
+}
+
+/// One KV head's keys and values of positions `base .. base + len` (padded with zeros to
+/// a multiple of [`ALIGN`]), centred and packed.
+pub(crate) struct PackedKv {
+    pub(crate) base: usize,
+    /// Packed positions (a multiple of [`ALIGN`]).
+    pub(crate) len: usize,
+    hd: usize,
+    keys: Vec<u32>,
+    values: Vec<u32>,
+    /// Added back to every output row.
+    pub(crate) value_mean: Vec<f32>,
+}
+
+impl PackedKv {
+    /// Packs `keys` and `values` (`[position][hd]` f32 each, from `base`).
+    pub(crate) fn pack(
+        bf: Bf16Products,
+        base: usize,
+        keys: &[f32],
+        values: &[f32],
+        hd: usize,
+    ) -> Self {
+        let n = keys.len() / hd;
+        let len = n.div_ceil(ALIGN) * ALIGN;
+        let key_mean = column_mean(keys, hd);
+        let value_mean = column_mean(values, hd);
+        let half = hd / 2;
+        let mut centred = vec![0f32; 2 * hd];
+        let mut pairs = vec![0u32; hd];
+        let mut packed_keys = vec![0u32; len * half];
+        for (p, row) in keys.chunks_exact(hd).enumerate() {
+            for ((c, &x), &m) in centred.iter_mut().zip(row).zip(&key_mean) {
+                *c = x - m;
+            }
+            bf.pairs_into(&centred[..hd], &mut pairs[..half]);
+            let group = &mut packed_keys[(p / KEYS) * half * KEYS..][..half * KEYS];
+            for (j, &w) in pairs[..half].iter().enumerate() {
+                group[j * KEYS + p % KEYS] = w;
+            }
+        }
+        let mut packed_values = vec![0u32; len / 2 * hd];
+        for (out, two) in packed_values
+            .chunks_exact_mut(hd)
+            .zip(values.chunks(2 * hd))
+        {
+            // Positions `2i` and `2i + 1` interleaved, a missing last one as zeros.
+            let (first, second) = two.split_at(hd);
+            for (d, c) in centred.chunks_exact_mut(2).enumerate() {
+                c[0] = first[d] - value_mean[d];
+                c[1] = second.get(d).map_or(0.0, |&x| x - value_mean[d]);
+            }
+            bf.pairs_into(&centred, out);
+        }
+        PackedKv {
+            base,
+            len,
+            hd,
+            keys: packed_keys,
+            values: packed_values,
+            value_mean,
+        }
+    }
+}
+
+impl Bf16Products {
+    /// Replaces each score `x` of `row` with `exp(x − max)` and returns their sum. The
+    /// results are rounded to bf16 for the `P·V` product, so a polynomial good to about
+    /// 2e-7 relative (far below bf16's 4e-3) replaces the exactly rounded exponential of
+    /// the f32 path. `max` must be at least every score.
+    pub(crate) fn exp_sum(self, row: &mut [f32], max: f32) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the proof says the CPU has AVX-512F; the loop reads and writes `row`'s
+        // own elements only (the tail masked).
+        unsafe {
+            exp_sum_avx512(row, max)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+    }
+
+    /// `x` (an even number of floats) rounded to bf16, in order, as pairs into `out`:
+    /// query rows `[row][hd]` become `[row][hd / 2]`, probability rows `[row][n]`
+    /// become `[row][n / 2]`.
+    pub(crate) fn pairs(self, x: &[f32], out: &mut Vec<u32>) {
+        out.clear();
+        out.resize(x.len() / 2, 0);
+        self.pairs_into(x, out);
+    }
+
+    /// [`pairs`](Self::pairs) into a slice of exactly `x.len() / 2` pairs.
+    pub(crate) fn pairs_into(self, x: &[f32], out: &mut [u32]) {
+        assert!(
+            x.len().is_multiple_of(2) && out.len() == x.len() / 2,
+            "pairs of {} floats into {}",
+            x.len(),
+            out.len()
+        );
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the proof says the CPU has the instructions; `out` holds `x.len() / 2`
+        // pairs, which is what the conversion writes.
+        unsafe {
+            pairs_avx512(x, out)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+    }
+
+    /// `scores (m × n) = Q · Kᵀ` for key positions `t0 .. t1` of `kv` (both multiples of
+    /// [`ALIGN`] from its base; `n = t1 − t0`), `q` the `m` query rows as
+    /// [`pairs`](Self::pairs).
+    pub(crate) fn scores(
+        self,
+        q: &[u32],
+        m: usize,
+        kv: &PackedKv,
+        (t0, t1): (usize, usize),
+        scores: &mut [f32],
+    ) {
+        let half = kv.hd / 2;
+        let (a, b) = (t0 - kv.base, t1 - kv.base);
+        let n = b - a;
+        assert!(
+            a % ALIGN == 0 && b % ALIGN == 0 && b <= kv.len,
+            "unaligned key tile"
+        );
+        assert!(
+            q.len() >= m * half && scores.len() >= m * n,
+            "buffers too small"
+        );
+        let keys = &kv.keys[a * half..b * half];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the proof says the CPU has the instructions; the assertions above keep
+        // every access in bounds (each micro-tile reads `rows × half` query pairs and
+        // `GROUPS` whole groups, and writes `rows × GROUPS × KEYS` scores).
+        unsafe {
+            scores_avx512(q, m, half, keys, n, scores)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+    }
+
+    /// `acc (m × hd) += P · V` for key positions `t0 .. t1` of `kv`, `p` the [`pairs`]
+    /// (Self::pairs) of `m` rows of `t1 − t0` probabilities.
+    pub(crate) fn accumulate(
+        self,
+        p: &[u32],
+        m: usize,
+        kv: &PackedKv,
+        (t0, t1): (usize, usize),
+        acc: &mut [f32],
+    ) {
+        let hd = kv.hd;
+        let (a, b) = (t0 - kv.base, t1 - kv.base);
+        let pairs = (b - a) / 2;
+        assert!(
+            a % ALIGN == 0 && b % ALIGN == 0 && b <= kv.len,
+            "unaligned key tile"
+        );
+        assert!(
+            p.len() >= m * pairs && acc.len() >= m * hd,
+            "buffers too small"
+        );
+        let values = &kv.values[a / 2 * hd..b / 2 * hd];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `scores`.
+        unsafe {
+            accumulate_avx512(p, m, pairs, values, hd, acc)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        match self.0 {}
+    }
+}
+
+/// `2^f` for `|f| ≤ 1/2`: the Taylor coefficients of `e^(f·ln 2)` to degree 6 (the
+/// remainder is below 1.3e-7 relative there).
+#[cfg(target_arch = "x86_64")]
+const EXP2: [f32; 7] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+];
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_sum_avx512(row: &mut [f32], max: f32) -> f32 {
+    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
+    let m = _mm512_set1_ps(max);
+    let mut sum = _mm512_setzero_ps();
+    for chunk in row.chunks_mut(16) {
+        let n = chunk.len();
+        let live: __mmask16 = if n == 16 { !0 } else { (1u16 << n) - 1 };
+        let p = chunk.as_mut_ptr();
+        // exp(x − max) = 2^t, t = (x − max)·log2 e ≤ 0, split as 2^k · 2^f with k the
+        // nearest integer; `scalef` applies 2^k and goes to zero far below (x = −∞ too).
+        let t = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, p), m), log2e);
+        let t = _mm512_max_ps(t, _mm512_set1_ps(-200.0));
+        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+        let f = _mm512_sub_ps(t, k);
+        let mut y = _mm512_set1_ps(EXP2[6]);
+        for &c in EXP2[..6].iter().rev() {
+            y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
+        }
+        let y = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, k));
+        _mm512_mask_storeu_ps(p, live, y);
+        sum = _mm512_add_ps(sum, y);
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
+/// Sixteen floats at a time with `vcvtneps2bf16` (round to nearest even), the tail one
+/// pair at a time with the same rounding.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pairs_avx512(x: &[f32], out: &mut [u32]) {
+    let whole = x.len() / 16 * 16;
+    let dst = out.as_mut_ptr().cast::<__m256i>();
+    for (i, c) in x[..whole].chunks_exact(16).enumerate() {
+        let h = _mm512_cvtneps_pbh(_mm512_loadu_ps(c.as_ptr()));
+        _mm256_storeu_si256(dst.add(i), std::mem::transmute::<__m256bh, __m256i>(h));
+    }
+    for (o, d) in out[whole / 2..].iter_mut().zip(x[whole..].chunks_exact(2)) {
+        *o = pair(d[0], d[1]);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_rows {
+    ($r:expr, |$R:ident| $body:expr) => {
+        match $r {
+            1 => {
+                const $R: usize = 1;
+                $body
+            }
+            2 => {
+                const $R: usize = 2;
+                $body
+            }
+            3 => {
+                const $R: usize = 3;
+                $body
+            }
+            4 => {
+                const $R: usize = 4;
+                $body
+            }
+            5 => {
+                const $R: usize = 5;
+                $body
+            }
+            _ => {
+                const $R: usize = 6;
+                $body
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn bh(v: __m512i) -> __m512bh {
+    std::mem::transmute::<__m512i, __m512bh>(v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn scores_avx512(q: &[u32], m: usize, half: usize, keys: &[u32], n: usize, out: &mut [f32]) {
+    let groups = n / KEYS;
+    let mut r0 = 0;
+    while r0 < m {
+        let rows = (m - r0).min(ROWS);
+        by_rows!(rows, |R| {
+            for g0 in (0..groups).step_by(GROUPS) {
+                score_tile::<R>(
+                    q.as_ptr().add(r0 * half),
+                    half,
+                    keys.as_ptr().add(g0 * half * KEYS),
+                    out.as_mut_ptr().add(r0 * n + g0 * KEYS),
+                    n,
+                );
+            }
+        });
+        r0 += rows;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// `R` rows × [`GROUPS`] key groups.
+#[inline(always)]
+unsafe fn score_tile<const R: usize>(
+    q: *const u32,
+    half: usize,
+    keys: *const u32,
+    out: *mut f32,
+    ld: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); GROUPS]; R];
+    for j in 0..half {
+        let mut k = [_mm512_setzero_si512(); GROUPS];
+        for (g, k) in k.iter_mut().enumerate() {
+            *k = _mm512_loadu_si512(keys.add((g * half + j) * KEYS).cast());
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let qv = bh(_mm512_set1_epi32(*q.add(r * half + j) as i32));
+            for g in 0..GROUPS {
+                acc[g] = _mm512_dpbf16_ps(acc[g], bh(k[g]), qv);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (g, &a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(r * ld + g * KEYS), a);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn accumulate_avx512(
+    p: &[u32],
+    m: usize,
+    pairs: usize,
+    values: &[u32],
+    hd: usize,
+    acc: &mut [f32],
+) {
+    let vecs = hd / KEYS;
+    let mut r0 = 0;
+    while r0 < m {
+        let rows = (m - r0).min(OUT_ROWS);
+        by_rows!(rows, |R| {
+            for v0 in (0..vecs).step_by(OUT_VECS) {
+                value_tile::<R>(
+                    p.as_ptr().add(r0 * pairs),
+                    pairs,
+                    values.as_ptr().add(v0 * KEYS),
+                    hd,
+                    acc.as_mut_ptr().add(r0 * hd + v0 * KEYS),
+                );
+            }
+        });
+        r0 += rows;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// `R` rows × [`OUT_VECS`] vectors of 16 dimensions, over every position pair.
+#[inline(always)]
+unsafe fn value_tile<const R: usize>(
+    p: *const u32,
+    pairs: usize,
+    values: *const u32,
+    hd: usize,
+    acc: *mut f32,
+) {
+    let mut a = [[_mm512_setzero_ps(); OUT_VECS]; R];
+    for (r, a) in a.iter_mut().enumerate() {
+        for (v, a) in a.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(acc.add(r * hd + v * KEYS));
+        }
+    }
+    for i in 0..pairs {
+        let mut vv = [_mm512_setzero_si512(); OUT_VECS];
+        for (v, x) in vv.iter_mut().enumerate() {
+            *x = _mm512_loadu_si512(values.add(i * hd + v * KEYS).cast());
+        }
+        for (r, a) in a.iter_mut().enumerate() {
+            let pv = bh(_mm512_set1_epi32(*p.add(r * pairs + i) as i32));
+            for v in 0..OUT_VECS {
+                a[v] = _mm512_dpbf16_ps(a[v], bh(vv[v]), pv);
+            }
+        }
+    }
+    for (r, a) in a.iter().enumerate() {
+        for (v, &x) in a.iter().enumerate() {
+            _mm512_storeu_ps(acc.add(r * hd + v * KEYS), x);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noise(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The polynomial exponential against f64's, on scores spread far below the maximum.
+    #[test]
+    fn exp_sum_is_close_to_the_exponential() {
+        let Some(bf) = Bf16Products::detect() else {
+            return;
+        };
+        let mut row: Vec<f32> = noise(6, 1001).iter().map(|x| 60.0 * x).collect();
+        row.push(f32::NEG_INFINITY);
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let shifts: Vec<f64> = row.iter().map(|&x| f64::from(x) - f64::from(max)).collect();
+        let want: Vec<f64> = shifts.iter().map(|d| d.exp()).collect();
+        let sum = bf.exp_sum(&mut row, max);
+        // The polynomial's 1.3e-7, and the f32 rounding of `(x − max)·log2 e`, which
+        // grows with the distance from the maximum.
+        for ((&got, &w), d) in row.iter().zip(&want).zip(&shifts) {
+            if w == 0.0 {
+                assert_eq!(got, 0.0);
+                continue;
+            }
+            let bound = (3e-7 + 1e-7 * d.abs()) * w + 1e-30;
+            assert!((f64::from(got) - w).abs() <= bound, "{got} vs {w}");
+        }
+        let total: f64 = want.iter().sum();
+        assert!((f64::from(sum) - total).abs() <= 1e-6 * total);
+    }
+
+    /// Both products against f64 sums of the same bf16-rounded operands (exact but for
+    /// the f32 accumulation), for row counts that leave every remainder.
+    #[test]
+    fn products_match_sums_of_the_rounded_operands() {
+        let Some(bf) = Bf16Products::detect() else {
+            return;
+        };
+        let round = |x: f32| bf16::from_f32(x).to_f32();
+        for (hd, positions, m) in [(64, 200, 13), (128, 64, 6), (256, 130, 7)] {
+            let keys = noise(1, positions * hd);
+            let values = noise(2, positions * hd);
+            let q = noise(3, m * hd);
+            let kv = PackedKv::pack(bf, 40, &keys, &values, hd);
+            assert_eq!(kv.len % ALIGN, 0);
+            let km = column_mean(&keys, hd);
+            let (t0, t1) = (40, 40 + kv.len);
+            let n = t1 - t0;
+            let mut qp = Vec::new();
+            let scaled: Vec<f32> = q.iter().map(|x| x * 0.5).collect();
+            bf.pairs(&scaled, &mut qp);
+            let mut scores = vec![0f32; m * n];
+            bf.scores(&qp, m, &kv, (t0, t1), &mut scores);
+            for r in 0..m {
+                for p in 0..n {
+                    let want: f64 = (0..hd)
+                        .map(|d| {
+                            let k = if p < positions {
+                                round(keys[p * hd + d] - km[d])
+                            } else {
+                                0.0
+                            };
+                            f64::from(round(q[r * hd + d] * 0.5)) * f64::from(k)
+                        })
+                        .sum();
+                    let got = f64::from(scores[r * n + p]);
+                    assert!(
+                        (got - want).abs() <= 1e-4,
+                        "hd {hd} row {r} key {p}: {got} vs {want}"
+                    );
+                }
+            }
+            let probs: Vec<f32> = noise(4, m * n).iter().map(|x| x.abs()).collect();
+            let mut pp = Vec::new();
+            bf.pairs(&probs, &mut pp);
+            let start = noise(5, m * hd);
+            let mut acc = start.clone();
+            bf.accumulate(&pp, m, &kv, (t0, t1), &mut acc);
+            let vm = &kv.value_mean;
+            for r in 0..m {
+                for d in 0..hd {
+                    let want: f64 = f64::from(start[r * hd + d])
+                        + (0..positions)
+                            .map(|p| {
+                                f64::from(round(probs[r * n + p]))
+                                    * f64::from(round(values[p * hd + d] - vm[d]))
+                            })
+                            .sum::<f64>();
+                    let got = f64::from(acc[r * hd + d]);
+                    assert!(
+                        (got - want).abs() <= 1e-4,
+                        "hd {hd} row {r} dim {d}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
