@@ -14,9 +14,10 @@ Long prompts, against an older build of wick too (`--no-llama` when llama.cpp is
 Lengths run in the order given, each a fresh process per side, so the first length is the
 reference the "pp vs first length" column divides by, measured in the same round.
 
-Each round runs, for every model, `wick bench MODEL --runs 1 --json` (a fresh process)
-and then llama.cpp in a fresh process (`Llama(path, n_threads=T, n_batch=512)`; the
-prompt is one `eval()` of N tokens, decode is G single-token `eval()`s on top of it).
+Each round runs, for every model, `wick bench MODEL --runs 1 --json` (a fresh process;
+it feeds the prompt in chunks of 512, as `wick serve` does) and then llama.cpp in a fresh
+process (`Llama(path, n_threads=T, n_batch=512)`; the prompt is one `eval()` of N tokens,
+which llama.cpp runs in batches of 512; decode is G single-token `eval()`s on top of it).
 Both see the same prompt text ("The quick brown fox jumps over the lazy dog. " repeated,
 cut to N tokens). llama.cpp runs with flash attention off and on, the better of each figure kept.
 The table shows medians over rounds and the median of the per-round
