@@ -667,7 +667,7 @@ pub(crate) fn attend(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::backend::candle::{CandleBackend, HostTensor, KvDtype};
     use crate::backend::{AttentionSegment, Backend, KvLayer};
@@ -691,7 +691,7 @@ mod tests {
     }
 
     /// Deterministic values in `[-1, 1)`.
-    fn noise(seed: u64, n: usize) -> Vec<f32> {
+    pub(in crate::backend::candle) fn noise(seed: u64, n: usize) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {

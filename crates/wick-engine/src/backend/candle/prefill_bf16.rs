@@ -471,18 +471,7 @@ unsafe fn value_tile<const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn noise(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::backend::candle::attention::tests::noise;
 
     /// The polynomial exponential against f64's, on scores spread far below the maximum.
     #[test]
