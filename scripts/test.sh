@@ -19,6 +19,14 @@ echo "== portable binary (runs on an x86-64-v2 CPU under qemu-user)"
 echo "== lint"
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
+# The CUDA backend (cargo feature `cuda`) builds without CUDA: lint it too.
+cargo clippy --release -p wick-engine -p wick --features wick/cuda --all-targets -- -D warnings
+
+echo "== CUDA kernels compile with NVRTC (from PyPI; no GPU needed)"
+python3 -m venv .venv-nvrtc
+.venv-nvrtc/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88
+nvrtc_lib=$(.venv-nvrtc/bin/python -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')
+LD_LIBRARY_PATH="$nvrtc_lib" cargo test --release -p wick-cuda
 
 echo "== rust tests"
 cargo test --release --workspace

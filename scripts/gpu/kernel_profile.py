@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises an Nsight Compute CSV of a greedy decode run (`ncu --csv --metrics
 gpu__time_duration.sum …`, see profile.sh): kernels are cut into steps at each argmax
-kernel (the last kernel of a step), and for the decode steps (all but the first, the
+kernel (the last kernel of a step: MLX's arg_reduce, wick's CUDA argmax_rows), and for the decode steps (all but the first, the
 prefill) prints kernels per step, GPU time per step, and the kernels that take it."""
 import collections
 import csv
@@ -25,7 +25,9 @@ def main(path, label):
     steps, cur = [], []
     for name, us in kernels:
         cur.append((name, us))
-        if "arg" in name.lower() and "reduce" in name.lower():
+        n = name.lower()
+        # MLX's argmax is an "arg_reduce" kernel, the CUDA backend's `argmax_rows`.
+        if ("arg" in n and "reduce" in n) or n.startswith("argmax_rows"):
             steps.append(cur)
             cur = []
     decode = steps[1:]  # the first step holds the prompt

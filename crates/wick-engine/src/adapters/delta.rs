@@ -11,6 +11,8 @@ use wick_gguf::GgmlType;
 use super::precision::factor_bytes;
 use super::{FactorDtype, HostAdapter, Target};
 use crate::backend::candle::CandleBackend;
+#[cfg(feature = "cuda")]
+use crate::backend::cuda::CudaBackend;
 #[cfg(feature = "mlx")]
 use crate::backend::mlx::MlxBackend;
 use crate::backend::{Backend, HostWeight, LowRankDelta};
@@ -76,6 +78,9 @@ pub enum AnyLora {
     /// The MLX backend.
     #[cfg(feature = "mlx")]
     Mlx(LoraWeights<MlxBackend>),
+    /// The CUDA backend.
+    #[cfg(feature = "cuda")]
+    Cuda(LoraWeights<CudaBackend>),
 }
 
 /// Backend-specific access to [`AnyLora`].
@@ -93,7 +98,7 @@ impl LoraOf for CandleBackend {
     fn lora_of(w: &AnyLora) -> Result<&LoraWeights<Self>> {
         match w {
             AnyLora::Candle(w) => Ok(w),
-            #[cfg(feature = "mlx")]
+            #[cfg(any(feature = "mlx", feature = "cuda"))]
             _ => Err(EngineError::InvalidInput(
                 "the adapter was loaded for another backend".into(),
             )),
@@ -109,6 +114,22 @@ impl LoraOf for MlxBackend {
     fn lora_of(w: &AnyLora) -> Result<&LoraWeights<Self>> {
         match w {
             AnyLora::Mlx(w) => Ok(w),
+            _ => Err(EngineError::InvalidInput(
+                "the adapter was loaded for another backend".into(),
+            )),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl LoraOf for CudaBackend {
+    fn wrap_lora(w: LoraWeights<Self>) -> AnyLora {
+        AnyLora::Cuda(w)
+    }
+    fn lora_of(w: &AnyLora) -> Result<&LoraWeights<Self>> {
+        match w {
+            AnyLora::Cuda(w) => Ok(w),
+            #[allow(unreachable_patterns)]
             _ => Err(EngineError::InvalidInput(
                 "the adapter was loaded for another backend".into(),
             )),

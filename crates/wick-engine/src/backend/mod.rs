@@ -5,6 +5,8 @@
 //! GPUs, cargo feature `mlx`). A backend owns its tensor type, its weight-matrix type
 //! (dense or quantized) and its KV-cache storage.
 pub mod candle;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[cfg(feature = "mlx")]
 pub mod mlx;
 
@@ -31,6 +33,8 @@ pub enum BackendKind {
     /// MLX (cargo feature `mlx`): its GPU backend where the runtime has one (CUDA,
     /// Metal), else its CPU backend.
     Mlx,
+    /// wick's own CUDA backend (cargo feature `cuda`): NVIDIA GPUs.
+    Cuda,
 }
 
 impl BackendKind {
@@ -39,6 +43,7 @@ impl BackendKind {
         match self {
             BackendKind::Candle => "cpu",
             BackendKind::Mlx => "mlx",
+            BackendKind::Cuda => "cuda",
         }
     }
 
@@ -47,6 +52,7 @@ impl BackendKind {
         match self {
             BackendKind::Candle => true,
             BackendKind::Mlx => cfg!(feature = "mlx"),
+            BackendKind::Cuda => cfg!(feature = "cuda"),
         }
     }
 }
@@ -64,8 +70,9 @@ impl std::str::FromStr for BackendKind {
         match s.to_ascii_lowercase().as_str() {
             "candle" | "cpu" => Ok(BackendKind::Candle),
             "mlx" => Ok(BackendKind::Mlx),
+            "cuda" => Ok(BackendKind::Cuda),
             other => Err(EngineError::InvalidInput(format!(
-                "unknown backend '{other}' (expected cpu or mlx)"
+                "unknown backend '{other}' (expected cpu, mlx or cuda)"
             ))),
         }
     }
@@ -299,6 +306,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Short name for logs and errors.
     fn name(&self) -> &'static str;
+
+    /// Runs `f`, one forward pass of the model, as a unit: a backend that records work
+    /// runs it when `f` returns (or earlier, where a result is read to the host), and may
+    /// replay a pass it ran before (the CUDA backend's graphs). The default runs `f`.
+    fn pass<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R>
+    where
+        Self: Sized,
+    {
+        f()
+    }
 
     /// Uploads a weight matrix; quantized types stay quantized where the backend can.
     fn matrix(&self, w: HostWeight<'_>) -> Result<Self::Matrix>;

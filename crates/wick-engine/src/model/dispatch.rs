@@ -1,11 +1,13 @@
 //! The decoder and the caches on whichever backend the model was loaded onto.
 use super::{DeviceMemory, Step};
 use crate::backend::candle::{CandleBackend, KvDtype};
+#[cfg(feature = "cuda")]
+use crate::backend::cuda::CudaBackend;
 #[cfg(feature = "mlx")]
 use crate::backend::mlx::MlxBackend;
 use crate::backend::{Backend, KvLayer};
 use crate::models::decoder::{BatchItem, Decoder, Logits, LogitsRequest, SequenceCache};
-#[cfg(feature = "mlx")]
+#[cfg(any(feature = "mlx", feature = "cuda"))]
 use crate::EngineError;
 use crate::Result;
 
@@ -14,10 +16,14 @@ use crate::Result;
 pub(crate) type PeakBlocks = fn(usize, Option<usize>, usize) -> usize;
 
 /// The decoder on the backend the model was loaded onto.
+// One per loaded model: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyDecoder {
     Candle(Decoder<CandleBackend>),
     #[cfg(feature = "mlx")]
     Mlx(Decoder<MlxBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(Decoder<CudaBackend>),
 }
 
 impl AnyDecoder {
@@ -28,6 +34,8 @@ impl AnyDecoder {
             AnyDecoder::Candle(d) => Some(d.backend().kv_dtype()),
             #[cfg(feature = "mlx")]
             AnyDecoder::Mlx(_) => None,
+            #[cfg(feature = "cuda")]
+            AnyDecoder::Cuda(_) => Some(KvDtype::F32),
         }
     }
 
@@ -38,6 +46,8 @@ impl AnyDecoder {
             AnyDecoder::Candle(d) => d.backend().kv_dtype().bytes(),
             #[cfg(feature = "mlx")]
             AnyDecoder::Mlx(d) => d.backend().dtype().size(),
+            #[cfg(feature = "cuda")]
+            AnyDecoder::Cuda(_) => 4,
         }
     }
 
@@ -47,6 +57,8 @@ impl AnyDecoder {
             AnyDecoder::Candle(_) => <crate::backend::candle::CpuKvLayer as KvLayer>::peak_blocks,
             #[cfg(feature = "mlx")]
             AnyDecoder::Mlx(_) => <crate::backend::mlx::MlxKvLayer as KvLayer>::peak_blocks,
+            #[cfg(feature = "cuda")]
+            AnyDecoder::Cuda(_) => <crate::backend::cuda::CudaKvLayer as KvLayer>::peak_blocks,
         }
     }
 
@@ -75,6 +87,21 @@ impl AnyDecoder {
                     }
                 }
             }
+            #[cfg(feature = "cuda")]
+            AnyDecoder::Cuda(d) => match d.backend().device().memory() {
+                Ok((free, total)) => {
+                    // Buffers the allocator caches are free for the KV cache to take.
+                    let cached = d.backend().device().stats().pool_cached;
+                    Some(DeviceMemory {
+                        total: total as u64,
+                        free: (free + cached) as u64,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!("cannot read the GPU's memory: {e}");
+                    None
+                }
+            },
         }
     }
 }
@@ -85,6 +112,8 @@ pub(crate) enum AnyCache {
     Candle(SequenceCache<CandleBackend>),
     #[cfg(feature = "mlx")]
     Mlx(SequenceCache<MlxBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(SequenceCache<CudaBackend>),
 }
 
 /// Runs `$body` with `$d` bound to the decoder, whatever its backend.
@@ -94,6 +123,8 @@ macro_rules! with_decoder {
             AnyDecoder::Candle($d) => $body,
             #[cfg(feature = "mlx")]
             AnyDecoder::Mlx($d) => $body,
+            #[cfg(feature = "cuda")]
+            AnyDecoder::Cuda($d) => $body,
         }
     };
 }
@@ -106,6 +137,8 @@ macro_rules! with_cache {
             AnyCache::Candle($c) => $body,
             #[cfg(feature = "mlx")]
             AnyCache::Mlx($c) => $body,
+            #[cfg(feature = "cuda")]
+            AnyCache::Cuda($c) => $body,
         }
     };
 }
@@ -124,7 +157,7 @@ impl CacheOf for CandleBackend {
     fn unwrap(cache: &mut AnyCache) -> Result<&mut SequenceCache<Self>> {
         match cache {
             AnyCache::Candle(c) => Ok(c),
-            #[cfg(feature = "mlx")]
+            #[cfg(any(feature = "mlx", feature = "cuda"))]
             _ => Err(other_backend()),
         }
     }
@@ -143,7 +176,21 @@ impl CacheOf for MlxBackend {
     }
 }
 
-#[cfg(feature = "mlx")]
+#[cfg(feature = "cuda")]
+impl CacheOf for CudaBackend {
+    fn wrap(cache: SequenceCache<Self>) -> AnyCache {
+        AnyCache::Cuda(cache)
+    }
+    fn unwrap(cache: &mut AnyCache) -> Result<&mut SequenceCache<Self>> {
+        match cache {
+            AnyCache::Cuda(c) => Ok(c),
+            #[allow(unreachable_patterns)]
+            _ => Err(other_backend()),
+        }
+    }
+}
+
+#[cfg(any(feature = "mlx", feature = "cuda"))]
 fn other_backend() -> EngineError {
     EngineError::Cache("cache belongs to a model on another backend".into())
 }

@@ -33,7 +33,9 @@ impl KvCache {
             (AnyCache::Candle(a), AnyCache::Candle(b)) => a.set_images(b.images().to_vec()),
             #[cfg(feature = "mlx")]
             (AnyCache::Mlx(a), AnyCache::Mlx(b)) => a.set_images(b.images().to_vec()),
-            #[cfg(feature = "mlx")]
+            #[cfg(feature = "cuda")]
+            (AnyCache::Cuda(a), AnyCache::Cuda(b)) => a.set_images(b.images().to_vec()),
+            #[cfg(any(feature = "mlx", feature = "cuda"))]
             _ => {}
         }
     }
@@ -87,6 +89,8 @@ impl KvCache {
                 l.detach();
                 l.leave_batch();
             }),
+            #[cfg(feature = "cuda")]
+            AnyCache::Cuda(c) => c.layers_mut().iter_mut().for_each(KvLayer::detach),
         }
     }
 

@@ -45,9 +45,16 @@ impl Model {
         if !opts.backend.available() {
             return Err(EngineError::Backend {
                 backend: opts.backend.name(),
-                message: "wick was built without the `mlx` cargo feature (build with \
-                          `--features mlx` against an MLX runtime; see docs/mlx.md)"
-                    .into(),
+                message: format!(
+                    "wick was built without the `{0}` cargo feature (build with \
+                     `--features {0}`; see docs/{1}.md)",
+                    opts.backend.name(),
+                    if opts.backend == BackendKind::Cuda {
+                        "gpu"
+                    } else {
+                        "mlx"
+                    }
+                ),
             });
         }
         let mut model = if meta.is_dir() {
@@ -329,6 +336,16 @@ fn load_decoder(
                 message: "wick was built without the `mlx` cargo feature".into(),
             })
         }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let be = crate::backend::cuda::CudaBackend::new(0)?;
+            Ok(AnyDecoder::Cuda(Decoder::load(be, cfg, src)?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => Err(EngineError::Backend {
+            backend: "cuda",
+            message: "wick was built without the `cuda` cargo feature".into(),
+        }),
     }
 }
 

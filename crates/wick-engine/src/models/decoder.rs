@@ -1001,12 +1001,19 @@ impl<B: Backend> Decoder<B> {
         batch: &mut [BatchItem<'_, B>],
         lora: &[Vec<&LoraWeights<B>>],
     ) -> Result<Vec<Option<Logits>>> {
-        let (logits, rows) = self.run_batch(batch, false, lora)?;
-        let Some(logits) = logits else {
-            return Ok(vec![None; batch.len()]);
+        let items = batch.len();
+        let Some((rows, data)) = self.backend.pass(|| {
+            let (logits, rows) = self.run_batch(batch, false, lora)?;
+            let Some(logits) = logits else {
+                return Ok(None);
+            };
+            let data = self.backend.rows_to_host(&logits, &rows)?;
+            Ok(Some((rows, data)))
+        })?
+        else {
+            return Ok(vec![None; items]);
         };
         let vocab = self.cfg.vocab_size;
-        let data = self.backend.rows_to_host(&logits, &rows)?;
         Ok(rows
             .into_iter()
             .zip(data)
@@ -1038,10 +1045,12 @@ impl<B: Backend> Decoder<B> {
                 "an argmax forward pass returns one token per sequence, not every position".into(),
             ));
         }
-        let (logits, _) = self.run_batch(batch, false, lora)?;
-        let logits =
-            logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
-        self.backend.argmax(&logits)
+        self.backend.pass(|| {
+            let (logits, _) = self.run_batch(batch, false, lora)?;
+            let logits = logits
+                .ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
+            self.backend.argmax(&logits)
+        })
     }
 
     /// [`Decoder::forward_argmax_lora`] for items that may also ask for
@@ -1052,10 +1061,12 @@ impl<B: Backend> Decoder<B> {
         batch: &mut [BatchItem<'_, B>],
         lora: &[Vec<&LoraWeights<B>>],
     ) -> Result<(B::Ids, Vec<usize>)> {
-        let (logits, rows) = self.run_batch(batch, false, lora)?;
-        let logits =
-            logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
-        Ok((self.backend.argmax(&logits)?, rows))
+        self.backend.pass(|| {
+            let (logits, rows) = self.run_batch(batch, false, lora)?;
+            let logits = logits
+                .ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
+            Ok((self.backend.argmax(&logits)?, rows))
+        })
     }
 
     /// [`Decoder::forward_argmax_lora`] with a token mask per item: `masks` is called once
@@ -1077,17 +1088,19 @@ impl<B: Backend> Decoder<B> {
             .iter()
             .map(|i| i.logits == LogitsRequest::Last)
             .collect();
-        let (logits, _) = self.run_batch(batch, false, lora)?;
-        let logits =
-            logits.ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
-        self.backend.schedule_tensor(&logits)?;
-        // Logits rows are the items that ask for a token, in order.
-        let rows: Vec<Option<Vec<u32>>> = masks()
-            .into_iter()
-            .zip(wants)
-            .filter_map(|(m, w)| w.then_some(m))
-            .collect();
-        self.backend.masked_argmax(&logits, &rows)
+        self.backend.pass(|| {
+            let (logits, _) = self.run_batch(batch, false, lora)?;
+            let logits = logits
+                .ok_or_else(|| EngineError::InvalidInput("no item asks for a token".into()))?;
+            self.backend.schedule_tensor(&logits)?;
+            // Logits rows are the items that ask for a token, in order.
+            let rows: Vec<Option<Vec<u32>>> = masks()
+                .into_iter()
+                .zip(wants)
+                .filter_map(|(m, w)| w.then_some(m))
+                .collect();
+            self.backend.masked_argmax(&logits, &rows)
+        })
     }
 
     /// One decode step of several sequences whose new token each is an id the backend
@@ -1096,22 +1109,28 @@ impl<B: Backend> Decoder<B> {
     pub fn decode_ids(&self, ids: &B::Ids, caches: &mut [&mut SequenceCache<B>]) -> Result<B::Ids> {
         let counts = vec![1; caches.len()];
         let requests = vec![LogitsRequest::Last; caches.len()];
-        let (logits, _) = self.run(Input::Backend(ids), caches, &counts, &requests, false, &[])?;
-        let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
-        let next = self.backend.argmax(&logits)?;
-        self.backend.schedule(&next)?;
-        Ok(next)
+        self.backend.pass(|| {
+            let (logits, _) =
+                self.run(Input::Backend(ids), caches, &counts, &requests, false, &[])?;
+            let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
+            let next = self.backend.argmax(&logits)?;
+            self.backend.schedule(&next)?;
+            Ok(next)
+        })
     }
 
     /// Like [`Decoder::forward`], but returns the final-normed hidden states of the
     /// requested positions (row-major `[rows][hidden_size]` per item, empty for
     /// [`LogitsRequest::None`]) instead of logits: what embedding models pool.
     pub fn forward_hidden(&self, batch: &mut [BatchItem<'_, B>]) -> Result<Vec<Vec<f32>>> {
-        let (hidden, rows) = self.run_batch(batch, true, &[])?;
-        match hidden {
-            Some(h) => self.backend.rows_to_host(&h, &rows),
-            None => Ok(vec![Vec::new(); batch.len()]),
-        }
+        let items = batch.len();
+        self.backend.pass(|| {
+            let (hidden, rows) = self.run_batch(batch, true, &[])?;
+            match hidden {
+                Some(h) => self.backend.rows_to_host(&h, &rows),
+                None => Ok(vec![Vec::new(); items]),
+            }
+        })
     }
 
     /// [`Decoder::run`] over a batch of host tokens: their ids flattened, each item's count,

@@ -46,7 +46,7 @@ pub struct BenchArgs {
     temperature: f32,
     /// Compute backend: cpu (wick's own kernels; `candle` is an old name for it) or mlx
     /// (needs a build with `--features mlx`).
-    #[arg(long, env = "WICK_BACKEND", default_value = "cpu", value_parser = ["cpu", "candle", "mlx"])]
+    #[arg(long, env = "WICK_BACKEND", default_value = "cpu", value_parser = ["cpu", "candle", "mlx", "cuda"])]
     backend: String,
     /// How the CPU KV cache stores keys and values: f16 (halves the memory batched decode
     /// reads; llama.cpp's default) or f32. Default: f16 for GGUF files, f32 for Hugging

@@ -29,7 +29,7 @@ pub struct EmbedArgs {
     #[arg(long)]
     dimensions: Option<usize>,
     /// Compute backend for decoder embedders: cpu or mlx.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "candle", "mlx"])]
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "candle", "mlx", "cuda"])]
     backend: String,
 }
 

@@ -22,7 +22,7 @@ pub struct FitArgs {
     #[arg(long)]
     memory_budget: Option<f64>,
     /// Where it would run: cpu (RAM) or mlx (the GPU when there is one).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "candle", "mlx"])]
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "candle", "mlx", "cuda"])]
     backend: String,
     /// Print JSON.
     #[arg(long)]
@@ -43,7 +43,7 @@ pub fn budget_bytes(gb: Option<f64>) -> anyhow::Result<Option<u64>> {
 
 /// The device a backend name runs on.
 pub fn device(backend: &str) -> Device {
-    if backend == "mlx" {
+    if backend == "mlx" || backend == "cuda" {
         Device::Gpu
     } else {
         Device::Cpu

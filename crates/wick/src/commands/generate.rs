@@ -54,9 +54,10 @@ pub struct GenerateArgs {
     /// Context length limit (default: the model's).
     #[arg(long)]
     ctx_size: Option<usize>,
-    /// Compute backend: cpu (wick's own kernels; `candle` is an old name for it) or mlx (GPU
-    /// when the MLX runtime has one; needs a build with `--features mlx`).
-    #[arg(long, env = "WICK_BACKEND", default_value = "cpu", value_parser = ["cpu", "candle", "mlx"])]
+    /// Compute backend: cpu (wick's own kernels; `candle` is an old name for it), mlx (GPU
+    /// when the MLX runtime has one; needs a build with `--features mlx`) or cuda (wick's own
+    /// NVIDIA backend; needs a build with `--features cuda`).
+    #[arg(long, env = "WICK_BACKEND", default_value = "cpu", value_parser = ["cpu", "candle", "mlx", "cuda"])]
     backend: String,
     /// How the CPU KV cache stores keys and values: f16 (halves the memory batched decode
     /// reads; llama.cpp's default) or f32. Default: f16 for GGUF files, f32 for Hugging

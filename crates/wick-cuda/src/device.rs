@@ -1,0 +1,970 @@
+//! [`Device`]: context, stream, kernels, allocator, staging and the pass recorder.
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::cublas::{self, CudaBlas};
+use cudarc::driver::{result, sys, CudaContext, CudaGraph, CudaModule, CudaStream};
+use cudarc::nvrtc::{self, CompileOptions};
+
+use crate::pool::{class_of, Pool};
+use crate::{CudaError, Result};
+
+const SOURCE: &str = include_str!("kernels.cu");
+
+/// Tapes shorter than this are run as they are (a graph saves nothing on a few launches).
+const MIN_GRAPH_ENTRIES: usize = 16;
+/// Graphs kept; past it the cache starts over.
+const MAX_GRAPHS: usize = 64;
+/// cuBLAS workspace bytes.
+const BLAS_WORKSPACE: usize = 32 << 20;
+
+macro_rules! kernels {
+    ($($variant:ident => $name:literal,)*) => {
+        /// The kernels of `kernels.cu`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)]
+        pub enum Kernel { $($variant,)* }
+
+        impl Kernel {
+            const ALL: &'static [Kernel] = &[$(Kernel::$variant,)*];
+
+            /// The kernel's name in `kernels.cu`.
+            pub fn name(self) -> &'static str {
+                match self { $(Kernel::$variant => $name,)* }
+            }
+        }
+    };
+}
+
+kernels! {
+    LinearRowsF32 => "linear_rows_f32",
+    LinearRowsF16 => "linear_rows_f16",
+    LinearRowsBf16 => "linear_rows_bf16",
+    ToHalf => "to_half",
+    AddBias => "add_bias",
+    EmbedF32 => "embed_f32",
+    EmbedF16 => "embed_f16",
+    EmbedBf16 => "embed_bf16",
+    Add => "add",
+    Scale => "scale",
+    Softcap => "softcap",
+    Glu => "glu",
+    RmsNorm => "rms_norm",
+    AddRmsNorm => "add_rms_norm",
+    Rope => "rope",
+    GatherRows => "gather_rows",
+    CopyCols => "copy_cols",
+    ScatterAddRows => "scatter_add_rows",
+    KvAppend => "kv_append",
+    Attention => "attention",
+    AttentionMerge => "attention_merge",
+    ArgmaxRows => "argmax_rows",
+    ArgmaxFinish => "argmax_finish",
+}
+
+/// Element type of a weight matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl WType {
+    /// Bytes of one element.
+    pub fn size(self) -> usize {
+        match self {
+            WType::F32 => 4,
+            WType::F16 | WType::Bf16 => 2,
+        }
+    }
+}
+
+/// One kernel argument.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    /// A device address (0 for a null pointer).
+    Ptr(u64),
+    /// `int`.
+    I32(i32),
+    /// `long long`.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+}
+
+impl Arg {
+    /// The argument in an 8-byte slot, as the driver reads it (little-endian, from the
+    /// slot's start, as many bytes as the parameter has).
+    fn slot(self) -> u64 {
+        match self {
+            Arg::Ptr(p) => p,
+            Arg::I32(v) => v as u32 as u64,
+            Arg::I64(v) => v as u64,
+            Arg::F32(v) => v.to_bits() as u64,
+        }
+    }
+}
+
+/// `y[rows, n] = x[rows, k] · w[n, k]ᵀ` by cuBLAS, `x` of the weight's type, `y` f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gemm {
+    /// Weight matrix `[n, k]`.
+    pub w: u64,
+    /// Its type (and `x`'s).
+    pub wtype: WType,
+    /// Input `[rows, k]`.
+    pub x: u64,
+    /// Output `[rows, n]`, f32.
+    pub y: u64,
+    /// Rows of `x`.
+    pub rows: usize,
+    /// Inner dimension.
+    pub k: usize,
+    /// Outputs.
+    pub n: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Entry {
+    Launch {
+        kernel: Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: Vec<u64>,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    Zero {
+        dst: u64,
+        bytes: usize,
+    },
+    Gemm(Gemm),
+}
+
+/// Counters of what the recorder did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Tapes run entry by entry.
+    pub eager: u64,
+    /// Tapes captured into a graph.
+    pub captured: u64,
+    /// Tapes replayed from a graph.
+    pub replayed: u64,
+    /// Bytes taken from the driver by the caching allocator.
+    pub pool_bytes: usize,
+    /// Of those, bytes cached free.
+    pub pool_cached: usize,
+}
+
+/// Pinned host memory and its device twin: how host data reaches the device.
+struct Chunk {
+    host: *mut u8,
+    dev: sys::CUdeviceptr,
+    cap: usize,
+    used: usize,
+    copied: usize,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: both were allocated by `Chunk::new` and nothing recorded refers to them
+        // any more (chunks are dropped at the start of a pass, after the wait on the
+        // staging event).
+        unsafe {
+            let _ = result::free_host(self.host as *mut c_void);
+            let _ = result::free_sync(self.dev);
+        }
+    }
+}
+
+impl Chunk {
+    fn new(cap: usize) -> Result<Chunk> {
+        // SAFETY: plain allocations of `cap` bytes.
+        unsafe {
+            let host = result::malloc_host(cap, 0)? as *mut u8;
+            let dev = match result::malloc_sync(cap) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = result::free_host(host as *mut c_void);
+                    return Err(e.into());
+                }
+            };
+            Ok(Chunk {
+                host,
+                dev,
+                cap,
+                used: 0,
+                copied: 0,
+            })
+        }
+    }
+}
+
+/// Pinned host memory an asynchronous read lands in, with the event that says it did.
+struct Slot {
+    host: *mut u8,
+    cap: usize,
+    event: sys::CUevent,
+}
+
+// SAFETY: the pinned memory is read only after the event completed, by the one holder of
+// the slot's `Readback`.
+unsafe impl Send for Slot {}
+unsafe impl Sync for Slot {}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `Device::read_later`; a slot is dropped only once no read
+        // into it is pending (its holder waited, or the device is going away).
+        unsafe {
+            let _ = result::event::synchronize(self.event);
+            let _ = result::event::destroy(self.event);
+            let _ = result::free_host(self.host as *mut c_void);
+        }
+    }
+}
+
+/// Device memory on its way to the host ([`Device::read_later`]).
+pub struct Readback {
+    slot: Arc<Slot>,
+    bytes: usize,
+}
+
+impl Readback {
+    /// Waits for the copy and returns the bytes.
+    pub fn wait(&self) -> Result<Vec<u8>> {
+        // SAFETY: the event was recorded after the copy into the slot was queued.
+        unsafe { result::event::synchronize(self.slot.event) }?;
+        // SAFETY: `bytes <= cap`, and the copy into it has completed.
+        Ok(unsafe { std::slice::from_raw_parts(self.slot.host, self.bytes) }.to_vec())
+    }
+}
+
+struct Captured {
+    tape: Vec<Entry>,
+    graph: CudaGraph,
+}
+
+struct State {
+    depth: usize,
+    tape: Vec<Entry>,
+    chunks: Vec<Chunk>,
+    /// Staging was copied and the copy may not have run yet: wait on `staged` before
+    /// writing it again.
+    staging_in_flight: bool,
+    graphs: HashMap<u64, Captured>,
+    seen: HashMap<u64, u32>,
+    graphs_on: bool,
+    stats: Stats,
+}
+
+// SAFETY: the raw pointers in `State` (pinned host memory) are only touched under the
+// device's mutex.
+unsafe impl Send for State {}
+
+struct Inner {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    functions: Vec<sys::CUfunction>,
+    _module: Arc<CudaModule>,
+    blas: CudaBlas,
+    staged: sys::CUevent,
+    state: Mutex<State>,
+    pool: Mutex<Pool>,
+    slots: Mutex<Vec<Arc<Slot>>>,
+    name: String,
+}
+
+// SAFETY: CUfunction and CUevent handles are usable from any thread of the process once
+// the context is current, which every entry point makes sure of.
+unsafe impl Send for Inner {}
+unsafe impl Sync for Inner {}
+
+/// A CUDA device with wick's kernels loaded. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+/// Device memory: a buffer of the caching allocator (given back to it when dropped) or
+/// one of its own (freed when dropped; weights).
+pub struct Buffer {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+    /// Size class in the pool, or `None` for a buffer of its own.
+    class: Option<usize>,
+    home: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({:#x}, {} bytes)", self.ptr, self.bytes)
+    }
+}
+
+impl Buffer {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Bytes asked for.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        match self.class {
+            Some(class) => {
+                if let Ok(mut pool) = self.home.pool.lock() {
+                    pool.give(class, self.ptr);
+                }
+            }
+            None => {
+                let _ = self.home.ctx.bind_to_thread();
+                // Work already recorded may still read it: run it first.
+                if let Ok(mut st) = self.home.state.lock() {
+                    let _ = flush(&self.home, &mut st);
+                }
+                let _ = self.home.stream.synchronize();
+                // SAFETY: allocated by `malloc_sync` for this buffer alone.
+                let _ = unsafe { result::free_sync(self.ptr) };
+            }
+        }
+    }
+}
+
+/// The kernels' PTX for `arch`, compiled once per process.
+fn compiled(arch: &'static str) -> Result<String> {
+    static CACHE: Mutex<Vec<(&'static str, String)>> = Mutex::new(Vec::new());
+    let mut cache = lock(&CACHE);
+    if let Some((_, ptx)) = cache.iter().find(|(a, _)| *a == arch) {
+        return Ok(ptx.clone());
+    }
+    let started = std::time::Instant::now();
+    let ptx = nvrtc::compile_ptx_with_opts(
+        SOURCE,
+        CompileOptions {
+            arch: Some(arch),
+            name: Some("wick_kernels.cu".into()),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| CudaError::Compile(format!("{e:?}")))?
+    .to_src();
+    tracing::debug!(
+        "compiled the CUDA kernels for {arch} in {:?}",
+        started.elapsed()
+    );
+    cache.push((arch, ptx.clone()));
+    Ok(ptx)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn check_libraries() -> Result<()> {
+    // SAFETY: probing whether a shared library can be opened.
+    let (driver, nvrtc, blas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    let missing: Vec<&str> = [
+        (driver, "libcuda (the NVIDIA driver)"),
+        (nvrtc, "libnvrtc (CUDA 13)"),
+        (blas, "libcublas (CUDA 13)"),
+    ]
+    .iter()
+    .filter(|(ok, _)| !ok)
+    .map(|(_, name)| *name)
+    .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CudaError::Unavailable(format!(
+            "cannot load {} (put the CUDA 13 libraries on LD_LIBRARY_PATH)",
+            missing.join(", ")
+        )))
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal` and compiles the kernels for it.
+    pub fn new(ordinal: usize) -> Result<Device> {
+        check_libraries()?;
+        let count = CudaContext::device_count()?;
+        if ordinal as i32 >= count {
+            return Err(CudaError::Unavailable(format!(
+                "no CUDA device {ordinal} ({count} found)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // wick synchronizes itself (one stream); cudarc's per-buffer events are not used.
+        // SAFETY: no cudarc buffer is created on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+        let ptx = compiled(arch)?;
+        let module = ctx.load_module(nvrtc::Ptx::from_src(ptx))?;
+        let functions = Kernel::ALL
+            .iter()
+            .map(|k| module.load_function(k.name()).map(|f| f.cu_function()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let blas = CudaBlas::new(stream.clone())?;
+        // A workspace of its own, so that cuBLAS allocates nothing while a graph is being
+        // captured (its products are replayed with the rest of a pass).
+        let workspace = {
+            // SAFETY: a plain allocation, kept for the device's lifetime.
+            let ptr = unsafe { result::malloc_sync(BLAS_WORKSPACE) }?;
+            // SAFETY: the handle is live; the workspace outlives it (leaked with the device).
+            unsafe {
+                cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    ptr as *mut c_void,
+                    BLAS_WORKSPACE,
+                )
+            }
+            .result()?;
+            ptr
+        };
+        let _ = workspace;
+        let staged = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        Ok(Device {
+            inner: Arc::new(Inner {
+                ctx,
+                stream,
+                functions,
+                _module: module,
+                blas,
+                staged,
+                state: Mutex::new(State {
+                    depth: 0,
+                    tape: Vec::new(),
+                    chunks: Vec::new(),
+                    staging_in_flight: false,
+                    graphs: HashMap::new(),
+                    seen: HashMap::new(),
+                    graphs_on: true,
+                    stats: Stats::default(),
+                }),
+                pool: Mutex::new(Pool::default()),
+                slots: Mutex::new(Vec::new()),
+                name,
+            }),
+        })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.inner
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_or(1, |n| n.max(1) as usize)
+    }
+
+    /// `(free, total)` bytes of device memory.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        Ok(self.inner.ctx.mem_get_info()?)
+    }
+
+    /// Whether repeated passes are replayed as CUDA graphs (on by default).
+    pub fn set_graphs(&self, on: bool) {
+        let mut st = lock(&self.inner.state);
+        st.graphs_on = on;
+        if !on {
+            st.graphs.clear();
+        }
+    }
+
+    /// What the recorder and the allocator did so far.
+    pub fn stats(&self) -> Stats {
+        let mut s = lock(&self.inner.state).stats;
+        let pool = lock(&self.inner.pool);
+        s.pool_bytes = pool.held;
+        s.pool_cached = pool.cached;
+        s
+    }
+
+    /// A buffer of its own holding `data` (weights): copied before this returns.
+    pub fn upload_owned(&self, data: &[u8]) -> Result<Buffer> {
+        self.inner.ctx.bind_to_thread()?;
+        let bytes = data.len().max(1);
+        let ptr = self.driver_alloc(bytes)?;
+        // SAFETY: `ptr` holds at least `data.len()` bytes.
+        unsafe { result::memcpy_htod_sync(ptr, data) }?;
+        Ok(Buffer {
+            ptr,
+            bytes: data.len(),
+            class: None,
+            home: self.inner.clone(),
+        })
+    }
+
+    /// A buffer of its own of `bytes` bytes (contents undefined): freed when dropped,
+    /// never cached (weights made on the device).
+    pub fn alloc_owned(&self, bytes: usize) -> Result<Buffer> {
+        self.inner.ctx.bind_to_thread()?;
+        let ptr = self.driver_alloc(bytes.max(1))?;
+        Ok(Buffer {
+            ptr,
+            bytes,
+            class: None,
+            home: self.inner.clone(),
+        })
+    }
+
+    fn driver_alloc(&self, bytes: usize) -> Result<sys::CUdeviceptr> {
+        // SAFETY: a plain allocation.
+        match unsafe { result::malloc_sync(bytes) } {
+            Ok(p) => Ok(p),
+            Err(_) => {
+                // Out of memory: run what is recorded, then give the cache back and retry.
+                {
+                    let mut st = lock(&self.inner.state);
+                    flush(&self.inner, &mut st)?;
+                }
+                self.inner.stream.synchronize()?;
+                let released = lock(&self.inner.pool).release_cached();
+                tracing::debug!(
+                    "CUDA allocation of {bytes} bytes failed; released {released} cached bytes"
+                );
+                // SAFETY: as above.
+                Ok(unsafe { result::malloc_sync(bytes) }?)
+            }
+        }
+    }
+
+    /// A buffer of at least `bytes` bytes from the caching allocator (contents undefined).
+    pub fn alloc(&self, bytes: usize) -> Result<Buffer> {
+        let class = class_of(bytes);
+        let cached = lock(&self.inner.pool).take(class);
+        let ptr = match cached {
+            Some(p) => p,
+            None => {
+                self.inner.ctx.bind_to_thread()?;
+                let p = self.driver_alloc(class)?;
+                lock(&self.inner.pool).held += class;
+                p
+            }
+        };
+        Ok(Buffer {
+            ptr,
+            bytes,
+            class: Some(class),
+            home: self.inner.clone(),
+        })
+    }
+
+    /// [`Device::alloc`] filled with zero bytes (when the pass runs).
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<Buffer> {
+        let b = self.alloc(bytes)?;
+        self.record(Entry::Zero { dst: b.ptr, bytes })?;
+        Ok(b)
+    }
+
+    /// Copies `data` to the device for this pass: the address is valid for work recorded
+    /// in the same pass (outside a pass, for the next recorded entry only).
+    pub fn stage(&self, data: &[u8]) -> Result<u64> {
+        let mut st = lock(&self.inner.state);
+        stage_locked(&self.inner, &mut st, data)
+    }
+
+    /// A buffer of the caching allocator holding `data` once the pass runs.
+    pub fn upload(&self, data: &[u8]) -> Result<Buffer> {
+        let b = self.alloc(data.len())?;
+        let mut st = lock(&self.inner.state);
+        let src = stage_locked(&self.inner, &mut st, data)?;
+        push(
+            &self.inner,
+            &mut st,
+            Entry::Copy {
+                dst: b.ptr,
+                src,
+                bytes: data.len(),
+            },
+        )?;
+        Ok(b)
+    }
+
+    /// Records a kernel launch of `grid` blocks of `block` threads.
+    pub fn launch(
+        &self,
+        kernel: Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        self.record(Entry::Launch {
+            kernel,
+            grid,
+            block,
+            args: args.iter().map(|a| a.slot()).collect(),
+        })
+    }
+
+    /// Records a device-to-device copy.
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.record(Entry::Copy { dst, src, bytes })
+    }
+
+    /// Records a cuBLAS product.
+    pub fn gemm(&self, g: Gemm) -> Result<()> {
+        if g.rows == 0 || g.n == 0 {
+            return Ok(());
+        }
+        for (what, v) in [("rows", g.rows), ("k", g.k), ("n", g.n)] {
+            if v > i32::MAX as usize {
+                return Err(CudaError::Invalid(format!("gemm {what} {v} is too large")));
+            }
+        }
+        self.record(Entry::Gemm(g))
+    }
+
+    fn record(&self, e: Entry) -> Result<()> {
+        let mut st = lock(&self.inner.state);
+        push(&self.inner, &mut st, e)
+    }
+
+    /// Runs everything recorded, then copies `bytes` bytes at `src` to the host.
+    pub fn download(&self, src: u64, bytes: usize) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; bytes];
+        {
+            let mut st = lock(&self.inner.state);
+            flush(&self.inner, &mut st)?;
+        }
+        if bytes > 0 {
+            self.inner.ctx.bind_to_thread()?;
+            // SAFETY: `out` has `bytes` bytes; the stream is synchronized before it is read.
+            unsafe { result::memcpy_dtoh_async(&mut out[..], src, self.inner.stream.cu_stream()) }?;
+        }
+        self.inner.stream.synchronize()?;
+        Ok(out)
+    }
+
+    /// Runs everything recorded so far and queues a copy of `bytes` bytes at `src` to the
+    /// host behind it, without waiting: the next pass can be recorded and queued before
+    /// [`Readback::wait`] returns this one's bytes.
+    pub fn read_later(&self, src: u64, bytes: usize) -> Result<Readback> {
+        {
+            let mut st = lock(&self.inner.state);
+            flush(&self.inner, &mut st)?;
+        }
+        self.inner.ctx.bind_to_thread()?;
+        let slot = {
+            let mut slots = lock(&self.inner.slots);
+            match slots
+                .iter()
+                .find(|s| Arc::strong_count(s) == 1 && s.cap >= bytes)
+            {
+                Some(s) => s.clone(),
+                None => {
+                    let cap = bytes.max(4096);
+                    // SAFETY: plain allocations.
+                    let host = unsafe { result::malloc_host(cap, 0) }? as *mut u8;
+                    let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+                    let s = Arc::new(Slot { host, cap, event });
+                    slots.push(s.clone());
+                    s
+                }
+            }
+        };
+        let stream = self.inner.stream.cu_stream();
+        // SAFETY: the slot holds `cap >= bytes` pinned bytes, free (no other holder) and
+        // not read until the event recorded after the copy completes.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(slot.host, bytes);
+            result::memcpy_dtoh_async(dst, src, stream)?;
+            result::event::record(slot.event, stream)?;
+        }
+        Ok(Readback { slot, bytes })
+    }
+
+    /// Starts a pass (passes nest; the outermost one counts). Work recorded until the
+    /// matching [`Device::end_pass`] runs as one tape, or as a replayed graph when the same
+    /// tape ran before.
+    pub fn begin_pass(&self) -> Result<()> {
+        let mut st = lock(&self.inner.state);
+        if st.depth == 0 {
+            flush(&self.inner, &mut st)?;
+            wait_staging(&self.inner, &mut st)?;
+            // One chunk as large as the last pass needed, so the next one stages at the
+            // same addresses.
+            if st.chunks.len() > 1 {
+                let total: usize = st.chunks.iter().map(|c| c.cap).sum();
+                // Queued kernels may still read the old chunks' device memory.
+                self.inner.stream.synchronize()?;
+                st.chunks.clear();
+                st.chunks.push(Chunk::new(total)?);
+                st.graphs.clear();
+            }
+            for c in &mut st.chunks {
+                c.used = 0;
+                c.copied = 0;
+            }
+            lock(&self.inner.pool).settle();
+        }
+        st.depth += 1;
+        Ok(())
+    }
+
+    /// Ends a pass; the outermost end runs what the pass recorded.
+    pub fn end_pass(&self) -> Result<()> {
+        let mut st = lock(&self.inner.state);
+        // Flushed while still inside the pass, so that it may be replayed.
+        let ran = if st.depth == 1 {
+            flush(&self.inner, &mut st)
+        } else {
+            Ok(())
+        };
+        st.depth = st.depth.saturating_sub(1);
+        ran
+    }
+
+    /// Starts everything recorded so far, without waiting for it.
+    pub fn flush(&self) -> Result<()> {
+        let mut st = lock(&self.inner.state);
+        flush(&self.inner, &mut st)
+    }
+
+    /// Waits for everything recorded so far.
+    pub fn synchronize(&self) -> Result<()> {
+        {
+            let mut st = lock(&self.inner.state);
+            flush(&self.inner, &mut st)?;
+        }
+        Ok(self.inner.stream.synchronize()?)
+    }
+}
+
+fn wait_staging(inner: &Inner, st: &mut State) -> Result<()> {
+    if st.staging_in_flight {
+        // SAFETY: the event was created on this context.
+        unsafe { result::event::synchronize(inner.staged) }?;
+        st.staging_in_flight = false;
+    }
+    Ok(())
+}
+
+fn stage_locked(inner: &Inner, st: &mut State, data: &[u8]) -> Result<u64> {
+    inner.ctx.bind_to_thread()?;
+    wait_staging(inner, st)?;
+    let need = data.len().max(1).div_ceil(256) * 256;
+    let fits = st.chunks.last().is_some_and(|c| c.cap - c.used >= need);
+    if !fits {
+        let last = st.chunks.last().map_or(0, |c| c.cap);
+        st.chunks
+            .push(Chunk::new((2 * last).max(need).max(1 << 20))?);
+    }
+    let Some(c) = st.chunks.last_mut() else {
+        return Err(CudaError::Invalid("no staging memory".into()));
+    };
+    let at = c.used;
+    // SAFETY: `at + data.len() <= cap`; the pinned memory is not being copied from (the
+    // staging event was waited on).
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), c.host.add(at), data.len()) };
+    c.used += need;
+    Ok(c.dev + at as u64)
+}
+
+fn push(inner: &Inner, st: &mut State, e: Entry) -> Result<()> {
+    st.tape.push(e);
+    if st.depth == 0 {
+        flush(inner, st)?;
+    }
+    Ok(())
+}
+
+/// Copies what was staged and runs the tape: replayed from a graph when it ran before.
+fn flush(inner: &Inner, st: &mut State) -> Result<()> {
+    inner.ctx.bind_to_thread()?;
+    let stream = inner.stream.cu_stream();
+    let mut copied = false;
+    for c in &mut st.chunks {
+        if c.used > c.copied {
+            // SAFETY: the range lies within both allocations; the host side is not written
+            // until the event recorded below has completed.
+            unsafe {
+                let src = std::slice::from_raw_parts(c.host.add(c.copied), c.used - c.copied);
+                result::memcpy_htod_async(c.dev + c.copied as u64, src, stream)?;
+            }
+            c.copied = c.used;
+            copied = true;
+        }
+    }
+    if copied {
+        // SAFETY: event and stream of this context.
+        unsafe { result::event::record(inner.staged, stream) }?;
+        st.staging_in_flight = true;
+    }
+    if st.depth == 0 {
+        // Outside a pass the staged data served its one entry.
+        for c in &mut st.chunks {
+            c.used = 0;
+            c.copied = 0;
+        }
+    }
+    let tape = std::mem::take(&mut st.tape);
+    if tape.is_empty() {
+        return Ok(());
+    }
+    let graphable = st.graphs_on && st.depth > 0 && tape.len() >= MIN_GRAPH_ENTRIES;
+    if graphable {
+        let mut h = DefaultHasher::new();
+        tape.hash(&mut h);
+        let key = h.finish();
+        if let Some(g) = st.graphs.get(&key).filter(|g| g.tape == tape) {
+            g.graph.launch()?;
+            st.stats.replayed += 1;
+            return Ok(());
+        }
+        if st.seen.len() > 4096 {
+            st.seen.clear();
+        }
+        let seen = st.seen.entry(key).or_insert(0);
+        *seen += 1;
+        if *seen >= 2 {
+            inner
+                .stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let ran = run(inner, &tape);
+            let graph = inner.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            ran?;
+            if let Some(graph) = graph? {
+                graph.launch()?;
+                if st.graphs.len() >= MAX_GRAPHS {
+                    st.graphs.clear();
+                }
+                st.graphs.insert(key, Captured { tape, graph });
+                st.stats.captured += 1;
+                return Ok(());
+            }
+            return Err(CudaError::Driver("stream capture returned no graph".into()));
+        }
+    }
+    run(inner, &tape)?;
+    st.stats.eager += 1;
+    Ok(())
+}
+
+fn run(inner: &Inner, tape: &[Entry]) -> Result<()> {
+    let stream = inner.stream.cu_stream();
+    for e in tape {
+        match e {
+            Entry::Launch {
+                kernel,
+                grid,
+                block,
+                args,
+            } => {
+                let mut slots = args.clone();
+                let mut params: Vec<*mut c_void> = slots
+                    .iter_mut()
+                    .map(|s| s as *mut u64 as *mut c_void)
+                    .collect();
+                let f = inner.functions[*kernel as usize];
+                // SAFETY: the function was loaded from the module; the arguments are the
+                // slots the kernel's parameters read; the buffers they name are alive or
+                // reused only by entries that run later on the same stream.
+                unsafe { result::launch_kernel(f, *grid, (*block, 1, 1), 0, stream, &mut params) }
+                    .map_err(|err| CudaError::Driver(format!("{}: {err:?}", kernel.name())))?;
+            }
+            Entry::Copy { dst, src, bytes } => {
+                // SAFETY: both ranges are live device memory of at least `bytes` bytes.
+                unsafe { result::memcpy_dtod_async(*dst, *src, *bytes, stream) }?;
+            }
+            Entry::Zero { dst, bytes } => {
+                // SAFETY: as above.
+                unsafe { result::memset_d8_async(*dst, 0, *bytes, stream) }?;
+            }
+            Entry::Gemm(g) => gemm(inner, g)?,
+        }
+    }
+    Ok(())
+}
+
+fn gemm(inner: &Inner, g: &Gemm) -> Result<()> {
+    use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
+    let ty = match g.wtype {
+        WType::F32 => cudaDataType::CUDA_R_32F,
+        WType::F16 => cudaDataType::CUDA_R_16F,
+        WType::Bf16 => cudaDataType::CUDA_R_16BF,
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // Row-major y = x · wᵀ is column-major yᵀ = w · xᵀ with w read transposed.
+    // SAFETY: the handle is bound to this stream; the pointers hold the shapes given.
+    unsafe {
+        cublas::result::gemm_ex(
+            *inner.blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            g.n as i32,
+            g.rows as i32,
+            g.k as i32,
+            &alpha as *const f32 as *const c_void,
+            g.w as *const c_void,
+            ty,
+            g.k as i32,
+            g.x as *const c_void,
+            ty,
+            g.k as i32,
+            &beta as *const f32 as *const c_void,
+            g.y as *mut c_void,
+            cudaDataType::CUDA_R_32F,
+            g.n as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs only NVRTC (no GPU): skipped where libnvrtc cannot be loaded.
+    #[test]
+    fn kernels_compile_with_nvrtc_and_export_every_entry() {
+        // SAFETY: probing whether the library can be opened.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: libnvrtc is not on the library path");
+            return;
+        }
+        let ptx = compiled("compute_90").unwrap();
+        for k in Kernel::ALL {
+            assert!(
+                ptx.contains(&format!(".entry {}(", k.name())),
+                "{} is not in the PTX",
+                k.name()
+            );
+        }
+    }
+}

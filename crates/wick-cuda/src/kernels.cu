@@ -1,0 +1,611 @@
+// wick's CUDA kernels, compiled at run time by NVRTC for the device in use.
+//
+// Activations are f32, row-major. Weight matrices are f32, f16 or bf16 (`[out, in]`).
+// No CUDA headers are included (NVRTC finds none on a machine that only has the driver and
+// the runtime libraries): half-precision values are carried as 16-bit integers and
+// converted here.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WICK_INF __int_as_float(0x7f800000)
+
+struct Bf16 { u16 v; };
+struct F16 { u16 v; };
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(Bf16 x) { return __uint_as_float(((u32)x.v) << 16); }
+__device__ __forceinline__ float to_f32(F16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.v));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_bf16_bits(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+__device__ __forceinline__ u16 f32_to_f16_bits(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// Eight consecutive weights as floats (`p` 16-byte aligned).
+__device__ __forceinline__ void load8(const float* p, float* o) {
+    float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+    o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+__device__ __forceinline__ void unpack_bf16(uint4 v, float* o) {
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        o[2 * i] = __uint_as_float(w[i] << 16);
+        o[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void load8(const Bf16* p, float* o) { unpack_bf16(*(const uint4*)p, o); }
+__device__ __forceinline__ void load8(const F16* p, float* o) {
+    uint4 v = *(const uint4*)p;
+    u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        F16 lo = {(u16)(w[i] & 0xffffu)}, hi = {(u16)(w[i] >> 16)};
+        o[2 * i] = to_f32(lo);
+        o[2 * i + 1] = to_f32(hi);
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over a block of at most 1024 threads; every thread gets the total.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < (int)((blockDim.x + 31) >> 5) ? part[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    float t = total;
+    __syncthreads();
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------
+// Products
+
+// One warp's dot products of the weight rows `w0` and `w1` with NR rows of x starting at
+// `x`, reduced over the warp (lane 0 has them). Two weight rows per warp share each load of
+// x; NR is a compile-time count so the loads of several steps can be in flight together.
+template <typename T, int NR>
+__device__ __forceinline__ void dot_rows(const float* __restrict__ x, const T* __restrict__ w0,
+                                         const T* __restrict__ w1, int in, int lane,
+                                         float* a0, float* a1) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        a0[r] = 0.0f;
+        a1[r] = 0.0f;
+    }
+    if ((in & 7) == 0) {
+#pragma unroll 4
+        for (int i = lane * 8; i < in; i += 256) {
+            float u[8], v[8];
+            load8(w0 + i, u);
+            load8(w1 + i, v);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                float xv[8];
+                load8(x + (u64)r * in + i, xv);
+                float s0 = a0[r], s1 = a1[r];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    s0 = fmaf(u[j], xv[j], s0);
+                    s1 = fmaf(v[j], xv[j], s1);
+                }
+                a0[r] = s0;
+                a1[r] = s1;
+            }
+        }
+    } else {
+        for (int i = lane; i < in; i += 32) {
+            float u = to_f32(w0[i]), v = to_f32(w1[i]);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                float xv = x[(u64)r * in + i];
+                a0[r] = fmaf(u, xv, a0[r]);
+                a1[r] = fmaf(v, xv, a1[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        a0[r] = warp_sum(a0[r]);
+        a1[r] = warp_sum(a1[r]);
+    }
+}
+
+template <typename T, int NR>
+__device__ __forceinline__ void rows_pass(const float* x, const T* w0, const T* w1, float b0,
+                                          float b1, bool second, float* y, int in, int out,
+                                          int o, int lane) {
+    float a0[NR], a1[NR];
+    dot_rows<T, NR>(x, w0, w1, in, lane, a0, a1);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            y[(u64)r * out + o] = a0[r] + b0;
+            if (second) y[(u64)r * out + o + 1] = a1[r] + b1;
+        }
+    }
+}
+
+// y[r, o] = x[r, :] · w[o, :] (+ bias[o]) for few rows: two outputs per warp, rows in
+// groups of up to eight per pass over the weight rows (what decode steps multiply).
+template <typename T>
+__device__ void linear_rows(const float* __restrict__ x, const T* __restrict__ w,
+                            const float* __restrict__ bias, float* __restrict__ y, int rows,
+                            int in, int out) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int o = 2 * (blockIdx.x * (blockDim.x >> 5) + warp);
+    if (o >= out) return;
+    bool second = o + 1 < out;
+    const T* w0 = w + (u64)o * in;
+    const T* w1 = second ? w0 + in : w0;
+    float b0 = bias ? bias[o] : 0.0f;
+    float b1 = bias && second ? bias[o + 1] : 0.0f;
+    for (int r0 = 0; r0 < rows; r0 += 8) {
+        const float* xr = x + (u64)r0 * in;
+        float* yr = y + (u64)r0 * out;
+        switch (min(8, rows - r0)) {
+            case 1: rows_pass<T, 1>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            case 2: rows_pass<T, 2>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            case 3: rows_pass<T, 3>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            case 4: rows_pass<T, 4>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            case 5: rows_pass<T, 5>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            case 6: rows_pass<T, 6>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            case 7: rows_pass<T, 7>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+            default: rows_pass<T, 8>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+        }
+    }
+}
+
+extern "C" __global__ void linear_rows_f32(const float* x, const float* w, const float* bias,
+                                           float* y, int rows, int in, int out) {
+    linear_rows<float>(x, w, bias, y, rows, in, out);
+}
+extern "C" __global__ void linear_rows_f16(const float* x, const F16* w, const float* bias,
+                                           float* y, int rows, int in, int out) {
+    linear_rows<F16>(x, w, bias, y, rows, in, out);
+}
+extern "C" __global__ void linear_rows_bf16(const float* x, const Bf16* w, const float* bias,
+                                            float* y, int rows, int in, int out) {
+    linear_rows<Bf16>(x, w, bias, y, rows, in, out);
+}
+
+// f32 → bf16 (kind 0) or f16 (kind 1), the input of a cuBLAS product with half weights.
+extern "C" __global__ void to_half(const float* x, u16* out, long long n, int kind) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = kind == 0 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
+}
+
+// y[r, c] += bias[c]
+extern "C" __global__ void add_bias(float* y, const float* bias, long long n, int cols) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        y[i] += bias[i % cols];
+}
+
+// ---------------------------------------------------------------------------------------
+// Embeddings
+
+// Row kernels run on a grid of (rows, column blocks): one thread per value, so that even
+// a single row spreads over many SMs.
+__device__ __forceinline__ int col() { return blockIdx.y * blockDim.x + threadIdx.x; }
+
+template <typename T>
+__device__ void embed(const T* table, const u32* ids, float* out, int hidden) {
+    int i = col();
+    if (i < hidden) out[(u64)blockIdx.x * hidden + i] = to_f32(table[(u64)ids[blockIdx.x] * hidden + i]);
+}
+extern "C" __global__ void embed_f32(const float* t, const u32* ids, float* out, int hidden) {
+    embed<float>(t, ids, out, hidden);
+}
+extern "C" __global__ void embed_f16(const F16* t, const u32* ids, float* out, int hidden) {
+    embed<F16>(t, ids, out, hidden);
+}
+extern "C" __global__ void embed_bf16(const Bf16* t, const u32* ids, float* out, int hidden) {
+    embed<Bf16>(t, ids, out, hidden);
+}
+
+// ---------------------------------------------------------------------------------------
+// Elementwise
+
+extern "C" __global__ void add(const float* a, const float* b, float* out, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+extern "C" __global__ void scale(const float* x, float* out, float s, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = x[i] * s;
+}
+
+extern "C" __global__ void softcap(const float* x, float* out, float cap, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = cap * tanhf(x[i] / cap);
+}
+
+__device__ __forceinline__ float act(float g, int kind) {
+    if (kind == 0) return g / (1.0f + expf(-g));
+    const float c = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
+// out = act(gate) * up (kind 0: SiLU, 1: GELU tanh).
+extern "C" __global__ void glu(const float* gate, const float* up, float* out, long long n,
+                               int kind) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = act(gate[i], kind) * up[i];
+}
+
+#define NORM_CACHE 8
+
+// RMS norm of each `n`-long group, one block per group; each thread keeps its values
+// (up to NORM_CACHE of them) in registers between the sum and the scaling.
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                    float* __restrict__ out, int n, float eps) {
+    u64 base = (u64)blockIdx.x * n;
+    float v[NORM_CACHE];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        v[c] = i < n ? x[base + i] : 0.0f;
+        ss = fmaf(v[c], v[c], ss);
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        ss = fmaf(x[base + i], x[base + i], ss);
+    ss = block_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < n) out[base + i] = v[c] * inv * w[i];
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        out[base + i] = x[base + i] * inv * w[i];
+}
+
+// sum = x + y; out = rms_norm(sum) · w, per `n`-long group (as `rms_norm`).
+extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float* __restrict__ y,
+                                        const float* __restrict__ w, float* __restrict__ sum,
+                                        float* __restrict__ out, int n, float eps) {
+    u64 base = (u64)blockIdx.x * n;
+    float v[NORM_CACHE];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        v[c] = i < n ? x[base + i] + y[base + i] : 0.0f;
+        if (i < n) sum[base + i] = v[c];
+        ss = fmaf(v[c], v[c], ss);
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x) {
+        float t = x[base + i] + y[base + i];
+        sum[base + i] = t;
+        ss = fmaf(t, t, ss);
+    }
+    ss = block_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < n) out[base + i] = v[c] * inv * w[i];
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        out[base + i] = (x[base + i] + y[base + i]) * inv * w[i];
+}
+
+// Rotary embeddings: `cs` holds `rows * half` cosines then as many sines.
+extern "C" __global__ void rope(const float* x, float* out, const float* cs, int rows,
+                                int heads, int hd, int dims, int neox) {
+    int r = blockIdx.x;
+    int half = dims / 2;
+    const float* cosr = cs + (u64)r * half;
+    const float* sinr = cs + (u64)rows * half + (u64)r * half;
+    const float* xr = x + (u64)r * heads * hd;
+    float* o = out + (u64)r * heads * hd;
+    int idx = col();
+    if (idx < heads * hd) {
+        int h = idx / hd, d = idx - h * hd;
+        const float* xh = xr + h * hd;
+        float v;
+        if (d >= dims) {
+            v = xh[d];
+        } else if (neox) {
+            int i = d < half ? d : d - half;
+            float a = xh[i], b = xh[i + half];
+            v = d < half ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+        } else {
+            int i = d >> 1;
+            float a = xh[2 * i], b = xh[2 * i + 1];
+            v = (d & 1) == 0 ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+        }
+        o[idx] = v;
+    }
+}
+
+// out[i, :] = x[idx[i], :]
+extern "C" __global__ void gather_rows(const float* x, const u32* idx, float* out, int cols) {
+    int c = col();
+    if (c < cols) out[(u64)blockIdx.x * cols + c] = x[(u64)idx[blockIdx.x] * cols + c];
+}
+
+// out[r, :] = x[r, off .. off + width]
+extern "C" __global__ void copy_cols(const float* x, float* out, int in_cols, int off,
+                                     int width) {
+    int c = col();
+    if (c < width) out[(u64)blockIdx.x * width + c] = x[(u64)blockIdx.x * in_cols + off + c];
+}
+
+// y[idx[i], :] += d[i, :] (in place; the rows are distinct).
+extern "C" __global__ void scatter_add_rows(float* y, const u32* idx, const float* d, int cols) {
+    int c = col();
+    if (c < cols) y[(u64)idx[blockIdx.x] * cols + c] += d[(u64)blockIdx.x * cols + c];
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention over per-sequence caches. A segment is one sequence's rows of the flattened
+// batch and its cache: keys and values `[capacity][kv_heads][hd]` f32.
+
+struct Seg {
+    u64 k;
+    u64 v;
+    int len_before;  // tokens cached before this pass's rows
+    int row_start;   // first row of the flattened batch
+    int rows;
+    int window;      // 0: none
+};
+
+// Writes each row's keys and values at its position.
+extern "C" __global__ void kv_append(const float* k, const float* v, const Seg* segs,
+                                     const int* seg_of_row, int row) {
+    int r = blockIdx.x;
+    Seg s = segs[seg_of_row[r]];
+    u64 pos = (u64)(s.len_before + r - s.row_start);
+    int i = col();
+    if (i < row) {
+        ((float*)s.k)[pos * row + i] = k[(u64)r * row + i];
+        ((float*)s.v)[pos * row + i] = v[(u64)r * row + i];
+    }
+}
+
+#define MAX_WARPS 8
+#define MAX_HD 256
+
+#define KEYS_AT_ONCE 8
+
+// Causal attention of query row `blockIdx.x`, head `blockIdx.y`, over the `blockIdx.z`-th
+// of `gridDim.z` equal parts of the keys the row sees (split so that a decode step of few
+// rows still keeps every SM busy; the parts' partial softmax states are merged by
+// `attention_merge`, or written as the result when there is one part). The warps take
+// KEYS_AT_ONCE keys at a time in turn, each with its own online softmax, then merge.
+// Row `i` sees keys before `ends[i]` when `ends` is given (bidirectional spans), else up to
+// its own position; a window counts back from its own position.
+extern "C" __global__ void attention(const float* q, float* out, float* part_ml,
+                                     float* part_acc, const Seg* segs, const int* seg_of_row,
+                                     const int* ends, int heads, int kv_heads, int hd,
+                                     float scale, float cap) {
+    __shared__ float sm[MAX_WARPS], sl[MAX_WARPS];
+    __shared__ float sacc[MAX_WARPS][MAX_HD];
+    int r = blockIdx.x, h = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
+    Seg s = segs[seg_of_row[r]];
+    int pos = s.len_before + (r - s.row_start);
+    int n = ends ? ends[r] : pos + 1;
+    int start = s.window > 0 ? max(0, pos - s.window + 1) : 0;
+    int per = (n - start + parts - 1) / parts;
+    int lo = start + part * per, hi = min(n, lo + per);
+    int kvh = h / (heads / kv_heads);
+    int row = kv_heads * hd;
+    const float* K = (const float*)s.k + kvh * hd;
+    const float* V = (const float*)s.v + kvh * hd;
+    const float* qr = q + (u64)r * heads * hd + h * hd;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    float qv[MAX_HD / 32], acc[MAX_HD / 32];
+#pragma unroll
+    for (int t = 0; t < MAX_HD / 32; t++) {
+        int d = lane + 32 * t;
+        qv[t] = d < hd ? qr[d] : 0.0f;
+        acc[t] = 0.0f;
+    }
+    float m = -WICK_INF, l = 0.0f;
+    for (int j0 = lo + warp * KEYS_AT_ONCE; j0 < hi; j0 += nw * KEYS_AT_ONCE) {
+        float p[KEYS_AT_ONCE];
+#pragma unroll
+        for (int u = 0; u < KEYS_AT_ONCE; u++) {
+            int j = j0 + u;
+            float dot = 0.0f;
+            if (j < hi) {
+                const float* kr = K + (u64)j * row;
+#pragma unroll
+                for (int t = 0; t < MAX_HD / 32; t++) {
+                    int d = lane + 32 * t;
+                    if (d < hd) dot = fmaf(qv[t], kr[d], dot);
+                }
+            }
+            p[u] = dot;
+        }
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < KEYS_AT_ONCE; u++) {
+            float v = warp_sum(p[u]) * scale;
+            if (cap > 0.0f) v = cap * tanhf(v / cap);
+            p[u] = j0 + u < hi ? v : -WICK_INF;
+            mn = fmaxf(mn, p[u]);
+        }
+        float c = expf(m - mn);
+        l *= c;
+#pragma unroll
+        for (int t = 0; t < MAX_HD / 32; t++) acc[t] *= c;
+#pragma unroll
+        for (int u = 0; u < KEYS_AT_ONCE; u++) {
+            if (j0 + u < hi) {
+                float e = expf(p[u] - mn);
+                l += e;
+                const float* vr = V + (u64)(j0 + u) * row;
+#pragma unroll
+                for (int t = 0; t < MAX_HD / 32; t++) {
+                    int d = lane + 32 * t;
+                    if (d < hd) acc[t] = fmaf(e, vr[d], acc[t]);
+                }
+            }
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int t = 0; t < MAX_HD / 32; t++) {
+        int d = lane + 32 * t;
+        if (d < hd) sacc[warp][d] = acc[t];
+    }
+    __syncthreads();
+    float M = -WICK_INF;
+    for (int w = 0; w < nw; w++) M = fmaxf(M, sm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < nw; w++) L += sm[w] == -WICK_INF ? 0.0f : sl[w] * expf(sm[w] - M);
+    u64 slot = ((u64)r * heads + h) * parts + part;
+    if (parts > 1 && threadIdx.x == 0) {
+        part_ml[2 * slot] = M;
+        part_ml[2 * slot + 1] = L;
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float v = 0.0f;
+        if (M != -WICK_INF)
+            for (int w = 0; w < nw; w++)
+                if (sm[w] != -WICK_INF) v += sacc[w][d] * expf(sm[w] - M);
+        if (parts > 1)
+            part_acc[slot * hd + d] = v;
+        else
+            out[(u64)r * heads * hd + h * hd + d] = v / L;
+    }
+}
+
+// Merges the parts of `attention` for row `blockIdx.x`, head `blockIdx.y` (at most 32
+// parts): the first warp turns the parts' maxima and sums into weights, then every thread
+// sums one dimension's parts.
+extern "C" __global__ void attention_merge(const float* part_ml, const float* part_acc,
+                                           float* out, int heads, int hd, int parts) {
+    __shared__ float weight[32];
+    int r = blockIdx.x, h = blockIdx.y;
+    u64 base = ((u64)r * heads + h) * parts;
+    if (threadIdx.x < 32) {
+        int p = threadIdx.x;
+        float m = p < parts ? part_ml[2 * (base + p)] : -WICK_INF;
+        float l = p < parts ? part_ml[2 * (base + p) + 1] : 0.0f;
+        float M = m;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float w = m == -WICK_INF ? 0.0f : expf(m - M);
+        float L = warp_sum(l * w);
+        weight[p] = w / L;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll 8
+        for (int p = 0; p < parts; p++) v = fmaf(part_acc[(base + p) * hd + d], weight[p], v);
+        out[(u64)r * heads * hd + h * hd + d] = v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Argmax of each row (the first maximum), with an optional token mask per row: `mask_at[r]`
+// is the offset of row r's words in `masks` (-1: unmasked); token t is allowed when bit
+// t % 32 of word t / 32 is set (ids past `words` words are not). Two stages: block
+// (r, p) finds the maximum of the p-th of `gridDim.y` slices of row r into `part`, then
+// `argmax_finish` picks among a row's slices.
+__device__ __forceinline__ void better(float& best, int& bi, float v, int i) {
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+
+__device__ void block_argmax(float& best, int& bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(best, bi, ov, oi);
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int nw = (blockDim.x + 31) >> 5;
+        for (int w = 1; w < nw; w++) better(best, bi, sv[w], si[w]);
+    }
+}
+
+extern "C" __global__ void argmax_rows(const float* __restrict__ x, float* part, int vocab,
+                                       const u32* masks, const int* mask_at, int words) {
+    int r = blockIdx.x, p = blockIdx.y, parts = gridDim.y;
+    int per = (vocab + parts - 1) / parts;
+    int lo = p * per, hi = min(vocab, lo + per);
+    const float* row = x + (u64)r * vocab;
+    int at = mask_at ? mask_at[r] : -1;
+    float best = -WICK_INF;
+    int bi = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = row[i];
+        if (at >= 0) {
+            int wi = i >> 5;
+            u32 bits = wi < words ? masks[at + wi] : 0u;
+            if (((bits >> (i & 31)) & 1u) == 0u) v = -WICK_INF;
+        }
+        better(best, bi, v, i);
+    }
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) {
+        part[2 * ((u64)r * parts + p)] = best;
+        part[2 * ((u64)r * parts + p) + 1] = __int_as_float(bi);
+    }
+}
+
+extern "C" __global__ void argmax_finish(const float* part, u32* out, int parts) {
+    int r = blockIdx.x;
+    float best = -WICK_INF;
+    int bi = 0x7fffffff;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x)
+        better(best, bi, part[2 * ((u64)r * parts + p)],
+               __float_as_int(part[2 * ((u64)r * parts + p) + 1]));
+    block_argmax(best, bi);
+    if (threadIdx.x == 0) out[r] = bi == 0x7fffffff ? 0u : (u32)bi;
+}

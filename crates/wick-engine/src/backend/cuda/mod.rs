@@ -1,0 +1,1079 @@
+//! The CUDA backend (cargo feature `cuda`): wick's own kernels on NVIDIA GPUs through
+//! [`wick_cuda`], with f32 activations, weights kept as the file stores them (f32, f16,
+//! bf16; GGUF blocks dequantized to bf16), few-row products by a kernel that reads each
+//! weight row once for up to eight rows, many-row products by cuBLAS, and per-sequence KV
+//! caches attended by a kernel that reads cache lengths from device memory.
+//!
+//! Everything a pass does is recorded and run when the pass ends; step-varying values
+//! (token ids, rotary angles, cache addresses and lengths) are uploaded, never passed as
+//! kernel arguments, so the decode step of a fixed batch records the same work every time
+//! and [`wick_cuda::Device`] replays it as one CUDA graph (see `docs/architecture.md`).
+mod kv;
+
+use std::sync::Arc;
+
+use wick_cuda::{Arg, Buffer, Device, Gemm, Kernel, WType};
+use wick_gguf::GgmlType;
+
+pub use kv::CudaKvLayer;
+
+use crate::backend::{
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, OptionalOp, RopeSpec,
+    RopeStyle,
+};
+use crate::{EngineError, Result};
+
+/// Rows up to which a product runs on wick's own kernel by default (above: cuBLAS, on
+/// tensor cores); `WICK_CUDA_KERNEL_ROWS` overrides it.
+const KERNEL_ROWS: usize = 2;
+/// Threads of the attention kernel's blocks (8 warps; the kernel takes at most 8).
+const ATTENTION_THREADS: u32 = 256;
+
+pub(crate) fn cuda_err(e: wick_cuda::CudaError) -> EngineError {
+    EngineError::Backend {
+        backend: "cuda",
+        message: e.to_string(),
+    }
+}
+
+fn invalid(message: String) -> EngineError {
+    EngineError::Backend {
+        backend: "cuda",
+        message,
+    }
+}
+
+/// An activation: `rows × cols` f32 on the device.
+#[derive(Clone)]
+pub struct CudaTensor {
+    buf: Arc<Buffer>,
+    /// Bytes into `buf` where the values start (a column block of a one-row tensor is a
+    /// view of it).
+    offset: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl CudaTensor {
+    fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+    fn ptr(&self) -> u64 {
+        self.buf.ptr() + self.offset as u64
+    }
+}
+
+/// A weight matrix `[out, in]` on the device.
+pub struct CudaMatrix {
+    buf: Buffer,
+    wtype: WType,
+    rows: usize,
+    cols: usize,
+}
+
+/// Rotary cosines then sines of a pass's rows, on the device.
+pub struct CudaRope {
+    buf: Buffer,
+    rows: usize,
+    dims: usize,
+    style: RopeStyle,
+}
+
+/// Token ids on the device.
+pub struct CudaIds {
+    buf: Buffer,
+    /// Their copy to the host, queued by [`Backend::schedule`].
+    host: std::sync::Mutex<Option<wick_cuda::Readback>>,
+    n: usize,
+    /// Width of the logits they index (every id is below it).
+    vocab: usize,
+}
+
+/// The CUDA backend.
+pub struct CudaBackend {
+    dev: Device,
+    /// Rows up to which products run on wick's own kernel.
+    kernel_rows: usize,
+    /// Streaming multiprocessors of the device.
+    sms: usize,
+}
+
+/// One segment as the kernels read it (`struct Seg` of `kernels.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Seg {
+    k: u64,
+    v: u64,
+    len_before: i32,
+    row_start: i32,
+    rows: i32,
+    window: i32,
+}
+
+/// Little-endian 4-byte values of `bytes` (f32 or u32).
+pub(crate) fn words<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+    bytes
+        .chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
+}
+
+/// Column blocks of 256 threads for a row kernel over `cols` values.
+fn col_blocks(cols: usize) -> u32 {
+    cols.div_ceil(256).max(1) as u32
+}
+
+/// Threads of a norm's block over groups of `n` (one value or more per thread).
+fn norm_threads(n: usize) -> u32 {
+    n.next_multiple_of(32).clamp(32, 1024) as u32
+}
+
+fn blocks_for(n: usize) -> u32 {
+    n.div_ceil(256).clamp(1, 8192) as u32
+}
+
+fn int(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| invalid(format!("{what} {v} is too large for the CUDA kernels")))
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal`.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let dev = Device::new(ordinal).map_err(cuda_err)?;
+        tracing::info!("CUDA backend on {}", dev.name());
+        if std::env::var("WICK_CUDA_GRAPHS").is_ok_and(|v| v == "0") {
+            dev.set_graphs(false);
+        }
+        let sms = dev.sm_count();
+        let kernel_rows = std::env::var("WICK_CUDA_KERNEL_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(KERNEL_ROWS);
+        Ok(CudaBackend {
+            dev,
+            kernel_rows,
+            sms,
+        })
+    }
+
+    /// The device layer.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        let buf = self.dev.alloc(rows * cols * 4).map_err(cuda_err)?;
+        Ok(CudaTensor {
+            buf: Arc::new(buf),
+            offset: 0,
+            rows,
+            cols,
+        })
+    }
+
+    fn launch(&self, k: Kernel, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        self.dev.launch(k, grid, block, args).map_err(cuda_err)
+    }
+
+    /// Runs `f` as one pass of the device (its work runs together when it returns).
+    fn op<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.dev.begin_pass().map_err(cuda_err)?;
+        let out = f();
+        let end = self.dev.end_pass().map_err(cuda_err);
+        let out = out?;
+        end?;
+        Ok(out)
+    }
+
+    fn stage<T: bytemuck::Pod>(&self, data: &[T]) -> Result<u64> {
+        self.dev.stage(bytemuck::cast_slice(data)).map_err(cuda_err)
+    }
+
+    fn same_shape(&self, what: &str, a: &CudaTensor, b: &CudaTensor) -> Result<()> {
+        if a.rows != b.rows || a.cols != b.cols {
+            return Err(invalid(format!(
+                "{what}: shapes {}x{} and {}x{} differ",
+                a.rows, a.cols, b.rows, b.cols
+            )));
+        }
+        Ok(())
+    }
+
+    fn elementwise(&self, k: Kernel, x: &CudaTensor, extra: &[Arg]) -> Result<CudaTensor> {
+        let out = self.tensor(x.rows, x.cols)?;
+        let n = x.len();
+        let mut args = vec![Arg::Ptr(x.ptr()), Arg::Ptr(out.ptr())];
+        args.extend_from_slice(extra);
+        args.push(Arg::I64(n as i64));
+        self.launch(k, (blocks_for(n), 1, 1), 256, &args)?;
+        Ok(out)
+    }
+
+    fn upload_weight(&self, w: &HostWeight<'_>) -> Result<(Buffer, WType)> {
+        let (bytes, wtype): (std::borrow::Cow<'_, [u8]>, WType) = match w.dtype {
+            GgmlType::F32 => (std::borrow::Cow::Borrowed(&w.bytes[..]), WType::F32),
+            GgmlType::F16 => (std::borrow::Cow::Borrowed(&w.bytes[..]), WType::F16),
+            GgmlType::Bf16 => (std::borrow::Cow::Borrowed(&w.bytes[..]), WType::Bf16),
+            _ => {
+                // GGUF blocks: dequantized on the host, kept as bf16.
+                let values = w.dequantize()?;
+                let bf: Vec<u16> = values
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_bits())
+                    .collect();
+                (
+                    std::borrow::Cow::Owned(bytemuck::cast_slice(&bf).to_vec()),
+                    WType::Bf16,
+                )
+            }
+        };
+        let expected = w.shape.iter().product::<usize>() * wtype.size();
+        if bytes.len() != expected {
+            return Err(invalid(format!(
+                "'{}': {} bytes for shape {:?} of {:?}",
+                w.name,
+                bytes.len(),
+                w.shape,
+                wtype
+            )));
+        }
+        let buf = self.dev.upload_owned(&bytes).map_err(cuda_err)?;
+        Ok((buf, wtype))
+    }
+
+    fn attend(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        segments: &mut [AttentionSegment<'_, CudaKvLayer>],
+        p: &AttentionParams,
+        ends: Option<&[usize]>,
+    ) -> Result<CudaTensor> {
+        let (heads, kv_heads, hd) = (p.heads, p.kv_heads, p.head_dim);
+        let total = q.rows;
+        if q.cols != heads * hd || k.cols != kv_heads * hd || v.cols != kv_heads * hd {
+            return Err(invalid(format!(
+                "attention: q {}x{}, k {}x{}, v {}x{} for {heads} heads / {kv_heads} KV heads of {hd}",
+                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols
+            )));
+        }
+        if k.rows != total || v.rows != total {
+            return Err(invalid("attention: q, k and v rows differ".into()));
+        }
+        if hd > 256 || kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(invalid(format!(
+                "attention: {heads} heads over {kv_heads} KV heads of {hd} dimensions is not supported (head size at most 256)"
+            )));
+        }
+        if let Some(e) = ends {
+            if e.len() != total {
+                return Err(invalid("attention: one end per row expected".into()));
+            }
+        }
+        self.op(|| {
+            let mut segs = Vec::with_capacity(segments.len());
+            let mut seg_of_row = vec![0i32; total];
+            for (si, s) in segments.iter_mut().enumerate() {
+                if s.rows.end > total || s.rows.start > s.rows.end {
+                    return Err(invalid(format!(
+                        "attention: segment rows {:?} outside {total}",
+                        s.rows
+                    )));
+                }
+                if s.cache.shape() != (kv_heads, hd) {
+                    return Err(EngineError::Cache(
+                        "attention: cache of another layer shape".into(),
+                    ));
+                }
+                let n = s.rows.len();
+                let (kp, vp, at) = s.cache.reserve_append(n)?;
+                if let Some(e) = ends {
+                    let end = at + n;
+                    for (i, r) in s.rows.clone().enumerate() {
+                        if e[r] < at + i + 1 || e[r] > end {
+                            return Err(invalid(format!(
+                                "attention: row {r} sees up to {} (its position {}, the segment ends at {end})",
+                                e[r],
+                                at + i
+                            )));
+                        }
+                    }
+                }
+                for r in s.rows.clone() {
+                    seg_of_row[r] = si as i32;
+                }
+                segs.push(Seg {
+                    k: kp,
+                    v: vp,
+                    len_before: int(at, "cache length")?,
+                    row_start: int(s.rows.start, "row")?,
+                    rows: int(n, "rows")?,
+                    window: s.cache.window().map_or(Ok(0), |w| int(w, "window"))?,
+                });
+            }
+            let segs_dev = self.stage(&segs)?;
+            let rows_dev = self.stage(&seg_of_row)?;
+            let ends_dev = match ends {
+                Some(e) => {
+                    let e: Vec<i32> = e.iter().map(|&x| x as i32).collect();
+                    self.stage(&e)?
+                }
+                None => 0,
+            };
+            let row = int(kv_heads * hd, "KV row")?;
+            self.launch(
+                Kernel::KvAppend,
+                (total as u32, col_blocks(kv_heads * hd), 1),
+                256,
+                &[
+                    Arg::Ptr(k.ptr()),
+                    Arg::Ptr(v.ptr()),
+                    Arg::Ptr(segs_dev),
+                    Arg::Ptr(rows_dev),
+                    Arg::I32(row),
+                ],
+            )?;
+            let out = self.tensor(total, heads * hd)?;
+            // Enough parts of the keys per row and head to give every SM two blocks;
+            // a function of the shapes only, so a decode step's launches repeat.
+            let parts = (2 * self.sms).div_ceil(total * heads).clamp(1, 32);
+            let (ml, acc) = if parts > 1 {
+                let slots = total * heads * parts;
+                (
+                    Some(self.dev.alloc(slots * 2 * 4).map_err(cuda_err)?),
+                    Some(self.dev.alloc(slots * hd * 4).map_err(cuda_err)?),
+                )
+            } else {
+                (None, None)
+            };
+            let ptr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::ptr);
+            self.launch(
+                Kernel::Attention,
+                (total as u32, heads as u32, parts as u32),
+                ATTENTION_THREADS,
+                &[
+                    Arg::Ptr(q.ptr()),
+                    Arg::Ptr(out.ptr()),
+                    Arg::Ptr(ptr(&ml)),
+                    Arg::Ptr(ptr(&acc)),
+                    Arg::Ptr(segs_dev),
+                    Arg::Ptr(rows_dev),
+                    Arg::Ptr(ends_dev),
+                    Arg::I32(heads as i32),
+                    Arg::I32(kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::F32(p.scale),
+                    Arg::F32(p.softcap.unwrap_or(0.0)),
+                ],
+            )?;
+            if parts > 1 {
+                self.launch(
+                    Kernel::AttentionMerge,
+                    (total as u32, heads as u32, 1),
+                    hd.next_multiple_of(32) as u32,
+                    &[
+                        Arg::Ptr(ptr(&ml)),
+                        Arg::Ptr(ptr(&acc)),
+                        Arg::Ptr(out.ptr()),
+                        Arg::I32(heads as i32),
+                        Arg::I32(hd as i32),
+                        Arg::I32(parts as i32),
+                    ],
+                )?;
+            }
+            Ok(out)
+        })
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Matrix = CudaMatrix;
+    type Rope = CudaRope;
+    type KvLayer = CudaKvLayer;
+    type Ids = CudaIds;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn pass<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        self.op(f)
+    }
+
+    fn matrix(&self, w: HostWeight<'_>) -> Result<CudaMatrix> {
+        if w.shape.len() != 2 {
+            return Err(invalid(format!(
+                "'{}' is not a matrix: shape {:?}",
+                w.name, w.shape
+            )));
+        }
+        let (buf, wtype) = self.upload_weight(&w)?;
+        Ok(CudaMatrix {
+            buf,
+            wtype,
+            rows: w.shape[0],
+            cols: w.shape[1],
+        })
+    }
+
+    fn vector(&self, w: HostWeight<'_>) -> Result<CudaTensor> {
+        let values = match w.dtype {
+            GgmlType::F32 => words(&w.bytes),
+            _ => w.dequantize()?,
+        };
+        self.tensor_from_host(values.clone(), 1, values.len())
+    }
+
+    fn can_fuse(&self, parts: &[&CudaMatrix]) -> bool {
+        parts.len() > 1
+            && parts
+                .iter()
+                .all(|m| m.wtype == parts[0].wtype && m.cols == parts[0].cols)
+    }
+
+    fn fuse_matrices(&self, parts: Vec<CudaMatrix>) -> Result<CudaMatrix> {
+        let Some(first) = parts.first() else {
+            return Err(invalid("fuse_matrices: no matrices".into()));
+        };
+        let (wtype, cols) = (first.wtype, first.cols);
+        let rows: usize = parts.iter().map(|m| m.rows).sum();
+        let buf = self
+            .dev
+            .alloc_owned(rows * cols * wtype.size())
+            .map_err(cuda_err)?;
+        let mut at = 0u64;
+        for m in &parts {
+            if m.wtype != wtype || m.cols != cols {
+                return Err(invalid(
+                    "fuse_matrices: matrices of different shapes or types".into(),
+                ));
+            }
+            self.dev
+                .copy(buf.ptr() + at, m.buf.ptr(), m.buf.bytes())
+                .map_err(cuda_err)?;
+            at += m.buf.bytes() as u64;
+        }
+        self.dev.synchronize().map_err(cuda_err)?;
+        Ok(CudaMatrix {
+            buf,
+            wtype,
+            rows,
+            cols,
+        })
+    }
+
+    fn matrix_shape(&self, m: &CudaMatrix) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn matrix_bytes(&self, m: &CudaMatrix) -> usize {
+        m.buf.bytes()
+    }
+
+    fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.rows) {
+            return Err(EngineError::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary ({})",
+                table.rows
+            )));
+        }
+        self.op(|| {
+            let at = self.stage(ids)?;
+            self.gather(table, at, ids.len())
+        })
+    }
+
+    fn linear(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        bias: Option<&CudaTensor>,
+    ) -> Result<CudaTensor> {
+        if x.cols != w.cols {
+            return Err(invalid(format!(
+                "linear: input of {} columns for a {}x{} matrix",
+                x.cols, w.rows, w.cols
+            )));
+        }
+        if let Some(b) = bias {
+            if b.len() != w.rows {
+                return Err(invalid(format!(
+                    "linear: bias of {} for {} outputs",
+                    b.len(),
+                    w.rows
+                )));
+            }
+        }
+        let y = self.tensor(x.rows, w.rows)?;
+        if x.rows == 0 {
+            return Ok(y);
+        }
+        self.op(|| {
+            if x.rows <= self.kernel_rows {
+                let k = match w.wtype {
+                    WType::F32 => Kernel::LinearRowsF32,
+                    WType::F16 => Kernel::LinearRowsF16,
+                    WType::Bf16 => Kernel::LinearRowsBf16,
+                };
+                self.launch(
+                    k,
+                    (w.rows.div_ceil(16) as u32, 1, 1),
+                    256,
+                    &[
+                        Arg::Ptr(x.ptr()),
+                        Arg::Ptr(w.buf.ptr()),
+                        Arg::Ptr(bias.map_or(0, |b| b.ptr())),
+                        Arg::Ptr(y.ptr()),
+                        Arg::I32(int(x.rows, "rows")?),
+                        Arg::I32(int(w.cols, "columns")?),
+                        Arg::I32(int(w.rows, "outputs")?),
+                    ],
+                )?;
+                return Ok(());
+            }
+            let half;
+            let input = match w.wtype {
+                WType::F32 => x.ptr(),
+                kind => {
+                    let n = x.len();
+                    half = self.dev.alloc(n * 2).map_err(cuda_err)?;
+                    self.launch(
+                        Kernel::ToHalf,
+                        (blocks_for(n), 1, 1),
+                        256,
+                        &[
+                            Arg::Ptr(x.ptr()),
+                            Arg::Ptr(half.ptr()),
+                            Arg::I64(n as i64),
+                            Arg::I32(if kind == WType::Bf16 { 0 } else { 1 }),
+                        ],
+                    )?;
+                    half.ptr()
+                }
+            };
+            self.dev
+                .gemm(Gemm {
+                    w: w.buf.ptr(),
+                    wtype: w.wtype,
+                    x: input,
+                    y: y.ptr(),
+                    rows: x.rows,
+                    k: w.cols,
+                    n: w.rows,
+                })
+                .map_err(cuda_err)?;
+            if let Some(b) = bias {
+                let n = y.len();
+                self.launch(
+                    Kernel::AddBias,
+                    (blocks_for(n), 1, 1),
+                    256,
+                    &[
+                        Arg::Ptr(y.ptr()),
+                        Arg::Ptr(b.ptr()),
+                        Arg::I64(n as i64),
+                        Arg::I32(w.rows as i32),
+                    ],
+                )?;
+            }
+            Ok(())
+        })?;
+        Ok(y)
+    }
+
+    fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
+        self.same_shape("add", a, b)?;
+        let out = self.tensor(a.rows, a.cols)?;
+        let n = a.len();
+        self.launch(
+            Kernel::Add,
+            (blocks_for(n), 1, 1),
+            256,
+            &[
+                Arg::Ptr(a.ptr()),
+                Arg::Ptr(b.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I64(n as i64),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn scale(&self, x: &CudaTensor, s: f32) -> Result<CudaTensor> {
+        self.elementwise(Kernel::Scale, x, &[Arg::F32(s)])
+    }
+
+    fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32) -> Result<CudaTensor> {
+        let n = weight.len();
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(invalid(format!(
+                "rms_norm: {} values in groups of {n}",
+                x.len()
+            )));
+        }
+        let out = self.tensor(x.rows, x.cols)?;
+        self.launch(
+            Kernel::RmsNorm,
+            ((x.len() / n) as u32, 1, 1),
+            norm_threads(n),
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(weight.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(int(n, "norm size")?),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        self.same_shape("add_rms_norm", x, y)?;
+        let n = weight.len();
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(invalid(format!(
+                "add_rms_norm: {} values in groups of {n}",
+                x.len()
+            )));
+        }
+        let sum = self.tensor(x.rows, x.cols)?;
+        let out = self.tensor(x.rows, x.cols)?;
+        self.launch(
+            Kernel::AddRmsNorm,
+            ((x.len() / n) as u32, 1, 1),
+            norm_threads(n),
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(y.ptr()),
+                Arg::Ptr(weight.ptr()),
+                Arg::Ptr(sum.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(int(n, "norm size")?),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok((sum, out))
+    }
+
+    fn split_columns(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
+        if widths.iter().sum::<usize>() != x.cols {
+            return Err(invalid(format!(
+                "split_columns: widths {widths:?} of {} columns",
+                x.cols
+            )));
+        }
+        if x.rows == 1 {
+            // One row: each block of columns is a contiguous run of it.
+            let mut off = 0;
+            return Ok(widths
+                .iter()
+                .map(|&w| {
+                    let part = CudaTensor {
+                        buf: x.buf.clone(),
+                        offset: x.offset + off * 4,
+                        rows: 1,
+                        cols: w,
+                    };
+                    off += w;
+                    part
+                })
+                .collect());
+        }
+        self.op(|| {
+            let mut off = 0;
+            let mut parts = Vec::with_capacity(widths.len());
+            for &w in widths {
+                let out = self.tensor(x.rows, w)?;
+                self.launch(
+                    Kernel::CopyCols,
+                    (x.rows as u32, col_blocks(w), 1),
+                    256,
+                    &[
+                        Arg::Ptr(x.ptr()),
+                        Arg::Ptr(out.ptr()),
+                        Arg::I32(int(x.cols, "columns")?),
+                        Arg::I32(off as i32),
+                        Arg::I32(w as i32),
+                    ],
+                )?;
+                off += w;
+                parts.push(out);
+            }
+            Ok(parts)
+        })
+    }
+
+    fn glu(&self, gate: &CudaTensor, up: &CudaTensor, act: Activation) -> Result<CudaTensor> {
+        self.same_shape("glu", gate, up)?;
+        let out = self.tensor(gate.rows, gate.cols)?;
+        let n = gate.len();
+        self.launch(
+            Kernel::Glu,
+            (blocks_for(n), 1, 1),
+            256,
+            &[
+                Arg::Ptr(gate.ptr()),
+                Arg::Ptr(up.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I64(n as i64),
+                Arg::I32(match act {
+                    Activation::Silu => 0,
+                    Activation::GeluTanh => 1,
+                }),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn supports(&self, op: OptionalOp) -> bool {
+        matches!(
+            op,
+            OptionalOp::RopeAttentionFactor | OptionalOp::AttentionTo
+        )
+    }
+
+    fn softcap(&self, x: &CudaTensor, cap: f32) -> Result<CudaTensor> {
+        self.elementwise(Kernel::Softcap, x, &[Arg::F32(cap)])
+    }
+
+    fn select_rows(&self, x: &CudaTensor, rows: &[usize]) -> Result<CudaTensor> {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows) {
+            return Err(invalid(format!("select_rows: row {bad} of {}", x.rows)));
+        }
+        if rows.len() == x.rows && rows.iter().enumerate().all(|(i, &r)| i == r) {
+            return Ok(x.clone());
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        self.op(|| {
+            let at = self.stage(&idx)?;
+            let out = self.tensor(rows.len(), x.cols)?;
+            self.launch(
+                Kernel::GatherRows,
+                (rows.len() as u32, col_blocks(x.cols), 1),
+                256,
+                &[
+                    Arg::Ptr(x.ptr()),
+                    Arg::Ptr(at),
+                    Arg::Ptr(out.ptr()),
+                    Arg::I32(int(x.cols, "columns")?),
+                ],
+            )?;
+            Ok(out)
+        })
+    }
+
+    fn rows_to_host(&self, x: &CudaTensor, groups: &[usize]) -> Result<Vec<Vec<f32>>> {
+        if groups.iter().sum::<usize>() != x.rows {
+            return Err(invalid(format!(
+                "rows_to_host: groups {groups:?} of {} rows",
+                x.rows
+            )));
+        }
+        let bytes = self.dev.download(x.ptr(), x.len() * 4).map_err(cuda_err)?;
+        let all: Vec<f32> = words(&bytes);
+        let mut out = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for &g in groups {
+            let n = g * x.cols;
+            out.push(all[at..at + n].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+
+    fn argmax(&self, logits: &CudaTensor) -> Result<CudaIds> {
+        self.op(|| self.argmax_with(logits, 0, 0, 0))
+    }
+
+    fn masked_argmax(&self, logits: &CudaTensor, masks: &[Option<Vec<u32>>]) -> Result<CudaIds> {
+        if masks.len() != logits.rows {
+            return Err(invalid(format!(
+                "masked_argmax: {} masks for {} rows",
+                masks.len(),
+                logits.rows
+            )));
+        }
+        if masks.iter().all(Option::is_none) {
+            return self.argmax(logits);
+        }
+        let words = masks.iter().flatten().map(Vec::len).max().unwrap_or(0);
+        let mut flat = Vec::new();
+        let mut at = Vec::with_capacity(masks.len());
+        for m in masks {
+            match m {
+                Some(m) => {
+                    at.push(flat.len() as i32);
+                    flat.extend_from_slice(m);
+                    flat.resize(flat.len() + (words - m.len()), 0);
+                }
+                None => at.push(-1),
+            }
+        }
+        self.op(|| {
+            let masks_dev = self.stage(&flat)?;
+            let at_dev = self.stage(&at)?;
+            self.argmax_with(logits, masks_dev, at_dev, words)
+        })
+    }
+
+    fn embed_ids(&self, table: &CudaMatrix, ids: &CudaIds) -> Result<CudaTensor> {
+        // The ids are argmaxes of logits; a table with fewer rows than the logits are wide
+        // could be read past its end, so it is refused.
+        if ids.vocab > table.rows {
+            return Err(invalid(format!(
+                "ids of a {}-wide vocabulary for a table of {} rows",
+                ids.vocab, table.rows
+            )));
+        }
+        self.gather(table, ids.buf.ptr(), ids.n)
+    }
+
+    fn ids_to_host(&self, ids: &CudaIds) -> Result<Vec<u32>> {
+        let queued = ids
+            .host
+            .lock()
+            .map_err(|_| invalid("ids lock poisoned".into()))?
+            .take();
+        let bytes = match queued {
+            Some(r) => r.wait(),
+            None => self.dev.download(ids.buf.ptr(), ids.n * 4),
+        }
+        .map_err(cuda_err)?;
+        Ok(words(&bytes))
+    }
+
+    fn schedule_tensor(&self, x: &CudaTensor) -> Result<()> {
+        let _ = x;
+        self.dev.flush().map_err(cuda_err)
+    }
+
+    fn schedule(&self, ids: &CudaIds) -> Result<()> {
+        let r = self
+            .dev
+            .read_later(ids.buf.ptr(), ids.n * 4)
+            .map_err(cuda_err)?;
+        *ids.host
+            .lock()
+            .map_err(|_| invalid("ids lock poisoned".into()))? = Some(r);
+        Ok(())
+    }
+
+    fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CudaRope> {
+        let half = spec.dims / 2;
+        if spec.inv_freq.len() != half {
+            return Err(invalid(format!(
+                "rope: {} frequencies for {} dimensions",
+                spec.inv_freq.len(),
+                spec.dims
+            )));
+        }
+        let mut cs = vec![0f32; 2 * positions.len() * half];
+        let (cos, sin) = cs.split_at_mut(positions.len() * half);
+        for (r, &p) in positions.iter().enumerate() {
+            let p = p as f64 * spec.position_scale as f64;
+            for (i, &f) in spec.inv_freq.iter().enumerate() {
+                let (s, c) = (p * f as f64).sin_cos();
+                cos[r * half + i] = c as f32 * spec.attention_factor;
+                sin[r * half + i] = s as f32 * spec.attention_factor;
+            }
+        }
+        let buf = self
+            .dev
+            .upload(bytemuck::cast_slice(&cs))
+            .map_err(cuda_err)?;
+        Ok(CudaRope {
+            buf,
+            rows: positions.len(),
+            dims: spec.dims,
+            style: spec.style,
+        })
+    }
+
+    fn rope(&self, x: &CudaTensor, heads: usize, table: &CudaRope) -> Result<CudaTensor> {
+        if table.rows != x.rows || heads == 0 || !x.cols.is_multiple_of(heads) {
+            return Err(invalid(format!(
+                "rope: table of {} rows for {}x{} in {heads} heads",
+                table.rows, x.rows, x.cols
+            )));
+        }
+        let hd = x.cols / heads;
+        if table.dims > hd {
+            return Err(invalid(format!(
+                "rope: {} rotated dimensions of a {hd}-dimension head",
+                table.dims
+            )));
+        }
+        let out = self.tensor(x.rows, x.cols)?;
+        self.launch(
+            Kernel::Rope,
+            (x.rows as u32, col_blocks(x.cols), 1),
+            256,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::Ptr(table.buf.ptr()),
+                Arg::I32(int(x.rows, "rows")?),
+                Arg::I32(heads as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(table.dims as i32),
+                Arg::I32(i32::from(table.style == RopeStyle::Neox)),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CudaKvLayer {
+        CudaKvLayer::new(self.dev.clone(), kv_heads, head_dim, window)
+    }
+
+    fn kv_layer_from_snapshot(&self, s: &crate::backend::KvLayerSnapshot) -> Result<CudaKvLayer> {
+        self.op(|| CudaKvLayer::from_snapshot(self.dev.clone(), s))
+    }
+
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CudaTensor> {
+        if data.len() != rows * cols {
+            return Err(invalid(format!(
+                "{} values for a {rows}x{cols} tensor",
+                data.len()
+            )));
+        }
+        let buf = self
+            .dev
+            .upload(bytemuck::cast_slice(&data))
+            .map_err(cuda_err)?;
+        Ok(CudaTensor {
+            buf: Arc::new(buf),
+            offset: 0,
+            rows,
+            cols,
+        })
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        segments: &mut [AttentionSegment<'_, CudaKvLayer>],
+        params: &AttentionParams,
+    ) -> Result<CudaTensor> {
+        self.attend(q, k, v, segments, params, None)
+    }
+
+    fn attention_to(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        segments: &mut [AttentionSegment<'_, CudaKvLayer>],
+        params: &AttentionParams,
+        ends: &[usize],
+    ) -> Result<CudaTensor> {
+        self.attend(q, k, v, segments, params, Some(ends))
+    }
+
+    fn add_rows(&self, y: &CudaTensor, rows: &[usize], d: &CudaTensor) -> Result<CudaTensor> {
+        if d.rows != rows.len() || d.cols != y.cols || rows.iter().any(|&r| r >= y.rows) {
+            return Err(invalid(format!(
+                "add_rows: {}x{} delta at rows {rows:?} of {}x{}",
+                d.rows, d.cols, y.rows, y.cols
+            )));
+        }
+        let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        self.op(|| {
+            let out = self.tensor(y.rows, y.cols)?;
+            self.dev
+                .copy(out.ptr(), y.ptr(), y.len() * 4)
+                .map_err(cuda_err)?;
+            let at = self.stage(&idx)?;
+            self.launch(
+                Kernel::ScatterAddRows,
+                (rows.len() as u32, col_blocks(y.cols), 1),
+                256,
+                &[
+                    Arg::Ptr(out.ptr()),
+                    Arg::Ptr(at),
+                    Arg::Ptr(d.ptr()),
+                    Arg::I32(int(y.cols, "columns")?),
+                ],
+            )?;
+            Ok(out)
+        })
+    }
+}
+
+impl CudaBackend {
+    /// Row-wise argmax in two stages (slices of each row, then the slices' winners), with
+    /// the masks at `masks`/`mask_at` (0: none).
+    fn argmax_with(
+        &self,
+        logits: &CudaTensor,
+        masks: u64,
+        mask_at: u64,
+        words: usize,
+    ) -> Result<CudaIds> {
+        let rows = logits.rows;
+        let parts = logits.cols.div_ceil(2048).clamp(1, 128);
+        let part = self.dev.alloc(rows * parts * 8).map_err(cuda_err)?;
+        let buf = self.dev.alloc(rows * 4).map_err(cuda_err)?;
+        self.launch(
+            Kernel::ArgmaxRows,
+            (rows as u32, parts as u32, 1),
+            256,
+            &[
+                Arg::Ptr(logits.ptr()),
+                Arg::Ptr(part.ptr()),
+                Arg::I32(int(logits.cols, "vocabulary")?),
+                Arg::Ptr(masks),
+                Arg::Ptr(mask_at),
+                Arg::I32(int(words, "mask words")?),
+            ],
+        )?;
+        self.launch(
+            Kernel::ArgmaxFinish,
+            (rows as u32, 1, 1),
+            128,
+            &[
+                Arg::Ptr(part.ptr()),
+                Arg::Ptr(buf.ptr()),
+                Arg::I32(parts as i32),
+            ],
+        )?;
+        Ok(CudaIds {
+            buf,
+            host: Default::default(),
+            n: rows,
+            vocab: logits.cols,
+        })
+    }
+
+    /// Embedding rows of `table` for `n` ids at device address `ids`.
+    fn gather(&self, table: &CudaMatrix, ids: u64, n: usize) -> Result<CudaTensor> {
+        let out = self.tensor(n, table.cols)?;
+        let k = match table.wtype {
+            WType::F32 => Kernel::EmbedF32,
+            WType::F16 => Kernel::EmbedF16,
+            WType::Bf16 => Kernel::EmbedBf16,
+        };
+        self.launch(
+            k,
+            (n as u32, col_blocks(table.cols), 1),
+            256,
+            &[
+                Arg::Ptr(table.buf.ptr()),
+                Arg::Ptr(ids),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(int(table.cols, "hidden size")?),
+            ],
+        )?;
+        Ok(out)
+    }
+}
