@@ -4,10 +4,12 @@
 #  1. the reference test: transformers' f32 goldens, agreement with the CPU backend, and
 #     decode steps replayed as CUDA graphs (unless SKIP_TEST is set);
 #  2. random-weight bf16 models of real shapes (MAKE, made with transformers on the GPU);
-#  3. `wick bench --backend cuda` on each (CASES), with graphs on and off (GRAPHS), and
+#  3. `wick bench --backend cuda` on each (CASES), with graphs on and off (GRAPHS), for
+#     each KV cache type (KV: f32 and/or f16), and
 #     PyTorch's eager and CUDA-graph decode of the same model (torch_graph_decode.py)
 #     (unless SKIP_BENCH / SKIP_TORCH);
-#  4. with SERVE=1, `wick serve --backend cuda` on the last model and streaming chat load
+#  4. with SERVE=1, `wick serve --backend cuda --kv-type $SERVE_KV` (default f32) on the
+#     last model and streaming chat load
 #     at each concurrency of CURVE (`wick bench --concurrency`), to $OUT/curve.jsonl;
 #  5. with NCU=1, an Nsight Compute pass over a short decode of each model that times every
 #     kernel (`kernel_profile.py` sums them per step).
@@ -42,18 +44,20 @@ for sd in ${MAKE:-qwen2.5-0.5b:bfloat16 llama3-8b:bfloat16}; do
 done
 for m in ${MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16}; do
   [ -n "${SKIP_BENCH:-}" ] && break
+  for kv in ${KV:-f32}; do
   for g in ${GRAPHS:-1 0}; do
     args=(); for c in ${CASES:-512:128:1 512:64:8 2048:1:1}; do args+=(--case $c); done
     WICK_CUDA_GRAPHS=$g timeout ${BENCH_TIMEOUT:-240} $W/wick bench $W/models/$m --backend cuda \
-      --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 3 "${args[@]}" 2>>$OUT/bench.err \
-      | sed -u "s/^{/{\"graphs\":$g,\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
+      --kv-type $kv --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 3 "${args[@]}" \
+      2>>$OUT/bench.err | sed -u "s/^{/{\"graphs\":$g,\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
+  done
   done
   [ -n "${SKIP_TORCH:-}" ] || timeout ${TORCH_TIMEOUT:-200} python3 $G/torch_graph_decode.py \
     $W/models/$m --prompt 512 --gen 128 2>>$OUT/torch.err | tee -a $OUT/bench.jsonl
 done
 if [ -n "${SERVE:-}" ]; then
   m=${MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16}; m=${m##* }; port=8411
-  $W/wick serve $W/models/$m --backend cuda --port $port --max-batch 64 --max-queue 512 \
+  $W/wick serve $W/models/$m --backend cuda --kv-type ${SERVE_KV:-f32} --port $port --max-batch 64 --max-queue 512 \
     --kv-memory ${KV_MEMORY:-40G} --prompt-cache 0 > $OUT/serve.log 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do

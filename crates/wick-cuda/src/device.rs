@@ -59,7 +59,22 @@ kernels! {
     CopyCols => "copy_cols",
     ScatterAddRows => "scatter_add_rows",
     KvAppend => "kv_append",
-    Attention => "attention",
+    AttnF32N2U4 => "attention_f32_n2_u4",
+    AttnF32N2U8 => "attention_f32_n2_u8",
+    AttnF32N2U16 => "attention_f32_n2_u16",
+    AttnF32N4U4 => "attention_f32_n4_u4",
+    AttnF32N4U8 => "attention_f32_n4_u8",
+    AttnF32N4U16 => "attention_f32_n4_u16",
+    AttnF32N8U4 => "attention_f32_n8_u4",
+    AttnF32N8U8 => "attention_f32_n8_u8",
+    AttnF16N2U4 => "attention_f16_n2_u4",
+    AttnF16N2U8 => "attention_f16_n2_u8",
+    AttnF16N2U16 => "attention_f16_n2_u16",
+    AttnF16N4U4 => "attention_f16_n4_u4",
+    AttnF16N4U8 => "attention_f16_n4_u8",
+    AttnF16N4U16 => "attention_f16_n4_u16",
+    AttnF16N8U4 => "attention_f16_n8_u4",
+    AttnF16N8U8 => "attention_f16_n8_u8",
     AttentionMerge => "attention_merge",
     ArgmaxRows => "argmax_rows",
     ArgmaxFinish => "argmax_finish",
@@ -345,12 +360,20 @@ impl Drop for Buffer {
     }
 }
 
-/// The kernels' PTX for `arch`, compiled once per process.
+/// The kernels' PTX for `arch`: compiled once per process, and kept on disk (see
+/// [`ptx_cache_file`]) so that later processes skip the seconds NVRTC takes.
 fn compiled(arch: &'static str) -> Result<String> {
     static CACHE: Mutex<Vec<(&'static str, String)>> = Mutex::new(Vec::new());
     let mut cache = lock(&CACHE);
     if let Some((_, ptx)) = cache.iter().find(|(a, _)| *a == arch) {
         return Ok(ptx.clone());
+    }
+    let file = ptx_cache_file(arch);
+    if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        if ptx.contains(".entry") {
+            cache.push((arch, ptx.clone()));
+            return Ok(ptx);
+        }
     }
     let started = std::time::Instant::now();
     let ptx = nvrtc::compile_ptx_with_opts(
@@ -363,12 +386,47 @@ fn compiled(arch: &'static str) -> Result<String> {
     )
     .map_err(|e| CudaError::Compile(format!("{e:?}")))?
     .to_src();
-    tracing::debug!(
-        "compiled the CUDA kernels for {arch} in {:?}",
-        started.elapsed()
+    tracing::info!(
+        "compiled the CUDA kernels for {arch} in {:.1} s",
+        started.elapsed().as_secs_f64()
     );
+    if let Some(f) = file {
+        store_ptx(&f, &ptx);
+    }
     cache.push((arch, ptx.clone()));
     Ok(ptx)
+}
+
+/// Where the PTX of this build's kernels for `arch` is kept:
+/// `$WICK_CUDA_CACHE`, else `$XDG_CACHE_HOME/wick/cuda`, else `~/.cache/wick/cuda`; the
+/// name carries a hash of the kernel source, so a changed source is compiled afresh.
+fn ptx_cache_file(arch: &str) -> Option<std::path::PathBuf> {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    let dir = env("WICK_CUDA_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| std::path::Path::new(&d).join("wick/cuda")))
+        .or_else(|| env("HOME").map(|d| std::path::Path::new(&d).join(".cache/wick/cuda")))?;
+    let mut h = DefaultHasher::new();
+    SOURCE.hash(&mut h);
+    Some(dir.join(format!("kernels-{:016x}-{arch}.ptx", h.finish())))
+}
+
+/// Writes `ptx` to `file` through a temporary name (never a half-written cache entry);
+/// failures only cost the next process a compile.
+fn store_ptx(file: &std::path::Path, ptx: &str) {
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    let written = file
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&tmp, ptx))
+        .and_then(|()| std::fs::rename(&tmp, file));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::debug!(
+            "not keeping the CUDA kernels' PTX in {}: {e}",
+            file.display()
+        );
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -375,7 +375,7 @@ extern "C" __global__ void scatter_add_rows(float* y, const u32* idx, const floa
 
 // ---------------------------------------------------------------------------------------
 // Attention over per-sequence caches. A segment is one sequence's rows of the flattened
-// batch and its cache: keys and values `[capacity][kv_heads][hd]` f32.
+// batch and its cache: keys and values `[capacity][kv_heads][hd]`, f32 or f16.
 
 struct Seg {
     u64 k;
@@ -386,131 +386,243 @@ struct Seg {
     int window;      // 0: none
 };
 
-// Writes each row's keys and values at its position.
+// A tile: `n` consecutive rows of one segment, from flattened row `row0`.
+struct Tile {
+    int row0;
+    int n;
+};
+
+// Writes each row's keys and values at its position (as f16 when `half`).
 extern "C" __global__ void kv_append(const float* k, const float* v, const Seg* segs,
-                                     const int* seg_of_row, int row) {
+                                     const int* seg_of_row, int row, int half) {
     int r = blockIdx.x;
     Seg s = segs[seg_of_row[r]];
-    u64 pos = (u64)(s.len_before + r - s.row_start);
+    u64 at = (u64)(s.len_before + r - s.row_start) * row;
     int i = col();
     if (i < row) {
-        ((float*)s.k)[pos * row + i] = k[(u64)r * row + i];
-        ((float*)s.v)[pos * row + i] = v[(u64)r * row + i];
+        float kv = k[(u64)r * row + i], vv = v[(u64)r * row + i];
+        if (half) {
+            ((u16*)s.k)[at + i] = f32_to_f16_bits(kv);
+            ((u16*)s.v)[at + i] = f32_to_f16_bits(vv);
+        } else {
+            ((float*)s.k)[at + i] = kv;
+            ((float*)s.v)[at + i] = vv;
+        }
     }
 }
 
-#define MAX_WARPS 8
-#define MAX_HD 256
+#define ATTN_WARPS 4
 
-#define KEYS_AT_ONCE 8
+// One step of `transpose_sum`: lanes with bit OFF set keep the upper half of v[0..2·OFF].
+template <int OFF>
+__device__ __forceinline__ void transpose_step(float (&v)[32], bool upper) {
+#pragma unroll
+    for (int j = 0; j < OFF; j++) {
+        float send = upper ? v[j] : v[j + OFF];
+        float keep = upper ? v[j + OFF] : v[j];
+        v[j] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+}
 
-// Causal attention of query row `blockIdx.x`, head `blockIdx.y`, over the `blockIdx.z`-th
-// of `gridDim.z` equal parts of the keys the row sees (split so that a decode step of few
-// rows still keeps every SM busy; the parts' partial softmax states are merged by
-// `attention_merge`, or written as the result when there is one part). The warps take
-// KEYS_AT_ONCE keys at a time in turn, each with its own online softmax, then merge.
-// Row `i` sees keys before `ends[i]` when `ends` is given (bidirectional spans), else up to
-// its own position; a window counts back from its own position.
-extern "C" __global__ void attention(const float* q, float* out, float* part_ml,
-                                     float* part_acc, const Seg* segs, const int* seg_of_row,
-                                     const int* ends, int heads, int kv_heads, int hd,
-                                     float scale, float cap) {
-    __shared__ float sm[MAX_WARPS], sl[MAX_WARPS];
-    __shared__ float sacc[MAX_WARPS][MAX_HD];
-    int r = blockIdx.x, h = blockIdx.y, part = blockIdx.z, parts = gridDim.z;
-    Seg s = segs[seg_of_row[r]];
-    int pos = s.len_before + (r - s.row_start);
-    int n = ends ? ends[r] : pos + 1;
-    int start = s.window > 0 ? max(0, pos - s.window + 1) : 0;
-    int per = (n - start + parts - 1) / parts;
-    int lo = start + part * per, hi = min(n, lo + per);
-    int kvh = h / (heads / kv_heads);
+// After it, lane L of the warp holds in v[0] the sum over the warp of every lane's v[L]
+// (31 shuffles for 32 sums instead of 5 for each).
+__device__ __forceinline__ void transpose_sum(float (&v)[32], int lane) {
+    transpose_step<16>(v, lane & 16);
+    transpose_step<8>(v, lane & 8);
+    transpose_step<4>(v, lane & 4);
+    transpose_step<2>(v, lane & 2);
+    transpose_step<1>(v, lane & 1);
+}
+
+// `KB` keys of the cache from `j0` (zero past `hi`), lane's dimensions `lane + 32t`.
+template <typename T, int NT, int KB>
+__device__ __forceinline__ void load_keys(const T* base, int row, int j0, int hi, int hd,
+                                          int lane, float (&o)[KB][NT]) {
+#pragma unroll
+    for (int k = 0; k < KB; k++) {
+        int j = j0 + k;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int d = lane + 32 * t;
+            o[k][t] = j < hi && d < hd ? to_f32(base[(u64)j * row + d]) : 0.0f;
+        }
+    }
+}
+
+// Causal attention of a tile of rows for the query heads of one KV head that share its
+// keys (up to UP (row, head) units), over the `blockIdx.z`-th of `gridDim.z` equal parts of
+// the keys the tile sees (split so that a decode step of few rows still keeps every SM
+// busy; the parts' partial softmax states are merged by `attention_merge`, or written as
+// the result when there is one part). Block (tile, kv head × chunk of `gc` heads, part).
+// Each key and value row is read once for all the block's units: the warps take KB keys
+// at a time in turn, each with its own online softmax per unit, then merge. Row `i` sees
+// keys before `ends[i]` when `ends` is given (bidirectional spans), else up to its own
+// position; a window counts back from its own position.
+template <typename T, int NT, int UP>
+__device__ void attention_tile(const float* __restrict__ q, float* __restrict__ out,
+                               float* part_ml, float* part_acc, const Seg* segs,
+                               const int* seg_of_row, const Tile* tiles, const int* ends,
+                               int heads, int kv_heads, int hd, int gc, float scale,
+                               float cap) {
+    constexpr int KB = 32 / UP;
+    __shared__ float sm[ATTN_WARPS][UP], sl[ATTN_WARPS][UP];
+    __shared__ float sacc[ATTN_WARPS][UP * NT * 32];
+    Tile tile = tiles[blockIdx.x];
+    int group = heads / kv_heads;
+    int chunks = (group + gc - 1) / gc;
+    int kvh = blockIdx.y / chunks, c = blockIdx.y % chunks;
+    int h0 = kvh * group + c * gc;
+    int hn = min(gc, group - c * gc);
+    int units = tile.n * hn;
+    int part = blockIdx.z, parts = gridDim.z;
+    Seg s = segs[seg_of_row[tile.row0]];
     int row = kv_heads * hd;
-    const float* K = (const float*)s.k + kvh * hd;
-    const float* V = (const float*)s.v + kvh * hd;
-    const float* qr = q + (u64)r * heads * hd + h * hd;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    float qv[MAX_HD / 32], acc[MAX_HD / 32];
-#pragma unroll
-    for (int t = 0; t < MAX_HD / 32; t++) {
-        int d = lane + 32 * t;
-        qv[t] = d < hd ? qr[d] : 0.0f;
-        acc[t] = 0.0f;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    // The keys any row of the tile sees, and this part of them.
+    int lo_all = 0x7fffffff, hi_all = 0;
+    for (int i = 0; i < tile.n; i++) {
+        int r = tile.row0 + i;
+        int pos = s.len_before + r - s.row_start;
+        int n = ends ? ends[r] : pos + 1;
+        int st = s.window > 0 ? max(0, pos - s.window + 1) : 0;
+        lo_all = min(lo_all, st);
+        hi_all = max(hi_all, n);
     }
-    float m = -WICK_INF, l = 0.0f;
-    for (int j0 = lo + warp * KEYS_AT_ONCE; j0 < hi; j0 += nw * KEYS_AT_ONCE) {
-        float p[KEYS_AT_ONCE];
+    int per = (hi_all - lo_all + parts - 1) / parts;
+    int lo = lo_all + part * per, hi = min(hi_all, lo + per);
+
+    // The unit whose score this lane holds after `transpose_sum`, and its key bounds.
+    int my_unit = lane / KB, my_key = lane % KB;
+    int my_lo = 0, my_hi = -1;
+    if (my_unit < units) {
+        int r = tile.row0 + my_unit / hn;
+        int pos = s.len_before + r - s.row_start;
+        my_hi = ends ? ends[r] : pos + 1;
+        my_lo = s.window > 0 ? max(0, pos - s.window + 1) : 0;
+    }
+    float qv[UP][NT], acc[UP][NT];
 #pragma unroll
-        for (int u = 0; u < KEYS_AT_ONCE; u++) {
-            int j = j0 + u;
-            float dot = 0.0f;
-            if (j < hi) {
-                const float* kr = K + (u64)j * row;
+    for (int u = 0; u < UP; u++) {
+        const float* qr = q + (u64)(tile.row0 + u / hn) * heads * hd + (u64)(h0 + u % hn) * hd;
 #pragma unroll
-                for (int t = 0; t < MAX_HD / 32; t++) {
-                    int d = lane + 32 * t;
-                    if (d < hd) dot = fmaf(qv[t], kr[d], dot);
-                }
+        for (int t = 0; t < NT; t++) {
+            int d = lane + 32 * t;
+            qv[u][t] = u < units && d < hd ? qr[d] : 0.0f;
+            acc[u][t] = 0.0f;
+        }
+    }
+    const T* K = (const T*)s.k + kvh * hd;
+    const T* V = (const T*)s.v + kvh * hd;
+    float m = -WICK_INF, l = 0.0f;  // of `my_unit`, the same in its KB lanes
+    for (int j0 = lo + warp * KB; j0 < hi; j0 += ATTN_WARPS * KB) {
+        float kr[KB][NT];
+        load_keys<T, NT, KB>(K, row, j0, hi, hd, lane, kr);
+        float v[32];
+#pragma unroll
+        for (int u = 0; u < UP; u++)
+#pragma unroll
+            for (int k = 0; k < KB; k++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int t = 0; t < NT; t++) a = fmaf(qv[u][t], kr[k][t], a);
+                v[u * KB + k] = a;
             }
-            p[u] = dot;
-        }
-        float mn = m;
+        float vr[KB][NT];
+        load_keys<T, NT, KB>(V, row, j0, hi, hd, lane, vr);
+        transpose_sum(v, lane);
+        int j = j0 + my_key;
+        float sc = v[0] * scale;
+        if (cap > 0.0f) sc = cap * tanhf(sc / cap);
+        if (j >= hi || j < my_lo || j >= my_hi) sc = -WICK_INF;
+        float mx = sc;
 #pragma unroll
-        for (int u = 0; u < KEYS_AT_ONCE; u++) {
-            float v = warp_sum(p[u]) * scale;
-            if (cap > 0.0f) v = cap * tanhf(v / cap);
-            p[u] = j0 + u < hi ? v : -WICK_INF;
-            mn = fmaxf(mn, p[u]);
-        }
-        float c = expf(m - mn);
-        l *= c;
+        for (int o = KB / 2; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mn = fmaxf(m, mx);
+        float cf = mn == -WICK_INF ? 1.0f : expf(m - mn);
+        float e = sc == -WICK_INF ? 0.0f : expf(sc - mn);
+        float es = e;
 #pragma unroll
-        for (int t = 0; t < MAX_HD / 32; t++) acc[t] *= c;
-#pragma unroll
-        for (int u = 0; u < KEYS_AT_ONCE; u++) {
-            if (j0 + u < hi) {
-                float e = expf(p[u] - mn);
-                l += e;
-                const float* vr = V + (u64)(j0 + u) * row;
-#pragma unroll
-                for (int t = 0; t < MAX_HD / 32; t++) {
-                    int d = lane + 32 * t;
-                    if (d < hd) acc[t] = fmaf(e, vr[d], acc[t]);
-                }
-            }
-        }
+        for (int o = KB / 2; o >= 1; o >>= 1) es += __shfl_xor_sync(0xffffffffu, es, o);
+        l = l * cf + es;
         m = mn;
+#pragma unroll
+        for (int u = 0; u < UP; u++) {
+            float cu = __shfl_sync(0xffffffffu, cf, u * KB);
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[u][t] *= cu;
+#pragma unroll
+            for (int k = 0; k < KB; k++) {
+                float eu = __shfl_sync(0xffffffffu, e, u * KB + k);
+#pragma unroll
+                for (int t = 0; t < NT; t++) acc[u][t] = fmaf(eu, vr[k][t], acc[u][t]);
+            }
+        }
     }
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
+    if (my_key == 0) {
+        sm[warp][my_unit] = m;
+        sl[warp][my_unit] = l;
     }
 #pragma unroll
-    for (int t = 0; t < MAX_HD / 32; t++) {
-        int d = lane + 32 * t;
-        if (d < hd) sacc[warp][d] = acc[t];
-    }
+    for (int u = 0; u < UP; u++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) sacc[warp][u * NT * 32 + t * 32 + lane] = acc[u][t];
     __syncthreads();
-    float M = -WICK_INF;
-    for (int w = 0; w < nw; w++) M = fmaxf(M, sm[w]);
-    float L = 0.0f;
-    for (int w = 0; w < nw; w++) L += sm[w] == -WICK_INF ? 0.0f : sl[w] * expf(sm[w] - M);
-    u64 slot = ((u64)r * heads + h) * parts + part;
-    if (parts > 1 && threadIdx.x == 0) {
-        part_ml[2 * slot] = M;
-        part_ml[2 * slot + 1] = L;
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float v = 0.0f;
+    for (int idx = threadIdx.x; idx < units * hd; idx += blockDim.x) {
+        int u = idx / hd, d = idx % hd;
+        float M = -WICK_INF;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, sm[w][u]);
+        float L = 0.0f, val = 0.0f;
         if (M != -WICK_INF)
-            for (int w = 0; w < nw; w++)
-                if (sm[w] != -WICK_INF) v += sacc[w][d] * expf(sm[w] - M);
-        if (parts > 1)
-            part_acc[slot * hd + d] = v;
-        else
-            out[(u64)r * heads * hd + h * hd + d] = v / L;
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; w++)
+                if (sm[w][u] != -WICK_INF) {
+                    float f = expf(sm[w][u] - M);
+                    L += sl[w][u] * f;
+                    val += sacc[w][u * NT * 32 + d] * f;
+                }
+        int r = tile.row0 + u / hn, h = h0 + u % hn;
+        u64 slot = ((u64)r * heads + h) * parts + part;
+        if (parts > 1) {
+            part_acc[slot * hd + d] = val;
+            if (d == 0) {
+                part_ml[2 * slot] = M;
+                part_ml[2 * slot + 1] = L;
+            }
+        } else {
+            out[(u64)r * heads * hd + (u64)h * hd + d] = val / L;
+        }
     }
 }
+
+#define ATTENTION_ENTRY(KV, T, NT, UP)                                                        \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                             \
+        attention_##KV##_n##NT##_u##UP(const float* q, float* out, float* part_ml,            \
+                                       float* part_acc, const Seg* segs,                      \
+                                       const int* seg_of_row, const Tile* tiles,              \
+                                       const int* ends, int heads, int kv_heads, int hd,      \
+                                       int gc, float scale, float cap) {                      \
+        attention_tile<T, NT, UP>(q, out, part_ml, part_acc, segs, seg_of_row, tiles, ends,   \
+                                  heads, kv_heads, hd, gc, scale, cap);                       \
+    }
+
+ATTENTION_ENTRY(f32, float, 2, 4)
+ATTENTION_ENTRY(f32, float, 2, 8)
+ATTENTION_ENTRY(f32, float, 2, 16)
+ATTENTION_ENTRY(f32, float, 4, 4)
+ATTENTION_ENTRY(f32, float, 4, 8)
+ATTENTION_ENTRY(f32, float, 4, 16)
+ATTENTION_ENTRY(f32, float, 8, 4)
+ATTENTION_ENTRY(f32, float, 8, 8)
+ATTENTION_ENTRY(f16, F16, 2, 4)
+ATTENTION_ENTRY(f16, F16, 2, 8)
+ATTENTION_ENTRY(f16, F16, 2, 16)
+ATTENTION_ENTRY(f16, F16, 4, 4)
+ATTENTION_ENTRY(f16, F16, 4, 8)
+ATTENTION_ENTRY(f16, F16, 4, 16)
+ATTENTION_ENTRY(f16, F16, 8, 4)
+ATTENTION_ENTRY(f16, F16, 8, 8)
 
 // Merges the parts of `attention` for row `blockIdx.x`, head `blockIdx.y` (at most 32
 // parts): the first warp turns the parts' maxima and sums into weights, then every thread

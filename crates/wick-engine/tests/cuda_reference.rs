@@ -4,14 +4,13 @@
 //! captured as a CUDA graph and replayed. Needs `--features cuda` and an NVIDIA GPU; set
 //! `WICK_GOLDENS` to the goldens folder when the test binary runs away from its checkout.
 #![cfg(feature = "cuda")]
-use std::path::PathBuf;
+mod common;
 
-use wick_engine::backend::candle::CandleBackend;
+use common::TextGolden;
+use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::CudaBackend;
 use wick_engine::backend::Backend;
-use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
-use wick_engine::weights::SafetensorsWeights;
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache};
 
 /// The families whose ops the CUDA backend has (StarCoder 2 needs LayerNorm).
 const VARIANTS: [&str; 13] = [
@@ -30,69 +29,6 @@ const VARIANTS: [&str; 13] = [
     "minicpm",
 ];
 const TOLERANCE: f32 = 2e-4;
-
-fn dir(variant: &str) -> PathBuf {
-    std::env::var_os("WICK_GOLDENS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/goldens"))
-        .join("hf")
-        .join(variant)
-}
-
-fn decoder<B: Backend>(be: B, variant: &str) -> Decoder<B> {
-    let d = dir(variant);
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
-    let cfg = ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
-    let weights = SafetensorsWeights::open_files(&d, &[d.join("model.safetensors")]).unwrap();
-    Decoder::load(
-        be,
-        cfg.clone(),
-        &weights.canonical_as(cfg.features.hf_naming),
-    )
-    .unwrap()
-}
-
-struct Golden {
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
-}
-
-fn golden(variant: &str) -> Golden {
-    let d = dir(variant);
-    Golden {
-        reference: serde_json::from_str(
-            &std::fs::read_to_string(d.join("reference.json")).unwrap(),
-        )
-        .unwrap(),
-        logits: SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap(),
-    }
-}
-
-impl Golden {
-    fn ids(&self, name: &str) -> Vec<u32> {
-        let case = self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap();
-        case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
-    fn expected(&self, name: &str) -> Vec<f32> {
-        let w = self.logits.raw(&format!("{name}.logits")).unwrap();
-        w.bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-}
 
 fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
     assert_eq!(got.len(), want.len());
@@ -139,10 +75,10 @@ fn forward_all<B: Backend>(m: &Decoder<B>, ids: &[u32], chunks: &[usize]) -> Vec
 #[test]
 fn logits_match_transformers_in_one_pass_and_in_chunks() {
     for variant in VARIANTS {
-        let m = decoder(CudaBackend::new(0).unwrap(), variant);
-        let g = golden(variant);
+        let g = TextGolden::open(variant);
+        let m = g.decoder(CudaBackend::new(0).unwrap());
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
-            let ids = g.ids(case);
+            let ids = g.case_ids(case);
             assert_close(
                 variant,
                 case,
@@ -150,7 +86,7 @@ fn logits_match_transformers_in_one_pass_and_in_chunks() {
                 &g.expected(case),
             );
         }
-        let ids = g.ids("len40");
+        let ids = g.case_ids("len40");
         let got = forward_all(&m, &ids, &[5, 3, 9, 1, 1, 1, 20]);
         assert_close(variant, "len40 in chunks", &got, &g.expected("len40"));
     }
@@ -159,9 +95,9 @@ fn logits_match_transformers_in_one_pass_and_in_chunks() {
 #[test]
 fn batched_sequences_match_single_runs() {
     for variant in VARIANTS {
-        let m = decoder(CudaBackend::new(0).unwrap(), variant);
-        let g = golden(variant);
-        let (a, b) = (g.ids("pair_a"), g.ids("pair_b"));
+        let g = TextGolden::open(variant);
+        let m = g.decoder(CudaBackend::new(0).unwrap());
+        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
         let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
         let out = m
             .forward(&mut [
@@ -200,10 +136,14 @@ fn batched_sequences_match_single_runs() {
 fn greedy_decoding_with_graphs_matches_the_cpu() {
     const STEPS: usize = 24;
     for variant in VARIANTS {
-        let cuda = decoder(CudaBackend::new(0).unwrap(), variant);
-        let cpu = decoder(CandleBackend::cpu(), variant);
-        let g = golden(variant);
-        let prompts = [g.ids("len7"), g.ids("pair_a"), g.ids("pair_b")];
+        let g = TextGolden::open(variant);
+        let cuda = g.decoder(CudaBackend::new(0).unwrap());
+        let cpu = g.decoder(CandleBackend::cpu());
+        let prompts = [
+            g.case_ids("len7"),
+            g.case_ids("pair_a"),
+            g.case_ids("pair_b"),
+        ];
         let run = |single: bool| -> Vec<Vec<u32>> {
             let mut out = Vec::new();
             let groups: Vec<Vec<usize>> = if single {
@@ -270,6 +210,48 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
         assert!(
             stats.replayed > 0,
             "{variant}: no decode step was replayed from a graph"
+        );
+    }
+}
+
+/// With f16 KV caches (`--kv-type f16`) the GPU gives the CPU backend's f16-cache logits
+/// (both round keys and values to f16 the same way), in chunks; a cache read back to the
+/// host and rebuilt (what the prompt cache's tiers do) continues as the original does.
+#[test]
+fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
+    for variant in VARIANTS {
+        let g = TextGolden::open(variant);
+        let cuda = g.decoder(CudaBackend::new(0).unwrap().with_kv_dtype(KvDtype::F16));
+        let cpu = g.decoder(CandleBackend::cpu().with_kv_dtype(KvDtype::F16));
+        let ids = g.case_ids("len40");
+        let chunks = [5, 3, 9, 1, 1, 1, 20];
+        assert_close(
+            variant,
+            "len40 f16 cache in chunks",
+            &forward_all(&cuda, &ids, &chunks),
+            &forward_all(&cpu, &ids, &chunks),
+        );
+        let (head, tail) = ids.split_at(30);
+        let mut cache = cuda.new_cache();
+        let step = |cache: &mut SequenceCache<CudaBackend>, tokens: &[u32]| {
+            cuda.forward(&mut [BatchItem {
+                tokens,
+                cache,
+                logits: LogitsRequest::All,
+            }])
+            .unwrap()[0]
+                .as_ref()
+                .unwrap()
+                .data
+                .clone()
+        };
+        step(&mut cache, head);
+        let mut restored = cuda.cache_from_snapshot(&cache.snapshot()).unwrap();
+        assert_close(
+            variant,
+            "f16 cache rebuilt from the host",
+            &step(&mut restored, tail),
+            &step(&mut cache, tail),
         );
     }
 }

@@ -1,12 +1,11 @@
 //! f32 logits of tiny random models against Hugging Face transformers (see
 //! scripts/goldens/README.md): every architecture, the safetensors path, batching and the
 //! KV cache (including Gemma's sliding window) must agree within 1e-4.
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{golden_dir, TextGolden};
 use wick_engine::backend::candle::CandleBackend;
-use wick_engine::config::ModelConfig;
 use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
-use wick_engine::weights::SafetensorsWeights;
 
 const VARIANTS: [&str; 14] = [
     "llama",
@@ -27,62 +26,23 @@ const VARIANTS: [&str; 14] = [
 ];
 const TOLERANCE: f32 = 1e-4;
 
-fn dir(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/goldens/hf")
-        .join(variant)
-}
-
 struct Golden {
     model: Decoder<CandleBackend>,
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
+    text: TextGolden,
+}
+
+impl std::ops::Deref for Golden {
+    type Target = TextGolden;
+    fn deref(&self) -> &TextGolden {
+        &self.text
+    }
 }
 
 fn load(variant: &str) -> Golden {
-    let d = dir(variant);
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
-    let cfg = ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
-    let weights = SafetensorsWeights::open_files(&d, &[d.join("model.safetensors")]).unwrap();
-    let model = Decoder::load(
-        CandleBackend::cpu(),
-        cfg.clone(),
-        &weights.canonical_as(cfg.features.hf_naming),
-    )
-    .unwrap();
-    let reference =
-        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
-    let logits = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
+    let text = TextGolden::open(variant);
     Golden {
-        model,
-        reference,
-        logits,
-    }
-}
-
-impl Golden {
-    fn case_ids(&self, name: &str) -> Vec<u32> {
-        let case = self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap();
-        case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
-
-    fn expected(&self, name: &str) -> Vec<f32> {
-        let w = self.logits.raw(&format!("{name}.logits")).unwrap();
-        w.bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
+        model: text.decoder(CandleBackend::cpu()),
+        text,
     }
 }
 
@@ -355,7 +315,7 @@ fn model_load_reads_every_family_from_its_directory() {
     // chat template; the logits must be the golden's.
     for variant in VARIANTS {
         let g = load(variant);
-        let model = wick_engine::Model::load(&dir(variant), &Default::default()).unwrap();
+        let model = wick_engine::Model::load(&golden_dir(variant), &Default::default()).unwrap();
         assert_eq!(model.config(), g.model.config(), "{variant}");
         let ids = g.case_ids("len40");
         let mut cache = model.new_cache();

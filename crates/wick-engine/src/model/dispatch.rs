@@ -35,7 +35,7 @@ impl AnyDecoder {
             #[cfg(feature = "mlx")]
             AnyDecoder::Mlx(_) => None,
             #[cfg(feature = "cuda")]
-            AnyDecoder::Cuda(_) => Some(KvDtype::F32),
+            AnyDecoder::Cuda(d) => Some(d.backend().kv_dtype()),
         }
     }
 
@@ -47,7 +47,7 @@ impl AnyDecoder {
             #[cfg(feature = "mlx")]
             AnyDecoder::Mlx(d) => d.backend().dtype().size(),
             #[cfg(feature = "cuda")]
-            AnyDecoder::Cuda(_) => 4,
+            AnyDecoder::Cuda(d) => d.backend().kv_dtype().bytes(),
         }
     }
 

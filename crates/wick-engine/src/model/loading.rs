@@ -338,7 +338,7 @@ fn load_decoder(
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
-            let be = crate::backend::cuda::CudaBackend::new(0)?;
+            let be = crate::backend::cuda::CudaBackend::new(0)?.with_kv_dtype(kv);
             Ok(AnyDecoder::Cuda(Decoder::load(be, cfg, src)?))
         }
         #[cfg(not(feature = "cuda"))]

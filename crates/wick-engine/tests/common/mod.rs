@@ -17,9 +17,77 @@ use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
 /// Largest difference from transformers' f32 logits the goldens allow.
 pub const TOLERANCE: f32 = 1e-4;
 
-/// The directory of golden `name`.
+/// The directory of golden `name`. `WICK_GOLDENS` names the goldens folder when a test
+/// binary runs away from its checkout (the CUDA tests on a GPU machine).
 pub fn golden_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/goldens/hf/{name}"))
+    std::env::var_os("WICK_GOLDENS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens"))
+        .join("hf")
+        .join(name)
+}
+
+/// A text golden of hf_reference (one tiny model per architecture): its cases' token ids
+/// and transformers' f32 logits at every position of each.
+pub struct TextGolden {
+    pub dir: PathBuf,
+    pub reference: serde_json::Value,
+    pub logits: SafetensorsWeights,
+}
+
+impl TextGolden {
+    pub fn open(name: &str) -> TextGolden {
+        let dir = golden_dir(name);
+        TextGolden {
+            reference: serde_json::from_str(
+                &std::fs::read_to_string(dir.join("reference.json")).unwrap(),
+            )
+            .unwrap(),
+            logits: SafetensorsWeights::open_files(&dir, &[dir.join("logits.safetensors")])
+                .unwrap(),
+            dir,
+        }
+    }
+
+    /// The golden's model on backend `be`, loaded straight from its safetensors.
+    pub fn decoder<B: wick_engine::backend::Backend>(
+        &self,
+        be: B,
+    ) -> wick_engine::models::decoder::Decoder<B> {
+        let d = &self.dir;
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+        let cfg =
+            wick_engine::config::ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
+        let weights = SafetensorsWeights::open_files(d, &[d.join("model.safetensors")]).unwrap();
+        wick_engine::models::decoder::Decoder::load(
+            be,
+            cfg.clone(),
+            &weights.canonical_as(cfg.features.hf_naming),
+        )
+        .unwrap()
+    }
+
+    /// The token ids of case `name`.
+    pub fn case_ids(&self, name: &str) -> Vec<u32> {
+        let case = self.reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    }
+
+    /// transformers' logits of case `name`, every position.
+    pub fn expected(&self, name: &str) -> Vec<f32> {
+        floats(&self.logits, &format!("{name}.logits"))
+    }
 }
 
 /// The model, `reference.json` and `logits.safetensors` of a golden directory.

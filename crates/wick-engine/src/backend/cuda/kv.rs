@@ -1,5 +1,6 @@
 //! KV storage of the CUDA backend: one sequence's keys and values of one layer in two
-//! device buffers `[capacity][kv_heads][head_dim]` f32, grown in steps of
+//! device buffers `[capacity][kv_heads][head_dim]` (f32, or f16 with `--kv-type f16`:
+//! half the bytes a decode step reads), grown in steps of
 //! [`GROWTH_TOKENS`] and shared between clones until one of them appends (copy on write).
 //! A sliding-window layer keeps every token (its attention skips the old ones).
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub struct CudaKvLayer {
     len: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Stored as f16 (else f32).
+    half: bool,
     window: Option<usize>,
     lease: Option<BlockLease>,
 }
@@ -49,6 +52,7 @@ impl Clone for CudaKvLayer {
             len: self.len,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
+            half: self.half,
             window: self.window,
             lease: None,
         }
@@ -60,6 +64,7 @@ impl CudaKvLayer {
         dev: Device,
         kv_heads: usize,
         head_dim: usize,
+        half: bool,
         window: Option<usize>,
     ) -> Self {
         CudaKvLayer {
@@ -69,6 +74,7 @@ impl CudaKvLayer {
             len: 0,
             kv_heads,
             head_dim,
+            half,
             window,
             lease: None,
         }
@@ -76,6 +82,11 @@ impl CudaKvLayer {
 
     fn row(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// Bytes of one cached token's keys (or values).
+    fn row_bytes(&self) -> usize {
+        self.row() * if self.half { 2 } else { 4 }
     }
 
     fn cap(&self) -> usize {
@@ -101,11 +112,11 @@ impl CudaKvLayer {
             .is_some_and(|s| Arc::strong_count(s) > 1);
         if need > self.cap() || shared {
             let cap = capacity_for(need).max(self.cap());
-            let bytes = cap * self.row() * 4;
+            let bytes = cap * self.row_bytes();
             let k = self.dev.alloc(bytes).map_err(cuda_err)?;
             let v = self.dev.alloc(bytes).map_err(cuda_err)?;
             if let Some(old) = &self.store {
-                let kept = self.len * self.row() * 4;
+                let kept = self.len * self.row_bytes();
                 self.dev
                     .copy(k.ptr(), old.k.ptr(), kept)
                     .map_err(cuda_err)?;
@@ -125,7 +136,7 @@ impl CudaKvLayer {
         Ok((s.k.ptr(), s.v.ptr(), at))
     }
 
-    pub(super) fn from_snapshot(dev: Device, s: &KvLayerSnapshot) -> Result<Self> {
+    pub(super) fn from_snapshot(dev: Device, s: &KvLayerSnapshot, half: bool) -> Result<Self> {
         let row = s.kv_heads * s.head_dim;
         let stored = s.len.checked_sub(s.start).ok_or_else(|| {
             EngineError::Cache(format!("snapshot start {} > len {}", s.start, s.len))
@@ -138,29 +149,27 @@ impl CudaKvLayer {
                 stored * row
             )));
         }
-        let mut layer = CudaKvLayer::new(dev, s.kv_heads, s.head_dim, s.window);
+        let mut layer = CudaKvLayer::new(dev, s.kv_heads, s.head_dim, half, s.window);
         if s.len == 0 {
             return Ok(layer);
         }
         layer.len = s.start;
         let (k, v, at) = layer.reserve_append(stored)?;
-        let offset = (at * row * 4) as u64;
-        let kb = layer
-            .dev
-            .upload(bytemuck::cast_slice(&s.keys))
+        let offset = (at * layer.row_bytes()) as u64;
+        let bytes = stored * layer.row_bytes();
+        for (to, from) in [(k, &s.keys), (v, &s.values)] {
+            let staged = if half {
+                let h: Vec<half::f16> = from.iter().map(|&x| half::f16::from_f32(x)).collect();
+                layer.dev.upload(bytemuck::cast_slice(&h))
+            } else {
+                layer.dev.upload(bytemuck::cast_slice(from))
+            }
             .map_err(cuda_err)?;
-        let vb = layer
-            .dev
-            .upload(bytemuck::cast_slice(&s.values))
-            .map_err(cuda_err)?;
-        layer
-            .dev
-            .copy(k + offset, kb.ptr(), stored * row * 4)
-            .map_err(cuda_err)?;
-        layer
-            .dev
-            .copy(v + offset, vb.ptr(), stored * row * 4)
-            .map_err(cuda_err)?;
+            layer
+                .dev
+                .copy(to + offset, staged.ptr(), bytes)
+                .map_err(cuda_err)?;
+        }
         layer.start = s.start;
         Ok(layer)
     }
@@ -169,18 +178,23 @@ impl CudaKvLayer {
         let Some(s) = &self.store else {
             return Ok((Vec::new(), Vec::new()));
         };
-        let row = self.row();
-        let offset = (self.start * row * 4) as u64;
-        let bytes = (self.len - self.start) * row * 4;
-        let k = self
-            .dev
-            .download(s.k.ptr() + offset, bytes)
-            .map_err(cuda_err)?;
-        let v = self
-            .dev
-            .download(s.v.ptr() + offset, bytes)
-            .map_err(cuda_err)?;
-        Ok((super::words(&k), super::words(&v)))
+        let offset = (self.start * self.row_bytes()) as u64;
+        let bytes = (self.len - self.start) * self.row_bytes();
+        let read = |buf: &Buffer| -> Result<Vec<f32>> {
+            let raw = self
+                .dev
+                .download(buf.ptr() + offset, bytes)
+                .map_err(cuda_err)?;
+            Ok(if self.half {
+                super::words::<half::f16>(&raw)
+                    .into_iter()
+                    .map(half::f16::to_f32)
+                    .collect()
+            } else {
+                super::words(&raw)
+            })
+        };
+        Ok((read(&s.k)?, read(&s.v)?))
     }
 }
 
@@ -207,7 +221,7 @@ impl KvLayer for CudaKvLayer {
     }
 
     fn byte_size(&self) -> usize {
-        self.cap() * 2 * self.row() * 4
+        self.cap() * 2 * self.row_bytes()
     }
 
     fn snapshot(&self) -> KvLayerSnapshot {

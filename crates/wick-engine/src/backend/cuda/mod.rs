@@ -17,6 +17,7 @@ use wick_gguf::GgmlType;
 
 pub use kv::CudaKvLayer;
 
+use crate::backend::candle::KvDtype;
 use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, OptionalOp, RopeSpec,
     RopeStyle,
@@ -26,8 +27,8 @@ use crate::{EngineError, Result};
 /// Rows up to which a product runs on wick's own kernel by default (above: cuBLAS, on
 /// tensor cores); `WICK_CUDA_KERNEL_ROWS` overrides it.
 const KERNEL_ROWS: usize = 2;
-/// Threads of the attention kernel's blocks (8 warps; the kernel takes at most 8).
-const ATTENTION_THREADS: u32 = 256;
+/// Threads of an attention block (`ATTN_WARPS` of `kernels.cu`).
+const ATTENTION_THREADS: u32 = 128;
 
 pub(crate) fn cuda_err(e: wick_cuda::CudaError) -> EngineError {
     EngineError::Backend {
@@ -96,6 +97,76 @@ pub struct CudaBackend {
     kernel_rows: usize,
     /// Streaming multiprocessors of the device.
     sms: usize,
+    /// KV caches store f16 (else f32).
+    kv_half: bool,
+}
+
+/// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Tile {
+    row0: i32,
+    n: i32,
+}
+
+/// The attention kernel for `nt` dimensions per lane and `up` (row, head) units a block.
+fn attention_kernel(half: bool, nt: usize, up: usize) -> Kernel {
+    match (half, nt, up) {
+        (false, 2, 4) => Kernel::AttnF32N2U4,
+        (false, 2, 8) => Kernel::AttnF32N2U8,
+        (false, 2, _) => Kernel::AttnF32N2U16,
+        (false, 4, 4) => Kernel::AttnF32N4U4,
+        (false, 4, 8) => Kernel::AttnF32N4U8,
+        (false, 4, _) => Kernel::AttnF32N4U16,
+        (false, _, 4) => Kernel::AttnF32N8U4,
+        (false, _, _) => Kernel::AttnF32N8U8,
+        (true, 2, 4) => Kernel::AttnF16N2U4,
+        (true, 2, 8) => Kernel::AttnF16N2U8,
+        (true, 2, _) => Kernel::AttnF16N2U16,
+        (true, 4, 4) => Kernel::AttnF16N4U4,
+        (true, 4, 8) => Kernel::AttnF16N4U8,
+        (true, 4, _) => Kernel::AttnF16N4U16,
+        (true, _, 4) => Kernel::AttnF16N8U4,
+        (true, _, _) => Kernel::AttnF16N8U8,
+    }
+}
+
+/// How attention blocks are cut for a pass: `nt` head dimensions per lane (`hd` ≤ 32·nt),
+/// `up` (row, head) units a block, `gc` query heads of one KV head a block, `rows` rows of
+/// a segment a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AttentionShape {
+    nt: usize,
+    up: usize,
+    gc: usize,
+    rows: usize,
+}
+
+impl AttentionShape {
+    /// For `group` query heads per KV head of `hd` dimensions and segments of at most
+    /// `seg_rows` rows: a block takes every query head of its KV head (reading each key
+    /// once for all of them) and, for prompt rows, as many rows as fit.
+    fn new(hd: usize, group: usize, seg_rows: usize) -> Self {
+        let nt = match hd {
+            0..=64 => 2,
+            65..=128 => 4,
+            _ => 8,
+        };
+        let up_max = if nt == 8 { 8 } else { 16 };
+        let gc = group.clamp(1, up_max);
+        let need = gc * (up_max / gc).min(seg_rows.max(1));
+        let up = [4, 8, 16]
+            .into_iter()
+            .find(|&u| u >= need)
+            .unwrap_or(up_max)
+            .min(up_max);
+        AttentionShape {
+            nt,
+            up,
+            gc,
+            rows: (up / gc).max(1),
+        }
+    }
 }
 
 /// One segment as the kernels read it (`struct Seg` of `kernels.cu`).
@@ -153,7 +224,23 @@ impl CudaBackend {
             dev,
             kernel_rows,
             sms,
+            kv_half: false,
         })
+    }
+
+    /// Stores KV caches as f16 ([`KvDtype::F16`]) or f32.
+    pub fn with_kv_dtype(mut self, kv: KvDtype) -> Self {
+        self.kv_half = kv == KvDtype::F16;
+        self
+    }
+
+    /// How the KV caches store numbers.
+    pub fn kv_dtype(&self) -> KvDtype {
+        if self.kv_half {
+            KvDtype::F16
+        } else {
+            KvDtype::F32
+        }
     }
 
     /// The device layer.
@@ -207,6 +294,64 @@ impl CudaBackend {
         args.push(Arg::I64(n as i64));
         self.launch(k, (blocks_for(n), 1, 1), 256, &args)?;
         Ok(out)
+    }
+
+    /// `rms_norm(x (+ y)) · weight` over every `weight.len()` values, and with `y` the sum
+    /// it normalized.
+    fn norm(
+        &self,
+        x: &CudaTensor,
+        y: Option<&CudaTensor>,
+        weight: &CudaTensor,
+        eps: f32,
+    ) -> Result<(Option<CudaTensor>, CudaTensor)> {
+        let n = weight.len();
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(invalid(format!(
+                "rms_norm: {} values in groups of {n}",
+                x.len()
+            )));
+        }
+        if let Some(y) = y {
+            self.same_shape("add_rms_norm", x, y)?;
+        }
+        let out = self.tensor(x.rows, x.cols)?;
+        let groups = ((x.len() / n) as u32, 1, 1);
+        let tail = [Arg::I32(int(n, "norm size")?), Arg::F32(eps)];
+        let sum = match y {
+            None => {
+                let args = [
+                    Arg::Ptr(x.ptr()),
+                    Arg::Ptr(weight.ptr()),
+                    Arg::Ptr(out.ptr()),
+                ];
+                self.launch(
+                    Kernel::RmsNorm,
+                    groups,
+                    norm_threads(n),
+                    &[&args[..], &tail].concat(),
+                )?;
+                None
+            }
+            Some(y) => {
+                let sum = self.tensor(x.rows, x.cols)?;
+                let args = [
+                    Arg::Ptr(x.ptr()),
+                    Arg::Ptr(y.ptr()),
+                    Arg::Ptr(weight.ptr()),
+                    Arg::Ptr(sum.ptr()),
+                    Arg::Ptr(out.ptr()),
+                ];
+                self.launch(
+                    Kernel::AddRmsNorm,
+                    groups,
+                    norm_threads(n),
+                    &[&args[..], &tail].concat(),
+                )?;
+                Some(sum)
+            }
+        };
+        Ok((sum, out))
     }
 
     fn upload_weight(&self, w: &HostWeight<'_>) -> Result<(Buffer, WType)> {
@@ -332,12 +477,29 @@ impl CudaBackend {
                     Arg::Ptr(segs_dev),
                     Arg::Ptr(rows_dev),
                     Arg::I32(row),
+                    Arg::I32(i32::from(self.kv_half)),
                 ],
             )?;
+            let group = heads / kv_heads;
+            let seg_rows = segs.iter().map(|s| s.rows as usize).max().unwrap_or(1);
+            let shape = AttentionShape::new(hd, group, seg_rows);
+            let mut tiles = Vec::with_capacity(total.div_ceil(shape.rows) + segs.len());
+            for s in &segs {
+                let (start, n) = (s.row_start as usize, s.rows as usize);
+                for r0 in (start..start + n).step_by(shape.rows) {
+                    tiles.push(Tile {
+                        row0: r0 as i32,
+                        n: (start + n - r0).min(shape.rows) as i32,
+                    });
+                }
+            }
+            let tiles_dev = self.stage(&tiles)?;
+            let chunks = group.div_ceil(shape.gc);
+            let blocks = tiles.len() * kv_heads * chunks;
             let out = self.tensor(total, heads * hd)?;
-            // Enough parts of the keys per row and head to give every SM two blocks;
-            // a function of the shapes only, so a decode step's launches repeat.
-            let parts = (2 * self.sms).div_ceil(total * heads).clamp(1, 32);
+            // Enough parts of the keys per block to give every SM four blocks; a function
+            // of the shapes only, so a decode step's launches repeat.
+            let parts = (4 * self.sms).div_ceil(blocks.max(1)).clamp(1, 32);
             let (ml, acc) = if parts > 1 {
                 let slots = total * heads * parts;
                 (
@@ -349,8 +511,8 @@ impl CudaBackend {
             };
             let ptr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::ptr);
             self.launch(
-                Kernel::Attention,
-                (total as u32, heads as u32, parts as u32),
+                attention_kernel(self.kv_half, shape.nt, shape.up),
+                (tiles.len() as u32, (kv_heads * chunks) as u32, parts as u32),
                 ATTENTION_THREADS,
                 &[
                     Arg::Ptr(q.ptr()),
@@ -359,10 +521,12 @@ impl CudaBackend {
                     Arg::Ptr(ptr(&acc)),
                     Arg::Ptr(segs_dev),
                     Arg::Ptr(rows_dev),
+                    Arg::Ptr(tiles_dev),
                     Arg::Ptr(ends_dev),
                     Arg::I32(heads as i32),
                     Arg::I32(kv_heads as i32),
                     Arg::I32(hd as i32),
+                    Arg::I32(shape.gc as i32),
                     Arg::F32(p.scale),
                     Arg::F32(p.softcap.unwrap_or(0.0)),
                 ],
@@ -606,27 +770,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &CudaTensor, weight: &CudaTensor, eps: f32) -> Result<CudaTensor> {
-        let n = weight.len();
-        if n == 0 || !x.len().is_multiple_of(n) {
-            return Err(invalid(format!(
-                "rms_norm: {} values in groups of {n}",
-                x.len()
-            )));
-        }
-        let out = self.tensor(x.rows, x.cols)?;
-        self.launch(
-            Kernel::RmsNorm,
-            ((x.len() / n) as u32, 1, 1),
-            norm_threads(n),
-            &[
-                Arg::Ptr(x.ptr()),
-                Arg::Ptr(weight.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I32(int(n, "norm size")?),
-                Arg::F32(eps),
-            ],
-        )?;
-        Ok(out)
+        Ok(self.norm(x, None, weight, eps)?.1)
     }
 
     fn add_rms_norm(
@@ -636,31 +780,10 @@ impl Backend for CudaBackend {
         weight: &CudaTensor,
         eps: f32,
     ) -> Result<(CudaTensor, CudaTensor)> {
-        self.same_shape("add_rms_norm", x, y)?;
-        let n = weight.len();
-        if n == 0 || !x.len().is_multiple_of(n) {
-            return Err(invalid(format!(
-                "add_rms_norm: {} values in groups of {n}",
-                x.len()
-            )));
+        match self.norm(x, Some(y), weight, eps)? {
+            (Some(sum), out) => Ok((sum, out)),
+            (None, _) => Err(invalid("add_rms_norm: no sum".into())),
         }
-        let sum = self.tensor(x.rows, x.cols)?;
-        let out = self.tensor(x.rows, x.cols)?;
-        self.launch(
-            Kernel::AddRmsNorm,
-            ((x.len() / n) as u32, 1, 1),
-            norm_threads(n),
-            &[
-                Arg::Ptr(x.ptr()),
-                Arg::Ptr(y.ptr()),
-                Arg::Ptr(weight.ptr()),
-                Arg::Ptr(sum.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I32(int(n, "norm size")?),
-                Arg::F32(eps),
-            ],
-        )?;
-        Ok((sum, out))
     }
 
     fn split_columns(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
@@ -931,11 +1054,11 @@ impl Backend for CudaBackend {
     }
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CudaKvLayer {
-        CudaKvLayer::new(self.dev.clone(), kv_heads, head_dim, window)
+        CudaKvLayer::new(self.dev.clone(), kv_heads, head_dim, self.kv_half, window)
     }
 
     fn kv_layer_from_snapshot(&self, s: &crate::backend::KvLayerSnapshot) -> Result<CudaKvLayer> {
-        self.op(|| CudaKvLayer::from_snapshot(self.dev.clone(), s))
+        self.op(|| CudaKvLayer::from_snapshot(self.dev.clone(), s, self.kv_half))
     }
 
     fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CudaTensor> {
