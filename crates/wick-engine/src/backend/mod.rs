@@ -199,6 +199,25 @@ pub(crate) fn untrimmable(len: usize, start: usize, to: usize) -> EngineError {
     ))
 }
 
+/// [`KvLayer::trim`] of a cache whose storage keeps tokens `start..len` and lets later
+/// appends overwrite what lies past its length (the MLX and CUDA layers).
+#[cfg(any(feature = "mlx", feature = "cuda"))]
+pub(crate) fn trim_span(
+    len: &mut usize,
+    start: &mut usize,
+    window: Option<usize>,
+    to: usize,
+) -> crate::Result<()> {
+    if !can_trim(*len, *start, window, to) {
+        return Err(untrimmable(*len, *start, to));
+    }
+    if to < *start {
+        *start = to;
+    }
+    *len = to;
+    Ok(())
+}
+
 /// Per-layer, per-sequence key/value storage of a backend.
 pub trait KvLayer: Clone + Send + Sync {
     /// Tokens seen (the next token's position).

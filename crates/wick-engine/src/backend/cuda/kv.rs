@@ -208,16 +208,8 @@ impl KvLayer for CudaKvLayer {
     }
 
     fn trim(&mut self, len: usize) -> Result<()> {
-        if !self.can_trim_to(len) {
-            return Err(crate::backend::untrimmable(self.len, self.start, len));
-        }
         // Tokens past `len` are overwritten by later appends (after a copy if shared).
-        self.len = len.max(self.start);
-        if len < self.start {
-            self.start = len;
-            self.len = len;
-        }
-        Ok(())
+        crate::backend::trim_span(&mut self.len, &mut self.start, self.window, len)
     }
 
     fn byte_size(&self) -> usize {

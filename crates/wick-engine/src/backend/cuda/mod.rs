@@ -296,6 +296,29 @@ impl CudaBackend {
         Ok(out)
     }
 
+    /// A kernel `(a, b, out, n, extra…)` over two tensors of one shape.
+    fn binary(
+        &self,
+        what: &str,
+        k: Kernel,
+        a: &CudaTensor,
+        b: &CudaTensor,
+        extra: &[Arg],
+    ) -> Result<CudaTensor> {
+        self.same_shape(what, a, b)?;
+        let out = self.tensor(a.rows, a.cols)?;
+        let n = a.len();
+        let mut args = vec![
+            Arg::Ptr(a.ptr()),
+            Arg::Ptr(b.ptr()),
+            Arg::Ptr(out.ptr()),
+            Arg::I64(n as i64),
+        ];
+        args.extend_from_slice(extra);
+        self.launch(k, (blocks_for(n), 1, 1), 256, &args)?;
+        Ok(out)
+    }
+
     /// `rms_norm(x (+ y)) · weight` over every `weight.len()` values, and with `y` the sum
     /// it normalized.
     fn norm(
@@ -748,21 +771,7 @@ impl Backend for CudaBackend {
     }
 
     fn add(&self, a: &CudaTensor, b: &CudaTensor) -> Result<CudaTensor> {
-        self.same_shape("add", a, b)?;
-        let out = self.tensor(a.rows, a.cols)?;
-        let n = a.len();
-        self.launch(
-            Kernel::Add,
-            (blocks_for(n), 1, 1),
-            256,
-            &[
-                Arg::Ptr(a.ptr()),
-                Arg::Ptr(b.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I64(n as i64),
-            ],
-        )?;
-        Ok(out)
+        self.binary("add", Kernel::Add, a, b, &[])
     }
 
     fn scale(&self, x: &CudaTensor, s: f32) -> Result<CudaTensor> {
@@ -835,25 +844,11 @@ impl Backend for CudaBackend {
     }
 
     fn glu(&self, gate: &CudaTensor, up: &CudaTensor, act: Activation) -> Result<CudaTensor> {
-        self.same_shape("glu", gate, up)?;
-        let out = self.tensor(gate.rows, gate.cols)?;
-        let n = gate.len();
-        self.launch(
-            Kernel::Glu,
-            (blocks_for(n), 1, 1),
-            256,
-            &[
-                Arg::Ptr(gate.ptr()),
-                Arg::Ptr(up.ptr()),
-                Arg::Ptr(out.ptr()),
-                Arg::I64(n as i64),
-                Arg::I32(match act {
-                    Activation::Silu => 0,
-                    Activation::GeluTanh => 1,
-                }),
-            ],
-        )?;
-        Ok(out)
+        let act = match act {
+            Activation::Silu => 0,
+            Activation::GeluTanh => 1,
+        };
+        self.binary("glu", Kernel::Glu, gate, up, &[Arg::I32(act)])
     }
 
     fn supports(&self, op: OptionalOp) -> bool {

@@ -363,16 +363,8 @@ impl KvLayer for MlxKvLayer {
     }
 
     fn trim(&mut self, len: usize) -> Result<()> {
-        if !self.can_trim_to(len) {
-            return Err(crate::backend::untrimmable(self.len, self.start, len));
-        }
         // Stored tokens past `len` are simply overwritten by later appends.
-        self.len = len.max(self.start);
-        if len < self.start {
-            self.start = len;
-            self.len = len;
-        }
-        Ok(())
+        crate::backend::trim_span(&mut self.len, &mut self.start, self.window, len)
     }
 
     fn byte_size(&self) -> usize {
