@@ -6,11 +6,11 @@
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::TextGolden;
+use common::{decoder_from_dir, forward_all, some_ids, write_wide_model, TextGolden, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::CudaBackend;
 use wick_engine::backend::Backend;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache};
+use wick_engine::models::decoder::{BatchItem, LogitsRequest, SequenceCache};
 
 /// The families whose ops the CUDA backend has (StarCoder 2 needs LayerNorm).
 const VARIANTS: [&str; 13] = [
@@ -48,28 +48,6 @@ fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
         w <= TOLERANCE * scale,
         "{variant} {what}: max |diff| {w} > {TOLERANCE} × {scale}"
     );
-}
-
-fn forward_all<B: Backend>(m: &Decoder<B>, ids: &[u32], chunks: &[usize]) -> Vec<f32> {
-    let mut cache = m.new_cache();
-    let mut got = Vec::new();
-    let mut at = 0;
-    for &c in chunks.iter().cycle() {
-        if at >= ids.len() {
-            break;
-        }
-        let end = (at + c).min(ids.len());
-        let out = m
-            .forward(&mut [BatchItem {
-                tokens: &ids[at..end],
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
-            .unwrap();
-        got.extend_from_slice(&out[0].as_ref().unwrap().data);
-        at = end;
-    }
-    got
 }
 
 #[test]
@@ -252,6 +230,53 @@ fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
             "f16 cache rebuilt from the host",
             &step(&mut restored, tail),
             &step(&mut cache, tail),
+        );
+    }
+}
+
+/// Attention shapes of real models (head size 64–256, 1–32 query heads per KV head: every
+/// kernel variant the tiny goldens, all of head size 16–32, do not reach) on random-weight
+/// models: the GPU's logits equal the CPU backend's in one pass, in chunks and batched.
+#[test]
+fn wide_heads_match_the_cpu() {
+    for (heads, kv_heads, hd) in WIDE_SHAPES {
+        let dir = tempfile::tempdir().unwrap();
+        write_wide_model(dir.path(), heads, kv_heads, hd);
+        let what = format!("{heads}/{kv_heads} heads of {hd}");
+        let cuda = decoder_from_dir(CudaBackend::new(0).unwrap(), dir.path());
+        let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
+        let ids = some_ids(40, hd as u32);
+        let want = forward_all(&cpu, &ids, &[ids.len()]);
+        for chunks in [&[40][..], &[5, 3, 9, 1, 1, 1, 20]] {
+            assert_close(
+                &what,
+                &format!("chunks {chunks:?}"),
+                &forward_all(&cuda, &ids, chunks),
+                &want,
+            );
+        }
+        let other = some_ids(23, 7);
+        let (mut ca, mut cb) = (cuda.new_cache(), cuda.new_cache());
+        let out = cuda
+            .forward(&mut [
+                BatchItem {
+                    tokens: &ids,
+                    cache: &mut ca,
+                    logits: LogitsRequest::All,
+                },
+                BatchItem {
+                    tokens: &other,
+                    cache: &mut cb,
+                    logits: LogitsRequest::All,
+                },
+            ])
+            .unwrap();
+        assert_close(&what, "batched", &out[0].as_ref().unwrap().data, &want);
+        assert_close(
+            &what,
+            "batched, second row",
+            &out[1].as_ref().unwrap().data,
+            &forward_all(&cpu, &other, &[other.len()]),
         );
     }
 }

@@ -3,7 +3,9 @@
 //! KV cache (including Gemma's sliding window) must agree within 1e-4.
 mod common;
 
-use common::{golden_dir, TextGolden};
+use common::{
+    decoder_from_dir, forward_all, golden_dir, some_ids, write_wide_model, TextGolden, WIDE_SHAPES,
+};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
 
@@ -94,23 +96,7 @@ fn incremental_decoding_matches_one_shot() {
         let ids = g.case_ids("len40");
         let want = g.expected("len40");
         let vocab = g.model.config().vocab_size;
-        let mut cache = g.model.new_cache();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for chunk in [5usize, 3, 9, 1, 1, 1, 20] {
-            let end = (at + chunk).min(ids.len());
-            let out = g
-                .model
-                .forward(&mut [BatchItem {
-                    tokens: &ids[at..end],
-                    cache: &mut cache,
-                    logits: LogitsRequest::All,
-                }])
-                .unwrap();
-            got.extend_from_slice(&out[0].as_ref().unwrap().data);
-            at = end;
-        }
-        assert_eq!(at, ids.len());
+        let got = forward_all(&g.model, &ids, &[5, 3, 9, 1, 1, 1, 20]);
         assert_eq!(got.len(), ids.len() * vocab);
         assert_close(variant, "len40 incremental", &got, &want);
     }
@@ -331,6 +317,33 @@ fn model_load_reads_every_family_from_its_directory() {
             "Model::load len40",
             &out[0].as_ref().unwrap().data,
             &g.expected("len40"),
+        );
+    }
+}
+
+/// The attention shapes of real models (head size 64–256, up to 32 query heads per KV
+/// head), which the goldens (head size 16–32) do not have, on random-weight models: fed in
+/// chunks, a sequence gets the logits of one pass (the GPU test compares its kernels to
+/// these).
+#[test]
+fn wide_heads_in_chunks_equal_one_pass() {
+    for (heads, kv_heads, hd) in WIDE_SHAPES {
+        let dir = tempfile::tempdir().unwrap();
+        write_wide_model(dir.path(), heads, kv_heads, hd);
+        let m = decoder_from_dir(CandleBackend::cpu(), dir.path());
+        let ids = some_ids(40, hd as u32);
+        let want = forward_all(&m, &ids, &[ids.len()]);
+        assert!(want.iter().all(|v| v.is_finite()));
+        let spread = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        assert!(
+            spread > 0.1,
+            "{heads}/{kv_heads}/{hd}: logits all near zero"
+        );
+        assert_close(
+            &format!("{heads}/{kv_heads} heads of {hd}"),
+            "chunks",
+            &forward_all(&m, &ids, &[5, 3, 9, 1, 1, 1, 20]),
+            &want,
         );
     }
 }

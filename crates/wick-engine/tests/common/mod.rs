@@ -54,18 +54,7 @@ impl TextGolden {
         &self,
         be: B,
     ) -> wick_engine::models::decoder::Decoder<B> {
-        let d = &self.dir;
-        let config: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
-        let cfg =
-            wick_engine::config::ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
-        let weights = SafetensorsWeights::open_files(d, &[d.join("model.safetensors")]).unwrap();
-        wick_engine::models::decoder::Decoder::load(
-            be,
-            cfg.clone(),
-            &weights.canonical_as(cfg.features.hf_naming),
-        )
-        .unwrap()
+        decoder_from_dir(be, &self.dir)
     }
 
     /// The token ids of case `name`.
@@ -88,6 +77,146 @@ impl TextGolden {
     pub fn expected(&self, name: &str) -> Vec<f32> {
         floats(&self.logits, &format!("{name}.logits"))
     }
+}
+
+/// The model of a Hugging Face directory (`config.json`, `model.safetensors`) on `be`.
+pub fn decoder_from_dir<B: wick_engine::backend::Backend>(
+    be: B,
+    d: &Path,
+) -> wick_engine::models::decoder::Decoder<B> {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+    let cfg = wick_engine::config::ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
+    let weights = SafetensorsWeights::open_files(d, &[d.join("model.safetensors")]).unwrap();
+    wick_engine::models::decoder::Decoder::load(
+        be,
+        cfg.clone(),
+        &weights.canonical_as(cfg.features.hf_naming),
+    )
+    .unwrap()
+}
+
+/// Writes into `dir` a random-weight two-layer Qwen 3 model (the qwen3 golden's config
+/// with `heads` query heads over `kv_heads` KV heads of `head_dim` dimensions, hidden size
+/// 64, vocabulary 512): attention shapes of real models (head size 128 or 256, 1–32 query
+/// heads per KV head) that the tiny goldens do not have. Weights are uniform with unit
+/// output variance, seeded by the shape.
+pub fn write_wide_model(dir: &Path, heads: usize, kv_heads: usize, head_dim: usize) {
+    let mut config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(golden_dir("qwen3").join("config.json")).unwrap(),
+    )
+    .unwrap();
+    config["num_attention_heads"] = heads.into();
+    config["num_key_value_heads"] = kv_heads.into();
+    config["head_dim"] = head_dim.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let (hidden, ffn, vocab) = (64usize, 128usize, 512usize);
+    let mut tensors: Vec<(String, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![vocab, hidden]),
+        ("model.norm.weight".into(), vec![hidden]),
+    ];
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("input_layernorm.weight", vec![hidden]),
+            ("post_attention_layernorm.weight", vec![hidden]),
+            ("self_attn.q_proj.weight", vec![heads * head_dim, hidden]),
+            ("self_attn.k_proj.weight", vec![kv_heads * head_dim, hidden]),
+            ("self_attn.v_proj.weight", vec![kv_heads * head_dim, hidden]),
+            ("self_attn.o_proj.weight", vec![hidden, heads * head_dim]),
+            ("self_attn.q_norm.weight", vec![head_dim]),
+            ("self_attn.k_norm.weight", vec![head_dim]),
+            ("mlp.gate_proj.weight", vec![ffn, hidden]),
+            ("mlp.up_proj.weight", vec![ffn, hidden]),
+            ("mlp.down_proj.weight", vec![hidden, ffn]),
+        ] {
+            tensors.push((format!("{p}.{name}"), shape));
+        }
+    }
+    let mut state = (heads * 1_000_003 + kv_heads * 1_009 + head_dim) as u64 | 1;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+    };
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, shape) in &tensors {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = if shape.len() == 1 {
+            (0..n).map(|_| 1.0 + 0.1 * uniform()).collect()
+        } else {
+            let a = if name.contains("embed") {
+                1.0
+            } else {
+                (3.0 / shape[1] as f32).sqrt()
+            };
+            (0..n).map(|_| a * uniform()).collect()
+        };
+        let at = data.len();
+        data.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, data.len()]}),
+        );
+    }
+    let h = serde_json::Value::Object(header).to_string();
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(h.as_bytes());
+    bytes.extend_from_slice(&data);
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
+/// The attention shapes [`write_wide_model`] is used with: (query heads, KV heads, head
+/// size) — Llama-3-like groups of 4 at 128, a group of 7 at 64 (Qwen2.5-0.5B), MHA,
+/// groups of 8 and 32 at 128, Gemma's 256.
+pub const WIDE_SHAPES: [(usize, usize, usize); 6] = [
+    (8, 2, 128),
+    (14, 2, 64),
+    (4, 4, 128),
+    (16, 2, 128),
+    (32, 1, 128),
+    (8, 2, 256),
+];
+
+/// Logits of every position of `ids`, fed in pieces of `chunks` (cycled) through one cache.
+pub fn forward_all<B: wick_engine::backend::Backend>(
+    m: &wick_engine::models::decoder::Decoder<B>,
+    ids: &[u32],
+    chunks: &[usize],
+) -> Vec<f32> {
+    let mut cache = m.new_cache();
+    let mut got = Vec::new();
+    let mut at = 0;
+    for &c in chunks.iter().cycle() {
+        if at >= ids.len() {
+            break;
+        }
+        let end = (at + c).min(ids.len());
+        let out = m
+            .forward(&mut [wick_engine::models::decoder::BatchItem {
+                tokens: &ids[at..end],
+                cache: &mut cache,
+                logits: LogitsRequest::All,
+            }])
+            .unwrap();
+        got.extend_from_slice(&out[0].as_ref().unwrap().data);
+        at = end;
+    }
+    got
+}
+
+/// Token ids below 512 (the wide models' vocabulary), seeded.
+pub fn some_ids(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| {
+            (i.wrapping_mul(2_654_435_761)
+                .wrapping_add(seed.wrapping_mul(40_503))
+                >> 7)
+                % 512
+        })
+        .collect()
 }
 
 /// The model, `reference.json` and `logits.safetensors` of a golden directory.
