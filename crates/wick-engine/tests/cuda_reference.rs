@@ -6,7 +6,10 @@
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::{decoder_from_dir, forward_all, some_ids, write_wide_model, TextGolden, WIDE_SHAPES};
+use common::{
+    decoder_from_dir, forward_all, forward_batch, some_ids, write_wide_model, TextGolden,
+    WIDE_SHAPES,
+};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::CudaBackend;
 use wick_engine::backend::Backend;
@@ -77,32 +80,20 @@ fn batched_sequences_match_single_runs() {
         let m = g.decoder(CudaBackend::new(0).unwrap());
         let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
         let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
-        let out = m
-            .forward(&mut [
-                BatchItem {
-                    tokens: &a,
-                    cache: &mut ca,
-                    logits: LogitsRequest::All,
-                },
-                BatchItem {
-                    tokens: &b,
-                    cache: &mut cb,
-                    logits: LogitsRequest::Last,
-                },
-            ])
-            .unwrap();
-        assert_close(
-            variant,
-            "pair_a batched",
-            &out[0].as_ref().unwrap().data,
-            &g.expected("pair_a"),
+        let out = forward_batch(
+            &m,
+            vec![
+                (&a, &mut ca, LogitsRequest::All),
+                (&b, &mut cb, LogitsRequest::Last),
+            ],
         );
+        assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
         let want_b = g.expected("pair_b");
         let vocab = m.config().vocab_size;
         assert_close(
             variant,
             "pair_b batched last row",
-            &out[1].as_ref().unwrap().data,
+            &out[1],
             &want_b[want_b.len() - vocab..],
         );
     }
@@ -257,25 +248,18 @@ fn wide_heads_match_the_cpu() {
         }
         let other = some_ids(23, 7);
         let (mut ca, mut cb) = (cuda.new_cache(), cuda.new_cache());
-        let out = cuda
-            .forward(&mut [
-                BatchItem {
-                    tokens: &ids,
-                    cache: &mut ca,
-                    logits: LogitsRequest::All,
-                },
-                BatchItem {
-                    tokens: &other,
-                    cache: &mut cb,
-                    logits: LogitsRequest::All,
-                },
-            ])
-            .unwrap();
-        assert_close(&what, "batched", &out[0].as_ref().unwrap().data, &want);
+        let out = forward_batch(
+            &cuda,
+            vec![
+                (&ids, &mut ca, LogitsRequest::All),
+                (&other, &mut cb, LogitsRequest::All),
+            ],
+        );
+        assert_close(&what, "batched", &out[0], &want);
         assert_close(
             &what,
             "batched, second row",
-            &out[1].as_ref().unwrap().data,
+            &out[1],
             &forward_all(&cpu, &other, &[other.len()]),
         );
     }

@@ -4,7 +4,8 @@
 mod common;
 
 use common::{
-    decoder_from_dir, forward_all, golden_dir, some_ids, write_wide_model, TextGolden, WIDE_SHAPES,
+    decoder_from_dir, forward_all, forward_batch, golden_dir, some_ids, write_wide_model,
+    TextGolden, WIDE_SHAPES,
 };
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
@@ -108,33 +109,20 @@ fn batched_sequences_match_single_runs() {
         let g = load(variant);
         let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
         let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
-        let out = g
-            .model
-            .forward(&mut [
-                BatchItem {
-                    tokens: &a,
-                    cache: &mut ca,
-                    logits: LogitsRequest::All,
-                },
-                BatchItem {
-                    tokens: &b,
-                    cache: &mut cb,
-                    logits: LogitsRequest::Last,
-                },
-            ])
-            .unwrap();
-        assert_close(
-            variant,
-            "pair_a batched",
-            &out[0].as_ref().unwrap().data,
-            &g.expected("pair_a"),
+        let out = forward_batch(
+            &g.model,
+            vec![
+                (&a, &mut ca, LogitsRequest::All),
+                (&b, &mut cb, LogitsRequest::Last),
+            ],
         );
+        assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
         let want_b = g.expected("pair_b");
         let vocab = g.model.config().vocab_size;
         assert_close(
             variant,
             "pair_b batched last row",
-            &out[1].as_ref().unwrap().data,
+            &out[1],
             &want_b[want_b.len() - vocab..],
         );
         // Decode one more token for both at once: sequences of different lengths in one step.

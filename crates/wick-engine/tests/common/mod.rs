@@ -207,6 +207,33 @@ pub fn forward_all<B: wick_engine::backend::Backend>(
     got
 }
 
+/// One pass over several sequences batched (tokens, cache, which logits): each
+/// sequence's logits.
+pub fn forward_batch<B: wick_engine::backend::Backend>(
+    m: &wick_engine::models::decoder::Decoder<B>,
+    seqs: Vec<(
+        &[u32],
+        &mut wick_engine::models::decoder::SequenceCache<B>,
+        LogitsRequest,
+    )>,
+) -> Vec<Vec<f32>> {
+    let mut items: Vec<_> = seqs
+        .into_iter()
+        .map(
+            |(tokens, cache, logits)| wick_engine::models::decoder::BatchItem {
+                tokens,
+                cache,
+                logits,
+            },
+        )
+        .collect();
+    m.forward(&mut items)
+        .unwrap()
+        .into_iter()
+        .map(|o| o.unwrap().data)
+        .collect()
+}
+
 /// Token ids below 512 (the wide models' vocabulary), seeded.
 pub fn some_ids(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32)
