@@ -3,7 +3,8 @@
 # carry/cuda/cuda_reference.xz (built here with `--features cuda`; see docs/gpu.md).
 #  1. the reference test: transformers' f32 goldens, agreement with the CPU backend, and
 #     decode steps replayed as CUDA graphs (unless SKIP_TEST is set);
-#  2. random-weight bf16 models of real shapes (MAKE, made with transformers on the GPU);
+#  2. random-weight bf16 models of real shapes (MAKE, made with transformers on the GPU),
+#     and MLX affine 4/8-bit copies of them (QUANT, quantize_mlx.py);
 #  3. `wick bench --backend cuda` on each (CASES), with graphs on and off (GRAPHS), for
 #     each KV cache type (KV: f32 and/or f16), and
 #     PyTorch's eager and CUDA-graph decode of the same model (torch_graph_decode.py)
@@ -27,7 +28,7 @@ done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > $OUT/env.txt 2>&1
 if [ -z "${SKIP_TEST:-}" ]; then
   WICK_GOLDENS=crates/wick-engine/tests/goldens timeout ${TEST_TIMEOUT:-240} \
-    $W/cuda_reference --test-threads 1 --nocapture > $OUT/test.log 2>&1
+    $W/cuda_reference --test-threads 1 --nocapture ${TEST_FILTER:-} > $OUT/test.log 2>&1
   echo "test rc=$?" >> $OUT/test.log
   grep -E "^test |rc=|panicked|FAILED|Stats" $OUT/test.log | tail -40
 fi
@@ -41,6 +42,12 @@ for sd in ${MAKE:-qwen2.5-0.5b:bfloat16 llama3-8b:bfloat16}; do
   dir=$W/models/$shape-$tag${vocab:+-v$vocab}
   [ -d $dir ] || timeout 300 python3 $G/make_models.py $dir $shape $dtype $TOK \
     ${vocab:+--vocab $vocab} 2>&1 | tail -1
+done
+# MLX affine copies (QUANT entries MODEL:BITS, folder MODEL-qBITS), made with torch.
+for mb in ${QUANT:-}; do
+  IFS=: read -r src bits <<< "$mb"
+  [ -d $W/models/$src-q$bits ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$src \
+    $W/models/$src-q$bits --bits $bits 2>&1 | tail -1
 done
 for m in ${MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16}; do
   [ -n "${SKIP_BENCH:-}" ] && break
@@ -73,7 +80,7 @@ if [ -n "${SERVE:-}" ]; then
 fi
 NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "${NCU:-}" ] && [ -n "$NCU_BIN" ]; then
-  for m in ${MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16}; do
+  for m in ${NCU_MODELS:-${MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16}}; do
     timeout ${NCU_TIMEOUT:-200} $NCU_BIN --clock-control none --cache-control none \
       --metrics gpu__time_duration.sum --csv --print-units base --launch-count ${NCU_KERNELS:-20000} \
       $W/wick bench $W/models/$m --backend cuda --synthetic-prompt --prefill-chunk 0 --json --warmup 0 \

@@ -1,6 +1,7 @@
 // wick's CUDA kernels, compiled at run time by NVRTC for the device in use.
 //
-// Activations are f32, row-major. Weight matrices are f32, f16 or bf16 (`[out, in]`).
+// Activations are f32, row-major. Weight matrices (`[out, in]`) are f32, f16, bf16 or
+// affine-quantized at 4 or 8 bits.
 // No CUDA headers are included (NVRTC finds none on a machine that only has the driver and
 // the runtime libraries): half-precision values are carried as 16-bit integers and
 // converted here.
@@ -87,14 +88,96 @@ __device__ float block_sum(float v) {
 
 // ---------------------------------------------------------------------------------------
 // Products
+//
+// Dense weights are f32, f16 or bf16. Affine-quantized weights (MLX's layout; GGUF blocks
+// that fit it are re-laid out into it at load) pack each row's values little-endian at BITS
+// (4 or 8) bits, with a scale s and a bias b of type S for every group of `group` inputs,
+// so w = s·q + b. One 16-byte load holds QC = 128 / BITS values, all in one group (groups
+// are 32, 64 or 128 inputs).
 
-// One warp's dot products of the weight rows `w0` and `w1` with NR rows of x starting at
-// `x`, reduced over the warp (lane 0 has them). Two weight rows per warp share each load of
-// x; NR is a compile-time count so the loads of several steps can be in flight together.
+typedef unsigned char u8;
+
+// The QC values of one 16-byte load as exact floats (0x4b000000 | q is 2^23 + q).
+template <int BITS>
+__device__ __forceinline__ void unpack_q(uint4 p, float* q) {
+    u32 w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (BITS == 8) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                q[4 * i + k] = __uint_as_float(__byte_perm(w[i], 0x4b000000u, 0x7540 + k)) - 8388608.0f;
+        } else {
+            u32 lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                q[8 * i + 2 * k] = __uint_as_float(__byte_perm(lo, 0x4b000000u, 0x7540 + k)) - 8388608.0f;
+                q[8 * i + 2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x4b000000u, 0x7540 + k)) - 8388608.0f;
+            }
+        }
+    }
+}
+
+// The values of one 16-byte load as the products use them: 8-bit as exact floats q; 4-bit
+// as 2 + q/64 (one byte permute each, no subtraction: the nibble lands in the mantissa of
+// 2.0), for which Σ q·x = 64·(Σ v·x − 2·Σ x).
+template <int BITS>
+__device__ __forceinline__ void unpack_v(uint4 p, float* v) {
+    if (BITS == 8) {
+        unpack_q<8>(p, v);
+    } else {
+        u32 w[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                v[8 * i + 2 * k] = __uint_as_float(__byte_perm(lo, 0x40000000u, 0x7044 + (k << 8)));
+                v[8 * i + 2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x40000000u, 0x7044 + (k << 8)));
+            }
+        }
+    }
+}
+
+// Products of few rows by blocks: each block of RB_THREADS threads makes two outputs; its
+// threads split the inputs in 16-byte loads (so a short row still spreads over many SMs
+// and every thread has its loads in flight at once) and the block sums their parts.
+#define RB_THREADS 128
+
+// Sums each thread's a0[r] (output o) and a1[r] (output o + 1) over the block and stores
+// them (+ bias) into rows r of y.
+template <int NR>
+__device__ __forceinline__ void block_store(float* a0, float* a1, float b0, float b1,
+                                            bool second, float* y, int out, int o) {
+    __shared__ float part[RB_THREADS / 32][16];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        float s0 = warp_sum(a0[r]), s1 = warp_sum(a1[r]);
+        if (lane == 0) {
+            part[warp][r] = s0;
+            part[warp][8 + r] = s1;
+        }
+    }
+    __syncthreads();
+    int t = threadIdx.x;
+    if (t < 2 * NR) {
+        int r = t % NR, which = t / NR;
+        if (which == 0 || second) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < RB_THREADS / 32; k++) s += part[k][8 * which + r];
+            y[(u64)r * out + o + which] = s + (which ? b1 : b0);
+        }
+    }
+    __syncthreads();
+}
+
+// This thread's part of w0 · x[r] and w1 · x[r] for NR rows of x (dense weights).
 template <typename T, int NR>
-__device__ __forceinline__ void dot_rows(const float* __restrict__ x, const T* __restrict__ w0,
-                                         const T* __restrict__ w1, int in, int lane,
-                                         float* a0, float* a1) {
+__device__ __forceinline__ void dense_part(const float* __restrict__ x, const T* __restrict__ w0,
+                                           const T* __restrict__ w1, int in, float* a0,
+                                           float* a1) {
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         a0[r] = 0.0f;
@@ -102,7 +185,7 @@ __device__ __forceinline__ void dot_rows(const float* __restrict__ x, const T* _
     }
     if ((in & 7) == 0) {
 #pragma unroll 4
-        for (int i = lane * 8; i < in; i += 256) {
+        for (int i = threadIdx.x * 8; i < in; i += RB_THREADS * 8) {
             float u[8], v[8];
             load8(w0 + i, u);
             load8(w1 + i, v);
@@ -121,7 +204,7 @@ __device__ __forceinline__ void dot_rows(const float* __restrict__ x, const T* _
             }
         }
     } else {
-        for (int i = lane; i < in; i += 32) {
+        for (int i = threadIdx.x; i < in; i += RB_THREADS) {
             float u = to_f32(w0[i]), v = to_f32(w1[i]);
 #pragma unroll
             for (int r = 0; r < NR; r++) {
@@ -131,70 +214,294 @@ __device__ __forceinline__ void dot_rows(const float* __restrict__ x, const T* _
             }
         }
     }
+}
+
+// The values of one 32-bit word of packed values as the products use them (see unpack_v).
+template <int BITS>
+__device__ __forceinline__ void unpack_word(u32 w, float* v) {
+    if (BITS == 8) {
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-        a0[r] = warp_sum(a0[r]);
-        a1[r] = warp_sum(a1[r]);
+        for (int k = 0; k < 4; k++)
+            v[k] = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7540 + k)) - 8388608.0f;
+    } else {
+        u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[2 * k] = __uint_as_float(__byte_perm(lo, 0x40000000u, 0x7044 + (k << 8)));
+            v[2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x40000000u, 0x7044 + (k << 8)));
+        }
     }
 }
 
-template <typename T, int NR>
-__device__ __forceinline__ void rows_pass(const float* x, const T* w0, const T* w1, float b0,
-                                          float b1, bool second, float* y, int in, int out,
-                                          int o, int lane) {
-    float a0[NR], a1[NR];
-    dot_rows<T, NR>(x, w0, w1, in, lane, a0, a1);
-    if (lane == 0) {
+// Rows of an affine matrix one block of a few-row product makes: 8 at 4 bits, 4 at 8 bits,
+// so that each thread has 128 bytes of weights in flight per step and each load of x
+// serves as many weight rows (`rows_per_block` in Rust). The products take passes of up
+// to two rows of x: with more, their values crowd out the weights' registers, and a
+// product of more rows dequantizes the matrix for cuBLAS instead.
+#define AFFINE_ROWS(BITS) ((BITS) == 4 ? 8 : 4)
+
+// This thread's part of W affine rows (the first `nw` real: the others repeat the last)
+// times NR rows of x: per 16-byte load of each row, Σ v·x and Σ x (shared by the rows),
+// turned into s·Σqx + b·Σx.
+template <typename S, int BITS, int W, int NR>
+__device__ __forceinline__ void affine_part(const float* __restrict__ x, const u8* __restrict__ w,
+                                            const S* __restrict__ scales,
+                                            const S* __restrict__ biases, int nw, int in,
+                                            int group, float (&acc)[W][NR]) {
+    const int QC = 128 / BITS, WV = QC / 4;
+    u64 row_bytes = (u64)in * BITS / 8;
+    int groups = in / group;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) acc[j][r] = 0.0f;
+    for (int i = threadIdx.x * QC; i < in; i += RB_THREADS * QC) {
+        uint4 p[W];
+        float sc[W], bi[W];
+        int g = i / group;
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            int row = min(j, nw - 1);
+            p[j] = *(const uint4*)(w + row * row_bytes + i * BITS / 8);
+            sc[j] = to_f32(scales[(u64)row * groups + g]);
+            bi[j] = to_f32(biases[(u64)row * groups + g]);
+        }
+        float d[W][NR], sx[NR];
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            y[(u64)r * out + o] = a0[r] + b0;
-            if (second) y[(u64)r * out + o + 1] = a1[r] + b1;
+            sx[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < W; j++) d[j][r] = 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float xv[NR][WV];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const float4* xr = (const float4*)(x + (u64)r * in + i + k * WV);
+#pragma unroll
+                for (int q = 0; q < WV / 4; q++) {
+                    float4 v = xr[q];
+                    xv[r][4 * q] = v.x;
+                    xv[r][4 * q + 1] = v.y;
+                    xv[r][4 * q + 2] = v.z;
+                    xv[r][4 * q + 3] = v.w;
+                    sx[r] += (v.x + v.y) + (v.z + v.w);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < W; j++) {
+                u32 word = k == 0 ? p[j].x : k == 1 ? p[j].y : k == 2 ? p[j].z : p[j].w;
+                float v[WV];
+                unpack_word<BITS>(word, v);
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    float t = d[j][r];
+#pragma unroll
+                    for (int e = 0; e < WV; e++) t = fmaf(v[e], xv[r][e], t);
+                    d[j][r] = t;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float s = sc[j], b = bi[j];
+            if (BITS == 4) {
+                b = fmaf(-128.0f, s, b);
+                s *= 64.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[j][r] += fmaf(s, d[j][r], b * sx[r]);
         }
     }
 }
 
-// y[r, o] = x[r, :] · w[o, :] (+ bias[o]) for few rows: two outputs per warp, rows in
-// groups of up to eight per pass over the weight rows (what decode steps multiply).
-template <typename T>
-__device__ void linear_rows(const float* __restrict__ x, const T* __restrict__ w,
-                            const float* __restrict__ bias, float* __restrict__ y, int rows,
-                            int in, int out) {
+// Sums acc over the block and stores y[r, o + j] = Σ acc[j][r] (+ bias) for the block's
+// `nw` outputs starting at o.
+template <int W, int NR>
+__device__ __forceinline__ void block_store_rows(float (&acc)[W][NR], const float* bias,
+                                                 float* y, int out, int o, int nw) {
+    __shared__ float part[RB_THREADS / 32][W * NR];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int o = 2 * (blockIdx.x * (blockDim.x >> 5) + warp);
-    if (o >= out) return;
-    bool second = o + 1 < out;
-    const T* w0 = w + (u64)o * in;
-    const T* w1 = second ? w0 + in : w0;
-    float b0 = bias ? bias[o] : 0.0f;
-    float b1 = bias && second ? bias[o + 1] : 0.0f;
-    for (int r0 = 0; r0 < rows; r0 += 8) {
-        const float* xr = x + (u64)r0 * in;
-        float* yr = y + (u64)r0 * out;
-        switch (min(8, rows - r0)) {
-            case 1: rows_pass<T, 1>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            case 2: rows_pass<T, 2>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            case 3: rows_pass<T, 3>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            case 4: rows_pass<T, 4>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            case 5: rows_pass<T, 5>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            case 6: rows_pass<T, 6>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            case 7: rows_pass<T, 7>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
-            default: rows_pass<T, 8>(xr, w0, w1, b0, b1, second, yr, in, out, o, lane); break;
+#pragma unroll
+    for (int j = 0; j < W; j++)
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            float s = warp_sum(acc[j][r]);
+            if (lane == 0) part[warp][j * NR + r] = s;
+        }
+    __syncthreads();
+    int t = threadIdx.x;
+    if (t < W * NR) {
+        int j = t / NR, r = t % NR;
+        if (j < nw) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < RB_THREADS / 32; k++) s += part[k][t];
+            y[(u64)r * out + o + j] = s + (bias ? bias[o + j] : 0.0f);
+        }
+    }
+    __syncthreads();
+}
+
+// Passes of up to MAXR rows of x over one block's two weight rows: `pass.run<n>(r0)` for
+// each. Each MAXR is its own kernel, so that a step of one row does not pay the registers
+// of eight (a kernel's register count is that of its largest path).
+template <int MAXR, typename Pass>
+__device__ __forceinline__ void row_passes(int rows, const Pass& pass) {
+    for (int r0 = 0; r0 < rows; r0 += MAXR) {
+        switch (min(MAXR, rows - r0)) {
+            case 1: pass.template run<1>(r0); break;
+            case 2: pass.template run<(MAXR >= 2 ? 2 : 1)>(r0); break;
+            case 3: pass.template run<(MAXR >= 3 ? 3 : 1)>(r0); break;
+            case 4: pass.template run<(MAXR >= 4 ? 4 : 1)>(r0); break;
+            case 5: pass.template run<(MAXR >= 5 ? 5 : 1)>(r0); break;
+            case 6: pass.template run<(MAXR >= 6 ? 6 : 1)>(r0); break;
+            case 7: pass.template run<(MAXR >= 7 ? 7 : 1)>(r0); break;
+            default: pass.template run<(MAXR >= 8 ? 8 : 1)>(r0); break;
         }
     }
 }
 
-extern "C" __global__ void linear_rows_f32(const float* x, const float* w, const float* bias,
-                                           float* y, int rows, int in, int out) {
-    linear_rows<float>(x, w, bias, y, rows, in, out);
+// One block's outputs o and o + 1 (if `second`) with their biases.
+struct Outputs {
+    float* y;
+    int out, o;
+    float b0, b1;
+    bool second;
+    __device__ Outputs(float* y_, const float* bias, int out_, int o_)
+        : y(y_), out(out_), o(o_), second(o_ + 1 < out_) {
+        b0 = bias ? bias[o] : 0.0f;
+        b1 = bias && second ? bias[o + 1] : 0.0f;
+    }
+    template <int N>
+    __device__ __forceinline__ void store(float* a0, float* a1, int r0) const {
+        block_store<N>(a0, a1, b0, b1, second, y + (u64)r0 * out, out, o);
+    }
+};
+
+template <typename T>
+struct DensePass {
+    const float* x;
+    const T* w0;
+    const T* w1;
+    int in;
+    Outputs dst;
+    template <int N>
+    __device__ __forceinline__ void run(int r0) const {
+        float a0[N], a1[N];
+        dense_part<T, N>(x + (u64)r0 * in, w0, w1, in, a0, a1);
+        dst.template store<N>(a0, a1, r0);
+    }
+};
+
+template <typename T, int MAXR>
+__device__ void linear_block(const float* __restrict__ x, const T* __restrict__ w,
+                             const float* __restrict__ bias, float* __restrict__ y, int rows,
+                             int in, int out) {
+    int o = 2 * blockIdx.x;
+    if (o >= out) return;
+    Outputs dst(y, bias, out, o);
+    const T* w0 = w + (u64)o * in;
+    DensePass<T> pass = {x, w0, dst.second ? w0 + in : w0, in, dst};
+    row_passes<MAXR>(rows, pass);
 }
-extern "C" __global__ void linear_rows_f16(const float* x, const F16* w, const float* bias,
-                                           float* y, int rows, int in, int out) {
-    linear_rows<F16>(x, w, bias, y, rows, in, out);
+
+#define BLOCK_ENTRY(T, TN, R)                                                                  \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) linear_block_##TN##_r##R(        \
+        const float* x, const T* w, const float* bias, float* y, int rows, int in, int out) {  \
+        linear_block<T, R>(x, w, bias, y, rows, in, out);                                      \
+    }
+#define BLOCK_ENTRIES(T, TN) BLOCK_ENTRY(T, TN, 1) BLOCK_ENTRY(T, TN, 2) BLOCK_ENTRY(T, TN, 4) BLOCK_ENTRY(T, TN, 8)
+BLOCK_ENTRIES(float, f32)
+BLOCK_ENTRIES(F16, f16)
+BLOCK_ENTRIES(Bf16, bf16)
+
+template <typename S, int BITS, int W>
+struct AffinePass {
+    const float* x;
+    const u8* w;
+    const S* scales;
+    const S* biases;
+    const float* bias;
+    float* y;
+    int nw, in, out, o, group;
+    template <int N>
+    __device__ __forceinline__ void run(int r0) const {
+        float acc[W][N];
+        affine_part<S, BITS, W, N>(x + (u64)r0 * in, w, scales, biases, nw, in, group, acc);
+        block_store_rows<W, N>(acc, bias, y + (u64)r0 * out, out, o, nw);
+    }
+};
+
+// A few-row product with an affine matrix: AFFINE_ROWS(BITS) outputs per block.
+template <typename S, int BITS, int MAXR>
+__device__ void linear_affine(const float* __restrict__ x, const u8* __restrict__ w,
+                              const S* __restrict__ scales, const S* __restrict__ biases,
+                              const float* __restrict__ bias, float* __restrict__ y, int rows,
+                              int in, int out, int group) {
+    const int W = AFFINE_ROWS(BITS);
+    int o = W * blockIdx.x;
+    if (o >= out) return;
+    int groups = in / group;
+    AffinePass<S, BITS, W> pass = {x,    w + (u64)o * in * BITS / 8, scales + (u64)o * groups,
+                                biases + (u64)o * groups,        bias,  y,
+                                min(W, out - o), in,             out,   o,
+                                group};
+    row_passes<MAXR>(rows, pass);
 }
-extern "C" __global__ void linear_rows_bf16(const float* x, const Bf16* w, const float* bias,
-                                            float* y, int rows, int in, int out) {
-    linear_rows<Bf16>(x, w, bias, y, rows, in, out);
+
+// The matrix as bf16 (what a product of many rows hands to cuBLAS): one thread per load.
+template <typename S, int BITS>
+__device__ void dequant_affine(const u8* __restrict__ w, const S* __restrict__ scales,
+                               const S* __restrict__ biases, u16* __restrict__ out,
+                               long long loads, int in, int group) {
+    const int QC = 128 / BITS;
+    for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < loads;
+         c += (long long)gridDim.x * blockDim.x) {
+        long long first = c * QC;
+        long long row = first / in;
+        int at = (int)(first - row * in);
+        long long g = row * (in / group) + at / group;
+        float s = to_f32(scales[g]), b = to_f32(biases[g]);
+        float q[QC];
+        unpack_q<BITS>(((const uint4*)w)[c], q);
+        uint4* dst = (uint4*)(out + first);
+#pragma unroll
+        for (int k = 0; k < QC / 8; k++) {
+            u32 o[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float lo = __fadd_rn(__fmul_rn(s, q[8 * k + 2 * j]), b);
+                float hi = __fadd_rn(__fmul_rn(s, q[8 * k + 2 * j + 1]), b);
+                o[j] = (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
+            }
+            uint4 v;
+            v.x = o[0]; v.y = o[1]; v.z = o[2]; v.w = o[3];
+            dst[k] = v;
+        }
+    }
 }
+
+#define AFFINE_LINEAR(S, SN, BITS, R)                                                          \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) linear_q##BITS##_##SN##_r##R(    \
+        const float* x, const u8* w, const S* scales, const S* biases, const float* bias,      \
+        float* y, int rows, int in, int out, int group) {                                      \
+        linear_affine<S, BITS, R>(x, w, scales, biases, bias, y, rows, in, out, group);        \
+    }
+#define AFFINE_ENTRIES(S, SN, BITS)                                                            \
+    AFFINE_LINEAR(S, SN, BITS, 1) AFFINE_LINEAR(S, SN, BITS, 2)                                \
+    extern "C" __global__ void dequant_q##BITS##_##SN(const u8* w, const S* scales,           \
+                                                      const S* biases, u16* out,               \
+                                                      long long loads, int in, int group) {    \
+        dequant_affine<S, BITS>(w, scales, biases, out, loads, in, group);                     \
+    }
+AFFINE_ENTRIES(Bf16, bf16, 8)
+AFFINE_ENTRIES(F16, f16, 8)
+AFFINE_ENTRIES(float, f32, 8)
+AFFINE_ENTRIES(Bf16, bf16, 4)
+AFFINE_ENTRIES(F16, f16, 4)
+AFFINE_ENTRIES(float, f32, 4)
 
 // f32 → bf16 (kind 0) or f16 (kind 1), the input of a cuBLAS product with half weights.
 extern "C" __global__ void to_half(const float* x, u16* out, long long n, int kind) {
@@ -231,6 +538,32 @@ extern "C" __global__ void embed_f16(const F16* t, const u32* ids, float* out, i
 extern "C" __global__ void embed_bf16(const Bf16* t, const u32* ids, float* out, int hidden) {
     embed<Bf16>(t, ids, out, hidden);
 }
+
+// Rows of an affine table (exactly as the host dequantizes: s·q, then + b).
+template <typename S, int BITS>
+__device__ void embed_affine(const u8* w, const S* scales, const S* biases, const u32* ids,
+                             float* out, int hidden, int group) {
+    int i = col();
+    if (i >= hidden) return;
+    u64 row = ids[blockIdx.x];
+    const u8* p = w + row * ((u64)hidden * BITS / 8);
+    u32 q = BITS == 8 ? p[i] : (p[i >> 1] >> ((i & 1) * 4)) & 15u;
+    u64 g = row * (hidden / group) + i / group;
+    out[(u64)blockIdx.x * hidden + i] =
+        __fadd_rn(__fmul_rn(to_f32(scales[g]), (float)q), to_f32(biases[g]));
+}
+#define EMBED_AFFINE(S, SN, BITS)                                                              \
+    extern "C" __global__ void embed_q##BITS##_##SN(const u8* w, const S* scales,             \
+                                                    const S* biases, const u32* ids,           \
+                                                    float* out, int hidden, int group) {       \
+        embed_affine<S, BITS>(w, scales, biases, ids, out, hidden, group);                     \
+    }
+EMBED_AFFINE(Bf16, bf16, 8)
+EMBED_AFFINE(F16, f16, 8)
+EMBED_AFFINE(float, f32, 8)
+EMBED_AFFINE(Bf16, bf16, 4)
+EMBED_AFFINE(F16, f16, 4)
+EMBED_AFFINE(float, f32, 4)
 
 // ---------------------------------------------------------------------------------------
 // Elementwise

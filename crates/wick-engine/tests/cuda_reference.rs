@@ -7,13 +7,14 @@
 mod common;
 
 use common::{
-    decoder_from_dir, forward_all, forward_batch, some_ids, write_wide_model, TextGolden,
-    WIDE_SHAPES,
+    decoder_from_dir, forward_all, forward_batch, quantize_model, some_ids, write_wide_model,
+    TextGolden, WIDE_SHAPES,
 };
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::CudaBackend;
 use wick_engine::backend::Backend;
 use wick_engine::models::decoder::{BatchItem, LogitsRequest, SequenceCache};
+use wick_gguf::GgmlType;
 
 /// The families whose ops the CUDA backend has (StarCoder 2 needs LayerNorm).
 const VARIANTS: [&str; 13] = [
@@ -262,5 +263,44 @@ fn wide_heads_match_the_cpu() {
             &out[1],
             &forward_all(&cpu, &other, &[other.len()]),
         );
+    }
+}
+
+/// MLX-quantized matrices (4 and 8 bits, groups of 32 and 64, bf16 or f16 scales) stay
+/// packed on the GPU. Products of one and two rows run on the quantized kernels and equal
+/// the CPU backend's (which multiplies the same values dequantized to f32) as tightly as
+/// dense ones; longer chunks' products dequantize to bf16 for cuBLAS and are as close as a
+/// bf16 model's.
+#[test]
+fn affine_weights_match_the_cpu() {
+    let cases = [
+        (8, 64, GgmlType::Bf16),
+        (4, 64, GgmlType::Bf16),
+        (4, 32, GgmlType::F16),
+        (8, 32, GgmlType::F16),
+    ];
+    for (bits, group, side) in cases {
+        for (heads, kv_heads, hd) in [(8, 2, 128), (14, 2, 64)] {
+            let dir = tempfile::tempdir().unwrap();
+            write_wide_model(dir.path(), heads, kv_heads, hd);
+            quantize_model(dir.path(), bits, group, side);
+            let what =
+                format!("{bits}-bit groups of {group} ({side}), {heads}/{kv_heads} heads of {hd}");
+            let cuda = decoder_from_dir(CudaBackend::new(0).unwrap(), dir.path());
+            let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
+            let ids = some_ids(30, bits + group as u32);
+            let want = forward_all(&cpu, &ids, &[ids.len()]);
+            assert_close(
+                &what,
+                "one and two rows a pass",
+                &forward_all(&cuda, &ids, &[1, 2, 2, 1]),
+                &want,
+            );
+            for chunks in [&[30][..], &[3, 8, 1, 5]] {
+                let (w, scale) = worst(&forward_all(&cuda, &ids, chunks), &want);
+                eprintln!("{what} chunks {chunks:?}: max |diff| {w:.2e} (scale {scale:.1})");
+                assert!(w <= 3e-2 * scale, "{what} {chunks:?}: {w} > 3e-2 × {scale}");
+            }
+        }
     }
 }

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{
-    decoder_from_dir, forward_all, forward_batch, golden_dir, some_ids, write_wide_model,
-    TextGolden, WIDE_SHAPES,
+    decoder_from_dir, forward_all, forward_batch, golden_dir, quantize_model, some_ids,
+    write_wide_model, TextGolden, WIDE_SHAPES,
 };
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
@@ -334,4 +334,39 @@ fn wide_heads_in_chunks_equal_one_pass() {
             &want,
         );
     }
+}
+
+/// The MLX-quantized copies the CUDA reference test builds load as affine checkpoints and
+/// stay near the f32 model they were made from (8 bits closer than 4).
+#[test]
+fn quantized_copies_of_a_model_stay_near_it() {
+    let dense = tempfile::tempdir().unwrap();
+    write_wide_model(dense.path(), 8, 2, 128);
+    let f32_model = decoder_from_dir(CandleBackend::cpu(), dense.path());
+    let ids = some_ids(12, 3);
+    let want = forward_all(&f32_model, &ids, &[ids.len()]);
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let mut errors = Vec::new();
+    for bits in [8, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        write_wide_model(dir.path(), 8, 2, 128);
+        quantize_model(dir.path(), bits, 64, wick_gguf::GgmlType::Bf16);
+        let m = decoder_from_dir(CandleBackend::cpu(), dir.path());
+        let got = forward_all(&m, &ids, &[ids.len()]);
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("{bits} bits: max |diff| {worst:.3e} (scale {scale:.1})");
+        assert!(worst > 0.0, "{bits} bits: nothing was quantized");
+        errors.push(worst);
+    }
+    assert!(errors[0] < 0.05 * scale, "8 bits: {}", errors[0]);
+    assert!(
+        errors[0] < errors[1],
+        "8 bits {} vs 4 bits {}",
+        errors[0],
+        errors[1]
+    );
 }

@@ -88,10 +88,13 @@ pub fn decoder_from_dir<B: wick_engine::backend::Backend>(
         serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
     let cfg = wick_engine::config::ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
     let weights = SafetensorsWeights::open_files(d, &[d.join("model.safetensors")]).unwrap();
+    let quantization = wick_engine::weights::MlxQuantization::from_config(&config, "test").unwrap();
     wick_engine::models::decoder::Decoder::load(
         be,
         cfg.clone(),
-        &weights.canonical_as(cfg.features.hf_naming),
+        &weights
+            .canonical_as(cfg.features.hf_naming)
+            .with_quantization(quantization),
     )
     .unwrap()
 }
@@ -166,6 +169,77 @@ pub fn write_wide_model(dir: &Path, heads: usize, kv_heads: usize, head_dim: usi
     bytes.extend_from_slice(h.as_bytes());
     bytes.extend_from_slice(&data);
     std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
+/// Rewrites the f32 `model.safetensors` of `dir` (as [`write_wide_model`] leaves it) in
+/// MLX's affine layout, as `mlx_lm.convert -q` does: every matrix packed at `bits` with
+/// scales and biases of type `side` per `group` inputs, and `quantization` in
+/// `config.json`.
+pub fn quantize_model(dir: &Path, bits: u32, group: usize, side: wick_gguf::GgmlType) {
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut out: Vec<(String, String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        assert_eq!(info["dtype"], "F32", "{name}");
+        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).unwrap();
+        let [a, b] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
+        let raw = &bytes[8 + n + a..8 + n + b];
+        let values: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let [rows, cols] = shape[..] else {
+            out.push((name.clone(), "F32".into(), shape, raw.to_vec()));
+            continue;
+        };
+        let q = wick_engine::weights::AffineWeight::quantize(
+            name,
+            &values,
+            (rows, cols),
+            (bits, group),
+            side,
+        )
+        .unwrap();
+        let module = name.strip_suffix(".weight").unwrap();
+        let words = cols * bits as usize / 32;
+        out.push((
+            name.clone(),
+            "U32".into(),
+            vec![rows, words],
+            q.packed.to_vec(),
+        ));
+        for (side, w) in [("scales", &q.scales), ("biases", &q.biases)] {
+            out.push((
+                format!("{module}.{side}"),
+                w.dtype.to_string(),
+                w.shape.clone(),
+                w.bytes.to_vec(),
+            ));
+        }
+    }
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, b) in out {
+        let at = data.len();
+        data.extend_from_slice(&b);
+        header.insert(
+            name,
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, data.len()]}),
+        );
+    }
+    let h = serde_json::Value::Object(header).to_string();
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(h.as_bytes());
+    bytes.extend_from_slice(&data);
+    std::fs::write(&file, bytes).unwrap();
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["quantization"] = serde_json::json!({"group_size": group, "bits": bits});
+    std::fs::write(&path, config.to_string()).unwrap();
 }
 
 /// The attention shapes [`write_wide_model`] is used with: (query heads, KV heads, head

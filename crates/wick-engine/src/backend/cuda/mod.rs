@@ -1,13 +1,15 @@
 //! The CUDA backend (cargo feature `cuda`): wick's own kernels on NVIDIA GPUs through
 //! [`wick_cuda`], with f32 activations, weights kept as the file stores them (f32, f16,
-//! bf16; GGUF blocks dequantized to bf16), few-row products by a kernel that reads each
-//! weight row once for up to eight rows, many-row products by cuBLAS, and per-sequence KV
+//! bf16, MLX's 4- and 8-bit affine groups; GGUF Q8_0/Q4_0/Q4_1/Q4_K re-laid out into
+//! them, other GGUF blocks dequantized to bf16: `affine.rs`), few-row products by kernels that read
+//! each weight row once for up to eight rows, many-row products by cuBLAS, and per-sequence KV
 //! caches attended by a kernel that reads cache lengths from device memory.
 //!
 //! Everything a pass does is recorded and run when the pass ends; step-varying values
 //! (token ids, rotary angles, cache addresses and lengths) are uploaded, never passed as
 //! kernel arguments, so the decode step of a fixed batch records the same work every time
 //! and [`wick_cuda::Device`] replays it as one CUDA graph (see `docs/architecture.md`).
+mod affine;
 mod kv;
 
 use std::sync::Arc;
@@ -22,11 +24,16 @@ use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, OptionalOp, RopeSpec,
     RopeStyle,
 };
+use crate::weights::affine::from_gguf_blocks;
+use crate::weights::AffineWeight;
 use crate::{EngineError, Result};
+use affine::{Layout, Sides};
 
 /// Rows up to which a product runs on wick's own kernel by default (above: cuBLAS, on
 /// tensor cores); `WICK_CUDA_KERNEL_ROWS` overrides it.
 const KERNEL_ROWS: usize = 2;
+/// Threads of a few-row product's block (`RB_THREADS` of `kernels.cu`).
+const ROW_BLOCK_THREADS: u32 = 128;
 /// Threads of an attention block (`ATTN_WARPS` of `kernels.cu`).
 const ATTENTION_THREADS: u32 = 128;
 
@@ -66,8 +73,11 @@ impl CudaTensor {
 
 /// A weight matrix `[out, in]` on the device.
 pub struct CudaMatrix {
+    /// The values (affine: packed).
     buf: Buffer,
-    wtype: WType,
+    layout: Layout,
+    /// Scales and biases of an affine matrix.
+    sides: Option<Sides>,
     rows: usize,
     cols: usize,
 }
@@ -95,6 +105,8 @@ pub struct CudaBackend {
     dev: Device,
     /// Rows up to which products run on wick's own kernel.
     kernel_rows: usize,
+    /// Rows up to which quantized products run on wick's own kernel.
+    quant_rows: usize,
     /// Streaming multiprocessors of the device.
     sms: usize,
     /// KV caches store f16 (else f32).
@@ -199,6 +211,16 @@ fn norm_threads(n: usize) -> u32 {
     n.next_multiple_of(32).clamp(32, 1024) as u32
 }
 
+/// Which of a few-row product's kernels (passes of up to 1, 2, 4 or 8 rows) takes `rows`.
+fn row_class(rows: usize) -> usize {
+    match rows {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    }
+}
+
 fn blocks_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 8192) as u32
 }
@@ -220,9 +242,14 @@ impl CudaBackend {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(KERNEL_ROWS);
+        let quant_rows = std::env::var("WICK_CUDA_QUANT_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(affine::QUANT_ROWS);
         Ok(CudaBackend {
             dev,
             kernel_rows,
+            quant_rows,
             sms,
             kv_half: false,
         })
@@ -383,7 +410,7 @@ impl CudaBackend {
             GgmlType::F16 => (std::borrow::Cow::Borrowed(&w.bytes[..]), WType::F16),
             GgmlType::Bf16 => (std::borrow::Cow::Borrowed(&w.bytes[..]), WType::Bf16),
             _ => {
-                // GGUF blocks: dequantized on the host, kept as bf16.
+                // Other GGUF blocks: dequantized on the host, kept as bf16.
                 let values = w.dequantize()?;
                 let bf: Vec<u16> = values
                     .iter()
@@ -596,13 +623,22 @@ impl Backend for CudaBackend {
                 w.name, w.shape
             )));
         }
+        let (rows, cols) = (w.shape[0], w.shape[1]);
+        if let Some(a) = from_gguf_blocks(&w)? {
+            return self.affine_from_host(a);
+        }
         let (buf, wtype) = self.upload_weight(&w)?;
         Ok(CudaMatrix {
             buf,
-            wtype,
-            rows: w.shape[0],
-            cols: w.shape[1],
+            layout: Layout::Dense(wtype),
+            sides: None,
+            rows,
+            cols,
         })
+    }
+
+    fn affine_matrix(&self, w: AffineWeight<'_>) -> Result<CudaMatrix> {
+        self.affine_from_host(w)
     }
 
     fn vector(&self, w: HostWeight<'_>) -> Result<CudaTensor> {
@@ -617,35 +653,51 @@ impl Backend for CudaBackend {
         parts.len() > 1
             && parts
                 .iter()
-                .all(|m| m.wtype == parts[0].wtype && m.cols == parts[0].cols)
+                .all(|m| m.layout == parts[0].layout && m.cols == parts[0].cols)
     }
 
     fn fuse_matrices(&self, parts: Vec<CudaMatrix>) -> Result<CudaMatrix> {
         let Some(first) = parts.first() else {
             return Err(invalid("fuse_matrices: no matrices".into()));
         };
-        let (wtype, cols) = (first.wtype, first.cols);
-        let rows: usize = parts.iter().map(|m| m.rows).sum();
-        let buf = self
-            .dev
-            .alloc_owned(rows * cols * wtype.size())
-            .map_err(cuda_err)?;
-        let mut at = 0u64;
-        for m in &parts {
-            if m.wtype != wtype || m.cols != cols {
-                return Err(invalid(
-                    "fuse_matrices: matrices of different shapes or types".into(),
-                ));
-            }
-            self.dev
-                .copy(buf.ptr() + at, m.buf.ptr(), m.buf.bytes())
-                .map_err(cuda_err)?;
-            at += m.buf.bytes() as u64;
+        let (layout, cols) = (first.layout, first.cols);
+        if parts.iter().any(|m| m.layout != layout || m.cols != cols) {
+            return Err(invalid(
+                "fuse_matrices: matrices of different shapes or types".into(),
+            ));
         }
+        let rows: usize = parts.iter().map(|m| m.rows).sum();
+        // Every buffer of a matrix is row-major by output row: the fused one is each
+        // buffer's parts one after the other.
+        let concat = |pick: &dyn Fn(&CudaMatrix) -> Result<&Buffer>| -> Result<Buffer> {
+            let mut total = 0;
+            for m in &parts {
+                total += pick(m)?.bytes();
+            }
+            let buf = self.dev.alloc_owned(total).map_err(cuda_err)?;
+            let mut at = 0u64;
+            for m in &parts {
+                let b = pick(m)?;
+                self.dev
+                    .copy(buf.ptr() + at, b.ptr(), b.bytes())
+                    .map_err(cuda_err)?;
+                at += b.bytes() as u64;
+            }
+            Ok(buf)
+        };
+        let buf = concat(&|m| Ok(&m.buf))?;
+        let sides = match layout {
+            Layout::Dense(_) => None,
+            Layout::Affine { .. } => Some(Sides {
+                scales: concat(&|m| Ok(&affine::sides(m)?.scales))?,
+                biases: concat(&|m| Ok(&affine::sides(m)?.biases))?,
+            }),
+        };
         self.dev.synchronize().map_err(cuda_err)?;
         Ok(CudaMatrix {
             buf,
-            wtype,
+            layout,
+            sides,
             rows,
             cols,
         })
@@ -657,6 +709,9 @@ impl Backend for CudaBackend {
 
     fn matrix_bytes(&self, m: &CudaMatrix) -> usize {
         m.buf.bytes()
+            + m.sides
+                .as_ref()
+                .map_or(0, |s| s.scales.bytes() + s.biases.bytes())
     }
 
     fn embed(&self, table: &CudaMatrix, ids: &[u32]) -> Result<CudaTensor> {
@@ -697,17 +752,24 @@ impl Backend for CudaBackend {
         if x.rows == 0 {
             return Ok(y);
         }
-        self.op(|| {
-            if x.rows <= self.kernel_rows {
-                let k = match w.wtype {
-                    WType::F32 => Kernel::LinearRowsF32,
-                    WType::F16 => Kernel::LinearRowsF16,
-                    WType::Bf16 => Kernel::LinearRowsBf16,
+        self.op(|| match w.layout {
+            Layout::Dense(wtype) if x.rows <= self.kernel_rows => {
+                use Kernel::*;
+                let block = [
+                    [LinearBlockF32R1, LinearBlockF16R1, LinearBlockBf16R1],
+                    [LinearBlockF32R2, LinearBlockF16R2, LinearBlockBf16R2],
+                    [LinearBlockF32R4, LinearBlockF16R4, LinearBlockBf16R4],
+                    [LinearBlockF32R8, LinearBlockF16R8, LinearBlockBf16R8],
+                ];
+                let t = match wtype {
+                    WType::F32 => 0,
+                    WType::F16 => 1,
+                    WType::Bf16 => 2,
                 };
                 self.launch(
-                    k,
-                    (w.rows.div_ceil(16) as u32, 1, 1),
-                    256,
+                    block[row_class(x.rows)][t],
+                    (w.rows.div_ceil(2) as u32, 1, 1),
+                    ROW_BLOCK_THREADS,
                     &[
                         Arg::Ptr(x.ptr()),
                         Arg::Ptr(w.buf.ptr()),
@@ -717,55 +779,16 @@ impl Backend for CudaBackend {
                         Arg::I32(int(w.cols, "columns")?),
                         Arg::I32(int(w.rows, "outputs")?),
                     ],
-                )?;
-                return Ok(());
+                )
             }
-            let half;
-            let input = match w.wtype {
-                WType::F32 => x.ptr(),
-                kind => {
-                    let n = x.len();
-                    half = self.dev.alloc(n * 2).map_err(cuda_err)?;
-                    self.launch(
-                        Kernel::ToHalf,
-                        (blocks_for(n), 1, 1),
-                        256,
-                        &[
-                            Arg::Ptr(x.ptr()),
-                            Arg::Ptr(half.ptr()),
-                            Arg::I64(n as i64),
-                            Arg::I32(if kind == WType::Bf16 { 0 } else { 1 }),
-                        ],
-                    )?;
-                    half.ptr()
-                }
-            };
-            self.dev
-                .gemm(Gemm {
-                    w: w.buf.ptr(),
-                    wtype: w.wtype,
-                    x: input,
-                    y: y.ptr(),
-                    rows: x.rows,
-                    k: w.cols,
-                    n: w.rows,
-                })
-                .map_err(cuda_err)?;
-            if let Some(b) = bias {
-                let n = y.len();
-                self.launch(
-                    Kernel::AddBias,
-                    (blocks_for(n), 1, 1),
-                    256,
-                    &[
-                        Arg::Ptr(y.ptr()),
-                        Arg::Ptr(b.ptr()),
-                        Arg::I64(n as i64),
-                        Arg::I32(w.rows as i32),
-                    ],
-                )?;
+            Layout::Dense(wtype) => self.blas_product(x, w.buf.ptr(), wtype, w, bias, &y),
+            Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
+                self.affine_rows(x, w, (bits, group, side), bias, &y)
             }
-            Ok(())
+            Layout::Affine { bits, group, side } => {
+                let dense = self.affine_to_bf16(w, (bits, group, side))?;
+                self.blas_product(x, dense.ptr(), WType::Bf16, w, bias, &y)
+            }
         })?;
         Ok(y)
     }
@@ -1176,10 +1199,14 @@ impl CudaBackend {
     /// Embedding rows of `table` for `n` ids at device address `ids`.
     fn gather(&self, table: &CudaMatrix, ids: u64, n: usize) -> Result<CudaTensor> {
         let out = self.tensor(n, table.cols)?;
-        let k = match table.wtype {
-            WType::F32 => Kernel::EmbedF32,
-            WType::F16 => Kernel::EmbedF16,
-            WType::Bf16 => Kernel::EmbedBf16,
+        let k = match table.layout {
+            Layout::Dense(WType::F32) => Kernel::EmbedF32,
+            Layout::Dense(WType::F16) => Kernel::EmbedF16,
+            Layout::Dense(WType::Bf16) => Kernel::EmbedBf16,
+            Layout::Affine { bits, group, side } => {
+                self.gather_affine(table, (bits, group, side), ids, &out)?;
+                return Ok(out);
+            }
         };
         self.launch(
             k,
@@ -1193,5 +1220,64 @@ impl CudaBackend {
             ],
         )?;
         Ok(out)
+    }
+
+    /// `y = x · wᵀ (+ bias)` by cuBLAS for the dense `[w.rows, w.cols]` weights of type
+    /// `wtype` at `wptr`, inside a pass: half weights take x rounded to their type.
+    fn blas_product(
+        &self,
+        x: &CudaTensor,
+        wptr: u64,
+        wtype: WType,
+        w: &CudaMatrix,
+        bias: Option<&CudaTensor>,
+        y: &CudaTensor,
+    ) -> Result<()> {
+        let half;
+        let input = match wtype {
+            WType::F32 => x.ptr(),
+            kind => {
+                let n = x.len();
+                half = self.dev.alloc(n * 2).map_err(cuda_err)?;
+                self.launch(
+                    Kernel::ToHalf,
+                    (blocks_for(n), 1, 1),
+                    256,
+                    &[
+                        Arg::Ptr(x.ptr()),
+                        Arg::Ptr(half.ptr()),
+                        Arg::I64(n as i64),
+                        Arg::I32(if kind == WType::Bf16 { 0 } else { 1 }),
+                    ],
+                )?;
+                half.ptr()
+            }
+        };
+        self.dev
+            .gemm(Gemm {
+                w: wptr,
+                wtype,
+                x: input,
+                y: y.ptr(),
+                rows: x.rows,
+                k: w.cols,
+                n: w.rows,
+            })
+            .map_err(cuda_err)?;
+        if let Some(b) = bias {
+            let n = y.len();
+            self.launch(
+                Kernel::AddBias,
+                (blocks_for(n), 1, 1),
+                256,
+                &[
+                    Arg::Ptr(y.ptr()),
+                    Arg::Ptr(b.ptr()),
+                    Arg::I64(n as i64),
+                    Arg::I32(w.rows as i32),
+                ],
+            )?;
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,347 @@
+//! Quantized matrices on the GPU, kept quantized: MLX's affine layout (4 or 8 bits per
+//! value, a scale and a bias per group of 32, 64 or 128 inputs) as files store it, and the
+//! GGUF blocks that re-lay out into it without loss (Q8_0, Q4_0, Q4_1, Q4_K: groups of 32,
+//! scales and biases kept as f16 where that is exact, else f32).
+//!
+//! Products of few rows (decode) read the packed values once per step through
+//! `linear_q{4,8}_*`; products of many rows (prefill, large batches) dequantize the matrix
+//! to bf16 into a temporary and hand that to cuBLAS, as a bf16 file's weights are.
+use wick_cuda::{Arg, Buffer, Kernel, WType};
+use wick_gguf::GgmlType;
+
+use super::{blocks_for, col_blocks, cuda_err, int, invalid, CudaBackend, CudaMatrix, CudaTensor};
+#[cfg(doc)]
+use crate::weights::affine::from_gguf_blocks;
+use crate::weights::AffineWeight;
+use crate::Result;
+
+/// Rows up to which a quantized product runs on the quantized kernel by default, which
+/// reads the packed weights once per two rows (above, dequantizing to bf16 for cuBLAS
+/// costs less: on the H200 an 8B 4-bit model decoded 8 rows at 232 tok/s on a kernel of
+/// eight-row passes); `WICK_CUDA_QUANT_ROWS` overrides it.
+pub(super) const QUANT_ROWS: usize = 2;
+
+/// How a matrix's numbers are stored on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// One value per element.
+    Dense(WType),
+    /// `bits` per value, and per `group` inputs a scale and a bias of type `side`.
+    Affine {
+        bits: u32,
+        group: usize,
+        side: WType,
+    },
+}
+
+/// A matrix's scales and biases, `[rows, cols / group]` each.
+pub(super) struct Sides {
+    pub(super) scales: Buffer,
+    pub(super) biases: Buffer,
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    /// The product kernel for one row, or passes of up to two.
+    Linear {
+        one: bool,
+    },
+    Dequant,
+    Embed,
+}
+
+fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
+    use Kernel::*;
+    let table: [[Kernel; 3]; 2] = match op {
+        Op::Linear { one: true } => [
+            [LinearQ8Bf16R1, LinearQ8F16R1, LinearQ8F32R1],
+            [LinearQ4Bf16R1, LinearQ4F16R1, LinearQ4F32R1],
+        ],
+        Op::Linear { one: false } => [
+            [LinearQ8Bf16R2, LinearQ8F16R2, LinearQ8F32R2],
+            [LinearQ4Bf16R2, LinearQ4F16R2, LinearQ4F32R2],
+        ],
+        Op::Dequant => [
+            [DequantQ8Bf16, DequantQ8F16, DequantQ8F32],
+            [DequantQ4Bf16, DequantQ4F16, DequantQ4F32],
+        ],
+        Op::Embed => [
+            [EmbedQ8Bf16, EmbedQ8F16, EmbedQ8F32],
+            [EmbedQ4Bf16, EmbedQ4F16, EmbedQ4F32],
+        ],
+    };
+    let row = if bits == 8 { 0 } else { 1 };
+    let col = match side {
+        WType::Bf16 => 0,
+        WType::F16 => 1,
+        WType::F32 => 2,
+    };
+    table[row][col]
+}
+
+/// Outputs one block of `linear_q*` makes (`AFFINE_ROWS` of `kernels.cu`).
+fn rows_per_block(bits: u32) -> usize {
+    if bits == 4 {
+        8
+    } else {
+        4
+    }
+}
+
+fn side_type(dtype: GgmlType) -> Option<WType> {
+    match dtype {
+        GgmlType::Bf16 => Some(WType::Bf16),
+        GgmlType::F16 => Some(WType::F16),
+        GgmlType::F32 => Some(WType::F32),
+        _ => None,
+    }
+}
+
+/// f32 scales and biases as f16 where every one of them survives the trip (GGUF blocks
+/// re-laid out by [`from_gguf_blocks`]: Q8_0's and Q4_0's are an f16 scale times a power of
+/// two), else `None`.
+fn narrow_sides(w: &AffineWeight<'_>) -> Option<(Vec<u8>, Vec<u8>)> {
+    if w.scales.dtype != GgmlType::F32 || w.biases.dtype != GgmlType::F32 {
+        return None;
+    }
+    let narrow = |bytes: &[u8]| -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(bytes.len() / 2);
+        for c in bytes.chunks_exact(4) {
+            let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let h = half::f16::from_f32(v);
+            if h.to_f32() != v {
+                return None;
+            }
+            out.extend_from_slice(&h.to_le_bytes());
+        }
+        Some(out)
+    };
+    Some((narrow(&w.scales.bytes)?, narrow(&w.biases.bytes)?))
+}
+
+/// The scales and biases of an affine matrix.
+pub(super) fn sides(m: &CudaMatrix) -> Result<&Sides> {
+    m.sides
+        .as_ref()
+        .ok_or_else(|| invalid("affine matrix without scales".into()))
+}
+
+impl CudaBackend {
+    /// Uploads packed values and their sides as an affine matrix.
+    pub(super) fn upload_affine(
+        &self,
+        (rows, cols): (usize, usize),
+        (bits, group, side): (u32, usize, WType),
+        packed: &[u8],
+        scales: &[u8],
+        biases: &[u8],
+    ) -> Result<CudaMatrix> {
+        let groups = rows * cols / group;
+        if packed.len() != rows * cols * bits as usize / 8
+            || scales.len() != groups * side.size()
+            || biases.len() != groups * side.size()
+        {
+            return Err(invalid(format!(
+                "affine matrix {rows}x{cols} at {bits} bits: {} packed, {} scale and {} bias bytes",
+                packed.len(),
+                scales.len(),
+                biases.len()
+            )));
+        }
+        let up = |b: &[u8]| self.dev.upload_owned(b).map_err(cuda_err);
+        Ok(CudaMatrix {
+            buf: up(packed)?,
+            layout: Layout::Affine { bits, group, side },
+            sides: Some(Sides {
+                scales: up(scales)?,
+                biases: up(biases)?,
+            }),
+            rows,
+            cols,
+        })
+    }
+
+    /// An affine matrix: kept packed at 4 and 8 bits with scales and biases of one float
+    /// type, else dequantized to bf16.
+    pub(super) fn affine_from_host(&self, w: AffineWeight<'_>) -> Result<CudaMatrix> {
+        w.validate()?;
+        if matches!(w.bits, 4 | 8) {
+            if let Some((scales, biases)) = narrow_sides(&w) {
+                return self.upload_affine(
+                    (w.rows, w.cols),
+                    (w.bits, w.group_size, WType::F16),
+                    &w.packed,
+                    &scales,
+                    &biases,
+                );
+            }
+        }
+        let side = side_type(w.scales.dtype).filter(|_| w.biases.dtype == w.scales.dtype);
+        match side {
+            Some(side) if matches!(w.bits, 4 | 8) => self.upload_affine(
+                (w.rows, w.cols),
+                (w.bits, w.group_size, side),
+                &w.packed,
+                &w.scales.bytes,
+                &w.biases.bytes,
+            ),
+            _ => {
+                let values = w.dequantize()?;
+                self.dense_bf16(&values, w.rows, w.cols)
+            }
+        }
+    }
+
+    /// Row-major f32 values uploaded as a bf16 matrix.
+    pub(super) fn dense_bf16(
+        &self,
+        values: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaMatrix> {
+        let bf: Vec<u16> = values
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        Ok(CudaMatrix {
+            buf: self
+                .dev
+                .upload_owned(bytemuck::cast_slice(&bf))
+                .map_err(cuda_err)?,
+            layout: Layout::Dense(WType::Bf16),
+            sides: None,
+            rows,
+            cols,
+        })
+    }
+
+    /// `y = x · wᵀ (+ bias)` for an affine `w` and few rows of `x`, inside a pass.
+    pub(super) fn affine_rows(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        (bits, group, side): (u32, usize, WType),
+        bias: Option<&CudaTensor>,
+        y: &CudaTensor,
+    ) -> Result<()> {
+        let s = sides(w)?;
+        self.launch(
+            kernel(Op::Linear { one: x.rows == 1 }, bits, side),
+            (w.rows.div_ceil(rows_per_block(bits)) as u32, 1, 1),
+            super::ROW_BLOCK_THREADS,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(w.buf.ptr()),
+                Arg::Ptr(s.scales.ptr()),
+                Arg::Ptr(s.biases.ptr()),
+                Arg::Ptr(bias.map_or(0, |b| b.ptr())),
+                Arg::Ptr(y.ptr()),
+                Arg::I32(int(x.rows, "rows")?),
+                Arg::I32(int(w.cols, "columns")?),
+                Arg::I32(int(w.rows, "outputs")?),
+                Arg::I32(int(group, "group size")?),
+            ],
+        )
+    }
+
+    /// The affine `w` dequantized to bf16 into a temporary, inside a pass.
+    pub(super) fn affine_to_bf16(
+        &self,
+        w: &CudaMatrix,
+        (bits, group, side): (u32, usize, WType),
+    ) -> Result<Buffer> {
+        let s = sides(w)?;
+        let n = w.rows * w.cols;
+        let out = self.dev.alloc(n * 2).map_err(cuda_err)?;
+        let loads = n * bits as usize / 128;
+        self.launch(
+            kernel(Op::Dequant, bits, side),
+            (blocks_for(loads), 1, 1),
+            256,
+            &[
+                Arg::Ptr(w.buf.ptr()),
+                Arg::Ptr(s.scales.ptr()),
+                Arg::Ptr(s.biases.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::I64(loads as i64),
+                Arg::I32(int(w.cols, "columns")?),
+                Arg::I32(int(group, "group size")?),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    /// Rows of an affine embedding table for `n` ids at device address `ids`.
+    pub(super) fn gather_affine(
+        &self,
+        table: &CudaMatrix,
+        (bits, group, side): (u32, usize, WType),
+        ids: u64,
+        out: &CudaTensor,
+    ) -> Result<()> {
+        let s = sides(table)?;
+        self.launch(
+            kernel(Op::Embed, bits, side),
+            (out.rows as u32, col_blocks(table.cols), 1),
+            256,
+            &[
+                Arg::Ptr(table.buf.ptr()),
+                Arg::Ptr(s.scales.ptr()),
+                Arg::Ptr(s.biases.ptr()),
+                Arg::Ptr(ids),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(int(table.cols, "hidden size")?),
+                Arg::I32(int(group, "group size")?),
+            ],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::HostWeight;
+    use crate::weights::affine::from_gguf_blocks;
+    use std::borrow::Cow;
+
+    fn q8_0(blocks: &[(f32, [i8; 32])]) -> HostWeight<'static> {
+        let mut bytes = Vec::new();
+        for (d, qs) in blocks {
+            bytes.extend(half::f16::from_f32(*d).to_le_bytes());
+            bytes.extend(qs.iter().map(|&q| q as u8));
+        }
+        HostWeight {
+            name: "w".into(),
+            dtype: GgmlType::Q8_0,
+            shape: vec![blocks.len(), 32],
+            bytes: Cow::Owned(bytes),
+        }
+    }
+
+    #[test]
+    fn q8_0_sides_narrow_to_f16_exactly() {
+        let mut qs = [0i8; 32];
+        for (i, q) in qs.iter_mut().enumerate() {
+            *q = (i as i8 * 9).wrapping_sub(100);
+        }
+        qs[0] = -128;
+        qs[1] = 127;
+        let w = q8_0(&[(0.0123, qs), (-3.5, qs)]);
+        let want = w.dequantize().unwrap();
+        let a = from_gguf_blocks(&w).unwrap().unwrap();
+        let (scales, biases) = narrow_sides(&a).unwrap();
+        let side = |b: &[u8], g: usize| half::f16::from_le_bytes([b[2 * g], b[2 * g + 1]]).to_f32();
+        for (i, &q) in a.packed.iter().enumerate() {
+            let got = side(&scales, i / 32) * q as f32 + side(&biases, i / 32);
+            assert_eq!(got, want[i], "value {i}");
+        }
+    }
+
+    #[test]
+    fn sides_that_f16_cannot_hold_stay_f32() {
+        let a = from_gguf_blocks(&q8_0(&[(1000.0, [1; 32])]))
+            .unwrap()
+            .unwrap();
+        assert!(narrow_sides(&a).is_none());
+    }
+}
