@@ -495,13 +495,13 @@ __device__ void dequant_affine(const u8* __restrict__ w, const S* __restrict__ s
                                                       const S* biases, u16* out,               \
                                                       long long loads, int in, int group) {    \
         dequant_affine<S, BITS>(w, scales, biases, out, loads, in, group);                     \
+    }                                                                                          \
+    extern "C" __global__ void embed_q##BITS##_##SN(const u8* w, const S* scales,             \
+                                                    const S* biases, const u32* ids,           \
+                                                    float* out, int hidden, int group) {       \
+        embed_affine<S, BITS>(w, scales, biases, ids, out, hidden, group);                     \
     }
-AFFINE_ENTRIES(Bf16, bf16, 8)
-AFFINE_ENTRIES(F16, f16, 8)
-AFFINE_ENTRIES(float, f32, 8)
-AFFINE_ENTRIES(Bf16, bf16, 4)
-AFFINE_ENTRIES(F16, f16, 4)
-AFFINE_ENTRIES(float, f32, 4)
+// (instantiated after embed_affine, in "Embeddings")
 
 // f32 → bf16 (kind 0) or f16 (kind 1), the input of a cuBLAS product with half weights.
 extern "C" __global__ void to_half(const float* x, u16* out, long long n, int kind) {
@@ -552,18 +552,13 @@ __device__ void embed_affine(const u8* w, const S* scales, const S* biases, cons
     out[(u64)blockIdx.x * hidden + i] =
         __fadd_rn(__fmul_rn(to_f32(scales[g]), (float)q), to_f32(biases[g]));
 }
-#define EMBED_AFFINE(S, SN, BITS)                                                              \
-    extern "C" __global__ void embed_q##BITS##_##SN(const u8* w, const S* scales,             \
-                                                    const S* biases, const u32* ids,           \
-                                                    float* out, int hidden, int group) {       \
-        embed_affine<S, BITS>(w, scales, biases, ids, out, hidden, group);                     \
-    }
-EMBED_AFFINE(Bf16, bf16, 8)
-EMBED_AFFINE(F16, f16, 8)
-EMBED_AFFINE(float, f32, 8)
-EMBED_AFFINE(Bf16, bf16, 4)
-EMBED_AFFINE(F16, f16, 4)
-EMBED_AFFINE(float, f32, 4)
+// Every affine kernel, for each side type and width.
+AFFINE_ENTRIES(Bf16, bf16, 8)
+AFFINE_ENTRIES(F16, f16, 8)
+AFFINE_ENTRIES(float, f32, 8)
+AFFINE_ENTRIES(Bf16, bf16, 4)
+AFFINE_ENTRIES(F16, f16, 4)
+AFFINE_ENTRIES(float, f32, 4)
 
 // ---------------------------------------------------------------------------------------
 // Elementwise
