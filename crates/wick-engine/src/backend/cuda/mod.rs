@@ -1,9 +1,9 @@
 //! The CUDA backend (cargo feature `cuda`): wick's own kernels on NVIDIA GPUs through
 //! [`wick_cuda`], with f32 activations, weights kept as the file stores them (f32, f16,
 //! bf16, MLX's 4- and 8-bit affine groups; GGUF Q8_0/Q4_0/Q4_1/Q4_K re-laid out into
-//! them, other GGUF blocks dequantized to bf16: `affine.rs`), few-row products by kernels that read
-//! each weight row once for up to eight rows, many-row products by cuBLAS, and per-sequence KV
-//! caches attended by a kernel that reads cache lengths from device memory.
+//! them, other GGUF blocks dequantized to bf16: `affine.rs`), few-row products by kernels
+//! that read each weight row once per step, many-row products by cuBLAS, and per-sequence
+//! KV caches attended by a kernel that reads cache lengths from device memory.
 //!
 //! Everything a pass does is recorded and run when the pass ends; step-varying values
 //! (token ids, rotary angles, cache addresses and lengths) are uploaded, never passed as
