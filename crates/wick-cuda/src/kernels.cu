@@ -118,27 +118,6 @@ __device__ __forceinline__ void unpack_q(uint4 p, float* q) {
     }
 }
 
-// The values of one 16-byte load as the products use them: 8-bit as exact floats q; 4-bit
-// as 2 + q/64 (one byte permute each, no subtraction: the nibble lands in the mantissa of
-// 2.0), for which Σ q·x = 64·(Σ v·x − 2·Σ x).
-template <int BITS>
-__device__ __forceinline__ void unpack_v(uint4 p, float* v) {
-    if (BITS == 8) {
-        unpack_q<8>(p, v);
-    } else {
-        u32 w[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u32 lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                v[8 * i + 2 * k] = __uint_as_float(__byte_perm(lo, 0x40000000u, 0x7044 + (k << 8)));
-                v[8 * i + 2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x40000000u, 0x7044 + (k << 8)));
-            }
-        }
-    }
-}
-
 // Products of few rows by blocks: each block of RB_THREADS threads makes two outputs; its
 // threads split the inputs in 16-byte loads (so a short row still spreads over many SMs
 // and every thread has its loads in flight at once) and the block sums their parts.
@@ -216,7 +195,9 @@ __device__ __forceinline__ void dense_part(const float* __restrict__ x, const T*
     }
 }
 
-// The values of one 32-bit word of packed values as the products use them (see unpack_v).
+// The values of one 32-bit word of packed values as the products use them: 8-bit as exact
+// floats q; 4-bit as 2 + q/64 (one byte permute each, no subtraction: the nibble lands in
+// the mantissa of 2.0), for which Σ q·x = 64·(Σ v·x − 2·Σ x).
 template <int BITS>
 __device__ __forceinline__ void unpack_word(u32 w, float* v) {
     if (BITS == 8) {
