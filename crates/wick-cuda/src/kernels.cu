@@ -86,6 +86,30 @@ __device__ float block_sum(float v) {
     return t;
 }
 
+// Programmatic dependent launch (sm_90 and later; the host launches a kernel this way only
+// right after another of these kernels). Every kernel first lets the next one start
+// (`pdl_launch`: its blocks may then take free SM slots and run up to their `pdl_wait`),
+// then waits until the kernel before it has finished and its writes are visible
+// (`pdl_wait`). Nothing but weights (never written while a pass runs) may be read, and
+// nothing written, before the wait: so launches, block scheduling and a product's first
+// weight reads overlap the tail of the kernel before. Without the launch attribute (older
+// GPUs, `WICK_CUDA_PDL=0`) both are no-ops.
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+    pdl_launch();
+    pdl_wait();
+}
+
+
 // ---------------------------------------------------------------------------------------
 // Products
 //
@@ -118,16 +142,24 @@ __device__ __forceinline__ void unpack_q(uint4 p, float* q) {
     }
 }
 
+// A gated unit's activation of `g` (kind 0: SiLU, 1: GELU tanh).
+__device__ __forceinline__ float act(float g, int kind) {
+    if (kind == 0) return g / (1.0f + expf(-g));
+    const float c = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
 // Products of few rows by blocks: each block of RB_THREADS threads makes two outputs; its
 // threads split the inputs in 16-byte loads (so a short row still spreads over many SMs
 // and every thread has its loads in flight at once) and the block sums their parts.
 #define RB_THREADS 128
 
 // Sums each thread's a0[r] (output o) and a1[r] (output o + 1) over the block and stores
-// them (+ bias) into rows r of y.
+// them (+ bias) into rows r of y; with `glu` ≥ 0 (an activation kind) the two are a gate
+// and its up projection, and act(gate)·up is stored at o.
 template <int NR>
 __device__ __forceinline__ void block_store(float* a0, float* a1, float b0, float b1,
-                                            bool second, float* y, int out, int o) {
+                                            bool second, int glu, float* y, int out, int o) {
     __shared__ float part[RB_THREADS / 32][16];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
@@ -140,7 +172,17 @@ __device__ __forceinline__ void block_store(float* a0, float* a1, float b0, floa
     }
     __syncthreads();
     int t = threadIdx.x;
-    if (t < 2 * NR) {
+    if (glu >= 0) {
+        if (t < NR) {
+            float g = 0.0f, u = 0.0f;
+#pragma unroll
+            for (int k = 0; k < RB_THREADS / 32; k++) {
+                g += part[k][t];
+                u += part[k][8 + t];
+            }
+            y[(u64)t * out + o] = act(g, glu) * u;
+        }
+    } else if (t < 2 * NR) {
         int r = t % NR, which = t / NR;
         if (which == 0 || second) {
             float s = 0.0f;
@@ -195,23 +237,59 @@ __device__ __forceinline__ void dense_part(const float* __restrict__ x, const T*
     }
 }
 
-// The values of one 32-bit word of packed values as the products use them: 8-bit as exact
-// floats q; 4-bit as 2 + q/64 (one byte permute each, no subtraction: the nibble lands in
-// the mantissa of 2.0), for which Σ q·x = 64·(Σ v·x − 2·Σ x).
+// Four signed bytes from four ints in [-127, 127] (a in the lowest byte).
+__device__ __forceinline__ u32 pack_s8(int a, int b, int c, int d) {
+    return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+// c + Σ a_k·b_k over the four bytes of a (unsigned) and b (signed).
+__device__ __forceinline__ int dot4(u32 a, u32 b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// One thread's QC inputs of a few-row affine product (those its 16-byte weight load
+// covers) quantized to signed bytes with one scale, as llama.cpp's CUDA mat-vec does
+// (`dx` · q ≈ x, |q| ≤ 127): the products' inner sums are then byte dot products (4 per
+// instruction, exact in int32) instead of a float FMA per weight, which had held the 4-bit
+// kernel to half the memory bandwidth by instruction issue. Words are laid out as the
+// weights' bytes: at 8 bits, word k holds inputs 4k..4k+3; at 4 bits, word 2i the inputs of
+// the low nibbles of weight word i (8i, 8i+2, 8i+4, 8i+6) and word 2i + 1 those of the high
+// ones. `sum` is Σ q (for the groups' biases).
 template <int BITS>
-__device__ __forceinline__ void unpack_word(u32 w, float* v) {
-    if (BITS == 8) {
+__device__ __forceinline__ void quantize_x(const float* __restrict__ x, u32* xq, float& dx,
+                                           float& sum) {
+    const int QC = 128 / BITS;
+    float v[QC];
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-            v[k] = __uint_as_float(__byte_perm(w, 0x4b000000u, 0x7540 + k)) - 8388608.0f;
-    } else {
-        u32 lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            v[2 * k] = __uint_as_float(__byte_perm(lo, 0x40000000u, 0x7044 + (k << 8)));
-            v[2 * k + 1] = __uint_as_float(__byte_perm(hi, 0x40000000u, 0x7044 + (k << 8)));
-        }
+    for (int q = 0; q < QC / 4; q++) {
+        float4 f = ((const float4*)x)[q];
+        v[4 * q] = f.x;
+        v[4 * q + 1] = f.y;
+        v[4 * q + 2] = f.z;
+        v[4 * q + 3] = f.w;
     }
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < QC; e++) amax = fmaxf(amax, fabsf(v[e]));
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    dx = amax * (1.0f / 127.0f);
+    int qi[QC];
+#pragma unroll
+    for (int e = 0; e < QC; e++) qi[e] = __float2int_rn(v[e] * inv);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < QC / 4; k++) {
+        if (BITS == 8) {
+            xq[k] = pack_s8(qi[4 * k], qi[4 * k + 1], qi[4 * k + 2], qi[4 * k + 3]);
+        } else {
+            int b = 8 * (k >> 1) + (k & 1);
+            xq[k] = pack_s8(qi[b], qi[b + 2], qi[b + 4], qi[b + 6]);
+        }
+        s = dot4(0x01010101u, xq[k], s);
+    }
+    sum = (float)s;
 }
 
 // Rows of an affine matrix one block of a few-row product makes: 8 at 4 bits, 4 at 8 bits,
@@ -219,17 +297,19 @@ __device__ __forceinline__ void unpack_word(u32 w, float* v) {
 // serves as many weight rows (`rows_per_block` in Rust). The products take passes of up
 // to two rows of x: with more, their values crowd out the weights' registers, and a
 // product of more rows dequantizes the matrix for cuBLAS instead.
-#define AFFINE_ROWS(BITS) ((BITS) == 4 ? 8 : 4)
+#define AFFINE_ROWS(BITS) 8
 
 // This thread's part of W affine rows (the first `nw` real: the others repeat the last)
-// times NR rows of x: per 16-byte load of each row, Σ v·x and Σ x (shared by the rows),
-// turned into s·Σqx + b·Σx.
-template <typename S, int BITS, int W, int NR>
+// times NR rows of x: per 16-byte load of each row (one group), the byte dot product Σq·qx
+// with the thread's quantized inputs, turned into dx·(s·Σq·qx + b·Σqx).
+// With GLU, rows j < W/2 are the block's first `nw` gate rows and rows j ≥ W/2 the up
+// rows `up` rows further on.
+template <typename S, int BITS, int W, int NR, bool GLU>
 __device__ __forceinline__ void affine_part(const float* __restrict__ x, const u8* __restrict__ w,
                                             const S* __restrict__ scales,
-                                            const S* __restrict__ biases, int nw, int in,
-                                            int group, float (&acc)[W][NR]) {
-    const int QC = 128 / BITS, WV = QC / 4;
+                                            const S* __restrict__ biases, int nw, int up,
+                                            int in, int group, float (&acc)[W][NR]) {
+    const int QC = 128 / BITS;
     u64 row_bytes = (u64)in * BITS / 8;
     int groups = in / group;
 #pragma unroll
@@ -237,71 +317,50 @@ __device__ __forceinline__ void affine_part(const float* __restrict__ x, const u
 #pragma unroll
         for (int r = 0; r < NR; r++) acc[j][r] = 0.0f;
     for (int i = threadIdx.x * QC; i < in; i += RB_THREADS * QC) {
+        // The inputs first (from L2, written by the kernel before): their quantization's
+        // temporaries are dead by the time the weights' registers fill, so more blocks fit.
+        u32 xq[NR][QC / 4];
+        float dx[NR], sq[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) quantize_x<BITS>(x + (u64)r * in + i, xq[r], dx[r], sq[r]);
         uint4 p[W];
         float sc[W], bi[W];
         int g = i / group;
 #pragma unroll
         for (int j = 0; j < W; j++) {
-            int row = min(j, nw - 1);
+            int row = GLU ? (j < W / 2 ? min(j, nw - 1) : up + min(j - W / 2, nw - 1))
+                          : min(j, nw - 1);
             p[j] = *(const uint4*)(w + row * row_bytes + i * BITS / 8);
             sc[j] = to_f32(scales[(u64)row * groups + g]);
             bi[j] = to_f32(biases[(u64)row * groups + g]);
         }
-        float d[W][NR], sx[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            sx[r] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < W; j++) d[j][r] = 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float xv[NR][WV];
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                const float4* xr = (const float4*)(x + (u64)r * in + i + k * WV);
-#pragma unroll
-                for (int q = 0; q < WV / 4; q++) {
-                    float4 v = xr[q];
-                    xv[r][4 * q] = v.x;
-                    xv[r][4 * q + 1] = v.y;
-                    xv[r][4 * q + 2] = v.z;
-                    xv[r][4 * q + 3] = v.w;
-                    sx[r] += (v.x + v.y) + (v.z + v.w);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < W; j++) {
-                u32 word = k == 0 ? p[j].x : k == 1 ? p[j].y : k == 2 ? p[j].z : p[j].w;
-                float v[WV];
-                unpack_word<BITS>(word, v);
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    float t = d[j][r];
-#pragma unroll
-                    for (int e = 0; e < WV; e++) t = fmaf(v[e], xv[r][e], t);
-                    d[j][r] = t;
-                }
-            }
-        }
 #pragma unroll
         for (int j = 0; j < W; j++) {
-            float s = sc[j], b = bi[j];
-            if (BITS == 4) {
-                b = fmaf(-128.0f, s, b);
-                s *= 64.0f;
-            }
+            u32 word[4] = {p[j].x, p[j].y, p[j].z, p[j].w};
 #pragma unroll
-            for (int r = 0; r < NR; r++) acc[j][r] += fmaf(s, d[j][r], b * sx[r]);
+            for (int r = 0; r < NR; r++) {
+                int d = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    if (BITS == 8) {
+                        d = dot4(word[k], xq[r][k], d);
+                    } else {
+                        d = dot4(word[k] & 0x0f0f0f0fu, xq[r][2 * k], d);
+                        d = dot4((word[k] >> 4) & 0x0f0f0f0fu, xq[r][2 * k + 1], d);
+                    }
+                }
+                acc[j][r] = fmaf(dx[r], fmaf(sc[j], (float)d, bi[j] * sq[r]), acc[j][r]);
+            }
         }
     }
 }
 
 // Sums acc over the block and stores y[r, o + j] = Σ acc[j][r] (+ bias) for the block's
-// `nw` outputs starting at o.
-template <int W, int NR>
+// `nw` outputs starting at o; with `glu` ≥ 0 (GLU), rows j < W/2 are gates and j + W/2
+// their up projections, and act(gate)·up is stored for the `nw` pairs.
+template <int W, int NR, bool GLU>
 __device__ __forceinline__ void block_store_rows(float (&acc)[W][NR], const float* bias,
-                                                 float* y, int out, int o, int nw) {
+                                                 float* y, int out, int o, int nw, int glu) {
     __shared__ float part[RB_THREADS / 32][W * NR];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
@@ -313,7 +372,20 @@ __device__ __forceinline__ void block_store_rows(float (&acc)[W][NR], const floa
         }
     __syncthreads();
     int t = threadIdx.x;
-    if (t < W * NR) {
+    if (GLU) {
+        if (t < W / 2 * NR) {
+            int j = t / NR, r = t % NR;
+            if (j < nw) {
+                float g = 0.0f, u = 0.0f;
+#pragma unroll
+                for (int k = 0; k < RB_THREADS / 32; k++) {
+                    g += part[k][t];
+                    u += part[k][t + W / 2 * NR];
+                }
+                y[(u64)r * out + o + j] = act(g, glu) * u;
+            }
+        }
+    } else if (t < W * NR) {
         int j = t / NR, r = t % NR;
         if (j < nw) {
             float s = 0.0f;
@@ -345,19 +417,22 @@ __device__ __forceinline__ void row_passes(int rows, const Pass& pass) {
 }
 
 // One block's outputs o and o + 1 (if `second`) with their biases.
+// (With `glu` ≥ 0: the block's two rows are a gate and its up projection, and its one
+// output is act(gate)·up at o.)
 struct Outputs {
     float* y;
     int out, o;
     float b0, b1;
     bool second;
-    __device__ Outputs(float* y_, const float* bias, int out_, int o_)
-        : y(y_), out(out_), o(o_), second(o_ + 1 < out_) {
+    int glu;
+    __device__ Outputs(float* y_, const float* bias, int out_, int o_, int glu_ = -1)
+        : y(y_), out(out_), o(o_), second(glu_ >= 0 || o_ + 1 < out_), glu(glu_) {
         b0 = bias ? bias[o] : 0.0f;
         b1 = bias && second ? bias[o + 1] : 0.0f;
     }
     template <int N>
     __device__ __forceinline__ void store(float* a0, float* a1, int r0) const {
-        block_store<N>(a0, a1, b0, b1, second, y + (u64)r0 * out, out, o);
+        block_store<N>(a0, a1, b0, b1, second, glu, y + (u64)r0 * out, out, o);
     }
 };
 
@@ -382,9 +457,27 @@ __device__ void linear_block(const float* __restrict__ x, const T* __restrict__ 
                              int in, int out) {
     int o = 2 * blockIdx.x;
     if (o >= out) return;
-    Outputs dst(y, bias, out, o);
+    pdl_launch();
     const T* w0 = w + (u64)o * in;
+    pdl_wait();
+    Outputs dst(y, bias, out, o);
     DensePass<T> pass = {x, w0, dst.second ? w0 + in : w0, in, dst};
+    row_passes<MAXR>(rows, pass);
+}
+
+// y[r, i] = act(gate_i · x[r]) · (up_i · x[r]) for a fused `[gate; up]` matrix (`width`
+// rows each): a block per pair of rows, so no product output or GLU pass in between.
+template <typename T, int MAXR>
+__device__ void glu_block(const float* __restrict__ x, const T* __restrict__ w,
+                          float* __restrict__ y, int rows, int in, int width, int act_kind) {
+    int i = blockIdx.x;
+    if (i >= width) return;
+    pdl_launch();
+    const T* w0 = w + (u64)i * in;
+    const T* w1 = w + (u64)(width + i) * in;
+    pdl_wait();
+    Outputs dst(y, nullptr, width, i, act_kind);
+    DensePass<T> pass = {x, w0, w1, in, dst};
     row_passes<MAXR>(rows, pass);
 }
 
@@ -393,12 +486,19 @@ __device__ void linear_block(const float* __restrict__ x, const T* __restrict__ 
         const float* x, const T* w, const float* bias, float* y, int rows, int in, int out) {  \
         linear_block<T, R>(x, w, bias, y, rows, in, out);                                      \
     }
-#define BLOCK_ENTRIES(T, TN) BLOCK_ENTRY(T, TN, 1) BLOCK_ENTRY(T, TN, 2) BLOCK_ENTRY(T, TN, 4) BLOCK_ENTRY(T, TN, 8)
+#define GLU_BLOCK_ENTRY(T, TN, R)                                                              \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) glu_block_##TN##_r##R(           \
+        const float* x, const T* w, float* y, int rows, int in, int width, int act_kind) {     \
+        glu_block<T, R>(x, w, y, rows, in, width, act_kind);                                   \
+    }
+#define BLOCK_ENTRIES(T, TN)                                                                   \
+    BLOCK_ENTRY(T, TN, 1) BLOCK_ENTRY(T, TN, 2) BLOCK_ENTRY(T, TN, 4) BLOCK_ENTRY(T, TN, 8)    \
+    GLU_BLOCK_ENTRY(T, TN, 1) GLU_BLOCK_ENTRY(T, TN, 2)
 BLOCK_ENTRIES(float, f32)
 BLOCK_ENTRIES(F16, f16)
 BLOCK_ENTRIES(Bf16, bf16)
 
-template <typename S, int BITS, int W>
+template <typename S, int BITS, int W, bool GLU>
 struct AffinePass {
     const float* x;
     const u8* w;
@@ -406,12 +506,13 @@ struct AffinePass {
     const S* biases;
     const float* bias;
     float* y;
-    int nw, in, out, o, group;
+    int nw, up, in, out, o, group, glu;
     template <int N>
     __device__ __forceinline__ void run(int r0) const {
         float acc[W][N];
-        affine_part<S, BITS, W, N>(x + (u64)r0 * in, w, scales, biases, nw, in, group, acc);
-        block_store_rows<W, N>(acc, bias, y + (u64)r0 * out, out, o, nw);
+        affine_part<S, BITS, W, N, GLU>(x + (u64)r0 * in, w, scales, biases, nw, up, in, group,
+                                        acc);
+        block_store_rows<W, N, GLU>(acc, bias, y + (u64)r0 * out, out, o, nw, glu);
     }
 };
 
@@ -424,11 +525,31 @@ __device__ void linear_affine(const float* __restrict__ x, const u8* __restrict_
     const int W = AFFINE_ROWS(BITS);
     int o = W * blockIdx.x;
     if (o >= out) return;
-    int groups = in / group;
-    AffinePass<S, BITS, W> pass = {x,    w + (u64)o * in * BITS / 8, scales + (u64)o * groups,
-                                biases + (u64)o * groups,        bias,  y,
-                                min(W, out - o), in,             out,   o,
-                                group};
+    pdl_launch();
+    int groups = in / group, nw = min(W, out - o);
+    pdl_wait();
+    AffinePass<S, BITS, W, false> pass = {
+        x,  w + (u64)o * in * BITS / 8, scales + (u64)o * groups, biases + (u64)o * groups,
+        bias, y, nw, 0, in, out, o, group, -1};
+    row_passes<MAXR>(rows, pass);
+}
+
+// `glu_block` for an affine `[gate; up]` matrix: AFFINE_ROWS(BITS) / 2 pairs per block.
+template <typename S, int BITS, int MAXR>
+__device__ void glu_affine(const float* __restrict__ x, const u8* __restrict__ w,
+                           const S* __restrict__ scales, const S* __restrict__ biases,
+                           float* __restrict__ y, int rows, int in, int width, int group,
+                           int act_kind) {
+    const int W = AFFINE_ROWS(BITS);
+    int o = W / 2 * blockIdx.x;
+    if (o >= width) return;
+    pdl_launch();
+    int groups = in / group, nw = min(W / 2, width - o);
+    u64 row_bytes = (u64)in * BITS / 8;
+    pdl_wait();
+    AffinePass<S, BITS, W, true> pass = {
+        x,  w + (u64)o * row_bytes, scales + (u64)o * groups, biases + (u64)o * groups,
+        nullptr, y, nw, width, in, width, o, group, act_kind};
     row_passes<MAXR>(rows, pass);
 }
 
@@ -464,28 +585,43 @@ __device__ void dequant_affine(const u8* __restrict__ w, const S* __restrict__ s
     }
 }
 
+// Blocks of a few-row affine product that fit an SM at once (ptxas keeps the registers to
+// that): each thread holds 128 bytes of weights in flight, so these set the bytes in flight
+// per SM, which is what the products' speed follows.
+#define AFFINE_MIN_BLOCKS(BITS, R) ((BITS) == 4 && (R) == 2 ? 4 : 5)
+
 #define AFFINE_LINEAR(S, SN, BITS, R)                                                          \
-    extern "C" __global__ void __launch_bounds__(RB_THREADS) linear_q##BITS##_##SN##_r##R(    \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS, AFFINE_MIN_BLOCKS(BITS, R)) linear_q##BITS##_##SN##_r##R( \
         const float* x, const u8* w, const S* scales, const S* biases, const float* bias,      \
         float* y, int rows, int in, int out, int group) {                                      \
         linear_affine<S, BITS, R>(x, w, scales, biases, bias, y, rows, in, out, group);        \
     }
+#define AFFINE_GLU(S, SN, BITS, R)                                                             \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS, AFFINE_MIN_BLOCKS(BITS, R)) glu_q##BITS##_##SN##_r##R( \
+        const float* x, const u8* w, const S* scales, const S* biases, float* y, int rows,     \
+        int in, int width, int group, int act_kind) {                                          \
+        glu_affine<S, BITS, R>(x, w, scales, biases, y, rows, in, width, group, act_kind);     \
+    }
 #define AFFINE_ENTRIES(S, SN, BITS)                                                            \
     AFFINE_LINEAR(S, SN, BITS, 1) AFFINE_LINEAR(S, SN, BITS, 2)                                \
+    AFFINE_GLU(S, SN, BITS, 1) AFFINE_GLU(S, SN, BITS, 2)                                      \
     extern "C" __global__ void dequant_q##BITS##_##SN(const u8* w, const S* scales,           \
                                                       const S* biases, u16* out,               \
                                                       long long loads, int in, int group) {    \
+        pdl_begin();                                                                           \
         dequant_affine<S, BITS>(w, scales, biases, out, loads, in, group);                     \
     }                                                                                          \
     extern "C" __global__ void embed_q##BITS##_##SN(const u8* w, const S* scales,             \
                                                     const S* biases, const u32* ids,           \
                                                     float* out, int hidden, int group) {       \
+        pdl_begin();                                                                           \
         embed_affine<S, BITS>(w, scales, biases, ids, out, hidden, group);                     \
     }
 // (instantiated after embed_affine, in "Embeddings")
 
 // f32 → bf16 (kind 0) or f16 (kind 1), the input of a cuBLAS product with half weights.
 extern "C" __global__ void to_half(const float* x, u16* out, long long n, int kind) {
+    pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = kind == 0 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
@@ -493,6 +629,7 @@ extern "C" __global__ void to_half(const float* x, u16* out, long long n, int ki
 
 // y[r, c] += bias[c]
 extern "C" __global__ void add_bias(float* y, const float* bias, long long n, int cols) {
+    pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         y[i] += bias[i % cols];
@@ -511,12 +648,15 @@ __device__ void embed(const T* table, const u32* ids, float* out, int hidden) {
     if (i < hidden) out[(u64)blockIdx.x * hidden + i] = to_f32(table[(u64)ids[blockIdx.x] * hidden + i]);
 }
 extern "C" __global__ void embed_f32(const float* t, const u32* ids, float* out, int hidden) {
+    pdl_begin();
     embed<float>(t, ids, out, hidden);
 }
 extern "C" __global__ void embed_f16(const F16* t, const u32* ids, float* out, int hidden) {
+    pdl_begin();
     embed<F16>(t, ids, out, hidden);
 }
 extern "C" __global__ void embed_bf16(const Bf16* t, const u32* ids, float* out, int hidden) {
+    pdl_begin();
     embed<Bf16>(t, ids, out, hidden);
 }
 
@@ -545,32 +685,31 @@ AFFINE_ENTRIES(float, f32, 4)
 // Elementwise
 
 extern "C" __global__ void add(const float* a, const float* b, float* out, long long n) {
+    pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = a[i] + b[i];
 }
 
 extern "C" __global__ void scale(const float* x, float* out, float s, long long n) {
+    pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = x[i] * s;
 }
 
 extern "C" __global__ void softcap(const float* x, float* out, float cap, long long n) {
+    pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = cap * tanhf(x[i] / cap);
 }
 
-__device__ __forceinline__ float act(float g, int kind) {
-    if (kind == 0) return g / (1.0f + expf(-g));
-    const float c = 0.7978845608028654f;
-    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-}
 
 // out = act(gate) * up (kind 0: SiLU, 1: GELU tanh).
 extern "C" __global__ void glu(const float* gate, const float* up, float* out, long long n,
                                int kind) {
+    pdl_begin();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         out[i] = act(gate[i], kind) * up[i];
@@ -582,6 +721,7 @@ extern "C" __global__ void glu(const float* gate, const float* up, float* out, l
 // (up to NORM_CACHE of them) in registers between the sum and the scaling.
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
                                     float* __restrict__ out, int n, float eps) {
+    pdl_begin();
     u64 base = (u64)blockIdx.x * n;
     float v[NORM_CACHE];
     float ss = 0.0f;
@@ -608,6 +748,7 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float* __restrict__ y,
                                         const float* __restrict__ w, float* __restrict__ sum,
                                         float* __restrict__ out, int n, float eps) {
+    pdl_begin();
     u64 base = (u64)blockIdx.x * n;
     float v[NORM_CACHE];
     float ss = 0.0f;
@@ -634,37 +775,52 @@ extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float
         out[base + i] = (x[base + i] + y[base + i]) * inv * w[i];
 }
 
-// Rotary embeddings: `cs` holds `rows * half` cosines then as many sines.
-extern "C" __global__ void rope(const float* x, float* out, const float* cs, int rows,
-                                int heads, int hd, int dims, int neox) {
-    int r = blockIdx.x;
+// Value `idx` of row r of x (`heads` heads of `hd`) after rotary embeddings: `cs` holds
+// `rows * half` cosines then as many sines.
+__device__ __forceinline__ float rope_value(const float* x, const float* cs, int rows, int r,
+                                            int heads, int hd, int dims, int neox, int idx) {
     int half = dims / 2;
     const float* cosr = cs + (u64)r * half;
     const float* sinr = cs + (u64)rows * half + (u64)r * half;
-    const float* xr = x + (u64)r * heads * hd;
-    float* o = out + (u64)r * heads * hd;
-    int idx = col();
-    if (idx < heads * hd) {
-        int h = idx / hd, d = idx - h * hd;
-        const float* xh = xr + h * hd;
-        float v;
-        if (d >= dims) {
-            v = xh[d];
-        } else if (neox) {
-            int i = d < half ? d : d - half;
-            float a = xh[i], b = xh[i + half];
-            v = d < half ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
-        } else {
-            int i = d >> 1;
-            float a = xh[2 * i], b = xh[2 * i + 1];
-            v = (d & 1) == 0 ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
-        }
-        o[idx] = v;
+    const float* xh = x + (u64)r * heads * hd + (idx / hd) * hd;
+    int d = idx % hd;
+    if (d >= dims) return xh[d];
+    if (neox) {
+        int i = d < half ? d : d - half;
+        float a = xh[i], b = xh[i + half];
+        return d < half ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+    }
+    int i = d >> 1;
+    float a = xh[2 * i], b = xh[2 * i + 1];
+    return (d & 1) == 0 ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+}
+
+// Rotary embeddings of each row's `heads` heads.
+extern "C" __global__ void rope(const float* x, float* out, const float* cs, int rows,
+                                int heads, int hd, int dims, int neox) {
+    pdl_begin();
+    int r = blockIdx.x, idx = col();
+    if (idx < heads * hd)
+        out[(u64)r * heads * hd + idx] = rope_value(x, cs, rows, r, heads, hd, dims, neox, idx);
+}
+
+// `rope` of a layer's queries (`qh` heads) and keys (`kh` heads) in one launch.
+extern "C" __global__ void rope_qk(const float* q, float* q_out, const float* k, float* k_out,
+                                   const float* cs, int rows, int qh, int kh, int hd, int dims,
+                                   int neox) {
+    pdl_begin();
+    int r = blockIdx.x, idx = col();
+    if (idx < qh * hd) {
+        q_out[(u64)r * qh * hd + idx] = rope_value(q, cs, rows, r, qh, hd, dims, neox, idx);
+    } else if (idx < (qh + kh) * hd) {
+        idx -= qh * hd;
+        k_out[(u64)r * kh * hd + idx] = rope_value(k, cs, rows, r, kh, hd, dims, neox, idx);
     }
 }
 
 // out[i, :] = x[idx[i], :]
 extern "C" __global__ void gather_rows(const float* x, const u32* idx, float* out, int cols) {
+    pdl_begin();
     int c = col();
     if (c < cols) out[(u64)blockIdx.x * cols + c] = x[(u64)idx[blockIdx.x] * cols + c];
 }
@@ -672,12 +828,14 @@ extern "C" __global__ void gather_rows(const float* x, const u32* idx, float* ou
 // out[r, :] = x[r, off .. off + width]
 extern "C" __global__ void copy_cols(const float* x, float* out, int in_cols, int off,
                                      int width) {
+    pdl_begin();
     int c = col();
     if (c < width) out[(u64)blockIdx.x * width + c] = x[(u64)blockIdx.x * in_cols + off + c];
 }
 
 // y[idx[i], :] += d[i, :] (in place; the rows are distinct).
 extern "C" __global__ void scatter_add_rows(float* y, const u32* idx, const float* d, int cols) {
+    pdl_begin();
     int c = col();
     if (c < cols) y[(u64)idx[blockIdx.x] * cols + c] += d[(u64)blockIdx.x * cols + c];
 }
@@ -704,6 +862,7 @@ struct Tile {
 // Writes each row's keys and values at its position (as f16 when `half`).
 extern "C" __global__ void kv_append(const float* k, const float* v, const Seg* segs,
                                      const int* seg_of_row, int row, int half) {
+    pdl_begin();
     int r = blockIdx.x;
     Seg s = segs[seg_of_row[r]];
     u64 at = (u64)(s.len_before + r - s.row_start) * row;
@@ -912,6 +1071,7 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
                                        const int* seg_of_row, const Tile* tiles,              \
                                        const int* ends, int heads, int kv_heads, int hd,      \
                                        int gc, float scale, float cap) {                      \
+        pdl_begin();                                                                          \
         attention_tile<T, NT, UP>(q, out, part_ml, part_acc, segs, seg_of_row, tiles, ends,   \
                                   heads, kv_heads, hd, gc, scale, cap);                       \
     }
@@ -938,6 +1098,7 @@ ATTENTION_ENTRY(f16, F16, 8, 8)
 // sums one dimension's parts.
 extern "C" __global__ void attention_merge(const float* part_ml, const float* part_acc,
                                            float* out, int heads, int hd, int parts) {
+    pdl_begin();
     __shared__ float weight[32];
     int r = blockIdx.x, h = blockIdx.y;
     u64 base = ((u64)r * heads + h) * parts;
@@ -997,6 +1158,7 @@ __device__ void block_argmax(float& best, int& bi) {
 
 extern "C" __global__ void argmax_rows(const float* __restrict__ x, float* part, int vocab,
                                        const u32* masks, const int* mask_at, int words) {
+    pdl_begin();
     int r = blockIdx.x, p = blockIdx.y, parts = gridDim.y;
     int per = (vocab + parts - 1) / parts;
     int lo = p * per, hi = min(vocab, lo + per);
@@ -1021,6 +1183,7 @@ extern "C" __global__ void argmax_rows(const float* __restrict__ x, float* part,
 }
 
 extern "C" __global__ void argmax_finish(const float* part, u32* out, int parts) {
+    pdl_begin();
     int r = blockIdx.x;
     float best = -WICK_INF;
     int bi = 0x7fffffff;

@@ -267,10 +267,12 @@ fn wide_heads_match_the_cpu() {
 }
 
 /// MLX-quantized matrices (4 and 8 bits, groups of 32 and 64; bf16, f16 or f32 scales, the
-/// last as GGUF blocks re-laid out get them) stay packed on the GPU. Products of one and two rows run on the quantized kernels and equal
-/// the CPU backend's (which multiplies the same values dequantized to f32) as tightly as
-/// dense ones; longer chunks' products dequantize to bf16 for cuBLAS (weights and inputs
-/// rounded to bf16: within 3% of the logits' scale, about 0.5–0.9% on the H200).
+/// last as GGUF blocks re-laid out get them) stay packed on the GPU. Products of one and
+/// two rows run on the quantized kernels, which quantize their inputs to signed bytes (one
+/// scale per 32 inputs at 4 bits, 16 at 8 bits) for byte dot products; longer chunks'
+/// products dequantize to bf16 for cuBLAS (weights and inputs rounded to bf16). Both stay
+/// within 3% of the logits' scale of the CPU backend (which multiplies the same weights
+/// dequantized to f32 with f32 inputs).
 #[test]
 fn affine_weights_match_the_cpu() {
     let cases = [
@@ -292,13 +294,7 @@ fn affine_weights_match_the_cpu() {
             let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
             let ids = some_ids(30, bits + group as u32);
             let want = forward_all(&cpu, &ids, &[ids.len()]);
-            assert_close(
-                &what,
-                "one and two rows a pass",
-                &forward_all(&cuda, &ids, &[1, 2, 2, 1]),
-                &want,
-            );
-            for chunks in [&[30][..], &[3, 8, 1, 5]] {
+            for chunks in [&[1, 2, 2, 1][..], &[30], &[3, 8, 1, 5]] {
                 let (w, scale) = worst(&forward_all(&cuda, &ids, chunks), &want);
                 eprintln!("{what} chunks {chunks:?}: max |diff| {w:.2e} (scale {scale:.1})");
                 assert!(w <= 3e-2 * scale, "{what} {chunks:?}: {w} > 3e-2 × {scale}");

@@ -413,6 +413,25 @@ pub trait Backend: Send + Sync + 'static {
     fn split_columns(&self, x: &Self::Tensor, widths: &[usize]) -> Result<Vec<Self::Tensor>>;
     /// `act(gate) * up`.
     fn glu(&self, gate: &Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<Self::Tensor>;
+    /// `act(x · gateᵀ) * (x · upᵀ)` for a fused `[gate; up]` matrix ([`Backend::fuse_matrices`])
+    /// of two `width`-row halves. By default the product, split and [`Backend::glu`]; a
+    /// backend may pair each gate row with its up row in one kernel.
+    fn linear_glu(
+        &self,
+        x: &Self::Tensor,
+        gate_up: &Self::Matrix,
+        width: usize,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
+        let both = self.linear(x, gate_up, None)?;
+        match self.split_columns(&both, &[width, width])?.as_slice() {
+            [gate, up] => self.glu(gate, up, act),
+            _ => Err(EngineError::Backend {
+                backend: self.name(),
+                message: "split_columns returned too few parts".into(),
+            }),
+        }
+    }
     /// Whether the backend implements `op` (none by default).
     fn supports(&self, op: OptionalOp) -> bool {
         let _ = op;
@@ -496,6 +515,18 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Applies rotary embeddings to `x` `[n, heads * head_dim]`.
     fn rope(&self, x: &Self::Tensor, heads: usize, table: &Self::Rope) -> Result<Self::Tensor>;
+    /// [`Backend::rope`] of a layer's queries (`heads` heads) and keys (`kv_heads`) with
+    /// one table: a backend may do both in one launch.
+    fn rope_qk(
+        &self,
+        q: &Self::Tensor,
+        heads: usize,
+        k: &Self::Tensor,
+        kv_heads: usize,
+        table: &Self::Rope,
+    ) -> Result<(Self::Tensor, Self::Tensor)> {
+        Ok((self.rope(q, heads, table)?, self.rope(k, kv_heads, table)?))
+    }
 
     /// An empty cache for one layer.
     fn new_kv_layer(

@@ -1351,8 +1351,13 @@ impl<B: Backend> Decoder<B> {
                 _ => &rope,
             };
             if layer.use_rope {
-                q = be.rope(&q, layer.attention.heads, table)?;
-                k = be.rope(&k, layer.attention.kv_heads, table)?;
+                (q, k) = be.rope_qk(
+                    &q,
+                    layer.attention.heads,
+                    &k,
+                    layer.attention.kv_heads,
+                    table,
+                )?;
             }
             let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                 .iter_mut()
@@ -1388,10 +1393,14 @@ impl<B: Backend> Decoder<B> {
                     let up_out = lora.apply(be, li, Target::Up, &hf, up_out)?;
                     be.activation(&up_out, cfg.activation)?
                 }
+                GateUpProjection::Fused { gate_up, width } if lora.is_empty() => {
+                    be.linear_glu(&hf, gate_up, *width, cfg.activation)?
+                }
                 GateUpProjection::Fused { gate_up, width } => {
+                    // Adapters add to the gate and up outputs, so they need them apart.
                     let both = be.linear(&hf, gate_up, None)?;
                     match be.split_columns(&both, &[*width, *width])?.as_slice() {
-                        [gate, up] if !lora.is_empty() => {
+                        [gate, up] => {
                             let [gate, up] = lora.apply_many(
                                 be,
                                 li,
@@ -1401,7 +1410,6 @@ impl<B: Backend> Decoder<B> {
                             )?;
                             be.glu(&gate, &up, cfg.activation)?
                         }
-                        [gate, up] => be.glu(gate, up, cfg.activation)?,
                         _ => {
                             return Err(EngineError::Backend {
                                 backend: be.name(),

@@ -46,6 +46,10 @@ enum Op {
     Linear {
         one: bool,
     },
+    /// The same for a fused `[gate; up]` matrix, storing act(gate)·up.
+    Glu {
+        one: bool,
+    },
     Dequant,
     Embed,
 }
@@ -60,6 +64,14 @@ fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
         Op::Linear { one: false } => [
             [LinearQ8Bf16R2, LinearQ8F16R2, LinearQ8F32R2],
             [LinearQ4Bf16R2, LinearQ4F16R2, LinearQ4F32R2],
+        ],
+        Op::Glu { one: true } => [
+            [GluQ8Bf16R1, GluQ8F16R1, GluQ8F32R1],
+            [GluQ4Bf16R1, GluQ4F16R1, GluQ4F32R1],
+        ],
+        Op::Glu { one: false } => [
+            [GluQ8Bf16R2, GluQ8F16R2, GluQ8F32R2],
+            [GluQ4Bf16R2, GluQ4F16R2, GluQ4F32R2],
         ],
         Op::Dequant => [
             [DequantQ8Bf16, DequantQ8F16, DequantQ8F32],
@@ -240,6 +252,38 @@ impl CudaBackend {
                 Arg::I32(int(w.cols, "columns")?),
                 Arg::I32(int(w.rows, "outputs")?),
                 Arg::I32(int(group, "group size")?),
+            ],
+        )
+    }
+
+    /// `y = act(x · gateᵀ) · (x · upᵀ)` for an affine `[gate; up]` matrix (`width` rows
+    /// each) and few rows of `x`, inside a pass.
+    pub(super) fn affine_glu_rows(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        (bits, group, side): (u32, usize, WType),
+        width: usize,
+        act: i32,
+        y: &CudaTensor,
+    ) -> Result<()> {
+        let s = sides(w)?;
+        let pairs = rows_per_block(bits) / 2;
+        self.launch(
+            kernel(Op::Glu { one: x.rows == 1 }, bits, side),
+            (width.div_ceil(pairs) as u32, 1, 1),
+            super::ROW_BLOCK_THREADS,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(w.buf.ptr()),
+                Arg::Ptr(s.scales.ptr()),
+                Arg::Ptr(s.biases.ptr()),
+                Arg::Ptr(y.ptr()),
+                Arg::I32(int(x.rows, "rows")?),
+                Arg::I32(int(w.cols, "columns")?),
+                Arg::I32(int(width, "width")?),
+                Arg::I32(int(group, "group size")?),
+                Arg::I32(act),
             ],
         )
     }

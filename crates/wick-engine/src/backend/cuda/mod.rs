@@ -221,6 +221,14 @@ fn row_class(rows: usize) -> usize {
     }
 }
 
+/// The kernels' code for an activation (`act` in `kernels.cu`).
+fn act_kind(act: Activation) -> i32 {
+    match act {
+        Activation::Silu => 0,
+        Activation::GeluTanh => 1,
+    }
+}
+
 fn blocks_for(n: usize) -> u32 {
     n.div_ceil(256).clamp(1, 8192) as u32
 }
@@ -867,11 +875,70 @@ impl Backend for CudaBackend {
     }
 
     fn glu(&self, gate: &CudaTensor, up: &CudaTensor, act: Activation) -> Result<CudaTensor> {
-        let act = match act {
-            Activation::Silu => 0,
-            Activation::GeluTanh => 1,
+        self.binary("glu", Kernel::Glu, gate, up, &[Arg::I32(act_kind(act))])
+    }
+
+    fn linear_glu(
+        &self,
+        x: &CudaTensor,
+        gate_up: &CudaMatrix,
+        width: usize,
+        act: Activation,
+    ) -> Result<CudaTensor> {
+        if x.cols != gate_up.cols || gate_up.rows != 2 * width {
+            return Err(invalid(format!(
+                "linear_glu: input of {} columns for a {}x{} matrix of two {width}-row halves",
+                x.cols, gate_up.rows, gate_up.cols
+            )));
+        }
+        // One kernel pairs each gate row with its up row and stores act(gate)·up; many rows
+        // go to cuBLAS and the GLU kernel.
+        let fused = match gate_up.layout {
+            Layout::Dense(_) => x.rows <= self.kernel_rows,
+            Layout::Affine { .. } => x.rows <= self.quant_rows,
         };
-        self.binary("glu", Kernel::Glu, gate, up, &[Arg::I32(act)])
+        if !fused || x.rows == 0 {
+            let both = self.linear(x, gate_up, None)?;
+            let parts = self.split_columns(&both, &[width, width])?;
+            return match parts.as_slice() {
+                [gate, up] => self.glu(gate, up, act),
+                _ => Err(invalid("linear_glu: split gave no halves".into())),
+            };
+        }
+        let y = self.tensor(x.rows, width)?;
+        let kind = act_kind(act);
+        self.op(|| match gate_up.layout {
+            Layout::Dense(wtype) => {
+                use Kernel::*;
+                let table = [
+                    [GluBlockF32R1, GluBlockF16R1, GluBlockBf16R1],
+                    [GluBlockF32R2, GluBlockF16R2, GluBlockBf16R2],
+                ];
+                let t = match wtype {
+                    WType::F32 => 0,
+                    WType::F16 => 1,
+                    WType::Bf16 => 2,
+                };
+                self.launch(
+                    table[usize::from(x.rows > 1)][t],
+                    (width as u32, 1, 1),
+                    ROW_BLOCK_THREADS,
+                    &[
+                        Arg::Ptr(x.ptr()),
+                        Arg::Ptr(gate_up.buf.ptr()),
+                        Arg::Ptr(y.ptr()),
+                        Arg::I32(int(x.rows, "rows")?),
+                        Arg::I32(int(gate_up.cols, "columns")?),
+                        Arg::I32(int(width, "width")?),
+                        Arg::I32(kind),
+                    ],
+                )
+            }
+            Layout::Affine { bits, group, side } => {
+                self.affine_glu_rows(x, gate_up, (bits, group, side), width, kind, &y)
+            }
+        })?;
+        Ok(y)
     }
 
     fn supports(&self, op: OptionalOp) -> bool {
@@ -1069,6 +1136,47 @@ impl Backend for CudaBackend {
             ],
         )?;
         Ok(out)
+    }
+
+    fn rope_qk(
+        &self,
+        q: &CudaTensor,
+        heads: usize,
+        k: &CudaTensor,
+        kv_heads: usize,
+        table: &CudaRope,
+    ) -> Result<(CudaTensor, CudaTensor)> {
+        let hd = q.cols.checked_div(heads).unwrap_or(0);
+        if table.rows != q.rows
+            || k.rows != q.rows
+            || heads == 0
+            || kv_heads == 0
+            || q.cols != heads * hd
+            || k.cols != kv_heads * hd
+            || table.dims > hd
+        {
+            return Ok((self.rope(q, heads, table)?, self.rope(k, kv_heads, table)?));
+        }
+        let (q_out, k_out) = (self.tensor(q.rows, q.cols)?, self.tensor(k.rows, k.cols)?);
+        self.launch(
+            Kernel::RopeQk,
+            (q.rows as u32, col_blocks(q.cols + k.cols), 1),
+            256,
+            &[
+                Arg::Ptr(q.ptr()),
+                Arg::Ptr(q_out.ptr()),
+                Arg::Ptr(k.ptr()),
+                Arg::Ptr(k_out.ptr()),
+                Arg::Ptr(table.buf.ptr()),
+                Arg::I32(int(q.rows, "rows")?),
+                Arg::I32(heads as i32),
+                Arg::I32(kv_heads as i32),
+                Arg::I32(int(hd, "head size")?),
+                Arg::I32(table.dims as i32),
+                Arg::I32(i32::from(table.style == RopeStyle::Neox)),
+            ],
+        )?;
+        Ok((q_out, k_out))
     }
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CudaKvLayer {
