@@ -292,12 +292,12 @@ __device__ __forceinline__ void quantize_x(const float* __restrict__ x, u32* xq,
     sum = (float)s;
 }
 
-// Rows of an affine matrix one block of a few-row product makes: 8 at 4 bits, 4 at 8 bits,
-// so that each thread has 128 bytes of weights in flight per step and each load of x
-// serves as many weight rows (`rows_per_block` in Rust). The products take passes of up
-// to two rows of x: with more, their values crowd out the weights' registers, and a
-// product of more rows dequantizes the matrix for cuBLAS instead.
-#define AFFINE_ROWS(BITS) 8
+// Rows of an affine matrix one block of a few-row product makes (`AFFINE_ROWS` in Rust), so
+// that each thread has 128 bytes of weights in flight per step and each quantized load of
+// x serves as many weight rows. The products take passes of up to two rows of x: with
+// more, their values crowd out the weights' registers, and a product of more rows
+// dequantizes the matrix for cuBLAS instead.
+#define AFFINE_ROWS 8
 
 // This thread's part of W affine rows (the first `nw` real: the others repeat the last)
 // times NR rows of x: per 16-byte load of each row (one group), the byte dot product Σq·qx
@@ -516,13 +516,13 @@ struct AffinePass {
     }
 };
 
-// A few-row product with an affine matrix: AFFINE_ROWS(BITS) outputs per block.
+// A few-row product with an affine matrix: AFFINE_ROWS outputs per block.
 template <typename S, int BITS, int MAXR>
 __device__ void linear_affine(const float* __restrict__ x, const u8* __restrict__ w,
                               const S* __restrict__ scales, const S* __restrict__ biases,
                               const float* __restrict__ bias, float* __restrict__ y, int rows,
                               int in, int out, int group) {
-    const int W = AFFINE_ROWS(BITS);
+    const int W = AFFINE_ROWS;
     int o = W * blockIdx.x;
     if (o >= out) return;
     pdl_launch();
@@ -534,13 +534,13 @@ __device__ void linear_affine(const float* __restrict__ x, const u8* __restrict_
     row_passes<MAXR>(rows, pass);
 }
 
-// `glu_block` for an affine `[gate; up]` matrix: AFFINE_ROWS(BITS) / 2 pairs per block.
+// `glu_block` for an affine `[gate; up]` matrix: AFFINE_ROWS / 2 pairs per block.
 template <typename S, int BITS, int MAXR>
 __device__ void glu_affine(const float* __restrict__ x, const u8* __restrict__ w,
                            const S* __restrict__ scales, const S* __restrict__ biases,
                            float* __restrict__ y, int rows, int in, int width, int group,
                            int act_kind) {
-    const int W = AFFINE_ROWS(BITS);
+    const int W = AFFINE_ROWS;
     int o = W / 2 * blockIdx.x;
     if (o >= width) return;
     pdl_launch();

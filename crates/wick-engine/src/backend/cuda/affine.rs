@@ -91,14 +91,9 @@ fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
     table[row][col]
 }
 
-/// Outputs one block of `linear_q*` makes (`AFFINE_ROWS` of `kernels.cu`).
-fn rows_per_block(bits: u32) -> usize {
-    if bits == 4 {
-        8
-    } else {
-        4
-    }
-}
+/// Rows of the matrix one block of `linear_q*` / `glu_q*` takes (`AFFINE_ROWS` of
+/// `kernels.cu`; a `glu_q*` block takes half of them from each half).
+const AFFINE_ROWS: usize = 8;
 
 fn side_type(dtype: GgmlType) -> Option<WType> {
     match dtype {
@@ -239,7 +234,7 @@ impl CudaBackend {
         let s = sides(w)?;
         self.launch(
             kernel(Op::Linear { one: x.rows == 1 }, bits, side),
-            (w.rows.div_ceil(rows_per_block(bits)) as u32, 1, 1),
+            (w.rows.div_ceil(AFFINE_ROWS) as u32, 1, 1),
             super::ROW_BLOCK_THREADS,
             &[
                 Arg::Ptr(x.ptr()),
@@ -268,7 +263,7 @@ impl CudaBackend {
         y: &CudaTensor,
     ) -> Result<()> {
         let s = sides(w)?;
-        let pairs = rows_per_block(bits) / 2;
+        let pairs = AFFINE_ROWS / 2;
         self.launch(
             kernel(Op::Glu { one: x.rows == 1 }, bits, side),
             (width.div_ceil(pairs) as u32, 1, 1),
