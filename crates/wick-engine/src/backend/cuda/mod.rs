@@ -221,6 +221,15 @@ fn row_class(rows: usize) -> usize {
     }
 }
 
+/// The column of a dense product kernel table (`[f32, f16, bf16]`) for weights of `t`.
+fn dense_column(t: WType) -> usize {
+    match t {
+        WType::F32 => 0,
+        WType::F16 => 1,
+        WType::Bf16 => 2,
+    }
+}
+
 /// The kernels' code for an activation (`act` in `kernels.cu`).
 fn act_kind(act: Activation) -> i32 {
     match act {
@@ -769,13 +778,8 @@ impl Backend for CudaBackend {
                     [LinearBlockF32R4, LinearBlockF16R4, LinearBlockBf16R4],
                     [LinearBlockF32R8, LinearBlockF16R8, LinearBlockBf16R8],
                 ];
-                let t = match wtype {
-                    WType::F32 => 0,
-                    WType::F16 => 1,
-                    WType::Bf16 => 2,
-                };
                 self.launch(
-                    block[row_class(x.rows)][t],
+                    block[row_class(x.rows)][dense_column(wtype)],
                     (w.rows.div_ceil(2) as u32, 1, 1),
                     ROW_BLOCK_THREADS,
                     &[
@@ -914,13 +918,8 @@ impl Backend for CudaBackend {
                     [GluBlockF32R1, GluBlockF16R1, GluBlockBf16R1],
                     [GluBlockF32R2, GluBlockF16R2, GluBlockBf16R2],
                 ];
-                let t = match wtype {
-                    WType::F32 => 0,
-                    WType::F16 => 1,
-                    WType::Bf16 => 2,
-                };
                 self.launch(
-                    table[usize::from(x.rows > 1)][t],
+                    table[usize::from(x.rows > 1)][dense_column(wtype)],
                     (width as u32, 1, 1),
                     ROW_BLOCK_THREADS,
                     &[
