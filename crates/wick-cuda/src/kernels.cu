@@ -91,9 +91,10 @@ __device__ float block_sum(float v) {
 // (`pdl_launch`: its blocks may then take free SM slots and run up to their `pdl_wait`),
 // then waits until the kernel before it has finished and its writes are visible
 // (`pdl_wait`). Nothing but weights (never written while a pass runs) may be read, and
-// nothing written, before the wait: so launches, block scheduling and a product's first
-// weight reads overlap the tail of the kernel before. Without the launch attribute (older
-// GPUs, `WICK_CUDA_PDL=0`) both are no-ops.
+// nothing written, before the wait; so a kernel's launch and block scheduling overlap the
+// tail of the kernel before. (Prefetching a product's weights into L2 before the wait was
+// measured slower on the H200: most blocks never wait, and the prefetch doubled their L2
+// requests.) Without the launch attribute (older GPUs, `WICK_CUDA_PDL=0`) both are no-ops.
 __device__ __forceinline__ void pdl_launch() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
