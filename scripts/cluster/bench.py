@@ -107,7 +107,7 @@ class Router:
                "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
                "--health-success-threshold", "1", "--retry-max-retries", "5",
                "--retry-initial-backoff-ms", "200", "--retry-max-backoff-ms", "2000",
-               "--request-timeout-secs", "600", "--log-level", "info"]
+               "--request-timeout-secs", "600", "--log-level", "info", *args.router_arg]
         self.out = open(logs / f"router-{name}.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.out, stderr=subprocess.STDOUT)
         if not wait_health(self.url, 120, self.proc):
@@ -426,6 +426,8 @@ def main():
     ap.add_argument("--kill-signal", choices=["KILL", "TERM"], default="KILL")
     ap.add_argument("--restart-after", type=float, default=3.0, help="seconds until the killed replica restarts")
     ap.add_argument("--add-at", type=float, default=None, help="add a replica when this fraction of turns is done")
+    ap.add_argument("--router-arg", action="append", default=[],
+                    help="extra vllm-router argument (repeat), e.g. --router-arg=--balance-abs-threshold --router-arg=2")
     ap.add_argument("--wick", default=str(ROOT / "target" / "release" / "wick"))
     ap.add_argument("--router-venv", default=None, help="default: created by scripts/cluster/setup.sh")
     ap.add_argument("--work", default=str(ROOT / "target" / "cluster"))
