@@ -6,6 +6,10 @@
 # Debian's archive for qemu-user, when it is not installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A one-off run gains nothing from pip's download cache; keeping it doubles the disk the
+# wheels (NVRTC, MLX, the Python suite's) take while they install.
+export PIP_NO_CACHE_DIR=1
+df -h . | tail -n 1 | awk '{print "== disk: " $4 " free of " $2}'
 
 echo "== build"
 cargo build --release --workspace
