@@ -476,6 +476,39 @@ impl RowConstraint {
         Ok(Some(mask.as_slice().to_vec()))
     }
 
+    /// How many of `ids`, in order from here, the grammar accepts (none consumed): a
+    /// speculative row's drafts are cut there. All of them while the grammar does not
+    /// apply (reasoning, a lazy grammar's free text), where a draft is checked as it is
+    /// verified instead.
+    pub fn valid_prefix(&mut self, ids: &[u32]) -> Result<usize, ConstraintError> {
+        if !self.is_active() {
+            return Ok(ids.len());
+        }
+        let vocab = self.env.tok_trie().vocab_size();
+        let known = ids
+            .iter()
+            .position(|&id| id as usize >= vocab)
+            .unwrap_or(ids.len());
+        self.matcher.validate_tokens(&ids[..known]).map_err(failed)
+    }
+
+    /// Sets every logit of `logits` the grammar does not allow next to `-inf` (nothing
+    /// while it does not apply): the distribution a sampled speculative row verifies its
+    /// draft against.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
+        if !self.is_active() {
+            return Ok(());
+        }
+        let mask = self.matcher.compute_mask().map_err(failed)?;
+        if mask.is_zero() {
+            return Err(ConstraintError::Failed(
+                "the grammar allows no token here".into(),
+            ));
+        }
+        apply_mask(&mask, logits);
+        Ok(())
+    }
+
     /// Whether the grammar accepts `id` next (it is not consumed).
     pub fn allows(&mut self, id: u32) -> Result<bool, ConstraintError> {
         if id as usize >= self.env.tok_trie().vocab_size() {

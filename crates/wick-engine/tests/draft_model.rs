@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use wick_engine::constraint::ConstraintSpec;
 use wick_engine::sampler::SamplingParams;
 use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
 use wick_engine::speculative::{DraftModel, SpeculativeConfig};
@@ -208,7 +209,24 @@ fn engine_with(
 #[test]
 fn a_model_drafting_for_itself_keeps_greedy_output_and_its_drafts() {
     let model = default_model();
-    let requests = greedy_requests(&model);
+    let mut requests = greedy_requests(&model);
+    // A row under a grammar drafts too: its drafts are cut where the grammar refuses them.
+    let digits = model
+        .grammars()
+        .unwrap()
+        .compile(&ConstraintSpec::Regex("([0-9]{3}-[0-9]{4} ){3}".into()))
+        .unwrap();
+    let prompt = model
+        .tokenize("Copy these numbers exactly: 555-1234 555-1234 555-1234")
+        .unwrap();
+    requests.push(
+        GenerationRequest::new(prompt)
+            .max_tokens(30)
+            .sampling(SamplingParams {
+                constraint: Some(digits),
+                ..SamplingParams::greedy()
+            }),
+    );
     let alone = run_alone(&model, &requests);
     let longest = requests
         .iter()

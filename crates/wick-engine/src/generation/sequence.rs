@@ -185,8 +185,9 @@ impl Sequence {
         })
     }
 
-    /// Decodes speculatively with prompt lookup from now on, when this sequence can: not
-    /// under a structured-output constraint (drafts are not checked against the grammar).
+    /// Decodes speculatively with prompt lookup from now on. Under a structured-output
+    /// constraint the drafts are cut where the grammar stops accepting them, and each
+    /// verified position is sampled under the grammar's mask as plain decoding would.
     /// Returns whether it will.
     ///
     /// With `draft_cache` (an empty cache of the draft model) a draft model drafts
@@ -198,9 +199,6 @@ impl Sequence {
         draft_cache: Option<KvCache>,
         vocab: usize,
     ) -> bool {
-        if self.constraint.is_some() {
-            return false;
-        }
         self.speculation = Some(Speculation {
             config,
             length: DraftLength::new(config.num_draft_tokens),
@@ -345,16 +343,22 @@ impl Sequence {
         let Some(s) = self.speculation.as_mut() else {
             return 0;
         };
-        if s.model.is_some() {
-            // Drafted by the engine loop's draft-model passes this step.
-            return s.drafts.len();
+        // Drafted by the engine loop's draft-model passes this step, or looked up here.
+        if s.model.is_none() {
+            s.drafts.clear();
+            if !decoding || left < 2 {
+                return 0;
+            }
+            let k = s.length.next_length().min(left - 1);
+            s.drafts = draft(&self.history, s.config.ngram_min, s.config.ngram_max, k);
         }
-        s.drafts.clear();
-        if !decoding || left < 2 {
-            return 0;
+        if let Some(c) = self.constraint.as_mut() {
+            // A draft the grammar refuses would only be rejected: not worth its row. A
+            // failing check drafts nothing (the step then reports the grammar's error).
+            let n = c.valid_prefix(&s.drafts).unwrap_or(0);
+            s.drafts.truncate(n);
+            s.q.truncate(n);
         }
-        let k = s.length.next_length().min(left - 1);
-        s.drafts = draft(&self.history, s.config.ngram_min, s.config.ngram_max, k);
         s.drafts.len()
     }
 
@@ -516,14 +520,32 @@ impl Sequence {
             .unwrap_or_default();
         let mut events = Vec::with_capacity(step.drafts + 1);
         let mut accepted = 0;
+        let greedy = self.sampler.params().is_greedy();
         for j in 0..logits.rows.min(step.drafts + 1) {
             let row = &mut logits.data[j * logits.vocab..(j + 1) * logits.vocab];
-            let (sampled, kept) = match drafts.get(j).filter(|_| j < step.drafts) {
-                Some(&d) => match q.get(j) {
-                    Some(q) => self.sampler.sample_draft_from(row, &self.history, d, q),
-                    None => self.sampler.sample_draft(row, &self.history, d),
-                },
-                None => (self.sampler.sample(row, &self.history), false),
+            // The grammar's state after the tokens kept so far (each is committed as it
+            // is accepted), so every position is sampled as plain decoding would.
+            let grammar = self.constraint.as_mut().filter(|c| c.is_active());
+            let (sampled, kept) = match (drafts.get(j).filter(|_| j < step.drafts), grammar) {
+                // Greedy under a grammar: the token plain decoding picks, kept if it is
+                // the draft.
+                (Some(&d), Some(c)) if greedy => {
+                    let s = c.sample(&mut self.sampler, row, &self.history)?;
+                    let kept = s.id == d;
+                    (s, kept)
+                }
+                (Some(&d), grammar) => {
+                    // Sampled: the rejection rule against the grammar's distribution.
+                    if let Some(c) = grammar {
+                        c.mask_logits(row)?;
+                    }
+                    match q.get(j) {
+                        Some(q) => self.sampler.sample_draft_from(row, &self.history, d, q),
+                        None => self.sampler.sample_draft(row, &self.history, d),
+                    }
+                }
+                (None, Some(c)) => (c.sample(&mut self.sampler, row, &self.history)?, false),
+                (None, None) => (self.sampler.sample(row, &self.history), false),
             };
             events.push(self.accept(sampled.id, sampled.logprob, sampled.top_logprobs)?);
             accepted += usize::from(kept);

@@ -22,8 +22,12 @@
 //! already compute-bound drafts little). Greedy rows without processors verify by the
 //! backend's argmax of every position ([`crate::Model::forward_argmax_rows`]).
 //!
-//! Rows that decode plainly: rows with a structured-output constraint (drafts are not
-//! checked against the grammar), requests that opt out, and models whose cache cannot be
+//! Under a structured-output constraint a row's drafts are cut where the grammar stops
+//! accepting them, and each verified position is picked under the grammar's mask in the
+//! state the tokens kept so far leave it (greedy: the token plain decoding picks; sampled:
+//! the rejection rule against the masked distribution).
+//!
+//! Rows that decode plainly: requests that opt out, and models whose cache cannot be
 //! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
 //! that run on MLX. Requests with images or audio draft by prompt lookup, never with a
 //! draft model (which has no tower and would read their soft tokens as text).
