@@ -441,12 +441,10 @@ impl RowConstraint {
         if self.allows(first.id)? {
             return Ok(first);
         }
-        let mask = self.matcher.compute_mask().map_err(failed)?;
-        if mask.is_zero() {
-            return Err(ConstraintError::Failed(
-                "the grammar allows no token here".into(),
-            ));
-        }
+        let Some(mask) = self.allowed()? else {
+            // The grammar does not apply to this token.
+            return Ok(first);
+        };
         apply_mask(&mask, &mut self.saved);
         sampler.set_step(step);
         let picked = sampler.sample(&mut self.saved, history);
@@ -464,6 +462,12 @@ impl RowConstraint {
     /// lazy grammar's free text). What a backend that masks on the device needs; the
     /// token it picks is then recorded with [`Self::commit`] as any other.
     pub fn next_mask(&mut self) -> Result<Option<Vec<u32>>, ConstraintError> {
+        Ok(self.allowed()?.map(|m| m.as_slice().to_vec()))
+    }
+
+    /// The tokens the grammar allows next, `None` while it does not apply; an error where
+    /// it allows none.
+    fn allowed(&mut self) -> Result<Option<SimpleVob>, ConstraintError> {
         if !self.is_active() {
             return Ok(None);
         }
@@ -473,7 +477,7 @@ impl RowConstraint {
                 "the grammar allows no token here".into(),
             ));
         }
-        Ok(Some(mask.as_slice().to_vec()))
+        Ok(Some(mask))
     }
 
     /// How many of `ids`, in order from here, the grammar accepts (none consumed): a
@@ -496,16 +500,9 @@ impl RowConstraint {
     /// while it does not apply): the distribution a sampled speculative row verifies its
     /// draft against.
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), ConstraintError> {
-        if !self.is_active() {
-            return Ok(());
+        if let Some(mask) = self.allowed()? {
+            apply_mask(&mask, logits);
         }
-        let mask = self.matcher.compute_mask().map_err(failed)?;
-        if mask.is_zero() {
-            return Err(ConstraintError::Failed(
-                "the grammar allows no token here".into(),
-            ));
-        }
-        apply_mask(&mask, logits);
         Ok(())
     }
 

@@ -188,7 +188,6 @@ impl Sequence {
     /// Decodes speculatively with prompt lookup from now on. Under a structured-output
     /// constraint the drafts are cut where the grammar stops accepting them, and each
     /// verified position is sampled under the grammar's mask as plain decoding would.
-    /// Returns whether it will.
     ///
     /// With `draft_cache` (an empty cache of the draft model) a draft model drafts
     /// instead of prompt lookup: the engine loop runs it ([`Sequence::begin_model_draft`],
@@ -198,7 +197,7 @@ impl Sequence {
         config: SpeculativeConfig,
         draft_cache: Option<KvCache>,
         vocab: usize,
-    ) -> bool {
+    ) {
         self.speculation = Some(Speculation {
             config,
             length: DraftLength::new(config.num_draft_tokens),
@@ -212,7 +211,6 @@ impl Sequence {
                 rounds: 0,
             }),
         });
-        true
     }
 
     /// Starts this step's drafting with the draft model: cuts the draft's cache back to
