@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use wick_engine::constraint::{Constraint, ConstraintSpec};
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget, RequestHandle};
 use wick_engine::{FinishReason, GenerationRequest, LoadOptions, Model};
 
 fn default_model() -> Arc<Model> {
@@ -33,6 +33,35 @@ fn chat(model: &Model, user: &str) -> Vec<u32> {
 
 fn constraint(model: &Model, spec: ConstraintSpec) -> Constraint {
     model.grammars().unwrap().compile(&spec).unwrap()
+}
+
+/// Each request's tokens from a run alone through `Model::generate` (the host sampler).
+fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
+    requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect()
+}
+
+/// Request `i`'s token ids and text, to its end (a failure fails the test).
+fn collect(i: usize, mut h: RequestHandle) -> (Vec<u32>, String) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => {
+                ids.push(t.id);
+                text.push_str(&t.text);
+            }
+            EngineEvent::Done(_) => break,
+            EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
+        }
+    }
+    (ids, text)
 }
 
 fn person() -> ConstraintSpec {
@@ -134,15 +163,7 @@ fn constrained_rows_survive_batching_and_preemption() {
                 })
         })
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect();
+    let alone = run_alone(&model, &requests);
     let longest = requests
         .iter()
         .map(|r| r.prompt.len() + r.max_tokens)
@@ -167,15 +188,8 @@ fn constrained_rows_survive_batching_and_preemption() {
             .iter()
             .map(|r| engine.submit(r.clone()).unwrap())
             .collect();
-        for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
-            let mut ids = Vec::new();
-            while let Some(e) = h.blocking_next() {
-                match e {
-                    EngineEvent::Token(t) => ids.push(t.id),
-                    EngineEvent::Done(_) => break,
-                    EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
-                }
-            }
+        for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+            let (ids, _) = collect(i, h);
             assert_eq!(
                 &ids, want,
                 "request {i} differs from its single run (masked argmax: {masked_argmax})"
@@ -224,15 +238,7 @@ fn constrained_rows_speculate_and_keep_their_replies() {
                 })
         })
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect();
+    let alone = run_alone(&model, &requests);
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
@@ -250,20 +256,10 @@ fn constrained_rows_speculate_and_keep_their_replies() {
         .iter()
         .map(|r| engine.submit(r.clone()).unwrap())
         .collect();
-    for (i, ((mut h, want), (_, _, temperature))) in
+    for (i, ((h, want), (_, _, temperature))) in
         handles.into_iter().zip(&alone).zip(&asks).enumerate()
     {
-        let (mut ids, mut text) = (Vec::new(), String::new());
-        while let Some(e) = h.blocking_next() {
-            match e {
-                EngineEvent::Token(t) => {
-                    ids.push(t.id);
-                    text.push_str(&t.text);
-                }
-                EngineEvent::Done(_) => break,
-                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
-            }
-        }
+        let (ids, text) = collect(i, h);
         if *temperature == 0.0 {
             assert_eq!(&ids, want, "request {i} differs from its plain single run");
         } else {
