@@ -2,7 +2,9 @@
 drafting for itself gives greedy replies byte-identical to the plain server's, alone and
 concurrently, and keeps its drafts; `usage.speculation` is reported on chat, Anthropic
 Messages (also through the SDK's stream helper) and Responses; a draft model with another
-tokenizer, and contradictory flags, are clear start-up errors."""
+tokenizer, and contradictory flags, are clear start-up errors; with the prompt cache on, a
+conversation's next turn restores the draft's KV of the history, which the draft then does
+not compute again."""
 import asyncio
 import subprocess
 
@@ -101,6 +103,43 @@ def test_anthropic_and_responses_report_speculation(servers):
             "model": "m", "input": PROMPTS[0], "max_output_tokens": 20, "temperature": 0,
             "speculative": False}).json()
         assert "speculation" not in opted_out["usage"]
+
+
+def spec_metrics(h: httpx.Client) -> dict:
+    return {line.split()[0]: float(line.split()[1]) for line in h.get("/metrics").text.splitlines()
+            if line.startswith("wick_spec_")}
+
+
+def test_the_next_turn_restores_the_drafts_cache():
+    require_model(SMOLLM, "smollm2-135m-instruct")
+    server = WickServer(str(SMOLLM), "--draft-model", str(SMOLLM))
+    try:
+        client = server.client()
+        history = [{"role": "system", "content": "You are a storyteller. " * 80},
+                   {"role": "user", "content": "Tell a story about a mill by a river."}]
+        first = client.chat.completions.create(model="m", messages=history, temperature=0,
+                                               max_tokens=40)
+        history += [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "Now tell it once more."}]
+        with httpx.Client(base_url=server.base, timeout=30) as h:
+            before = spec_metrics(h)
+            second = client.chat.completions.create(model="m", messages=history, temperature=0,
+                                                    max_tokens=40)
+            after = spec_metrics(h)
+        prompt = second.usage.prompt_tokens
+        restored = (after["wick_spec_draft_model_cached_tokens_total"]
+                    - before["wick_spec_draft_model_cached_tokens_total"])
+        computed = (after["wick_spec_draft_model_tokens_total"]
+                    - before["wick_spec_draft_model_tokens_total"])
+        assert second.usage.prompt_tokens_details.cached_tokens > 0
+        # The first turn's prompt (the system prompt alone is hundreds of tokens).
+        assert restored >= first.usage.prompt_tokens, (restored, prompt)
+        # The draft computed the new tokens and its drafts, less than the history it would
+        # otherwise compute again.
+        assert computed < prompt, (computed, restored, prompt)
+        assert second.usage.model_extra["speculation"]["accepted"] > 0
+    finally:
+        assert server.stop() == 0, server.logs()
 
 
 def serve_fails(*args: str) -> str:

@@ -317,3 +317,79 @@ fn a_draft_with_another_vocabulary_is_refused() {
         "{err}"
     );
 }
+
+/// The draft's KV of a prompt goes to the prompt cache beside the served model's: the
+/// next turn of a conversation restores both, so the draft computes only what is new
+/// instead of the whole history again; and the KV budget keeps the draft's share (a
+/// model drafting for itself halves the blocks the served model's caches get).
+#[test]
+fn the_draft_restores_cached_prompts_and_takes_its_share_of_the_budget() {
+    let model = default_model();
+    let story = "The river runs past the old mill, and the miller counts the sacks of grain. ";
+    let first = model
+        .tokenize(&format!("{}Continue the story:", story.repeat(12)))
+        .unwrap();
+    let mut turn1 = GenerationRequest::new(first).max_tokens(24);
+    turn1.ignore_eos = true;
+    let reply = run_alone(&model, std::slice::from_ref(&turn1)).remove(0);
+    let mut next = turn1.prompt.clone();
+    next.extend_from_slice(&reply);
+    next.extend(model.tokenize(" Now tell it once more:").unwrap());
+    let mut turn2 = GenerationRequest::new(next).max_tokens(24);
+    turn2.ignore_eos = true;
+    let want2 = run_alone(&model, std::slice::from_ref(&turn2)).remove(0);
+
+    // Tokens the draft computed for turn 2, and prompt tokens it restored, with the
+    // prompt cache on or off.
+    let second_turn = |prompt_cache_bytes: u64| {
+        let blocks = 4096;
+        let engine = Engine::start(
+            model.clone(),
+            EngineConfig {
+                prompt_cache_bytes,
+                kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+                speculative: Some(SpeculativeConfig {
+                    budget: false,
+                    ..SpeculativeConfig::default()
+                }),
+                draft_model: Some(DraftModel::new(&model, model.clone()).unwrap()),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            engine.stats().kv_pool.total_blocks,
+            Some(blocks / 2),
+            "the draft's caches take half of the budget"
+        );
+        assert_eq!(collect(engine.submit(turn1.clone()).unwrap()).0, reply);
+        let before = engine.stats().speculation;
+        assert_eq!(collect(engine.submit(turn2.clone()).unwrap()).0, want2);
+        let after = engine.stats().speculation;
+        assert!(after.accepted > before.accepted, "{after:?}");
+        assert!(engine.shutdown(Duration::from_secs(5)));
+        (
+            after.draft_model_tokens - before.draft_model_tokens,
+            after.draft_model_cached_tokens - before.draft_model_cached_tokens,
+        )
+    };
+    let (computed_cold, cached_cold) = second_turn(0);
+    let (computed, cached) = second_turn(64 << 20);
+    assert_eq!(cached_cold, 0);
+    assert!(
+        computed_cold >= turn2.prompt.len() as u64,
+        "without a cache the draft computes the whole history: {computed_cold}"
+    );
+    // Turn 1's prompt and reply, but for the reply's last tokens: the draft had fed
+    // the history up to its last drafting step.
+    let slack = 1 + SpeculativeConfig::default().num_draft_tokens;
+    assert!(
+        cached as usize >= turn1.prompt.len() + reply.len() - slack,
+        "the draft restores turn 1: {cached} of {}",
+        turn2.prompt.len()
+    );
+    assert!(
+        computed + cached <= computed_cold + 1,
+        "what it restores it does not compute: {computed} + {cached} vs {computed_cold}"
+    );
+}

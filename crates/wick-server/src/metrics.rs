@@ -384,7 +384,7 @@ fn render_batching(out: &mut String, engine: &EngineStats) {
     counter(
         out,
         "wick_spec_draft_tokens_total",
-        "Tokens drafted by prompt lookup and verified.",
+        "Tokens drafted (by prompt lookup or the draft model) and verified.",
         spec.drafted,
     );
     counter(
@@ -392,6 +392,18 @@ fn render_batching(out: &mut String, engine: &EngineStats) {
         "wick_spec_accepted_tokens_total",
         "Drafted tokens the model agreed with (emitted without a forward pass of their own).",
         spec.accepted,
+    );
+    counter(
+        out,
+        "wick_spec_draft_model_tokens_total",
+        "Tokens the draft model computed (--draft-model): histories it caught up on and its drafts.",
+        spec.draft_model_tokens,
+    );
+    counter(
+        out,
+        "wick_spec_draft_model_cached_tokens_total",
+        "Prompt tokens the draft model restored from the prompt cache instead of computing.",
+        spec.draft_model_cached_tokens,
     );
 }
 

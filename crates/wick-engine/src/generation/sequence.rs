@@ -89,7 +89,8 @@ struct Speculation {
 
 /// One sequence's side of a draft model: its KV and what it holds.
 struct ModelDraft {
-    /// The draft model's KV for this sequence (not charged to the KV pool).
+    /// The draft model's KV for this sequence (the KV pool's budget leaves room for it:
+    /// [`crate::speculative::DraftModel::target_share`]).
     cache: KvCache,
     /// The tokens `cache` holds, in order: a prefix of the history, then drafts.
     fed: Vec<u32>,
@@ -189,13 +190,14 @@ impl Sequence {
     /// constraint the drafts are cut where the grammar stops accepting them, and each
     /// verified position is sampled under the grammar's mask as plain decoding would.
     ///
-    /// With `draft_cache` (an empty cache of the draft model) a draft model drafts
-    /// instead of prompt lookup: the engine loop runs it ([`Sequence::begin_model_draft`],
+    /// With `draft_cache` (a cache of the draft model and the prompt tokens it holds,
+    /// from the prompt cache or none) a draft model drafts instead of prompt lookup: the
+    /// engine loop runs it ([`Sequence::begin_model_draft`],
     /// [`Sequence::record_model_draft`]); `vocab` is the served model's vocabulary size.
     pub fn enable_speculation(
         &mut self,
         config: SpeculativeConfig,
-        draft_cache: Option<KvCache>,
+        draft_cache: Option<(KvCache, Vec<u32>)>,
         vocab: usize,
     ) {
         self.speculation = Some(Speculation {
@@ -204,9 +206,9 @@ impl Sequence {
             drafts: Vec::new(),
             q: Vec::new(),
             usage: SpeculationUsage::default(),
-            model: draft_cache.map(|cache| ModelDraft {
+            model: draft_cache.map(|(cache, fed)| ModelDraft {
                 cache,
-                fed: Vec::new(),
+                fed,
                 vocab,
                 rounds: 0,
             }),
@@ -262,6 +264,26 @@ impl Sequence {
         }
         m.rounds = k;
         Some((self.history[from..].to_vec(), k))
+    }
+
+    /// Takes the draft model's cache, cut back to the part of the history it holds, and
+    /// those tokens (for the prompt cache, when the sequence ends). `None` when no draft
+    /// model drafts for this sequence or its cache cannot be cut back.
+    pub fn take_draft_cache(&mut self) -> Option<(KvCache, Vec<u32>)> {
+        let m = self.speculation.as_mut()?.model.take()?;
+        let ModelDraft {
+            mut cache, mut fed, ..
+        } = m;
+        let shared = fed
+            .iter()
+            .zip(&self.history)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if shared < fed.len() {
+            cache.trim(shared).ok()?;
+            fed.truncate(shared);
+        }
+        (cache.len() == fed.len()).then_some((cache, fed))
     }
 
     /// The draft model's cache, when a draft model drafts for this sequence.

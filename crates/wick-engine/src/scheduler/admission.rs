@@ -50,7 +50,17 @@ pub fn available_memory() -> Option<u64> {
 impl KvAdmission {
     /// Sizes the pool for `model` under `budget`. A fractional budget leaves out
     /// `reserved_bytes` (the RAM prompt cache's cap), which shares the same memory.
-    pub fn new(model: &Model, budget: KvBudget, chunk: usize, reserved_bytes: u64) -> Result<Self> {
+    /// `share` (≤ 1) is the part of the budget the model's own caches get: with a draft
+    /// model every sequence keeps the draft's cache of the same tokens in the rest
+    /// ([`crate::speculative::DraftModel::target_share`]), so each block charged stands
+    /// for its tokens in both caches.
+    pub fn new(
+        model: &Model,
+        budget: KvBudget,
+        chunk: usize,
+        reserved_bytes: u64,
+        share: f64,
+    ) -> Result<Self> {
         let block_bytes = model.kv_block_bytes().max(1);
         let bytes = match budget {
             KvBudget::Unbounded => None,
@@ -97,6 +107,16 @@ impl KvAdmission {
                 }
             }
         };
+        let share = share.clamp(0.0, 1.0);
+        if share < 1.0 {
+            if let Some(b) = bytes {
+                tracing::info!(
+                    draft_bytes = (b as f64 * (1.0 - share)) as u64,
+                    "the draft model's caches take their share of the KV budget"
+                );
+            }
+        }
+        let bytes = bytes.map(|b| (b as f64 * share) as u64);
         let capacity = match bytes {
             Some(b) => usize::try_from(b / block_bytes as u64).unwrap_or(usize::MAX),
             None => usize::MAX,

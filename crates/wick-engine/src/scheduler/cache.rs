@@ -19,6 +19,10 @@ use crate::{EngineError, Result};
 pub(crate) struct EngineCache {
     /// The tiers.
     pub tiers: PromptCache<KvCache>,
+    /// The draft model's entries (RAM only), under the same keys: a request whose prompt
+    /// the served model finds cached finds the draft's KV of it too, so the draft does
+    /// not prefill it again before it can draft.
+    draft: Option<PromptCache<KvCache>>,
     fingerprint: String,
     checkpoint_every: usize,
     /// Prefill length that earns a prompt-boundary entry (`None`: the model has no
@@ -46,8 +50,10 @@ pub(crate) struct Started {
 }
 
 impl EngineCache {
-    /// The cache for `config`, or `None` when it is off.
-    pub fn new(model: &Model, config: &EngineConfig) -> Result<Option<EngineCache>> {
+    /// The cache for `config`, or `None` when it is off. With a draft model the RAM cap
+    /// is split by `share` (the served model's part of the KV bytes per token): the
+    /// served model's entries get that part, the draft's the rest.
+    pub fn new(model: &Model, config: &EngineConfig, share: f64) -> Result<Option<EngineCache>> {
         if config.ssd_cache_dir.is_some() && config.prompt_cache_bytes == 0 {
             return Err(EngineError::InvalidInput(
                 "the SSD cache needs the RAM prompt cache (prompt_cache_bytes is 0)".into(),
@@ -62,8 +68,22 @@ impl EngineCache {
             return Ok(None);
         }
         let fingerprint = model.fingerprint();
+        let ram = usize::try_from(config.prompt_cache_bytes).unwrap_or(usize::MAX);
+        let share = share.clamp(0.0, 1.0);
+        let draft_ram = match &config.draft_model {
+            Some(_) => (ram as f64 * (1.0 - share)) as usize,
+            None => 0,
+        };
+        let draft = if draft_ram > 0 {
+            Some(PromptCache::new(PromptCacheConfig {
+                ram_bytes: draft_ram,
+                ..PromptCacheConfig::default()
+            })?)
+        } else {
+            None
+        };
         let tiers = PromptCache::new(PromptCacheConfig {
-            ram_bytes: usize::try_from(config.prompt_cache_bytes).unwrap_or(usize::MAX),
+            ram_bytes: ram - draft_ram,
             ssd: config.ssd_cache_dir.as_ref().map(|dir| SsdConfig {
                 root: dir.clone(),
                 fingerprint: fingerprint.clone(),
@@ -83,6 +103,7 @@ impl EngineCache {
             || model.config().qwen35.is_some();
         Ok(Some(EngineCache {
             tiers,
+            draft,
             fingerprint,
             checkpoint_every: config.generation_checkpoint_tokens,
             boundary_min: windowed.then_some(config.prompt_boundary_min_tokens),
@@ -169,6 +190,31 @@ impl EngineCache {
                 media: request.media.clone(),
             }),
         })
+    }
+
+    /// An empty cache of the draft model for `request`, or the longest prefix of its
+    /// prompt the draft's entries hold, with the tokens it holds.
+    pub fn draft_start(&self, draft: &Model, request: &GenerationRequest) -> (KvCache, Vec<u32>) {
+        let hit = match &self.draft {
+            Some(tiers) => tiers.lookup(&request.effective_namespace(), &request.prompt, draft),
+            None => return (draft.new_cache(), Vec::new()),
+        };
+        match hit.value {
+            Some(kv) if kv.len() <= request.prompt.len() => {
+                let fed = request.prompt[..kv.len()].to_vec();
+                (kv, fed)
+            }
+            _ => (draft.new_cache(), Vec::new()),
+        }
+    }
+
+    /// A sequence ended: the draft model's KV of `tokens` goes back to its entries.
+    pub fn draft_finish(&self, t: &CacheTracking, tokens: &[u32], kv: KvCache) {
+        if let Some(tiers) = &self.draft {
+            if tokens.len() == kv.len() && !kv.is_empty() {
+                tiers.put(&t.ns, tokens, kv);
+            }
+        }
     }
 
     /// After a forward pass of `plan`: a prompt-boundary entry once the prompt is in,

@@ -222,12 +222,20 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
                 if p.request.speculative && model.can_speculate() {
                     // A draft model would read an image's or clip's soft tokens as text
                     // (it has no tower): such requests draft by prompt lookup instead.
+                    // The draft's KV of the prompt comes from the prompt cache too.
                     let draft = shared
                         .config
                         .draft_model
                         .as_ref()
                         .filter(|_| p.request.media.is_empty())
-                        .map(|d| d.0.new_cache());
+                        .map(|d| match &shared.cache {
+                            Some(cache) => cache.draft_start(&d.0, &p.request),
+                            None => (d.0.new_cache(), Vec::new()),
+                        });
+                    if let Some((_, fed)) = &draft {
+                        c.spec_draft_cached
+                            .fetch_add(fed.len() as u64, Ordering::Relaxed);
+                    }
                     seq.enable_speculation(spec, draft, model.config().vocab_size);
                 }
             }
@@ -265,9 +273,13 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
 /// Hands a finished sequence's KV to the cache and its result to the client.
 fn complete(shared: &Shared, mut a: Active) {
     let c = &shared.counters;
+    let draft = a.seq.take_draft_cache();
     let out = a.seq.finish();
     let cancelled = out.finish_reason == crate::generation::FinishReason::Cancelled;
     let mut kv = out.cache;
+    if let (Some(cache), Some(t), Some((draft_kv, fed))) = (&shared.cache, &a.cache, draft) {
+        cache.draft_finish(t, &fed, draft_kv);
+    }
     if let (Some(cache), Some(t)) = (&shared.cache, &a.cache) {
         let mut tokens = a.req.request.prompt.clone();
         tokens.extend_from_slice(&out.tokens);
@@ -483,7 +495,14 @@ fn draft_with_model(draft: &Model, shared: &Shared, b: &mut Batch) {
             }
         };
         let outputs = match result {
-            Ok(o) => o,
+            Ok(o) => {
+                let fed: usize = inputs.iter().flatten().map(|(t, _)| t.len()).sum();
+                shared
+                    .counters
+                    .spec_draft_computed
+                    .fetch_add(fed as u64, Ordering::Relaxed);
+                o
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "draft model pass failed; these rows decode plainly");
                 for (a, t) in b.running.iter_mut().zip(&inputs) {

@@ -53,12 +53,17 @@ impl Engine {
             }
             tracing::info!(draft = %draft.0.info().name, "speculative decoding with a draft model");
         }
-        let cache = EngineCache::new(&model, &config)?;
+        let share = config
+            .draft_model
+            .as_ref()
+            .map_or(1.0, |d| d.target_share(&model));
+        let cache = EngineCache::new(&model, &config, share)?;
         let admission = KvAdmission::new(
             &model,
             config.kv_budget,
             config.step_token_budget,
             config.prompt_cache_bytes,
+            share,
         )?;
         tracing::info!(
             weights_mib = model.info().weight_bytes / (1 << 20),

@@ -97,7 +97,10 @@ pub struct EngineConfig {
     pub masked_argmax: Option<bool>,
     /// With [`EngineConfig::speculative`]: a draft model drafts instead of prompt lookup
     /// (`--draft-model`), checked at [`Engine::start`] to share the model's vocabulary.
-    /// Its KV is kept per sequence outside the KV pool's budget.
+    /// Each sequence keeps the draft's KV of its history; the KV pool and the RAM prompt
+    /// cache leave the draft's caches their share of the budget
+    /// ([`crate::speculative::DraftModel::target_share`]), and the prompt cache keeps the
+    /// draft's KV of a prompt beside the served model's.
     pub draft_model: Option<crate::speculative::DraftModel>,
 }
 

@@ -141,6 +141,10 @@ pub struct EngineCounters {
     pub(crate) spec_steps: AtomicU64,
     pub(crate) spec_drafted: AtomicU64,
     pub(crate) spec_accepted: AtomicU64,
+    /// Tokens the draft model computed, and history tokens it restored from the prompt
+    /// cache instead.
+    pub(crate) spec_draft_computed: AtomicU64,
+    pub(crate) spec_draft_cached: AtomicU64,
     /// Sequences per forward pass.
     pub(crate) batch_sizes: CountHistogram,
     /// Tokens per forward pass.
@@ -172,6 +176,8 @@ impl Default for EngineCounters {
             spec_steps: AtomicU64::new(0),
             spec_drafted: AtomicU64::new(0),
             spec_accepted: AtomicU64::new(0),
+            spec_draft_computed: AtomicU64::new(0),
+            spec_draft_cached: AtomicU64::new(0),
             batch_sizes: CountHistogram::new(BATCH_SIZE_BUCKETS),
             step_tokens: CountHistogram::new(STEP_TOKEN_BUCKETS),
             step_nanos: AtomicU64::new(0),
@@ -246,6 +252,11 @@ pub struct SpeculationStats {
     pub drafted: u64,
     /// Drafted tokens the model agreed with.
     pub accepted: u64,
+    /// Tokens the draft model computed (`--draft-model`): histories it caught up on and
+    /// the drafts it fed itself.
+    pub draft_model_tokens: u64,
+    /// Prompt tokens the draft model restored from the prompt cache instead of computing.
+    pub draft_model_cached_tokens: u64,
 }
 
 impl EngineCounters {
@@ -279,6 +290,8 @@ impl EngineCounters {
                 steps: self.spec_steps.load(o),
                 drafted: self.spec_drafted.load(o),
                 accepted: self.spec_accepted.load(o),
+                draft_model_tokens: self.spec_draft_computed.load(o),
+                draft_model_cached_tokens: self.spec_draft_cached.load(o),
             },
         }
     }

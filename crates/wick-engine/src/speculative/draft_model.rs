@@ -55,6 +55,20 @@ impl DraftModel {
         }
         Ok(DraftModel(draft))
     }
+
+    /// The fraction of a KV memory budget the served model's caches get when every
+    /// sequence also keeps this model's cache of (about) the same tokens: the served
+    /// model's KV bytes per token over both models' together. The KV pool and the RAM
+    /// prompt cache are cut to it, so the draft's caches fit the same budgets.
+    pub fn target_share(&self, target: &Model) -> f64 {
+        let per_token = |m: &Model| (m.kv_block_bytes() * m.config().num_layers.max(1)) as f64;
+        let (t, d) = (per_token(target), per_token(&self.0));
+        if t + d > 0.0 {
+            t / (t + d)
+        } else {
+            1.0
+        }
+    }
 }
 
 /// The draft model's proposal distribution for a sampled row: `softmax(logits / T)` over
