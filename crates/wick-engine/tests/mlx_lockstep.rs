@@ -384,3 +384,92 @@ fn masked_argmax_on_the_backend_equals_host_sampling() {
     }
     assert!(engine.shutdown(Duration::from_secs(5)));
 }
+
+/// Speculative decoding on MLX: a sequence decoding alone verifies its drafts (prompt
+/// lookup, or the model drafting for itself) in one pass and keeps the greedy tokens of
+/// plain decoding; sequences decoding together stay in the lockstep batch and decode
+/// plainly, with the same tokens.
+#[test]
+fn speculation_keeps_greedy_tokens_alone_and_in_batches() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, RequestHandle};
+    use wick_engine::speculative::{DraftModel, SpeculativeConfig};
+
+    fn collect(mut h: RequestHandle) -> Vec<u32> {
+        let mut ids = Vec::new();
+        while let Some(e) = h.blocking_next() {
+            match e {
+                EngineEvent::Token(t) => ids.push(t.id),
+                EngineEvent::Done(_) => return ids,
+                EngineEvent::Failed(e) => panic!("request failed: {e}"),
+            }
+        }
+        panic!("channel closed without Done");
+    }
+
+    let m = Arc::new(load(BackendKind::Mlx));
+    assert!(m.can_speculate() && !m.speculates_in_batches());
+    let requests: Vec<GenerationRequest> = [
+        "Repeat this list exactly: apple, banana, cherry, apple, banana, cherry, apple,",
+        "The river runs past the old mill, and the miller counts the sacks of grain. \
+         The river runs past the old mill, and",
+        "Count from one to twenty in words: one, two, three,",
+    ]
+    .iter()
+    .map(|t| {
+        let mut r = GenerationRequest::new(m.tokenize(t).unwrap()).max_tokens(24);
+        r.ignore_eos = true;
+        r
+    })
+    .collect();
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| sampled(&m, &r.prompt, r.max_tokens))
+        .collect();
+    let spec = SpeculativeConfig {
+        budget: false,
+        ..SpeculativeConfig::default()
+    };
+    for draft in [None, Some(DraftModel::new(&m, m.clone()).unwrap())] {
+        let self_drafting = draft.is_some();
+        let engine = Engine::start(
+            m.clone(),
+            EngineConfig {
+                prompt_cache_bytes: 0,
+                speculative: Some(spec),
+                draft_model: draft,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        for (i, (r, want)) in requests.iter().zip(&alone).enumerate() {
+            let got = collect(engine.submit(r.clone()).unwrap());
+            assert_eq!(
+                &got, want,
+                "request {i} alone (draft model: {self_drafting})"
+            );
+        }
+        let s = engine.stats().speculation;
+        assert!(
+            s.accepted > 0 && s.accepted <= s.drafted,
+            "drafts verified and kept alone: {s:?}"
+        );
+        if self_drafting {
+            assert!(s.accepted as f64 >= 0.8 * s.drafted as f64, "{s:?}");
+        }
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| engine.submit(r.clone()).unwrap())
+            .collect();
+        for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+            assert_eq!(
+                &collect(h),
+                want,
+                "request {i} in a batch (draft model: {self_drafting})"
+            );
+        }
+        assert_eq!(engine.stats().kv_pool.used_blocks, 0);
+        assert!(engine.shutdown(Duration::from_secs(5)));
+    }
+}

@@ -156,13 +156,31 @@ impl Model {
     /// Whether a decode step may feed drafted tokens and cut the rejected ones off again
     /// ([`crate::speculative`]): every layer's cache can be trimmed at any length (no
     /// sliding window, no recurrent state as in Qwen 3.5, no KV shared across layers as
-    /// in Gemma 4) and the backend is candle (MLX decodes a batch in shared buffers).
+    /// in Gemma 4) and the backend is candle or MLX (see
+    /// [`Model::speculates_in_batches`]).
     pub fn can_speculate(&self) -> bool {
         let c = self.config();
         c.layer_windows.iter().all(Option::is_none)
             && c.gemma4.is_none()
             && c.qwen35.is_none()
-            && matches!(self.decoder, AnyDecoder::Candle(_))
+            && (matches!(self.decoder, AnyDecoder::Candle(_)) || self.is_mlx())
+    }
+
+    /// Whether a row may verify drafts while other rows decode beside it. MLX decodes a
+    /// batch in one buffer per layer whose rows all end in the same column
+    /// (`backend/mlx/arena.rs`); a row that fed several tokens would leave it (its KV
+    /// copied out, and back in at its next plain step), so on MLX a sequence drafts
+    /// only while it is the one decoding.
+    pub fn speculates_in_batches(&self) -> bool {
+        !self.is_mlx()
+    }
+
+    fn is_mlx(&self) -> bool {
+        #[cfg(feature = "mlx")]
+        if matches!(self.decoder, AnyDecoder::Mlx(_)) {
+            return true;
+        }
+        false
     }
 
     /// The tokenizer.

@@ -347,10 +347,15 @@ fn widest_decode_rows(b: &Batch) -> Vec<usize> {
 /// while the pool has no block for it; then prompt chunks under the step's token budget,
 /// shrunk to what the pool can give. `None` for a sequence that sits this step out.
 fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceStep>> {
-    if let Some(draft) = &shared.config.draft_model {
-        draft_with_model(&draft.0, shared, b);
+    let decoding = b.running.iter().filter(|a| a.seq.is_decoding()).count();
+    if model.speculates_in_batches() || decoding <= 1 {
+        if let Some(draft) = &shared.config.draft_model {
+            draft_with_model(&draft.0, shared, b);
+        }
+        budget_drafts(shared, b);
+    } else {
+        b.running.iter_mut().for_each(|a| a.seq.clear_drafts());
     }
-    budget_drafts(shared, b);
     let mut i = 0;
     let mut widest = widest_decode_rows(b);
     while i < b.running.len() {

@@ -50,7 +50,7 @@ impl DraftModel {
         if !draft.can_speculate() {
             return Err(EngineError::DraftModel(format!(
                 "{d} cannot draft for {t}: its cache cannot be cut back after a rejected \
-                 draft (sliding-window or recurrent layers, or the MLX backend)"
+                 draft (sliding-window or recurrent layers, or the CUDA backend)"
             )));
         }
         Ok(DraftModel(draft))

@@ -27,9 +27,11 @@
 //! state the tokens kept so far leave it (greedy: the token plain decoding picks; sampled:
 //! the rejection rule against the masked distribution).
 //!
-//! Rows that decode plainly: requests that opt out, and models whose cache cannot be
-//! cut back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or
-//! that run on MLX. Requests with images or audio draft by prompt lookup, never with a
+//! Rows that decode plainly: requests that opt out, models whose cache cannot be cut
+//! back (sliding-window layers, Qwen 3.5's recurrent state, Gemma 4's shared KV) or that
+//! run on CUDA, and on MLX every row while more than one decodes: MLX decodes a batch in
+//! one buffer per layer whose rows end in the same column, which a row feeding several
+//! tokens would leave, so there a sequence speculates while it decodes alone. Requests with images or audio draft by prompt lookup, never with a
 //! draft model (which has no tower and would read their soft tokens as text).
 pub mod acceptance;
 pub mod budget;
