@@ -57,6 +57,8 @@ use wick_kernels::elementwise::exp as fast_exp;
 
 /// Rows of one parallel block of the convolution.
 const CONV_BLOCK: usize = 64;
+/// Tokens of one parallel block of the output's gated norm.
+const NORM_BLOCK: usize = 32;
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + fast_exp(-x))
@@ -436,6 +438,7 @@ pub fn mix(
     let scale = (sh.k_dim as f32).powf(-0.5);
     // Per key head: normalized q (scaled) and k, [n][k_dim] each.
     let heads_qk: Vec<(Vec<f32>, Vec<f32>)> = (0..sh.k_heads)
+        .into_par_iter()
         .map(|hk| {
             let mut q = Vec::with_capacity(n * sh.k_dim);
             let mut k = Vec::with_capacity(n * sh.k_dim);
@@ -482,20 +485,25 @@ pub fn mix(
             }
         })
         .collect();
-    // Gated RMS norm per head: w · x / rms(x) · silu(z).
+    // Gated RMS norm per head: w · x / rms(x) · silu(z), blocks of tokens in parallel.
     let mut out = z.to_vec();
-    elementwise::silu_in_place(Isa::best(), &mut out);
-    for t in 0..n {
-        for (hv, o) in outs.iter().enumerate() {
-            let x = &o[t * sh.v_dim..(t + 1) * sh.v_dim];
-            let ms = x.iter().map(|v| v * v).sum::<f32>() / sh.v_dim as f32;
-            let inv = 1.0 / (ms + p.eps).sqrt();
-            let base = t * vd + hv * sh.v_dim;
-            for ((y, &w), &x) in out[base..base + sh.v_dim].iter_mut().zip(p.norm).zip(x) {
-                *y *= w * (x * inv);
+    let isa = Isa::best();
+    out.par_chunks_mut(NORM_BLOCK * vd)
+        .enumerate()
+        .for_each(|(block, rows)| {
+            elementwise::silu_in_place(isa, rows);
+            for (i, row) in rows.chunks_exact_mut(vd).enumerate() {
+                let t = block * NORM_BLOCK + i;
+                for (o, y) in outs.iter().zip(row.chunks_exact_mut(sh.v_dim)) {
+                    let x = &o[t * sh.v_dim..(t + 1) * sh.v_dim];
+                    let ms = x.iter().map(|v| v * v).sum::<f32>() / sh.v_dim as f32;
+                    let inv = 1.0 / (ms + p.eps).sqrt();
+                    for ((y, &w), &x) in y.iter_mut().zip(p.norm).zip(x) {
+                        *y *= w * (x * inv);
+                    }
+                }
             }
-        }
-    }
+        });
     Ok(out)
 }
 
