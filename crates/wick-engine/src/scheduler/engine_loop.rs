@@ -277,10 +277,10 @@ fn complete(shared: &Shared, mut a: Active) {
     let out = a.seq.finish();
     let cancelled = out.finish_reason == crate::generation::FinishReason::Cancelled;
     let mut kv = out.cache;
-    if let (Some(cache), Some(t), Some((draft_kv, fed))) = (&shared.cache, &a.cache, draft) {
-        cache.draft_finish(t, &fed, draft_kv);
-    }
     if let (Some(cache), Some(t)) = (&shared.cache, &a.cache) {
+        if let Some((draft_kv, fed)) = draft {
+            cache.draft_finish(t, &fed, draft_kv);
+        }
         let mut tokens = a.req.request.prompt.clone();
         tokens.extend_from_slice(&out.tokens);
         tokens.truncate(kv.len());
