@@ -393,3 +393,144 @@ fn the_draft_restores_cached_prompts_and_takes_its_share_of_the_budget() {
         "what it restores it does not compute: {computed} + {cached} vs {computed_cold}"
     );
 }
+
+/// Two turns of a conversation, with the turn-1 reply the plain model gives.
+fn two_turns(model: &Model) -> (GenerationRequest, Vec<u32>, GenerationRequest, Vec<u32>) {
+    let story = "The river runs past the old mill, and the miller counts the sacks of grain. ";
+    let first = model
+        .tokenize(&format!("{}Continue the story:", story.repeat(12)))
+        .unwrap();
+    let mut turn1 = GenerationRequest::new(first).max_tokens(24);
+    turn1.ignore_eos = true;
+    let reply = run_alone(model, std::slice::from_ref(&turn1)).remove(0);
+    let mut next = turn1.prompt.clone();
+    next.extend_from_slice(&reply);
+    next.extend(model.tokenize(" Now tell it once more:").unwrap());
+    let mut turn2 = GenerationRequest::new(next).max_tokens(24);
+    turn2.ignore_eos = true;
+    let want2 = run_alone(model, std::slice::from_ref(&turn2)).remove(0);
+    (turn1, reply, turn2, want2)
+}
+
+/// With an SSD directory the draft's entries go to disk beside the served model's (in a
+/// directory of their own) and outlive a restart: the next process restores turn 1 for
+/// the draft from the SSD instead of prefilling it.
+#[test]
+fn the_drafts_entries_outlive_a_restart_on_the_ssd() {
+    let model = default_model();
+    let (turn1, reply, turn2, want2) = two_turns(&model);
+    let dir = tempfile::tempdir().unwrap();
+    let start = || {
+        Engine::start(
+            model.clone(),
+            EngineConfig {
+                prompt_cache_bytes: 64 << 20,
+                ssd_cache_dir: Some(dir.path().to_path_buf()),
+                speculative: Some(SpeculativeConfig {
+                    budget: false,
+                    ..SpeculativeConfig::default()
+                }),
+                draft_model: Some(DraftModel::new(&model, model.clone()).unwrap()),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let engine = start();
+    assert!(engine
+        .wait_for_cache_scan(Duration::from_secs(30))
+        .is_some());
+    assert_eq!(collect(engine.submit(turn1.clone()).unwrap()).0, reply);
+    assert!(engine.shutdown(Duration::from_secs(5)));
+    assert!(engine.flush_cache(Duration::from_secs(30)).durable);
+    drop(engine);
+    let drafts: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("draft-"))
+        .collect();
+    assert_eq!(drafts.len(), 1, "one directory for the draft's entries");
+
+    let engine = start();
+    assert!(engine
+        .wait_for_cache_scan(Duration::from_secs(30))
+        .is_some());
+    assert_eq!(collect(engine.submit(turn2.clone()).unwrap()).0, want2);
+    let stats = engine.stats();
+    assert!(stats.prompt_cache.ssd_hits >= 1, "{:?}", stats.prompt_cache);
+    let slack = 1 + SpeculativeConfig::default().num_draft_tokens;
+    let cached = stats.speculation.draft_model_cached_tokens as usize;
+    eprintln!(
+        "after the restart the draft restored {cached} of {} prompt tokens and computed {}",
+        turn2.prompt.len(),
+        stats.speculation.draft_model_tokens
+    );
+    assert!(
+        cached >= turn1.prompt.len() + reply.len() - slack,
+        "the draft restores turn 1 from the SSD: {cached} of {}",
+        turn2.prompt.len()
+    );
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}
+
+/// A preempted sequence's draft KV goes to the prompt cache's draft entries and comes
+/// back when it resumes (the served model recomputes its history; the draft does not):
+/// replies stay the plain ones.
+#[test]
+fn a_preempted_sequence_gets_its_drafts_cache_back() {
+    let model = default_model();
+    let requests = greedy_requests(&model);
+    let alone = run_alone(&model, &requests);
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap();
+    let layers = model.config().num_layers;
+    // The draft takes half of the budget: room for about two of the longest sequences.
+    let blocks = 2 * (2 * layers * (longest + 8).div_ceil(16) + layers);
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 8,
+            step_token_budget: 64,
+            prompt_cache_bytes: 64 << 20,
+            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            speculative: Some(SpeculativeConfig {
+                budget: false,
+                ..SpeculativeConfig::default()
+            }),
+            draft_model: Some(DraftModel::new(&model, model.clone()).unwrap()),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
+        assert_eq!(
+            &collect(h).0,
+            want,
+            "request {i} differs from its plain run"
+        );
+    }
+    let stats = engine.stats();
+    assert!(stats.preemptions > 0, "meant to preempt: {stats:?}");
+    eprintln!(
+        "{} preemptions; the draft restored {} tokens, computed {}",
+        stats.preemptions,
+        stats.speculation.draft_model_cached_tokens,
+        stats.speculation.draft_model_tokens
+    );
+    let shortest = requests.iter().map(|r| r.prompt.len()).min().unwrap();
+    assert!(
+        stats.speculation.draft_model_cached_tokens as usize >= shortest,
+        "a resumed sequence restores its draft's KV: {:?} after {} preemptions",
+        stats.speculation,
+        stats.preemptions
+    );
+    assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
+    assert!(engine.shutdown(Duration::from_secs(5)));
+}

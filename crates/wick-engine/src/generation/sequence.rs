@@ -100,6 +100,21 @@ struct ModelDraft {
     rounds: usize,
 }
 
+/// `cache` (holding `fed`) cut back to the part of `history` it shares, with those
+/// tokens; `None` when it cannot be cut back.
+fn cut_to_history(
+    mut cache: KvCache,
+    mut fed: Vec<u32>,
+    history: &[u32],
+) -> Option<(KvCache, Vec<u32>)> {
+    let shared = fed.iter().zip(history).take_while(|(a, b)| a == b).count();
+    if shared < fed.len() {
+        cache.trim(shared).ok()?;
+        fed.truncate(shared);
+    }
+    (cache.len() == fed.len()).then_some((cache, fed))
+}
+
 /// What a draft model's forward pass gave one drafting sequence.
 pub enum DraftOutput<'a> {
     /// Nothing (the pass only fed tokens).
@@ -271,19 +286,53 @@ impl Sequence {
     /// model drafts for this sequence or its cache cannot be cut back.
     pub fn take_draft_cache(&mut self) -> Option<(KvCache, Vec<u32>)> {
         let m = self.speculation.as_mut()?.model.take()?;
-        let ModelDraft {
-            mut cache, mut fed, ..
-        } = m;
-        let shared = fed
-            .iter()
-            .zip(&self.history)
-            .take_while(|(a, b)| a == b)
-            .count();
-        if shared < fed.len() {
-            cache.trim(shared).ok()?;
-            fed.truncate(shared);
+        cut_to_history(m.cache, m.fed, &self.history)
+    }
+
+    /// Parks the draft model's cache while the sequence is preempted: returns it, cut back
+    /// to the part of the history it holds, with those tokens (for the prompt cache's
+    /// draft entries), and leaves `empty` in its place; the draft model keeps drafting
+    /// for the sequence once it resumes. `None` when no draft model drafts for it (or
+    /// its cache cannot be cut back).
+    pub fn park_draft_cache(&mut self, empty: KvCache) -> Option<(KvCache, Vec<u32>)> {
+        let s = self.speculation.as_mut()?;
+        let m = s.model.as_mut()?;
+        s.drafts.clear();
+        s.q.clear();
+        m.rounds = 0;
+        let cache = std::mem::replace(&mut m.cache, empty);
+        let fed = std::mem::take(&mut m.fed);
+        cut_to_history(cache, fed, &self.history)
+    }
+
+    /// Gives a resumed sequence's draft model its KV of `fed`, a prefix of the history
+    /// (found in the prompt cache's draft entries), when it holds nothing yet. Returns
+    /// whether it was taken.
+    pub fn restore_draft_cache(&mut self, cache: KvCache, fed: Vec<u32>) -> bool {
+        let history = &self.history;
+        let Some(m) = self.speculation.as_mut().and_then(|s| s.model.as_mut()) else {
+            return false;
+        };
+        let fits = m.fed.is_empty()
+            && m.cache.is_empty()
+            && cache.len() == fed.len()
+            && fed.len() < history.len()
+            && history.starts_with(&fed);
+        if fits {
+            m.cache = cache;
+            m.fed = fed;
         }
-        (cache.len() == fed.len()).then_some((cache, fed))
+        fits
+    }
+
+    /// Whether a draft model drafts for this sequence.
+    pub fn drafts_with_model(&self) -> bool {
+        self.speculation.as_ref().is_some_and(|s| s.model.is_some())
+    }
+
+    /// The prompt and the tokens generated so far.
+    pub fn history(&self) -> &[u32] {
+        &self.history
     }
 
     /// The draft model's cache, when a draft model drafts for this sequence.

@@ -19,9 +19,10 @@ use crate::{EngineError, Result};
 pub(crate) struct EngineCache {
     /// The tiers.
     pub tiers: PromptCache<KvCache>,
-    /// The draft model's entries (RAM only), under the same keys: a request whose prompt
-    /// the served model finds cached finds the draft's KV of it too, so the draft does
-    /// not prefill it again before it can draft.
+    /// The draft model's entries, under the same keys: a request whose prompt the served
+    /// model finds cached finds the draft's KV of it too, so the draft does not prefill
+    /// it again before it can draft. With an SSD directory they spill to
+    /// `<dir>/draft-<fingerprint of the draft>/`, so they outlive a restart as well.
     draft: Option<PromptCache<KvCache>>,
     fingerprint: String,
     checkpoint_every: usize,
@@ -51,8 +52,8 @@ pub(crate) struct Started {
 
 impl EngineCache {
     /// The cache for `config`, or `None` when it is off. With a draft model the RAM cap
-    /// is split by `share` (the served model's part of the KV bytes per token): the
-    /// served model's entries get that part, the draft's the rest.
+    /// (and the SSD cap, when set) is split by `share` (the served model's part of the KV
+    /// bytes per token): the served model's entries get that part, the draft's the rest.
     pub fn new(model: &Model, config: &EngineConfig, share: f64) -> Result<Option<EngineCache>> {
         if config.ssd_cache_dir.is_some() && config.prompt_cache_bytes == 0 {
             return Err(EngineError::InvalidInput(
@@ -74,30 +75,48 @@ impl EngineCache {
             Some(_) => (ram as f64 * (1.0 - share)) as usize,
             None => 0,
         };
-        let draft = if draft_ram > 0 {
-            Some(PromptCache::new(PromptCacheConfig {
-                ram_bytes: draft_ram,
-                ..PromptCacheConfig::default()
-            })?)
-        } else {
-            None
-        };
-        let tiers = PromptCache::new(PromptCacheConfig {
-            ram_bytes: ram - draft_ram,
-            ssd: config.ssd_cache_dir.as_ref().map(|dir| SsdConfig {
-                root: dir.clone(),
-                fingerprint: fingerprint.clone(),
-                model: model.info().name.clone(),
-                max_bytes: config.ssd_cache_max_bytes,
-                verify: config.ssd_cache_verify,
-            }),
+        // 0 (no cap) stays 0 for both.
+        let ssd_max = config.ssd_cache_max_bytes;
+        let draft_ssd_max = (ssd_max as f64 * (1.0 - share)) as u64;
+        let tiers_config = |ram_bytes: usize, ssd: Option<SsdConfig>| PromptCacheConfig {
+            ram_bytes,
+            ssd,
             write_behind: config.ssd_write_behind,
             timing: wick_cache::durability::dirty::Timing {
                 max_defer: config.ssd_write_max_defer,
                 ..Default::default()
             },
             ..PromptCacheConfig::default()
-        })?;
+        };
+        let draft = match &config.draft_model {
+            Some(d) if draft_ram > 0 => {
+                let ssd = config.ssd_cache_dir.as_ref().map(|dir| SsdConfig {
+                    root: dir.clone(),
+                    // Its own directory, even for a model drafting for itself: the two
+                    // tiers keep their own indexes and caps.
+                    fingerprint: format!("draft-{}", d.0.fingerprint()),
+                    model: d.0.info().name.clone(),
+                    max_bytes: draft_ssd_max.max(u64::from(ssd_max > 0)),
+                    verify: config.ssd_cache_verify,
+                });
+                Some(PromptCache::new(tiers_config(draft_ram, ssd))?)
+            }
+            _ => None,
+        };
+        let tiers = PromptCache::new(tiers_config(
+            ram - draft_ram,
+            config.ssd_cache_dir.as_ref().map(|dir| SsdConfig {
+                root: dir.clone(),
+                fingerprint: fingerprint.clone(),
+                model: model.info().name.clone(),
+                max_bytes: if draft.is_some() {
+                    ssd_max - draft_ssd_max.min(ssd_max)
+                } else {
+                    ssd_max
+                },
+                verify: config.ssd_cache_verify,
+            }),
+        ))?;
         // Sliding windows and recurrent layers (Qwen 3.5) make long entries untrimmable.
         let windowed = model.config().layer_windows.iter().any(Option::is_some)
             || model.config().qwen35.is_some();
@@ -195,20 +214,29 @@ impl EngineCache {
     /// An empty cache of the draft model for `request`, or the longest prefix of its
     /// prompt the draft's entries hold, with the tokens it holds.
     pub fn draft_start(&self, draft: &Model, request: &GenerationRequest) -> (KvCache, Vec<u32>) {
-        let hit = match &self.draft {
-            Some(tiers) => tiers.lookup(&request.effective_namespace(), &request.prompt, draft),
-            None => return (draft.new_cache(), Vec::new()),
-        };
-        match hit.value {
-            Some(kv) if kv.len() <= request.prompt.len() => {
-                let fed = request.prompt[..kv.len()].to_vec();
-                (kv, fed)
-            }
-            _ => (draft.new_cache(), Vec::new()),
-        }
+        self.draft_lookup(draft, &request.effective_namespace(), &request.prompt)
+            .unwrap_or_else(|| (draft.new_cache(), Vec::new()))
     }
 
-    /// A sequence ended: the draft model's KV of `tokens` goes back to its entries.
+    /// A preempted sequence resumes: the draft model's KV of the longest prefix of its
+    /// history that the draft's entries hold (put there when it was preempted).
+    pub fn draft_resume(
+        &self,
+        draft: &Model,
+        t: &CacheTracking,
+        history: &[u32],
+    ) -> Option<(KvCache, Vec<u32>)> {
+        self.draft_lookup(draft, &t.ns, history)
+    }
+
+    fn draft_lookup(&self, draft: &Model, ns: &str, tokens: &[u32]) -> Option<(KvCache, Vec<u32>)> {
+        let kv = self.draft.as_ref()?.lookup(ns, tokens, draft).value?;
+        let fed = tokens.get(..kv.len())?.to_vec();
+        Some((kv, fed))
+    }
+
+    /// A sequence ended or was preempted: the draft model's KV of `tokens` goes to its
+    /// entries.
     pub fn draft_finish(&self, t: &CacheTracking, tokens: &[u32], kv: KvCache) {
         if let Some(tiers) = &self.draft {
             if tokens.len() == kv.len() && !kv.is_empty() {
@@ -262,8 +290,47 @@ impl EngineCache {
         }
     }
 
-    /// Makes every cache entry durable within `timeout`.
+    /// Makes every cache entry durable within `timeout`. The report is the served
+    /// model's tiers'; the draft's entries (which only save the draft a prefill) get
+    /// what is left of the time.
     pub fn flush(&self, timeout: Duration) -> wick_cache::FlushReport {
-        self.tiers.flush(timeout)
+        let start = std::time::Instant::now();
+        let report = self.tiers.flush(timeout);
+        if let Some(draft) = &self.draft {
+            let d = draft.flush(timeout.saturating_sub(start.elapsed()));
+            if !d.durable {
+                tracing::debug!(
+                    pending = d.pending_snapshots,
+                    "draft cache entries not flushed"
+                );
+            }
+        }
+        report
+    }
+
+    /// Waits up to `timeout` for the SSD tiers' start-up scans (the draft's entries too);
+    /// the served model's report, or `None` without an SSD tier or while a scan runs.
+    pub fn wait_for_scan(&self, timeout: Duration) -> Option<wick_cache::ScanReport> {
+        let start = std::time::Instant::now();
+        let report = self.tiers.wait_for_scan(timeout)?;
+        match &self.draft {
+            Some(d) if d.ssd().is_some() => d
+                .wait_for_scan(timeout.saturating_sub(start.elapsed()))
+                .map(|_| report),
+            _ => Some(report),
+        }
+    }
+
+    /// Whether an SSD tier's start-up scan is still indexing entries.
+    pub fn is_scanning(&self) -> bool {
+        self.tiers.is_scanning() || self.draft.as_ref().is_some_and(|d| d.is_scanning())
+    }
+
+    /// Tells the cache writers whether the engine is computing.
+    pub fn set_busy(&self, busy: bool) {
+        self.tiers.set_busy(busy);
+        if let Some(draft) = &self.draft {
+            draft.set_busy(busy);
+        }
     }
 }

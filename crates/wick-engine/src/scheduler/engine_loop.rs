@@ -97,7 +97,7 @@ pub(crate) fn run(model: &Model, shared: &Shared) {
     b.preempted.clear();
     publish(shared, &b);
     if let Some(cache) = &shared.cache {
-        cache.tiers.set_busy(false);
+        cache.set_busy(false);
     }
 }
 
@@ -141,6 +141,7 @@ fn admit(model: &Model, shared: &Shared, b: &mut Batch) -> bool {
                 break;
             };
             a.seq.cache_mut().attach(pool);
+            resume_draft(shared, &mut a);
             tracing::debug!(
                 request = a.req.id,
                 recompute = a.seq.remaining_prompt(),
@@ -179,7 +180,7 @@ fn admit(model: &Model, shared: &Shared, b: &mut Batch) -> bool {
                     return false;
                 }
                 if let Some(cache) = &shared.cache {
-                    cache.tiers.set_busy(false);
+                    cache.set_busy(false);
                 }
                 q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
                 free = pool.free();
@@ -189,7 +190,7 @@ fn admit(model: &Model, shared: &Shared, b: &mut Batch) -> bool {
             return true;
         }
         if let Some(cache) = &shared.cache {
-            cache.tiers.set_busy(true);
+            cache.set_busy(true);
         }
         for p in taken {
             start(model, shared, p, b);
@@ -312,9 +313,16 @@ fn complete(shared: &Shared, mut a: Active) {
     }));
 }
 
-/// Frees the blocks of running sequence `i` and queues it for recomputation.
+/// Frees the blocks of running sequence `i` and queues it for recomputation. Its draft
+/// model's KV goes to the prompt cache's draft entries (when the cache is on), to come
+/// back when it resumes.
 fn preempt(model: &Model, shared: &Shared, b: &mut Batch, i: usize) {
     let mut a = b.running.remove(i);
+    if let (Some(cache), Some(t), Some(d)) = (&shared.cache, &a.cache, &shared.config.draft_model) {
+        if let Some((kv, fed)) = a.seq.park_draft_cache(d.0.new_cache()) {
+            cache.draft_finish(t, &fed, kv);
+        }
+    }
     a.seq.preempt(model.new_cache());
     shared.counters.preemptions.fetch_add(1, Ordering::Relaxed);
     tracing::info!(
@@ -329,6 +337,26 @@ fn preempt(model: &Model, shared: &Shared, b: &mut Batch, i: usize) {
         .position(|p| p.order > a.order)
         .unwrap_or(b.preempted.len());
     b.preempted.insert(at, a);
+}
+
+/// A preempted sequence resumes: its draft model's KV comes back from the prompt cache.
+fn resume_draft(shared: &Shared, a: &mut Active) {
+    let (Some(cache), Some(t), Some(d)) = (&shared.cache, &a.cache, &shared.config.draft_model)
+    else {
+        return;
+    };
+    if !a.seq.drafts_with_model() {
+        return;
+    }
+    if let Some((kv, fed)) = cache.draft_resume(&d.0, t, a.seq.history()) {
+        let restored = fed.len() as u64;
+        if a.seq.restore_draft_cache(kv, fed) {
+            shared
+                .counters
+                .spec_draft_cached
+                .fetch_add(restored, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What the widest decoding row stores after this step, per layer: on a backend that

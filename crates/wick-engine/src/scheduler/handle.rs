@@ -196,23 +196,20 @@ impl EngineHandle {
     /// in the background from the engine's start on; this waits for it to finish.
     pub fn cache_scan_report(&self) -> Option<ScanReport> {
         let cache = self.shared.cache.as_ref()?;
-        cache.tiers.wait_for_scan(Duration::from_secs(86_400))
+        cache.wait_for_scan(Duration::from_secs(86_400))
     }
 
     /// Waits up to `timeout` for the SSD tier's start-up scan; its report, or `None` without
     /// an SSD tier or while it is still running.
     pub fn wait_for_cache_scan(&self, timeout: Duration) -> Option<ScanReport> {
         let cache = self.shared.cache.as_ref()?;
-        cache.tiers.wait_for_scan(timeout)
+        cache.wait_for_scan(timeout)
     }
 
     /// Whether the SSD tier's start-up scan is still indexing entries (lookups meanwhile
     /// miss the entries it has not reached).
     pub fn cache_scanning(&self) -> bool {
-        self.shared
-            .cache
-            .as_ref()
-            .is_some_and(|c| c.tiers.is_scanning())
+        self.shared.cache.as_ref().is_some_and(|c| c.is_scanning())
     }
 
     /// The fingerprint directory of the SSD tier, if any.

@@ -100,7 +100,9 @@ pub struct EngineConfig {
     /// Each sequence keeps the draft's KV of its history; the KV pool and the RAM prompt
     /// cache leave the draft's caches their share of the budget
     /// ([`crate::speculative::DraftModel::target_share`]), and the prompt cache keeps the
-    /// draft's KV of a prompt beside the served model's.
+    /// draft's KV of a prompt beside the served model's (on the SSD tier too, in a
+    /// directory of its own; the SSD cap is split like the RAM one). A preempted
+    /// sequence's draft KV waits there and comes back when it resumes.
     pub draft_model: Option<crate::speculative::DraftModel>,
 }
 
