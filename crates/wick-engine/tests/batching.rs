@@ -3,54 +3,15 @@
 //! wait and get preempted, no block leaks, and requests that could never fit are
 //! refused before any work; greedy tokens picked on the backend equal the host sampler's.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use wick_engine::sampler::SamplingParams;
 use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget, SubmitError};
-use wick_engine::{EngineError, GenerationRequest, LoadOptions, Model};
+use wick_engine::{EngineError, GenerationRequest, Model};
 
-fn default_model() -> Arc<Model> {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} missing: run `wick pull default`",
-        path.display()
-    );
-    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
-}
-
-fn collect(mut h: wick_engine::scheduler::RequestHandle) -> Vec<u32> {
-    let mut ids = Vec::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => ids.push(t.id),
-            EngineEvent::Done(d) => {
-                assert_eq!(d.tokens, ids);
-                return ids;
-            }
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
-}
-
-/// Each request's tokens run alone through `Model::generate` (the host sampler).
-fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect()
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::{assert_replies, collect, default_model, run_alone};
 
 /// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
 /// huge string is slow).
@@ -134,7 +95,11 @@ fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
         })
     };
     for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        assert_eq!(&collect(h), want, "request {i} differs from its single run");
+        assert_eq!(
+            &collect(h).0,
+            want,
+            "request {i} differs from its single run"
+        );
     }
     let (seen_waiting, max_used) = watcher.join().unwrap();
     let stats = engine.stats();
@@ -183,7 +148,7 @@ fn requests_that_could_never_fit_are_refused_before_any_work() {
         .generate(&fits, |_| ControlFlow::Continue(()))
         .unwrap()
         .tokens;
-    assert_eq!(collect(engine.submit(fits).unwrap()), alone);
+    assert_eq!(collect(engine.submit(fits).unwrap()).0, alone);
     assert_eq!(engine.stats().kv_pool.used_blocks, 0);
 
     // A budget below one block per layer cannot start at all.
@@ -232,13 +197,7 @@ fn backend_argmax_and_host_sampler_pick_the_same_greedy_tokens() {
         assert!(!with_logprobs(r).sampling.is_raw_argmax());
     }
     let alone = run_alone(&model, &requests);
-    let on_backend: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (h, want)) in on_backend.into_iter().zip(&alone).enumerate() {
-        assert_eq!(&collect(h), want, "request {i}, argmax on the backend");
-    }
+    assert_replies(&engine, &requests, &alone, "argmax on the backend");
     let on_host: Vec<_> = requests
         .iter()
         .map(|r| engine.submit(with_logprobs(r)).unwrap())
@@ -315,12 +274,12 @@ fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
     let sampled = engine.submit(sampled).unwrap();
     for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
         assert_eq!(
-            &collect(h),
+            &collect(h).0,
             want,
             "request {i} differs from its plain single run"
         );
     }
-    assert_eq!(collect(sampled).len(), 50);
+    assert_eq!(collect(sampled).0.len(), 50);
     let stats = engine.stats();
     assert!(
         stats.preemptions > 0,
@@ -365,13 +324,7 @@ fn speculative_greedy_batch_of_eight_equals_single_runs() {
             },
         )
         .unwrap();
-        let handles: Vec<_> = requests
-            .iter()
-            .map(|r| engine.submit(r.clone()).unwrap())
-            .collect();
-        for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
-            assert_eq!(&collect(h), want, "request {i}, budget {budget}");
-        }
+        assert_replies(&engine, &requests, &alone, &format!("budget {budget}"));
         let stats = engine.stats();
         if !budget {
             let spec = &stats.speculation;

@@ -3,34 +3,20 @@
 //! a pool small enough to preempt) and keeps nearly every draft; a random-weight draft of
 //! the same vocabulary keeps the output too and backs off to few drafts; a draft with
 //! another vocabulary is refused at start-up, naming both models.
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use wick_engine::constraint::ConstraintSpec;
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
+use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
 use wick_engine::speculative::{DraftModel, SpeculativeConfig};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
 
-fn smollm2_path() -> PathBuf {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} missing: run `wick pull default`",
-        path.display()
-    );
-    path
-}
-
-fn default_model() -> Arc<Model> {
-    Arc::new(Model::load(&smollm2_path(), &LoadOptions::default()).unwrap())
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::{assert_replies, collect, default_model, replies, run_alone, smollm2_path};
 
 fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
     (0..n)
@@ -117,21 +103,6 @@ fn tiny_draft(dir: &Path, own_vocab: bool) -> PathBuf {
     path
 }
 
-fn collect(mut h: wick_engine::scheduler::RequestHandle) -> (Vec<u32>, String) {
-    let mut ids = Vec::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => ids.push(t.id),
-            EngineEvent::Done(d) => {
-                assert_eq!(d.tokens, ids);
-                return (ids, d.text);
-            }
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
-}
-
 /// Greedy requests that repeat and edit text (prompt lengths mixed), one with a stop
 /// string, one with log-probabilities and a repetition penalty.
 fn greedy_requests(model: &Model) -> Vec<GenerationRequest> {
@@ -160,18 +131,6 @@ fn greedy_requests(model: &Model) -> Vec<GenerationRequest> {
                 });
             }
             r
-        })
-        .collect()
-}
-
-fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
         })
         .collect()
 }
@@ -281,16 +240,9 @@ fn a_draft_that_is_never_right_keeps_the_output_and_backs_off() {
     let alone = run_alone(&model, &requests);
     let draft = DraftModel::new(&model, tiny).unwrap();
     let engine = engine_with(&model, draft, None);
-    let handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    let mut generated = 0;
-    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        let got = collect(h).0;
-        assert_eq!(&got, want, "request {i} differs from its plain run");
-        generated += got.len() as u64;
-    }
+    let got = replies(&engine, &requests);
+    assert_eq!(got, alone, "the replies differ from the plain runs");
+    let generated: u64 = got.iter().map(|g| g.len() as u64).sum();
     let spec = engine.stats().speculation;
     assert!(spec.accepted * 5 <= spec.drafted.max(1), "{spec:?}");
     assert!(
@@ -505,17 +457,7 @@ fn a_preempted_sequence_gets_its_drafts_cache_back() {
         },
     )
     .unwrap();
-    let handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        assert_eq!(
-            &collect(h).0,
-            want,
-            "request {i} differs from its plain run"
-        );
-    }
+    assert_replies(&engine, &requests, &alone, "preempted, drafts restored");
     let stats = engine.stats();
     assert!(stats.preemptions > 0, "meant to preempt: {stats:?}");
     eprintln!(

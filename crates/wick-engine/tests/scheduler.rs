@@ -1,45 +1,14 @@
 //! The engine loop with the real default model: batched greedy output equals running
 //! each request alone, queue limits, cancellation.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use wick_engine::sampler::SamplingParams;
 use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, SubmitError};
-use wick_engine::{GenerationRequest, LoadOptions, Model};
+use wick_engine::GenerationRequest;
 
-fn default_model() -> Arc<Model> {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} missing: run `wick pull default`",
-        path.display()
-    );
-    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
-}
-
-fn collect(mut h: wick_engine::scheduler::RequestHandle) -> (Vec<u32>, String) {
-    let mut ids = Vec::new();
-    let mut text = String::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => {
-                ids.push(t.id);
-                text.push_str(&t.text);
-            }
-            EngineEvent::Done(d) => {
-                assert_eq!(d.tokens, ids);
-                assert_eq!(d.text, text);
-                return (ids, text);
-            }
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::{assert_replies, collect, default_model};
 
 #[test]
 fn batched_greedy_equals_single_runs() {
@@ -77,13 +46,7 @@ fn batched_greedy_equals_single_runs() {
         },
     )
     .unwrap();
-    let handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (h, want) in handles.into_iter().zip(&alone) {
-        assert_eq!(&collect(h).0, want);
-    }
+    assert_replies(&engine, &requests, &alone, "batched");
     let stats = engine.stats();
     assert!(stats.completed >= 6 && stats.steps > 0, "{stats:?}");
     assert!(engine.shutdown(std::time::Duration::from_secs(5)));

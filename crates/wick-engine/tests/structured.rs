@@ -3,28 +3,17 @@
 //! exactly its single run, and a grammar that cannot finish within `max_tokens` ends with
 //! `Length`.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use wick_engine::constraint::{Constraint, ConstraintSpec};
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget, RequestHandle};
-use wick_engine::{FinishReason, GenerationRequest, LoadOptions, Model};
+use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
+use wick_engine::{FinishReason, GenerationRequest, Model};
 
-fn default_model() -> Arc<Model> {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} missing: run `wick pull default`",
-        path.display()
-    );
-    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::{assert_replies, collect, default_model, run_alone};
 
 fn chat(model: &Model, user: &str) -> Vec<u32> {
     let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
@@ -33,35 +22,6 @@ fn chat(model: &Model, user: &str) -> Vec<u32> {
 
 fn constraint(model: &Model, spec: ConstraintSpec) -> Constraint {
     model.grammars().unwrap().compile(&spec).unwrap()
-}
-
-/// Each request's tokens from a run alone through `Model::generate` (the host sampler).
-fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect()
-}
-
-/// Request `i`'s token ids and text, to its end (a failure fails the test).
-fn collect(i: usize, mut h: RequestHandle) -> (Vec<u32>, String) {
-    let (mut ids, mut text) = (Vec::new(), String::new());
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => {
-                ids.push(t.id);
-                text.push_str(&t.text);
-            }
-            EngineEvent::Done(_) => break,
-            EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
-        }
-    }
-    (ids, text)
 }
 
 fn person() -> ConstraintSpec {
@@ -184,17 +144,8 @@ fn constrained_rows_survive_batching_and_preemption() {
             },
         )
         .unwrap();
-        let handles: Vec<_> = requests
-            .iter()
-            .map(|r| engine.submit(r.clone()).unwrap())
-            .collect();
-        for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
-            let (ids, _) = collect(i, h);
-            assert_eq!(
-                &ids, want,
-                "request {i} differs from its single run (masked argmax: {masked_argmax})"
-            );
-        }
+        let case = format!("masked argmax: {masked_argmax}");
+        assert_replies(&engine, &requests, &alone, &case);
         let stats = engine.stats();
         assert!(
             stats.preemptions > 0,
@@ -259,7 +210,7 @@ fn constrained_rows_speculate_and_keep_their_replies() {
     for (i, ((h, want), (_, _, temperature))) in
         handles.into_iter().zip(&alone).zip(&asks).enumerate()
     {
-        let (ids, text) = collect(i, h);
+        let (ids, text) = collect(h);
         if *temperature == 0.0 {
             assert_eq!(&ids, want, "request {i} differs from its plain single run");
         } else {

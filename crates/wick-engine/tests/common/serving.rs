@@ -1,0 +1,87 @@
+//! What the engine tests that serve the default model share (`batching`, `draft_model`,
+//! `scheduler`, `structured`): the model, each request's reference run alone through
+//! `Model::generate`, and the engine's replies to a batch of requests. Included with
+//! `#[path = "common/serving.rs"] mod serving;`.
+#![allow(dead_code)] // each test crate uses its own subset
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wick_engine::scheduler::{EngineEvent, EngineHandle, RequestHandle};
+use wick_engine::{GenerationRequest, LoadOptions, Model};
+
+/// The default model's file (SmolLM2-135M-Instruct Q4_1), in `WICK_HOME` or
+/// `~/.cache/wick`.
+pub fn smollm2_path() -> PathBuf {
+    let home = std::env::var_os("WICK_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
+    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} missing: run `wick pull default`",
+        path.display()
+    );
+    path
+}
+
+/// The default model on the CPU backend.
+pub fn default_model() -> Arc<Model> {
+    Arc::new(Model::load(&smollm2_path(), &LoadOptions::default()).unwrap())
+}
+
+/// Each request's tokens run alone through `Model::generate` (the host sampler).
+pub fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
+    requests
+        .iter()
+        .map(|r| {
+            model
+                .generate(r, |_| ControlFlow::Continue(()))
+                .unwrap()
+                .tokens
+        })
+        .collect()
+}
+
+/// A request's streamed token ids and text, checked against its `Done` (a failure fails
+/// the test).
+pub fn collect(mut h: RequestHandle) -> (Vec<u32>, String) {
+    let (mut ids, mut text) = (Vec::new(), String::new());
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => {
+                ids.push(t.id);
+                text.push_str(&t.text);
+            }
+            EngineEvent::Done(d) => {
+                assert_eq!(d.tokens, ids);
+                assert_eq!(d.text, text);
+                return (ids, text);
+            }
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+/// Every request submitted at once (so they run batched), then each one's token ids.
+pub fn replies(engine: &EngineHandle, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).unwrap())
+        .collect();
+    handles.into_iter().map(|h| collect(h).0).collect()
+}
+
+/// Asserts that the engine's replies to `requests`, submitted at once, are `alone`.
+pub fn assert_replies(
+    engine: &EngineHandle,
+    requests: &[GenerationRequest],
+    alone: &[Vec<u32>],
+    case: &str,
+) {
+    for (i, (got, want)) in replies(engine, requests).iter().zip(alone).enumerate() {
+        assert_eq!(got, want, "request {i} differs from its run alone ({case})");
+    }
+}
