@@ -5,18 +5,9 @@ use std::path::{Path, PathBuf};
 use wick_engine::{EngineError, LoadOptions, Model};
 use wick_gguf::{GgmlType, GgufWriter, MetadataValue as V};
 
-fn smollm2() -> PathBuf {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let p = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} missing: run `wick pull default`",
-        p.display()
-    );
-    p
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::smollm2_path as smollm2;
 
 fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
     (0..n)

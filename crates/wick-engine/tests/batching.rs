@@ -11,7 +11,7 @@ use wick_engine::{EngineError, GenerationRequest, Model};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, collect, default_model, run_alone};
+use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone};
 
 /// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
 /// huge string is slow).
@@ -50,14 +50,8 @@ fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
         })
         .collect();
     let alone = run_alone(&model, &requests);
-    let longest = requests
-        .iter()
-        .map(|r| r.prompt.len() + r.max_tokens)
-        .max()
-        .unwrap();
-    let layers = model.config().num_layers;
     // Room for about two of the longest sequences, all layers.
-    let blocks = 2 * layers * longest.div_ceil(16) + layers;
+    let blocks = blocks_for_two_longest(&model, &requests, 0);
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
@@ -71,7 +65,11 @@ fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
     .unwrap();
     let pool = engine.stats().kv_pool;
     assert_eq!(pool.total_blocks, Some(blocks));
-    assert!(pool.max_sequence_tokens >= longest, "{pool:?}");
+    let longest = requests.iter().map(|r| r.prompt.len() + r.max_tokens);
+    assert!(
+        pool.max_sequence_tokens >= longest.max().unwrap(),
+        "{pool:?}"
+    );
     let handles: Vec<_> = requests
         .iter()
         .map(|r| engine.submit(r.clone()).unwrap())
@@ -237,13 +235,7 @@ fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
         })
         .collect();
     let alone = run_alone(&model, &requests);
-    let longest = requests
-        .iter()
-        .map(|r| r.prompt.len() + r.max_tokens)
-        .max()
-        .unwrap();
-    let layers = model.config().num_layers;
-    let blocks = 2 * layers * longest.div_ceil(16) + layers;
+    let blocks = blocks_for_two_longest(&model, &requests, 0);
     let engine = Engine::start(
         model.clone(),
         EngineConfig {

@@ -9,14 +9,17 @@ use std::time::Duration;
 
 use wick_engine::constraint::ConstraintSpec;
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
+use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle, KvBudget};
 use wick_engine::speculative::{DraftModel, SpeculativeConfig};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, collect, default_model, replies, run_alone, smollm2_path};
+use serving::{
+    assert_replies, blocks_for_two_longest, collect, default_model, replies, run_alone,
+    smollm2_path,
+};
 
 fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
     (0..n)
@@ -135,31 +138,40 @@ fn greedy_requests(model: &Model) -> Vec<GenerationRequest> {
         .collect()
 }
 
-fn engine_with(
-    model: &Arc<Model>,
-    draft: DraftModel,
-    blocks: Option<usize>,
-) -> wick_engine::scheduler::EngineHandle {
+/// An engine of `model` drafting with `draft` on `config`, every draft verified (so the
+/// counts the tests check do not hang on step timings).
+fn engine_with(model: &Arc<Model>, draft: DraftModel, config: EngineConfig) -> EngineHandle {
     Engine::start(
         model.clone(),
         EngineConfig {
-            max_batch: 8,
-            step_token_budget: 64,
-            prompt_cache_bytes: 0,
-            kv_budget: blocks.map_or(KvBudget::Unbounded, |b| {
-                KvBudget::Bytes((b * model.kv_block_bytes()) as u64)
-            }),
-            // Every draft verified, so the counts the tests check do not hang on step
-            // timings.
             speculative: Some(SpeculativeConfig {
                 budget: false,
                 ..SpeculativeConfig::default()
             }),
             draft_model: Some(draft),
-            ..EngineConfig::default()
+            ..config
         },
     )
     .unwrap()
+}
+
+/// Batches of up to 8 in steps of 64 tokens, no prompt cache, a pool of `blocks` KV
+/// blocks (unbounded for `None`).
+fn batched(model: &Model, blocks: Option<usize>) -> EngineConfig {
+    EngineConfig {
+        max_batch: 8,
+        step_token_budget: 64,
+        prompt_cache_bytes: 0,
+        kv_budget: blocks.map_or(KvBudget::Unbounded, |b| {
+            KvBudget::Bytes((b * model.kv_block_bytes()) as u64)
+        }),
+        ..EngineConfig::default()
+    }
+}
+
+/// A pool of `blocks` KV blocks.
+fn pool(model: &Model, blocks: usize) -> KvBudget {
+    KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64)
 }
 
 /// The default model drafting for itself: every greedy reply is the plain one, batched
@@ -187,16 +199,10 @@ fn a_model_drafting_for_itself_keeps_greedy_output_and_its_drafts() {
             }),
     );
     let alone = run_alone(&model, &requests);
-    let longest = requests
-        .iter()
-        .map(|r| r.prompt.len() + r.max_tokens)
-        .max()
-        .unwrap();
-    let layers = model.config().num_layers;
     // Room for about two of the longest sequences (with their drafts), all layers.
-    let blocks = 2 * layers * (longest + 8).div_ceil(16) + layers;
+    let blocks = blocks_for_two_longest(&model, &requests, 8);
     let draft = DraftModel::new(&model, model.clone()).unwrap();
-    let engine = engine_with(&model, draft, Some(blocks));
+    let engine = engine_with(&model, draft, batched(&model, Some(blocks)));
     let mut sampled = requests[1].clone().sampling(SamplingParams {
         temperature: 0.7,
         seed: 9,
@@ -239,7 +245,7 @@ fn a_draft_that_is_never_right_keeps_the_output_and_backs_off() {
     let requests = greedy_requests(&model);
     let alone = run_alone(&model, &requests);
     let draft = DraftModel::new(&model, tiny).unwrap();
-    let engine = engine_with(&model, draft, None);
+    let engine = engine_with(&model, draft, batched(&model, None));
     let got = replies(&engine, &requests);
     assert_eq!(got, alone, "the replies differ from the plain runs");
     let generated: u64 = got.iter().map(|g| g.len() as u64).sum();
@@ -277,38 +283,21 @@ fn a_draft_with_another_vocabulary_is_refused() {
 #[test]
 fn the_draft_restores_cached_prompts_and_takes_its_share_of_the_budget() {
     let model = default_model();
-    let story = "The river runs past the old mill, and the miller counts the sacks of grain. ";
-    let first = model
-        .tokenize(&format!("{}Continue the story:", story.repeat(12)))
-        .unwrap();
-    let mut turn1 = GenerationRequest::new(first).max_tokens(24);
-    turn1.ignore_eos = true;
-    let reply = run_alone(&model, std::slice::from_ref(&turn1)).remove(0);
-    let mut next = turn1.prompt.clone();
-    next.extend_from_slice(&reply);
-    next.extend(model.tokenize(" Now tell it once more:").unwrap());
-    let mut turn2 = GenerationRequest::new(next).max_tokens(24);
-    turn2.ignore_eos = true;
-    let want2 = run_alone(&model, std::slice::from_ref(&turn2)).remove(0);
+    let (turn1, reply, turn2, want2) = two_turns(&model);
 
     // Tokens the draft computed for turn 2, and prompt tokens it restored, with the
     // prompt cache on or off.
     let second_turn = |prompt_cache_bytes: u64| {
         let blocks = 4096;
-        let engine = Engine::start(
-            model.clone(),
+        let engine = engine_with(
+            &model,
+            DraftModel::new(&model, model.clone()).unwrap(),
             EngineConfig {
                 prompt_cache_bytes,
-                kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
-                speculative: Some(SpeculativeConfig {
-                    budget: false,
-                    ..SpeculativeConfig::default()
-                }),
-                draft_model: Some(DraftModel::new(&model, model.clone()).unwrap()),
+                kv_budget: pool(&model, blocks),
                 ..EngineConfig::default()
             },
-        )
-        .unwrap();
+        );
         assert_eq!(
             engine.stats().kv_pool.total_blocks,
             Some(blocks / 2),
@@ -373,20 +362,15 @@ fn the_drafts_entries_outlive_a_restart_on_the_ssd() {
     let (turn1, reply, turn2, want2) = two_turns(&model);
     let dir = tempfile::tempdir().unwrap();
     let start = || {
-        Engine::start(
-            model.clone(),
+        engine_with(
+            &model,
+            DraftModel::new(&model, model.clone()).unwrap(),
             EngineConfig {
                 prompt_cache_bytes: 64 << 20,
                 ssd_cache_dir: Some(dir.path().to_path_buf()),
-                speculative: Some(SpeculativeConfig {
-                    budget: false,
-                    ..SpeculativeConfig::default()
-                }),
-                draft_model: Some(DraftModel::new(&model, model.clone()).unwrap()),
                 ..EngineConfig::default()
             },
         )
-        .unwrap()
     };
     let engine = start();
     assert!(engine
@@ -433,30 +417,16 @@ fn a_preempted_sequence_gets_its_drafts_cache_back() {
     let model = default_model();
     let requests = greedy_requests(&model);
     let alone = run_alone(&model, &requests);
-    let longest = requests
-        .iter()
-        .map(|r| r.prompt.len() + r.max_tokens)
-        .max()
-        .unwrap();
-    let layers = model.config().num_layers;
     // The draft takes half of the budget: room for about two of the longest sequences.
-    let blocks = 2 * (2 * layers * (longest + 8).div_ceil(16) + layers);
-    let engine = Engine::start(
-        model.clone(),
+    let blocks = 2 * blocks_for_two_longest(&model, &requests, 8);
+    let engine = engine_with(
+        &model,
+        DraftModel::new(&model, model.clone()).unwrap(),
         EngineConfig {
-            max_batch: 8,
-            step_token_budget: 64,
             prompt_cache_bytes: 64 << 20,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
-            speculative: Some(SpeculativeConfig {
-                budget: false,
-                ..SpeculativeConfig::default()
-            }),
-            draft_model: Some(DraftModel::new(&model, model.clone()).unwrap()),
-            ..EngineConfig::default()
+            ..batched(&model, Some(blocks))
         },
-    )
-    .unwrap();
+    );
     assert_replies(&engine, &requests, &alone, "preempted, drafts restored");
     let stats = engine.stats();
     assert!(stats.preemptions > 0, "meant to preempt: {stats:?}");

@@ -3,25 +3,14 @@
 //! model reported when it generated that token, alone and through the engine loop, in
 //! chunks and with the prefix in the prompt cache.
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use wick_engine::sampler::SamplingParams;
 use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
-use wick_engine::{GenerationRequest, LoadOptions, Model, PromptLogprob, TokenEvent};
+use wick_engine::{GenerationRequest, Model, PromptLogprob, TokenEvent};
 
-fn default_model() -> Arc<Model> {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} missing: run `wick pull default`",
-        path.display()
-    );
-    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::default_model;
 
 const TOP: usize = 3;
 

@@ -8,7 +8,7 @@ use wick_engine::GenerationRequest;
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, collect, default_model};
+use serving::{assert_replies, collect, default_model, run_alone};
 
 #[test]
 fn batched_greedy_equals_single_runs() {
@@ -26,15 +26,7 @@ fn batched_greedy_equals_single_runs() {
         .enumerate()
         .map(|(i, p)| GenerationRequest::new(model.tokenize(p).unwrap()).max_tokens(12 + 3 * i))
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect();
+    let alone = run_alone(&model, &requests);
     // A small step budget forces chunked prefill to overlap with other sequences' decode.
     let engine = Engine::start(
         model.clone(),

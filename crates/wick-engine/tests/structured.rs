@@ -13,7 +13,7 @@ use wick_engine::{FinishReason, GenerationRequest, Model};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, collect, default_model, run_alone};
+use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone};
 
 fn chat(model: &Model, user: &str) -> Vec<u32> {
     let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
@@ -124,13 +124,7 @@ fn constrained_rows_survive_batching_and_preemption() {
         })
         .collect();
     let alone = run_alone(&model, &requests);
-    let longest = requests
-        .iter()
-        .map(|r| r.prompt.len() + r.max_tokens)
-        .max()
-        .unwrap();
-    let layers = model.config().num_layers;
-    let blocks = 2 * layers * longest.div_ceil(16) + layers;
+    let blocks = blocks_for_two_longest(&model, &requests, 0);
     for masked_argmax in [false, true] {
         let engine = Engine::start(
             model.clone(),

@@ -44,6 +44,22 @@ pub fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>>
         .collect()
 }
 
+/// KV blocks (of 16 tokens, every layer) for about two of the longest of `requests`, each
+/// with `slack` more tokens (drafts): a pool small enough that a batch of them preempts.
+pub fn blocks_for_two_longest(
+    model: &Model,
+    requests: &[GenerationRequest],
+    slack: usize,
+) -> usize {
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.len() + r.max_tokens)
+        .max()
+        .unwrap_or(0);
+    let layers = model.config().num_layers;
+    2 * layers * (longest + slack).div_ceil(16) + layers
+}
+
 /// A request's streamed token ids and text, checked against its `Done` (a failure fails
 /// the test).
 pub fn collect(mut h: RequestHandle) -> (Vec<u32>, String) {
