@@ -896,7 +896,8 @@ impl Sequence {
         // The images' rows stay: the recompute places them again.
         empty.adopt_media(&self.cache);
         self.cache = empty;
-        // The draft model's KV goes too; it catches up again once the sequence decodes.
+        // What the draft model still holds goes too (with the prompt cache on, the engine
+        // loop parked it there first: `park_draft_cache`); it catches up once decoding.
         self.abandon_model_draft();
         self.preemptions += 1;
     }
