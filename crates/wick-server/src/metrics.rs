@@ -402,7 +402,7 @@ fn render_batching(out: &mut String, engine: &EngineStats) {
     counter(
         out,
         "wick_spec_draft_model_cached_tokens_total",
-        "Prompt tokens the draft model restored from the prompt cache instead of computing.",
+        "Tokens the draft model restored from the prompt cache instead of computing: prompts at admission, histories of preempted sequences that resume.",
         spec.draft_model_cached_tokens,
     );
 }

@@ -255,7 +255,8 @@ pub struct SpeculationStats {
     /// Tokens the draft model computed (`--draft-model`): histories it caught up on and
     /// the drafts it fed itself.
     pub draft_model_tokens: u64,
-    /// Prompt tokens the draft model restored from the prompt cache instead of computing.
+    /// Tokens the draft model restored from the prompt cache instead of computing: prompts
+    /// at admission, histories of preempted sequences that resume.
     pub draft_model_cached_tokens: u64,
 }
 
