@@ -75,9 +75,10 @@ impl EngineCache {
             Some(_) => (ram as f64 * (1.0 - share)) as usize,
             None => 0,
         };
-        // 0 (no cap) stays 0 for both.
-        let ssd_max = config.ssd_cache_max_bytes;
-        let draft_ssd_max = (ssd_max as f64 * (1.0 - share)) as u64;
+        let (ssd_max, draft_ssd_max) = match &config.draft_model {
+            Some(_) => split_cap(config.ssd_cache_max_bytes, share),
+            None => (config.ssd_cache_max_bytes, 0),
+        };
         let tiers_config = |ram_bytes: usize, ssd: Option<SsdConfig>| PromptCacheConfig {
             ram_bytes,
             ssd,
@@ -96,7 +97,7 @@ impl EngineCache {
                     // tiers keep their own indexes and caps.
                     fingerprint: format!("draft-{}", d.0.fingerprint()),
                     model: d.0.info().name.clone(),
-                    max_bytes: draft_ssd_max.max(u64::from(ssd_max > 0)),
+                    max_bytes: draft_ssd_max,
                     verify: config.ssd_cache_verify,
                 });
                 Some(PromptCache::new(tiers_config(draft_ram, ssd))?)
@@ -109,11 +110,7 @@ impl EngineCache {
                 root: dir.clone(),
                 fingerprint: fingerprint.clone(),
                 model: model.info().name.clone(),
-                max_bytes: if draft.is_some() {
-                    ssd_max - draft_ssd_max.min(ssd_max)
-                } else {
-                    ssd_max
-                },
+                max_bytes: ssd_max,
                 verify: config.ssd_cache_verify,
             }),
         ))?;
@@ -332,5 +329,29 @@ impl EngineCache {
         if let Some(draft) = &self.draft {
             draft.set_busy(busy);
         }
+    }
+}
+
+/// A byte cap split by `share`: the served model's part and the draft's. No cap (0) stays
+/// none for both; a cap leaves each part at least one byte (0 would lift it).
+fn split_cap(cap: u64, share: f64) -> (u64, u64) {
+    if cap < 2 {
+        return (cap, cap);
+    }
+    let draft = ((cap as f64 * (1.0 - share)) as u64).clamp(1, cap - 1);
+    (cap - draft, draft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_cap;
+
+    #[test]
+    fn a_cap_splits_by_share_and_never_becomes_none() {
+        assert_eq!(split_cap(0, 0.8), (0, 0));
+        assert_eq!(split_cap(1000, 0.75), (750, 250));
+        assert_eq!(split_cap(1000, 1.0), (999, 1));
+        assert_eq!(split_cap(1000, 0.0), (1, 999));
+        assert_eq!(split_cap(1, 0.5), (1, 1));
     }
 }
