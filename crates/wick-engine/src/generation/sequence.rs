@@ -289,17 +289,14 @@ impl Sequence {
         cut_to_history(m.cache, m.fed, &self.history)
     }
 
-    /// Parks the draft model's cache while the sequence is preempted: returns it, cut back
-    /// to the part of the history it holds, with those tokens (for the prompt cache's
-    /// draft entries), and leaves `empty` in its place; the draft model keeps drafting
-    /// for the sequence once it resumes. `None` when no draft model drafts for it (or
-    /// its cache cannot be cut back).
+    /// Parks the draft model's cache before the sequence is preempted ([`Sequence::preempt`]
+    /// clears the rest of the draft's state): returns it, cut back to the part of the
+    /// history it holds, with those tokens (for the prompt cache's draft entries), and
+    /// leaves `empty` in its place; the draft model keeps drafting for the sequence once
+    /// it resumes. `None` when no draft model drafts for it (or its cache cannot be cut
+    /// back).
     pub fn park_draft_cache(&mut self, empty: KvCache) -> Option<(KvCache, Vec<u32>)> {
-        let s = self.speculation.as_mut()?;
-        let m = s.model.as_mut()?;
-        s.drafts.clear();
-        s.q.clear();
-        m.rounds = 0;
+        let m = self.speculation.as_mut()?.model.as_mut()?;
         let cache = std::mem::replace(&mut m.cache, empty);
         let fed = std::mem::take(&mut m.fed);
         cut_to_history(cache, fed, &self.history)
