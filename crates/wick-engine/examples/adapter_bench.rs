@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wick_engine::adapters::{Adapter, AdapterDtype, AdapterStack, Target};
-use wick_engine::{LoadOptions, LogitsRequest, Model, Step};
+use wick_engine::{LoadOptions, Model, RowOutput, StepPlan, StepRow, Want};
 
 /// Writes a random PEFT adapter of `rank` for `model` (every projection of every layer,
 /// f32) into `dir`.
@@ -76,44 +76,40 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Decode tokens per second of `stacks.len()` sequences stepped together.
 fn decode_rate(model: &Model, stacks: &[AdapterStack], steps: usize) -> f64 {
-    let refs: Vec<&AdapterStack> = stacks.iter().collect();
     let mut caches: Vec<_> = stacks.iter().map(|_| model.new_cache()).collect();
     let prompts: Vec<Vec<u32>> = (0..stacks.len())
         .map(|i| (0..16).map(|j| 100 + (i * 31 + j * 7) as u32).collect())
         .collect();
-    let mut batch: Vec<Step<'_>> = caches
-        .iter_mut()
-        .zip(&prompts)
-        .map(|(c, p)| Step {
-            tokens: p,
-            cache: c,
-            logits: LogitsRequest::Last,
-        })
-        .collect();
-    let mut next: Vec<u32> = model
-        .forward_argmax_adapters(&mut batch, &refs)
-        .expect("prefill")
-        .into_iter()
-        .map(|t| t.unwrap_or(0))
-        .collect();
+    // Each sequence's greedy token after feeding it `tokens[i]`, under its adapter stack.
+    let mut step = |tokens: &[&[u32]]| -> Vec<u32> {
+        let rows = caches
+            .iter_mut()
+            .zip(tokens)
+            .zip(stacks)
+            .map(|((c, t), s)| StepRow {
+                tokens: t,
+                cache: c,
+                want: Want::Token,
+                adapters: Some(s),
+            })
+            .collect();
+        model
+            .execute(StepPlan::new(rows))
+            .expect("step")
+            .into_iter()
+            .map(|o| match o {
+                RowOutput::Token(t) => t,
+                _ => 0,
+            })
+            .collect()
+    };
+    let prompts: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let mut next = step(&prompts);
     let started = Instant::now();
     for _ in 0..steps {
         let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-        let mut batch: Vec<Step<'_>> = caches
-            .iter_mut()
-            .zip(&toks)
-            .map(|(c, t)| Step {
-                tokens: t,
-                cache: c,
-                logits: LogitsRequest::Last,
-            })
-            .collect();
-        next = model
-            .forward_argmax_adapters(&mut batch, &refs)
-            .expect("decode")
-            .into_iter()
-            .map(|t| t.unwrap_or(0))
-            .collect();
+        let toks: Vec<&[u32]> = toks.iter().map(|t| t.as_slice()).collect();
+        next = step(&toks);
     }
     (steps * stacks.len()) as f64 / started.elapsed().as_secs_f64()
 }

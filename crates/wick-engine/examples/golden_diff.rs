@@ -2,7 +2,7 @@
 //! teacher-forced agreement, for one golden file.
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, Want};
 use wick_engine::weights::GgufWeights;
 
 fn main() -> anyhow::Result<()> {
@@ -31,11 +31,11 @@ fn main() -> anyhow::Result<()> {
         let mut all = p.clone();
         all.extend_from_slice(&cont[..cont.len() - 1]);
         let mut cache = model.new_cache();
-        let out = model.forward(&mut [BatchItem {
-            tokens: &all,
-            cache: &mut cache,
-            logits: LogitsRequest::All,
-        }])?;
+        let out = model.forward_logits(&mut [BatchItem::new(
+            &all,
+            &mut cache,
+            Want::logits(LogitsRequest::All),
+        )])?;
         let l = out[0].as_ref().unwrap();
         let first = l.row(p.len() - 1);
         let top: Vec<(u32, f32)> = c["first_step_top20"]

@@ -29,7 +29,6 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 use wick_chat::tokenizer::Tokenizer;
 
-use crate::model::Model;
 use crate::sampler::{Sampled, Sampler};
 
 /// Errors of building or running a constraint.
@@ -578,25 +577,6 @@ fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) {
 
 /// Where [`Model::grammars`] keeps its value.
 pub(crate) type GrammarsSlot = OnceLock<Result<Arc<Grammars>, ConstraintError>>;
-
-impl Model {
-    /// The model's grammar machinery, built on first use (0.4 s for a 49k vocabulary, 1.5 s
-    /// for 152k on two cores) and shared by every request after.
-    pub fn grammars(&self) -> Result<Arc<Grammars>, ConstraintError> {
-        self.grammars
-            .get_or_init(|| {
-                let started = Instant::now();
-                let g = Grammars::new(self.tokenizer(), self.eos_ids()).map(Arc::new);
-                tracing::info!(
-                    took_ms = started.elapsed().as_millis() as u64,
-                    ok = g.is_ok(),
-                    "structured-output token trie built"
-                );
-                g
-            })
-            .clone()
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -119,6 +119,9 @@ pub enum EngineError {
     /// The prompt cache could not be set up (SSD directory, configuration).
     #[error("prompt cache: {0}")]
     PromptCache(#[from] wick_cache::CacheError),
+    /// A model (or a part of it) needs an op its backend does not implement.
+    #[error(transparent)]
+    Unsupported(#[from] crate::backend::capability::Unsupported),
     /// A compute backend failed.
     #[error("{backend} backend: {message}")]
     Backend {

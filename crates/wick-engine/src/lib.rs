@@ -6,10 +6,11 @@
 //!   naming; [`config`] reads hyperparameters from GGUF metadata or `config.json`.
 //! - [`models`] holds one file per architecture (llama, qwen2, qwen3, gemma3; the other
 //!   dense families in `models/dense.rs`) and the decoder they share, written once against
-//!   the [`backend::Backend`] op surface; [`rope`] holds the long-context rotary scalings;
+//!   the [`backend::Backend`] op surface; [`config::rope`] holds the long-context rotary scalings;
 //!   [`backend::candle`] is the CPU backend.
-//! - [`Model`] bundles decoder, tokenizer, chat template and defaults; its `forward` runs
-//!   several sequences in one batched pass, each with its own trimmable, cloneable,
+//! - [`Model`] bundles decoder, tokenizer, chat template and defaults; [`Model::execute`]
+//!   runs a planned step ([`StepPlan`]): several sequences in one batched pass, each saying
+//!   what it wants back ([`Want`]) and with its own adapters and trimmable, cloneable,
 //!   serializable [`KvCache`], charged while it runs to the [`kv_pool`] (the memory budget,
 //!   the same on every backend).
 //! - [`sampler`] turns logits into tokens (mlx-lm semantics), [`generation`] drives one
@@ -39,9 +40,7 @@ pub mod config;
 pub mod constraint;
 pub mod embedding;
 mod error;
-mod fingerprint;
 pub mod models;
-pub mod rope;
 pub mod sampler;
 pub mod speculative;
 pub mod weights;
@@ -59,7 +58,8 @@ pub use generation::{
 };
 pub use model::{
     DeviceMemory, GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step,
+    StepPlan, StepRow,
 };
-pub use models::decoder::{Logits, LogitsRequest};
+pub use models::decoder::{Logits, LogitsRequest, RowOutput, StepMasks, Want};
 pub use models::greedy::GreedyRun;
 pub mod scheduler;

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use wick_engine::adapters::{AdapterDtype, AdapterRegistry, AdapterStack, FactorDtype};
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{EngineError, LoadOptions, LogitsRequest, Model, Step};
+use wick_engine::{
+    EngineError, LoadOptions, Logits, LogitsRequest, Model, RowOutput, Step, StepPlan, StepRow,
+    Want,
+};
 
 const TOLERANCE: f32 = 1e-4;
 const ADAPTERS: [&str; 3] = ["peft_a", "peft_b", "mlx_c"];
@@ -103,7 +106,7 @@ fn each_selection_matches_peft() {
                 cache: &mut cache,
                 logits: LogitsRequest::All,
             }];
-            let out = f.model.forward_adapters(&mut steps, &[&stack]).unwrap();
+            let out = logits_with(&f.model, &mut steps, &[&stack]);
             let got = out[0].as_ref().unwrap();
             assert_close(&format!("{sel} {case}"), &got.data, &f.expected(sel, case));
         }
@@ -140,7 +143,7 @@ fn mixed_batch_rows_get_their_own_adapters() {
             logits: LogitsRequest::All,
         })
         .collect();
-    let prefill = f.model.forward_adapters(&mut steps, &refs).unwrap();
+    let prefill = logits_with(&f.model, &mut steps, &refs);
     let vocab = f.model.config().vocab_size;
     for (sel, out) in SELECTIONS.iter().zip(&prefill) {
         let want = f.expected(sel, "len19");
@@ -160,7 +163,7 @@ fn mixed_batch_rows_get_their_own_adapters() {
                 logits: LogitsRequest::Last,
             })
             .collect();
-        let out = f.model.forward_adapters(&mut steps, &refs).unwrap();
+        let out = logits_with(&f.model, &mut steps, &refs);
         for (sel, o) in SELECTIONS.iter().zip(&out) {
             let want = f.expected(sel, "len19");
             assert_close(
@@ -187,7 +190,7 @@ fn argmax_path_uses_the_adapters() {
             logits: LogitsRequest::Last,
         })
         .collect();
-    let got = f.model.forward_argmax_adapters(&mut steps, &refs).unwrap();
+    let got = tokens_with(&f.model, &mut steps, &refs);
     for (sel, id) in SELECTIONS.iter().zip(got) {
         let want = f.reference["selections"][sel]["greedy"]["len7"][0]
             .as_u64()
@@ -385,7 +388,7 @@ fn a_llama_cpp_gguf_adapter_gives_the_peft_logits() {
         cache: &mut cache,
         logits: LogitsRequest::All,
     }];
-    let out = f.model.forward_adapters(&mut steps, &[&stack]).unwrap();
+    let out = logits_with(&f.model, &mut steps, &[&stack]);
     assert_close(
         "gguf peft_a",
         &out[0].as_ref().unwrap().data,
@@ -499,10 +502,7 @@ fn half_precision_factors() {
             logits: LogitsRequest::All,
         },
     ];
-    let out = f
-        .model
-        .forward_adapters(&mut steps, &[&stacks[0], &stacks[1]])
-        .unwrap();
+    let out = logits_with(&f.model, &mut steps, &[&stacks[0], &stacks[1]]);
     for (got, sel) in out.iter().zip(["peft_a", "peft_a+peft_b"]) {
         let got = &got.as_ref().unwrap().data;
         let want = f.expected(sel, "len7");
@@ -514,4 +514,59 @@ fn half_precision_factors() {
             .fold(0f32, f32::max);
         assert!(worst <= 1e-2 * scale, "{sel} in f16: max |diff| {worst}");
     }
+}
+
+/// One pass of `steps` (each wanting logits of its positions), step `i` under
+/// `stacks[i]`.
+fn logits_with(
+    model: &Model,
+    steps: &mut [Step<'_>],
+    stacks: &[&AdapterStack],
+) -> Vec<Option<Logits>> {
+    run_with(model, steps, stacks, false)
+        .into_iter()
+        .map(|o| match o {
+            RowOutput::Logits(l) => Some(l),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One pass of `steps`, each wanting the argmax of its last position, step `i` under
+/// `stacks[i]`.
+fn tokens_with(
+    model: &Model,
+    steps: &mut [Step<'_>],
+    stacks: &[&AdapterStack],
+) -> Vec<Option<u32>> {
+    run_with(model, steps, stacks, true)
+        .into_iter()
+        .map(|o| match o {
+            RowOutput::Token(t) => Some(t),
+            _ => None,
+        })
+        .collect()
+}
+
+fn run_with(
+    model: &Model,
+    steps: &mut [Step<'_>],
+    stacks: &[&AdapterStack],
+    token: bool,
+) -> Vec<RowOutput> {
+    let rows = steps
+        .iter_mut()
+        .enumerate()
+        .map(|(i, s)| StepRow {
+            tokens: s.tokens,
+            cache: &mut *s.cache,
+            want: if token {
+                Want::Token
+            } else {
+                Want::logits(s.logits)
+            },
+            adapters: stacks.get(i).copied(),
+        })
+        .collect();
+    model.execute(StepPlan::new(rows)).unwrap()
 }

@@ -12,8 +12,7 @@ use common::{
 };
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::CudaBackend;
-use wick_engine::backend::Backend;
-use wick_engine::models::decoder::{BatchItem, LogitsRequest, SequenceCache};
+use wick_engine::models::decoder::{BatchItem, LogitsRequest, RowOutput, SequenceCache, Want};
 use wick_gguf::GgmlType;
 
 /// The families whose ops the CUDA backend has (StarCoder 2 needs LayerNorm).
@@ -129,14 +128,17 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
                     let mut items: Vec<BatchItem<'_, CudaBackend>> = caches
                         .iter_mut()
                         .zip(&next)
-                        .map(|(c, t)| BatchItem {
-                            tokens: t,
-                            cache: c,
-                            logits: LogitsRequest::Last,
+                        .map(|(c, t)| BatchItem::new(t, c, Want::Token))
+                        .collect();
+                    let ids: Vec<u32> = cuda
+                        .execute(&mut items, None)
+                        .unwrap()
+                        .into_iter()
+                        .map(|o| match o {
+                            RowOutput::Token(id) => id,
+                            other => panic!("no token: {other:?}"),
                         })
                         .collect();
-                    let ids = cuda.forward_argmax(&mut items).unwrap();
-                    let ids = cuda.backend().ids_to_host(&ids).unwrap();
                     for ((&i, t), id) in group.iter().zip(next.iter_mut()).zip(ids) {
                         all[i].push(id);
                         *t = vec![id];
@@ -154,11 +156,11 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
             let mut want = Vec::new();
             for _ in 0..STEPS {
                 let out = cpu
-                    .forward(&mut [BatchItem {
-                        tokens: &next,
-                        cache: &mut cache,
-                        logits: LogitsRequest::Last,
-                    }])
+                    .forward_logits(&mut [BatchItem::new(
+                        &next,
+                        &mut cache,
+                        Want::logits(LogitsRequest::Last),
+                    )])
                     .unwrap();
                 let l = &out[0].as_ref().unwrap().data;
                 let id = l
@@ -204,11 +206,11 @@ fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
         let (head, tail) = ids.split_at(30);
         let mut cache = cuda.new_cache();
         let step = |cache: &mut SequenceCache<CudaBackend>, tokens: &[u32]| {
-            cuda.forward(&mut [BatchItem {
+            cuda.forward_logits(&mut [BatchItem::new(
                 tokens,
                 cache,
-                logits: LogitsRequest::All,
-            }])
+                Want::logits(LogitsRequest::All),
+            )])
             .unwrap()[0]
                 .as_ref()
                 .unwrap()

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, Want};
 use wick_engine::weights::SafetensorsWeights;
 
 /// `gemma4`: e2b shape (PLE, KV sharing, proportional RoPE); `gemma4_moe`: 26B-A4B shape.
@@ -80,11 +80,11 @@ impl Golden {
         let mut cache = self.model.new_cache();
         let out = self
             .model
-            .forward(&mut [BatchItem {
-                tokens: ids,
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
+            .forward_logits(&mut [BatchItem::new(
+                ids,
+                &mut cache,
+                Want::logits(LogitsRequest::All),
+            )])
             .unwrap();
         out[0].as_ref().unwrap().data.clone()
     }
@@ -175,11 +175,11 @@ fn incremental_decoding_matches_one_shot() {
             let end = (at + chunk).min(ids.len());
             let out = g
                 .model
-                .forward(&mut [BatchItem {
-                    tokens: &ids[at..end],
-                    cache: &mut cache,
-                    logits: LogitsRequest::All,
-                }])
+                .forward_logits(&mut [BatchItem::new(
+                    &ids[at..end],
+                    &mut cache,
+                    Want::logits(LogitsRequest::All),
+                )])
                 .unwrap();
             got.extend_from_slice(&out[0].as_ref().unwrap().data);
             at = end;
@@ -197,17 +197,9 @@ fn batched_sequences_match_single_runs() {
         let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
         let out = g
             .model
-            .forward(&mut [
-                BatchItem {
-                    tokens: &a,
-                    cache: &mut ca,
-                    logits: LogitsRequest::All,
-                },
-                BatchItem {
-                    tokens: &b,
-                    cache: &mut cb,
-                    logits: LogitsRequest::Last,
-                },
+            .forward_logits(&mut [
+                BatchItem::new(&a, &mut ca, Want::logits(LogitsRequest::All)),
+                BatchItem::new(&b, &mut cb, Want::logits(LogitsRequest::Last)),
             ])
             .unwrap();
         assert_close(
@@ -227,17 +219,9 @@ fn batched_sequences_match_single_runs() {
         let (na, nb) = (a[0], b[0]);
         let step = g
             .model
-            .forward(&mut [
-                BatchItem {
-                    tokens: &[na],
-                    cache: &mut ca,
-                    logits: LogitsRequest::Last,
-                },
-                BatchItem {
-                    tokens: &[nb],
-                    cache: &mut cb,
-                    logits: LogitsRequest::Last,
-                },
+            .forward_logits(&mut [
+                BatchItem::new(&[na], &mut ca, Want::logits(LogitsRequest::Last)),
+                BatchItem::new(&[nb], &mut cb, Want::logits(LogitsRequest::Last)),
             ])
             .unwrap();
         for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
@@ -266,11 +250,11 @@ fn greedy_continuation_matches_generate() {
         while got.len() < want.len() {
             let out = g
                 .model
-                .forward(&mut [BatchItem {
-                    tokens: &next,
-                    cache: &mut cache,
-                    logits: LogitsRequest::Last,
-                }])
+                .forward_logits(&mut [BatchItem::new(
+                    &next,
+                    &mut cache,
+                    Want::logits(LogitsRequest::Last),
+                )])
                 .unwrap();
             let row = out[0].as_ref().unwrap().last().to_vec();
             let id = row
@@ -292,11 +276,11 @@ fn cache_trim_and_snapshot_round_trip() {
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
     g.model
-        .forward(&mut [BatchItem {
-            tokens: &ids[..12],
-            cache: &mut cache,
-            logits: LogitsRequest::None,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids[..12],
+            &mut cache,
+            Want::logits(LogitsRequest::None),
+        )])
         .unwrap();
     assert!(cache.can_trim_to(10));
     cache.trim(10).unwrap();
@@ -305,19 +289,19 @@ fn cache_trim_and_snapshot_round_trip() {
     let mut restored = g.model.cache_from_snapshot(&snapshot).unwrap();
     let a = g
         .model
-        .forward(&mut [BatchItem {
-            tokens: &ids[10..],
-            cache: &mut cache,
-            logits: LogitsRequest::All,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids[10..],
+            &mut cache,
+            Want::logits(LogitsRequest::All),
+        )])
         .unwrap();
     let b = g
         .model
-        .forward(&mut [BatchItem {
-            tokens: &ids[10..],
-            cache: &mut restored,
-            logits: LogitsRequest::All,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids[10..],
+            &mut restored,
+            Want::logits(LogitsRequest::All),
+        )])
         .unwrap();
     assert_eq!(a[0], b[0]);
     let vocab = g.model.config().vocab_size;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache};
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache, Want};
 use wick_engine::weights::SafetensorsWeights;
 
 const VARIANTS: [&str; 2] = ["qwen35", "qwen35_tied"];
@@ -77,11 +77,7 @@ impl Golden {
     ) -> Vec<f32> {
         let out = self
             .model
-            .forward(&mut [BatchItem {
-                tokens,
-                cache,
-                logits,
-            }])
+            .forward_logits(&mut [BatchItem::new(tokens, cache, Want::logits(logits))])
             .unwrap();
         out[0].as_ref().map(|l| l.data.clone()).unwrap_or_default()
     }
@@ -143,17 +139,9 @@ fn batched_sequences_match_single_runs() {
         let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
         let out = g
             .model
-            .forward(&mut [
-                BatchItem {
-                    tokens: &a,
-                    cache: &mut ca,
-                    logits: LogitsRequest::All,
-                },
-                BatchItem {
-                    tokens: &b,
-                    cache: &mut cb,
-                    logits: LogitsRequest::All,
-                },
+            .forward_logits(&mut [
+                BatchItem::new(&a, &mut ca, Want::logits(LogitsRequest::All)),
+                BatchItem::new(&b, &mut cb, Want::logits(LogitsRequest::All)),
             ])
             .unwrap();
         assert_close(
@@ -171,17 +159,9 @@ fn batched_sequences_match_single_runs() {
         // One decode step of both at once, against each sequence alone.
         let step = g
             .model
-            .forward(&mut [
-                BatchItem {
-                    tokens: &[a[0]],
-                    cache: &mut ca,
-                    logits: LogitsRequest::Last,
-                },
-                BatchItem {
-                    tokens: &[b[0]],
-                    cache: &mut cb,
-                    logits: LogitsRequest::Last,
-                },
+            .forward_logits(&mut [
+                BatchItem::new(&[a[0]], &mut ca, Want::logits(LogitsRequest::Last)),
+                BatchItem::new(&[b[0]], &mut cb, Want::logits(LogitsRequest::Last)),
             ])
             .unwrap();
         for (seq, got) in [(&a, &step[0]), (&b, &step[1])] {

@@ -8,7 +8,7 @@ use common::{
     write_wide_model, TextGolden, WIDE_SHAPES,
 };
 use wick_engine::backend::candle::CandleBackend;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, Want};
 
 const VARIANTS: [&str; 14] = [
     "llama",
@@ -72,11 +72,11 @@ fn every_position_matches_transformers() {
             let mut cache = g.model.new_cache();
             let out = g
                 .model
-                .forward(&mut [BatchItem {
-                    tokens: &ids,
-                    cache: &mut cache,
-                    logits: LogitsRequest::All,
-                }])
+                .forward_logits(&mut [BatchItem::new(
+                    &ids,
+                    &mut cache,
+                    Want::logits(LogitsRequest::All),
+                )])
                 .unwrap();
             assert_close(
                 variant,
@@ -129,17 +129,9 @@ fn batched_sequences_match_single_runs() {
         let (na, nb) = (a[0], b[0]);
         let step = g
             .model
-            .forward(&mut [
-                BatchItem {
-                    tokens: &[na],
-                    cache: &mut ca,
-                    logits: LogitsRequest::Last,
-                },
-                BatchItem {
-                    tokens: &[nb],
-                    cache: &mut cb,
-                    logits: LogitsRequest::Last,
-                },
+            .forward_logits(&mut [
+                BatchItem::new(&[na], &mut ca, Want::logits(LogitsRequest::Last)),
+                BatchItem::new(&[nb], &mut cb, Want::logits(LogitsRequest::Last)),
             ])
             .unwrap();
         for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
@@ -148,11 +140,11 @@ fn batched_sequences_match_single_runs() {
             let mut c = g.model.new_cache();
             let alone = g
                 .model
-                .forward(&mut [BatchItem {
-                    tokens: &ids,
-                    cache: &mut c,
-                    logits: LogitsRequest::Last,
-                }])
+                .forward_logits(&mut [BatchItem::new(
+                    &ids,
+                    &mut c,
+                    Want::logits(LogitsRequest::Last),
+                )])
                 .unwrap();
             assert_close(
                 variant,
@@ -187,11 +179,11 @@ fn greedy_continuation_matches_generate() {
         while got.len() < want.len() {
             let out = g
                 .model
-                .forward(&mut [BatchItem {
-                    tokens: &next,
-                    cache: &mut cache,
-                    logits: LogitsRequest::Last,
-                }])
+                .forward_logits(&mut [BatchItem::new(
+                    &next,
+                    &mut cache,
+                    Want::logits(LogitsRequest::Last),
+                )])
                 .unwrap();
             let row = out[0].as_ref().unwrap().last().to_vec();
             let id = row
@@ -219,11 +211,11 @@ fn trim_and_snapshot(variant: &str) {
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
     g.model
-        .forward(&mut [BatchItem {
-            tokens: &ids[..12],
-            cache: &mut cache,
-            logits: LogitsRequest::None,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids[..12],
+            &mut cache,
+            Want::logits(LogitsRequest::None),
+        )])
         .unwrap();
     // Within the window's slack nothing was dropped yet: trimming works.
     assert!(cache.can_trim_to(10));
@@ -232,19 +224,19 @@ fn trim_and_snapshot(variant: &str) {
     let mut c2 = restored.clone();
     let a = g
         .model
-        .forward(&mut [BatchItem {
-            tokens: &ids[10..],
-            cache: &mut cache,
-            logits: LogitsRequest::All,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids[10..],
+            &mut cache,
+            Want::logits(LogitsRequest::All),
+        )])
         .unwrap();
     let b = g
         .model
-        .forward(&mut [BatchItem {
-            tokens: &ids[10..],
-            cache: &mut c2,
-            logits: LogitsRequest::All,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids[10..],
+            &mut c2,
+            Want::logits(LogitsRequest::All),
+        )])
         .unwrap();
     assert_eq!(a[0], b[0]);
     let want = g.expected("len40");
@@ -263,11 +255,11 @@ fn a_wrapped_sliding_window_cannot_be_trimmed() {
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
     g.model
-        .forward(&mut [BatchItem {
-            tokens: &ids,
-            cache: &mut cache,
-            logits: LogitsRequest::None,
-        }])
+        .forward_logits(&mut [BatchItem::new(
+            &ids,
+            &mut cache,
+            Want::logits(LogitsRequest::None),
+        )])
         .unwrap();
     // 40 tokens through a window of 8: the sliding layers dropped the oldest keys.
     assert!(!cache.can_trim_to(5));

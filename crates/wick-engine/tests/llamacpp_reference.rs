@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, Want};
 use wick_engine::weights::GgufWeights;
 
 fn wick_home() -> PathBuf {
@@ -110,11 +110,11 @@ fn check_model_with(golden: &str, kv: KvDtype) {
         all.extend_from_slice(&case.continuation[..case.continuation.len() - 1]);
         let mut cache = model.new_cache();
         let out = model
-            .forward(&mut [BatchItem {
-                tokens: &all,
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
+            .forward_logits(&mut [BatchItem::new(
+                &all,
+                &mut cache,
+                Want::logits(LogitsRequest::All),
+            )])
             .unwrap();
         let logits = out[0].as_ref().unwrap();
         let first = logits.row(case.prompt.len() - 1);
@@ -151,11 +151,11 @@ fn check_model_with(golden: &str, kv: KvDtype) {
         let mut same = 0;
         for &want in &case.continuation {
             let out = model
-                .forward(&mut [BatchItem {
-                    tokens: &next,
-                    cache: &mut cache,
-                    logits: LogitsRequest::Last,
-                }])
+                .forward_logits(&mut [BatchItem::new(
+                    &next,
+                    &mut cache,
+                    Want::logits(LogitsRequest::Last),
+                )])
                 .unwrap();
             let id = argmax(out[0].as_ref().unwrap().last());
             if id != want {

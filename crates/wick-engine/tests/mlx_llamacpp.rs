@@ -12,7 +12,7 @@ use wick_engine::backend::candle::CandleBackend;
 use wick_engine::backend::mlx::{Dtype, MlxBackend, MlxDevice};
 use wick_engine::backend::Backend;
 use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest};
+use wick_engine::models::decoder::{BatchItem, Decoder, Input, LogitsRequest, RowOutput, Want};
 use wick_engine::weights::GgufWeights;
 
 /// llama.cpp margin below which a different kernel may pick the other token.
@@ -80,11 +80,11 @@ fn load<B: Backend>(backend: B, file: &Path, gguf: &wick_gguf::GgufFile) -> Deco
 fn all_logits<B: Backend>(d: &Decoder<B>, tokens: &[u32]) -> wick_engine::Logits {
     let mut cache = d.new_cache();
     let out = d
-        .forward(&mut [BatchItem {
+        .forward_logits(&mut [BatchItem::new(
             tokens,
-            cache: &mut cache,
-            logits: LogitsRequest::All,
-        }])
+            &mut cache,
+            Want::logits(LogitsRequest::All),
+        )])
         .unwrap();
     out.into_iter().next().flatten().unwrap()
 }
@@ -149,16 +149,24 @@ fn check(name: &str, cases: usize) {
         }
         // Free running through the pipelined greedy path (argmax on the backend).
         let mut cache = mlx.new_cache();
-        let mut current = mlx
-            .forward_argmax(&mut [BatchItem {
-                tokens: &prompt,
-                cache: &mut cache,
-                logits: LogitsRequest::Last,
-            }])
-            .unwrap();
+        let first = match mlx
+            .execute(
+                &mut [BatchItem::new(&prompt, &mut cache, Want::Token)],
+                None,
+            )
+            .unwrap()
+            .remove(0)
+        {
+            RowOutput::Token(id) => id,
+            other => panic!("no token: {other:?}"),
+        };
+        let mut current = None;
         let mut same = 0;
         for &want in &continuation {
-            let id = mlx.backend().ids_to_host(&current).unwrap()[0];
+            let id = match &current {
+                None => first,
+                Some(ids) => mlx.backend().ids_to_host(ids).unwrap()[0],
+            };
             if id != want {
                 // Every token so far was llama.cpp's, so the teacher-forced row of this
                 // position holds MLX's own margin.
@@ -172,7 +180,11 @@ fn check(name: &str, cases: usize) {
                 break;
             }
             same += 1;
-            current = mlx.decode_ids(&current, &mut [&mut cache]).unwrap();
+            let input = match &current {
+                None => Input::Host(std::slice::from_ref(&first)),
+                Some(ids) => Input::Backend(ids),
+            };
+            current = Some(mlx.decode_ids(input, &mut [&mut cache]).unwrap());
         }
         long_runs += usize::from(same >= 16 || same == continuation.len());
         report.push(format!("{case_name}: {same}/{}", continuation.len()));

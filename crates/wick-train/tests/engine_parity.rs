@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use wick_engine::adapters::{AdapterRegistry, Target};
-use wick_engine::{LoadOptions, LogitsRequest, Model, Step};
+use wick_engine::{LoadOptions, Model, RowOutput, StepPlan, StepRow, Want};
 use wick_train::adapter_io::save_adapter;
 use wick_train::base::BaseWeights;
 use wick_train::decoder::{AdapterRef, Batch, Dropout, TrainDecoder};
@@ -36,23 +36,23 @@ fn random_factors(base: &BaseWeights, lora: &LoraConfig, seed: u64) -> LoraParam
 
 fn engine_logits(model: &Model, tokens: &[u32], adapter: Option<&Path>) -> Vec<f32> {
     let mut cache = model.new_cache();
-    let mut steps = [Step {
+    let registry = AdapterRegistry::default();
+    let stack = adapter.map(|path| {
+        registry
+            .insert(Arc::new(model.load_adapter("t", path).unwrap()))
+            .unwrap();
+        registry.resolve(Some("t")).unwrap()
+    });
+    let plan = StepPlan::new(vec![StepRow {
         tokens,
         cache: &mut cache,
-        logits: LogitsRequest::All,
-    }];
-    let out = match adapter {
-        None => model.forward(&mut steps).unwrap(),
-        Some(path) => {
-            let registry = AdapterRegistry::default();
-            registry
-                .insert(Arc::new(model.load_adapter("t", path).unwrap()))
-                .unwrap();
-            let stack = registry.resolve(Some("t")).unwrap();
-            model.forward_adapters(&mut steps, &[&stack]).unwrap()
-        }
-    };
-    out[0].as_ref().unwrap().data.clone()
+        want: Want::AllLogits,
+        adapters: stack.as_ref(),
+    }]);
+    match model.execute(plan).unwrap().remove(0) {
+        RowOutput::Logits(l) => l.data,
+        other => panic!("no logits: {other:?}"),
+    }
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {

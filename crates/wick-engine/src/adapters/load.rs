@@ -3,6 +3,7 @@
 //! (`adapters.safetensors`, `lora_a [in, r]` / `lora_b [r, out]`) and llama.cpp GGUF LoRA
 //! (`general.type = adapter`). Every delta is checked against the base model before
 //! anything is mounted: one bad tensor refuses the whole adapter.
+use crate::backend::capability::{Part, Requirement};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -131,12 +132,18 @@ pub fn load_host(
     if !path.exists() {
         return Err(AdapterError::invalid(path, "no such file or directory"));
     }
-    // Gemma 4's and Qwen 3.5's layers run their own forward passes, which carry no
-    // adapter deltas yet: refuse rather than mount an adapter that would change nothing.
-    if cfg.gemma4.is_some() || cfg.qwen35.is_some() {
+    // A family whose layers carry no adapter deltas yet declares so: refuse rather than
+    // mount an adapter that would change nothing.
+    let unbuilt = crate::models::needs(cfg)
+        .into_iter()
+        .find(|n| n.part == Part::Adapters && matches!(n.requirement, Requirement::NotBuilt(_)));
+    if let Some(n) = unbuilt {
         return Err(AdapterError::invalid(
             path,
-            format!("adapters on {} models are not supported yet", cfg.arch),
+            format!(
+                "adapters on {} models are not supported yet ({})",
+                cfg.arch, n.requirement
+            ),
         ));
     }
     if path.is_file() {

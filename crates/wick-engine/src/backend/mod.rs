@@ -5,6 +5,7 @@
 //! GPUs, cargo feature `mlx`). A backend owns its tensor type, its weight-matrix type
 //! (dense or quantized) and its KV-cache storage.
 pub mod candle;
+pub mod capability;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "mlx")]
@@ -87,20 +88,6 @@ pub enum Activation {
     GeluTanh,
 }
 
-/// Ops only some backends implement; a model that needs one is refused at load by a
-/// backend without it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptionalOp {
-    /// [`Backend::layer_norm`].
-    LayerNorm,
-    /// [`Backend::activation`].
-    Activation,
-    /// Rotary cos/sin scaled by [`RopeSpec::attention_factor`] other than 1.
-    RopeAttentionFactor,
-    /// [`Backend::attention_to`] (bidirectional attention inside an image).
-    AttentionTo,
-}
-
 /// How rotary embeddings pair up the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -177,6 +164,26 @@ pub struct KvLayerSnapshot {
     pub keys: Vec<f32>,
     /// Values, same layout.
     pub values: Vec<f32>,
+}
+
+impl KvLayerSnapshot {
+    /// Tokens the snapshot stores (`len - start`), checked against its key and value
+    /// floats: what every backend verifies before rebuilding a layer from it.
+    pub fn stored(&self) -> Result<usize> {
+        let row = self.kv_heads * self.head_dim;
+        let stored = self.len.checked_sub(self.start).ok_or_else(|| {
+            EngineError::Cache(format!("snapshot start {} > len {}", self.start, self.len))
+        })?;
+        let floats = stored.checked_mul(row);
+        if floats != Some(self.keys.len()) || floats != Some(self.values.len()) {
+            return Err(EngineError::Cache(format!(
+                "snapshot holds {} key and {} value floats, expected {stored} tokens of {row}",
+                self.keys.len(),
+                self.values.len(),
+            )));
+        }
+        Ok(stored)
+    }
 }
 
 /// The trimmability rule every backend's KV layer follows: a layer of `len` tokens whose
@@ -432,11 +439,9 @@ pub trait Backend: Send + Sync + 'static {
             }),
         }
     }
-    /// Whether the backend implements `op` (none by default).
-    fn supports(&self, op: OptionalOp) -> bool {
-        let _ = op;
-        false
-    }
+    /// What the backend implements beyond the core ops ([`capability`]): the one
+    /// declaration a model's needs are held against at load.
+    fn capabilities(&self) -> &'static capability::Capabilities;
     /// LayerNorm of every `weight.len()`-long group of `x`: `(x - mean) / sqrt(var + eps)`
     /// times `weight`, plus `bias` (StarCoder 2). Backends without it say so.
     fn layer_norm(

@@ -2,14 +2,15 @@
 //! passes whose sequences each run with their own adapter stack.
 use std::path::Path;
 
-use super::dispatch::{batch_of, spread_ids, token_steps, with_decoder, AnyDecoder, CacheOf};
-use super::{Model, ModelFormat, Step};
+use super::dispatch::{with_decoder, AnyDecoder};
+use super::{Model, ModelFormat};
 use crate::adapters::{
     choose_factor_dtype, load::QkPermutation, validate_id, Adapter, AdapterDtype, AdapterError,
-    AdapterInfo, AdapterStack, FactorDtype, LoraOf, LoraWeights,
+    AdapterInfo, FactorDtype, LoraOf, LoraWeights,
 };
+use crate::backend::capability::Capability;
 use crate::backend::RopeStyle;
-use crate::models::decoder::{Decoder, Logits};
+use crate::models::decoder::Decoder;
 use crate::Result;
 
 impl Model {
@@ -32,15 +33,15 @@ impl Model {
                 heads: cfg.num_heads,
                 kv_heads: cfg.num_kv_heads,
             });
+        if let Err(e) = &self.support().adapters {
+            return Err(AdapterError::invalid(path, e.to_string()).into());
+        }
         let host = crate::adapters::load_host(path, cfg, permute)?;
         let layers = cfg.num_layers;
-        // The MLX backend's products take f32 factors only so far.
-        let (dtype, why) = match &self.decoder {
-            AnyDecoder::Candle(_) => {
-                choose_factor_dtype(&host, self.adapter_dtype, self.base_precision)
-            }
-            #[allow(unreachable_patterns)]
-            _ => (FactorDtype::F32, "the backend takes f32 factors only"),
+        let (dtype, why) = if self.capabilities().has(Capability::HalfAdapterFactors) {
+            choose_factor_dtype(&host, self.adapter_dtype, self.base_precision)
+        } else {
+            (FactorDtype::F32, "the backend takes f32 factors only")
         };
         tracing::info!(
             adapter = id,
@@ -69,26 +70,6 @@ impl Model {
         };
         Ok(Adapter::new(info, weights))
     }
-
-    /// [`Model::forward`] where step `i` runs with `adapters[i]` (steps past its end run
-    /// the base model): the base products once for the whole batch, then each adapter's
-    /// low-rank products over the rows that use it.
-    pub fn forward_adapters(
-        &self,
-        steps: &mut [Step<'_>],
-        adapters: &[&AdapterStack],
-    ) -> Result<Vec<Option<Logits>>> {
-        with_decoder!(&self.decoder, d => forward_lora_on(d, steps, adapters))
-    }
-
-    /// [`Model::forward_argmax`] with adapters, as [`Model::forward_adapters`].
-    pub fn forward_argmax_adapters(
-        &self,
-        steps: &mut [Step<'_>],
-        adapters: &[&AdapterStack],
-    ) -> Result<Vec<Option<u32>>> {
-        with_decoder!(&self.decoder, d => argmax_lora_on(d, steps, adapters))
-    }
 }
 
 fn upload_on<B: LoraOf>(
@@ -103,44 +84,6 @@ fn upload_on<B: LoraOf>(
         layers,
         dtype,
     )?))
-}
-
-pub(super) fn stacks_of<'a, B: LoraOf>(
-    adapters: &[&'a AdapterStack],
-) -> Result<Vec<Vec<&'a LoraWeights<B>>>> {
-    adapters
-        .iter()
-        .map(|s| {
-            s.adapters()
-                .iter()
-                .map(|a| B::lora_of(a.weights()))
-                .collect()
-        })
-        .collect()
-}
-
-fn forward_lora_on<B: CacheOf + LoraOf>(
-    d: &Decoder<B>,
-    steps: &mut [Step<'_>],
-    adapters: &[&AdapterStack],
-) -> Result<Vec<Option<Logits>>> {
-    let stacks = stacks_of::<B>(adapters)?;
-    d.forward_lora(&mut batch_of(steps)?, &stacks)
-}
-
-fn argmax_lora_on<B: CacheOf + LoraOf>(
-    d: &Decoder<B>,
-    steps: &mut [Step<'_>],
-    adapters: &[&AdapterStack],
-) -> Result<Vec<Option<u32>>> {
-    let wants = token_steps(steps);
-    let stacks = stacks_of::<B>(adapters)?;
-    if !wants.contains(&true) {
-        d.forward_lora(&mut batch_of(steps)?, &stacks)?;
-        return Ok(vec![None; steps.len()]);
-    }
-    let ids = d.forward_argmax_lora(&mut batch_of(steps)?, &stacks)?;
-    Ok(spread_ids(wants, d.backend().ids_to_host(&ids)?))
 }
 
 impl From<AdapterError> for crate::EngineError {

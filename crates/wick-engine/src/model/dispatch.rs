@@ -1,12 +1,12 @@
 //! The decoder and the caches on whichever backend the model was loaded onto.
-use super::{DeviceMemory, Step};
+use super::DeviceMemory;
 use crate::backend::candle::{CandleBackend, KvDtype};
 #[cfg(feature = "cuda")]
 use crate::backend::cuda::CudaBackend;
 #[cfg(feature = "mlx")]
 use crate::backend::mlx::MlxBackend;
 use crate::backend::{Backend, KvLayer};
-use crate::models::decoder::{BatchItem, Decoder, Logits, LogitsRequest, SequenceCache};
+use crate::models::decoder::{Decoder, SequenceCache};
 #[cfg(any(feature = "mlx", feature = "cuda"))]
 use crate::EngineError;
 use crate::Result;
@@ -197,62 +197,4 @@ fn other_backend() -> EngineError {
 
 pub(crate) fn wrap_cache<B: CacheOf>(cache: SequenceCache<B>) -> AnyCache {
     B::wrap(cache)
-}
-
-/// The decoder's view of `steps`.
-pub(super) fn batch_of<'a, B: CacheOf>(steps: &'a mut [Step<'_>]) -> Result<Vec<BatchItem<'a, B>>> {
-    steps
-        .iter_mut()
-        .map(|s| {
-            Ok(BatchItem {
-                tokens: s.tokens,
-                cache: B::unwrap(&mut s.cache.inner)?,
-                logits: s.logits,
-            })
-        })
-        .collect()
-}
-
-pub(crate) fn forward_on<B: CacheOf>(
-    d: &Decoder<B>,
-    steps: &mut [Step<'_>],
-) -> Result<Vec<Option<Logits>>> {
-    d.forward(&mut batch_of(steps)?)
-}
-
-pub(crate) fn argmax_on<B: CacheOf>(
-    d: &Decoder<B>,
-    steps: &mut [Step<'_>],
-) -> Result<Vec<Option<u32>>> {
-    let wants = token_steps(steps);
-    if !wants.contains(&true) {
-        forward_on(d, steps)?;
-        return Ok(vec![None; steps.len()]);
-    }
-    let ids = d.forward_argmax(&mut batch_of(steps)?)?;
-    Ok(spread_ids(wants, d.backend().ids_to_host(&ids)?))
-}
-
-/// Which steps ask for a token: an argmax pass returns ids for those, in order.
-pub(super) fn token_steps(steps: &[Step<'_>]) -> Vec<bool> {
-    steps
-        .iter()
-        .map(|s| s.logits != LogitsRequest::None)
-        .collect()
-}
-
-/// The ids of an argmax pass spread over every step (`None` where `wants` is false).
-pub(super) fn spread_ids(wants: Vec<bool>, ids: Vec<u32>) -> Vec<Option<u32>> {
-    let mut ids = ids.into_iter();
-    wants
-        .into_iter()
-        .map(|w| if w { ids.next() } else { None })
-        .collect()
-}
-
-pub(crate) fn hidden_on<B: CacheOf>(
-    d: &Decoder<B>,
-    steps: &mut [Step<'_>],
-) -> Result<Vec<Vec<f32>>> {
-    d.forward_hidden(&mut batch_of(steps)?)
 }

@@ -5,14 +5,17 @@
 //! - `dispatch.rs`: the decoder and caches on whichever backend the model runs on;
 //! - `kv_cache.rs`: [`KvCache`], one sequence's cache and its charge to the KV pool;
 //! - `loading.rs`: reading GGUF files and Hugging Face directories;
-//! - `masked.rs`: argmax passes under structured-output token masks;
-//! - `adapters.rs`: loading adapters and forward passes with them.
+//! - `execute.rs`: [`Model::execute`], the one entry point of a forward pass;
+//! - `adapters.rs`: loading adapters onto the model's backend;
+//! - `generate.rs`: checking a request and running it alone;
+//! - `fingerprint.rs`: what a saved KV cache must match to be reused.
 mod adapters;
 mod dispatch;
+mod execute;
+mod fingerprint;
+mod generate;
 mod kv_cache;
 mod loading;
-mod masked;
-mod verify;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,14 +25,14 @@ use wick_chat::chat_template::{ChatInput, ChatTemplate};
 use wick_chat::tokenizer::Tokenizer;
 
 pub(crate) use self::dispatch::PeakBlocks;
-use self::dispatch::{
-    argmax_on, forward_on, hidden_on, with_cache, with_decoder, wrap_cache, AnyCache, AnyDecoder,
-};
+use self::dispatch::{with_cache, with_decoder, wrap_cache, AnyCache, AnyDecoder};
+pub use self::execute::{StepPlan, StepRow};
 pub use self::kv_cache::KvCache;
 use crate::backend::candle::KvDtype;
+use crate::backend::capability::{Capabilities, Capability, Support};
 use crate::backend::{BackendKind, KvLayerSnapshot};
 use crate::config::ModelConfig;
-use crate::models::decoder::{Logits, LogitsRequest};
+use crate::models::decoder::LogitsRequest;
 use crate::models::greedy::{self, GreedyRun};
 use crate::models::Arch;
 use crate::{EngineError, Result};
@@ -153,17 +156,24 @@ impl Model {
         with_decoder!(&self.decoder, d => d.config())
     }
 
+    /// What of the model its backend runs: the text model (it loaded, so yes), images,
+    /// audio, adapters and speculative decoding, each with the reason where it cannot
+    /// ([`crate::backend::capability`]).
+    pub fn support(&self) -> &Support {
+        with_decoder!(&self.decoder, d => d.support())
+    }
+
+    /// What the model's backend implements.
+    pub fn capabilities(&self) -> &'static Capabilities {
+        with_decoder!(&self.decoder, d => crate::backend::Backend::capabilities(d.backend()))
+    }
+
     /// Whether a decode step may feed drafted tokens and cut the rejected ones off again
-    /// ([`crate::speculative`]): every layer's cache can be trimmed at any length (no
+    /// ([`crate::speculative`]): the family's caches can be trimmed at any length (no
     /// sliding window, no recurrent state as in Qwen 3.5, no KV shared across layers as
-    /// in Gemma 4) and the backend is candle or MLX (see
-    /// [`Model::speculates_in_batches`]).
+    /// in Gemma 4) and the backend verifies drafts ([`Model::support`] says why not).
     pub fn can_speculate(&self) -> bool {
-        let c = self.config();
-        c.layer_windows.iter().all(Option::is_none)
-            && c.gemma4.is_none()
-            && c.qwen35.is_none()
-            && (matches!(self.decoder, AnyDecoder::Candle(_)) || self.is_mlx())
+        self.support().speculation.is_ok()
     }
 
     /// Whether a row may verify drafts while other rows decode beside it. MLX decodes a
@@ -172,15 +182,15 @@ impl Model {
     /// copied out, and back in at its next plain step), so on MLX a sequence drafts
     /// only while it is the one decoding.
     pub fn speculates_in_batches(&self) -> bool {
-        !self.is_mlx()
+        self.capabilities().has(Capability::BatchedSpeculation)
     }
 
-    fn is_mlx(&self) -> bool {
-        #[cfg(feature = "mlx")]
-        if matches!(self.decoder, AnyDecoder::Mlx(_)) {
-            return true;
-        }
-        false
+    /// Whether structured output's greedy rows are better picked by the backend's masked
+    /// argmax ([`crate::Want::MaskedToken`]) than sampled on the host: on a device
+    /// backend, where the logits would otherwise cross to the host every step. On the
+    /// CPU, checking the sampled token first usually needs no mask at all.
+    pub fn prefers_backend_masks(&self) -> bool {
+        self.capabilities().device_logits
     }
 
     /// The tokenizer.
@@ -315,25 +325,6 @@ impl Model {
         Ok(rows.into_iter().map(|r| r.rows.to_vec()).collect())
     }
 
-    /// One batched forward pass over several sequences.
-    pub fn forward(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<Logits>>> {
-        with_decoder!(&self.decoder, d => forward_on(d, steps))
-    }
-
-    /// [`Model::forward`] returning, for each step that asks for the last position's
-    /// logits, their argmax instead: picked on the backend, so only the ids reach the
-    /// host. Steps ask for [`LogitsRequest::Last`] or [`LogitsRequest::None`].
-    pub fn forward_argmax(&self, steps: &mut [Step<'_>]) -> Result<Vec<Option<u32>>> {
-        with_decoder!(&self.decoder, d => argmax_on(d, steps))
-    }
-
-    /// [`Model::forward`] returning the final-normed hidden states (`[rows][hidden_size]`
-    /// per step) of the positions each step asks for instead of logits: what an embedding
-    /// model pools.
-    pub fn hidden_states(&self, steps: &mut [Step<'_>]) -> Result<Vec<Vec<f32>>> {
-        with_decoder!(&self.decoder, d => hidden_on(d, steps))
-    }
-
     /// Greedy generation of `max_tokens` tokens for every prompt, in lockstep, with the
     /// argmax taken on the backend and each decode step queued before the host reads the
     /// previous step's ids (no logits leave the device). Prompts longer than
@@ -357,5 +348,28 @@ impl Model {
             }
         }
         with_decoder!(&self.decoder, d => greedy::run(d, prompts, max_tokens, prefill_chunk))
+    }
+}
+
+impl Model {
+    /// The model's grammar machinery, built on first use (0.4 s for a 49k vocabulary, 1.5 s
+    /// for 152k on two cores) and shared by every request after.
+    pub fn grammars(
+        &self,
+    ) -> std::result::Result<Arc<crate::constraint::Grammars>, crate::constraint::ConstraintError>
+    {
+        self.grammars
+            .get_or_init(|| {
+                let started = std::time::Instant::now();
+                let g = crate::constraint::Grammars::new(self.tokenizer(), self.eos_ids())
+                    .map(Arc::new);
+                tracing::info!(
+                    took_ms = started.elapsed().as_millis() as u64,
+                    ok = g.is_ok(),
+                    "structured-output token trie built"
+                );
+                g
+            })
+            .clone()
     }
 }

@@ -11,40 +11,10 @@
 use rayon::prelude::*;
 use wick_kernels::{elementwise, Isa};
 
+pub use crate::config::qwen35::DeltaShape;
+
 /// Tokens per chunk of the chunked form (transformers' and flash-linear-attention's).
 pub const CHUNK: usize = 64;
-
-/// Shape of one DeltaNet layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeltaShape {
-    /// Query/key heads.
-    pub k_heads: usize,
-    /// Value heads (a multiple of `k_heads`; each key head serves `v_heads / k_heads`).
-    pub v_heads: usize,
-    /// Query/key head dimension.
-    pub k_dim: usize,
-    /// Value head dimension.
-    pub v_dim: usize,
-    /// Convolution kernel width.
-    pub conv_kernel: usize,
-}
-
-impl DeltaShape {
-    /// Channels of the convolution (q, k and v side by side).
-    pub fn conv_dim(&self) -> usize {
-        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
-    }
-
-    /// Floats of the convolution state (the last `conv_kernel - 1` inputs).
-    pub fn conv_state_len(&self) -> usize {
-        self.conv_kernel.saturating_sub(1) * self.conv_dim()
-    }
-
-    /// Floats of the delta-rule state (all value heads).
-    pub fn ssm_state_len(&self) -> usize {
-        self.v_heads * self.k_dim * self.v_dim
-    }
-}
 
 /// `x / sqrt(sum x² + 1e-6)` in place (flash-linear-attention's l2norm).
 fn l2norm(x: &mut [f32]) {

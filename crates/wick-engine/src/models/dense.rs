@@ -273,22 +273,26 @@ mod tests {
 
     #[test]
     fn families_name_the_optional_ops_they_need() {
-        use crate::backend::OptionalOp;
+        use crate::backend::capability::{Capability, Part, Requirement};
         let ops = |extra: Value| {
             let cfg = ModelConfig::from_hf(&with(extra), "c").unwrap();
-            crate::models::decoder::needed_ops(&cfg)
+            crate::models::needs(&cfg)
                 .into_iter()
-                .map(|(op, _)| op)
+                .filter(|n| n.part == Part::Text)
+                .filter_map(|n| match n.requirement {
+                    Requirement::Op(c) => Some(c),
+                    _ => None,
+                })
                 .collect::<Vec<_>>()
         };
         assert_eq!(ops(json!({"model_type": "llama"})), vec![]);
         assert_eq!(
             ops(json!({"model_type": "starcoder2"})),
-            vec![OptionalOp::LayerNorm, OptionalOp::Activation]
+            vec![Capability::LayerNorm, Capability::Activation]
         );
         let yarn = json!({"model_type": "mistral", "rope_scaling":
             {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}});
-        assert_eq!(ops(yarn), vec![OptionalOp::RopeAttentionFactor]);
+        assert_eq!(ops(yarn), vec![Capability::RopeAttentionFactor]);
     }
 
     #[test]

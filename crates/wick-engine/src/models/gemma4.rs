@@ -23,14 +23,16 @@ use std::ops::Range;
 use serde_json::Value;
 use wick_gguf::GgmlType;
 
+use crate::backend::capability::{Capability, Need, Part, Requirement};
 use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
 };
+use crate::config::gemma4::{Gemma4Layer, Gemma4Params, MoeShape};
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
-use crate::models::decoder::{Input, Loader, LogitsRequest, SequenceCache};
+use crate::models::decoder::cache::SequenceCache;
+use crate::models::decoder::loader::Loader;
 use crate::models::moe::{Experts, Routing};
-use crate::models::vision::gemma4::{Gemma4Vision, Gemma4VisionConfig};
-use crate::models::vision::{ImageRows, PassMedia};
+use crate::models::vision::PassMedia;
 use crate::models::{llama, Arch};
 use crate::{EngineError, Result};
 
@@ -39,64 +41,46 @@ const MAX_EXPERTS: usize = 1 << 12;
 /// Bound on any one per-layer size read from the configuration.
 const MAX_DIM: usize = 1 << 16;
 
-/// One layer's shape.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Gemma4Layer {
-    /// Sliding-window attention (else full attention).
-    pub sliding: bool,
-    /// Head dimension.
-    pub head_dim: usize,
-    /// Key/value heads.
-    pub kv_heads: usize,
-    /// The earlier layer whose K/V this one reuses (KV sharing).
-    pub kv_source: Option<usize>,
-    /// Values are the key projection.
-    pub k_eq_v: bool,
-    /// Dense MLP inner size.
-    pub intermediate: usize,
-}
-
-/// The mixture-of-experts block's shape.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeShape {
-    /// Experts per layer.
-    pub experts: usize,
-    /// Experts per token.
-    pub top_k: usize,
-    /// Inner size of one expert.
-    pub intermediate: usize,
-}
-
-/// What Gemma 4 needs beyond [`ModelConfig`]'s common fields.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Gemma4Params {
-    /// Per-layer shapes.
-    pub layers: Vec<Gemma4Layer>,
-    /// Per-layer input size (0: no PLE).
-    pub ple_dim: usize,
-    /// Rows of the per-layer embedding table.
-    pub ple_vocab: usize,
-    /// Experts, when the model has them.
-    pub moe: Option<MoeShape>,
-    /// The id per-layer inputs use for tokens outside their table.
-    pub pad_id: u32,
-    /// Rotary embedding of sliding layers.
-    pub rope_sliding: RopeSpec,
-    /// Rotary embedding of full layers.
-    pub rope_full: RopeSpec,
-    /// `use_bidirectional_attention: "vision"`: an image's soft tokens see each other both
-    /// ways on the sliding layers (full layers stay causal, as transformers masks them).
-    pub bidirectional_vision: bool,
-    /// The vision tower of a `gemma4` multimodal checkpoint (`vision_config`), when
-    /// `config.json` describes one; whether its weights are present is checked at load.
-    pub vision: Option<Gemma4VisionConfig>,
-}
-
-impl Gemma4Params {
-    /// Layers that own a KV cache: all before the first KV-shared one.
-    pub fn cache_layers(&self) -> usize {
-        self.layers.iter().filter(|l| l.kv_source.is_none()).count()
+/// What a Gemma 4 model needs of its backend beyond the core ops.
+pub(crate) fn needs(params: &Gemma4Params) -> Vec<Need> {
+    let widest = params.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+    let mut needs = vec![Need::new(
+        Requirement::HeadDim(widest),
+        Part::Text,
+        "its full-attention layers",
+    )];
+    if params.layers.iter().any(|l| l.kv_source.is_some()) {
+        needs.push(Need::op(
+            Capability::SharedKv,
+            Part::Text,
+            "its KV-shared layers",
+        ));
     }
+    if params.moe.is_some() {
+        needs.push(Need::op(
+            Capability::HostTensors,
+            Part::Text,
+            "its expert routing (on the host)",
+        ));
+    }
+    if params.vision.is_some() && params.bidirectional_vision {
+        needs.push(Need::op(
+            Capability::SharedKv,
+            Part::Vision,
+            "bidirectional image attention on its layers",
+        ));
+    }
+    needs.push(Need::new(
+        Requirement::NotBuilt("adapter deltas in Gemma 4's layers"),
+        Part::Adapters,
+        "its layer stack",
+    ));
+    needs.push(Need::new(
+        Requirement::NotBuilt("trimming caches that layers share"),
+        Part::Speculation,
+        "its KV-shared and sliding layers",
+    ));
+    needs
 }
 
 fn config_error(source: &str, reason: String) -> EngineError {
@@ -447,12 +431,10 @@ struct Ple<B: Backend> {
 
 /// A loaded Gemma 4 (everything but the embedding, final norm and head, which
 /// [`crate::models::decoder::Decoder`] holds).
-pub(super) struct Gemma4Model<B: Backend> {
+pub(crate) struct Gemma4Model<B: Backend> {
     layers: Vec<Layer<B>>,
     ple: Option<Ple<B>>,
     params: Gemma4Params,
-    /// The vision tower, when the checkpoint describes one and its weights loaded.
-    vision: Option<Gemma4Vision<B>>,
 }
 
 fn f32_weight(name: String, values: &[f32]) -> HostWeight<'static> {
@@ -466,18 +448,12 @@ fn f32_weight(name: String, values: &[f32]) -> HostWeight<'static> {
 
 impl<B: Backend> Gemma4Model<B> {
     /// Loads the layers of `cfg` (which [`from_hf`] made) through `ld`.
-    pub(super) fn load(ld: &mut Loader<'_, B>, cfg: &ModelConfig) -> Result<Self> {
+    pub(crate) fn load(ld: &mut Loader<'_, B>, cfg: &ModelConfig) -> Result<Self> {
         let params = cfg
             .gemma4
             .as_deref()
             .cloned()
             .ok_or_else(|| EngineError::InvalidInput("not a Gemma 4 configuration".into()))?;
-        if ld.backend.name() != "cpu" {
-            return Err(EngineError::Backend {
-                backend: ld.backend.name(),
-                message: "Gemma 4 runs on the CPU backend only for now (--backend cpu)".into(),
-            });
-        }
         let h = cfg.hidden_size;
         let n = params.layers.len();
         let ple = if params.ple_dim > 0 {
@@ -580,78 +556,21 @@ impl<B: Backend> Gemma4Model<B> {
                 evict: last_reader[slot_of[i]] == i,
             });
         }
-        let vision = match &params.vision {
-            Some(v) if Gemma4Vision::present(ld) => Some(Gemma4Vision::load(ld, v, h)?),
-            Some(_) => {
-                tracing::warn!("the checkpoint's vision tower weights are absent: text only");
-                None
-            }
-            None => None,
-        };
         Ok(Gemma4Model {
             layers,
             ple,
             params,
-            vision,
         })
     }
 
-    /// What the vision tower reads, when one loaded.
-    pub(super) fn vision_caps(&self) -> Option<crate::media::VisionCaps> {
-        self.vision
-            .as_ref()
-            .and(self.params.vision.as_ref())
-            .map(Gemma4VisionConfig::caps)
-    }
-
-    /// Runs each image of `spans` through the vision tower (see `Decoder::embed_images`);
-    /// a span's length must be the image's soft tokens (its patches over `pool²`).
-    pub(super) fn embed_images(
-        &self,
-        be: &B,
-        spans: &[crate::media::MediaSpan],
-    ) -> Result<Vec<ImageRows>> {
-        let (Some(tower), Some(vcfg)) = (&self.vision, &self.params.vision) else {
-            return Err(EngineError::InvalidInput(
-                "this gemma4 model has no vision tower in its checkpoint: it cannot read images"
-                    .into(),
-            ));
-        };
-        let mut out: Vec<ImageRows> = Vec::with_capacity(spans.len());
-        for span in spans {
-            let crate::media::MediaData::Image(pixels) = &span.data else {
-                return Err(EngineError::InvalidInput(
-                    "this model has no audio tower: it cannot read audio".into(),
-                ));
-            };
-            let tokens = vcfg.soft_tokens(pixels.channels, pixels.height, pixels.width)?;
-            if span.len != tokens {
-                return Err(EngineError::InvalidInput(format!(
-                    "an image span at position {} has {} soft tokens; its {}×{} pixels make {tokens}",
-                    span.start, span.len, pixels.height, pixels.width
-                )));
-            }
-            if out
-                .last()
-                .is_some_and(|prev| prev.positions.end > span.start)
-            {
-                return Err(EngineError::InvalidInput(format!(
-                    "image spans overlap or are out of order at position {}",
-                    span.start
-                )));
-            }
-            out.push(ImageRows {
-                positions: span.start..span.start + span.len,
-                rows: tower.embed(be, pixels)?.into(),
-                bidirectional: self.params.bidirectional_vision,
-                grid: None,
-            });
-        }
-        Ok(out)
+    /// The id soft tokens stand for: their per-layer inputs are the pad token's (as
+    /// transformers' `Gemma4Model` places media).
+    pub(crate) fn pad_id(&self) -> u32 {
+        self.params.pad_id
     }
 
     /// `(kv_heads, head_dim, window)` of each cache entry of a sequence.
-    pub(super) fn cache_layout(&self) -> Vec<(usize, usize, Option<usize>)> {
+    pub(crate) fn cache_layout(&self) -> Vec<(usize, usize, Option<usize>)> {
         self.layers
             .iter()
             .filter(|l| l.kv.is_some())
@@ -662,68 +581,26 @@ impl<B: Backend> Gemma4Model<B> {
             .collect()
     }
 
-    /// The forward pass (see `Decoder::run`). `media` places the media rows that fall in
-    /// the pass: they replace their soft tokens' (unscaled) embeddings, their per-layer
-    /// inputs take the pad token's table row (as transformers' `Gemma4Model` does), and
-    /// the soft tokens of a bidirectional item see each other on the sliding layers.
+    /// Runs the layers over `x` (the embedded new tokens, media rows placed; `ids` their
+    /// host ids, soft tokens standing for the pad token; rows `ranges[i]` for `caches[i]`
+    /// at `positions`), appending to each cache; returns the residual stream after the
+    /// last layer. The soft tokens of a bidirectional media item see each other on the
+    /// sliding layers.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn run(
+    pub(crate) fn run_layers(
         &self,
         be: &B,
         cfg: &ModelConfig,
-        embed: &B::Matrix,
-        output: Option<&B::Matrix>,
-        norm: &B::Tensor,
-        input: Input<'_, B>,
+        mut x: B::Tensor,
+        ids: &[u32],
+        positions: &[usize],
         caches: &mut [&mut SequenceCache<B>],
-        counts: &[usize],
-        requests: &[LogitsRequest],
+        ranges: &[Range<usize>],
         media: Option<&PassMedia>,
-    ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
-        let slots = self.params.cache_layers();
-        let mut positions = Vec::new();
-        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(caches.len());
-        let mut total = 0;
-        for (cache, &n) in caches.iter().zip(counts) {
-            if n == 0 {
-                return Err(EngineError::InvalidInput(
-                    "a sequence in the batch has no new tokens".into(),
-                ));
-            }
-            if cache.layers().len() != slots {
-                return Err(EngineError::Cache("cache belongs to another model".into()));
-            }
-            let start = cache.len();
-            ranges.push(total..total + n);
-            total += n;
-            positions.extend(start..start + n);
-        }
-        let mut ids: Vec<u32> = match input {
-            Input::Host(ids) => ids.to_vec(),
-            Input::Backend(ids) => be.ids_to_host(ids)?,
-        };
-        // A soft token's id (which may lie outside the tables) stands for the pad token:
-        // its embedding is replaced below and its per-layer input is the pad token's.
-        if let Some(m) = media {
-            for &(row, _, _) in &m.replace {
-                if let Some(id) = ids.get_mut(row) {
-                    *id = self.params.pad_id;
-                }
-            }
-        }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(EngineError::InvalidInput(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                cfg.vocab_size
-            )));
-        }
+    ) -> Result<B::Tensor> {
         let eps = cfg.rms_eps;
         let h = cfg.hidden_size;
-        let x = be.embed(embed, &ids)?;
-        let mut x = be.scale(&x, (h as f32).sqrt())?;
-        if let Some(m) = media {
-            x = place_rows(be, x, m, total, h)?;
-        }
+        let total: usize = ranges.iter().map(|r| r.len()).sum();
         let per_layer = match &self.ple {
             Some(p) => {
                 let ple_ids: Vec<u32> = ids
@@ -746,8 +623,8 @@ impl<B: Backend> Gemma4Model<B> {
             }
             None => Vec::new(),
         };
-        let rope_sliding = be.rope_table(&positions, &self.params.rope_sliding)?;
-        let rope_full = be.rope_table(&positions, &self.params.rope_full)?;
+        let rope_sliding = be.rope_table(positions, &self.params.rope_sliding)?;
+        let rope_full = be.rope_table(positions, &self.params.rope_full)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = &layer.attention;
             let table = if layer.sliding {
@@ -761,7 +638,7 @@ impl<B: Backend> Gemma4Model<B> {
             let q = be.rope(&q, a.heads, table)?;
             let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                 .iter_mut()
-                .zip(&ranges)
+                .zip(ranges)
                 .map(|(cache, r)| AttentionSegment {
                     rows: r.clone(),
                     cache: &mut cache.layers_mut()[layer.slot],
@@ -833,51 +710,8 @@ impl<B: Backend> Gemma4Model<B> {
             }
         }
 
-        let mut rows = Vec::new();
-        let mut per_item = Vec::with_capacity(caches.len());
-        for (request, r) in requests.iter().zip(&ranges) {
-            let before = rows.len();
-            match request {
-                LogitsRequest::None => {}
-                LogitsRequest::Last => rows.push(r.end - 1),
-                LogitsRequest::All => rows.extend(r.clone()),
-            }
-            per_item.push(rows.len() - before);
-        }
-        if rows.is_empty() {
-            return Ok((None, per_item));
-        }
-        let x = be.select_rows(&x, &rows)?;
-        let x = be.rms_norm(&x, norm, eps)?;
-        let mut logits = be.linear(&x, output.unwrap_or(embed), None)?;
-        if let Some(cap) = cfg.final_softcap {
-            logits = be.softcap(&logits, cap)?;
-        }
-        Ok((Some(logits), per_item))
+        Ok(x)
     }
-}
-
-/// `x` `[total, h]` with the media rows of `m` in place of their soft tokens' rows.
-fn place_rows<B: Backend>(
-    be: &B,
-    x: B::Tensor,
-    m: &PassMedia,
-    total: usize,
-    h: usize,
-) -> Result<B::Tensor> {
-    let mut host = be.rows_to_host(&x, &[total])?.pop().unwrap_or_default();
-    for (row, rows, i) in &m.replace {
-        let (dst, src) = (row * h..(row + 1) * h, i * h..(i + 1) * h);
-        match (host.get_mut(dst), rows.get(src)) {
-            (Some(dst), Some(src)) => dst.copy_from_slice(src),
-            _ => {
-                return Err(EngineError::InvalidInput(format!(
-                    "media row {i} does not fit the pass's row {row} of width {h}"
-                )))
-            }
-        }
-    }
-    be.tensor_from_host(host, total, h)
 }
 
 fn load_moe<B: Backend>(

@@ -4,7 +4,7 @@
 //! wait per step is for the sampled ids themselves.
 use std::time::{Duration, Instant};
 
-use super::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache};
+use super::decoder::{BatchItem, Decoder, Input, RowOutput, SequenceCache, Want};
 use crate::backend::Backend;
 use crate::Result;
 
@@ -65,11 +65,15 @@ pub(crate) fn run<B: Backend>(
     for (p, cache) in prompts.iter().zip(caches.iter_mut()) {
         let head = (p.len() - 1) / chunk * chunk;
         for part in p[..head].chunks(chunk) {
-            d.forward(&mut [BatchItem {
-                tokens: part,
-                cache,
-                logits: LogitsRequest::None,
-            }])?;
+            d.execute(
+                &mut [BatchItem {
+                    tokens: part,
+                    cache,
+                    want: Want::Nothing,
+                    adapters: Vec::new(),
+                }],
+                None,
+            )?;
         }
     }
     // The last chunks together; their argmax is the first generated token.
@@ -79,14 +83,17 @@ pub(crate) fn run<B: Backend>(
         .map(|(p, cache)| BatchItem {
             tokens: &p[(p.len() - 1) / chunk * chunk..],
             cache,
-            logits: LogitsRequest::Last,
+            want: Want::Token,
+            adapters: Vec::new(),
         })
         .collect();
-    let mut current = d.forward_argmax(&mut items)?;
-    drop(items);
-    for (t, id) in tokens.iter_mut().zip(be.ids_to_host(&current)?) {
-        t.push(id);
+    for (t, out) in tokens.iter_mut().zip(d.execute(&mut items, None)?) {
+        if let RowOutput::Token(id) = out {
+            t.push(id);
+        }
     }
+    drop(items);
+    let first: Vec<u32> = tokens.iter().filter_map(|t| t.last().copied()).collect();
     let prefill_time = started.elapsed();
     let decoding = Instant::now();
     let (mut build, mut wait) = (Duration::ZERO, Duration::ZERO);
@@ -100,17 +107,22 @@ pub(crate) fn run<B: Backend>(
         }
         Ok(())
     };
-    for step in 1..max_tokens {
+    let mut current: Option<B::Ids> = None;
+    for _ in 1..max_tokens {
         let t = Instant::now();
-        let next = d.decode_ids(&current, &mut refs)?;
+        let input = match &current {
+            None => Input::Host(&first),
+            Some(ids) => Input::Backend(ids),
+        };
+        let next = d.decode_ids(input, &mut refs)?;
         build += t.elapsed();
-        if step > 1 {
-            read(&current, &mut tokens)?;
+        if let Some(ids) = &current {
+            read(ids, &mut tokens)?;
         }
-        current = next;
+        current = Some(next);
     }
-    if max_tokens > 1 {
-        read(&current, &mut tokens)?;
+    if let Some(ids) = &current {
+        read(ids, &mut tokens)?;
     }
     Ok(GreedyRun {
         tokens,

@@ -22,9 +22,22 @@ pub mod vision;
 use serde_json::Value;
 use wick_gguf::Metadata;
 
+use crate::backend::capability::Need;
 pub use crate::config::Arch;
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::{EngineError, Result};
+
+/// What a model configured as `cfg` needs of its backend beyond the core ops: its layer
+/// stack's needs (each family declares them beside its layers) and its towers'.
+pub fn needs(cfg: &ModelConfig) -> Vec<Need> {
+    let mut needs = match (&cfg.gemma4, &cfg.qwen35) {
+        (Some(g), _) => gemma4::needs(g),
+        (None, Some(_)) => qwen35::needs(cfg),
+        (None, None) => decoder::dense::needs(cfg),
+    };
+    needs.extend(decoder::towers::needs(cfg));
+    needs
+}
 
 impl Arch {
     pub(crate) fn config_from_gguf(self, keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
@@ -106,20 +119,21 @@ impl ModelConfig {
         };
         let mut cfg = arch.config_from_hf(&keys)?;
         if arch == Arch::Gemma3 {
-            cfg.vision = vision::VisionConfig::from_hf(json, source)?;
+            cfg.vision = crate::config::media::VisionConfig::from_hf(json, source)?;
         }
         if arch == Arch::Gemma4 {
-            cfg.audio = audio::AudioConfig::from_hf(json, source)?;
+            cfg.audio = crate::config::media::AudioConfig::from_hf(json, source)?;
         }
         if let Some(g4) = cfg.gemma4.as_mut() {
-            g4.vision = vision::gemma4::Gemma4VisionConfig::from_hf(json, source)?;
+            g4.vision = crate::config::media::Gemma4VisionConfig::from_hf(json, source)?;
         }
         // Qwen 3.5 and Qwen2.5-VL (a Qwen2 text model) may carry a Qwen vision tower.
         let qwen25 = model_type == "qwen2_5_vl";
         if arch == Arch::Qwen35 || qwen25 {
-            cfg.qwen_vision = vision::qwen::QwenVisionConfig::from_hf(json, source, qwen25)?;
+            cfg.qwen_vision =
+                crate::config::media::QwenVisionConfig::from_hf(json, source, qwen25)?;
             if cfg.qwen_vision.is_some() {
-                cfg.mrope = mrope::Mrope::from_hf(&keys, cfg.rotary_dims)?;
+                cfg.mrope = crate::config::mrope::Mrope::from_hf(&keys, cfg.rotary_dims)?;
             }
         }
         if cfg.eos_token_ids.is_empty() {

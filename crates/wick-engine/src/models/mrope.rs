@@ -9,16 +9,10 @@
 //! and decoding continues at `index + delta` where `delta` is what the images shifted.
 use serde_json::Value;
 
+use crate::config::mrope::Mrope;
 use crate::config::HfKeys;
 use crate::models::vision::ImageRows;
 use crate::{EngineError, Result};
-
-/// Which of the three position components each rotary frequency turns with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mrope {
-    /// One entry (0 temporal, 1 row, 2 column) per frequency of the rotated dimensions.
-    pub axes: Vec<u8>,
-}
 
 impl Mrope {
     /// Reads `mrope_section` (frequencies per component) and `mrope_interleaved` from the

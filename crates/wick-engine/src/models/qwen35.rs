@@ -10,30 +10,41 @@ use std::ops::Range;
 
 use wick_gguf::GgmlType;
 
-use super::deltanet::{self, DeltaParams, DeltaShape, Form};
+use super::deltanet::{self, DeltaParams, Form};
 use super::recurrent::RecurrentCache;
+use crate::backend::capability::{Capability, Need, Part, Requirement};
 use crate::backend::{AttentionParams, AttentionSegment, Backend, HostWeight};
+use crate::config::qwen35::{DeltaShape, Qwen35Config};
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
-use crate::models::decoder::SequenceCache;
+use crate::models::decoder::cache::SequenceCache;
 use crate::models::{llama, Arch};
 use crate::weights::WeightSource;
 use crate::{EngineError, Result};
 
-/// What Qwen 3.5 adds to [`ModelConfig`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct Qwen35Config {
-    /// Per layer: a linear-attention (DeltaNet) layer, else full attention.
-    pub linear_layers: Vec<bool>,
-    /// Shape of every DeltaNet layer.
-    pub delta: DeltaShape,
-}
-
-impl Qwen35Config {
-    /// Layers of each kind: `(full, linear)`.
-    pub fn counts(&self) -> (usize, usize) {
-        let linear = self.linear_layers.iter().filter(|&&l| l).count();
-        (self.linear_layers.len() - linear, linear)
-    }
+/// What a Qwen 3.5 model needs of its backend beyond the core ops.
+pub(crate) fn needs(cfg: &ModelConfig) -> Vec<Need> {
+    vec![
+        Need::new(
+            Requirement::HeadDim(cfg.head_dim),
+            Part::Text,
+            "its full-attention layers",
+        ),
+        Need::op(
+            Capability::HostTensors,
+            Part::Text,
+            "its DeltaNet layers (they run on the host)",
+        ),
+        Need::new(
+            Requirement::NotBuilt("adapter deltas in Qwen 3.5's layers"),
+            Part::Adapters,
+            "its layer stack",
+        ),
+        Need::new(
+            Requirement::NotBuilt("trimming a recurrent state"),
+            Part::Speculation,
+            "its DeltaNet layers",
+        ),
+    ]
 }
 
 pub(super) fn from_gguf(_keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
@@ -276,8 +287,6 @@ impl<B: Backend> Hybrid<B> {
             .qwen35
             .as_ref()
             .ok_or_else(|| EngineError::InvalidInput("not a Qwen 3.5 configuration".into()))?;
-        // Fail at load, not at the first request, on a backend without host uploads.
-        backend.tensor_from_host(vec![0.0], 1, 1)?;
         let mut ld = Loader {
             backend,
             src,

@@ -6,7 +6,8 @@
 //! holding it is trimmable only to its own length. The prompt cache therefore reuses such
 //! a cache only at the exact boundary it was stored at (a prompt-boundary snapshot), and
 //! the SSD tier stores the state as it is.
-use super::deltanet::{DeltaShape, DeltaState};
+use super::deltanet::DeltaState;
+use crate::config::qwen35::DeltaShape;
 use crate::{EngineError, Result};
 
 /// The recurrent part of one sequence's cache: one [`DeltaState`] per linear-attention

@@ -12,8 +12,8 @@ use super::queue::{Pending, Shared};
 use super::{Completion, EngineEvent};
 use crate::constraint::{ConstraintError, RowConstraint};
 use crate::generation::{DraftOutput, Sequence, SequenceStep, TokenEvent};
-use crate::model::{Model, Step};
-use crate::models::decoder::{Logits, LogitsRequest};
+use crate::model::{Model, StepPlan, StepRow};
+use crate::models::decoder::{LogitsRequest, RowOutput, StepMasks, Want};
 use crate::speculative::DraftBudget;
 
 /// A sequence in the running batch and the request it serves.
@@ -500,32 +500,25 @@ fn draft_with_model(draft: &Model, shared: &Shared, b: &mut Batch) {
             .zip(&inputs)
             .all(|(a, t)| t.is_none() || a.seq.drafts_greedily());
         let result = {
-            let mut steps: Vec<Step<'_>> = b
+            let rows: Vec<StepRow<'_>> = b
                 .running
                 .iter_mut()
                 .zip(&inputs)
                 .filter_map(|(a, t)| {
                     let (tokens, drafts) = t.as_ref()?;
-                    Some(Step {
+                    Some(StepRow {
                         tokens,
                         cache: a.seq.draft_cache_mut()?,
-                        logits: if *drafts {
-                            LogitsRequest::Last
-                        } else {
-                            LogitsRequest::None
+                        want: match (drafts, greedy) {
+                            (false, _) => Want::Nothing,
+                            (true, true) => Want::Token,
+                            (true, false) => Want::Logits,
                         },
+                        adapters: None,
                     })
                 })
                 .collect();
-            if greedy {
-                draft
-                    .forward_argmax(&mut steps)
-                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
-            } else {
-                draft
-                    .forward(&mut steps)
-                    .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>())
-            }
+            draft.execute(StepPlan::new(rows))
         };
         let outputs = match result {
             Ok(o) => {
@@ -553,10 +546,10 @@ fn draft_with_model(draft: &Model, shared: &Shared, b: &mut Batch) {
             };
             let out = outputs.next();
             let next = match &out {
-                Some(StepOutput::Token(Some(id))) => {
+                Some(RowOutput::Token(id)) => {
                     a.seq.record_model_draft(&input, DraftOutput::Id(*id))
                 }
-                Some(StepOutput::Logits(Some(l))) => a
+                Some(RowOutput::Logits(l)) => a
                     .seq
                     .record_model_draft(&input, DraftOutput::Logits(l.last())),
                 _ => a.seq.record_model_draft(&input, DraftOutput::None),
@@ -568,12 +561,8 @@ fn draft_with_model(draft: &Model, shared: &Shared, b: &mut Batch) {
 
 /// What a forward pass gave one sequence.
 enum StepOutput {
-    /// Logits to sample from (none for a non-final prompt chunk).
-    Logits(Option<Logits>),
-    /// The token, picked on the backend (none for a non-final prompt chunk).
-    Token(Option<u32>),
-    /// Every verified position's token, picked on the backend (a greedy row's drafts).
-    Tokens(Vec<u32>),
+    /// What the model returned for its row.
+    Row(RowOutput),
     /// The grammar allowed no token: the sequence fails.
     Failed(ConstraintError),
 }
@@ -598,16 +587,22 @@ fn advance_all(
     work.into_par_iter()
         .map(|(i, a, plan, output)| {
             let event = match output {
-                Some(StepOutput::Logits(logits)) if plan.drafts > 0 => {
-                    a.seq.advance_speculative(plan, logits, took)
+                Some(StepOutput::Row(RowOutput::Logits(logits))) if plan.drafts > 0 => {
+                    a.seq.advance_speculative(plan, Some(logits), took)
                 }
-                Some(StepOutput::Token(id)) => a.seq.advance_to(plan, id, took).map(Vec::from_iter),
-                Some(StepOutput::Tokens(ids)) => a.seq.advance_speculative_to(plan, &ids, took),
+                Some(StepOutput::Row(RowOutput::Logits(logits))) => {
+                    a.seq.advance(plan, Some(logits), took).map(Vec::from_iter)
+                }
+                Some(StepOutput::Row(RowOutput::Token(id))) => {
+                    a.seq.advance_to(plan, Some(id), took).map(Vec::from_iter)
+                }
+                Some(StepOutput::Row(RowOutput::Tokens(ids))) => {
+                    a.seq.advance_speculative_to(plan, &ids, took)
+                }
                 Some(StepOutput::Failed(e)) => Err(e.into()),
-                Some(StepOutput::Logits(logits)) => {
-                    a.seq.advance(plan, logits, took).map(Vec::from_iter)
+                Some(StepOutput::Row(RowOutput::Nothing | RowOutput::Hidden(_))) | None => {
+                    a.seq.advance(plan, None, took).map(Vec::from_iter)
                 }
-                None => a.seq.advance(plan, None, took).map(Vec::from_iter),
             };
             (i, event)
         })
@@ -634,6 +629,113 @@ fn step(model: &Model, shared: &Shared, b: &mut Batch) {
         .fetch_add(nanos, Ordering::Relaxed);
 }
 
+/// What a planned sequence wants of the step: the backend's argmax where its token is the
+/// raw argmax (or, on a backend that masks, the argmax under its grammar), else logits;
+/// a greedy row verifying drafts wants every position's argmax.
+fn want(seq: &Sequence, plan: &SequenceStep, backend_masks: bool) -> Want {
+    match plan.logits {
+        LogitsRequest::None => Want::Nothing,
+        LogitsRequest::Last if seq.takes_raw_argmax() => Want::Token,
+        LogitsRequest::Last if backend_masks && seq.takes_masked_argmax() => Want::MaskedToken,
+        LogitsRequest::Last => Want::Logits,
+        LogitsRequest::All if plan.drafts > 0 && seq.takes_raw_argmax() => Want::Tokens,
+        LogitsRequest::All => Want::AllLogits,
+    }
+}
+
+/// Runs the planned sequences' step as one [`Model::execute`]: each row with its tokens,
+/// want and adapters (held by the step, so an adapter unmounted meanwhile stays until its
+/// requests end). When rows pick their token under a grammar's mask, the masks are
+/// computed on another thread while this one builds and starts the pass; a row whose
+/// grammar allowed nothing fails.
+fn execute(
+    model: &Model,
+    shared: &Shared,
+    running: &mut [Active],
+    plans: &[Option<SequenceStep>],
+) -> crate::Result<Vec<StepOutput>> {
+    let backend_masks = shared
+        .config
+        .masked_argmax
+        .unwrap_or_else(|| model.prefers_backend_masks());
+    let inputs: Vec<Option<Vec<u32>>> = running
+        .iter()
+        .zip(plans)
+        .map(|(a, p)| p.as_ref().map(|p| a.seq.input_tokens(p)))
+        .collect();
+    let stacks: Vec<crate::adapters::AdapterStack> = running
+        .iter()
+        .zip(plans)
+        .filter(|(_, p)| p.is_some())
+        .map(|(a, _)| a.req.request.adapters.clone())
+        .collect();
+    let mut rows = Vec::new();
+    let mut grammars: Vec<Option<&mut RowConstraint>> = Vec::new();
+    for ((a, p), t) in running.iter_mut().zip(plans).zip(&inputs) {
+        let (Some(p), Some(tokens)) = (p, t) else {
+            continue;
+        };
+        let want = want(&a.seq, p, backend_masks);
+        let (cache, grammar) = a.seq.cache_and_constraint();
+        grammars.push(grammar.filter(|_| want == Want::MaskedToken));
+        rows.push(StepRow {
+            tokens,
+            cache,
+            want,
+            adapters: None,
+        });
+    }
+    for (row, stack) in rows.iter_mut().zip(&stacks) {
+        row.adapters = Some(stack);
+    }
+    let wants: Vec<Want> = rows.iter().map(|r| r.want).collect();
+    let mut failures: Vec<Option<ConstraintError>> = Vec::new();
+    let outputs = if Want::picks_under_masks(&wants) {
+        let failures = &mut failures;
+        std::thread::scope(|scope| {
+            let count = grammars.len();
+            let worker = scope.spawn(move || {
+                grammars
+                    .into_par_iter()
+                    .map(|g| g.map_or(Ok(None), RowConstraint::next_mask))
+                    .collect::<Vec<_>>()
+            });
+            let masks: StepMasks<'_> = Box::new(move || {
+                let masks = worker.join().unwrap_or_else(|_| {
+                    (0..count)
+                        .map(|_| Err(ConstraintError::Failed("token mask failed".into())))
+                        .collect()
+                });
+                masks
+                    .into_iter()
+                    .map(|m| match m {
+                        Ok(m) => {
+                            failures.push(None);
+                            m
+                        }
+                        Err(e) => {
+                            failures.push(Some(e));
+                            None
+                        }
+                    })
+                    .collect()
+            });
+            model.execute(StepPlan::new(rows).with_masks(masks))
+        })
+    } else {
+        drop(grammars);
+        model.execute(StepPlan::new(rows))
+    }?;
+    let mut failures = failures.into_iter();
+    Ok(outputs
+        .into_iter()
+        .map(|o| match failures.next().flatten() {
+            Some(e) => StepOutput::Failed(e),
+            None => StepOutput::Row(o),
+        })
+        .collect())
+}
+
 fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     let c = &shared.counters;
     let plans = plan(model, shared, b);
@@ -646,149 +748,13 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         .zip(&plans)
         .filter(|(a, p)| p.is_some() && a.seq.is_decoding())
         .count();
-    let inputs: Vec<Option<Vec<u32>>> = running
-        .iter()
-        .zip(&plans)
-        .map(|(a, p)| p.as_ref().map(|p| a.seq.input_tokens(p)))
-        .collect();
-    // When every sequence that samples this step takes the raw argmax, the backend picks
-    // the tokens and no logits leave it (a prompt being scored needs all its rows). Where
-    // the backend masks (a device backend), greedy rows under a grammar take the argmax of
-    // their masked logits too.
-    let backend_masks = shared
-        .config
-        .masked_argmax
-        .unwrap_or_else(|| model.prefers_backend_masks());
-    let argmax_only = running.iter().zip(&plans).all(|(a, p)| match p {
-        None => true,
-        Some(p) => match p.logits {
-            LogitsRequest::None => true,
-            LogitsRequest::Last => {
-                a.seq.takes_raw_argmax() || (backend_masks && a.seq.takes_masked_argmax())
-            }
-            // A greedy row verifying drafts needs each position's argmax only.
-            LogitsRequest::All => p.drafts > 0 && a.seq.takes_raw_argmax(),
-        },
-    });
-    let verifies = plans.iter().flatten().any(|p| p.drafts > 0);
-    let masked = argmax_only
-        && running.iter().zip(&plans).any(|(a, p)| {
-            p.as_ref().is_some_and(|p| p.logits == LogitsRequest::Last) && !a.seq.takes_raw_argmax()
-        });
-    // The masked pass returns one token per row: with drafts to verify, logits instead.
-    let argmax_only = argmax_only && !(masked && verifies);
-    let masked = masked && argmax_only;
-    // Each planned sequence's adapters, in the steps' order (held by the step, so an
-    // adapter unmounted meanwhile stays until its requests end).
-    let stacks: Vec<crate::adapters::AdapterStack> = running
-        .iter()
-        .zip(&plans)
-        .filter(|(_, p)| p.is_some())
-        .map(|(a, _)| a.req.request.adapters.clone())
-        .collect();
-    let lora = stacks.iter().any(|s| !s.is_empty());
     let started = Instant::now();
-    // Rows whose grammar allowed nothing (their token is not taken), by step.
-    let mut mask_failures: Vec<Option<ConstraintError>> = Vec::new();
-    let result = {
-        let mut grammars: Vec<Option<&mut RowConstraint>> = Vec::new();
-        let mut steps: Vec<Step<'_>> = running
-            .iter_mut()
-            .zip(&plans)
-            .zip(&inputs)
-            .filter_map(|((a, p), t)| {
-                let (tokens, logits) = (t.as_deref()?, p.as_ref()?.logits);
-                let (cache, grammar) = a.seq.cache_and_constraint();
-                grammars.push(grammar.filter(|_| logits == LogitsRequest::Last));
-                Some(Step {
-                    tokens,
-                    cache,
-                    logits,
-                })
-            })
-            .collect();
-        let adapters: Vec<&crate::adapters::AdapterStack> = stacks.iter().collect();
-        if masked {
-            // The masks are computed on another thread while this one builds and starts
-            // the pass.
-            let failures = &mut mask_failures;
-            std::thread::scope(|scope| {
-                let rows = grammars.len();
-                let worker = scope.spawn(move || {
-                    grammars
-                        .into_par_iter()
-                        .map(|g| g.map_or(Ok(None), RowConstraint::next_mask))
-                        .collect::<Vec<_>>()
-                });
-                model
-                    .forward_argmax_masked(&mut steps, &adapters, move || {
-                        let masks = worker.join().unwrap_or_else(|_| {
-                            (0..rows)
-                                .map(|_| Err(ConstraintError::Failed("token mask failed".into())))
-                                .collect()
-                        });
-                        masks
-                            .into_iter()
-                            .map(|m| match m {
-                                Ok(m) => {
-                                    failures.push(None);
-                                    m
-                                }
-                                Err(e) => {
-                                    failures.push(Some(e));
-                                    None
-                                }
-                            })
-                            .collect()
-                    })
-                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>())
-            })
-        } else if argmax_only && verifies {
-            drop(grammars);
-            let picked = if lora {
-                model.forward_argmax_rows(&mut steps, &adapters)
-            } else {
-                model.forward_argmax_rows(&mut steps, &[])
-            };
-            picked.map(|rows| {
-                rows.into_iter()
-                    .zip(steps.iter().map(|s| s.logits))
-                    .map(|(ids, logits)| match logits {
-                        LogitsRequest::All => StepOutput::Tokens(ids),
-                        _ => StepOutput::Token(ids.last().copied()),
-                    })
-                    .collect::<Vec<_>>()
-            })
-        } else {
-            drop(grammars);
-            match (argmax_only, lora) {
-                (true, false) => model
-                    .forward_argmax(&mut steps)
-                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
-                (true, true) => model
-                    .forward_argmax_adapters(&mut steps, &adapters)
-                    .map(|ids| ids.into_iter().map(StepOutput::Token).collect::<Vec<_>>()),
-                (false, false) => model
-                    .forward(&mut steps)
-                    .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
-                (false, true) => model
-                    .forward_adapters(&mut steps, &adapters)
-                    .map(|l| l.into_iter().map(StepOutput::Logits).collect::<Vec<_>>()),
-            }
-        }
-    };
+    let result = execute(model, shared, running, &plans);
     let took = started.elapsed();
     c.forward_nanos
         .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     let outputs = match result {
-        Ok(mut o) => {
-            for (out, failure) in o.iter_mut().zip(mask_failures) {
-                if let Some(e) = failure {
-                    *out = StepOutput::Failed(e);
-                }
-            }
-            o
-        }
+        Ok(o) => o,
         Err(e) => {
             tracing::error!(error = %e, "forward pass failed; failing the batch");
             for a in running.drain(..) {

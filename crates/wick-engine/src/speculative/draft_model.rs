@@ -47,10 +47,9 @@ impl DraftModel {
                  must share the served model's vocabulary"
             )));
         }
-        if !draft.can_speculate() {
+        if let Err(e) = &draft.support().speculation {
             return Err(EngineError::DraftModel(format!(
-                "{d} cannot draft for {t}: its cache cannot be cut back after a rejected \
-                 draft (sliding-window or recurrent layers, or the CUDA backend)"
+                "{d} cannot draft for {t}: {e}"
             )));
         }
         Ok(DraftModel(draft))

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use wick_engine::media::MediaSpan;
-use wick_engine::models::decoder::LogitsRequest;
+use wick_engine::models::decoder::{LogitsRequest, Want};
 use wick_engine::scheduler::{EngineEvent, EngineHandle};
 use wick_engine::weights::SafetensorsWeights;
 use wick_engine::{GenerationRequest, KvCache, LoadOptions, Model, Step};
@@ -269,11 +269,11 @@ pub fn forward_all<B: wick_engine::backend::Backend>(
         }
         let end = (at + c).min(ids.len());
         let out = m
-            .forward(&mut [wick_engine::models::decoder::BatchItem {
-                tokens: &ids[at..end],
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
+            .forward_logits(&mut [wick_engine::models::decoder::BatchItem::new(
+                &ids[at..end],
+                &mut cache,
+                Want::logits(LogitsRequest::All),
+            )])
             .unwrap();
         got.extend_from_slice(&out[0].as_ref().unwrap().data);
         at = end;
@@ -293,15 +293,11 @@ pub fn forward_batch<B: wick_engine::backend::Backend>(
 ) -> Vec<Vec<f32>> {
     let mut items: Vec<_> = seqs
         .into_iter()
-        .map(
-            |(tokens, cache, logits)| wick_engine::models::decoder::BatchItem {
-                tokens,
-                cache,
-                logits,
-            },
-        )
+        .map(|(tokens, cache, logits)| {
+            wick_engine::models::decoder::BatchItem::new(tokens, cache, Want::logits(logits))
+        })
         .collect();
-    m.forward(&mut items)
+    m.forward_logits(&mut items)
         .unwrap()
         .into_iter()
         .map(|o| o.unwrap().data)

@@ -732,6 +732,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     )
     .with_context(|| format!("loading {}", path.display()))?;
     model.set_adapter_dtype(args.adapter_dtype.parse()?);
+    // A backend or family that cannot verify drafts refuses --spec rather than serving
+    // plainly with speculation counters that never move.
+    if checked.engine.speculative.is_some() {
+        if let Err(e) = &model.support().speculation {
+            anyhow::bail!("--spec: {e}");
+        }
+    }
     let model = Arc::new(model);
     if let Some(name) = &args.draft_model {
         let resolved = crate::model_arg::resolve_named(Some(name))?;

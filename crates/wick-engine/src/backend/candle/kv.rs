@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::block_pool::{KvBlock, KvDtype};
 use crate::backend::{KvLayer, KvLayerSnapshot};
 use crate::kv_pool::{block_bytes, BlockLease, BLOCK_TOKENS};
-use crate::{EngineError, Result};
+use crate::Result;
 
 /// Keys and values of one layer, in blocks of [`BLOCK_TOKENS`] tokens.
 ///
@@ -188,18 +188,7 @@ impl CpuKvLayer {
 
     /// Rebuilds a layer from its host copy, storing numbers as `dtype`.
     pub(crate) fn from_snapshot(s: &KvLayerSnapshot, dtype: KvDtype) -> Result<Self> {
-        let row = s.kv_heads * s.head_dim;
-        let stored = s.len.checked_sub(s.start).ok_or_else(|| {
-            EngineError::Cache(format!("snapshot start {} > len {}", s.start, s.len))
-        })?;
-        if s.keys.len() != stored * row || s.values.len() != stored * row {
-            return Err(EngineError::Cache(format!(
-                "snapshot holds {} key and {} value floats, expected {} for {stored} tokens",
-                s.keys.len(),
-                s.values.len(),
-                stored * row
-            )));
-        }
+        s.stored()?;
         let mut layer = CpuKvLayer::new(s.kv_heads, s.head_dim, s.window, dtype);
         layer.base = s.start - s.start % BLOCK_TOKENS;
         layer.start = s.start;

@@ -38,7 +38,7 @@ pub use tensor::HostTensor;
 
 use super::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot,
-    LowRankDelta, OptionalOp, RopeSpec,
+    LowRankDelta, RopeSpec,
 };
 use crate::{EngineError, Result};
 
@@ -546,13 +546,8 @@ impl Backend for CandleBackend {
         })
     }
 
-    fn supports(&self, op: OptionalOp) -> bool {
-        match op {
-            OptionalOp::LayerNorm
-            | OptionalOp::Activation
-            | OptionalOp::RopeAttentionFactor
-            | OptionalOp::AttentionTo => true,
-        }
+    fn capabilities(&self) -> &'static crate::backend::capability::Capabilities {
+        &crate::backend::capability::CPU
     }
 
     fn layer_norm(

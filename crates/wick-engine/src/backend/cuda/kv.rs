@@ -137,18 +137,7 @@ impl CudaKvLayer {
     }
 
     pub(super) fn from_snapshot(dev: Device, s: &KvLayerSnapshot, half: bool) -> Result<Self> {
-        let row = s.kv_heads * s.head_dim;
-        let stored = s.len.checked_sub(s.start).ok_or_else(|| {
-            EngineError::Cache(format!("snapshot start {} > len {}", s.start, s.len))
-        })?;
-        if s.keys.len() != stored * row || s.values.len() != stored * row {
-            return Err(EngineError::Cache(format!(
-                "snapshot holds {} key and {} value floats, expected {} for {stored} tokens",
-                s.keys.len(),
-                s.values.len(),
-                stored * row
-            )));
-        }
+        let stored = s.stored()?;
         let mut layer = CudaKvLayer::new(dev, s.kv_heads, s.head_dim, half, s.window);
         if s.len == 0 {
             return Ok(layer);

@@ -21,8 +21,7 @@ pub use kv::CudaKvLayer;
 
 use crate::backend::candle::KvDtype;
 use crate::backend::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, OptionalOp, RopeSpec,
-    RopeStyle,
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
 };
 use crate::weights::affine::from_gguf_blocks;
 use crate::weights::AffineWeight;
@@ -940,11 +939,8 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn supports(&self, op: OptionalOp) -> bool {
-        matches!(
-            op,
-            OptionalOp::RopeAttentionFactor | OptionalOp::AttentionTo
-        )
+    fn capabilities(&self) -> &'static crate::backend::capability::Capabilities {
+        &crate::backend::capability::CUDA
     }
 
     fn softcap(&self, x: &CudaTensor, cap: f32) -> Result<CudaTensor> {

@@ -287,18 +287,7 @@ impl MlxKvLayer {
     }
 
     pub(crate) fn from_snapshot(stream: Stream, dtype: Dtype, s: &KvLayerSnapshot) -> Result<Self> {
-        let row = s.kv_heads * s.head_dim;
-        let stored = s.len.checked_sub(s.start).ok_or_else(|| {
-            EngineError::Cache(format!("snapshot start {} > len {}", s.start, s.len))
-        })?;
-        if s.keys.len() != stored * row || s.values.len() != stored * row {
-            return Err(EngineError::Cache(format!(
-                "snapshot holds {} key and {} value floats, expected {} for {stored} tokens",
-                s.keys.len(),
-                s.values.len(),
-                stored * row
-            )));
-        }
+        let stored = s.stored()?;
         let mut layer = MlxKvLayer::new(stream, dtype, s.kv_heads, s.head_dim, s.window);
         layer.start = s.start;
         layer.len = s.start;

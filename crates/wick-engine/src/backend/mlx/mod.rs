@@ -196,6 +196,10 @@ impl Backend for MlxBackend {
     type KvLayer = MlxKvLayer;
     type Ids = Array;
 
+    fn capabilities(&self) -> &'static crate::backend::capability::Capabilities {
+        &crate::backend::capability::MLX
+    }
+
     fn name(&self) -> &'static str {
         "mlx"
     }

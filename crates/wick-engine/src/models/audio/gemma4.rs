@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::AudioConfig;
 use crate::backend::Backend;
 use crate::media::AudioFeatures;
-use crate::models::decoder::Loader;
+use crate::models::decoder::loader::Loader;
 use crate::models::deltanet::{mm, plain, transposed};
 use crate::weights::RAW_PREFIX;
 use crate::{EngineError, Result};

@@ -12,6 +12,7 @@ pub(crate) mod gemma4;
 
 use serde_json::Value;
 
+use crate::config::media::AudioConfig;
 use crate::config::HfKeys;
 use crate::media::AudioCaps;
 use crate::{EngineError, Result};
@@ -24,47 +25,6 @@ const MAX_WIDTH: usize = 1 << 16;
 pub const MEL_BINS: usize = 128;
 /// Most soft tokens of one clip (30 s at 40 ms a token), as Gemma4Processor caps them.
 pub const MAX_TOKENS: usize = 750;
-
-/// Gemma 4's audio Conformer, from `config.json`'s `audio_config` and the token ids beside it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AudioConfig {
-    /// Width of the Conformer.
-    pub hidden_size: usize,
-    /// Conformer layers.
-    pub num_layers: usize,
-    /// Attention heads.
-    pub num_heads: usize,
-    /// Output channels of the subsampler's two convolutions.
-    pub conv_channels: [usize; 2],
-    /// Kernel of the light depthwise convolution.
-    pub conv_kernel: usize,
-    /// Scale of a feed-forward's output before its residual (½ in Gemma 4).
-    pub residual_weight: f32,
-    /// Queries per attention chunk.
-    pub chunk: usize,
-    /// Left context of a chunk (keys `0 ..= left − 2` frames back are seen).
-    pub context_left: usize,
-    /// Right context (keys up to `right − 1` frames ahead are seen).
-    pub context_right: usize,
-    /// Soft cap of the attention logits.
-    pub logit_cap: f32,
-    /// The logit a masked key gets.
-    pub invalid_logit: f32,
-    /// Whether the linears clamp their inputs and outputs to bounds stored with the weights.
-    pub clipped_linears: bool,
-    /// Epsilon of the RMSNorms and LayerNorms.
-    pub eps: f32,
-    /// Bound of the activations' clamps.
-    pub gradient_clipping: f32,
-    /// Width of the tower's output projection (`embed_audio`'s input).
-    pub output_dims: usize,
-    /// The soft token each audio row stands for.
-    pub audio_token_id: u32,
-    /// Begin-of-audio token.
-    pub boa_token_id: u32,
-    /// End-of-audio token.
-    pub eoa_token_id: u32,
-}
 
 impl AudioConfig {
     /// Reads a Gemma 4 `config.json`; `None` when it has no `audio_config` (no audio tower).

@@ -17,9 +17,10 @@ use serde_json::Value;
 use wick_gguf::GgmlType;
 
 use crate::backend::{Activation, AttentionParams, AttentionSegment, Backend, HostWeight};
+use crate::config::media::Gemma4VisionConfig;
 use crate::config::HfKeys;
 use crate::media::{ImagePixels, VisionCaps, VisionProcessor};
-use crate::models::decoder::Loader;
+use crate::models::decoder::loader::Loader;
 use crate::weights::RAW_PREFIX;
 use crate::{EngineError, Result};
 
@@ -32,46 +33,6 @@ const MAX_POSITIONS: usize = 1 << 20;
 const DEFAULT_MAX_SOFT_TOKENS: usize = 280;
 /// Largest soft-token budget read from a processor config (transformers allows up to 1120).
 const MAX_SOFT_TOKENS: usize = 1 << 14;
-
-/// The Gemma 4 vision tower and its embedder, from `config.json`'s `vision_config`, the
-/// multimodal token ids beside it and the image processor's budget.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Gemma4VisionConfig {
-    /// Width of the encoder.
-    pub hidden_size: usize,
-    /// Inner width of the encoder's MLP.
-    pub intermediate_size: usize,
-    /// Encoder layers.
-    pub num_layers: usize,
-    /// Attention heads.
-    pub num_heads: usize,
-    /// Key/value heads.
-    pub num_kv_heads: usize,
-    /// Head size.
-    pub head_dim: usize,
-    /// Side of a patch, in pixels.
-    pub patch_size: usize,
-    /// Patches per side of the block one soft token averages.
-    pub pool: usize,
-    /// Rows of each of the x and y position tables.
-    pub position_rows: usize,
-    /// Rotary base of the axial embeddings.
-    pub rope_theta: f64,
-    /// Epsilon of every RMS norm of the tower and embedder.
-    pub eps: f32,
-    /// Pooled rows are standardized with `std_bias` / `std_scale`.
-    pub standardize: bool,
-    /// Linear layers clamp their inputs and outputs (`use_clipped_linears`).
-    pub clipped_linears: bool,
-    /// Most soft tokens per image (`max_soft_tokens` of the image processor).
-    pub max_soft_tokens: usize,
-    /// The soft token an image's rows stand for.
-    pub image_token_id: u32,
-    /// Begin-of-image token.
-    pub boi_token_id: u32,
-    /// End-of-image token.
-    pub eoi_token_id: u32,
-}
 
 fn config_error(source: &str, reason: String) -> EngineError {
     EngineError::Config {

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::config::media::VisionConfig;
 use crate::config::HfKeys;
 use crate::media::{VisionCaps, VisionProcessor};
 use crate::{EngineError, Result};
@@ -30,36 +31,6 @@ use crate::{EngineError, Result};
 const MAX_LAYERS: usize = 256;
 const MAX_WIDTH: usize = 1 << 16;
 const MAX_PATCHES: usize = 1 << 16;
-
-/// Gemma 3's vision tower (SigLIP) and projector, from `config.json`'s `vision_config` and
-/// the multimodal fields beside it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VisionConfig {
-    /// Width of the encoder.
-    pub hidden_size: usize,
-    /// Inner width of the encoder's MLP.
-    pub intermediate_size: usize,
-    /// Encoder layers.
-    pub num_layers: usize,
-    /// Attention heads.
-    pub num_heads: usize,
-    /// Input channels (3).
-    pub channels: usize,
-    /// Side of the square image the tower reads, in pixels.
-    pub image_size: usize,
-    /// Side of a patch, in pixels.
-    pub patch_size: usize,
-    /// Epsilon of the encoder's LayerNorms and of the projector's RMSNorm.
-    pub eps: f32,
-    /// Soft tokens per image (a square number: the pooled patch grid).
-    pub tokens_per_image: usize,
-    /// The soft token an image's rows stand for.
-    pub image_token_id: u32,
-    /// Begin-of-image token.
-    pub boi_token_id: u32,
-    /// End-of-image token.
-    pub eoi_token_id: u32,
-}
 
 impl VisionConfig {
     /// Reads a Gemma 3 `config.json`; `None` when it has no `vision_config` (a text-only

@@ -18,12 +18,12 @@
 use serde_json::Value;
 
 use crate::backend::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, OptionalOp, RopeSpec,
-    RopeStyle,
+    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
 };
+use crate::config::media::{QwenTower, QwenVisionConfig};
 use crate::config::HfKeys;
 use crate::media::{ImagePixels, VisionCaps, VisionProcessor};
-use crate::models::decoder::Loader;
+use crate::models::decoder::loader::Loader;
 use crate::weights::RAW_PREFIX;
 use crate::{EngineError, Result};
 
@@ -35,64 +35,6 @@ const MAX_POSITIONS: usize = 1 << 20;
 /// Most patches one image may bring (a 16 Mpx image in 16-pixel patches; the processor's
 /// pixel budget keeps real requests far below).
 const MAX_PATCHES: usize = 1 << 16;
-
-/// Which Qwen tower a checkpoint has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QwenTower {
-    /// Qwen 3.5 (`qwen3_5`): learned positions, LayerNorm, GELU MLP, full attention.
-    Qwen35,
-    /// Qwen2.5-VL (`qwen2_5_vl`): RMSNorm, SwiGLU MLP, window attention.
-    Qwen25 {
-        /// Side of an attention window in pixels.
-        window_size: usize,
-        /// Blocks that attend over the whole image instead of their window.
-        full_blocks: Vec<usize>,
-    },
-}
-
-/// A Qwen vision tower, from `config.json`'s `vision_config`, the token ids beside it and
-/// the image processor's `preprocessor_config.json`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QwenVisionConfig {
-    /// Which generation.
-    pub tower: QwenTower,
-    /// Blocks.
-    pub depth: usize,
-    /// Width of the blocks.
-    pub hidden_size: usize,
-    /// Inner width of the blocks' MLP.
-    pub intermediate_size: usize,
-    /// Attention heads.
-    pub num_heads: usize,
-    /// Input channels (3).
-    pub channels: usize,
-    /// Side of a patch, in pixels.
-    pub patch_size: usize,
-    /// Frames per patch cube (a still image repeats its frame this many times).
-    pub temporal_patch_size: usize,
-    /// Patches per side of the window the merger joins into one soft token.
-    pub merge_size: usize,
-    /// Width of the merger's output (the text model's hidden size).
-    pub out_hidden_size: usize,
-    /// Learned positions (a square grid; 0 for towers without them).
-    pub num_position_embeddings: usize,
-    /// Base of the blocks' 2-D rotary.
-    pub rope_theta: f64,
-    /// The soft token an image's rows stand for.
-    pub image_token_id: u32,
-    /// `<|vision_start|>`.
-    pub vision_start_token_id: u32,
-    /// `<|vision_end|>`.
-    pub vision_end_token_id: u32,
-    /// The processor's pixel budget: fewest pixels after resizing.
-    pub min_pixels: usize,
-    /// Most pixels after resizing.
-    pub max_pixels: usize,
-    /// Per-channel mean subtracted after rescaling to `[0, 1]`.
-    pub image_mean: [f32; 3],
-    /// Per-channel standard deviation divided by.
-    pub image_std: [f32; 3],
-}
 
 impl QwenVisionConfig {
     /// Reads a Qwen 3.5 or Qwen2.5-VL `config.json` (`qwen25`); `None` when it has no
@@ -394,17 +336,6 @@ impl<B: Backend> QwenVision<B> {
         ld.src.contains(&name("patch_embed.proj.weight"))
             && (ld.src.contains(&name("merger.linear_fc2.weight"))
                 || ld.src.contains(&name("merger.mlp.2.weight")))
-    }
-
-    /// Whether `backend` has the ops the tower runs on.
-    pub(crate) fn backend_can_run(backend: &B) -> bool {
-        [
-            OptionalOp::LayerNorm,
-            OptionalOp::Activation,
-            OptionalOp::AttentionTo,
-        ]
-        .into_iter()
-        .all(|op| backend.supports(op))
     }
 
     pub(in crate::models) fn load(ld: &mut Loader<'_, B>, cfg: &QwenVisionConfig) -> Result<Self> {

@@ -10,11 +10,9 @@ use std::borrow::Cow;
 use wick_gguf::GgmlType;
 
 use super::VisionConfig;
-use crate::backend::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, OptionalOp,
-};
+use crate::backend::{Activation, AttentionParams, AttentionSegment, Backend, HostWeight};
 use crate::media::ImagePixels;
-use crate::models::decoder::Loader;
+use crate::models::decoder::loader::Loader;
 use crate::weights::RAW_PREFIX;
 use crate::{EngineError, Result};
 
@@ -57,17 +55,6 @@ impl<B: Backend> Gemma3Vision<B> {
             && ld.src.contains(&format!(
                 "{RAW_PREFIX}multi_modal_projector.mm_input_projection_weight"
             ))
-    }
-
-    /// Whether `backend` has the ops the tower runs on.
-    pub(crate) fn backend_can_run(backend: &B) -> bool {
-        [
-            OptionalOp::LayerNorm,
-            OptionalOp::Activation,
-            OptionalOp::AttentionTo,
-        ]
-        .into_iter()
-        .all(|op| backend.supports(op))
     }
 
     pub(in crate::models) fn load(

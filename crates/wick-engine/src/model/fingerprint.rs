@@ -5,7 +5,7 @@ use std::time::UNIX_EPOCH;
 
 use wick_cache::KeyBuilder;
 
-use crate::model::{Model, ModelFormat};
+use super::{Model, ModelFormat};
 
 /// Bumped whenever the engine computes KV differently (kernels, layouts), so caches of
 /// an older build are not reused.

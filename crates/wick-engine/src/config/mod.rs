@@ -7,6 +7,12 @@ use wick_gguf::Metadata;
 use crate::backend::{Activation, RopeSpec, RopeStyle};
 use crate::{EngineError, Result};
 
+pub mod gemma4;
+pub mod media;
+pub mod mrope;
+pub mod qwen35;
+pub mod rope;
+
 /// A supported model architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arch {
@@ -159,11 +165,11 @@ pub enum RopeScaling {
     /// Per-pair frequency divisors stored in the file (GGUF `rope_freqs.weight`).
     Factors(Vec<f32>),
     /// YaRN: frequencies blended between interpolation and extrapolation, cos/sin scaled.
-    Yarn(crate::rope::Yarn),
+    Yarn(rope::Yarn),
     /// LongRoPE (Phi-3): per-pair divisors, short or long by the sequence length.
-    LongRope(crate::rope::LongRope),
+    LongRope(rope::LongRope),
     /// Dynamic NTK: the base grows with the sequence length past the trained context.
-    Dynamic(crate::rope::DynamicNtk),
+    Dynamic(rope::DynamicNtk),
 }
 
 /// Rotary parameters of one kind of layer.
@@ -380,19 +386,19 @@ pub struct ModelConfig {
     /// Family switches beyond the Llama layout.
     pub features: Features,
     /// Gemma 4's per-layer layout (head sizes, KV sharing, PLE, experts).
-    pub gemma4: Option<Box<crate::models::gemma4::Gemma4Params>>,
+    pub gemma4: Option<Box<gemma4::Gemma4Params>>,
     /// Qwen 3.5's hybrid layout (linear-attention layers and their shape).
-    pub qwen35: Option<crate::models::qwen35::Qwen35Config>,
+    pub qwen35: Option<qwen35::Qwen35Config>,
     /// The vision tower and projector of a multimodal checkpoint (Gemma 3's SigLIP), when
     /// `config.json` describes one; whether its weights are present is checked at load.
-    pub vision: Option<crate::models::vision::VisionConfig>,
+    pub vision: Option<media::VisionConfig>,
     /// The audio tower of a multimodal checkpoint (Gemma 4's Conformer), when `config.json`
     /// describes one; whether its weights are present is checked at load.
-    pub audio: Option<crate::models::audio::AudioConfig>,
+    pub audio: Option<media::AudioConfig>,
     /// Qwen 3.5's vision tower, when `config.json` describes one (weights checked at load).
-    pub qwen_vision: Option<crate::models::vision::qwen::QwenVisionConfig>,
+    pub qwen_vision: Option<media::QwenVisionConfig>,
     /// Multimodal rotary positions (Qwen-VL), used for prompts that hold images.
-    pub mrope: Option<crate::models::mrope::Mrope>,
+    pub mrope: Option<mrope::Mrope>,
 }
 
 /// Typed reads of GGUF `<arch>.*` keys with errors naming the file.
@@ -564,9 +570,9 @@ impl HfKeys<'_> {
                         original_max_position: f("original_max_position_embeddings")
                             .unwrap_or(8192.0),
                     },
-                    "yarn" | "longrope" | "dynamic" => crate::rope::from_hf(self, kind, s)?,
+                    "yarn" | "longrope" | "dynamic" => rope::from_hf(self, kind, s)?,
                     // Early Phi-3 configs name LongRoPE "su".
-                    "su" => crate::rope::from_hf(self, "longrope", s)?,
+                    "su" => rope::from_hf(self, "longrope", s)?,
                     other => {
                         return Err(self.bad(
                             "rope_scaling",
