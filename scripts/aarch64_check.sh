@@ -2,10 +2,11 @@
 # aarch64 check: wick cross-compiles for 64-bit Arm Linux (aarch64-unknown-linux-gnu) and the
 # binary runs under Debian's qemu-aarch64: it parses a tool call and generates two tokens
 # greedily with the default model, which must equal this machine's own binary's tokens (the
-# portable kernels are bit-identical to the x86 ones, see docs/benchmarks.md). Not part of
-# scripts/test.sh: the cross build is a second full release build (about 10 min on two
-# cores). Installs, when missing: the Rust standard library for the target (rustup), Debian's
-# gcc/g++ cross compilers and qemu-user. Needs the default model (`wick pull default`).
+# portable kernels are bit-identical to the x86 ones, see docs/lab/cpu-kernels.md, "Portable
+# builds"). Not part of scripts/test.sh: the cross build is a second full release build
+# (about 10 min on two cores). Installs, when missing: the Rust standard library for the
+# target (rustup), Debian's gcc/g++ cross compilers and qemu-user. Needs the default model
+# (`wick pull default`).
 #
 #   scripts/aarch64_check.sh [path/to/host/wick]     (default ./target/release/wick)
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Facts about a model directory for the limits of docs/benchmarks.md: bytes a decode
+"""Facts about a model directory for the limits in docs/lab/gpu-mlx.md ("Results"): bytes a decode
 step must read, parameters (for FLOPs), KV bytes per token. Prints one JSON object.
 
     model_facts.py MODEL_DIR [NAME]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns one H200 run's files into the docs/benchmarks.md table.
+"""Turns one H200 run's files into the table of docs/lab/gpu-mlx.md ("Results").
 
     summarize.py RUN_DIR      (RUN_DIR holds bench.jsonl, ceilings.json, facts.jsonl)
 

@@ -1,5 +1,5 @@
 //! Training tokens per second of SFT steps on random tokens (the comparison with
-//! PyTorch + PEFT in docs/benchmarks.md):
+//! PyTorch + PEFT in docs/lab/training.md, "LoRA training"):
 //! `cargo run --release -p wick-train --example train_speed -- MODEL BATCH SEQ STEPS THREADS`.
 //! Every position is a target, as a `text` dataset trains; one warm-up step is not timed.
 use std::time::Instant;

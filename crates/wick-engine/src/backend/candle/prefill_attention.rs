@@ -5,7 +5,8 @@
 //! Where the CPU has AVX-512 BF16 (and the model no soft-capping), the two products run
 //! in bf16 with centred keys and values ([`super::prefill_bf16`]), the softmax between them
 //! with a polynomial exponential: about 1.2× faster on an 8k prompt, with deviations from
-//! the f32 products of the size an f16 KV cache makes (docs/benchmarks.md).
+//! the f32 products of the size an f16 KV cache makes (docs/lab/cpu-kernels.md, "Chunked like
+//! the server, bf16 attention products").
 //! `WICK_PROMPT_ATTENTION=f32` keeps the f32 products.
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
