@@ -664,8 +664,12 @@ fn check_layout(h: &FileHeader, path: &Path, len: u64) -> Result<()> {
             ));
         }
         let chunked = h.chunked(i).map_or(0, |(from, to)| to - from);
+        let row = l
+            .row_bytes()
+            .filter(|&r| usize::try_from(r).is_ok())
+            .ok_or_else(|| corrupt(path, "layer row size overflows"))?;
         let want = ((l.len - l.start - chunked) as u64)
-            .checked_mul(l.row_bytes().unwrap_or(u64::MAX))
+            .checked_mul(row)
             .ok_or_else(|| corrupt(path, "layer size overflows"))?;
         for t in [&l.keys, &l.values] {
             if !check_tensor(t, Some(want), h.data_start, len) {
@@ -1239,5 +1243,85 @@ mod tests {
             read_header(&mut File::open(&path).unwrap(), &path),
             Err(CacheError::Corrupt { .. })
         ));
+    }
+
+    /// Rewrites a container's JSON header in place, with a matching hash, so the checks past
+    /// the hash are reached; the data stays where it was.
+    fn with_json(file: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+        let hlen = u32::from_le_bytes(file[12..16].try_into().unwrap()) as usize;
+        let mut v: serde_json::Value = serde_json::from_slice(&file[24..24 + hlen]).unwrap();
+        let data_start = v["data_start"].as_u64().unwrap() as usize;
+        edit(&mut v);
+        let json = serde_json::to_vec(&v).unwrap();
+        assert!(24 + json.len() <= data_start);
+        let mut out = file.to_vec();
+        out[12..16].copy_from_slice(&(json.len() as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&xxh3_64(&json).to_le_bytes());
+        out[24..data_start].fill(0);
+        out[24..24 + json.len()].copy_from_slice(&json);
+        out
+    }
+
+    /// Headers whose hash is right but whose fields lie: refused with an error, never a
+    /// panic or an allocation the file cannot back.
+    #[test]
+    fn lying_headers_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens: Vec<u32> = (0..30).collect();
+        let snap = FakeKv::new(&tokens, None).snapshot;
+        let c = plan_chunk(
+            &ChunkLabel {
+                fingerprint: "fp",
+                kv_namespace: "",
+                parent: 7,
+                from: 8,
+                tokens: &tokens[8..16],
+                window: None,
+                layers: &[0],
+            },
+            &snap,
+        )
+        .unwrap();
+        let path = dir.path().join("c.wkc");
+        write_chunk(&mut File::create(&path).unwrap(), &path, &c, &snap).unwrap();
+        let chunk = std::fs::read(&path).unwrap();
+        std::fs::write(&path, with_json(&chunk, |_| {})).unwrap();
+        assert!(read_chunk_header(&mut File::open(&path).unwrap(), &path).is_ok());
+        let chunk_edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = vec![
+            Box::new(|v| v["to"] = 9.into()),
+            Box::new(|v| v["from"] = 16.into()),
+            Box::new(|v| v["tokens"] = serde_json::json!([1, 2])),
+            Box::new(|v| v["layers"][0]["kv_heads"] = (1u64 << 62).into()),
+            Box::new(|v| v["layers"][0]["head_dim"] = 0.into()),
+            Box::new(|v| v["layers"][0]["keys"]["offset"] = (u64::MAX - 3).into()),
+            Box::new(|v| v["layers"][0]["values"]["bytes"] = (1u64 << 40).into()),
+            Box::new(|v| v["file_bytes"] = 1.into()),
+            Box::new(|v| v["dtype"] = "f16".into()),
+        ];
+        for (i, edit) in chunk_edits.iter().enumerate() {
+            std::fs::write(&path, with_json(&chunk, edit)).unwrap();
+            let mut f = File::open(&path).unwrap();
+            assert!(read_chunk_header(&mut f, &path).is_err(), "chunk edit {i}");
+        }
+        let h = chunked_header(&tokens, &snap, 8, 24).unwrap();
+        let epath = dir.path().join("e.wkv");
+        write(&mut File::create(&epath).unwrap(), &epath, &h, &snap).unwrap();
+        let entry = std::fs::read(&epath).unwrap();
+        std::fs::write(&epath, with_json(&entry, |_| {})).unwrap();
+        assert!(read_header(&mut File::open(&epath).unwrap(), &epath).is_ok());
+        let entry_edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = vec![
+            Box::new(|v| v["chunks"]["chunk_tokens"] = 0.into()),
+            Box::new(|v| v["chunks"]["chunk_tokens"] = (1u64 << 40).into()),
+            Box::new(|v| v["chunks"]["groups"][0]["to"] = 32.into()),
+            Box::new(|v| v["chunks"]["groups"][0]["layers"] = serde_json::json!([0, 0])),
+            Box::new(|v| v["chunks"]["groups"][0]["layers"] = serde_json::json!([5])),
+            Box::new(|v| v["layers"][0]["kv_heads"] = (1u64 << 62).into()),
+            Box::new(|v| v["layers"][0]["start"] = 12.into()),
+        ];
+        for (i, edit) in entry_edits.iter().enumerate() {
+            std::fs::write(&epath, with_json(&entry, edit)).unwrap();
+            let mut f = File::open(&epath).unwrap();
+            assert!(read_header(&mut f, &epath).is_err(), "entry edit {i}");
+        }
     }
 }
