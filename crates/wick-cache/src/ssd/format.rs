@@ -1262,6 +1262,9 @@ mod tests {
         out
     }
 
+    /// One change to a JSON header.
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+
     /// Headers whose hash is right but whose fields lie: refused with an error, never a
     /// panic or an allocation the file cannot back.
     #[test]
@@ -1287,7 +1290,7 @@ mod tests {
         let chunk = std::fs::read(&path).unwrap();
         std::fs::write(&path, with_json(&chunk, |_| {})).unwrap();
         assert!(read_chunk_header(&mut File::open(&path).unwrap(), &path).is_ok());
-        let chunk_edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = vec![
+        let chunk_edits: Vec<Edit> = vec![
             Box::new(|v| v["to"] = 9.into()),
             Box::new(|v| v["from"] = 16.into()),
             Box::new(|v| v["tokens"] = serde_json::json!([1, 2])),
@@ -1309,7 +1312,7 @@ mod tests {
         let entry = std::fs::read(&epath).unwrap();
         std::fs::write(&epath, with_json(&entry, |_| {})).unwrap();
         assert!(read_header(&mut File::open(&epath).unwrap(), &epath).is_ok());
-        let entry_edits: Vec<Box<dyn Fn(&mut serde_json::Value)>> = vec![
+        let entry_edits: Vec<Edit> = vec![
             Box::new(|v| v["chunks"]["chunk_tokens"] = 0.into()),
             Box::new(|v| v["chunks"]["chunk_tokens"] = (1u64 << 40).into()),
             Box::new(|v| v["chunks"]["groups"][0]["to"] = 32.into()),
