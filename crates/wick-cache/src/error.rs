@@ -92,6 +92,15 @@ pub enum CacheError {
         /// The fingerprint directory.
         path: PathBuf,
     },
+    /// A directory of the SSD tier cannot be used safely: a symbolic link, not a directory,
+    /// or owned by another user. The tier never follows links inside its root.
+    #[error("{} cannot hold the SSD cache: it {reason}", path.display())]
+    Unsafe {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The configuration is contradictory.
     #[error("invalid cache configuration: {0}")]
     Config(String),
@@ -120,6 +129,7 @@ impl CacheError {
             CacheError::LengthMismatch { .. } => "length_mismatch",
             CacheError::Value { .. } => "value",
             CacheError::Locked { .. } => "locked",
+            CacheError::Unsafe { .. } => "unsafe",
             CacheError::Config(_) => "config",
         }
     }

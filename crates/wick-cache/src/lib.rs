@@ -8,8 +8,9 @@
 //! - [`prefix_index`] finds the longest shared prefix by chained block hashes.
 //! - [`ram`] is the byte-capped LRU tier of live values, per namespace ([`namespace`]),
 //!   with superseding and eviction.
-//! - [`ssd`] is the cold tier: one self-checking `.wkv` file per entry, atomic writes,
-//!   a start-up scan that rebuilds the index, LRU by modification time.
+//! - [`ssd`] is the cold tier: a self-checking `.wkv` file per entry and `.wkc` chunk files
+//!   that entries sharing a prefix share (a conversation is stored once), atomic writes, a
+//!   start-up scan that rebuilds the index and reference counts, LRU by modification time.
 //! - [`durability`] is the background writer: spills, debounced write-behind while the
 //!   engine is idle, generation checkpoints, and `flush`.
 //! - [`checkpoint`] keys and records in-flight generations for resume after a crash.

@@ -20,6 +20,16 @@ pub fn dir_name(ns: &str) -> String {
     }
 }
 
+/// Whether `name` is a directory name [`dir_name`] gives (`base` or `ns-<16 hex digits>`).
+pub fn is_dir_name(name: &str) -> bool {
+    name == "base"
+        || name.strip_prefix("ns-").is_some_and(|h| {
+            h.len() == 16
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
 /// Whether `ns` is a generation-checkpoint namespace.
 pub fn is_checkpoint(ns: &str) -> bool {
     ns.starts_with(CHECKPOINT_PREFIX)
@@ -34,6 +44,8 @@ mod tests {
         assert_eq!(dir_name(""), "base");
         assert_ne!(dir_name("a"), dir_name("b"));
         assert!(dir_name("a/../../x").starts_with("ns-"));
+        assert!(is_dir_name(&dir_name("")) && is_dir_name(&dir_name("lora")));
+        assert!(!is_dir_name("chunks") && !is_dir_name("ns-") && !is_dir_name("ns-../../etc"));
         assert!(is_checkpoint("__generation_checkpoint__:00ff"));
         assert!(!is_checkpoint("lora"));
     }

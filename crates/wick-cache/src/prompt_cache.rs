@@ -83,6 +83,7 @@ pub struct PromptCache<V: CacheValue> {
     durability: Option<Durability<V>>,
     enabled: bool,
     counters: Counters,
+    ssd_unavailable: Option<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,7 +92,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<V: CacheValue> PromptCache<V> {
     /// Sets the tiers up: opens the SSD directory, starts its scan in the background (its
-    /// entries become restorable as they are indexed) and starts its writer.
+    /// entries become restorable as they are indexed) and starts its writer. A directory
+    /// that cannot be used (read-only, not creatable, a link, another user's) leaves the
+    /// cache without the SSD tier, with a warning ([`PromptCache::ssd_unavailable`]).
     pub fn new(cfg: PromptCacheConfig) -> Result<Self> {
         if cfg.ssd.is_some() && cfg.ram_bytes == 0 {
             return Err(CacheError::Config(
@@ -100,9 +103,34 @@ impl<V: CacheValue> PromptCache<V> {
             ));
         }
         let ram = Arc::new(Mutex::new(RamTier::new(cfg.ram_bytes)));
-        let (ssd, durability) = match cfg.ssd {
+        let mut ssd_unavailable = None;
+        let tier = match cfg.ssd {
             Some(s) => {
-                let tier = SsdTier::open_in_background(s)?;
+                let root = s.root.clone();
+                match SsdTier::open_in_background(s) {
+                    Ok(tier) => Some(tier),
+                    // A directory that cannot be written (read-only, full, another user's) or
+                    // is not safe to use costs the tier, never the server.
+                    Err(
+                        e @ (CacheError::Io { .. }
+                        | CacheError::Unsafe { .. }
+                        | CacheError::Locked { .. }),
+                    ) => {
+                        tracing::warn!(
+                            dir = %root.display(),
+                            error = %e,
+                            "the SSD cache directory cannot be used; serving without the SSD tier (RAM prompt cache only)"
+                        );
+                        ssd_unavailable = Some(e.to_string());
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            None => None,
+        };
+        let (ssd, durability) = match tier {
+            Some(tier) => {
                 let d = Durability::start(
                     ram.clone(),
                     tier.clone(),
@@ -120,7 +148,14 @@ impl<V: CacheValue> PromptCache<V> {
             durability,
             enabled: cfg.ram_bytes > 0,
             counters: Counters::default(),
+            ssd_unavailable,
         })
+    }
+
+    /// Why an SSD tier that was asked for is not there (its directory could not be used);
+    /// `None` when it is, or none was asked for.
+    pub fn ssd_unavailable(&self) -> Option<&str> {
+        self.ssd_unavailable.as_deref()
     }
 
     /// Whether the cache is on (RAM cap above 0).

@@ -1,6 +1,8 @@
 //! `kill -9` at random points while the SSD tier writes: after every crash the start-up
-//! scan rebuilds the index, removes the interrupted temp files, and every entry left on
-//! disk restores to exactly the KV of its tokens. Nothing corrupt is ever restored.
+//! scan rebuilds the index and the chunks' reference counts, removes the interrupted temp
+//! files and the chunks no entry refers to, and every entry left on disk restores (with the
+//! chunks it shares with its family) to exactly the KV of its tokens. Nothing corrupt is
+//! ever restored.
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -8,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{holds, snapshot_for};
-use wick_cache::ssd::{format, SsdTier};
+use wick_cache::ssd::{chunks, format, SsdTier};
 use wick_cache::SsdConfig;
 
 const CHILD_DIR: &str = "WICK_CACHE_CRASH_CHILD_DIR";
@@ -24,7 +26,7 @@ fn config(root: &Path) -> SsdConfig {
 }
 
 /// Entry `i`: 1 to 3000 tokens, the first half shared with its family (one of five),
-/// the rest its own, so every store writes a file and families share prefixes.
+/// the rest its own, so every store writes a file and families share prefixes (and chunks).
 fn tokens(i: u64) -> Vec<u32> {
     let family = (i % 5) as u32;
     let n = 1 + (i.wrapping_mul(7919) % 3000) as usize;
@@ -88,6 +90,8 @@ fn kill_9_during_writes_never_leaves_a_corrupt_entry() {
     let rounds = 40;
     let mut restored = 0;
     let mut orphans = 0;
+    let mut orphan_chunks = 0;
+    let mut shared = 0;
     for round in 0..rounds {
         let mut child = Command::new(&exe)
             .args(["crash_writer_child", "--exact", "--ignored", "--nocapture"])
@@ -117,20 +121,37 @@ fn kill_9_during_writes_never_leaves_a_corrupt_entry() {
             files.iter().all(|f| !f.to_string_lossy().ends_with(".tmp")),
             "round {round}: the scan left temp files"
         );
-        // Every file on disk is complete and holds exactly its tokens' KV.
+        // Every entry on disk is complete and holds exactly its tokens' KV, chunks included.
         for f in files
             .iter()
             .filter(|f| f.extension().is_some_and(|x| x == "wkv"))
         {
             let mut fh = std::fs::File::open(f).unwrap();
             let h = format::read_header(&mut fh, f).unwrap();
-            let snap = format::read_payload(&mut fh, f, &h).unwrap();
+            let snap = ssd.read_entry_file(f).unwrap();
             assert!(
                 holds(&snap, &h.tokens),
                 "round {round}: {} holds other KV",
                 f.display()
             );
         }
+        // Every chunk on disk is whole and some entry refers to it (the scan removed the
+        // chunks a crash left without their entry).
+        for f in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|x| x == "wkc"))
+        {
+            ssd.check_chunk_file(f).unwrap();
+            let id = chunks::parse_file_name(&f.file_name().unwrap().to_string_lossy()).unwrap();
+            let refs = ssd.chunk_refs(id).unwrap_or(0);
+            assert!(
+                refs > 0,
+                "round {round}: {} is referenced by no entry",
+                f.display()
+            );
+            shared += usize::from(refs > 1);
+        }
+        orphan_chunks += report.removed_unreferenced_chunks;
         // And lookups restore them through the tier.
         for family in 0..5u32 {
             let mut prompt: Vec<u32> = (0..1500).map(|j| family * 1_000_000 + j).collect();
@@ -148,5 +169,8 @@ fn kill_9_during_writes_never_leaves_a_corrupt_entry() {
         restored > rounds as usize,
         "too few entries to check: {restored}"
     );
-    eprintln!("{rounds} kills, {orphans} interrupted writes cleaned, {restored} restores checked");
+    assert!(shared > 0, "no chunk was shared between entries");
+    eprintln!(
+        "{rounds} kills, {orphans} interrupted writes and {orphan_chunks} chunks without an entry cleaned, {restored} restores checked, {shared} shared chunks seen"
+    );
 }

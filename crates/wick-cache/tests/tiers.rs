@@ -161,3 +161,66 @@ fn without_ssd_flush_has_nothing_to_do_and_ssd_needs_ram() {
     let root = tempfile::tempdir().unwrap();
     assert!(PromptCache::<TestKv>::new(config(root.path(), 0)).is_err());
 }
+
+/// Issue 45: an SSD directory that cannot be used costs the tier, never the cache: the cache
+/// serves from RAM and says why.
+#[test]
+fn an_unusable_ssd_directory_leaves_the_ram_cache_serving() {
+    let check = |root: &Path, what: &str| {
+        let cache = PromptCache::new(config(root, 1 << 30))
+            .unwrap_or_else(|e| panic!("{what}: the cache did not start: {e}"));
+        assert!(!cache.has_ssd(), "{what}");
+        assert!(cache.ssd_unavailable().is_some(), "{what}");
+        assert!(cache.stats().ssd.is_none());
+        let t = seq(4, 100);
+        cache.put("", &t, TestKv::new(&t));
+        let mut p = t.clone();
+        p.push(1);
+        let hit = cache.lookup("", &p, &Loader);
+        assert_eq!(
+            (hit.cached, hit.source),
+            (100, Some(HitSource::Ram)),
+            "{what}"
+        );
+        assert!(cache.flush(Duration::from_secs(1)).durable);
+    };
+    // A root that cannot be created (below a regular file).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), b"x").unwrap();
+    check(&dir.path().join("file/kv"), "uncreatable");
+    // A fingerprint directory planted as a link to somewhere else.
+    #[cfg(unix)]
+    {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), root.path().join("tiers")).unwrap();
+        check(root.path(), "linked");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
+    // A read-only directory: by permissions where this test is not root, else a read-only
+    // tmpfs where it may mount one.
+    let ro = tempfile::tempdir().unwrap();
+    #[cfg(unix)]
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(ro.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+        check(ro.path(), "read-only");
+        std::fs::set_permissions(ro.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    } else if mount_read_only(ro.path()) {
+        check(ro.path(), "read-only mount");
+        let _ = std::process::Command::new("umount").arg(ro.path()).status();
+    } else {
+        eprintln!("read-only case not run: root without mount rights");
+    }
+}
+
+#[cfg(unix)]
+fn mount_read_only(dir: &Path) -> bool {
+    std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"])
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

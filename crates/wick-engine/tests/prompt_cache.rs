@@ -312,7 +312,11 @@ fn damaged_and_foreign_files_are_removed_or_ignored() {
     let foreign_file = wkv_files(foreign_root.path()).remove(0);
     let planted = f3.with_file_name(foreign_file.file_name().unwrap());
     std::fs::copy(&foreign_file, &planted).unwrap();
-    let orphan = f3.with_file_name("deadbeef.wkv.1.2.tmp");
+    // An interrupted write (the tier's own temporary name, its owner long gone).
+    let orphan = f3.with_file_name(format!(
+        "{}.1.2.tmp",
+        f3.file_name().unwrap().to_string_lossy()
+    ));
     std::fs::write(&orphan, b"interrupted").unwrap();
     let neighbour = root.path().join("other-model/base");
     std::fs::create_dir_all(&neighbour).unwrap();

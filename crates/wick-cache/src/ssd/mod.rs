@@ -1,44 +1,68 @@
-//! [`SsdTier`]: the cold tier on disk. The files are the database: one `.wkv` file per
-//! entry, no sidecar index.
+//! [`SsdTier`]: the cold tier on disk. The files are the database: one `.wkv` entry file per
+//! stored prefix and the `.wkc` chunk files entries share, no sidecar index.
 //!
-//! Layout: `<root>/<fingerprint>/<namespace dir>/<entry>.wkv`, where the fingerprint
-//! names the model, its configuration and tokenizer, and the namespace directory is
+//! Layout: `<root>/<fingerprint>/<namespace dir>/<entry>.wkv` and
+//! `<root>/<fingerprint>/chunks/<chunk>.wkc`, where the fingerprint names the model, its
+//! configuration and tokenizer, and the namespace directory is
 //! [`crate::namespace::dir_name`]. Only our fingerprint's directory is ever read or
 //! changed; another model's directory beside it is never touched.
 //!
-//! - Writes are atomic: a `.tmp` file is written, fsynced, renamed over the final name,
-//!   and the directory fsynced. A crash at any point leaves the old state or the new
-//!   one, plus at most an orphan `.tmp` that the next scan removes.
+//! - A conversation is stored once. The KV of each run of [`CHUNK_TOKENS`] positions lives in
+//!   a chunk file named by a chained hash of every token up to its end ([`chunks`]), so every
+//!   entry whose tokens pass through it names the same file; an entry file holds its tokens,
+//!   the rows outside whole chunks, and what cannot be split by position (a hybrid model's
+//!   recurrent state). A turn that extends the previous one writes the chunks its new tokens
+//!   complete and a small entry file. Chunks are reference-counted in memory from the entry
+//!   files; one no entry refers to is removed.
+//! - Writes are atomic: a `.tmp` file is written, fsynced, renamed over the final name, and
+//!   the directory fsynced; a store writes its new chunks that way first, then its entry
+//!   file. A crash at any point leaves the old state or the new one, plus orphan `.tmp`
+//!   files and chunks no entry refers to, which the next scan removes. A torn write is never
+//!   read: only complete, synced files are ever renamed into place, and every read checks
+//!   hashes.
 //! - The directory may be shared by several processes (replicas, also on several hosts
 //!   over a shared filesystem). Each writes only its own `.tmp` files ([`owner`]: an owner
 //!   id with a held lock file) and renames them into place; entry names are the hash of
-//!   namespace and tokens, so two replicas storing one prefix write the same name and
-//!   the last rename wins with an equivalent file. A tier opened with
-//!   [`SsdTier::open_in_background`] re-reads the directory every
-//!   [`REFRESH_INTERVAL`] ([`SsdTier::refresh`]): entries another process wrote become
-//!   restorable, and entries another process removed leave the index. Removing a file
-//!   (eviction, supersession) is safe while another process reads it: a reader that has
-//!   it open keeps its data, one that opens it after the removal gets a quiet miss.
-//! - Start-up scan rebuilds the index from the headers (hash-checked), removing orphans,
-//!   corrupt files, other format versions and files of another fingerprint or namespace.
-//!   [`SsdTier::open_in_background`] runs it on its own thread: entries become restorable
-//!   one by one as it indexes them, and a lookup meanwhile misses instead of waiting.
-//!   With `verify`, every payload is hash-checked too; payloads are always checked when
-//!   an entry is restored, so a damaged entry is never restored.
-//! - The byte cap evicts least-recently-used files by modification time (a restore
-//!   touches the file; the time is read again from the file before an eviction, so
-//!   another process's restores count). A full disk evicts the oldest entries and
-//!   retries once.
+//!   namespace and tokens and chunk names the chained hash of their prefix, so two replicas
+//!   storing one prefix write the same names and the last rename wins with an equivalent
+//!   file. A store holds a shared lock on `<fingerprint>/.chunks.lock` from checking which
+//!   chunks exist until its entry file is in place; chunks are removed only under the
+//!   exclusive lock, after re-reading the directory for entries other processes wrote, so
+//!   no process removes a chunk another one's entry refers to. A tier opened with
+//!   [`SsdTier::open_in_background`] re-reads the directory every [`REFRESH_INTERVAL`]
+//!   ([`SsdTier::refresh`]): entries another process wrote become restorable, and entries
+//!   another process removed leave the index. Removing a file (eviction, supersession) is
+//!   safe while another process reads it: a reader that has it open keeps its data, one
+//!   that opens it after the removal gets a quiet miss.
+//! - Start-up scan rebuilds the index and the chunks' reference counts from the headers
+//!   (hash-checked), removing orphans, corrupt files, other format versions, files of
+//!   another fingerprint or namespace, entries whose chunks are gone, and chunks no entry
+//!   refers to. [`SsdTier::open_in_background`] runs it on its own thread: entries become
+//!   restorable one by one as it indexes them, and a lookup meanwhile misses instead of
+//!   waiting. With `verify`, every payload is hash-checked too; payloads are always checked
+//!   when an entry is restored, so a damaged entry is never restored.
+//! - Nothing outside the tier's own files is touched ([`guard`]): the fingerprint directory
+//!   must be a real directory of this user (never a link), only directories the tier names
+//!   itself are entered, links are never followed, and a file is removed only when it is a
+//!   regular file of ours with the tier's own name shape (and for entries and chunks its
+//!   magic).
+//! - The byte cap evicts least-recently-used entries by modification time (a restore
+//!   touches the entry file; the time is read again from the file before an eviction, so
+//!   another process's restores count); an eviction frees the entry file and the chunks no
+//!   other entry refers to. A full disk evicts the oldest entries and retries once.
 //! - Every failure is a miss or a warning: a bad file is removed, a failed write is
 //!   cleaned up and counted, and serving goes on.
+pub mod chunks;
 pub mod format;
+mod guard;
 pub mod owner;
 mod refresh;
+mod scan;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -46,11 +70,21 @@ use crate::checkpoint::{CheckpointKey, CheckpointMeta};
 use crate::namespace::{self, dir_name};
 use crate::prefix_index::PrefixIndex;
 use crate::ram::EntryId;
-use crate::value::KvSnapshot;
+use crate::value::{KvSnapshot, LayerSnapshot};
 use crate::{CacheError, Result};
-use format::{EntryLabel, FileHeader, EXTENSION};
-use owner::{Liveness, Owner};
+use chunks::ChunkRef;
+pub use chunks::{ChunkId, CHUNK_TOKENS};
+use format::{ChunkHeader, ChunkLabel, ChunkRefs, EntryLabel, FileHeader, EXTENSION};
+use owner::Owner;
 pub use refresh::{RefreshReport, REFRESH_INTERVAL};
+
+/// The lock file that orders chunk removal after stores (inside the fingerprint directory).
+const CHUNK_LOCK: &str = ".chunks.lock";
+/// Chunk files a store writes at once.
+const CHUNK_WRITERS: usize = 8;
+/// How long a store waits for other processes' stores before removing the chunks its
+/// evictions freed (they are removed later otherwise).
+const GC_WAIT: Duration = Duration::from_secs(2);
 
 /// Where and how the SSD tier keeps its files.
 #[derive(Debug, Clone)]
@@ -72,11 +106,16 @@ pub struct SsdConfig {
 pub struct ScanReport {
     /// Entries indexed.
     pub entries: usize,
-    /// Their bytes.
+    /// Chunk files their entries share.
+    pub chunks: usize,
+    /// Bytes of both.
     pub bytes: u64,
     /// Orphan `.tmp` files removed (writes a crash interrupted).
     pub removed_orphans: usize,
-    /// Damaged files removed.
+    /// Chunk files no entry refers to, removed (a crash between a store's chunks and its
+    /// entry, or entries removed since).
+    pub removed_unreferenced_chunks: usize,
+    /// Damaged files removed (entries whose chunks are missing or damaged included).
     pub removed_corrupt: usize,
     /// Files of another format version removed.
     pub removed_unsupported: usize,
@@ -91,16 +130,16 @@ pub struct ScanReport {
     pub removed_stale_locks: usize,
 }
 
-/// One indexed file.
+/// One indexed entry file.
 #[derive(Debug, Clone)]
 pub struct SsdEntry {
     /// Namespace.
     pub ns: Arc<str>,
     /// Tokens the KV holds.
     pub tokens: Arc<[u32]>,
-    /// The file.
+    /// The entry file.
     pub path: PathBuf,
-    /// File length.
+    /// The entry file's length (its chunks are counted apart).
     pub bytes: u64,
     /// Last use (file modification time).
     pub mtime: SystemTime,
@@ -108,6 +147,8 @@ pub struct SsdEntry {
     pub trim_floor: usize,
     /// Set on generation checkpoints.
     pub checkpoint: Option<CheckpointMeta>,
+    /// The chunks it refers to.
+    pub chunks: Arc<[ChunkId]>,
 }
 
 impl SsdEntry {
@@ -131,7 +172,7 @@ pub struct SsdMatch {
 pub enum StoreOutcome {
     /// Written.
     Stored {
-        /// File length.
+        /// Bytes written: the entry file and the chunks no stored entry had yet.
         bytes: u64,
         /// Stored ancestors removed because the new entry covers them.
         superseded: usize,
@@ -149,7 +190,9 @@ pub struct SsdCounters {
     pub entries: usize,
     /// Generation checkpoints among them.
     pub checkpoints: usize,
-    /// Bytes on disk.
+    /// Chunk files indexed.
+    pub chunks: usize,
+    /// Bytes on disk (entry and chunk files).
     pub bytes: u64,
     /// The byte cap (0 = unlimited).
     pub max_bytes: u64,
@@ -159,6 +202,8 @@ pub struct SsdCounters {
     pub restore_failures: u64,
     /// Entries written, all time.
     pub stores: u64,
+    /// Bytes written, all time (entry files and new chunks).
+    pub bytes_written: u64,
     /// Writes that failed (full disk, I/O error).
     pub store_failures: u64,
     /// Entries evicted for space.
@@ -171,16 +216,33 @@ pub struct SsdCounters {
     pub longest_durable_prefix_tokens: usize,
 }
 
+/// A chunk file's size and how many indexed entries refer to it.
+#[derive(Debug, Clone, Copy)]
+struct ChunkInfo {
+    bytes: u64,
+    refs: usize,
+}
+
 #[derive(Default)]
 struct Index {
     entries: HashMap<EntryId, SsdEntry>,
     prefix: PrefixIndex<EntryId>,
     next_id: EntryId,
+    chunks: HashMap<ChunkId, ChunkInfo>,
+    /// Chunks no indexed entry refers to, not yet removed.
+    garbage: HashSet<ChunkId>,
+    /// Bytes of entry files and of the chunks they refer to (what the cap counts).
     bytes: u64,
+    /// Bytes of `garbage`.
+    garbage_bytes: u64,
 }
 
 impl Index {
-    fn insert(&mut self, e: SsdEntry) -> EntryId {
+    /// Indexes `e`, whose chunk `i` is `sizes[i]` bytes.
+    fn insert(&mut self, e: SsdEntry, sizes: &[u64]) -> EntryId {
+        for (&c, &b) in e.chunks.iter().zip(sizes) {
+            self.add_ref(c, b);
+        }
         self.next_id += 1;
         let id = self.next_id;
         self.bytes += e.bytes;
@@ -189,17 +251,86 @@ impl Index {
         id
     }
 
+    fn add_ref(&mut self, c: ChunkId, bytes: u64) {
+        match self.chunks.get_mut(&c) {
+            Some(info) => {
+                if info.refs == 0 {
+                    self.garbage.remove(&c);
+                    self.garbage_bytes -= info.bytes;
+                } else {
+                    self.bytes -= info.bytes;
+                }
+                self.bytes += bytes;
+                info.bytes = bytes;
+                info.refs += 1;
+            }
+            None => {
+                self.chunks.insert(c, ChunkInfo { bytes, refs: 1 });
+                self.bytes += bytes;
+            }
+        }
+    }
+
+    fn drop_ref(&mut self, c: ChunkId) {
+        if let Some(info) = self.chunks.get_mut(&c) {
+            if info.refs == 0 {
+                return;
+            }
+            info.refs -= 1;
+            if info.refs == 0 {
+                self.bytes -= info.bytes;
+                self.garbage_bytes += info.bytes;
+                self.garbage.insert(c);
+            }
+        }
+    }
+
+    /// A chunk file on disk that no entry refers to (a crash's leftover, or a failed store's).
+    fn add_unreferenced(&mut self, c: ChunkId, bytes: u64) {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.chunks.entry(c) {
+            v.insert(ChunkInfo { bytes, refs: 0 });
+            self.garbage.insert(c);
+            self.garbage_bytes += bytes;
+        }
+    }
+
+    /// Unreferenced chunks, out of the index (their files are for the caller to remove).
+    fn take_garbage(&mut self) -> Vec<ChunkId> {
+        let ids: Vec<ChunkId> = self.garbage.drain().collect();
+        for c in &ids {
+            if let Some(info) = self.chunks.remove(c) {
+                self.garbage_bytes -= info.bytes;
+            }
+        }
+        ids
+    }
+
+    /// A chunk whose file was removed (damaged): it holds no bytes any more.
+    fn forget_chunk(&mut self, c: ChunkId) {
+        if let Some(info) = self.chunks.get_mut(&c) {
+            if info.refs == 0 {
+                self.garbage_bytes -= info.bytes;
+            } else {
+                self.bytes -= info.bytes;
+            }
+            info.bytes = 0;
+        }
+    }
+
     fn remove(&mut self, id: EntryId) -> Option<SsdEntry> {
         let e = self.entries.remove(&id)?;
         self.bytes -= e.bytes;
         self.prefix.remove(id);
+        for &c in e.chunks.iter() {
+            self.drop_ref(c);
+        }
         Some(e)
     }
 
-    /// Removes the entry and its file.
+    /// Removes the entry and its file (its chunks become garbage when no entry is left).
     fn delete(&mut self, id: EntryId) {
         if let Some(e) = self.remove(id) {
-            remove_quietly(&e.path);
+            guard::remove_ours(&e.path, format::MAGIC);
         }
     }
 
@@ -246,15 +377,20 @@ fn open_regular(path: &Path) -> Result<(File, fs::Metadata)> {
     Ok((f, meta))
 }
 
-/// Removes a crashed writer's `.tmp`; false when it was already gone (or cannot be removed).
-fn remove_orphan(path: &Path) -> bool {
-    match fs::remove_file(path) {
-        Ok(()) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove an orphan cache file");
-            false
+/// Whether `path` still names the file open as `f` (not removed or replaced since).
+fn still_there(f: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (f.metadata(), fs::symlink_metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
         }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = f;
+        path.is_file()
     }
 }
 
@@ -295,16 +431,33 @@ fn entry_file_name(ns: &str, tokens: &[u32]) -> String {
     format!("{:032x}.{EXTENSION}", xxhash_rust::xxh3::xxh3_128(&bytes))
 }
 
+/// Why a restore failed.
+enum ReadFailure {
+    /// The entry file itself.
+    Entry(CacheError),
+    /// A chunk the entry refers to; `entry_still_there` says whether the entry file we read is
+    /// still in place (else another process removed it, and its chunks with it).
+    Chunk {
+        id: ChunkId,
+        error: CacheError,
+        entry_still_there: bool,
+    },
+}
+
 /// The SSD tier.
 pub struct SsdTier {
     dir: PathBuf,
+    chunk_dir: PathBuf,
     cfg: SsdConfig,
     index: Mutex<Index>,
     /// Our owner id and its held lock (who may remove which `.tmp` file).
     owner: Owner,
+    /// Tokens per chunk of new entries (0: each entry holds all of its rows).
+    chunk_tokens: AtomicUsize,
     restores: AtomicU64,
     restore_failures: AtomicU64,
     stores: AtomicU64,
+    bytes_written: AtomicU64,
     store_failures: AtomicU64,
     evictions: AtomicU64,
     superseded: AtomicU64,
@@ -312,7 +465,10 @@ pub struct SsdTier {
     warned: AtomicBool,
     tmp_seq: AtomicU64,
     /// Files [`SsdTier::refresh`] could not index (not read again while they stay).
-    unreadable: Mutex<std::collections::HashSet<PathBuf>>,
+    unreadable: Mutex<HashSet<PathBuf>>,
+    /// Whether the start-up scan has indexed everything (chunk reference counts are complete
+    /// only then, so no chunk is removed before).
+    scanned: AtomicBool,
     /// The start-up scan's report, once it is done.
     scan: Mutex<Option<ScanReport>>,
     scan_done: Condvar,
@@ -380,17 +536,24 @@ impl SsdTier {
                 cfg.fingerprint
             )));
         }
+        // The root is the operator's path (it may be a link they made); everything below it
+        // is ours and never a link.
+        fs::create_dir_all(&cfg.root).map_err(CacheError::io("create", &cfg.root))?;
         let dir = cfg.root.join(&cfg.fingerprint);
-        fs::create_dir_all(&dir).map_err(CacheError::io("create", &dir))?;
+        guard::own_dir(&dir)?;
+        guard::warn_if_shared_writable(&dir);
         let owner = Owner::acquire(&dir)?;
         Ok(SsdTier {
+            chunk_dir: guard::chunk_dir(&dir),
             dir,
             cfg,
             index: Mutex::new(Index::default()),
             owner,
+            chunk_tokens: AtomicUsize::new(CHUNK_TOKENS),
             restores: AtomicU64::new(0),
             restore_failures: AtomicU64::new(0),
             stores: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
             store_failures: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -398,54 +561,18 @@ impl SsdTier {
             warned: AtomicBool::new(false),
             tmp_seq: AtomicU64::new(0),
             unreadable: Mutex::default(),
+            scanned: AtomicBool::new(false),
             scan: Mutex::new(None),
             scan_done: Condvar::new(),
         })
     }
 
-    /// Indexes the fingerprint directory, entry by entry (the index is locked per entry
-    /// only, so lookups and stores go on meanwhile), evicts to the cap and records the
-    /// report.
-    fn run_scan(&self) -> ScanReport {
-        let started = Instant::now();
-        let report = scan(&self.dir, &self.cfg, &self.owner, |entry| {
-            let mut ix = self.index();
-            // A store during the scan may have indexed this very file already.
-            if ix.prefix.exact(&entry.ns, &entry.tokens).is_empty() {
-                ix.insert(entry);
-            }
-        });
-        let report = match report {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot scan the SSD cache directory; it starts empty");
-                ScanReport::default()
-            }
-        };
-        let report = {
-            let mut ix = self.index();
-            let evicted = self.evict_to_cap(&mut ix, None);
-            ScanReport {
-                evicted,
-                entries: ix.entries.len(),
-                bytes: ix.bytes,
-                ..report
-            }
-        };
-        tracing::info!(
-            dir = %self.dir.display(),
-            entries = report.entries,
-            mib = report.bytes >> 20,
-            orphans = report.removed_orphans,
-            corrupt = report.removed_corrupt,
-            mismatched = report.removed_mismatched + report.removed_unsupported,
-            skipped = report.skipped_not_files,
-            took_ms = started.elapsed().as_millis() as u64,
-            "SSD cache scanned"
-        );
-        *self.scan.lock().unwrap_or_else(|p| p.into_inner()) = Some(report.clone());
-        self.scan_done.notify_all();
-        report
+    /// Sets the chunk size of entries stored from now on, in tokens (default
+    /// [`CHUNK_TOKENS`]); 0 makes each entry hold all of its rows, as format 2 did (for
+    /// comparisons). Entries of any chunk size are read alike.
+    pub fn set_chunk_tokens(&self, tokens: usize) {
+        self.chunk_tokens
+            .store(tokens.min(format::MAX_CHUNK_TOKENS), Ordering::Relaxed);
     }
 
     fn index(&self) -> MutexGuard<'_, Index> {
@@ -462,6 +589,10 @@ impl SsdTier {
         &self.cfg
     }
 
+    fn chunk_path(&self, id: ChunkId) -> PathBuf {
+        self.chunk_dir.join(chunks::file_name(id))
+    }
+
     /// Counters.
     pub fn counters(&self) -> SsdCounters {
         let ix = self.index();
@@ -473,11 +604,13 @@ impl SsdTier {
                 .values()
                 .filter(|e| e.checkpoint.is_some())
                 .count(),
-            bytes: ix.bytes,
+            chunks: ix.chunks.len(),
+            bytes: ix.bytes + ix.garbage_bytes,
             max_bytes: self.cfg.max_bytes,
             restores: self.restores.load(o),
             restore_failures: self.restore_failures.load(o),
             stores: self.stores.load(o),
+            bytes_written: self.bytes_written.load(o),
             store_failures: self.store_failures.load(o),
             evictions: self.evictions.load(o),
             superseded: self.superseded.load(o),
@@ -495,6 +628,11 @@ impl SsdTier {
     /// Every indexed entry (for tests and diagnostics).
     pub fn entries(&self) -> Vec<SsdEntry> {
         self.index().entries.values().cloned().collect()
+    }
+
+    /// How many indexed entries refer to chunk `id` (`None`: not indexed).
+    pub fn chunk_refs(&self, id: ChunkId) -> Option<usize> {
+        self.index().chunks.get(&id).map(|c| c.refs)
     }
 
     /// The entry of `ns` that can give the most tokens of `prompt` (index only, no I/O),
@@ -522,8 +660,9 @@ impl SsdTier {
             })
     }
 
-    /// Reads a matched entry, checks every hash and that the file is what the index says,
-    /// and cuts it to `m.usable` tokens. Any failure removes the file and is a miss.
+    /// Reads a matched entry and the chunks it needs, checks every hash and that the files
+    /// are what the index says, and cuts it to `m.usable` tokens. A damaged entry or chunk is
+    /// removed and the restore is a miss.
     pub fn load(&self, m: &SsdMatch) -> Result<KvSnapshot> {
         let started = Instant::now();
         let Some(entry) = self.index().entries.get(&m.id).cloned() else {
@@ -532,9 +671,22 @@ impl SsdTier {
                 reason: "the entry left the SSD index".into(),
             });
         };
+        let gone = |source: std::io::Error| {
+            let mut ix = self.index();
+            if ix.entries.get(&m.id).is_some_and(|x| x.path == entry.path) {
+                ix.remove(m.id);
+            }
+            drop(ix);
+            self.collect_garbage();
+            CacheError::Io {
+                op: "open",
+                path: entry.path.clone(),
+                source,
+            }
+        };
         match self.read_entry(&entry, m.usable) {
             Ok(snap) => {
-                if let Ok(f) = OpenOptions::new().write(true).open(&entry.path) {
+                if let Some(f) = guard::open_write(&entry.path) {
                     let now = SystemTime::now();
                     if f.set_modified(now).is_ok() {
                         if let Some(e) = self.index().entries.get_mut(&m.id) {
@@ -549,39 +701,81 @@ impl SsdTier {
             }
             // Another process sharing the directory removed it (evicted or superseded): a
             // miss, and the entry leaves our index.
-            Err(CacheError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(ReadFailure::Entry(CacheError::Io { source, .. }))
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
                 tracing::debug!(path = %entry.path.display(), "SSD cache entry removed by another process");
-                let mut ix = self.index();
-                if ix.entries.get(&m.id).is_some_and(|x| x.path == entry.path) {
-                    ix.remove(m.id);
-                }
-                Err(CacheError::Io {
-                    op: "open",
-                    path: entry.path.clone(),
-                    source,
-                })
+                Err(gone(source))
             }
-            Err(e) => {
+            // The entry went away while we read it, and its chunks with it: the same.
+            Err(ReadFailure::Chunk {
+                entry_still_there: false,
+                ..
+            }) => {
+                tracing::debug!(path = %entry.path.display(), "SSD cache entry removed by another process while restored");
+                let still = entry.path.exists();
+                if still {
+                    return Err(CacheError::Value {
+                        op: "load",
+                        reason: "the entry was replaced while restored".into(),
+                    });
+                }
+                Err(gone(std::io::ErrorKind::NotFound.into()))
+            }
+            Err(ReadFailure::Entry(e)) => {
                 tracing::warn!(error = %e, "SSD cache entry unusable; removed");
                 self.restore_failures.fetch_add(1, Ordering::Relaxed);
                 let mut ix = self.index();
                 if ix.entries.get(&m.id).is_some_and(|x| x.path == entry.path) {
                     ix.delete(m.id);
                 }
+                drop(ix);
+                self.collect_garbage();
                 Err(e)
+            }
+            Err(ReadFailure::Chunk { id, error, .. }) => {
+                tracing::warn!(error = %error, "SSD cache chunk unusable; the entry is removed");
+                self.restore_failures.fetch_add(1, Ordering::Relaxed);
+                let missing = matches!(&error, CacheError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+                let mut ix = self.index();
+                if !missing && guard::remove_ours(&self.chunk_path(id), format::CHUNK_MAGIC) {
+                    ix.forget_chunk(id);
+                }
+                if ix.entries.get(&m.id).is_some_and(|x| x.path == entry.path) {
+                    ix.delete(m.id);
+                }
+                drop(ix);
+                self.collect_garbage();
+                Err(error)
             }
         }
     }
 
-    fn read_entry(&self, entry: &SsdEntry, usable: usize) -> Result<KvSnapshot> {
-        let path = &entry.path;
+    /// Reads the entry file at `path` whole, with the chunks it refers to, checking every
+    /// hash (for diagnostics and tests; nothing is indexed, touched or removed).
+    pub fn read_entry_file(&self, path: &Path) -> Result<KvSnapshot> {
         let (mut f, _) = open_regular(path)?;
         let h = format::read_header(&mut f, path)?;
-        let mismatch = |field, found: String, expected: String| CacheError::Mismatch {
-            path: path.clone(),
-            field,
-            found,
-            expected,
+        let snap = self
+            .assemble(&mut f, path, &h, h.tokens.len())
+            .map_err(|e| match e {
+                ReadFailure::Entry(e) | ReadFailure::Chunk { error: e, .. } => e,
+            })?;
+        snap.validate()?;
+        Ok(snap)
+    }
+
+    fn read_entry(&self, entry: &SsdEntry, usable: usize) -> Result<KvSnapshot, ReadFailure> {
+        let path = &entry.path;
+        let (mut f, _) = open_regular(path).map_err(ReadFailure::Entry)?;
+        let h = format::read_header(&mut f, path).map_err(ReadFailure::Entry)?;
+        let mismatch = |field, found: String, expected: String| {
+            ReadFailure::Entry(CacheError::Mismatch {
+                path: path.clone(),
+                field,
+                found,
+                expected,
+            })
         };
         if h.fingerprint != self.cfg.fingerprint {
             return Err(mismatch(
@@ -600,10 +794,204 @@ impl SsdTier {
                 format!("{} tokens", entry.tokens.len()),
             ));
         }
-        let mut snap = format::read_payload(&mut f, path, &h)?;
-        snap.validate()?;
-        snap.trim(usable)?;
+        let snap = self.assemble(&mut f, path, &h, usable)?;
+        snap.validate().map_err(ReadFailure::Entry)?;
         Ok(snap)
+    }
+
+    /// The KV of the first `usable` tokens of entry `h` (open as `f`): the rows the entry
+    /// holds, and those of the chunks it refers to up to `usable`.
+    fn assemble(
+        &self,
+        f: &mut File,
+        path: &Path,
+        h: &FileHeader,
+        usable: usize,
+    ) -> Result<KvSnapshot, ReadFailure> {
+        let max_start = h.layers.iter().map(|l| l.start).max().unwrap_or(0);
+        if usable > h.tokens.len() || usable < h.trim_floor().max(max_start) {
+            return Err(ReadFailure::Entry(CacheError::InvalidSnapshot(format!(
+                "cannot cut {} tokens to {usable} (shortest possible {})",
+                h.tokens.len(),
+                h.trim_floor().max(max_start)
+            ))));
+        }
+        let no_groups = Vec::new();
+        let groups = h.chunks.as_ref().map_or(&no_groups, |c| &c.groups);
+        let needed: Vec<ChunkRef> = chunks::refs(h)
+            .into_iter()
+            .filter(|r| r.from < usable)
+            .collect();
+        let chunk_failure = |f: &File, id, error| ReadFailure::Chunk {
+            id,
+            error,
+            entry_still_there: still_there(f, path),
+        };
+        // Every chunk needed must be a file at least as long as the rows it is to give, so
+        // nothing is allocated for rows no file holds.
+        for r in &needed {
+            let p = self.chunk_path(r.id);
+            let len = match fs::symlink_metadata(&p) {
+                Ok(m) if m.is_file() => m.len(),
+                Ok(_) => return Err(chunk_failure(f, r.id, CacheError::NotAFile { path: p })),
+                Err(e) => return Err(chunk_failure(f, r.id, CacheError::io("open", &p)(e))),
+            };
+            let claimed = groups[r.group]
+                .layers
+                .iter()
+                .map(|&i| {
+                    let l = &h.layers[i];
+                    ((l.kv_heads * l.head_dim) as u64).saturating_mul(8 * (r.to - r.from) as u64)
+                })
+                .fold(0u64, u64::saturating_add);
+            if claimed > len {
+                let e = CacheError::Corrupt {
+                    path: p,
+                    reason: format!("{len} bytes cannot hold the {claimed} its entry needs"),
+                };
+                return Err(chunk_failure(f, r.id, e));
+            }
+        }
+        if !needed.is_empty() {
+            // Never read through a link put in place of the chunk directory.
+            guard::check_own_dir(&self.chunk_dir).map_err(|e| ReadFailure::Chunk {
+                id: needed[0].id,
+                error: e,
+                entry_still_there: false,
+            })?;
+        }
+        let inline = format::read_inline(f, path, h).map_err(ReadFailure::Entry)?;
+        let mut layers: Vec<LayerSnapshot> = Vec::with_capacity(h.layers.len());
+        for (i, (l, (keys, values))) in h.layers.iter().zip(&inline.layers).enumerate() {
+            let row = l.kv_heads * l.head_dim;
+            let head_end = h.chunked(i).map_or(usable, |(from, _)| from.min(usable));
+            let mut layer = LayerSnapshot {
+                start: l.start,
+                len: usable,
+                kv_heads: l.kv_heads,
+                head_dim: l.head_dim,
+                window: l.window,
+                keys: Vec::with_capacity((usable - l.start) * row),
+                values: Vec::with_capacity((usable - l.start) * row),
+            };
+            let head = (head_end - l.start) * row;
+            layer.keys.extend_from_slice(&keys[..head]);
+            layer.values.extend_from_slice(&values[..head]);
+            layers.push(layer);
+        }
+        for r in &needed {
+            let group = &groups[r.group];
+            let data = self
+                .read_chunk(h, r, group)
+                .map_err(|e| chunk_failure(f, r.id, e))?;
+            let take = r.to.min(usable) - r.from;
+            for (&i, (keys, values)) in group.layers.iter().zip(data) {
+                let n = take * layers[i].row();
+                layers[i].keys.extend_from_slice(&keys[..n]);
+                layers[i].values.extend_from_slice(&values[..n]);
+            }
+        }
+        for (i, (l, (keys, values))) in h.layers.iter().zip(&inline.layers).enumerate() {
+            if let Some((from, to)) = h.chunked(i) {
+                if usable > to {
+                    let row = l.kv_heads * l.head_dim;
+                    let at = (from - l.start) * row;
+                    let n = (usable - to) * row;
+                    layers[i].keys.extend_from_slice(&keys[at..at + n]);
+                    layers[i].values.extend_from_slice(&values[at..at + n]);
+                }
+            }
+        }
+        Ok(KvSnapshot {
+            layers,
+            recurrent: inline.recurrent,
+        })
+    }
+
+    /// Reads chunk `r` of entry `h` and checks it is the one the entry means: fingerprint,
+    /// namespace, position, tokens, the prefix before it, and the group's layers.
+    fn read_chunk(
+        &self,
+        h: &FileHeader,
+        r: &ChunkRef,
+        group: &format::ChunkGroup,
+    ) -> Result<Vec<(Vec<f32>, Vec<f32>)>> {
+        let path = self.chunk_path(r.id);
+        let (mut f, _) = open_regular(&path)?;
+        let c = format::read_chunk_header(&mut f, &path)?;
+        let refs = h.chunks.as_ref();
+        let window = group.layers.first().and_then(|&i| h.layers[i].window);
+        let shapes_match = c.layers.len() == group.layers.len()
+            && c.layers.iter().zip(&group.layers).all(|(cl, &i)| {
+                let l = &h.layers[i];
+                cl.index == i && cl.kv_heads == l.kv_heads && cl.head_dim == l.head_dim
+            });
+        let checks: [(&'static str, bool); 6] = [
+            ("fingerprint", c.fingerprint == self.cfg.fingerprint),
+            (
+                "namespace",
+                refs.is_some_and(|x| x.kv_namespace == c.kv_namespace),
+            ),
+            ("position", c.from == r.from && c.to == r.to),
+            ("tokens", c.tokens[..] == h.tokens[r.from..r.to]),
+            ("prefix", c.parent == format!("{:032x}", r.parent)),
+            ("layers", shapes_match && c.window == window),
+        ];
+        if let Some((field, _)) = checks.iter().find(|(_, ok)| !ok) {
+            return Err(CacheError::Mismatch {
+                path,
+                field,
+                found: "another chunk".into(),
+                expected: "the entry's".into(),
+            });
+        }
+        format::read_chunk_payload(&mut f, &path, &c)
+    }
+
+    /// Checks the chunk file at `path` on its own, payload included (for diagnostics and
+    /// tests): it must be whole, of our fingerprint, and named by its contents.
+    pub fn check_chunk_file(&self, path: &Path) -> Result<u64> {
+        let id = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(chunks::parse_file_name)
+            .ok_or_else(|| CacheError::Mismatch {
+                path: path.to_path_buf(),
+                field: "file name",
+                found: path.display().to_string(),
+                expected: "a chunk's name".into(),
+            })?;
+        self.check_chunk(id, path, true)
+    }
+
+    /// Reads a chunk file on its own: its header must be whole and name the file, and be of
+    /// our fingerprint; with `verify`, its payload must match its hashes. Returns its length.
+    fn check_chunk(&self, id: ChunkId, path: &Path, verify: bool) -> Result<u64> {
+        let (mut f, meta) = open_regular(path)?;
+        let c = format::read_chunk_header(&mut f, path)?;
+        let parent = chunks::is_hex32(&c.parent)
+            .then(|| u128::from_str_radix(&c.parent, 16).ok())
+            .flatten();
+        if parent.map(|p| chunks::link(p, &c.tokens)) != Some(id) {
+            return Err(CacheError::Mismatch {
+                path: path.to_path_buf(),
+                field: "file name",
+                found: chunks::file_name(id),
+                expected: "the chunk's hash".into(),
+            });
+        }
+        if c.fingerprint != self.cfg.fingerprint {
+            return Err(CacheError::Mismatch {
+                path: path.to_path_buf(),
+                field: "fingerprint",
+                found: c.fingerprint,
+                expected: self.cfg.fingerprint.clone(),
+            });
+        }
+        if verify {
+            format::verify_chunk(&mut f, path, &c)?;
+        }
+        Ok(meta.len())
     }
 
     /// Writes an entry for `tokens` of `ns` (a checkpoint when `checkpoint` is set),
@@ -618,8 +1006,9 @@ impl SsdTier {
     ) -> Result<StoreOutcome> {
         let result = self.store_inner(ns, tokens, snap, checkpoint);
         match &result {
-            Ok(StoreOutcome::Stored { .. }) => {
+            Ok(StoreOutcome::Stored { bytes, .. }) => {
                 self.stores.fetch_add(1, Ordering::Relaxed);
+                self.bytes_written.fetch_add(*bytes, Ordering::Relaxed);
                 self.warned.store(false, Ordering::Relaxed);
             }
             Ok(StoreOutcome::AlreadyDurable) => {}
@@ -652,45 +1041,26 @@ impl SsdTier {
             tokens,
             checkpoint,
         };
-        let header = format::plan(&label, snap, now_ms())?;
-        if self.cfg.max_bytes > 0 && header.file_bytes > self.cfg.max_bytes {
-            return Err(CacheError::TooLarge {
-                tier: "ssd",
-                bytes: header.file_bytes,
-                limit: self.cfg.max_bytes,
-            });
-        }
-        let ns_dir = self.dir.join(dir_name(ns));
-        if !ns_dir.is_dir() {
-            fs::create_dir_all(&ns_dir).map_err(CacheError::io("create", &ns_dir))?;
-            sync_dir(&self.dir)?;
-        }
-        let name = entry_file_name(ns, tokens);
-        let path = match self.write_atomic(&ns_dir, &name, &header, snap) {
+        let chunk_tokens = self.chunk_tokens.load(Ordering::Relaxed);
+        // A checkpoint's prompt was computed under its cache namespace: its chunks are the
+        // prompt's.
+        let kv_namespace = checkpoint.map_or(ns, |c| c.cache_namespace.as_str());
+        let refs = Some(ChunkRefs {
+            chunk_tokens,
+            kv_namespace: kv_namespace.to_string(),
+            groups: chunks::groups(snap, chunk_tokens),
+        });
+        let header = format::plan(&label, snap, now_ms(), refs)?;
+        let refs = chunks::refs(&header);
+        let (id, bytes) = match self.commit(&header, &refs, snap) {
             Err(e) if e.is_disk_full() => {
-                let freed = self.make_room(header.file_bytes);
+                let freed = self.make_room(snap.byte_size() as u64 + header.file_bytes);
                 tracing::info!(freed, "SSD cache disk full: evicted old entries, retrying");
-                self.write_atomic(&ns_dir, &name, &header, snap)?
+                self.commit(&header, &refs, snap)?
             }
             other => other?,
         };
-        let mtime = fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .unwrap_or_else(|_| SystemTime::now());
         let mut ix = self.index();
-        for id in ix.prefix.exact(ns, tokens) {
-            // The same name: the rename replaced that file.
-            ix.remove(id);
-        }
-        let id = ix.insert(SsdEntry {
-            ns: ns.into(),
-            tokens: tokens.into(),
-            path: path.clone(),
-            bytes: header.file_bytes,
-            mtime,
-            trim_floor: header.trim_floor(),
-            checkpoint: checkpoint.cloned(),
-        });
         let mut superseded = 0;
         let new_floor = header.trim_floor();
         for anc in ix.prefix.ancestors(ns, tokens) {
@@ -710,59 +1080,324 @@ impl SsdTier {
         self.superseded
             .fetch_add(superseded as u64, Ordering::Relaxed);
         let evicted = self.evict_to_cap(&mut ix, Some(id));
+        drop(ix);
+        // The writer's own thread: it may wait a little for other stores, so the disk stays
+        // under the cap.
+        self.collect_garbage_within(GC_WAIT);
         Ok(StoreOutcome::Stored {
-            bytes: header.file_bytes,
+            bytes,
             superseded,
             evicted,
         })
     }
 
+    /// Writes the chunks `refs` names that are not on disk yet, then the entry file, and
+    /// indexes the entry, all under the shared chunk lock: no process removes a chunk this
+    /// entry reuses before the entry is on disk and in the index. Returns the entry's id and
+    /// the bytes written.
+    fn commit(
+        &self,
+        header: &FileHeader,
+        refs: &[ChunkRef],
+        snap: &KvSnapshot,
+    ) -> Result<(EntryId, u64)> {
+        let ns = header.namespace.as_str();
+        let ns_dir = self.dir.join(dir_name(ns));
+        if guard::own_dir(&ns_dir)? {
+            sync_dir(&self.dir)?;
+        }
+        let _shared = if refs.is_empty() {
+            None
+        } else {
+            if guard::own_dir(&self.chunk_dir)? {
+                sync_dir(&self.dir)?;
+            }
+            Some(self.lock_chunks_shared()?)
+        };
+        let known: Vec<bool> = {
+            let ix = self.index();
+            refs.iter()
+                .map(|r| ix.chunks.get(&r.id).is_some_and(|c| c.bytes > 0))
+                .collect()
+        };
+        // Which chunks are on disk already (another entry's, or another process's): those
+        // are kept; the rest are planned.
+        let mut sizes = Vec::with_capacity(refs.len());
+        let mut new: Vec<(usize, ChunkHeader)> = Vec::new();
+        let chunk_refs = header.chunks.as_ref();
+        for (k, r) in refs.iter().enumerate() {
+            let path = self.chunk_path(r.id);
+            let on_disk = match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() && known[k] => Some(m.len()),
+                // Not indexed here: read before it is relied on.
+                Ok(m) if m.is_file() => self.check_chunk(r.id, &path, false).ok(),
+                Ok(_) => return Err(CacheError::NotAFile { path }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(CacheError::io("stat", &path)(e)),
+            };
+            match on_disk {
+                Some(bytes) => sizes.push(bytes),
+                None => {
+                    let group = &chunk_refs.map_or(&[][..], |c| &c.groups[..])[r.group];
+                    let label = ChunkLabel {
+                        fingerprint: &self.cfg.fingerprint,
+                        kv_namespace: chunk_refs.map_or("", |c| c.kv_namespace.as_str()),
+                        parent: r.parent,
+                        from: r.from,
+                        tokens: &header.tokens[r.from..r.to],
+                        window: header.layers[group.layers[0]].window,
+                        layers: &group.layers,
+                    };
+                    let c = format::plan_chunk(&label, snap)?;
+                    sizes.push(c.file_bytes);
+                    new.push((k, c));
+                }
+            }
+        }
+        let footprint = header.file_bytes + sizes.iter().sum::<u64>();
+        if self.cfg.max_bytes > 0 && footprint > self.cfg.max_bytes {
+            return Err(CacheError::TooLarge {
+                tier: "ssd",
+                bytes: footprint,
+                limit: self.cfg.max_bytes,
+            });
+        }
+        let name = entry_file_name(ns, &header.tokens);
+        let write_entry =
+            || self.write_tmp(&ns_dir, &name, |f, p| format::write(f, p, header, snap));
+        // The entry's temporary file is written and fsynced while the chunks are; it is
+        // renamed into place only once they are.
+        let (entry_tmp, (renamed, failed)) = if new.is_empty() {
+            (write_entry(), (Vec::new(), None))
+        } else {
+            std::thread::scope(|s| {
+                let entry = s.spawn(write_entry);
+                let chunks = self.write_chunks(refs, &new, snap);
+                let entry = entry.join().unwrap_or_else(|_| {
+                    Err(CacheError::Value {
+                        op: "write",
+                        reason: "the entry writer panicked".into(),
+                    })
+                });
+                (entry, chunks)
+            })
+        };
+        let mut written: u64 = renamed.iter().map(|(_, b)| b).sum();
+        let result = (|| {
+            let tmp = entry_tmp?;
+            let path = ns_dir.join(&name);
+            let placed = (|| {
+                if let Some(e) = failed {
+                    return Err(e);
+                }
+                if !new.is_empty() {
+                    sync_dir(&self.chunk_dir)?;
+                }
+                fs::rename(&tmp, &path).map_err(CacheError::io("rename", &tmp))
+            })();
+            if let Err(e) = placed {
+                remove_quietly(&tmp);
+                return Err(e);
+            }
+            if let Err(e) = sync_dir(&ns_dir) {
+                remove_quietly(&path);
+                return Err(e);
+            }
+            Ok(path)
+        })();
+        let path = match result {
+            Ok(path) => path,
+            Err(e) => {
+                // Chunks already in place are left to the collector: another store may have
+                // found them since.
+                let mut ix = self.index();
+                for (id, bytes) in renamed {
+                    ix.add_unreferenced(id, bytes);
+                }
+                return Err(e);
+            }
+        };
+        written += header.file_bytes;
+        let mtime = fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .unwrap_or_else(|_| SystemTime::now());
+        let mut ix = self.index();
+        // The same name: the rename replaced that file (indexed first, so its chunks never
+        // look unreferenced in between).
+        let replaced = ix.prefix.exact(ns, &header.tokens);
+        let id = ix.insert(
+            SsdEntry {
+                ns: ns.into(),
+                tokens: header.tokens.clone().into(),
+                path,
+                bytes: header.file_bytes,
+                mtime,
+                trim_floor: header.trim_floor(),
+                checkpoint: header.checkpoint.clone(),
+                chunks: refs.iter().map(|r| r.id).collect(),
+            },
+            &sizes,
+        );
+        for old in replaced {
+            ix.remove(old);
+        }
+        Ok((id, written))
+    }
+
+    /// Writes the chunk files `new` (planned chunks of `refs`) atomically, several at once
+    /// (each is fsynced before its rename, and fsyncs of files written together cost about
+    /// one). Returns the chunks now in place and the first error, if any.
+    fn write_chunks(
+        &self,
+        refs: &[ChunkRef],
+        new: &[(usize, ChunkHeader)],
+        snap: &KvSnapshot,
+    ) -> (Vec<(ChunkId, u64)>, Option<CacheError>) {
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let done = Mutex::new((Vec::with_capacity(new.len()), None));
+        let work = || {
+            while !stop.load(Ordering::Relaxed) {
+                let Some((k, c)) = new.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return;
+                };
+                let id = refs[*k].id;
+                let result = self.write_atomic(&self.chunk_dir, &chunks::file_name(id), |f, p| {
+                    format::write_chunk(f, p, c, snap)
+                });
+                let mut done = done.lock().unwrap_or_else(|p| p.into_inner());
+                match result {
+                    Ok(_) => done.0.push((id, c.file_bytes)),
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        done.1.get_or_insert(e);
+                    }
+                }
+            }
+        };
+        let threads = new.len().min(CHUNK_WRITERS);
+        if threads <= 1 {
+            work();
+        } else {
+            std::thread::scope(|s| {
+                for _ in 1..threads {
+                    s.spawn(work);
+                }
+                work();
+            });
+        }
+        done.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes `name` in `dir` atomically: a temporary file of ours, written by `write`,
+    /// fsynced, then renamed into place. The directory is not fsynced here.
     fn write_atomic(
         &self,
         dir: &Path,
         name: &str,
-        header: &FileHeader,
-        snap: &KvSnapshot,
+        write: impl FnOnce(&mut File, &Path) -> Result<u64>,
     ) -> Result<PathBuf> {
+        let tmp = self.write_tmp(dir, name, write)?;
         let path = dir.join(name);
+        match fs::rename(&tmp, &path) {
+            Ok(()) => Ok(path),
+            Err(e) => {
+                remove_quietly(&tmp);
+                Err(CacheError::io("rename", &tmp)(e))
+            }
+        }
+    }
+
+    /// Writes a temporary file of ours for `name` in `dir` with `write` and fsyncs it;
+    /// returns its path (it is removed on failure).
+    fn write_tmp(
+        &self,
+        dir: &Path,
+        name: &str,
+        write: impl FnOnce(&mut File, &Path) -> Result<u64>,
+    ) -> Result<PathBuf> {
         let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(self.owner.tmp_name(name, seq));
-        let mut renamed = false;
         let result = (|| {
+            // `create_new` never follows a link planted at the name.
             let mut f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .open(&tmp)
                 .map_err(CacheError::io("create", &tmp))?;
-            format::write(&mut f, &tmp, header, snap)?;
-            f.sync_all().map_err(CacheError::io("fsync", &tmp))?;
-            drop(f);
-            fs::rename(&tmp, &path).map_err(CacheError::io("rename", &tmp))?;
-            renamed = true;
-            sync_dir(dir)
+            write(&mut f, &tmp)?;
+            f.sync_all().map_err(CacheError::io("fsync", &tmp))
         })();
         match result {
-            Ok(()) => Ok(path),
+            Ok(()) => Ok(tmp),
             Err(e) => {
                 remove_quietly(&tmp);
-                if renamed {
-                    remove_quietly(&path);
-                }
                 Err(e)
             }
         }
     }
 
-    /// Evicts our oldest entries until `needed` bytes are freed (a full disk).
+    fn chunk_lock_file(&self) -> Result<File> {
+        let path = self.dir.join(CHUNK_LOCK);
+        owner::open_lock_file(&path, true).map_err(CacheError::io("open", &path))
+    }
+
+    /// The shared chunk lock (held while a store relies on chunks being on disk).
+    fn lock_chunks_shared(&self) -> Result<File> {
+        let f = self.chunk_lock_file()?;
+        f.lock_shared()
+            .map_err(CacheError::io("lock", self.dir.join(CHUNK_LOCK)))?;
+        Ok(f)
+    }
+
+    /// Removes the chunks no entry refers to, if the exclusive chunk lock is free now (else
+    /// later; see [`SsdTier::collect_garbage_within`]).
+    fn collect_garbage(&self) -> usize {
+        self.collect_garbage_within(Duration::ZERO)
+    }
+
+    /// Removes the chunks no entry refers to, waiting up to `wait` for the exclusive chunk
+    /// lock (other processes' stores hold it shared; if it stays taken, the chunks wait for a
+    /// later call). Under the lock the directory is re-read first, so chunks that entries of
+    /// other processes refer to are kept. Returns how many files were removed.
+    fn collect_garbage_within(&self, wait: Duration) -> usize {
+        if !self.scanned.load(Ordering::Acquire) || self.index().garbage.is_empty() {
+            return 0;
+        }
+        let Ok(lock) = self.chunk_lock_file() else {
+            return 0;
+        };
+        let deadline = Instant::now() + wait;
+        while lock.try_lock().is_err() {
+            if Instant::now() >= deadline {
+                return 0;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.sync_with_disk();
+        let victims = self.index().take_garbage();
+        let removed = victims
+            .into_iter()
+            .filter(|&id| guard::remove_ours(&self.chunk_path(id), format::CHUNK_MAGIC))
+            .count();
+        drop(lock);
+        removed
+    }
+
+    /// Evicts our oldest entries until `needed` bytes are freed (a full disk), and removes
+    /// the chunks they alone referred to.
     fn make_room(&self, needed: u64) -> u64 {
         let mut ix = self.index();
         let mut freed = 0;
         while freed < needed {
             let Some(id) = ix.oldest(None) else { break };
-            freed += ix.entries[&id].bytes;
+            let before = ix.bytes;
             ix.delete(id);
+            freed += before - ix.bytes;
             self.evictions.fetch_add(1, Ordering::Relaxed);
         }
+        drop(ix);
+        self.collect_garbage_within(GC_WAIT);
         freed
     }
 
@@ -772,7 +1407,7 @@ impl SsdTier {
             return 0;
         }
         // Each entry's time is re-read at most once per call, so the loop ends.
-        let mut rechecked = std::collections::HashSet::new();
+        let mut rechecked = HashSet::new();
         while ix.bytes > self.cfg.max_bytes {
             let Some(id) = ix.oldest(keep) else { break };
             if rechecked.insert(id) {
@@ -843,98 +1478,15 @@ impl SsdTier {
         if !ids.is_empty() {
             // Only removes the directory when it is empty.
             let _ = fs::remove_dir(self.dir.join(dir_name(&ns)));
+            self.collect_garbage();
         }
         ids.len()
     }
 }
 
-/// Reads our fingerprint directory, handing each usable entry to `insert`. A `.tmp` file is a
-/// write a crash interrupted and is removed, unless its owner is alive (this tier, or
-/// another process sharing the directory that holds its owner lock).
-fn scan(
-    dir: &Path,
-    cfg: &SsdConfig,
-    owner: &Owner,
-    mut insert: impl FnMut(SsdEntry),
-) -> Result<ScanReport> {
-    let mut report = ScanReport {
-        removed_stale_locks: owner::remove_stale_locks(dir, owner),
-        ..ScanReport::default()
-    };
-    let subdirs = fs::read_dir(dir).map_err(CacheError::io("list", dir))?;
-    for sub in subdirs.flatten() {
-        let sub_path = sub.path();
-        if !sub.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let Some(sub_name) = sub_path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        let Ok(files) = fs::read_dir(&sub_path) else {
-            tracing::warn!(dir = %sub_path.display(), "cannot list an SSD cache directory");
-            continue;
-        };
-        for file in files.flatten() {
-            let path = file.path();
-            let name = file.file_name().to_string_lossy().into_owned();
-            // Only regular files are ours: a directory, FIFO, socket, device or symbolic link
-            // (whatever its name) is left alone without a word. `open_regular` checks again
-            // after opening, for a file swapped in between.
-            if !file.file_type().is_ok_and(|t| t.is_file()) {
-                tracing::debug!(path = %path.display(), "not a regular file; skipped");
-                report.skipped_not_files += 1;
-                continue;
-            }
-            if name.ends_with(".tmp") {
-                if owner.liveness_of_tmp(dir, &name) == Liveness::Dead && remove_orphan(&path) {
-                    report.removed_orphans += 1;
-                }
-                continue;
-            }
-            if !name.ends_with(&format!(".{EXTENSION}")) {
-                continue;
-            }
-            match scan_file(&path, &sub_name, cfg) {
-                Ok((header, meta)) => {
-                    insert(SsdEntry {
-                        ns: header.namespace.as_str().into(),
-                        tokens: header.tokens.clone().into(),
-                        path,
-                        bytes: meta.len(),
-                        mtime: meta.modified().unwrap_or(UNIX_EPOCH),
-                        trim_floor: header.trim_floor(),
-                        checkpoint: header.checkpoint,
-                    });
-                }
-                // Removed by another process sharing the directory since the listing.
-                Err(CacheError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound => {}
-                Err(CacheError::Io { op, source, .. }) => {
-                    tracing::warn!(path = %path.display(), op, error = %source, "cannot read an SSD cache file; skipped");
-                }
-                Err(CacheError::NotAFile { .. }) => {
-                    tracing::debug!(path = %path.display(), "not a regular file; skipped");
-                    report.skipped_not_files += 1;
-                }
-                Err(e) => {
-                    match e {
-                        CacheError::UnsupportedVersion { .. } => report.removed_unsupported += 1,
-                        CacheError::Mismatch { .. } => report.removed_mismatched += 1,
-                        _ => report.removed_corrupt += 1,
-                    }
-                    tracing::warn!(error = %e, "removing an unusable SSD cache file");
-                    remove_quietly(&path);
-                }
-            }
-        }
-    }
-    Ok(report)
-}
-
+/// Reads and checks an entry file's header: our fingerprint, the namespace of its directory,
+/// the name its namespace and tokens give, and a checkpoint record exactly where the
+/// namespace says. With `cfg.verify`, the payload it holds itself is hash-checked too.
 fn scan_file(path: &Path, dir_label: &str, cfg: &SsdConfig) -> Result<(FileHeader, fs::Metadata)> {
     let (mut f, meta) = open_regular(path)?;
     let h = format::read_header(&mut f, path)?;

@@ -73,6 +73,23 @@ fn fresh_id(attempt: usize) -> String {
     format!("{}-{}-{r:08x}", host_label(), std::process::id())
 }
 
+/// Opens (with `create`, creating) a lock file for writing, never through a symbolic link
+/// and never blocking on a FIFO planted at its name.
+pub(super) fn open_lock_file(path: &Path, create: bool) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.write(true).create(create).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    }
+    let f = options.open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(f)
+}
+
 /// Whether the file at `path` is the file open as `f` (not replaced or removed since).
 fn same_file(f: &File, path: &Path) -> bool {
     #[cfg(unix)]
@@ -97,12 +114,7 @@ impl Owner {
         for attempt in 0..ACQUIRE_ATTEMPTS {
             let id = fresh_id(attempt);
             let path = lock_path(dir, &id);
-            let f = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(CacheError::io("open", &path))?;
+            let f = open_lock_file(&path, true).map_err(CacheError::io("open", &path))?;
             match f.try_lock() {
                 // A scan may have removed the file between our open and lock: then the lock
                 // is on a file nobody can find, and we try again.
@@ -133,11 +145,14 @@ impl Owner {
         format!("{name}.{}.{seq}.tmp", self.id)
     }
 
-    /// Whoever wrote the temporary file `name` (`<entry>.<owner>.<seq>.tmp`), alive or not.
-    pub fn liveness_of_tmp(&self, dir: &Path, name: &str) -> Liveness {
-        let Some(owner) = tmp_owner(name) else {
-            return Liveness::Dead;
-        };
+    /// Whoever wrote the temporary file `name` (`<file>.<owner>.<seq>.tmp`), alive or not;
+    /// `None` when the name is not one the tier gives (not ours: never removed).
+    pub fn liveness_of_tmp(&self, dir: &Path, name: &str) -> Option<Liveness> {
+        let owner = tmp_owner(name)?;
+        Some(self.liveness_of(dir, owner))
+    }
+
+    fn liveness_of(&self, dir: &Path, owner: &str) -> Liveness {
         if owner == self.id {
             return Liveness::Us;
         }
@@ -156,13 +171,9 @@ impl Drop for Owner {
     }
 }
 
-/// The owner part of a temporary file's name.
+/// The owner part of a temporary file's name, if the name is one the tier gives.
 fn tmp_owner(name: &str) -> Option<&str> {
-    let stem = name.strip_suffix(".tmp")?;
-    let (rest, seq) = stem.rsplit_once('.')?;
-    seq.parse::<u64>().ok()?;
-    let (_, owner) = rest.rsplit_once('.')?;
-    (!owner.is_empty()).then_some(owner)
+    super::guard::tmp_target(name).map(|(_, owner)| owner)
 }
 
 /// Whether a live process holds the lock of owner `id` in `dir`.
@@ -170,7 +181,7 @@ fn is_held(dir: &Path, id: &str) -> bool {
     if id.contains('/') || id.contains('\\') || id.starts_with('.') {
         return false;
     }
-    let Ok(f) = OpenOptions::new().write(true).open(lock_path(dir, id)) else {
+    let Ok(f) = open_lock_file(&lock_path(dir, id), false) else {
         return false;
     };
     matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock))
@@ -194,7 +205,7 @@ pub fn remove_stale_locks(dir: &Path, ours: &Owner) -> usize {
         if id == ours.id || !e.file_type().is_ok_and(|t| t.is_file()) {
             continue;
         }
-        let Ok(f) = OpenOptions::new().write(true).open(e.path()) else {
+        let Ok(f) = open_lock_file(&e.path(), false) else {
             continue;
         };
         // Held while removing, so the owner (had it just created the file) finds it gone
@@ -210,12 +221,19 @@ pub fn remove_stale_locks(dir: &Path, ours: &Owner) -> usize {
 mod tests {
     use super::*;
 
+    fn entry() -> String {
+        format!("{}.wkv", "ab".repeat(16))
+    }
+
     #[test]
     fn tmp_names_carry_the_owner() {
-        assert_eq!(tmp_owner("abc.wkv.h-1-0a.7.tmp"), Some("h-1-0a"));
-        assert_eq!(tmp_owner("abc.wkv.1.1.tmp"), Some("1"));
-        assert_eq!(tmp_owner("abc.wkv.tmp"), None);
-        assert_eq!(tmp_owner("abc.wkv.x.y.tmp"), None);
+        let e = entry();
+        assert_eq!(tmp_owner(&format!("{e}.h-1-0a.7.tmp")), Some("h-1-0a"));
+        assert_eq!(tmp_owner(&format!("{e}.1.1.tmp")), Some("1"));
+        assert_eq!(tmp_owner(&format!("{e}.tmp")), None);
+        assert_eq!(tmp_owner(&format!("{e}.x.y.tmp")), None);
+        // Not a name the tier gives: no owner, never taken for an orphan.
+        assert_eq!(tmp_owner("abc.wkv.h-1-0a.7.tmp"), None);
     }
 
     #[test]
@@ -225,14 +243,14 @@ mod tests {
         let b = Owner::acquire(dir.path()).unwrap();
         assert_ne!(a.id(), b.id());
         assert!(!a.id().contains('.'));
-        let a_tmp = a.tmp_name("e.wkv", 3);
-        assert_eq!(a.liveness_of_tmp(dir.path(), &a_tmp), Liveness::Us);
-        assert_eq!(b.liveness_of_tmp(dir.path(), &a_tmp), Liveness::Alive);
+        let a_tmp = a.tmp_name(&entry(), 3);
+        assert_eq!(a.liveness_of_tmp(dir.path(), &a_tmp), Some(Liveness::Us));
+        assert_eq!(b.liveness_of_tmp(dir.path(), &a_tmp), Some(Liveness::Alive));
         // A crashed owner: its lock file is there but nobody holds it.
         fs::write(lock_path(dir.path(), "gone-1-0"), b"").unwrap();
         assert_eq!(
-            b.liveness_of_tmp(dir.path(), "e.wkv.gone-1-0.0.tmp"),
-            Liveness::Dead
+            b.liveness_of_tmp(dir.path(), &format!("{}.gone-1-0.0.tmp", entry())),
+            Some(Liveness::Dead)
         );
         assert_eq!(remove_stale_locks(dir.path(), &b), 1);
         assert!(!lock_path(dir.path(), "gone-1-0").exists());
@@ -241,6 +259,6 @@ mod tests {
         let a_id = a.id().to_string();
         drop(a);
         assert!(!lock_path(dir.path(), &a_id).exists());
-        assert_eq!(b.liveness_of_tmp(dir.path(), &a_tmp), Liveness::Dead);
+        assert_eq!(b.liveness_of_tmp(dir.path(), &a_tmp), Some(Liveness::Dead));
     }
 }
