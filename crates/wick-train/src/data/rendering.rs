@@ -125,7 +125,7 @@ impl Rendering {
                  are rendered (raw text if the base model has no chat template)"
             }
             Rendering::RawPrompt => {
-                "raw (raw_prompt): each prompt is tokenized as plain text and the response \
+                "raw, as asked: each prompt is tokenized as plain text and the response \
                  follows with an EOS; the adapter learns raw completions (/v1/completions), \
                  not chat replies"
             }

@@ -311,11 +311,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
             ""
         },
     );
+    // A job reads stderr lines as its log, so this one reaches the fine-tune page too.
     eprintln!("prompts: {}", dataset.rendering.describe());
-    emit(
-        events,
-        json!({"type": "log", "line": format!("prompts: {}", dataset.rendering.describe())}),
-    );
     if let Some(dir) = &args.resume {
         let from = trainer.resume(dir)?;
         eprintln!("resuming from {} at step {}", from.display(), trainer.step);
