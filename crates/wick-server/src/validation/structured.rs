@@ -11,6 +11,7 @@ use wick_engine::constraint::{Constraint, ConstraintError, ConstraintSpec};
 use wick_engine::Model;
 
 use crate::error::ApiError;
+use crate::openai::custom_tools::{self, CustomFormat};
 use crate::openai::SamplingFields;
 
 /// The reasoning block a constraint waits out (when the prompt leaves it open).
@@ -385,6 +386,21 @@ pub fn compile(
     } else {
         constraint
     })
+}
+
+/// Compiles the grammars of the custom tools in a Responses request's `tools`, so a syntax
+/// error is a 400 with llguidance's message (a `regex` one constrains the call's input; see
+/// [`custom_tools`]).
+pub fn check_custom_grammars(model: &Model, tools: &[Value]) -> Result<(), ApiError> {
+    for (param, format) in custom_tools::grammars(tools)? {
+        let spec = match format {
+            CustomFormat::Lark(g) => ConstraintSpec::Lark(g),
+            CustomFormat::Regex(rx) => ConstraintSpec::Regex(rx),
+            CustomFormat::Text => continue,
+        };
+        compile(model, &param, &spec, false)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
