@@ -266,6 +266,52 @@ async fn an_answer_that_leaves_the_body_unread_drains_it_or_closes() {
     assert!(a.headers.get("connection").is_none());
 }
 
+/// Issue 45: without the key, a wrong method or an unknown path answers 401 like every
+/// guarded route, so a client without the key cannot tell which routes exist.
+#[tokio::test]
+async fn without_the_key_wrong_methods_and_unknown_paths_are_401() {
+    let st = state_with(EngineConfig::default(), |c| c.api_key = Some("k".into()));
+    let r = router(&st);
+    let cases = [
+        (
+            "DELETE",
+            "/v1/chat/completions",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/v1/models",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/health",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "GET",
+            "/v1/no-such-route",
+            StatusCode::NOT_FOUND,
+            "route_not_found",
+        ),
+    ];
+    for (method, path, status, code) in cases {
+        send(&r, request(method, path, &[], ""))
+            .await
+            .assert_error(StatusCode::UNAUTHORIZED, "invalid_api_key");
+        let keyed = request(method, path, &[("authorization", "Bearer k")], "");
+        send(&r, keyed).await.assert_error(status, code);
+    }
+    // Without `--api-key` nothing changes.
+    let r = router(&state());
+    send(&r, request("DELETE", "/v1/chat/completions", &[], ""))
+        .await
+        .assert_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+}
+
 /// Serves `state` on a loopback port until the returned sender is dropped or sent.
 async fn start(st: wick_server::AppState) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
