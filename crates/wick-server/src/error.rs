@@ -56,6 +56,20 @@ pub enum ApiError {
         /// The context limit.
         limit: usize,
     },
+    /// The prompt alone is longer than the context: found while tokenizing it piece by
+    /// piece, which stopped there (a prompt far past the context is not tokenized whole).
+    #[error(
+        "the prompt is longer than the model's context of {limit} tokens (tokenizing stopped \
+         after {counted} tokens); shorten the prompt"
+    )]
+    PromptTooLong {
+        /// The field holding the prompt (`messages` or `prompt`).
+        param: &'static str,
+        /// Tokens counted before tokenizing stopped (more than `limit`).
+        counted: usize,
+        /// The context limit.
+        limit: usize,
+    },
     /// The prompt plus the tokens to generate could never fit the KV memory budget, even
     /// with nothing else running (the engine's message says how much it holds).
     #[error("{message}")]
@@ -203,6 +217,7 @@ impl ApiError {
             | ApiError::Missing { .. }
             | ApiError::Unsupported { .. }
             | ApiError::ContextOverflow { .. }
+            | ApiError::PromptTooLong { .. }
             | ApiError::KvCapacityExceeded { .. }
             | ApiError::PromptBuild(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -250,7 +265,9 @@ impl ApiError {
             ApiError::InvalidField { .. } => "invalid_value",
             ApiError::Missing { .. } => "missing_required_parameter",
             ApiError::Unsupported { .. } => "unsupported_parameter",
-            ApiError::ContextOverflow { .. } => "context_length_exceeded",
+            ApiError::ContextOverflow { .. } | ApiError::PromptTooLong { .. } => {
+                "context_length_exceeded"
+            }
             ApiError::KvCapacityExceeded { .. } => "kv_capacity_exceeded",
             ApiError::PromptBuild(_) => "prompt_build_failed",
             ApiError::Unauthorized => "invalid_api_key",
@@ -278,7 +295,9 @@ impl ApiError {
             ApiError::InvalidField { param, .. }
             | ApiError::Missing { param }
             | ApiError::Unsupported { param, .. } => Some(param),
-            ApiError::ContextOverflow { param, .. } => Some(param),
+            ApiError::ContextOverflow { param, .. } | ApiError::PromptTooLong { param, .. } => {
+                Some(param)
+            }
             ApiError::KvCapacityExceeded { param, .. } => Some(param),
             ApiError::ModelNotFound { .. } => Some("model"),
             _ => None,

@@ -406,3 +406,24 @@ async fn a_request_the_kv_memory_can_never_hold_is_400_before_any_work() {
         assert!(metrics.contains(&line), "{line} missing");
     }
 }
+
+/// Issue 45: a prompt far past the context is refused while it is tokenized, not after
+/// tokenizing all of it (30 MB for an 8k context took 11 s and 3.4 GB).
+#[tokio::test]
+async fn a_prompt_far_past_the_context_stops_tokenizing_early() {
+    let r = router(&state());
+    let text = "word ".repeat(400_000);
+    let chat = chat_body(json!({"messages": [{"role": "user", "content": text}]}));
+    let completion = json!({"prompt": text, "max_tokens": 1});
+    for (path, body, param) in [
+        ("/v1/chat/completions", &chat, "messages"),
+        ("/v1/completions", &completion, "prompt"),
+        ("/v1/chat/completions/render", &chat, "messages"),
+    ] {
+        let a = send(&r, post_json(path, body)).await;
+        let e = a.assert_error(StatusCode::BAD_REQUEST, "context_length_exceeded");
+        assert_eq!(e["error"]["param"], param, "{path}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains("tokenizing stopped"), "{path}: {message}");
+    }
+}

@@ -79,7 +79,9 @@ pub async fn create(
     let started = match start(&state, chat, arrived, LimitPolicy::Cap).await {
         Ok(started) => started,
         // A stream reports an over-long prompt in-band, as the Responses API does.
-        Err(e @ ApiError::ContextOverflow { .. }) if streamed => {
+        Err(e @ (ApiError::ContextOverflow { .. } | ApiError::PromptTooLong { .. }))
+            if streamed =>
+        {
             let frames = failed_stream(&meta, &e);
             return Ok(sse::response(futures_util::stream::iter(frames)));
         }
