@@ -360,8 +360,9 @@ pub fn strict_tools_constraint(
     }))
 }
 
-/// Compiles `spec` for the served model; a grammar that does not compile is a 400 naming
-/// `param`, with llguidance's message. With `reasoning`, a prompt that ends inside a
+/// Compiles `spec` for the served model; a grammar that does not compile, or whose first
+/// step already fails ([`ApiError::GrammarFailed`]), is a 400 naming `param`, with
+/// llguidance's message. With `reasoning`, a prompt that ends inside a
 /// `<think>` block gets its constraint after `</think>`.
 pub fn compile(
     model: &Model,
@@ -374,6 +375,12 @@ pub fn compile(
         .map_err(|e| ApiError::unsupported(param, e.to_string()))?;
     let constraint = grammars.compile(spec).map_err(|e| match e {
         ConstraintError::Invalid(message) => ApiError::field(param, message),
+        other => ApiError::unsupported(param, other.to_string()),
+    })?;
+    // A grammar whose first step already hits one of llguidance's limits, or that no token
+    // can start, can never be served: refused now rather than failing the reply.
+    constraint.first_mask_allowed().map_err(|e| match e {
+        ConstraintError::Failed(message) => ApiError::grammar_failed(Some(param.into()), &message),
         other => ApiError::unsupported(param, other.to_string()),
     })?;
     tracing::debug!(
