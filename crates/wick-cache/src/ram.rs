@@ -341,8 +341,13 @@ impl<V: CacheValue> RamTier<V> {
             self.remove(id);
         }
         for id in self.index.ancestors(ns, tokens) {
-            let len = self.index.get(id).map_or(0, |(_, t)| t.len());
-            if value.can_trim_to(len) {
+            // Only an ancestor all of whose lengths the newcomer serves: one that can be cut
+            // back further (it superseded shorter entries) stays, else those are lost.
+            let serves_all = self
+                .entries
+                .get(&id)
+                .is_some_and(|e| value.can_trim_to(trim_floor(&e.value)));
+            if serves_all {
                 pinned_until = pinned_until.max(self.entries.get(&id).and_then(|e| e.pinned_until));
                 self.remove(id);
                 out.superseded += 1;
@@ -390,6 +395,21 @@ impl<V: CacheValue> RamTier<V> {
     }
 }
 
+/// The shortest length `value` can be cut back to (what it can serve is a range up to its
+/// length: a window that has dropped tokens cannot be cut below them).
+fn trim_floor<V: CacheValue>(value: &V) -> usize {
+    let (mut lo, mut hi) = (0, value.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if value.can_trim_to(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,6 +453,33 @@ mod tests {
         let mut longer = t.clone();
         longer.push(5);
         assert_eq!(ram.best_match("", &longer).unwrap().usable, 100);
+    }
+
+    /// Each newcomer can be cut back to its parent but not to everything the parent served
+    /// (it had superseded shorter entries): the chain must not lose a prefix. Agent turns on
+    /// Gemma 4 (a window of 8 kept in a larger ring) lost the last message's entry this way.
+    #[test]
+    fn a_superseded_chain_keeps_every_prefix_served() {
+        let mut ram = RamTier::new(1 << 20);
+        let t: Vec<u32> = (0..100).collect();
+        let w = Some(8);
+        // Serves 60..=80 (floor start + w - 1 = 60).
+        ram.put("", &t[..80], FakeKv::dropped_before(&t[..80], w, 53))
+            .unwrap();
+        // Serves 75..=90: covers 80 but not 60..75, so the 80 entry stays.
+        let out = ram
+            .put("", &t[..90], FakeKv::dropped_before(&t[..90], w, 68))
+            .unwrap();
+        assert_eq!(out.superseded, 0);
+        let mut prompt = t[..62].to_vec();
+        prompt.push(9999);
+        assert_eq!(ram.best_match("", &prompt).unwrap().usable, 62);
+        // One that serves all the 80 entry served supersedes it.
+        let out = ram
+            .put("", &t[..95], FakeKv::dropped_before(&t[..95], w, 40))
+            .unwrap();
+        assert!(out.superseded >= 1);
+        assert_eq!(ram.best_match("", &prompt).unwrap().usable, 62);
     }
 
     #[test]

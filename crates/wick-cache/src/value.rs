@@ -232,6 +232,13 @@ pub(crate) mod testing {
                 Some(w) if len > 2 * w => len + 1 - w,
                 _ => 0,
             };
+            Self::dropped_before(tokens, window, start)
+        }
+
+        /// A value for `tokens` whose window layer dropped the tokens before `start` (a
+        /// ring that keeps more than its window: it can be cut back, but not below them).
+        pub fn dropped_before(tokens: &[u32], window: Option<usize>, start: usize) -> Self {
+            let len = tokens.len();
             let keys: Vec<f32> = tokens[start..]
                 .iter()
                 .flat_map(|&t| [t as f32, 1.0])

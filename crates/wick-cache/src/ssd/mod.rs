@@ -1066,11 +1066,13 @@ impl SsdTier {
         for anc in ix.prefix.ancestors(ns, tokens) {
             let len = ix.entries[&anc].tokens.len();
             // Older checkpoints of a key are replaced by the newest; plain entries only
-            // when the new one can be cut back to them.
+            // when the new one can be cut back to every length they serve (to the entry
+            // itself is not enough: it may serve shorter prefixes that it superseded).
             let replace = if checkpoint.is_some() {
                 true
             } else {
-                ix.entries[&anc].checkpoint.is_none() && len >= new_floor
+                let old = &ix.entries[&anc];
+                old.checkpoint.is_none() && len >= new_floor && old.trim_floor >= new_floor
             };
             if replace {
                 ix.delete(anc);

@@ -159,6 +159,9 @@ impl SsdTier {
             // after opening, for a file swapped in between.
             let meta = match e.metadata() {
                 Ok(m) if m.is_file() => m,
+                // Renamed or removed since the listing (a store's `.tmp` file becoming its
+                // entry, another process evicting): nothing to skip.
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
                 _ => {
                     tracing::debug!(path = %path.display(), "not a regular file; skipped");
                     report.skipped_not_files += 1;

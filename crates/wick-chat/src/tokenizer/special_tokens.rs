@@ -32,6 +32,8 @@ struct Entry {
 struct TrieNode {
     children: Vec<(u8, u32)>,
     entry: Option<u32>,
+    /// Whether a control or unknown token's text passes through this node.
+    on_control_path: bool,
 }
 
 /// Finds special and user-defined tokens in text.
@@ -71,6 +73,7 @@ impl SpecialTokenSplitter {
         let mut nodes = vec![TrieNode::default()];
         for (index, entry) in entries.iter().enumerate() {
             let mut node = 0usize;
+            let special = entry.attrs.is_special();
             for &b in entry.text.as_bytes() {
                 node = match nodes[node].children.iter().find(|(c, _)| *c == b) {
                     Some(&(_, next)) => next as usize,
@@ -81,6 +84,7 @@ impl SpecialTokenSplitter {
                         next
                     }
                 };
+                nodes[node].on_control_path |= special;
             }
             nodes[node].entry.get_or_insert(index as u32);
         }
@@ -134,9 +138,13 @@ impl SpecialTokenSplitter {
                     break;
                 }
             }
-            // A whole control token, or a prefix of some token running to the end of the text
-            // (which may be a control token's prefix: marking a user-defined one is harmless).
-            if self.entry_is_special(node) || (reached_end && node != 0) {
+            // A whole control token, or a prefix of one running to the end of the text. The
+            // prefix of a user-defined token alone is left unmarked: such tokens are matched
+            // in user text anyway, and a mark in an object key the template reads (a tiny
+            // vocabulary's `thought` begins where `content` ends) would rename the key.
+            if self.entry_is_special(node)
+                || (reached_end && node != 0 && self.nodes[node].on_control_path)
+            {
                 marks.push(start);
             }
         }
@@ -358,5 +366,18 @@ mod tests {
         assert!(s.split("", true).is_empty());
         assert_eq!(s.split("héllo", true), [Fragment::Text("héllo")]);
         assert_eq!(s.split("<s>", true), [Fragment::Token(0)]);
+    }
+
+    #[test]
+    fn only_control_tokens_prefixes_are_marked_at_the_end() {
+        let s = splitter(&[
+            ("thought\n", TokenAttrs::USER_DEFINED),
+            ("<|turn>", TokenAttrs::CONTROL),
+        ]);
+        // `content` ends where the user-defined `thought` begins: no mark, the key stays.
+        assert!(s.marks_in("content").is_empty());
+        // A control token whole or cut off by the end of the text is marked.
+        assert_eq!(s.marks_in("a<|turn>"), [1]);
+        assert_eq!(s.marks_in("a<|tu"), [1]);
     }
 }

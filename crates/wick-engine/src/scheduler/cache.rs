@@ -230,6 +230,12 @@ impl EngineCache {
                     .map(|at| CachePoint { at, pin: None }),
             );
         }
+        // The next turn parts right after this prompt (a template that renders the reply as
+        // it prompted for it): the prompt-boundary entry is that point, however short.
+        let parts_at_end = request
+            .cache_points
+            .iter()
+            .any(|p| p.at == request.prompt.len());
         points.retain(|p| p.at > cached && p.at < request.prompt.len());
         points.sort_by_key(|p| p.at);
         let seq = Sequence::new(model, request, value.unwrap_or_else(|| model.new_cache()))?
@@ -240,7 +246,10 @@ impl EngineCache {
             tracking: Some(CacheTracking {
                 ns,
                 checkpoint,
-                boundary_pending: self.boundary_min.is_some_and(|min| computed >= min),
+                boundary_pending: computed > 0
+                    && self
+                        .boundary_min
+                        .is_some_and(|min| computed >= min || parts_at_end),
                 checkpointed: 0,
                 media: request.media.clone(),
                 points,

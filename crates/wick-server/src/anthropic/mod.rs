@@ -3,17 +3,20 @@
 //! templates and tool parsing are shared), and the error shape ([`error`]).
 pub mod error;
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, RequestBody};
 use crate::media::parts::{from_anthropic_image, ContentBuilder};
-use crate::openai::chat::ChatCompletionRequest;
+use crate::openai::chat::{CacheBreakpoint, ChatCompletionRequest, DEFAULT_CACHE_TTL};
 use crate::openai::{SamplingFields, Stop};
 
-/// A Messages request. Unknown fields (`metadata`, `service_tier`, `cache_control` inside
-/// blocks, …) are ignored; `model` is not checked.
+/// A Messages request. Unknown fields (`metadata`, `service_tier`, …) are ignored;
+/// `cache_control` on system blocks, tools and message blocks are prompt-cache
+/// breakpoints ([`CacheBreakpoint`]); `model` is not checked.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct MessagesRequest {
     /// The model the client asked for (ignored: the served model answers).
@@ -331,6 +334,64 @@ fn convert_tool(i: usize, tool: &Value) -> Result<Option<Value>, ApiError> {
     Ok(Some(json!({"type": "function", "function": function})))
 }
 
+/// Where a converted message carries its breakpoint's time to live until [`breakpoints`]
+/// takes it off (message order may still change before then).
+const BREAKPOINT_KEY: &str = "__wick_cache_control_ttl";
+
+/// The time to live of a `cache_control` object: `ttl` `"5m"` (the default) or `"1h"`.
+fn cache_ttl(at: &str, control: &Value) -> Result<Duration, ApiError> {
+    match control.get("ttl") {
+        None | Some(Value::Null) => Ok(DEFAULT_CACHE_TTL),
+        Some(Value::String(t)) if t == "5m" => Ok(Duration::from_secs(300)),
+        Some(Value::String(t)) if t == "1h" => Ok(Duration::from_secs(3600)),
+        Some(_) => Err(ApiError::field(
+            format!("{at}.cache_control.ttl"),
+            "must be \"5m\" or \"1h\"",
+        )),
+    }
+}
+
+/// The longest time to live of the `cache_control` objects on `blocks` (a list of blocks
+/// or tools), if any carries one.
+fn blocks_ttl(at: &str, blocks: Option<&Value>) -> Result<Option<Duration>, ApiError> {
+    let mut ttl = None;
+    if let Some(Value::Array(blocks)) = blocks {
+        for (j, block) in blocks.iter().enumerate() {
+            if let Some(control) = block.get("cache_control").filter(|c| !c.is_null()) {
+                ttl = ttl.max(Some(cache_ttl(&format!("{at}[{j}]"), control)?));
+            }
+        }
+    }
+    Ok(ttl)
+}
+
+/// Marks the last message of `messages` as ending a breakpoint of `ttl`.
+fn mark_breakpoint(messages: &mut [Value], ttl: Duration) {
+    if let Some(Value::Object(m)) = messages.last_mut() {
+        let old = m.get(BREAKPOINT_KEY).and_then(Value::as_u64).unwrap_or(0);
+        m.insert(BREAKPOINT_KEY.into(), json!(old.max(ttl.as_secs())));
+    }
+}
+
+/// Takes the breakpoint marks off `messages`: each marked message ends a breakpoint's
+/// prefix.
+fn breakpoints(messages: &mut [Value]) -> Vec<CacheBreakpoint> {
+    let mut out = Vec::new();
+    for (i, m) in messages.iter_mut().enumerate() {
+        if let Some(ttl) = m
+            .as_object_mut()
+            .and_then(|m| m.remove(BREAKPOINT_KEY))
+            .and_then(|v| v.as_u64())
+        {
+            out.push(CacheBreakpoint {
+                messages: i + 1,
+                ttl: Duration::from_secs(ttl),
+            });
+        }
+    }
+    out
+}
+
 /// Converts `req` into the chat request the shared chat path validates and renders.
 pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionRequest, ApiError> {
     if purpose == Purpose::Generate && req.max_tokens.is_none() {
@@ -344,6 +405,15 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         let text = system_text(system)?;
         if !text.is_empty() {
             messages.push(json!({"role": "system", "content": text}));
+            // The tools render before or inside the system prompt: a breakpoint on either
+            // keeps the system prompt's end.
+            let ttl = blocks_ttl("system", Some(system))?.max(blocks_ttl(
+                "tools",
+                req.tools.as_ref().map(|t| json!(t)).as_ref(),
+            )?);
+            if let Some(ttl) = ttl {
+                mark_breakpoint(&mut messages, ttl);
+            }
         }
     }
     let given = match req.messages {
@@ -355,9 +425,15 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         }
     };
     for (i, message) in given.iter().enumerate() {
+        let before = messages.len();
         convert_message(i, message, &mut messages)?;
+        let ttl = blocks_ttl(&format!("messages[{i}].content"), message.get("content"))?;
+        if let (Some(ttl), true) = (ttl, messages.len() > before) {
+            mark_breakpoint(&mut messages, ttl);
+        }
     }
     hoist_first_turn_system(&mut messages);
+    let cache_breakpoints = breakpoints(&mut messages);
     let mut tools = Vec::new();
     for (i, tool) in req.tools.unwrap_or_default().iter().enumerate() {
         if let Some(t) = convert_tool(i, tool)? {
@@ -436,6 +512,7 @@ pub fn to_chat(req: MessagesRequest, purpose: Purpose) -> Result<ChatCompletionR
         chat_template_kwargs: Some(kwargs),
         response_format,
         sampling,
+        cache_breakpoints,
         ..ChatCompletionRequest::default()
     })
 }
@@ -536,6 +613,13 @@ pub fn merge_system_turns(req: &ChatCompletionRequest) -> Option<ChatCompletionR
     let mut merged = vec![json!({"role": "system", "content": system.join("\n\n")})];
     merged.extend(rest);
     let mut out = req.clone();
+    // A breakpoint keeps the same turns: the merged system prompt and the others before it.
+    for b in &mut out.cache_breakpoints {
+        b.messages = 1 + messages[..b.messages.min(messages.len())]
+            .iter()
+            .filter(|m| !is_system(m))
+            .count();
+    }
     out.messages = Some(merged);
     Some(out)
 }
@@ -546,6 +630,46 @@ mod tests {
 
     fn request(body: Value) -> MessagesRequest {
         serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn cache_control_marks_breakpoints_at_message_ends() {
+        let chat = to_chat(
+            request(json!({
+                "max_tokens": 5,
+                "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+                "tools": [{"name": "f", "input_schema": {"type": "object"},
+                           "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": "user", "content": [
+                        {"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}},
+                        {"type": "text", "text": "d"}]},
+                ],
+            })),
+            Purpose::Generate,
+        )
+        .unwrap();
+        let b = &chat.cache_breakpoints;
+        assert_eq!(
+            b.iter()
+                .map(|b| (b.messages, b.ttl.as_secs()))
+                .collect::<Vec<_>>(),
+            vec![(1, 3600), (4, 300)]
+        );
+        // The marks are gone from the messages the template sees.
+        assert!(!serde_json::to_string(&chat.messages)
+            .unwrap()
+            .contains(BREAKPOINT_KEY));
+        let bad = to_chat(
+            request(
+                json!({"max_tokens": 5, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "c", "cache_control": {"type": "ephemeral", "ttl": "2d"}}]}]}),
+            ),
+            Purpose::Generate,
+        );
+        assert!(bad.is_err());
     }
 
     #[test]

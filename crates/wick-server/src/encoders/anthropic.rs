@@ -27,6 +27,8 @@ pub struct MessageMeta {
     pub model: String,
     /// Prompt tokens (known before generation starts).
     pub prompt_tokens: usize,
+    /// Tokens of the longest prefix the request's `cache_control` breakpoints keep cached.
+    pub pinned_prefix: usize,
 }
 
 /// `stop_reason` and `stop_sequence`.
@@ -39,13 +41,18 @@ fn stop(reason: &FinishReason) -> (&'static str, Value) {
     }
 }
 
-/// Anthropic's usage: `input_tokens` are the prompt tokens not read from the cache; a
+/// Anthropic's usage, which adds up to the prompt: `cache_read_input_tokens` the prefix
+/// read from the prompt cache, `cache_creation_input_tokens` the rest of the prefix the
+/// request's breakpoints (`pinned_prefix` tokens) stored, `input_tokens` the remainder. A
 /// speculatively decoded reply adds a non-standard `speculation {drafted, accepted}`
 /// (clients keep unknown usage fields).
-pub fn usage(u: &ReplyUsage) -> Value {
+pub fn usage(u: &ReplyUsage, pinned_prefix: usize) -> Value {
+    let created = pinned_prefix
+        .min(u.prompt_tokens)
+        .saturating_sub(u.cached_tokens);
     let mut usage = json!({
-        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens),
-        "cache_creation_input_tokens": 0,
+        "input_tokens": u.prompt_tokens.saturating_sub(u.cached_tokens + created),
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": u.cached_tokens,
         "output_tokens": u.completion_tokens,
     });
@@ -91,7 +98,7 @@ pub fn whole(reply: Collected, meta: MessageMeta) -> Value {
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": usage(&reply.finish.usage),
+        "usage": usage(&reply.finish.usage, meta.pinned_prefix),
     })
 }
 
@@ -143,7 +150,7 @@ impl AnthropicEncoder {
                 "content": [],
                 "stop_reason": null,
                 "stop_sequence": null,
-                "usage": usage(&u),
+                "usage": usage(&u, self.meta.pinned_prefix),
             }}),
         ));
     }
@@ -220,7 +227,7 @@ impl AnthropicEncoder {
             json!({
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                "usage": usage(&finish.usage),
+                "usage": usage(&finish.usage, self.meta.pinned_prefix),
             }),
         ));
         frames.push(event("message_stop", json!({"type": "message_stop"})));
@@ -286,6 +293,7 @@ mod tests {
             id: "msg_1".into(),
             model: "m".into(),
             prompt_tokens: 5,
+            pinned_prefix: 0,
         };
         let mut enc = AnthropicEncoder::new(meta);
         let mut frames = Vec::new();
@@ -370,6 +378,7 @@ mod tests {
             id: "msg_1".into(),
             model: "m".into(),
             prompt_tokens: 10,
+            pinned_prefix: 0,
         };
         let body = whole(reply, meta);
         assert_eq!(body["stop_reason"], "tool_use");
@@ -380,7 +389,30 @@ mod tests {
             body["usage"]["speculation"],
             json!({"drafted": 8, "accepted": 5})
         );
-        let plain = usage(&ReplyUsage::default());
+        let plain = usage(&ReplyUsage::default(), 0);
         assert!(plain.get("speculation").is_none(), "{plain}");
+    }
+
+    #[test]
+    fn usage_adds_up_to_the_prompt_with_breakpoints() {
+        let u = ReplyUsage {
+            prompt_tokens: 100,
+            cached_tokens: 40,
+            ..ReplyUsage::default()
+        };
+        let v = usage(&u, 90);
+        assert_eq!(v["cache_read_input_tokens"], 40);
+        assert_eq!(v["cache_creation_input_tokens"], 50);
+        assert_eq!(v["input_tokens"], 10);
+        // A breakpoint prefix already cached whole writes nothing.
+        let v = usage(
+            &ReplyUsage {
+                cached_tokens: 95,
+                ..u
+            },
+            90,
+        );
+        assert_eq!(v["cache_creation_input_tokens"], 0);
+        assert_eq!(v["input_tokens"], 5);
     }
 }

@@ -30,10 +30,32 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<Map<String, Value>>,
     /// `{"type": "text"}` only, until constrained decoding exists.
     pub response_format: Option<Value>,
+    /// OpenAI's cache key: a request that carries one keeps the prompt cache's entry of
+    /// its conversation (up to its last complete message) pinned, as a `cache_control`
+    /// breakpoint would, so the next request with the same history finds it.
+    pub prompt_cache_key: Option<String>,
     /// Sampling, limits, streaming (read from the same object).
     #[serde(skip)]
     pub sampling: SamplingFields,
+    /// Prompt-cache breakpoints (Anthropic `cache_control`), set by the Messages
+    /// conversion.
+    #[serde(skip)]
+    pub cache_breakpoints: Vec<CacheBreakpoint>,
 }
+
+/// A prompt-cache breakpoint: the prefix through the first `messages` messages (with the
+/// tools and system prompt) stays cached, pinned for `ttl` after each use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheBreakpoint {
+    /// Messages the prefix holds.
+    pub messages: usize,
+    /// How long the pin lasts after each use.
+    pub ttl: std::time::Duration,
+}
+
+/// Anthropic's default time to live of a `cache_control` breakpoint (also used for
+/// `prompt_cache_key`).
+pub const DEFAULT_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl RequestBody for ChatCompletionRequest {
     fn from_json(value: &Value) -> Result<Self, ApiError> {

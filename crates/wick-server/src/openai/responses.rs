@@ -19,6 +19,8 @@ pub const NAMESPACE_SEPARATOR: &str = "__";
 pub struct ResponsesRequest {
     /// The model the client asked for (ignored).
     pub model: Option<String>,
+    /// Keeps the conversation's prompt-cache entry pinned (as chat completions' field).
+    pub prompt_cache_key: Option<String>,
     /// A string or a list of items.
     pub input: Option<Value>,
     /// The system prompt of this turn (not carried over by `previous_response_id`).
@@ -62,13 +64,7 @@ impl RequestBody for ResponsesRequest {
 
     fn known_fields() -> Vec<&'static str> {
         let mut fields = struct_fields::<ResponsesRequest>().to_vec();
-        fields.extend([
-            "include",
-            "truncation",
-            "user",
-            "prompt_cache_key",
-            "service_tier",
-        ]);
+        fields.extend(["include", "truncation", "user", "service_tier"]);
         fields
     }
 }
@@ -412,6 +408,7 @@ pub fn to_chat(
         parallel_tool_calls: req.parallel_tool_calls,
         reasoning_effort: effort,
         response_format,
+        prompt_cache_key: req.prompt_cache_key.clone(),
         sampling: SamplingFields {
             max_tokens: req.max_output_tokens,
             temperature: req.temperature,

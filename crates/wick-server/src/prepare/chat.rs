@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use wick_chat::tool_call::ToolSpec;
+use wick_engine::generation::CachePoint;
 use wick_engine::GenerationRequest;
 
 use super::prompt::{self, ChatPrompt};
@@ -39,6 +40,9 @@ pub struct StartedChat {
     pub reply: Reply,
     /// Tokens in the prompt.
     pub prompt_tokens: usize,
+    /// Tokens of the longest prefix a breakpoint keeps cached (0: none); see
+    /// [`pinned_prefix`].
+    pub pinned_prefix: usize,
     /// Log-probabilities asked for.
     pub logprobs: Option<usize>,
     /// Answer with server-sent events.
@@ -70,6 +74,7 @@ pub async fn prepare(
         template_kwargs,
         logprobs,
         generation,
+        cache_breakpoints,
     } = validate(req, state)?;
     let items = media::parts::extract(&mut messages)?;
     let loaded = if items.is_empty() {
@@ -80,7 +85,15 @@ pub async fn prepare(
         media::check_towers(&items, caps, &state.config().model_id, policy)?;
         media::load_all(items, caps.clone(), Arc::new(policy.clone())).await?
     };
-    let prompt = prompt::chat_prompt(state, messages, tools, template_kwargs, loaded).await?;
+    let prompt = prompt::chat_prompt(
+        state,
+        messages,
+        tools,
+        template_kwargs,
+        loaded,
+        cache_breakpoints,
+    )
+    .await?;
     Ok(PreparedChat {
         prompt,
         tool_specs,
@@ -165,13 +178,28 @@ fn launch(
     request.ignore_eos = generation.ignore_eos;
     request.speculative = generation.speculative;
     request.keep_special_text = options.needs_special_text();
+    let pinned_prefix = pinned_prefix(&prompt.cache_points);
+    request.cache_points = std::mem::take(&mut prompt.cache_points);
     Ok(StartedChat {
         reply: Reply::start(state, request, options, arrived)?,
         prompt_tokens,
+        pinned_prefix,
         logprobs,
         stream: generation.stream,
         include_usage: generation.include_usage,
     })
+}
+
+/// Tokens of the longest prefix the request's breakpoints keep cached: what Anthropic's
+/// usage counts as written to the cache (`cache_creation_input_tokens`) past the part read
+/// from it.
+pub fn pinned_prefix(points: &[CachePoint]) -> usize {
+    points
+        .iter()
+        .filter(|p| p.pin.is_some())
+        .map(|p| p.at)
+        .max()
+        .unwrap_or(0)
 }
 
 /// How a chat reply is parsed: `<think>` split as the template (or the reply itself) says,

@@ -10,7 +10,10 @@ use serde_json::{Map, Value};
 use wick_chat::chat_template::{normalize_messages, starts_in_thinking, ChatInput, ChatTemplate};
 use wick_chat::tokenizer::{pick_marker, TokenizerError};
 
+use wick_engine::generation::CachePoint;
 use wick_engine::media::MediaSpan;
+
+use crate::openai::chat::CacheBreakpoint;
 
 use crate::error::ApiError;
 use crate::media::splice::{self, MediaTokens};
@@ -26,6 +29,9 @@ pub struct ChatPrompt {
     pub starts_in_thinking: bool,
     /// The media items, placed on their soft tokens.
     pub media: Vec<MediaSpan>,
+    /// Where the prompt cache keeps the KV: the end of the last complete message (where
+    /// the next turn of the conversation parts from this prompt) and each breakpoint.
+    pub cache_points: Vec<CachePoint>,
 }
 
 /// Runs `work` on a blocking worker; a panic inside is an internal error, not a crash.
@@ -48,6 +54,7 @@ pub async fn chat_prompt(
     mut tools: Vec<Value>,
     mut kwargs: Map<String, Value>,
     media: Vec<LoadedMedia>,
+    breakpoints: Vec<CacheBreakpoint>,
 ) -> Result<ChatPrompt, ApiError> {
     let state = state.clone();
     blocking(move || {
@@ -76,17 +83,24 @@ pub async fn chat_prompt(
             marked |= tokenizer.mark_user_json(value, marker);
         }
         let tools = (!tools.is_empty()).then_some(tools);
-        let text = match override_template {
-            Some(template) => template
-                .render(&ChatInput {
-                    messages: normalize_messages(messages),
-                    tools,
-                    add_generation_prompt: true,
-                    kwargs,
-                })
-                .map_err(|e| ApiError::PromptBuild(e.to_string()))?,
-            None => model.render_chat(&messages, tools.as_deref(), &kwargs)?,
+        let template = match &override_template {
+            Some(t) => Some(t.as_ref()),
+            None => model.chat_template(),
         };
+        let render = |messages: &[Value], generation_prompt: bool| match template {
+            Some(t) => t
+                .render(&ChatInput {
+                    messages: normalize_messages(messages.to_vec()),
+                    tools: tools.clone(),
+                    add_generation_prompt: generation_prompt,
+                    kwargs: kwargs.clone(),
+                })
+                .map_err(|e| ApiError::PromptBuild(e.to_string())),
+            None => Err(ApiError::from(wick_engine::EngineError::NoChatTemplate(
+                model.info().name.clone(),
+            ))),
+        };
+        let text = render(&messages, true)?;
         let media_tokens = if media.is_empty() {
             None
         } else {
@@ -116,6 +130,48 @@ pub async fn chat_prompt(
             let ids = model.tokenize(&text)?;
             (text, ids)
         };
+        // Where the next turn parts from this prompt: the end of the last complete message
+        // (and of each breakpoint's prefix), found by rendering those messages without the
+        // generation prompt. Prompts with media are left out: their markers expand per item.
+        let mut cache_points = Vec::new();
+        if media.is_empty() {
+            let mut wanted: Vec<(usize, Option<std::time::Duration>)> = breakpoints
+                .iter()
+                .map(|b| (b.messages, Some(b.ttl)))
+                .collect();
+            wanted.push((messages.len(), None));
+            // The next turn itself, as an agent sends it: this prompt's reply as a history
+            // turn and a new message. Templates render a past reply differently from the
+            // generation prompt (Qwen drops the empty think block), so this is where the next
+            // turn truly parts; probing finds it for any template.
+            wanted.push((PROBE_NEXT_TURN, None));
+            for (n, pin) in wanted {
+                let part = if n == PROBE_NEXT_TURN {
+                    let mut next = messages.clone();
+                    next.push(serde_json::json!({"role": "assistant", "content": PROBE_TEXT}));
+                    next.push(serde_json::json!({"role": "user", "content": PROBE_TEXT}));
+                    render(&next, false)
+                } else {
+                    render(&messages[..n.min(messages.len())], false)
+                };
+                let Ok(part) = part else {
+                    continue;
+                };
+                let part_ids = if marked {
+                    tokenizer
+                        .encode_marked(&part, marker, true)
+                        .ok()
+                        .map(|(_, ids)| drop_doubled_bos(ids, tokenizer.bos_id()))
+                } else {
+                    model.tokenize(&part).ok()
+                };
+                let Some(part_ids) = part_ids else { continue };
+                let at = common_prefix(&part_ids, &ids);
+                if at > 0 && at <= ids.len() {
+                    cache_points.push(CachePoint { at, pin });
+                }
+            }
+        }
         let media = match &media_tokens {
             Some(tokens) => splice::spans(&ids, media, tokens)?,
             None => Vec::new(),
@@ -124,9 +180,20 @@ pub async fn chat_prompt(
             starts_in_thinking: starts_in_thinking(&text),
             ids,
             media,
+            cache_points,
         })
     })
     .await
+}
+
+/// Marks the probe of the conversation's next turn among the wanted cache points.
+const PROBE_NEXT_TURN: usize = usize::MAX;
+/// The text of the probe's reply and message; only where it starts matters.
+const PROBE_TEXT: &str = "\u{2063}probe";
+
+/// Tokens `a` and `b` share at their start.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// A BOS the template wrote after the one the tokenizer added is not doubled (as

@@ -29,6 +29,7 @@ pub async fn messages(
         id: response_id("msg_"),
         model: state.config().model_id.clone(),
         prompt_tokens: started.prompt_tokens,
+        pinned_prefix: started.pinned_prefix,
     };
     if started.stream {
         Ok(stream(started.reply, AnthropicEncoder::new(meta)))

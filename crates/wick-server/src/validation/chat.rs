@@ -10,7 +10,7 @@ use super::structured::{
 use super::{resolve_generation, GenerationContext, ValidGeneration};
 use crate::config::BUILTIN_CHAT_MAX_TOKENS;
 use crate::error::ApiError;
-use crate::openai::chat::ChatCompletionRequest;
+use crate::openai::chat::{CacheBreakpoint, ChatCompletionRequest, DEFAULT_CACHE_TTL};
 use crate::state::AppState;
 
 /// Roles a message may have.
@@ -33,6 +33,9 @@ pub struct ValidChat {
     pub logprobs: Option<usize>,
     /// Sampling and limits.
     pub generation: ValidGeneration,
+    /// Prompt-cache breakpoints: `cache_control` ones, and the whole conversation when the
+    /// request carries a `prompt_cache_key`.
+    pub cache_breakpoints: Vec<CacheBreakpoint>,
 }
 
 /// Checks `req` against the served model and settings.
@@ -179,7 +182,20 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
         generation.sampling.constraint =
             strict_tools_constraint(model, &tools, &tool_specs, state.tool_format(), reasoning)?;
     }
+    let mut cache_breakpoints = req.cache_breakpoints;
+    if req
+        .prompt_cache_key
+        .as_deref()
+        .is_some_and(|k| !k.is_empty())
+    {
+        cache_breakpoints.push(CacheBreakpoint {
+            messages: messages.len(),
+            ttl: DEFAULT_CACHE_TTL,
+        });
+    }
+    cache_breakpoints.retain(|b| b.messages > 0 && b.messages <= messages.len());
     Ok(ValidChat {
+        cache_breakpoints,
         messages,
         tools,
         tool_specs,
