@@ -69,7 +69,7 @@ pub fn prepare_audio(
     config: &MelConfig,
 ) -> Result<PreparedAudio, MediaError> {
     let clip = decode_audio(bytes, limits)?;
-    let samples = resample(&clip.samples, clip.rate, config.sample_rate);
+    let samples = resample(&clip.samples, clip.rate, config.sample_rate)?;
     let truncated = clip.truncated || samples.len() > config.max_samples;
     let features = config.features(&samples);
     let soft_tokens = features.soft_tokens();
