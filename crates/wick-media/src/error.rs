@@ -56,6 +56,16 @@ pub enum MediaError {
     /// A processor parameter cannot make an image (e.g. a zero size).
     #[error("invalid processor setting: {0}")]
     Processor(String),
+    /// The audio clip's sample rate is outside what is read.
+    #[error("the audio clip's sample rate is {rate} Hz, outside the {min}..={max} Hz read")]
+    SampleRate {
+        /// The declared rate.
+        rate: u32,
+        /// Lowest rate read.
+        min: u32,
+        /// Highest rate read.
+        max: u32,
+    },
     /// The audio clip has no samples.
     #[error("the audio clip has no samples")]
     NoSamples,

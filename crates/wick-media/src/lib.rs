@@ -68,6 +68,7 @@ pub fn prepare_audio(
     limits: &AudioLimits,
     config: &MelConfig,
 ) -> Result<PreparedAudio, MediaError> {
+    config.check()?;
     let clip = decode_audio(bytes, limits)?;
     let samples = resample(&clip.samples, clip.rate, config.sample_rate)?;
     let truncated = clip.truncated || samples.len() > config.max_samples;
