@@ -2,7 +2,8 @@
 use std::path::PathBuf;
 
 use wick_media::{
-    decode_audio, decode_image, prepare_audio, AudioLimits, ImageLimits, MediaError, MelConfig,
+    decode_audio, decode_image, prepare_audio, probe_image, AudioLimits, ImageLimits,
+    ImageProcessor, MediaError, MelConfig, RgbImage,
 };
 
 fn read(name: &str) -> Vec<u8> {
@@ -37,19 +38,67 @@ fn truncated_images_are_decode_errors() {
     }
 }
 
+/// A PNG's signature and header for `width × height` RGB pixels, then (with `garbage`) an
+/// `IDAT` chunk that is not compressed data and the end chunk.
+fn png_header(width: u32, height: u32, garbage: bool) -> Vec<u8> {
+    let chunk = |out: &mut Vec<u8>, tag: &[u8], data: &[u8]| {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut body = tag.to_vec();
+        body.extend_from_slice(data);
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&crc32(&body).to_be_bytes());
+    };
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&width.to_be_bytes());
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    chunk(&mut out, b"IHDR", &ihdr);
+    if garbage {
+        chunk(&mut out, b"IDAT", b"not zlib at all, and not pixels");
+        chunk(&mut out, b"IEND", b"");
+    }
+    out
+}
+
 #[test]
 fn huge_declared_dimensions_are_refused_before_decoding() {
-    // A PNG header declaring 100000 × 100000 pixels, with no data behind it.
-    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = b"IHDR".to_vec();
-    ihdr.extend_from_slice(&100_000u32.to_be_bytes());
-    ihdr.extend_from_slice(&100_000u32.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    png.extend_from_slice(&13u32.to_be_bytes());
-    png.extend_from_slice(&ihdr);
-    png.extend_from_slice(&crc32(&ihdr).to_be_bytes());
-    let err = decode_image(&png, &ImageLimits::default()).unwrap_err();
-    assert!(matches!(err, MediaError::TooManyPixels { .. }), "{err:?}");
+    // A PNG header declaring 100000 × 100000 pixels, with no data behind it: the error
+    // reports the size (it said 0×0).
+    let err = decode_image(
+        &png_header(100_000, 100_000, false),
+        &ImageLimits::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MediaError::TooManyPixels {
+                width: 100_000,
+                height: 100_000,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("100000×100000 pixels"), "{err}");
+    // A GIF's logical screen and a BMP's header, over the side limit.
+    let mut gif = b"GIF89a".to_vec();
+    gif.extend_from_slice(&60_000u16.to_le_bytes());
+    gif.extend_from_slice(&10u16.to_le_bytes());
+    // No global palette; one 1×1 frame; the trailer.
+    gif.extend_from_slice(&[0, 0, 0]);
+    gif.extend_from_slice(&[0x2C, 0, 0, 0, 0, 1, 0, 1, 0, 0, 2, 2, 0x4C, 0x01, 0, 0x3B]);
+    let mut bmp = bmp_header(9000, 2);
+    bmp.extend_from_slice(&[0; 64]);
+    for (name, bytes, size) in [("GIF", gif, "60000×10"), ("BMP", bmp, "9000×2")] {
+        let err = probe_image(&bytes, &ImageLimits::default()).unwrap_err();
+        assert!(
+            matches!(err, MediaError::TooManyPixels { .. })
+                && err.to_string().contains(&format!("{size} pixels")),
+            "{name}: {err}"
+        );
+    }
 
     // Within the side limit but over the pixel budget.
     let limits = ImageLimits {
@@ -164,6 +213,115 @@ fn random_bytes_after_valid_signatures_never_panic() {
             let _ = decode_audio(&bytes, &AudioLimits::default());
         }
     }
+}
+
+/// A 24-bit BMP's headers for `width × height` pixels (the pixel rows are the caller's).
+fn bmp_header(width: i32, height: i32) -> Vec<u8> {
+    let mut bmp = b"BM".to_vec();
+    bmp.extend_from_slice(&(54u32 + 64).to_le_bytes());
+    bmp.extend_from_slice(&[0; 4]);
+    bmp.extend_from_slice(&54u32.to_le_bytes());
+    bmp.extend_from_slice(&40u32.to_le_bytes());
+    bmp.extend_from_slice(&width.to_le_bytes());
+    bmp.extend_from_slice(&height.to_le_bytes());
+    bmp.extend_from_slice(&1u16.to_le_bytes());
+    bmp.extend_from_slice(&24u16.to_le_bytes());
+    bmp.extend_from_slice(&[0; 24]);
+    bmp
+}
+
+/// An image with no pixels is refused by the decoder and by every processor (a 0-wide image
+/// made the bilinear resize panic on a zero row stride).
+#[test]
+fn empty_images_are_refused() {
+    let err = decode_image(&png_header(0, 4, true), &ImageLimits::default()).unwrap_err();
+    assert!(err.to_string().contains("declares a 0×4 image"), "{err}");
+    let mut bmp = bmp_header(0, 4);
+    bmp.extend_from_slice(&[0; 64]);
+    assert!(matches!(
+        decode_image(&bmp, &ImageLimits::default()),
+        Err(MediaError::Decode { .. })
+    ));
+    let empty = RgbImage {
+        width: 0,
+        height: 3,
+        data: Vec::new(),
+    };
+    for processor in [
+        ImageProcessor::Gemma3 { size: 8 },
+        ImageProcessor::Gemma4 {
+            patch: 4,
+            pool: 3,
+            max_patches: 630,
+        },
+        qwen([0.5; 3], [0.5; 3]),
+    ] {
+        let err = processor.process(&empty).unwrap_err();
+        assert!(
+            matches!(err, MediaError::Processor(_)),
+            "{processor:?}: {err}"
+        );
+    }
+}
+
+fn qwen(mean: [f32; 3], std: [f32; 3]) -> ImageProcessor {
+    ImageProcessor::Qwen {
+        patch: 8,
+        merge: 2,
+        min_pixels: 1024,
+        max_pixels: 4096,
+        mean,
+        std,
+    }
+}
+
+/// A processor's settings come from the model's config: a zero or subnormal standard
+/// deviation made every pixel infinite, a huge size allocated gigabytes per image.
+#[test]
+fn processor_settings_are_checked() {
+    let image = decode_image(&read("alpha.png"), &ImageLimits::default()).unwrap();
+    assert!(qwen([0.5; 3], [0.5; 3]).process(&image).is_ok());
+    for processor in [
+        qwen([0.5; 3], [0.0; 3]),
+        qwen([0.5; 3], [1e-40; 3]),
+        qwen([0.5, f32::NAN, 0.5], [0.5; 3]),
+        qwen([0.5; 3], [0.5, f32::INFINITY, 0.5]),
+        ImageProcessor::Gemma3 { size: 0 },
+        ImageProcessor::Gemma3 { size: 100_000 },
+        ImageProcessor::Gemma4 {
+            patch: 16,
+            pool: 0,
+            max_patches: 630,
+        },
+    ] {
+        let err = processor.process(&image).unwrap_err();
+        assert!(matches!(err, MediaError::Config(_)), "{processor:?}: {err}");
+    }
+}
+
+/// The header tells what an image costs without decoding it: an 8000×5000 PNG whose pixel
+/// data is missing is sized (and would be refused by a token budget) all the same.
+#[test]
+fn the_header_alone_gives_the_size_and_the_soft_tokens() {
+    let png = png_header(8000, 5000, true);
+    let header = probe_image(&png, &ImageLimits::default()).unwrap();
+    assert_eq!((header.width, header.height), (8000, 5000));
+    assert!(matches!(
+        decode_image(&png, &ImageLimits::default()),
+        Err(MediaError::Decode { .. })
+    ));
+    let processor = ImageProcessor::Qwen {
+        patch: 14,
+        merge: 2,
+        min_pixels: 3136,
+        max_pixels: 12_845_056,
+        mean: [0.5; 3],
+        std: [0.5; 3],
+    };
+    let layout = processor.layout(8000, 5000).unwrap();
+    // transformers' smart_resize: 2828×4508 pixels, 101 × 161 windows of 28 px.
+    assert_eq!((layout.height, layout.width), (2828, 4508));
+    assert_eq!(layout.soft_tokens, Some(16_261));
 }
 
 fn crc32(bytes: &[u8]) -> u32 {

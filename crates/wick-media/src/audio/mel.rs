@@ -77,7 +77,7 @@ impl MelConfig {
     /// Whether the settings make features: every size non-zero, the FFT at least a frame,
     /// a filter band, at most 1024 bins, a rate of 1–384 kHz.
     pub fn check(&self) -> Result<(), MediaError> {
-        let bad = |what: String| Err(MediaError::Processor(format!("audio features: {what}")));
+        let bad = |what: String| Err(MediaError::Config(format!("audio features: {what}")));
         if !(1_000..=384_000).contains(&self.sample_rate) {
             return bad(format!("sample rate {} Hz", self.sample_rate));
         }
@@ -253,7 +253,7 @@ mod tests {
             },
         ] {
             let err = crate::prepare_audio(&[], &crate::AudioLimits::default(), &bad).unwrap_err();
-            assert!(matches!(err, MediaError::Processor(_)), "{bad:?}: {err:?}");
+            assert!(matches!(err, MediaError::Config(_)), "{bad:?}: {err:?}");
         }
     }
 }
