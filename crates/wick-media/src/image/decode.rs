@@ -4,6 +4,7 @@
 use std::io::Cursor;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use image::codecs::png::PngDecoder;
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageFormat, ImageReader, Limits};
 
@@ -102,6 +103,9 @@ pub fn decode_image(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage, Medi
 
 const KIND: &str = "image";
 
+/// What the PNG decoder may allocate for itself, apart from the pixels.
+const PNG_OWN_BYTES: u64 = 64 << 20;
+
 /// The encoded size within the limit, and the format the bytes are in.
 fn check_bytes(bytes: &[u8], limits: &ImageLimits) -> Result<ImageFormat, MediaError> {
     if bytes.is_empty() {
@@ -141,19 +145,35 @@ fn open<'a>(
     format: ImageFormat,
     limits: &ImageLimits,
     failed: &dyn Fn(String) -> MediaError,
-) -> Result<(impl ImageDecoder + 'a, u32, u32), MediaError> {
+) -> Result<(Box<dyn ImageDecoder + 'a>, u32, u32), MediaError> {
     if let Some((width, height)) = png_size(bytes).filter(|_| format == ImageFormat::Png) {
         // The PNG decoder reads every chunk up to the pixel data before telling the size.
         check_size(width, height, limits, failed)?;
     }
-    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
-    // No side limits here: the dimensions are checked below, so that the error reports them.
+    let mut decoder: Box<dyn ImageDecoder + 'a> = if format == ImageFormat::Png {
+        // The PNG decoder's own allocations (the chunks it keeps, a decompressed ICC profile,
+        // a row) get a budget of their own: under the pixels' one, an ICC profile that
+        // inflates 1000-fold could take hundreds of MB while only the header was wanted.
+        let mut own = Limits::no_limits();
+        own.max_alloc = Some(PNG_OWN_BYTES);
+        Box::new(
+            PngDecoder::with_limits(Cursor::new(bytes), own).map_err(|e| failed(e.to_string()))?,
+        )
+    } else {
+        Box::new(
+            ImageReader::with_format(Cursor::new(bytes), format)
+                .into_decoder()
+                .map_err(|e| failed(e.to_string()))?,
+        )
+    };
+    // No side limits: the dimensions are checked below, so that the error reports them.
     // RGBA with 16 bits per channel is the most a decoder holds per pixel, plus slack for
     // its own buffers.
     let mut decoder_limits = Limits::no_limits();
     decoder_limits.max_alloc = Some(limits.max_pixels.saturating_mul(8).saturating_add(64 << 20));
-    reader.limits(decoder_limits);
-    let decoder = reader.into_decoder().map_err(|e| failed(e.to_string()))?;
+    decoder
+        .set_limits(decoder_limits)
+        .map_err(|e| failed(e.to_string()))?;
     let (width, height) = decoder.dimensions();
     check_size(width, height, limits, failed)?;
     Ok((decoder, width, height))
