@@ -694,6 +694,22 @@ fn a_vorbis_codebook_lookup_table_is_bounded() {
     assert!(err.to_string().contains("a comment declares"), "{err}");
 }
 
+/// Each new serial number opens a logical stream; thousands of one-page streams are refused
+/// before they are tracked (each cost a search of the others).
+#[test]
+fn an_ogg_file_with_thousands_of_streams_is_refused() {
+    let headers = vorbis_headers(1 << 4, 2, 1);
+    let mut ogg = Vec::new();
+    for serial in 0..5000 {
+        ogg.extend(ogg_page(serial, 0, 2, &[&headers.0]));
+    }
+    let err = decode_audio(&ogg, &AudioLimits::default()).unwrap_err();
+    assert!(
+        err.to_string().contains("more than 64 logical streams"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_real_ogg_vorbis_clip_passes_the_header_checks() {
     let clip = decode_audio(&read("mono16k.ogg"), &AudioLimits::default()).unwrap();

@@ -5,12 +5,16 @@
 //! aborts the process. Here every such size must fit in the bytes that are there (and a
 //! codebook within what real encoders write); ID3v2 tags, which carry no audio, are skipped.
 
+use std::collections::HashMap;
+
 use super::decode::AudioFormat;
 
 /// Most entries of a Vorbis codebook (libvorbis writes at most a few thousand).
 const MAX_CODEBOOK_ENTRIES: u64 = 1 << 20;
 /// Most values of a Vorbis codebook's lookup table (entries × dimensions, 16 MB as `f32`).
 const MAX_CODEBOOK_VALUES: u64 = 1 << 22;
+/// Most logical streams of an Ogg file (a clip has one; chained files a few).
+const MAX_OGG_STREAMS: usize = 64;
 
 /// The bytes to decode, past any leading ID3v2 tags, and their format; an error names the
 /// size that does not fit.
@@ -219,7 +223,6 @@ enum OggCodec {
 
 /// A logical Ogg stream while its header packets are read.
 struct OggStream {
-    serial: u32,
     codec: OggCodec,
     packets: usize,
     partial: Vec<u8>,
@@ -240,7 +243,7 @@ impl OggStream {
 /// The header packets of every logical Ogg stream: comment lists, FLAC pictures and the
 /// Vorbis codebooks.
 fn check_ogg(bytes: &[u8]) -> Result<(), String> {
-    let mut streams: Vec<OggStream> = Vec::new();
+    let mut streams: HashMap<u32, OggStream> = HashMap::new();
     let mut at = 0;
     while let Some(header) = bytes.get(at..at + 27) {
         if &header[..4] != b"OggS" {
@@ -252,19 +255,16 @@ fn check_ogg(bytes: &[u8]) -> Result<(), String> {
             break;
         };
         let mut data = at + 27 + segments;
-        let index = match streams.iter().position(|s| s.serial == serial) {
-            Some(i) => i,
-            None => {
-                streams.push(OggStream {
-                    serial,
-                    codec: OggCodec::Other,
-                    packets: 0,
-                    partial: Vec::new(),
-                });
-                streams.len() - 1
-            }
-        };
-        let stream = &mut streams[index];
+        if !streams.contains_key(&serial) && streams.len() == MAX_OGG_STREAMS {
+            return Err(format!(
+                "the Ogg file holds more than {MAX_OGG_STREAMS} logical streams"
+            ));
+        }
+        let stream = streams.entry(serial).or_insert(OggStream {
+            codec: OggCodec::Other,
+            packets: 0,
+            partial: Vec::new(),
+        });
         for &lace in lacing {
             let Some(segment) = bytes.get(data..data + usize::from(lace)) else {
                 // A truncated page: symphonia reports it.
