@@ -162,6 +162,77 @@ def test_stereo_clip_is_read_with_the_processor_token_count(server):
     assert max(diffs) < 0.02, diffs
 
 
+def wav_at(rate: int, samples: int = 2000) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\x10\x00" * samples)
+    return out.getvalue()
+
+
+def ogg_page(serial: int, sequence: int, kind: int, packets: list[bytes]) -> bytes:
+    lacing = b""
+    for p in packets:
+        lacing += b"\xff" * (len(p) // 255) + bytes([len(p) % 255])
+    page = bytearray(b"OggS\0" + bytes([kind]) + (0).to_bytes(8, "little")
+                     + serial.to_bytes(4, "little") + sequence.to_bytes(4, "little")
+                     + b"\0\0\0\0" + bytes([len(lacing)]) + lacing + b"".join(packets))
+    crc = 0
+    for byte in page:
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7 if crc & 0x80000000 else crc << 1) & 0xFFFFFFFF
+    page[22:26] = crc.to_bytes(4, "little")
+    return bytes(page)
+
+
+def vorbis_codebook_bomb() -> bytes:
+    """A 16 kHz mono Ogg Vorbis stream whose one codebook declares 2^21 entries x 4096
+    dimensions with lookup type 2: a lookup table of 2^33 floats (32 GB) from ~100 bytes."""
+    ident = (b"\x01vorbis" + (0).to_bytes(4, "little") + b"\x01" + (16000).to_bytes(4, "little")
+             + b"\0" * 12 + b"\xb8\x01")
+    comment = b"\x03vorbis" + b"\0" * 8 + b"\x01"
+    fields = [(0, 8), (0x564342, 24), (4096, 16), (1 << 21, 24), (1, 1), (20, 5), (1 << 21, 22),
+              (2, 4), (0, 32), (0, 32), (0, 4), (0, 1), (0, 64)]
+    bits, n = 0, 0
+    for value, width in fields:  # least significant bit first
+        bits |= value << n
+        n += width
+    setup = b"\x05vorbis" + bits.to_bytes((n + 7) // 8, "little")
+    return (ogg_page(7, 0, 2, [ident]) + ogg_page(7, 1, 0, [comment, setup])
+            + ogg_page(7, 2, 4, [b"\0" * 8]))
+
+
+def test_hostile_clips_are_400s_and_the_server_stays_up(server):
+    # A WAV header's 999,999,999 Hz sized a 1.5 TB resampling table (the allocation failed
+    # and the process aborted); 999,999 Hz cost seconds and 1.5 GB for a 4 KB clip; an Ogg
+    # Vorbis codebook asked for 32 GB. Each is a 400 naming what is wrong, on both routes.
+    clips = {
+        "sample rate": [wav_at(999_999_999), wav_at(999_999)],
+        "codebook": [vorbis_codebook_bomb()],
+    }
+    with server.http() as h:
+        for want, datas in clips.items():
+            for data in datas:
+                fmt = "ogg" if data.startswith(b"OggS") else "wav"
+                b64data = base64.b64encode(data).decode()
+                r = h.post("/v1/chat/completions", json={
+                    "model": MODEL, "max_tokens": 2, "messages": messages(b64data, fmt)})
+                assert r.status_code == 400, (want, r.status_code, r.text)
+                assert want in r.json()["error"]["message"], r.text
+                r = h.post("/v1/responses", json={
+                    "model": MODEL, "max_output_tokens": 2, "input": [{"role": "user", "content": [
+                        {"type": "input_audio", "input_audio": {"data": b64data, "format": fmt}}]}]})
+                assert r.status_code == 400, (want, r.status_code, r.text)
+                assert want in r.json()["error"]["message"], r.text
+        r = h.post("/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": 1, "messages": messages(b64("mono16k.wav"))})
+        assert r.status_code == 200, r.text
+    assert server.proc.poll() is None, server.logs()
+
+
 def test_broken_clips_are_400_not_5xx(server):
     wav = (GOLD / "mono16k.wav").read_bytes()
     bad = {

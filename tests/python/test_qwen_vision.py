@@ -96,3 +96,28 @@ def test_a_larger_image_takes_more_soft_tokens(server):
                                        max_tokens=2, temperature=0)
     grids = {i["file"]: i["soft_tokens"] for i in reference(server)["images"]}
     assert r.usage.prompt_tokens == len(one_image_ids(server)) - grids["image_a.png"] + grids["image_b.png"]
+
+
+@pytest.mark.parametrize("key,value", [
+    ("image_std", [1e-40, 1e-40, 1e-40]),  # positive, but every pixel became infinite
+    ("image_std", ["0.5", 0.5, 0.5, 0.5]),  # a string was dropped, shifting the channels
+    ("image_mean", [1e39, 0.5, 0.5]),  # infinite as f32
+])
+def test_a_damaged_preprocessor_config_stops_the_load(tmp_path, key, value):
+    import shutil
+    import subprocess
+
+    from conftest import ensure_binary, free_port
+
+    model = tmp_path / "model"
+    shutil.copytree(GOLDENS / "qwen35_vision", model)
+    pre = json.loads((model / "preprocessor_config.json").read_text())
+    pre[key] = value
+    (model / "preprocessor_config.json").write_text(json.dumps(pre))
+    try:
+        done = subprocess.run([str(ensure_binary()), "serve", str(model), "--port", str(free_port())],
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server started with {key} = {value}")
+    assert done.returncode != 0
+    assert key in done.stderr + done.stdout, done.stderr

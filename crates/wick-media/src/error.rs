@@ -31,7 +31,8 @@ pub enum MediaError {
         /// The formats that are read.
         supported: &'static str,
     },
-    /// The image's declared size is over the limit (checked before decoding).
+    /// The image's declared size is over the limit (checked from its header, before
+    /// decoding).
     #[error("the image is {width}×{height} pixels, more than the limit of {max_side} px per side and {max_pixels} pixels")]
     TooManyPixels {
         /// Declared width.
@@ -53,9 +54,24 @@ pub enum MediaError {
         /// What the decoder said.
         reason: String,
     },
-    /// A processor parameter cannot make an image (e.g. a zero size).
-    #[error("invalid processor setting: {0}")]
+    /// The image or clip cannot be prepared with the processor's settings (a 0×0 image, one
+    /// too elongated to resize, a clip that cannot be resampled to the extractor's rate).
+    #[error("{0}")]
     Processor(String),
+    /// The processor's settings, from the model's config, are invalid (the server's fault,
+    /// not the input's).
+    #[error("invalid media processor setting in the model's config: {0}")]
+    Config(String),
+    /// The audio clip's sample rate is outside what is read.
+    #[error("the audio clip's sample rate is {rate} Hz, outside the {min}..={max} Hz read")]
+    SampleRate {
+        /// The declared rate.
+        rate: u32,
+        /// Lowest rate read.
+        min: u32,
+        /// Highest rate read.
+        max: u32,
+    },
     /// The audio clip has no samples.
     #[error("the audio clip has no samples")]
     NoSamples,

@@ -3,8 +3,10 @@
 //!
 //! - [`image`]: [`decode_image`] sniffs the format (PNG, JPEG, WebP, GIF, BMP, TIFF), checks
 //!   the declared size against [`ImageLimits`] before allocating, applies EXIF orientation
-//!   and drops transparency (as transformers' `load_image`); [`ImageProcessor`] resizes with Pillow's exact
-//!   fixed-point resampling and rescales / normalises into channels-first `f32`.
+//!   and drops transparency (as transformers' `load_image`); [`probe_image`] reads only the
+//!   header, and [`ImageProcessor::layout`] tells from it what the image will cost;
+//!   [`ImageProcessor`] resizes with Pillow's exact fixed-point resampling and rescales /
+//!   normalises into channels-first `f32`.
 //! - [`audio`]: [`decode_audio`] reads WAV, MP3, FLAC and Ogg Vorbis into mono samples (the
 //!   channels averaged, at most [`AudioLimits::max_seconds`] kept), [`resample`] brings them
 //!   to the feature extractor's rate and [`MelConfig`] computes Gemma 4's log-mel features.
@@ -47,8 +49,12 @@ pub use audio::decode::{decode_audio, AudioFormat, AudioLimits, MonoClip, AUDIO_
 pub use audio::mel::{MelConfig, MelFeatures};
 pub use audio::resample::resample;
 pub use error::MediaError;
-pub use image::decode::{decode_image, sniff_image, ImageLimits, RgbImage, IMAGE_FORMATS};
-pub use image::processor::{gemma4_target_size, qwen_target_size, ImageProcessor, ProcessedImage};
+pub use image::decode::{
+    decode_image, probe_image, sniff_image, ImageHeader, ImageLimits, RgbImage, IMAGE_FORMATS,
+};
+pub use image::processor::{
+    gemma4_target_size, qwen_target_size, ImageProcessor, Layout, ProcessedImage, MAX_OUTPUT_PIXELS,
+};
 
 /// An audio clip ready for Gemma 4's audio tower.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,8 +74,9 @@ pub fn prepare_audio(
     limits: &AudioLimits,
     config: &MelConfig,
 ) -> Result<PreparedAudio, MediaError> {
+    config.check()?;
     let clip = decode_audio(bytes, limits)?;
-    let samples = resample(&clip.samples, clip.rate, config.sample_rate);
+    let samples = resample(&clip.samples, clip.rate, config.sample_rate)?;
     let truncated = clip.truncated || samples.len() > config.max_samples;
     let features = config.features(&samples);
     let soft_tokens = features.soft_tokens();

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use wick_media::{
-    decode_audio, decode_image, prepare_audio, AudioLimits, ImageLimits, ImageProcessor, MelConfig,
-    PreparedAudio,
+    decode_audio, decode_image, prepare_audio, probe_image, AudioLimits, ImageLimits,
+    ImageProcessor, MelConfig, PreparedAudio,
 };
 
 fn data(name: &str) -> PathBuf {
@@ -61,12 +61,29 @@ fn every_format_decodes_upright() {
     for entry in manifest()["images"].as_array().unwrap() {
         let name = entry["file"].as_str().unwrap();
         let image = decode_image(&read(name), &ImageLimits::default()).unwrap();
+        let size = (usize_of(&entry["width"]), usize_of(&entry["height"]));
+        assert_eq!((image.width, image.height), size, "{name}");
+        // The header alone gives the upright size (the JPEG's EXIF turns it a quarter).
+        let header = probe_image(&read(name), &ImageLimits::default()).unwrap();
         assert_eq!(
-            (image.width, image.height),
-            (usize_of(&entry["width"]), usize_of(&entry["height"])),
+            (header.width as usize, header.height as usize),
+            size,
             "{name}"
         );
     }
+}
+
+/// What the header says an image will become, as processing it gives.
+fn layout_matches(processor: &ImageProcessor, name: &str, got: &wick_media::ProcessedImage) {
+    let header = probe_image(&read(name), &ImageLimits::default()).unwrap();
+    let layout = processor
+        .layout(header.width as usize, header.height as usize)
+        .unwrap();
+    assert_eq!(
+        (layout.height, layout.width, layout.soft_tokens),
+        (got.height, got.width, got.soft_tokens),
+        "{name}"
+    );
 }
 
 #[test]
@@ -77,7 +94,9 @@ fn gemma3_pixels_match_transformers() {
         let image = decode_image(&read(name), &ImageLimits::default()).unwrap();
         for golden in entry["gemma3"].as_array().unwrap() {
             let size = usize_of(&golden["size"]);
-            let got = ImageProcessor::Gemma3 { size }.process(&image).unwrap();
+            let processor = ImageProcessor::Gemma3 { size };
+            let got = processor.process(&image).unwrap();
+            layout_matches(&processor, name, &got);
             let want = f32s(golden["values"].as_str().unwrap());
             let diff = max_diff(&got.data, &want);
             eprintln!("gemma3 {name} at {size}: max diff {diff}");
@@ -101,6 +120,7 @@ fn gemma4_pixels_match_transformers() {
             max_patches: usize_of(&golden["max_soft_tokens"]) * pool * pool,
         };
         let got = processor.process(&image).unwrap();
+        layout_matches(&processor, name, &got);
         let shape: Vec<usize> = golden["shape"]
             .as_array()
             .unwrap()
@@ -145,6 +165,7 @@ fn qwen_pixels_match_transformers() {
                 std: triple("image_std"),
             };
             let got = processor.process(&image).unwrap();
+            layout_matches(&processor, name, &got);
             let shape: Vec<usize> = golden["shape"]
                 .as_array()
                 .unwrap()

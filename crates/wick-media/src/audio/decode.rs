@@ -11,6 +11,7 @@ use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
+use super::container;
 use crate::error::MediaError;
 use crate::image::decode::hex_head;
 
@@ -68,14 +69,21 @@ pub struct AudioLimits {
     pub max_bytes: usize,
     /// Longest duration kept, in seconds (the rest is dropped).
     pub max_seconds: f64,
+    /// Lowest sample rate read, in Hz.
+    pub min_rate: u32,
+    /// Highest sample rate read, in Hz: the samples kept grow with it
+    /// (`max_seconds × max_rate`), and so does the resampling filter's reach.
+    pub max_rate: u32,
 }
 
 impl Default for AudioLimits {
-    /// 20 MB encoded, 30 s kept (Gemma 4's audio window).
+    /// 20 MB encoded, 30 s kept (Gemma 4's audio window), 1–192 kHz.
     fn default() -> Self {
         AudioLimits {
             max_bytes: 20 * 1024 * 1024,
             max_seconds: 30.0,
+            min_rate: 1_000,
+            max_rate: 192_000,
         }
     }
 }
@@ -110,6 +118,7 @@ pub fn decode_audio(bytes: &[u8], limits: &AudioLimits) -> Result<MonoClip, Medi
         format: format.extension().to_uppercase(),
         reason,
     };
+    let (bytes, format) = container::check(bytes, format).map_err(&failed)?;
     let owned = bytes.to_vec();
     catch_unwind(AssertUnwindSafe(|| {
         decode_inner(owned, format, limits, &failed)
@@ -172,6 +181,17 @@ fn decode_inner(
         .sample_rate
         .filter(|&r| r > 0)
         .ok_or_else(|| failed("no sample rate".into()))?;
+    // The rate sizes everything after it: the samples kept, the resampling filter.
+    if !(limits.min_rate..=limits.max_rate).contains(&rate) {
+        return Err(MediaError::SampleRate {
+            rate,
+            min: limits.min_rate,
+            max: limits.max_rate,
+        });
+    }
+    if track.codec_params.channels.is_some_and(|c| c.count() == 0) {
+        return Err(failed("the stream declares no channels".into()));
+    }
     let mut decoder = symphonia::default::get_codecs()
         .make(&track.codec_params, &DecoderOptions::default())
         .map_err(|e| failed(e.to_string()))?;

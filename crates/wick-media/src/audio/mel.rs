@@ -4,6 +4,8 @@
 //! `ln(mel + 0.001)`; frames that end in the padding are zeroed and carry no soft token.
 use realfft::RealFftPlanner;
 
+use crate::error::MediaError;
+
 /// The feature extractor's settings (Gemma 4's defaults in [`Default`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MelConfig {
@@ -72,6 +74,37 @@ impl MelFeatures {
 }
 
 impl MelConfig {
+    /// Whether the settings make features: every size non-zero, the FFT at least a frame,
+    /// a filter band, at most 1024 bins, a rate of 1–384 kHz.
+    pub fn check(&self) -> Result<(), MediaError> {
+        let bad = |what: String| Err(MediaError::Config(format!("audio features: {what}")));
+        if !(1_000..=384_000).contains(&self.sample_rate) {
+            return bad(format!("sample rate {} Hz", self.sample_rate));
+        }
+        if self.frame == 0 || self.hop == 0 || self.pad_multiple == 0 || self.max_samples == 0 {
+            return bad(format!(
+                "frame {}, hop {}, padding multiple {} and samples kept {} must be non-zero",
+                self.frame, self.hop, self.pad_multiple, self.max_samples
+            ));
+        }
+        if self.fft < self.frame.max(2) || self.fft > 1 << 16 {
+            return bad(format!(
+                "FFT size {} for frames of {}",
+                self.fft, self.frame
+            ));
+        }
+        if !(1..=1024).contains(&self.bins) {
+            return bad(format!("{} mel bins", self.bins));
+        }
+        if !(self.min_hz >= 0.0 && self.min_hz < self.max_hz && self.max_hz.is_finite()) {
+            return bad(format!("filter band {}..{} Hz", self.min_hz, self.max_hz));
+        }
+        if !(self.floor.is_finite() && self.floor > 0.0) {
+            return bad(format!("floor {}", self.floor));
+        }
+        Ok(())
+    }
+
     /// The features of `samples` (mono, at `sample_rate`).
     pub fn features(&self, samples: &[f32]) -> MelFeatures {
         let real = samples.len().min(self.max_samples);
@@ -184,4 +217,43 @@ fn linspace(start: f64, stop: f64, n: usize, i: usize) -> f64 {
     }
     let step = (stop - start) / (n - 1) as f64;
     start + i as f64 * step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Settings come from a model's config: a zero hop divided by zero and an FFT shorter
+    /// than a frame indexed past its buffer (panics in the request's worker).
+    #[test]
+    fn settings_that_cannot_make_features_are_refused() {
+        let defaults = MelConfig::default();
+        assert!(defaults.check().is_ok());
+        for bad in [
+            MelConfig { hop: 0, ..defaults },
+            MelConfig {
+                fft: 256,
+                ..defaults
+            },
+            MelConfig {
+                bins: 0,
+                ..defaults
+            },
+            MelConfig {
+                sample_rate: 0,
+                ..defaults
+            },
+            MelConfig {
+                max_hz: f64::NAN,
+                ..defaults
+            },
+            MelConfig {
+                floor: 0.0,
+                ..defaults
+            },
+        ] {
+            let err = crate::prepare_audio(&[], &crate::AudioLimits::default(), &bad).unwrap_err();
+            assert!(matches!(err, MediaError::Config(_)), "{bad:?}: {err:?}");
+        }
+    }
 }

@@ -61,49 +61,47 @@ pub struct ProcessedImage {
     pub soft_tokens: Option<usize>,
 }
 
+/// What an image becomes, known from its size alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Height after resizing.
+    pub height: usize,
+    /// Width after resizing.
+    pub width: usize,
+    /// Soft tokens, where the processor decides them (`None`: a fixed count per image).
+    pub soft_tokens: Option<usize>,
+}
+
+/// Most pixels a processor may resize an image to (12 bytes each as `f32` planes): Qwen2-VL's
+/// default budget is 12.8 megapixels.
+pub const MAX_OUTPUT_PIXELS: usize = 1 << 24;
+
 impl ImageProcessor {
-    /// Prepares `image` for the tower.
-    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, MediaError> {
+    /// Whether the settings (read from a model's config) make sane pixels: non-zero sizes,
+    /// at most [`MAX_OUTPUT_PIXELS`] out, a finite mean and a standard deviation in
+    /// `1e-3..=1e3` (a zero one made every pixel infinite).
+    pub fn check(&self) -> Result<(), MediaError> {
+        let bad = |what: String| Err(MediaError::Config(what));
         match *self {
             ImageProcessor::Gemma3 { size } => {
-                if size == 0 {
-                    return Err(MediaError::Processor("Gemma 3 image size 0".into()));
+                if size == 0 || size.saturating_mul(size) > MAX_OUTPUT_PIXELS {
+                    return bad(format!("Gemma 3 image size {size}"));
                 }
-                let resized = resize(image, size, size, Filter::Bilinear);
-                // transformers rescales in f64 and stores f32, then normalises in f32.
-                let data = planes(&resized, |v| {
-                    let x = (f64::from(v) * (1.0 / 255.0)) as f32;
-                    (x - 0.5) / 0.5
-                });
-                Ok(ProcessedImage {
-                    channels: 3,
-                    height: size,
-                    width: size,
-                    data,
-                    soft_tokens: None,
-                })
             }
             ImageProcessor::Gemma4 {
                 patch,
                 pool,
                 max_patches,
             } => {
-                let (height, width) =
-                    gemma4_target_size(image.height, image.width, patch, pool, max_patches)?;
-                let resized = if (height, width) == (image.height, image.width) {
-                    std::borrow::Cow::Borrowed(image)
-                } else {
-                    std::borrow::Cow::Owned(resize(image, width, height, Filter::Bicubic))
-                };
-                let data = planes(&resized, |v| (f64::from(v) * (1.0 / 255.0)) as f32);
-                let soft_tokens = (height / patch) * (width / patch) / (pool * pool);
-                Ok(ProcessedImage {
-                    channels: 3,
-                    height,
-                    width,
-                    data,
-                    soft_tokens: Some(soft_tokens),
-                })
+                if patch == 0
+                    || pool == 0
+                    || max_patches == 0
+                    || max_patches.saturating_mul(patch.saturating_mul(patch)) > MAX_OUTPUT_PIXELS
+                {
+                    return bad(format!(
+                        "Gemma 4 patch {patch}, pooling {pool}, {max_patches} patches"
+                    ));
+                }
             }
             ImageProcessor::Qwen {
                 patch,
@@ -113,32 +111,111 @@ impl ImageProcessor {
                 mean,
                 std,
             } => {
-                let factor = patch * merge;
-                let (height, width) =
-                    qwen_target_size(image.height, image.width, factor, min_pixels, max_pixels)?;
-                let resized = if (height, width) == (image.height, image.width) {
-                    std::borrow::Cow::Borrowed(image)
-                } else {
-                    std::borrow::Cow::Owned(resize(image, width, height, Filter::Bicubic))
-                };
-                // Rescaled in f64 and stored as f32, then normalised in f32 per channel.
-                let n = width * height;
-                let mut data = vec![0f32; 3 * n];
-                for (i, px) in resized.data.chunks_exact(3).enumerate() {
-                    for c in 0..3 {
-                        let x = (f64::from(px[c]) * (1.0 / 255.0)) as f32;
-                        data[c * n + i] = (x - mean[c]) / std[c];
-                    }
+                if patch == 0
+                    || merge == 0
+                    || min_pixels > max_pixels
+                    || max_pixels > MAX_OUTPUT_PIXELS
+                {
+                    return bad(format!(
+                        "Qwen patch {patch}, merge {merge}, pixels {min_pixels}..={max_pixels}"
+                    ));
                 }
-                Ok(ProcessedImage {
-                    channels: 3,
-                    height,
-                    width,
-                    data,
-                    soft_tokens: Some((height / factor) * (width / factor)),
-                })
+                let sane_std = |s: f32| s.is_finite() && (1e-3..=1e3).contains(&s);
+                if !mean.iter().all(|m| m.is_finite() && m.abs() <= 1e3)
+                    || !std.iter().copied().all(sane_std)
+                {
+                    return bad(format!(
+                        "normalisation mean {mean:?}, std {std:?} (a finite mean, std in 1e-3..=1e3)"
+                    ));
+                }
             }
         }
+        Ok(())
+    }
+
+    /// The size an image of `width × height` pixels is resized to and the soft tokens it
+    /// takes: what it will cost, from its header, before its pixels are decoded.
+    pub fn layout(&self, width: usize, height: usize) -> Result<Layout, MediaError> {
+        self.check()?;
+        if width == 0 || height == 0 {
+            return Err(MediaError::Processor(format!(
+                "a {width}×{height} image has no pixels"
+            )));
+        }
+        Ok(match *self {
+            ImageProcessor::Gemma3 { size } => Layout {
+                height: size,
+                width: size,
+                soft_tokens: None,
+            },
+            ImageProcessor::Gemma4 {
+                patch,
+                pool,
+                max_patches,
+            } => {
+                let (h, w) = gemma4_target_size(height, width, patch, pool, max_patches)?;
+                Layout {
+                    height: h,
+                    width: w,
+                    soft_tokens: Some((h / patch) * (w / patch) / (pool * pool)),
+                }
+            }
+            ImageProcessor::Qwen {
+                patch,
+                merge,
+                min_pixels,
+                max_pixels,
+                ..
+            } => {
+                let factor = patch * merge;
+                let (h, w) = qwen_target_size(height, width, factor, min_pixels, max_pixels)?;
+                Layout {
+                    height: h,
+                    width: w,
+                    soft_tokens: Some((h / factor) * (w / factor)),
+                }
+            }
+        })
+    }
+
+    /// Prepares `image` for the tower.
+    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, MediaError> {
+        let Layout {
+            height,
+            width,
+            soft_tokens,
+        } = self.layout(image.width, image.height)?;
+        let resized = if (height, width) == (image.height, image.width) {
+            std::borrow::Cow::Borrowed(image)
+        } else {
+            let filter = match self {
+                ImageProcessor::Gemma3 { .. } => Filter::Bilinear,
+                _ => Filter::Bicubic,
+            };
+            std::borrow::Cow::Owned(resize(image, width, height, filter))
+        };
+        let data = match *self {
+            // transformers rescales in f64 and stores f32, then normalises in f32.
+            ImageProcessor::Gemma3 { .. } => planes(&resized, |_, v| {
+                let x = (f64::from(v) * (1.0 / 255.0)) as f32;
+                (x - 0.5) / 0.5
+            }),
+            ImageProcessor::Gemma4 { .. } => {
+                planes(&resized, |_, v| (f64::from(v) * (1.0 / 255.0)) as f32)
+            }
+            // Rescaled in f64 and stored as f32, then normalised in f32 per channel.
+            ImageProcessor::Qwen { mean, std, .. } => planes(&resized, |c, v| {
+                let x = (f64::from(v) * (1.0 / 255.0)) as f32;
+                (x - mean[c]) / std[c]
+            }),
+        };
+        Ok(ProcessedImage {
+            channels: 3,
+            height,
+            width,
+            data,
+            soft_tokens,
+        })
     }
 }
 
@@ -184,13 +261,13 @@ pub fn qwen_target_size(
     Ok((th, tw))
 }
 
-/// Channels-first values of an interleaved RGB image through `f`.
-fn planes(image: &RgbImage, f: impl Fn(u8) -> f32) -> Vec<f32> {
+/// Channels-first values of an interleaved RGB image through `f(channel, value)`.
+fn planes(image: &RgbImage, f: impl Fn(usize, u8) -> f32) -> Vec<f32> {
     let n = image.width * image.height;
     let mut data = vec![0f32; 3 * n];
     for (i, px) in image.data.chunks_exact(3).enumerate() {
         for c in 0..3 {
-            data[c * n + i] = f(px[c]);
+            data[c * n + i] = f(c, px[c]);
         }
     }
     data

@@ -83,7 +83,8 @@ pub async fn prepare(
         let caps = &state.model().info().media;
         let policy = &state.config().media;
         media::check_towers(&items, caps, &state.config().model_id, policy)?;
-        media::load_all(items, caps.clone(), Arc::new(policy.clone())).await?
+        let context = state.model().info().context_length;
+        media::load_all(items, caps.clone(), Arc::new(policy.clone()), context).await?
     };
     let prompt = prompt::chat_prompt(
         state,

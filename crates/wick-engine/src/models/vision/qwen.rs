@@ -163,25 +163,24 @@ impl QwenVisionConfig {
             let Some(v) = json.get(key) else {
                 return Ok(None);
             };
-            let vals: Vec<f32> = v
+            // Every entry a number (one that is not was dropped, shifting the channels).
+            let vals: Option<Vec<f32>> = v
                 .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_f64)
-                        .map(|x| x as f32)
-                        .collect()
-                })
-                .unwrap_or_default();
-            <[f32; 3]>::try_from(vals)
+                .and_then(|a| a.iter().map(|x| x.as_f64().map(|x| x as f32)).collect());
+            <[f32; 3]>::try_from(vals.unwrap_or_default())
                 .map(Some)
                 .map_err(|_| keys.bad(key, "must be three numbers"))
         };
+        // Pixels are (x − mean) / std in f32: a std of 0 or 1e-40 made them infinite.
         if let Some(m) = triple("image_mean")? {
+            if !m.iter().all(|v| v.is_finite() && v.abs() <= 1e3) {
+                return Err(keys.bad("image_mean", "must be finite, within ±1000"));
+            }
             self.image_mean = m;
         }
         if let Some(s) = triple("image_std")? {
-            if s.iter().any(|&v| v <= 0.0) {
-                return Err(keys.bad("image_std", "must be positive"));
+            if !s.iter().all(|v| (1e-3..=1e3).contains(v)) {
+                return Err(keys.bad("image_std", "must be within 0.001..=1000"));
             }
             self.image_std = s;
         }
