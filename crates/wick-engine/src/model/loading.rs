@@ -186,7 +186,7 @@ impl Model {
     }
 
     fn assemble(
-        decoder: AnyDecoder,
+        mut decoder: AnyDecoder,
         tokenizer: Tokenizer,
         template_source: Option<String>,
         defaults: GenerationDefaults,
@@ -194,6 +194,8 @@ impl Model {
         path: &Path,
         format: ModelFormat,
     ) -> Result<Model> {
+        // A padded vocabulary's extra rows are never produced (models/decoder/vocab_mask.rs).
+        with_decoder!(&mut decoder, d => d.mask_vocabulary(tokenizer.vocab_size()))?;
         let cfg = with_decoder!(&decoder, d => d.config());
         let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
         let backend = with_decoder!(&decoder, d => d.backend().name());

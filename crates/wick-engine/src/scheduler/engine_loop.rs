@@ -237,7 +237,7 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
                         c.spec_draft_cached
                             .fetch_add(fed.len() as u64, Ordering::Relaxed);
                     }
-                    seq.enable_speculation(spec, draft, model.config().vocab_size);
+                    seq.enable_speculation(spec, draft, model.vocab_size());
                 }
             }
             tracing::debug!(
@@ -759,10 +759,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
             tracing::error!(error = %e, "forward pass failed; failing the batch");
             for a in running.drain(..) {
                 c.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = a
-                    .req
-                    .events
-                    .send(EngineEvent::Failed(format!("generation failed: {e}")));
+                let _ = a.req.events.send(EngineEvent::Failed(e.to_string()));
             }
             return;
         }
@@ -793,10 +790,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
                 }
             }
             Err(e) => {
-                let _ = a
-                    .req
-                    .events
-                    .send(EngineEvent::Failed(format!("generation failed: {e}")));
+                let _ = a.req.events.send(EngineEvent::Failed(e.to_string()));
                 c.failed.fetch_add(1, Ordering::Relaxed);
                 a.seq.cancel();
                 finished.push((i, false));

@@ -83,7 +83,7 @@ pub async fn completions(
 /// A token-id prompt's ids must be in the model's vocabulary (`prompt[i]` names the first
 /// that is not).
 pub fn check_token_ids(state: &AppState, ids: &[u32]) -> Result<(), ApiError> {
-    let vocab = state.model().config().vocab_size;
+    let vocab = state.model().vocab_size();
     match ids.iter().position(|&id| id as usize >= vocab) {
         Some(i) => Err(ApiError::field(
             format!("prompt[{i}]"),

@@ -77,7 +77,7 @@ pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCom
             builtin_max_tokens: BUILTIN_COMPLETION_MAX_TOKENS,
             logprobs,
             thinking_off: false,
-            vocab_size: model.config().vocab_size,
+            vocab_size: model.vocab_size(),
         },
     )?;
     generation.adapters = crate::routes::adapters::select(
