@@ -1,6 +1,6 @@
 //! The engine loop with the real default model: batched greedy output equals running
-//! each request alone, queue limits, cancellation; and a padded vocabulary's extra rows
-//! never produced, on any route.
+//! each request alone, queue limits, cancellation, what a panic on the engine thread
+//! does; and a padded vocabulary's extra rows never produced, on any route.
 use std::ops::ControlFlow;
 
 use wick_engine::sampler::SamplingParams;
@@ -400,4 +400,58 @@ fn padded_vocabulary_rows_are_never_produced() {
         }
         assert!(engine.shutdown(std::time::Duration::from_secs(5)));
     }
+}
+
+/// A panic on the engine thread (injected; it stands for any bug in a pass) fails the
+/// request it was running and the one waiting behind it with the reason, refuses later
+/// submits with it and reports the engine halted; shutting down still returns.
+#[test]
+fn an_engine_panic_fails_every_request_and_halts_the_engine() {
+    let model = default_model();
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            max_batch: 1,
+            max_queue: 4,
+            panic_at_step: Some(4),
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(engine.halted(), None);
+    let mut req =
+        GenerationRequest::new(model.tokenize("Once upon a time").unwrap()).max_tokens(64);
+    req.ignore_eos = true;
+    let running = engine.submit(req.clone()).unwrap();
+    let waiting = engine.submit(req.clone()).unwrap();
+    for (name, mut h) in [("running", running), ("waiting", waiting)] {
+        let mut failed = None;
+        while let Some(e) = h.blocking_next() {
+            match e {
+                EngineEvent::Token(_) => {}
+                EngineEvent::Done(_) => panic!("{name}: finished despite the panic"),
+                EngineEvent::Failed(e) => failed = Some(e),
+            }
+        }
+        let e = failed.unwrap_or_else(|| panic!("{name}: its channel closed without a reason"));
+        assert!(
+            e.contains("the engine stopped after an internal error")
+                && e.contains("a panic injected at step 4"),
+            "{name}: {e}"
+        );
+    }
+    let reason = engine.halted().expect("the engine reports it halted");
+    assert!(reason.contains("a panic injected at step 4"), "{reason}");
+    match engine.submit(req) {
+        Err(SubmitError::Halted { reason }) => assert!(reason.contains("panic"), "{reason}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a halted engine accepted a request"),
+    }
+    let stats = engine.stats();
+    assert_eq!(
+        (stats.failed, stats.running, stats.queued),
+        (2, 0, 0),
+        "{stats:?}"
+    );
+    assert!(engine.shutdown(std::time::Duration::from_secs(5)));
 }
