@@ -217,11 +217,20 @@ impl<B: Backend> Decoder<B> {
         };
         let h = cfg.hidden_size;
         let embed = ld.matrix("token_embd.weight", cfg.vocab_size, h)?;
-        // A file may carry an untied head even when the config says tied: use it.
+        // A file may carry an untied head even when the config says tied: use it. One
+        // that says untied must carry it (running tied would be a different model).
         let output = if src.contains("output.weight") {
             Some(ld.matrix("output.weight", cfg.vocab_size, h)?)
-        } else {
+        } else if cfg.tie_embeddings {
             None
+        } else {
+            return Err(EngineError::Config {
+                source_name: src.source_name(),
+                reason: "the weights hold no output head (lm_head.weight / output.weight) \
+                         and the config does not tie it to the embedding \
+                         (tie_word_embeddings is false)"
+                    .into(),
+            });
         };
         let norm = ld.full_norm("output_norm", h)?;
         let stack = if cfg.gemma4.is_some() {

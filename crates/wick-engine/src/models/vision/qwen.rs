@@ -36,6 +36,9 @@ const MAX_POSITIONS: usize = 1 << 20;
 /// pixel budget keeps real requests far below).
 const MAX_PATCHES: usize = 1 << 16;
 
+/// The smallest per-channel standard deviation a preprocessor config may give.
+const MIN_IMAGE_STD: f32 = 1e-3;
+
 impl QwenVisionConfig {
     /// Reads a Qwen 3.5 or Qwen2.5-VL `config.json` (`qwen25`); `None` when it has no
     /// `vision_config` (a text-only checkpoint).
@@ -177,11 +180,19 @@ impl QwenVisionConfig {
                 .map_err(|_| keys.bad(key, "must be three numbers"))
         };
         if let Some(m) = triple("image_mean")? {
+            if m.iter().any(|v| !v.is_finite()) {
+                return Err(keys.bad("image_mean", "must be finite"));
+            }
             self.image_mean = m;
         }
         if let Some(s) = triple("image_std")? {
-            if s.iter().any(|&v| v <= 0.0) {
-                return Err(keys.bad("image_std", "must be positive"));
+            // Pixels in [0, 1] are divided by it: a zero (or a tiny one) would feed the
+            // tower infinite (or absurd) values. Real processors use 0.26 to 0.5.
+            if s.iter().any(|&v| !(v.is_finite() && v >= MIN_IMAGE_STD)) {
+                return Err(keys.bad(
+                    "image_std",
+                    &format!("must be three finite numbers of at least {MIN_IMAGE_STD} (pixels are divided by them)"),
+                ));
             }
             self.image_std = s;
         }
