@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use wick_engine::{EngineError, LoadOptions, Model};
 use wick_gguf::{GgmlType, GgufWriter, MetadataValue as V};
 
+#[path = "common/safetensors.rs"]
+mod safetensors;
 #[path = "common/serving.rs"]
 mod serving;
 use serving::smollm2_path as smollm2;
@@ -365,6 +367,248 @@ fn unknown_hidden_act_and_bad_hf_numbers_are_rejected() {
         let e = load_err(&hf);
         assert!(
             e.contains("config.json") && e.contains(field),
+            "{name}: {e}"
+        );
+    }
+}
+
+/// Every size a config gives is checked at load, not left to fail (or panic) in the first
+/// forward pass: a 0 sliding window (which panicked the engine thread), 0 vocabulary,
+/// MLP, head or rotary sizes, head counts that do not divide, an odd rotary size, a
+/// negative logit multiplier.
+#[test]
+fn every_size_of_a_config_is_checked_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = |extra: &str| {
+        format!(
+            r#"{{"model_type": "llama", "hidden_size": 32, "num_attention_heads": 2,
+                "num_hidden_layers": 1, "vocab_size": 259, "intermediate_size": 64{extra}}}"#
+        )
+    };
+    let cases = [
+        (
+            "vocab",
+            llama(r#", "vocab_size": 0"#),
+            "vocabulary size is 0",
+        ),
+        (
+            "mlp",
+            llama(r#", "intermediate_size": 0"#),
+            "intermediate (MLP) size is 0",
+        ),
+        (
+            "heads",
+            llama(r#", "num_attention_heads": 0"#),
+            "head count is 0",
+        ),
+        (
+            "head-dim",
+            llama(r#", "head_dim": 0"#),
+            "head dimension is 0",
+        ),
+        (
+            "kv-heads",
+            llama(r#", "num_key_value_heads": 3"#),
+            "not a multiple of 3",
+        ),
+        (
+            "kv-zero",
+            llama(r#", "num_key_value_heads": 0"#),
+            "key/value heads",
+        ),
+        (
+            "rotary-zero",
+            llama(r#", "partial_rotary_factor": 0.0"#),
+            "rotary dimensions 0",
+        ),
+        (
+            "rotary-odd",
+            llama(r#", "head_dim": 16, "partial_rotary_factor": 0.5625"#),
+            "rotary dimensions 9",
+        ),
+        (
+            "granite-logits",
+            r#"{"model_type": "granite", "hidden_size": 32, "num_attention_heads": 2,
+            "num_hidden_layers": 1, "vocab_size": 259, "intermediate_size": 64,
+            "logits_scaling": -4.0}"#
+                .to_string(),
+            "logit multiplier",
+        ),
+        (
+            "gemma3-window",
+            r#"{"model_type": "gemma3_text", "hidden_size": 32,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+            "num_hidden_layers": 2, "vocab_size": 259, "intermediate_size": 64,
+            "sliding_window": 0}"#
+                .to_string(),
+            "sliding window of 0 tokens",
+        ),
+    ];
+    for (name, config, want) in cases {
+        let hf = dir.path().join(name);
+        std::fs::create_dir(&hf).unwrap();
+        std::fs::write(hf.join("config.json"), config).unwrap();
+        let e = load_err(&hf);
+        assert!(e.contains("config.json") && e.contains(want), "{name}: {e}");
+    }
+    // The same sizes in GGUF metadata.
+    for (name, arch, key, value, want) in [
+        (
+            "rope-dims",
+            "llama",
+            "llama.rope.dimension_count",
+            V::U32(0),
+            "rotary dimensions 0",
+        ),
+        (
+            "window",
+            "gemma3",
+            "gemma3.attention.sliding_window",
+            V::U32(0),
+            "sliding window of 0",
+        ),
+        (
+            "ffn",
+            "llama",
+            "llama.feed_forward_length",
+            V::U32(0),
+            "intermediate (MLP) size is 0",
+        ),
+        (
+            "heads",
+            "llama",
+            "llama.attention.head_count_kv",
+            V::U32(3),
+            "not a multiple of 3",
+        ),
+    ] {
+        let w = tiny_gguf_with(arch, None, None, &[(key, value)]);
+        let p = write(dir.path(), &format!("{name}.gguf"), &w);
+        let e = load_err(&p);
+        assert!(
+            e.contains(&format!("{name}.gguf")) && e.contains(want),
+            "{name}: {e}"
+        );
+    }
+}
+
+/// Loading a model never opens a FIFO (the open would block for good), a device or a
+/// directory where a model file belongs: each is refused by name before anything reads.
+#[cfg(unix)]
+#[test]
+fn special_files_in_place_of_model_files_are_refused_without_hanging() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = |path: &Path| {
+        let status = std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mkfifo {}", path.display());
+    };
+    // Each case: the path to load, and what the error must name.
+    let mut cases: Vec<(PathBuf, PathBuf, &str)> = Vec::new();
+    for file in [
+        "model.safetensors",
+        "tokenizer.json",
+        "config.json",
+        "tokenizer_config.json",
+    ] {
+        let model = safetensors::copy_golden("qwen2", &dir.path().join(format!("fifo-{file}")));
+        std::fs::remove_file(model.join(file)).unwrap();
+        fifo(&model.join(file));
+        cases.push((model.clone(), model.join(file), "is a FIFO"));
+    }
+    let gguf = dir.path().join("fifo.gguf");
+    fifo(&gguf);
+    cases.push((gguf.clone(), gguf, "is a FIFO"));
+    let model = safetensors::copy_golden("qwen2", &dir.path().join("dir-weights"));
+    std::fs::remove_file(model.join("model.safetensors")).unwrap();
+    std::fs::create_dir(model.join("model.safetensors")).unwrap();
+    cases.push((
+        model.clone(),
+        model.join("model.safetensors"),
+        "is a directory",
+    ));
+    let model = safetensors::copy_golden("qwen2", &dir.path().join("device-weights"));
+    std::fs::remove_file(model.join("model.safetensors")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", model.join("model.safetensors")).unwrap();
+    cases.push((
+        model.clone(),
+        model.join("model.safetensors"),
+        "is a device",
+    ));
+    cases.push((
+        PathBuf::from("/dev/null"),
+        PathBuf::from("/dev/null"),
+        "is a device",
+    ));
+    for (path, culprit, want) in cases {
+        let (tx, rx) = mpsc::channel();
+        let load = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(Model::load(&load, &LoadOptions::default()).map(|_| ()));
+        });
+        let result = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("loading {} hung", path.display()));
+        let e = result.expect_err("a special file loaded").to_string();
+        assert!(
+            e.contains(&culprit.display().to_string()) && e.contains(want),
+            "{}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// A Hugging Face model whose config says its head is untied but whose weights have no
+/// `lm_head.weight` is refused (it used to run tied: another model); with
+/// `tie_word_embeddings: true` the same weights load.
+#[test]
+fn an_untied_model_without_its_output_head_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = safetensors::copy_golden("qwen2", &dir.path().join("headless"));
+    let weights = model.join("model.safetensors");
+    let tensors: Vec<_> = safetensors::read(&weights)
+        .into_iter()
+        .filter(|t| t.name != "lm_head.weight")
+        .collect();
+    safetensors::write(&weights, &tensors);
+    let e = load_err(&model);
+    assert!(
+        e.contains("no output head") && e.contains("tie_word_embeddings is false"),
+        "{e}"
+    );
+    safetensors::edit_config(&model, |c| c["tie_word_embeddings"] = true.into());
+    Model::load(&model, &LoadOptions::default()).unwrap();
+}
+
+/// A Qwen-VL image processor config whose `image_std` is zero (or so small that pixels
+/// divided by it blow up), or whose `image_mean` is not finite, is refused at load.
+#[test]
+fn a_preprocessor_that_would_divide_pixels_by_zero_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, key, value) in [
+        ("zero", "image_std", serde_json::json!([0, 0, 0])),
+        ("tiny", "image_std", serde_json::json!([1e-30, 0.26, 0.27])),
+        (
+            "negative",
+            "image_std",
+            serde_json::json!([0.26, -0.26, 0.27]),
+        ),
+        ("mean", "image_mean", serde_json::json!([0.5, 1e39, 0.5])),
+    ] {
+        let model = safetensors::copy_golden("qwen25_vl", &dir.path().join(name));
+        let path = model.join("preprocessor_config.json");
+        let mut pre: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        pre[key] = value;
+        std::fs::write(&path, pre.to_string()).unwrap();
+        let e = load_err(&model);
+        assert!(
+            e.contains("preprocessor_config.json") && e.contains(key),
             "{name}: {e}"
         );
     }

@@ -183,6 +183,9 @@ pub enum ApiError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The engine stopped after an internal error (a panic); the server is going down.
+    #[error("{0}")]
+    EngineHalted(String),
     /// Generation failed inside the engine.
     #[error("generation failed: {0}")]
     Generation(String),
@@ -264,7 +267,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown | ApiError::JobsUnavailable(_) => {
+            ApiError::ShuttingDown | ApiError::EngineHalted(_) | ApiError::JobsUnavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Generation(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -283,7 +286,9 @@ impl ApiError {
             | ApiError::AdapterNotFound { .. }
             | ApiError::JobNotFound { .. } => "not_found_error",
             ApiError::QueueFull { .. } => "rate_limit_error",
-            ApiError::ShuttingDown | ApiError::JobsUnavailable(_) => "service_unavailable_error",
+            ApiError::ShuttingDown | ApiError::EngineHalted(_) | ApiError::JobsUnavailable(_) => {
+                "service_unavailable_error"
+            }
             ApiError::Generation(_) | ApiError::Internal(_) => "server_error",
             _ => "invalid_request_error",
         }
@@ -316,6 +321,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::ShuttingDown => "shutting_down",
+            ApiError::EngineHalted(_) => "engine_halted",
             ApiError::Generation(_) => "generation_failed",
             ApiError::Internal(_) => "internal_error",
         }
@@ -456,6 +462,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::Invalid(e) => e.into(),
             SubmitError::QueueFull { limit } => ApiError::QueueFull { limit },
             SubmitError::ShuttingDown => ApiError::ShuttingDown,
+            SubmitError::Halted { reason } => ApiError::EngineHalted(reason),
         }
     }
 }
@@ -489,6 +496,11 @@ pub enum StartupError {
     /// The server loop failed.
     #[error("server error: {0}")]
     Serve(std::io::Error),
+    /// The engine thread stopped after an internal error (a panic) while serving: the
+    /// server failed what was in flight, shut down and reports it so the process exits
+    /// non-zero and its supervisor restarts it.
+    #[error("{0}")]
+    EngineHalted(String),
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Running the server: binding (a busy port is a clear error), serving until SIGINT or
-//! SIGTERM, then a bounded shutdown — stop accepting, let in-flight generations finish
+//! SIGTERM (or until the engine halts after an internal error, which ends in an error so
+//! the process exits non-zero), then a bounded shutdown — stop accepting, let in-flight generations finish
 //! within the grace period, cancel the rest, then flush the prompt cache to the SSD tier
 //! within its own timeout.
 //!
@@ -88,6 +89,7 @@ pub async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server = connections::serve(listener, app(state), limits, stop_rx);
     let mut server = tokio::spawn(server);
+    let mut halted = None;
     tokio::select! {
         result = &mut server => {
             return match result {
@@ -96,6 +98,12 @@ pub async fn serve(
             };
         }
         _ = shutdown => {}
+        reason = engine.wait_halted() => {
+            // The engine failed its requests already; a restarted process is the only way
+            // back (docs/reliability.md).
+            tracing::error!(%reason, "the engine stopped: shutting down to be restarted");
+            halted = Some(reason);
+        }
     }
     tracing::info!(
         grace_s = grace.as_secs_f64(),
@@ -122,7 +130,10 @@ pub async fn serve(
         Err(e) => tracing::error!("engine shutdown failed: {e}"),
     }
     flush_at_shutdown(engine, flush_timeout).await;
-    Ok(())
+    match halted {
+        Some(reason) => Err(StartupError::EngineHalted(reason)),
+        None => Ok(()),
+    }
 }
 
 /// The last flush of the prompt cache, once the engine is idle: what it could not make

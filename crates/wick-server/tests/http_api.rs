@@ -483,3 +483,56 @@ async fn a_grammar_that_hits_a_limit_while_generating_is_a_client_error() {
     assert_eq!(last["type"], "response.failed", "{}", a.text());
     assert_eq!(last["response"]["error"]["code"], "grammar_failed");
 }
+
+/// A panic on the engine thread (injected; it stands for any bug in a pass) fails the
+/// request in flight with the reason under one "generation failed:" prefix, refuses later
+/// requests with 503, turns `/health` to 503 so a router stops sending work, and ends
+/// `serve` with an error (the process exits non-zero, for its supervisor to restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_panic_fails_health_and_ends_the_server() {
+    let st = state_with(
+        EngineConfig {
+            panic_at_step: Some(0),
+            ..EngineConfig::default()
+        },
+        |_| {},
+    );
+    let r = router(&st);
+    assert_eq!(send(&r, get("/health")).await.status, StatusCode::OK);
+    let a = send(&r, post_json("/v1/chat/completions", &chat_body(json!({})))).await;
+    let body = a.assert_error(StatusCode::INTERNAL_SERVER_ERROR, "generation_failed");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("generation failed: the engine stopped after an internal error")
+            && message.contains("a panic injected at step 0")
+            && !message.contains("generation failed: generation failed"),
+        "{message}"
+    );
+    let health = send(&r, get("/health")).await;
+    assert_eq!(health.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(health.json()["status"], "error");
+    assert!(
+        health.json()["reason"]
+            .as_str()
+            .unwrap()
+            .contains("a panic injected"),
+        "{}",
+        health.text()
+    );
+    send(&r, post_json("/v1/chat/completions", &chat_body(json!({}))))
+        .await
+        .assert_error(StatusCode::SERVICE_UNAVAILABLE, "engine_halted");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let served = tokio::time::timeout(
+        Duration::from_secs(20),
+        wick_server::serve(listener, st, std::future::pending()),
+    )
+    .await
+    .expect("serve went on after the engine halted");
+    match served {
+        Err(wick_server::StartupError::EngineHalted(reason)) => {
+            assert!(reason.contains("a panic injected"), "{reason}")
+        }
+        other => panic!("serve ended with {other:?}"),
+    }
+}

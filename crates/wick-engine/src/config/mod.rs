@@ -674,15 +674,17 @@ impl ModelConfig {
                 reason,
             })
         };
-        if self.num_layers == 0
-            || self.hidden_size == 0
-            || self.num_heads == 0
-            || self.head_dim == 0
-        {
-            return bad(format!(
-                "layers {}, hidden {}, heads {}, head_dim {} must all be positive",
-                self.num_layers, self.hidden_size, self.num_heads, self.head_dim
-            ));
+        for (name, value) in [
+            ("layer count", self.num_layers),
+            ("hidden size", self.hidden_size),
+            ("head count", self.num_heads),
+            ("head dimension", self.head_dim),
+            ("intermediate (MLP) size", self.intermediate_size),
+            ("vocabulary size", self.vocab_size),
+        ] {
+            if value == 0 {
+                return bad(format!("{name} is 0; it must be positive"));
+            }
         }
         if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
@@ -690,9 +692,16 @@ impl ModelConfig {
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.rotary_dims > self.head_dim || !self.rotary_dims.is_multiple_of(2) {
+        // No supported family runs without rotary embeddings: 0 rotated dimensions
+        // (`rope.dimension_count = 0`, `partial_rotary_factor: 0`) is a damaged file, not
+        // a position-free model.
+        if self.rotary_dims == 0
+            || self.rotary_dims > self.head_dim
+            || !self.rotary_dims.is_multiple_of(2)
+        {
             return bad(format!(
-                "rotary dimensions {} do not fit head_dim {}",
+                "rotary dimensions {} do not fit head_dim {} (they must be a positive even \
+                 number no larger than it)",
                 self.rotary_dims, self.head_dim
             ));
         }
@@ -710,6 +719,12 @@ impl ModelConfig {
                 "{} layer windows for {} layers",
                 self.layer_windows.len(),
                 self.num_layers
+            ));
+        }
+        if let Some(i) = self.layer_windows.iter().position(|w| *w == Some(0)) {
+            return bad(format!(
+                "layer {i} has a sliding window of 0 tokens (sliding_window / \
+                 attention.sliding_window); it must be positive"
             ));
         }
         self.validate_numbers()
@@ -790,11 +805,21 @@ impl ModelConfig {
         for (name, m) in [
             ("embedding multiplier", self.features.embed_multiplier),
             ("residual multiplier", self.features.residual_multiplier),
-            ("logit multiplier", self.features.logit_multiplier),
         ] {
             if let Some(m) = m.filter(|m| !(m.is_finite() && *m != 0.0)) {
                 return Err(format!("{name} {m} must be a finite non-zero number"));
             }
+        }
+        // A negative one would turn the logits around (and the padded vocabulary's `-inf`
+        // bias into `+inf`).
+        if let Some(m) = self
+            .features
+            .logit_multiplier
+            .filter(|m| !(m.is_finite() && *m > 0.0))
+        {
+            return Err(format!(
+                "logit multiplier {m} must be a positive finite number"
+            ));
         }
         if !self.features.rope_layers.is_empty()
             && self.features.rope_layers.len() != self.num_layers

@@ -17,7 +17,7 @@ impl Model {
             ));
         }
         self.check_media(request)?;
-        let vocab = self.config().vocab_size;
+        let vocab = self.vocab_size();
         // A soft token's id is never looked up (its image's rows replace it).
         let in_media = |i: usize| {
             request

@@ -15,7 +15,9 @@ use crate::backend::candle::{CandleBackend, KvDtype};
 use crate::backend::{Backend, BackendKind};
 use crate::config::ModelConfig;
 use crate::models::decoder::Decoder;
-use crate::weights::{GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource};
+use crate::weights::{
+    check_regular_file, GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource,
+};
 use crate::{EngineError, Result};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
@@ -26,7 +28,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EngineError + '_ {
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
-    if !path.is_file() {
+    if !check_regular_file(path)? {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(io(path))?;
@@ -36,6 +38,25 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
             source_name: path.display().to_string(),
             reason: format!("not valid JSON: {e}"),
         })
+}
+
+/// Every file of a Hugging Face directory that loading may open (configs, tokenizer files,
+/// templates, weights) is a regular file, or a link to one: checked before any is opened,
+/// since opening a FIFO blocks (a loader that hangs) and a device or directory under a
+/// model file's name is a damaged directory. Other entries are never opened.
+fn check_model_files(dir: &Path) -> Result<()> {
+    const READ: [&str; 6] = ["json", "jinja", "safetensors", "txt", "model", "tiktoken"];
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let path = entry.map_err(io(dir))?.path();
+        if path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| READ.contains(&e))
+        {
+            check_regular_file(&path)?;
+        }
+    }
+    Ok(())
 }
 
 impl Model {
@@ -58,8 +79,10 @@ impl Model {
             });
         }
         let mut model = if meta.is_dir() {
+            check_model_files(path)?;
             Self::load_hf(path, opts.backend, opts.kv_dtype.unwrap_or(KvDtype::F32))?
         } else {
+            check_regular_file(path)?;
             Self::load_gguf(path, opts.backend, opts.kv_dtype.unwrap_or(KvDtype::F16))?
         };
         if let Some(n) = opts.context_length {
@@ -186,7 +209,7 @@ impl Model {
     }
 
     fn assemble(
-        decoder: AnyDecoder,
+        mut decoder: AnyDecoder,
         tokenizer: Tokenizer,
         template_source: Option<String>,
         defaults: GenerationDefaults,
@@ -194,6 +217,8 @@ impl Model {
         path: &Path,
         format: ModelFormat,
     ) -> Result<Model> {
+        // A padded vocabulary's extra rows are never produced (models/decoder/vocab_mask.rs).
+        with_decoder!(&mut decoder, d => d.mask_vocabulary(tokenizer.vocab_size()))?;
         let cfg = with_decoder!(&decoder, d => d.config());
         let weight_bytes = with_decoder!(&decoder, d => d.weight_bytes());
         let backend = with_decoder!(&decoder, d => d.backend().name());

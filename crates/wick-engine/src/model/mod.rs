@@ -156,6 +156,14 @@ impl Model {
         with_decoder!(&self.decoder, d => d.config())
     }
 
+    /// The ids the model reads and produces: its tokenizer's, at most the embedding's
+    /// rows. Less than [`ModelConfig::vocab_size`] when the checkpoint pads its embedding
+    /// and output head (Qwen's 151,936 rows for 151,665 tokens): the padded ids are never
+    /// generated, and prompts and `logit_bias` may not name them.
+    pub fn vocab_size(&self) -> usize {
+        with_decoder!(&self.decoder, d => d.vocab_size())
+    }
+
     /// What of the model its backend runs: the text model (it loaded, so yes), images,
     /// audio, adapters and speculative decoding, each with the reason where it cannot
     /// ([`crate::backend::capability`]).

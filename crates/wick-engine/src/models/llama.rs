@@ -52,7 +52,9 @@ pub(super) fn base_from_gguf(
         },
         rope_local: None,
         layer_windows: vec![None; layers],
-        tie_embeddings: false,
+        // llama.cpp's convention: a file without `output.weight` reads its head from the
+        // embedding table.
+        tie_embeddings: true,
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         attn_softcap: None,
         final_softcap: None,

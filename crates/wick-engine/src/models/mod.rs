@@ -118,6 +118,12 @@ impl ModelConfig {
             arch
         };
         let mut cfg = arch.config_from_hf(&keys)?;
+        // A multimodal wrapper may say whether the head is tied beside `text_config` only.
+        if !std::ptr::eq(text, json) && text.get("tie_word_embeddings").is_none() {
+            if let Some(tied) = (HfKeys { json, source }).opt_bool("tie_word_embeddings")? {
+                cfg.tie_embeddings = tied;
+            }
+        }
         if arch == Arch::Gemma3 {
             cfg.vision = crate::config::media::VisionConfig::from_hf(json, source)?;
         }

@@ -1,7 +1,9 @@
 //! The engine thread: admit, plan one batched step under a token budget and the KV block
 //! pool (preempting the newest sequence when a decode finds no block), run it, hand out
 //! tokens, retire finished sequences — repeat.
+use std::any::Any;
 use std::collections::VecDeque;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -57,11 +59,62 @@ impl Batch {
     }
 }
 
+/// The engine thread's body. A panic anywhere in it (a bug in a forward pass, a kernel,
+/// the sampler) halts the engine: every request in flight and waiting fails with the
+/// reason, later submits are refused, and [`Shared::halted`] tells the server, which stops
+/// reporting healthy and exits (`docs/reliability.md` says why it does not restart).
 pub(crate) fn run(model: &Model, shared: &Shared) {
     let mut b = Batch::default();
+    let served = panic::catch_unwind(AssertUnwindSafe(|| serve(model, shared, &mut b)));
+    if let Err(payload) = served {
+        halt(shared, &mut b, &panic_message(payload.as_ref()));
+    }
+    b.running.clear();
+    b.preempted.clear();
+    publish(shared, &b);
+    if let Some(cache) = &shared.cache {
+        cache.set_busy(false);
+    }
+}
+
+/// The text a panic was raised with.
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
+}
+
+/// After a panic on the engine thread: marks the engine halted (under the queue lock, so
+/// no submit slips in behind the drain), then fails the running, preempted and waiting
+/// requests with the reason. The model's and the batch's state are not trusted any more:
+/// nothing goes back to the prompt cache.
+fn halt(shared: &Shared, b: &mut Batch, panic: &str) {
+    let c = &shared.counters;
+    let reason = format!(
+        "the engine stopped after an internal error ({panic}); the server must be restarted"
+    );
+    tracing::error!(panic, "engine thread panicked: failing every request");
+    let waiting: Vec<Pending> = {
+        let mut q = shared.lock_queue();
+        shared.halt(reason.clone());
+        c.queued.store(0, Ordering::Relaxed);
+        q.waiting.drain(..).collect()
+    };
+    let running = b.running.drain(..).map(|a| a.req);
+    let preempted = b.preempted.drain(..).map(|a| a.req);
+    for p in running.chain(preempted).chain(waiting) {
+        c.failed.fetch_add(1, Ordering::Relaxed);
+        let _ = p.events.send(EngineEvent::Failed(reason.clone()));
+    }
+}
+
+/// Admits, steps and retires sequences until shutdown.
+fn serve(model: &Model, shared: &Shared, b: &mut Batch) {
     let c = &shared.counters;
     loop {
-        if !admit(model, shared, &mut b) {
+        if !admit(model, shared, b) {
             break;
         }
         if shared.abort.load(Ordering::Relaxed) {
@@ -86,18 +139,12 @@ pub(crate) fn run(model: &Model, shared: &Shared) {
         // The batch's figures are published before the cancellations are counted, so a
         // caller that sees its request cancelled also sees the memory it held freed (also
         // when it was the last one running).
-        publish(shared, &b);
+        publish(shared, b);
         c.cancelled.fetch_add(cancelled, Ordering::Relaxed);
         if !b.running.is_empty() {
-            step(model, shared, &mut b);
-            publish(shared, &b);
+            step(model, shared, b);
+            publish(shared, b);
         }
-    }
-    b.running.clear();
-    b.preempted.clear();
-    publish(shared, &b);
-    if let Some(cache) = &shared.cache {
-        cache.set_busy(false);
     }
 }
 
@@ -237,7 +284,7 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
                         c.spec_draft_cached
                             .fetch_add(fed.len() as u64, Ordering::Relaxed);
                     }
-                    seq.enable_speculation(spec, draft, model.config().vocab_size);
+                    seq.enable_speculation(spec, draft, model.vocab_size());
                 }
             }
             tracing::debug!(
@@ -620,6 +667,13 @@ fn kept_drafts(running: &[Active]) -> usize {
 
 /// Plans and runs one forward pass over the batch.
 fn step(model: &Model, shared: &Shared, b: &mut Batch) {
+    let c = &shared.counters;
+    if shared.config.panic_at_step == Some(c.steps.load(Ordering::Relaxed)) {
+        panic!(
+            "a panic injected at step {} (EngineConfig::panic_at_step)",
+            c.steps.load(Ordering::Relaxed)
+        );
+    }
     let started = Instant::now();
     run_step(model, shared, b);
     let nanos = started.elapsed().as_nanos() as u64;
@@ -759,10 +813,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
             tracing::error!(error = %e, "forward pass failed; failing the batch");
             for a in running.drain(..) {
                 c.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = a
-                    .req
-                    .events
-                    .send(EngineEvent::Failed(format!("generation failed: {e}")));
+                let _ = a.req.events.send(EngineEvent::Failed(e.to_string()));
             }
             return;
         }
@@ -793,10 +844,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
                 }
             }
             Err(e) => {
-                let _ = a
-                    .req
-                    .events
-                    .send(EngineEvent::Failed(format!("generation failed: {e}")));
+                let _ = a.req.events.send(EngineEvent::Failed(e.to_string()));
                 c.failed.fetch_add(1, Ordering::Relaxed);
                 a.seq.cancel();
                 finished.push((i, false));

@@ -31,6 +31,13 @@ pub enum SubmitError {
     /// The engine is shutting down.
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// The engine thread stopped after an internal error (a panic); nothing runs until the
+    /// process is restarted.
+    #[error("{reason}")]
+    Halted {
+        /// What stopped it.
+        reason: String,
+    },
 }
 
 /// Starts engine loops.
@@ -120,6 +127,9 @@ impl EngineHandle {
         let cancel = Arc::new(AtomicBool::new(false));
         let id = {
             let mut q = self.shared.lock_queue();
+            if let Some(reason) = self.shared.halted() {
+                return Err(SubmitError::Halted { reason });
+            }
             if q.shutting_down {
                 return Err(SubmitError::ShuttingDown);
             }
@@ -146,6 +156,29 @@ impl EngineHandle {
             events: rx,
             cancel,
         })
+    }
+
+    /// Why the engine thread stopped after an internal error (a panic), if it did: every
+    /// request then in flight or waiting has failed with this reason, and every later
+    /// submit is refused with it. A server stops reporting healthy and exits.
+    pub fn halted(&self) -> Option<String> {
+        self.shared.halted()
+    }
+
+    /// Resolves with [`EngineHandle::halted`]'s reason once the engine thread stops after
+    /// a panic; never while it runs.
+    pub async fn wait_halted(&self) -> String {
+        let mut watch = self.shared.watch_halt();
+        let reason = watch
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|r| r.clone());
+        match reason {
+            Some(reason) => reason,
+            // The sender lives as long as this handle's shared state: not reached.
+            None => std::future::pending().await,
+        }
     }
 
     /// Current counters, the prompt cache's included.

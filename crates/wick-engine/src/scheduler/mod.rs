@@ -109,6 +109,11 @@ pub struct EngineConfig {
     /// directory of its own; the SSD cap is split like the RAM one). A preempted
     /// sequence's draft KV waits there and comes back when it resumes.
     pub draft_model: Option<crate::speculative::DraftModel>,
+    /// Testing only: the engine thread panics before running this step (counted from 0),
+    /// standing for a bug in a forward pass, so that tests can check what a panic does to
+    /// the requests and the server (`wick serve` sets it from `WICK_TEST_PANIC_AT_STEP`).
+    #[doc(hidden)]
+    pub panic_at_step: Option<u64>,
 }
 
 /// Default RAM prompt-cache cap: 8 GiB.
@@ -133,6 +138,7 @@ impl Default for EngineConfig {
             speculative: None,
             masked_argmax: None,
             draft_model: None,
+            panic_at_step: None,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
 use super::admission::KvAdmission;
 use super::cache::EngineCache;
@@ -89,6 +90,9 @@ pub(crate) struct Shared {
     pub cache: Option<EngineCache>,
     /// The KV block pool and admission figures.
     pub admission: KvAdmission,
+    /// Why the engine thread stopped after a panic (`None` while it runs); watched by the
+    /// server, which stops answering healthy and exits.
+    halted: watch::Sender<Option<String>>,
 }
 
 impl Shared {
@@ -106,7 +110,23 @@ impl Shared {
             abort: AtomicBool::new(false),
             cache,
             admission,
+            halted: watch::Sender::new(None),
         }
+    }
+
+    /// Records that the engine thread stopped after a panic, and why.
+    pub fn halt(&self, reason: String) {
+        self.halted.send_replace(Some(reason));
+    }
+
+    /// Why the engine thread stopped, if it did.
+    pub fn halted(&self) -> Option<String> {
+        self.halted.borrow().clone()
+    }
+
+    /// A receiver that sees the engine halt.
+    pub fn watch_halt(&self) -> watch::Receiver<Option<String>> {
+        self.halted.subscribe()
     }
 
     /// The queue, even after a panic on another thread (the HTTP side must not go down

@@ -100,6 +100,13 @@ impl SafetensorsWeights {
         let mut maps = Vec::new();
         let mut entries = HashMap::new();
         for (i, path) in files.iter().enumerate() {
+            // A FIFO would block the open; a device or directory is no weights file.
+            if !super::check_regular_file(path)? {
+                return Err(EngineError::Io {
+                    path: path.to_path_buf(),
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
+            }
             let file = File::open(path).map_err(io(path))?;
             // SAFETY: read-only mapping of a model file wick does not modify.
             let map = unsafe { Mmap::map(&file) }.map_err(io(path))?;

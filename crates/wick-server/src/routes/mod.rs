@@ -119,7 +119,7 @@ pub fn app(state: AppState) -> Router {
         .post("/api/jobs/{id}/cancel", jobs::cancel);
     // The UI's files hold no data: the page asks for the key and sends it on its API calls.
     let mut open = Table::new()
-        .get("/health", ops::health)
+        .get("/health", ops::engine_health)
         .get("/", ui::index)
         .get("/ui/{*file}", ui::file);
     // `--public-load`: routers' load polls carry no key (vllm-router's power_of_two).

@@ -24,6 +24,20 @@ pub async fn health() -> Response {
         .into_response()
 }
 
+/// A generation server's health: [`health`] while the engine runs; after an internal
+/// error stopped it (the server is then shutting down to be restarted), 503 with
+/// `{"status": "error", "reason": …}`, so a router or load balancer stops sending it work.
+pub async fn engine_health(State(state): State<AppState>) -> Response {
+    match state.engine().halted() {
+        None => health().await,
+        Some(reason) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "error", "reason": reason})),
+        )
+            .into_response(),
+    }
+}
+
 /// Name, version, model and endpoints.
 pub async fn index(
     State(state): State<AppState>,

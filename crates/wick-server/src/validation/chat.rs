@@ -142,7 +142,7 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
             builtin_max_tokens: BUILTIN_CHAT_MAX_TOKENS,
             logprobs,
             thinking_off: thinking == Some(false),
-            vocab_size: model.config().vocab_size,
+            vocab_size: model.vocab_size(),
         },
     )?;
     generation.adapters =

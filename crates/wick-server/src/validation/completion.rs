@@ -77,7 +77,7 @@ pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCom
             builtin_max_tokens: BUILTIN_COMPLETION_MAX_TOKENS,
             logprobs,
             thinking_off: false,
-            vocab_size: model.config().vocab_size,
+            vocab_size: model.vocab_size(),
         },
     )?;
     generation.adapters =
@@ -89,7 +89,7 @@ pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCom
         generation.max_tokens = super::MaxTokens::Requested(0);
     }
     if let PromptInput::Tokens(ids) = &prompt {
-        check_token_ids(model.config().vocab_size, ids)?;
+        check_token_ids(model.vocab_size(), ids)?;
     }
     Ok(ValidCompletion {
         prompt,

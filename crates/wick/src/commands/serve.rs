@@ -505,6 +505,10 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
                 "host" => Some(false),
                 _ => None,
             },
+            // The test suite's way to make the engine thread panic (never set otherwise).
+            panic_at_step: std::env::var("WICK_TEST_PANIC_AT_STEP")
+                .ok()
+                .and_then(|v| v.parse().ok()),
             ..EngineConfig::default()
         },
     })

@@ -12,7 +12,8 @@
 //! - `loader.rs`: reading weights onto the backend, checked;
 //! - `dense.rs`: the dense layer stack;
 //! - `towers.rs`: the vision and audio towers;
-//! - `execute.rs`: wants, outputs and routes.
+//! - `execute.rs`: wants, outputs and routes;
+//! - `vocab_mask.rs`: the output head's padded rows, never produced.
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -21,6 +22,7 @@ pub(crate) mod dense;
 mod execute;
 pub(crate) mod loader;
 pub(crate) mod towers;
+mod vocab_mask;
 
 pub use cache::SequenceCache;
 pub use execute::{RowOutput, StepMasks, Want};
@@ -29,6 +31,7 @@ pub(crate) use loader::{Loader, Norm};
 use self::dense::{DenseLayers, Ropes};
 use self::execute::Route;
 use self::towers::Towers;
+use self::vocab_mask::VocabMask;
 use crate::adapters::{LoraBatch, LoraWeights};
 use crate::backend::capability::{self, Support};
 use crate::backend::{Backend, KvLayerSnapshot, RopeSpec};
@@ -137,6 +140,8 @@ pub struct Decoder<B: Backend> {
     rope_local: Option<RopeSpec>,
     support: Support,
     weight_bytes: usize,
+    /// The output head's rows past the tokenizer's ids, when it has some.
+    vocab_mask: Option<VocabMask<B>>,
 }
 
 /// The rotary spec of a pass whose longest sequence has `longest` tokens: `fixed` unless
@@ -212,11 +217,20 @@ impl<B: Backend> Decoder<B> {
         };
         let h = cfg.hidden_size;
         let embed = ld.matrix("token_embd.weight", cfg.vocab_size, h)?;
-        // A file may carry an untied head even when the config says tied: use it.
+        // A file may carry an untied head even when the config says tied: use it. One
+        // that says untied must carry it (running tied would be a different model).
         let output = if src.contains("output.weight") {
             Some(ld.matrix("output.weight", cfg.vocab_size, h)?)
-        } else {
+        } else if cfg.tie_embeddings {
             None
+        } else {
+            return Err(EngineError::Config {
+                source_name: src.source_name(),
+                reason: "the weights hold no output head (lm_head.weight / output.weight) \
+                         and the config does not tie it to the embedding \
+                         (tie_word_embeddings is false)"
+                    .into(),
+            });
         };
         let norm = ld.full_norm("output_norm", h)?;
         let stack = if cfg.gemma4.is_some() {
@@ -247,7 +261,24 @@ impl<B: Backend> Decoder<B> {
             rope_local,
             support,
             weight_bytes,
+            vocab_mask: None,
         })
+    }
+
+    /// Keeps the output head to the first `tokens` ids (the tokenizer's): the rows past
+    /// them (a padded vocabulary) are never produced by any route of a pass
+    /// (`vocab_mask.rs`).
+    pub fn mask_vocabulary(&mut self, tokens: usize) -> Result<()> {
+        self.vocab_mask = VocabMask::new(&self.backend, self.cfg.vocab_size, tokens)?;
+        Ok(())
+    }
+
+    /// Ids the model may produce: the tokenizer's (see [`Decoder::mask_vocabulary`]), at
+    /// most the output head's rows.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_mask
+            .as_ref()
+            .map_or(self.cfg.vocab_size, VocabMask::tokens)
     }
 
     /// The configuration.
@@ -397,14 +428,19 @@ impl<B: Backend> Decoder<B> {
                 Ok(rows
                     .into_iter()
                     .zip(data)
-                    .map(|(n, data)| match (n, route) {
+                    .map(|(n, mut data)| match (n, route) {
                         (0, _) => RowOutput::Nothing,
                         (_, Route::Hidden) => RowOutput::Hidden(data),
-                        _ => RowOutput::Logits(Logits {
-                            rows: n,
-                            vocab,
-                            data,
-                        }),
+                        _ => {
+                            if let Some(m) = &self.vocab_mask {
+                                m.apply_on_host(&mut data, vocab);
+                            }
+                            RowOutput::Logits(Logits {
+                                rows: n,
+                                vocab,
+                                data,
+                            })
+                        }
                     })
                     .collect())
             }),
@@ -619,7 +655,8 @@ impl<B: Backend> Decoder<B> {
         if hidden {
             return Ok((Some(x), per_item));
         }
-        let mut logits = be.linear(&x, self.output.as_ref().unwrap_or(&self.embed), None)?;
+        let head = self.output.as_ref().unwrap_or(&self.embed);
+        let mut logits = be.linear(&x, head, self.vocab_mask.as_ref().map(VocabMask::bias))?;
         if let Some(m) = cfg.features.logit_multiplier {
             logits = be.scale(&logits, m)?;
         }

@@ -36,6 +36,9 @@ const MAX_POSITIONS: usize = 1 << 20;
 /// pixel budget keeps real requests far below).
 const MAX_PATCHES: usize = 1 << 16;
 
+/// The smallest per-channel standard deviation a preprocessor config may give.
+const MIN_IMAGE_STD: f32 = 1e-3;
+
 impl QwenVisionConfig {
     /// Reads a Qwen 3.5 or Qwen2.5-VL `config.json` (`qwen25`); `None` when it has no
     /// `vision_config` (a text-only checkpoint).
