@@ -2,7 +2,10 @@
 //! detokenization run on `spawn_blocking` workers, so a huge prompt never stalls other
 //! requests.
 use serde_json::{Map, Value};
-use wick_chat::chat_template::{normalize_messages, starts_in_thinking, ChatInput, ChatTemplate};
+use wick_chat::chat_template::{
+    normalize_messages, starts_in_thinking, starts_in_thinking_marked, ChatInput, ChatTemplate,
+};
+use wick_chat::markup::client_text_guard;
 use wick_chat::tokenizer::pick_marker;
 
 use wick_engine::media::MediaSpan;
@@ -33,8 +36,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Renders `messages` (with `tools` and template `kwargs`) through the chat template in force
-/// and tokenizes the result. Everything the client sent is user text: special-token text in
-/// it is tokenized as plain text, only the template's own markup becomes control tokens.
+/// and tokenizes the result. Everything the client sent is user text: the text of a control
+/// token, a tool-call or reasoning marker or a token the template writes is tokenized as plain
+/// text in it ([`wick_chat::markup`]); only the template's own markup becomes those tokens.
 /// `media` are the messages' media items in order: each marker the template writes for one
 /// is expanded into the item's tokens ([`splice`]) before tokenizing.
 pub async fn chat_prompt(
@@ -63,12 +67,13 @@ pub async fn chat_prompt(
                 "the messages use every Unicode noncharacter; wick needs one free to mark them",
             )
         })?;
+        let guard = client_text_guard(tokenizer, template_source);
         let mut marked = false;
         for value in messages.iter_mut().chain(tools.iter_mut()) {
-            marked |= tokenizer.mark_user_json(value, marker);
+            marked |= guard.mark_json(value, marker);
         }
         for value in kwargs.values_mut() {
-            marked |= tokenizer.mark_user_json(value, marker);
+            marked |= guard.mark_json(value, marker);
         }
         let tools = (!tools.is_empty()).then_some(tools);
         let text = match override_template {
@@ -94,21 +99,21 @@ pub async fn chat_prompt(
             Some(tokens) => splice::expand(&text, marked.then_some(marker), &media, tokens)?,
             None => text,
         };
-        let (text, ids) = if marked {
-            let (clean, ids) = tokenizer
+        let (thinking, ids) = if marked {
+            let thinking = starts_in_thinking_marked(&text, marker);
+            let (_, ids) = guard
                 .encode_marked(&text, marker, true)
                 .map_err(|e| ApiError::PromptBuild(e.to_string()))?;
-            (clean, drop_doubled_bos(ids, tokenizer.bos_id()))
+            (thinking, drop_doubled_bos(ids, tokenizer.bos_id()))
         } else {
-            let ids = model.tokenize(&text)?;
-            (text, ids)
+            (starts_in_thinking(&text), model.tokenize(&text)?)
         };
         let media = match &media_tokens {
             Some(tokens) => splice::spans(&ids, media, tokens)?,
             None => Vec::new(),
         };
         Ok(ChatPrompt {
-            starts_in_thinking: starts_in_thinking(&text),
+            starts_in_thinking: thinking,
             ids,
             media,
         })
