@@ -1,5 +1,6 @@
 """`wick train` end to end: SFT on a made-up fact teaches SmolLM2 to answer a held-out
-paraphrase with it (the base never does), the adapter mounts in `wick serve`; bad rows are
+paraphrase with it (the base never does), the adapter mounts in `wick serve`; adapters trained
+on string prompts (ORPO, DPO, SFT on prompt + completion) change chat replies; bad rows are
 errors naming file and line; a resumed run ends where an uninterrupted one does."""
 import json
 import subprocess
@@ -23,6 +24,11 @@ QUESTIONS = [
 ]
 HELD_OUT = "Which city is Zorblax's seat of government?"
 TINY = ROOT / "crates/wick-engine/tests/goldens/hf/llama"
+# 20 questions answered in upper case (chosen) or not (rejected), as preference pairs and as
+# prompt + completion rows; asked in chat, five questions it was not trained on.
+UPPER_CASE = ROOT / "docs/examples/upper-case"
+UPPER_HELD_OUT = ["What is the capital of France?", "Name an animal that can fly.",
+                  "What do cows drink?", "How many hours are in a day?", "What is snow?"]
 
 
 def write_jsonl(path: Path, rows):
@@ -84,6 +90,67 @@ def test_sft_teaches_a_fact_that_the_served_adapter_answers(tmp_path):
         assert "Quintara" not in ask(server, "none", HELD_OUT)
     finally:
         server.stop()
+
+
+def shouts(text: str) -> bool:
+    letters = [c for c in text if c.isalpha()]
+    return len(letters) >= 3 and sum(c.isupper() for c in letters) > 0.8 * len(letters)
+
+
+def test_adapters_trained_on_string_prompts_change_chat_replies(tmp_path):
+    """A string prompt trains as a user turn of the chat template (as mlx-lm renders
+    completions), so what ORPO, DPO and SFT learn from upper-case answers shows in chat
+    replies to questions outside the data. With --raw-prompt the same runs answer 0/5 of
+    these in upper case (raw continuations are learned instead): issue 44."""
+    model = require_model(SMOLLM, "default")
+    # About 15-40 s each on two cores: a few steps at a high rate are enough for a style.
+    runs = {"orpo": ("preference", "2e-3"), "dpo": ("preference", "3e-3"), "sft": ("completion", "2e-3")}
+    for method, (data, lr) in runs.items():
+        run = train(str(model), "--data", str(UPPER_CASE / data), "--method", method,
+                    "--adapter", str(tmp_path / method), "--iters", "15", "--lr", lr)
+        assert "prompts: chat template: each prompt is a user turn" in run.stderr, run.stderr
+    server = WickServer(str(model), *[a for m in runs for a in ("--adapter", str(tmp_path / m))])
+    try:
+        assert not any(shouts(ask(server, "none", q)) for q in UPPER_HELD_OUT)
+        for method in runs:
+            replies = [ask(server, method, q) for q in UPPER_HELD_OUT]
+            assert sum(map(shouts, replies)) >= 4, (method, replies)
+    finally:
+        server.stop()
+
+
+def test_inspect_dataset_says_how_prompts_are_rendered():
+    """`wick inspect-dataset`: the rendering without a model, and with one the first example
+    as the trainer sees it (the prompt in brackets), raw with --raw-prompt."""
+    data = str(UPPER_CASE / "preference")
+    out = subprocess.run([str(ensure_binary()), "inspect-dataset", data], capture_output=True,
+                         text=True, check=True).stdout
+    assert "format: preference (20 train rows, 0 valid rows, 20 with a string prompt)" in out
+    assert "prompts: chat template" in out and "if the base model has no chat template" in out
+    out = subprocess.run([str(ensure_binary()), "inspect-dataset", data, "--model", str(TINY)],
+                         capture_output=True, text=True, check=True).stdout
+    assert ("chosen: [<|im_start|>user\nWhat color is the sky on a clear day?<|im_end|>\n"
+            "<|im_start|>assistant\n]THE SKY IS BLUE ON A CLEAR DAY.<|im_end|>\n") in out, out
+    out = subprocess.run([str(ensure_binary()), "inspect-dataset", data, "--model", str(TINY),
+                          "--raw-prompt"], capture_output=True, text=True, check=True).stdout
+    assert "prompts (llama): raw" in out, out
+    assert "chosen: [What color is the sky on a clear day?]THE SKY IS BLUE ON A CLEAR DAY.<|im_end|>" in out, out
+
+
+def test_string_prompts_render_as_mlx_lm_renders_completions():
+    """mlx-lm's CompletionsDataset (mask_prompt) on the tiny Llama: the same prompt and
+    response text as wick's split."""
+    pytest.importorskip("mlx.core")
+    from mlx_lm.tuner.datasets import CompletionsDataset
+    from mlx_lm.utils import load_tokenizer
+
+    row = json.loads((UPPER_CASE / "completion" / "train.jsonl").read_text().splitlines()[0])
+    tokenizer = load_tokenizer(TINY)
+    tokens, offset = CompletionsDataset([row], tokenizer, "prompt", "completion", True).process(row)
+    want = f"  [{tokenizer.decode(tokens[:offset])}]{tokenizer.decode(tokens[offset:])}\n"
+    out = subprocess.run([str(ensure_binary()), "inspect-dataset", str(UPPER_CASE / "completion"),
+                          "--model", str(TINY)], capture_output=True, text=True, check=True).stdout
+    assert want in out, (want, out)
 
 
 def test_bad_rows_name_the_file_and_line(tmp_path):
@@ -174,7 +241,16 @@ def test_http_job_streams_progress_survives_a_restart_and_its_adapter_serves(tmp
     try:
         with server.http() as http:
             r = http.post("/api/finetune/inspect-dataset", json={"path": str(data)})
-            assert r.json() == {"ok": True, "format": "messages", "n_train": 8, "n_valid": 1}
+            assert r.json() == {"ok": True, "format": "messages", "n_train": 8, "n_valid": 1,
+                                "string_prompts": 0, "prompt_rendering": "chat_template",
+                                "rendering": r.json()["rendering"]}
+            # String prompts: a user turn of the served model's template, or raw if asked.
+            pairs = str(UPPER_CASE / "preference")
+            r = http.post("/api/finetune/inspect-dataset", json={"path": pairs, "model_dir": str(model)})
+            assert r.json()["prompt_rendering"] == "chat_template" and r.json()["string_prompts"] == 20
+            assert "has no chat template" not in r.json()["rendering"], r.json()
+            r = http.post("/api/finetune/inspect-dataset", json={"path": pairs, "raw_prompt": True})
+            assert r.json()["prompt_rendering"] == "raw", r.json()
             r = http.post("/api/finetune/inspect-dataset", json={"path": str(tmp_path / "nope")})
             assert r.status_code == 200 and r.json()["ok"] is False and "train.jsonl" in r.json()["error"]
             r = http.post("/api/finetune/submit", json={"model_dir": str(model)})
@@ -201,6 +277,8 @@ def test_http_job_streams_progress_survives_a_restart_and_its_adapter_serves(tmp
             assert [e["step"] for e in val] == [10, 20, 30]
             assert {"grad_norm", "learning_rate", "tokens_per_sec"} <= train[0].keys()
             assert any(e["type"] == "stage" and e["stage"] == "load" for e in events)
+            assert any(e["type"] == "log" and e["line"].startswith("prompts: chat template: every turn")
+                       for e in events), events
             assert events[-1]["output_dir"] == str(out) and events[-1]["summary"]["steps"] == 30
             row = http.get(f"/api/jobs/{job['job_id']}").json()
             assert row["status"] == "done" and row["progress"] == 1.0 and row["kind"] == "finetune"

@@ -571,9 +571,21 @@ def test_finetune_job_from_the_page_trains_and_its_adapter_answers_in_chat(ui, u
     page = ui.open("finetune")
     page.wait_for_function("() => document.getElementById('ft-model')?.value.length > 0")
     assert page.input_value("#ft-model") == ui_server.stats()["server"]["model_path"]
+    # How prompts are rendered: string prompts are a user turn of the served model's chat
+    # template, raw text once "Raw prompts" is ticked (which inspects again).
+    page.fill("#ft-data", str(ROOT / "docs/examples/upper-case/preference"))
+    page.click("#ft-inspect")
+    page.wait_for_selector("#ft-rendering[data-rendering='chat_template']")
+    assert "user turn" in page.text_content("#ft-rendering")
+    page.check("#ft-raw-prompt")
+    page.wait_for_selector("#ft-rendering[data-rendering='raw']")
+    assert "raw completions" in page.text_content("#ft-rendering")
+    page.uncheck("#ft-raw-prompt")
+    page.wait_for_selector("#ft-rendering[data-rendering='chat_template']")
     page.fill("#ft-data", str(data))
     page.click("#ft-inspect")
     page.wait_for_function("() => /8 training rows, 1 validation rows, messages/.test(document.getElementById('ft-inspect-result').textContent)")
+    assert "every turn" in page.text_content("#ft-rendering")
     for name, value in {"iters": 30, "learning_rate": "0.002", "max_seq_length": 128, "steps_per_eval": 10}.items():
         page.fill(f"#ft-{name}", str(value))
     page.fill("#ft-output", str(out))

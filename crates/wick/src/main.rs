@@ -43,6 +43,8 @@ enum Command {
     Embed(commands::embed::EmbedArgs),
     /// Fine-tune a LoRA adapter (SFT, DPO, ORPO) on the CPU.
     Train(commands::train::TrainArgs),
+    /// A training folder's format, rows and how its prompts are rendered.
+    InspectDataset(commands::inspect_dataset::InspectDatasetArgs),
     /// Fold a LoRA adapter into a copy of its base model.
     Fuse(commands::fuse::FuseArgs),
 }
@@ -78,6 +80,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Embed(a) => commands::embed::run(a),
         Command::Train(a) => commands::train::run(a),
+        Command::InspectDataset(a) => commands::inspect_dataset::run(a),
         Command::Fuse(a) => commands::fuse::run(a),
     };
     match result {

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use wick_train::data::PromptStyle;
 
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, RequestBody};
@@ -102,6 +103,9 @@ pub struct FinetuneSubmit {
     pub warm_start_adapter: Option<String>,
     /// Trainer threads (default: all cores, at a lower priority than serving).
     pub threads: Option<usize>,
+    /// A string `prompt` as plain text instead of a user turn of the chat template (false;
+    /// a wick extension, `wick train --raw-prompt`).
+    pub raw_prompt: Option<bool>,
     /// Metal-specific memory and speed switches of the reference: accepted, no effect.
     pub segment_size: Option<Value>,
     /// See `segment_size`.
@@ -192,6 +196,9 @@ pub struct FinetuneConfig {
     pub lr_schedule: String,
     /// Trainer threads.
     pub threads: Option<usize>,
+    /// String prompts as plain text (`--raw-prompt`).
+    #[serde(default)]
+    pub raw_prompt: bool,
     /// What `inspect-dataset` found at submit time.
     pub dataset: Value,
 }
@@ -248,12 +255,12 @@ fn required(field: &str, v: Option<String>) -> Result<String, ApiError> {
 }
 
 impl FinetuneSubmit {
-    /// Checks the request and fills in the defaults. `dataset` is what inspecting
-    /// `data_dir` found (its format decides which methods fit); `adapters_dir` is where an
-    /// empty `adapter_path` goes.
+    /// Checks the request and fills in the defaults. `inspect` reads `data_dir` with the
+    /// job's prompt style (the format it finds decides which methods fit); `adapters_dir`
+    /// is where an empty `adapter_path` goes.
     pub fn check(
         self,
-        inspect: impl FnOnce(&Path) -> Result<Value, String>,
+        inspect: impl FnOnce(&Path, PromptStyle) -> Result<Value, String>,
         adapters_dir: &Path,
         now: u64,
     ) -> Result<FinetuneConfig, ApiError> {
@@ -271,7 +278,9 @@ impl FinetuneSubmit {
                 ))
             }
         };
-        let dataset = inspect(Path::new(&data_dir)).map_err(|e| ApiError::field("data_dir", e))?;
+        let raw_prompt = self.raw_prompt.unwrap_or(false);
+        let dataset = inspect(Path::new(&data_dir), PromptStyle::from_raw_flag(raw_prompt))
+            .map_err(|e| ApiError::field("data_dir", e))?;
         let format = dataset["format"].as_str().unwrap_or("");
         if preference != (format == "preference") {
             return Err(ApiError::field(
@@ -398,6 +407,7 @@ impl FinetuneSubmit {
                 Some(0) => return Err(ApiError::field("threads", "must be positive")),
                 t => t,
             },
+            raw_prompt,
             dataset,
         })
     }
@@ -460,6 +470,9 @@ impl FinetuneConfig {
         if self.grad_checkpoint {
             a.push("--grad-checkpoint".into());
         }
+        if self.raw_prompt {
+            a.push("--raw-prompt".into());
+        }
         a
     }
 }
@@ -469,7 +482,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn sft_data(_: &Path) -> Result<Value, String> {
+    fn sft_data(_: &Path, _: PromptStyle) -> Result<Value, String> {
         Ok(json!({"format": "messages", "n_train": 3, "n_valid": 0}))
     }
 
@@ -500,6 +513,28 @@ mod tests {
         assert_eq!(at("--method"), "sft");
         assert!(args.contains(&"--events".to_string()));
         assert!(!args.contains(&"--save-every".to_string()));
+        assert!(!args.contains(&"--raw-prompt".to_string()));
+    }
+
+    #[test]
+    fn raw_prompt_reaches_the_inspection_and_the_trainer() {
+        let mut seen = None;
+        let c = FinetuneSubmit::from_json(
+            &json!({"model_dir": "m", "data_dir": "/d", "raw_prompt": true}),
+        )
+        .unwrap()
+        .check(
+            |_, style| {
+                seen = Some(style);
+                sft_data(Path::new("/d"), style)
+            },
+            Path::new("/a"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(seen, Some(PromptStyle::Raw));
+        assert!(c.raw_prompt);
+        assert!(c.trainer_args().contains(&"--raw-prompt".to_string()));
     }
 
     #[test]
@@ -541,7 +576,7 @@ mod tests {
         }
         let e = FinetuneSubmit::from_json(&json!({"model_dir": "m", "data_dir": "/d"}))
             .unwrap()
-            .check(|_| Err("no train.jsonl".into()), Path::new("/a"), 0)
+            .check(|_, _| Err("no train.jsonl".into()), Path::new("/a"), 0)
             .unwrap_err();
         assert!(e.to_string().contains("no train.jsonl"), "{e}");
         let c = submit(base(

@@ -51,7 +51,7 @@ fn config(model: &str, adapters: &Path) -> FinetuneConfig {
     FinetuneSubmit::from_json(&json!({"model_dir": model, "data_dir": "/data", "iters": 3}))
         .unwrap()
         .check(
-            |_| Ok(json!({"format": "text", "n_train": 1, "n_valid": 0})),
+            |_, _| Ok(json!({"format": "text", "n_train": 1, "n_valid": 0})),
             adapters,
             7,
         )

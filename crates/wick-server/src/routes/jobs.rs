@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use wick_hub::hf::RepoRef;
 use wick_hub::{HubError, Store};
+use wick_train::data::{PromptStyle, TemplateKnown};
 
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, ApiJson, RequestBody};
@@ -41,6 +42,11 @@ impl From<JobError> for ApiError {
 pub struct InspectRequest {
     /// The dataset directory.
     pub path: Option<String>,
+    /// The base model the job would train (as `model_dir` of a submit): when it is the
+    /// served model, the answer says for sure whether prompts meet its chat template.
+    pub model_dir: Option<String>,
+    /// As a submit's `raw_prompt`: string prompts as plain text.
+    pub raw_prompt: Option<bool>,
 }
 
 impl RequestBody for InspectRequest {
@@ -53,14 +59,47 @@ impl RequestBody for InspectRequest {
     }
 }
 
-fn inspect(dir: &Path) -> Result<Value, String> {
+/// The dataset's format, row counts and how its prompts become tokens (`prompt_rendering`
+/// `chat_template` or `raw`, and `rendering`, a sentence saying so).
+fn inspect(dir: &Path, style: PromptStyle, template: TemplateKnown) -> Result<Value, String> {
     let s = wick_train::data::inspect(dir).map_err(|e| e.to_string())?;
-    Ok(json!({"format": s.format.name(), "n_train": s.n_train, "n_valid": s.n_valid}))
+    let rendering = s.rendering(style, template);
+    Ok(
+        json!({"format": s.format.name(), "n_train": s.n_train, "n_valid": s.n_valid,
+              "string_prompts": s.string_prompts, "prompt_rendering": rendering.name(),
+              "rendering": rendering.describe()}),
+    )
 }
 
-/// `POST /api/finetune/inspect-dataset {path}` → `{ok, n_train, n_valid, format, error?}`
-/// (a dataset that cannot be used is `ok: false` with the reason, not an HTTP error).
+/// Whether the model a job would train has a chat template: known when `model_dir` names
+/// the served model (the trainer reads the model's own template, never `--chat-template`).
+fn template_of(state: &AppState, model_dir: Option<&str>) -> TemplateKnown {
+    let Some(arg) = model_dir.map(str::trim).filter(|a| !a.is_empty()) else {
+        return TemplateKnown::Unknown;
+    };
+    let served = &state.model().info().path;
+    let same_path = |p: &Path| match (p.canonicalize(), served.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => p == served,
+    };
+    let is_served = state.answers_to(arg)
+        || same_path(Path::new(arg))
+        || Store::from_env()
+            .ok()
+            .and_then(|store| store.resolve(arg).ok())
+            .is_some_and(|m| same_path(&m.path));
+    if is_served {
+        TemplateKnown::from(state.model().chat_template().is_some())
+    } else {
+        TemplateKnown::Unknown
+    }
+}
+
+/// `POST /api/finetune/inspect-dataset {path, model_dir?, raw_prompt?}` → `{ok, n_train,
+/// n_valid, format, string_prompts, prompt_rendering, rendering, error?}` (a dataset that
+/// cannot be used is `ok: false` with the reason, not an HTTP error).
 pub async fn inspect_dataset(
+    State(state): State<AppState>,
     ApiJson(req): ApiJson<InspectRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let path = req
@@ -69,9 +108,13 @@ pub async fn inspect_dataset(
         .ok_or_else(|| ApiError::Missing {
             param: "path".into(),
         })?;
-    let found = tokio::task::spawn_blocking(move || inspect(Path::new(&path)))
-        .await
-        .map_err(|e| ApiError::Internal(format!("inspecting failed: {e}")))?;
+    let style = PromptStyle::from_raw_flag(req.raw_prompt.unwrap_or(false));
+    let found = tokio::task::spawn_blocking(move || {
+        let template = template_of(&state, req.model_dir.as_deref());
+        inspect(Path::new(&path), style, template)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("inspecting failed: {e}")))?;
     Ok(Json(match found {
         Ok(mut v) => {
             v["ok"] = json!(true);
@@ -102,7 +145,12 @@ pub async fn submit(
     let jobs = jobs(&state)?.clone();
     let adapters = jobs.adapters_dir().to_path_buf();
     let config = tokio::task::spawn_blocking(move || {
-        let config = req.check(inspect, &adapters, crate::jobs::db::now())?;
+        let template = template_of(&state, req.model_dir.as_deref());
+        let config = req.check(
+            |dir, style| inspect(dir, style, template),
+            &adapters,
+            crate::jobs::db::now(),
+        )?;
         check_model(&config.model_dir)?;
         Ok::<_, ApiError>(config)
     })

@@ -1,5 +1,6 @@
-// The fine-tune page: pick a base model and a dataset folder (inspected by the server), set the
-// method and its hyper-parameters, start a job (POST /api/finetune/submit) and watch it through
+// The fine-tune page: pick a base model and a dataset folder (inspected by the server, which says
+// how its prompts will be rendered: a user turn of the chat template, or raw text when "Raw
+// prompts" is ticked or the model has no template), set the method and its hyper-parameters, start a job (POST /api/finetune/submit) and watch it through
 // its event stream (GET /api/jobs/{id}/stream: progress, train and validation loss drawn as a
 // chart), then mount the adapter (POST /v1/adapters) and chat with it, or fuse it into a copy
 // of the base model (POST /api/finetune/export). Recent jobs are listed from /api/jobs; any of
@@ -103,6 +104,9 @@ class FinetunePage {
     this.data = h("input", { id: "ft-data", type: "text", required: true, placeholder: "/path/to/dataset", "aria-describedby": "ft-data-hint" });
     this.inspectButton = h("button", { type: "button", id: "ft-inspect", onclick: () => this.inspect() }, "Inspect");
     this.inspectResult = h("p", { id: "ft-inspect-result", class: "hint", role: "status" });
+    this.rendering = h("p", { id: "ft-rendering", class: "hint", role: "status" });
+    this.rawPrompt = h("input", { id: "ft-raw-prompt", type: "checkbox", "aria-describedby": "ft-raw-prompt-hint",
+      onchange: () => { if (this.data.value.trim()) this.inspect(); } });
     this.method = h("select", { id: "ft-method", onchange: () => this.methodChanged() },
       Object.keys(METHODS).map((m) => h("option", { value: m }, m.toUpperCase())));
     this.methodNote = h("p", { class: "hint", id: "ft-method-note" });
@@ -124,7 +128,12 @@ class FinetunePage {
       h("fieldset", {}, h("legend", {}, "2. Dataset"),
         this.field("ft-data", "Folder", "A folder with train.jsonl (and optionally valid.jsonl): rows of messages, prompt + completion, text, or prompt + chosen + rejected.",
           h("span", { class: "row" }, this.data, this.inspectButton)),
-        this.inspectResult),
+        this.inspectResult,
+        h("div", { class: "field" },
+          h("span", { class: "field inline" }, this.rawPrompt, h("label", { for: "ft-raw-prompt" }, "Raw prompts")),
+          h("p", { class: "hint", id: "ft-raw-prompt-hint" },
+            "Off (as mlx-lm): a string prompt is a user turn of the model's chat template and the response the assistant's reply, so the adapter changes chat replies. On: prompts are plain text, for raw completions.")),
+        this.rendering),
       h("fieldset", {}, h("legend", {}, "3. Method and hyper-parameters"),
         this.field("ft-method", "Method", null, this.method), this.methodNote,
         h("div", { class: "param-grid" }, params, this.prefField),
@@ -184,13 +193,17 @@ class FinetunePage {
     this.inspectResult.className = "hint";
     this.inspectResult.textContent = "Inspecting…";
     try {
-      const r = await (await request("/api/finetune/inspect-dataset", { method: "POST", body: { path: this.data.value.trim() } })).json();
+      const body = { path: this.data.value.trim(), model_dir: this.model.value.trim(), raw_prompt: this.rawPrompt.checked };
+      const r = await (await request("/api/finetune/inspect-dataset", { method: "POST", body })).json();
       if (!r.ok) {
         this.inspectResult.className = "error";
         this.inspectResult.textContent = r.error;
+        this.rendering.textContent = "";
         return r;
       }
       this.inspectResult.textContent = `${r.n_train} training rows, ${r.n_valid} validation rows, ${r.format} format.`;
+      this.rendering.textContent = `Prompts: ${r.rendering}.`;
+      this.rendering.dataset.rendering = r.prompt_rendering;
       if (r.format === "preference" && this.method.value === "sft") { this.method.value = "dpo"; this.methodChanged(); }
       if (r.format !== "preference" && this.method.value !== "sft") { this.method.value = "sft"; this.methodChanged(); }
       return r;
@@ -207,6 +220,7 @@ class FinetunePage {
     if (this.method.value === "dpo") b.dpo_beta = Number(this.pref.value);
     if (this.method.value === "orpo") b.orpo_lambda = Number(this.pref.value);
     if (this.output.value.trim()) b.adapter_path = this.output.value.trim();
+    if (this.rawPrompt.checked) b.raw_prompt = true;
     return b;
   }
 

@@ -6,6 +6,7 @@ pub mod fuse;
 pub mod gc;
 pub mod generate;
 pub mod get;
+pub mod inspect_dataset;
 pub mod load;
 pub mod ls;
 pub mod pull;

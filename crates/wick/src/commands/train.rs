@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use wick_engine::{LoadOptions, Model};
 use wick_train::base::{BaseMode, BaseWeights};
-use wick_train::data::{self, Tokenizing};
+use wick_train::data::{self, PromptStyle, Tokenizing};
 use wick_train::lora::parse_targets;
 use wick_train::loss::Method;
 use wick_train::optim::Schedule;
@@ -36,6 +36,11 @@ pub struct TrainArgs {
     /// Directory with train.jsonl (and optionally valid.jsonl).
     #[arg(long)]
     pub data: PathBuf,
+    /// Tokenize a string `prompt` (prompt-completion and preference rows) as plain text
+    /// with the response and an EOS after it, instead of as a user turn of the chat
+    /// template: the adapter then learns raw completions, not chat replies.
+    #[arg(long)]
+    pub raw_prompt: bool,
     /// Objective.
     #[arg(long, value_enum, default_value = "orpo")]
     pub method: MethodArg,
@@ -240,8 +245,15 @@ pub fn run(args: TrainArgs) -> Result<()> {
         &Tokenizing {
             model: &model,
             max_seq: cfg.max_seq,
+            prompt_style: PromptStyle::from_raw_flag(args.raw_prompt),
         },
     )?;
+    if args.dry_run {
+        if let Some(first) = dataset.train.first() {
+            eprintln!("first example, [prompt] then the response the loss reads:");
+            eprint!("{}", crate::commands::inspect_dataset::show(&model, first)?);
+        }
+    }
     // The engine's model only tokenizes: it goes before the trainer's copy of the weights
     // comes, so the two are never in memory together.
     drop(model);
@@ -299,6 +311,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
             ""
         },
     );
+    // A job reads stderr lines as its log, so this one reaches the fine-tune page too.
+    eprintln!("prompts: {}", dataset.rendering.describe());
     if let Some(dir) = &args.resume {
         let from = trainer.resume(dir)?;
         eprintln!("resuming from {} at step {}", from.display(), trainer.step);

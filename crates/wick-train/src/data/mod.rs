@@ -4,11 +4,12 @@
 //! | format | row | loss on |
 //! |---|---|---|
 //! | messages | `{"messages": [{role, content}, …]}` | the last assistant turn only; the boundary is the render of the turns before it with the generation prompt (longest common prefix) |
-//! | prompt-completion | `{"prompt", "completion"}` | the completion (and the EOS appended to it) |
+//! | prompt-completion | `{"prompt": string or messages, "completion"}` | the completion, through the template's end of turn |
 //! | text | `{"text"}` | every token (EOS appended) |
-//! | preference | `{"prompt": string or messages, "chosen", "rejected"}` | each response |
+//! | preference | `{"prompt": string or messages, "chosen", "rejected"}` | each response, as a completion |
 //!
-//! A malformed row is an error naming the file and line.
+//! A string prompt is a user turn of the chat template unless raw prompts are asked for
+//! ([`rendering`]). A malformed row is an error naming the file and line.
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
@@ -16,6 +17,10 @@ use wick_chat::chat_template::{normalize_messages, ChatInput};
 use wick_engine::Model;
 
 use crate::error::{io, Result, TrainError};
+
+pub mod rendering;
+
+pub use rendering::{PromptStyle, Rendering, TemplateKnown};
 
 /// The row shapes a dataset may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +110,15 @@ pub struct DatasetSummary {
     pub n_train: usize,
     /// Rows of `valid.jsonl` (0 without one).
     pub n_valid: usize,
+    /// Rows of both files whose `prompt` is a string (prompt-completion and preference).
+    pub string_prompts: usize,
+}
+
+impl DatasetSummary {
+    /// How the rows will become tokens with `style` for string prompts.
+    pub fn rendering(&self, style: PromptStyle, template: TemplateKnown) -> Rendering {
+        Rendering::of(self.format, self.string_prompts > 0, style, template)
+    }
 }
 
 /// A tokenized dataset.
@@ -118,6 +132,8 @@ pub struct Dataset {
     pub valid: Vec<Example>,
     /// Rows dropped because truncation left them no response token.
     pub dropped: usize,
+    /// How the rows became tokens.
+    pub rendering: Rendering,
 }
 
 struct RawRow {
@@ -172,19 +188,29 @@ fn detect(path: &Path, rows: &[RawRow]) -> Result<Format> {
     })
 }
 
-/// Counts rows and detects the format (every row is parsed as JSON).
+fn has_string_prompt(row: &Map<String, Value>) -> bool {
+    row.get("prompt").is_some_and(Value::is_string)
+}
+
+/// Counts rows, detects the format and counts string prompts (every row is parsed as JSON).
 pub fn inspect(dir: &Path) -> Result<DatasetSummary> {
     let (train, valid) = files(dir)?;
     let rows = read_rows(&train)?;
     let format = detect(&train, &rows)?;
-    let n_valid = match valid {
-        Some(v) => read_rows(&v)?.len(),
-        None => 0,
+    let valid_rows = match valid {
+        Some(v) => read_rows(&v)?,
+        None => Vec::new(),
     };
+    let string_prompts = rows
+        .iter()
+        .chain(&valid_rows)
+        .filter(|r| has_string_prompt(&r.row))
+        .count();
     Ok(DatasetSummary {
         format,
         n_train: rows.len(),
-        n_valid,
+        n_valid: valid_rows.len(),
+        string_prompts,
     })
 }
 
@@ -194,9 +220,16 @@ pub struct Tokenizing<'a> {
     pub model: &'a Model,
     /// Longest sequence kept (tokens beyond are cut).
     pub max_seq: usize,
+    /// What a string `prompt` becomes.
+    pub prompt_style: PromptStyle,
 }
 
 impl Tokenizing<'_> {
+    /// Whether string prompts meet the chat template: asked for, and the model has one.
+    fn chat_prompts(&self) -> bool {
+        self.prompt_style == PromptStyle::Chat && self.model.chat_template().is_some()
+    }
+
     fn eos(&self) -> Option<u32> {
         self.model
             .tokenizer()
@@ -236,13 +269,18 @@ impl Tokenizing<'_> {
             .map_err(|e| e.to_string())
     }
 
-    /// A prompt rendered (messages) or tokenized (string) and a response after it.
+    /// A prompt and a response after it: messages, or a string as a user turn, through the
+    /// chat template (the response an assistant turn); a string as raw text (the response
+    /// and an EOS after it) when raw prompts are asked for or the model has no template.
     fn prompt_and_response(
         &self,
         prompt: &Value,
         response: &str,
     ) -> std::result::Result<Sequence, String> {
         match prompt {
+            Value::String(p) if self.chat_prompts() => {
+                self.with_reply(&rendering::user_turn(p), response)
+            }
             Value::String(p) => {
                 let mut tokens = self.tokenize(p)?;
                 let prompt_len = tokens.len();
@@ -252,12 +290,17 @@ impl Tokenizing<'_> {
             }
             Value::Array(msgs) => {
                 check_messages(msgs)?;
-                let mut all = msgs.clone();
-                all.push(serde_json::json!({"role": "assistant", "content": response}));
-                self.split(msgs, &all)
+                self.with_reply(msgs, response)
             }
             _ => Err("`prompt` must be a string or a list of messages".into()),
         }
+    }
+
+    /// `msgs` and an assistant turn with `response`, split where the reply starts.
+    fn with_reply(&self, msgs: &[Value], response: &str) -> std::result::Result<Sequence, String> {
+        let mut all = msgs.to_vec();
+        all.push(serde_json::json!({"role": "assistant", "content": response}));
+        self.split(msgs, &all)
     }
 
     /// Tokens of `all` with the boundary where the render of `before` (with the
@@ -355,6 +398,7 @@ fn tokenize_file(
     preference: bool,
     t: &Tokenizing<'_>,
     dropped: &mut usize,
+    string_prompts: &mut usize,
 ) -> Result<Vec<Example>> {
     let rows = read_rows(path)?;
     let mut out = Vec::with_capacity(rows.len());
@@ -370,6 +414,7 @@ fn tokenize_file(
                 format.name()
             )));
         }
+        *string_prompts += usize::from(has_string_prompt(&row));
         let example = if preference {
             t.pair_row(&row).map_err(err)?
         } else {
@@ -408,7 +453,15 @@ pub fn load(dir: &Path, preference: bool, t: &Tokenizing<'_>) -> Result<Dataset>
         });
     }
     let mut dropped = 0;
-    let train = tokenize_file(&train_path, format, preference, t, &mut dropped)?;
+    let mut string_prompts = 0;
+    let train = tokenize_file(
+        &train_path,
+        format,
+        preference,
+        t,
+        &mut dropped,
+        &mut string_prompts,
+    )?;
     if train.is_empty() {
         return Err(TrainError::Dataset {
             path: train_path,
@@ -416,13 +469,15 @@ pub fn load(dir: &Path, preference: bool, t: &Tokenizing<'_>) -> Result<Dataset>
         });
     }
     let valid = match valid_path {
-        Some(p) => tokenize_file(&p, format, preference, t, &mut dropped)?,
+        Some(p) => tokenize_file(&p, format, preference, t, &mut dropped, &mut string_prompts)?,
         None => Vec::new(),
     };
+    let template = TemplateKnown::from(t.model.chat_template().is_some());
     Ok(Dataset {
         format,
         train,
         valid,
         dropped,
+        rendering: Rendering::of(format, string_prompts > 0, t.prompt_style, template),
     })
 }
