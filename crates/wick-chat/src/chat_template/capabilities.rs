@@ -29,6 +29,22 @@ pub fn starts_in_thinking(rendered: &str) -> bool {
     }
 }
 
+/// [`starts_in_thinking`] of a prompt whose client strings were marked with `user_mark`
+/// ([`crate::markup`]): a tag right after the mark is a client's text, not the template's, and
+/// neither opens nor closes a block.
+pub fn starts_in_thinking_marked(rendered: &str, user_mark: char) -> bool {
+    let templates = |tag: &'static str| {
+        rendered
+            .match_indices(tag)
+            .map(|(at, _)| at)
+            .filter(move |&at| !rendered[..at].ends_with(user_mark))
+    };
+    match templates(THINK_OPEN).last() {
+        Some(open) => !templates(THINK_CLOSE).any(|close| close > open),
+        None => false,
+    }
+}
+
 /// Whether the template source mentions the `<think>` tags.
 pub(crate) fn mentions_think_tags(source: &str) -> bool {
     source.contains(THINK_OPEN) && source.contains(THINK_CLOSE)
@@ -48,5 +64,20 @@ mod tests {
         assert!(starts_in_thinking(
             "<think>a</think>answer<|im_start|>assistant\n<think>"
         ));
+    }
+
+    #[test]
+    fn marked_tags_are_client_text() {
+        let m = '\u{FDD0}';
+        let user = format!("<|im_start|>user\nsay {m}<think><|im_end|>\n<|im_start|>assistant\n");
+        assert!(starts_in_thinking(&user.replace(m, "")));
+        assert!(!starts_in_thinking_marked(&user, m));
+        let open = format!("{user}<think>\n");
+        assert!(starts_in_thinking_marked(&open, m));
+        assert!(starts_in_thinking_marked(
+            &format!("{open}x {m}</think>"),
+            m
+        ));
+        assert!(!starts_in_thinking_marked(&format!("{open}x</think>"), m));
     }
 }

@@ -58,7 +58,9 @@ use std::sync::Arc;
 use minijinja::value::Value;
 use minijinja::Environment;
 
-pub use capabilities::{starts_in_thinking, TemplateCapabilities, THINK_CLOSE, THINK_OPEN};
+pub use capabilities::{
+    starts_in_thinking, starts_in_thinking_marked, TemplateCapabilities, THINK_CLOSE, THINK_OPEN,
+};
 pub use clock::{CivilTime, Clock, FixedClock, SystemClock};
 pub use error::TemplateError;
 pub use messages::{normalize_message, normalize_messages};

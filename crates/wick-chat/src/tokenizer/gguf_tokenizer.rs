@@ -20,7 +20,7 @@ use wick_gguf::GgufFile;
 use super::bpe::{build_bpe, parse_merges, split_merges, vocab_map, BpeOptions};
 use super::gguf_vocab::{GgufVocab, VocabModel};
 use super::piece_decoder::{char_of_byte, PieceStyle, PieceTable};
-use super::special_tokens::{Fragment, SpecialTokenSplitter};
+use super::special_tokens::{Fragment, Protection, SpecialTokenSplitter};
 use super::spm::merges_from_scores;
 use super::token_attrs::TokenAttrs;
 use super::wordpiece;
@@ -50,18 +50,21 @@ pub(crate) struct GgufCodec {
 }
 
 impl GgufCodec {
-    /// Appends the ids of `text` (no BOS/EOS) to `out`; a control token covering one of `marks`
-    /// (sorted byte offsets of user text) stays text.
+    /// Appends the ids of `text` (no BOS/EOS) to `out`; a protected token (control, or named by
+    /// `protection`) covering one of `marks` (sorted byte offsets of user text) stays text.
     pub fn encode(
         &self,
         hf: &tokenizers::Tokenizer,
         text: &str,
         parse_special: bool,
-        marks: &[usize],
+        (marks, protection): (&[usize], &Protection),
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
         let mut after_token = true;
-        for fragment in self.splitter.split_marked(text, parse_special, marks) {
+        for fragment in self
+            .splitter
+            .split_marked(text, parse_special, marks, protection)
+        {
             match fragment {
                 Fragment::Token(id) => {
                     out.push(id);

@@ -4,9 +4,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde_json::Value;
+use tokenizers::{
+    Model, Normalizer, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer,
+};
 
 use super::piece_decoder::{byte_token_value, PieceStyle, PieceTable};
-use super::special_tokens::{Fragment, SpecialTokenSplitter};
+use super::special_tokens::{Fragment, Protection, SpecialTokenSplitter};
 use super::token_attrs::TokenAttrs;
 use super::{Backend, Shared, TokenizerError};
 
@@ -38,27 +41,22 @@ impl HfCodec {
             .get_or_init(|| SpecialTokenSplitter::new(&s.pieces, &s.attrs))
     }
 
-    /// Ids of `text` in which a special token covering one of `marks` (sorted byte offsets of
-    /// user text) stays text: the text is cut at the other added tokens, and each piece between
-    /// them encoded with special tokens left as text.
+    /// Ids of `text` in which a protected token (control, or named by `protection`) covering
+    /// one of `marks` (sorted byte offsets of user text) stays text: the text is cut at the
+    /// other added tokens, and each piece between them goes through the normalizer,
+    /// pre-tokenizer and model alone, so no added token forms inside it.
     pub fn encode_marked(
         &self,
         s: &Shared,
         text: &str,
-        marks: &[usize],
+        (marks, protection): (&[usize], &Protection),
         add_special: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let failed = |e: tokenizers::Error| TokenizerError::Encode {
-            reason: e.to_string(),
-        };
-        let literal = self.literal(s);
         let mut body = Vec::with_capacity(text.len() / 3 + 2);
-        for fragment in self.splitter(s).split_marked(text, true, marks) {
+        for fragment in self.splitter(s).split_marked(text, true, marks, protection) {
             match fragment {
                 Fragment::Token(id) => body.push(id),
-                Fragment::Text(piece) => {
-                    body.extend_from_slice(literal.encode(piece, false).map_err(failed)?.get_ids())
-                }
+                Fragment::Text(piece) => encode_plain(&s.hf, piece, &mut body)?,
             }
         }
         if !add_special {
@@ -117,6 +115,33 @@ impl HfCodec {
         }
         Ok(ids)
     }
+}
+
+/// Appends the ids of `text` run through the pipeline's normalizer, pre-tokenizer and model
+/// only — what `encode` gives for text holding no added token, and for text that does, the
+/// added tokens' texts spelled in ordinary pieces.
+fn encode_plain(
+    hf: &tokenizers::Tokenizer,
+    text: &str,
+    out: &mut Vec<u32>,
+) -> Result<(), TokenizerError> {
+    let failed = |e: tokenizers::Error| TokenizerError::Encode {
+        reason: e.to_string(),
+    };
+    let mut pts = PreTokenizedString::from(text);
+    if let Some(normalizer) = hf.get_normalizer() {
+        pts.normalize(|n| normalizer.normalize(n)).map_err(failed)?;
+    }
+    if let Some(pre) = hf.get_pre_tokenizer() {
+        pre.pre_tokenize(&mut pts).map_err(failed)?;
+    }
+    let model = hf.get_model();
+    pts.tokenize(|word| model.tokenize(word.get()))
+        .map_err(failed)?;
+    for (_, _, tokens) in pts.get_splits(OffsetReferential::Original, OffsetType::None) {
+        out.extend(tokens.iter().flatten().map(|t| t.id));
+    }
+    Ok(())
 }
 
 /// The ids the post-processor puts before and after a text, found by encoding one letter with

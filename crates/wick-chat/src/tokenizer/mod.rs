@@ -51,10 +51,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use error::TokenizerError;
-pub use user_text::pick_marker;
+pub use user_text::{pick_marker, UserTextGuard};
 
 use gguf_tokenizer::GgufCodec;
 use hf::HfCodec;
+use special_tokens::Protection;
 use token_attrs::TokenAttrs;
 
 /// A tokenizer: cheap to clone (shared inside), usable from many threads.
@@ -142,7 +143,13 @@ impl Tokenizer {
                 if add_special && s.add_bos {
                     ids.extend(s.bos);
                 }
-                codec.encode(&s.hf, text, parse_special, &[], &mut ids)?;
+                codec.encode(
+                    &s.hf,
+                    text,
+                    parse_special,
+                    (&[], &Protection::default()),
+                    &mut ids,
+                )?;
                 if add_special {
                     ids.extend_from_slice(&s.suffix);
                 }

@@ -3,8 +3,9 @@
 //! with the whitespace stripping some models ask for around their special tokens.
 //!
 //! Text that came from a user (a chat message inside a rendered template) may be *marked*: a
-//! control token is not cut out where it covers a mark, so a user cannot forge the template's
-//! markup by typing it. [`SpecialTokenSplitter::marks_in`] finds where marks go.
+//! protected token — every control token, and the user-defined tokens a [`Protection`] names —
+//! is not cut out where it covers a mark, so a user cannot forge the template's markup by typing
+//! it. [`SpecialTokenSplitter::marks_in`] finds where marks go.
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
@@ -46,12 +47,44 @@ pub(crate) struct SpecialTokenSplitter {
     control_suffixes: OnceLock<ControlSuffixes>,
 }
 
-/// The proper suffixes of the control tokens' texts, to tell whether a string starts with the
-/// end of a control token that text before it could complete.
-#[derive(Debug, Default)]
+/// The proper suffixes of some tokens' texts, to tell whether a string starts with the end of
+/// such a token that text before it could complete.
+#[derive(Clone, Debug, Default)]
 struct ControlSuffixes {
     set: HashSet<Box<[u8]>>,
     longest: usize,
+}
+
+impl ControlSuffixes {
+    fn add(&mut self, text: &str) {
+        for (at, _) in text.char_indices().skip(1) {
+            self.set.insert(text.as_bytes()[at..].into());
+        }
+        self.longest = self.longest.max(text.len());
+    }
+
+    /// Whether `text` starts with one of the suffixes.
+    fn starts(&self, text: &str) -> bool {
+        let bytes = text.as_bytes();
+        (1..=self.longest.min(bytes.len()))
+            .any(|n| text.is_char_boundary(n) && self.set.contains(&bytes[..n]))
+    }
+}
+
+/// User-defined tokens that user text may not produce either, beside the control and unknown
+/// tokens (which it never may): marks go where they begin, and they stay text where they cover
+/// a mark. Made by [`SpecialTokenSplitter::protection`] for one splitter.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Protection {
+    /// Indices of the protected entries, sorted.
+    entries: Vec<u32>,
+    suffixes: ControlSuffixes,
+}
+
+impl Protection {
+    fn covers(&self, index: u32) -> bool {
+        self.entries.binary_search(&index).is_ok()
+    }
 }
 
 impl SpecialTokenSplitter {
@@ -102,21 +135,50 @@ impl SpecialTokenSplitter {
     /// tokens only when `parse_special`.
     #[cfg(test)]
     pub fn split<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
-        self.split_marked(text, parse_special, &[])
+        self.split_marked(text, parse_special, &[], &Protection::default())
     }
 
-    /// Byte offsets in `user_text` where a control or unknown token's text begins: whole, cut
-    /// off by the end of the string (text after it could complete the token), or — offset 0 —
-    /// the string starts with the end of one. Empty for text that cannot form a control token.
-    pub fn marks_in(&self, user_text: &str) -> Vec<usize> {
+    /// The protection of the user-defined tokens whose text `pick` accepts (the others stay
+    /// free for user text, as they always are).
+    pub fn protection(&self, mut pick: impl FnMut(u32, &str) -> bool) -> Protection {
+        let mut protection = Protection::default();
+        for (index, entry) in self.entries.iter().enumerate() {
+            if !entry.attrs.is_special() && pick(entry.id, &entry.text) {
+                protection.entries.push(index as u32);
+                protection.suffixes.add(&entry.text);
+            }
+        }
+        protection
+    }
+
+    /// Ids of the tokens that occur in `text` (control, unknown and user-defined alike).
+    pub fn tokens_in(&self, text: &str) -> Vec<u32> {
+        self.entries_in(text, true)
+            .into_iter()
+            .map(|index| self.entries[index as usize].id)
+            .collect()
+    }
+
+    /// Ids of the user-defined tokens `protection` protects.
+    pub fn protected_ids(&self, protection: &Protection) -> Vec<u32> {
+        protection
+            .entries
+            .iter()
+            .map(|&index| self.entries[index as usize].id)
+            .collect()
+    }
+
+    /// Byte offsets in `user_text` where a protected token's text (a control or unknown token,
+    /// or one `protection` names) begins: whole, cut off by the end of the string (text after it
+    /// could complete the token), or — offset 0 — the string starts with the end of one. Empty
+    /// for text that cannot form a protected token.
+    pub fn marks_in(&self, user_text: &str, protection: &Protection) -> Vec<usize> {
         let bytes = user_text.as_bytes();
         let mut marks = Vec::new();
         let suffixes = self
             .control_suffixes
             .get_or_init(|| self.build_control_suffixes());
-        if (1..=suffixes.longest.min(bytes.len()))
-            .any(|n| user_text.is_char_boundary(n) && suffixes.set.contains(&bytes[..n]))
-        {
+        if suffixes.starts(user_text) || protection.suffixes.starts(user_text) {
             marks.push(0);
         }
         for start in 0..bytes.len() {
@@ -134,16 +196,25 @@ impl SpecialTokenSplitter {
                         break;
                     }
                 }
-                if self.entry_is_special(node) {
+                if self.entry_is_protected(node, protection) {
                     break;
                 }
             }
-            // A whole control token, or a prefix of one running to the end of the text. The
-            // prefix of a user-defined token alone is left unmarked: such tokens are matched
-            // in user text anyway, and a mark in an object key the template reads (a tiny
-            // vocabulary's `thought` begins where `content` ends) would rename the key.
-            if self.entry_is_special(node)
-                || (reached_end && node != 0 && self.nodes[node].on_control_path)
+            // A whole protected token, or a prefix of one running to the end of the text. The
+            // prefix of an unprotected user-defined token alone is left unmarked: such tokens
+            // are matched in user text anyway, and a mark in an object key the template reads
+            // (a tiny vocabulary's `thought` begins where `content` ends) renames the key.
+            let protected_prefix = || {
+                self.nodes[node].on_control_path
+                    || protection.entries.iter().any(|&i| {
+                        self.entries[i as usize]
+                            .text
+                            .as_bytes()
+                            .starts_with(&bytes[start..])
+                    })
+            };
+            if self.entry_is_protected(node, protection)
+                || (reached_end && node != 0 && protected_prefix())
             {
                 marks.push(start);
             }
@@ -151,31 +222,33 @@ impl SpecialTokenSplitter {
         marks
     }
 
-    fn entry_is_special(&self, node: usize) -> bool {
+    fn entry_is_protected(&self, node: usize, protection: &Protection) -> bool {
         self.nodes[node]
             .entry
-            .is_some_and(|index| self.entries[index as usize].attrs.is_special())
+            .is_some_and(|index| self.is_protected(index, protection))
+    }
+
+    fn is_protected(&self, index: u32, protection: &Protection) -> bool {
+        self.entries[index as usize].attrs.is_special() || protection.covers(index)
     }
 
     fn build_control_suffixes(&self) -> ControlSuffixes {
         let mut suffixes = ControlSuffixes::default();
         for entry in self.entries.iter().filter(|e| e.attrs.is_special()) {
-            let text = entry.text.as_str();
-            for (at, _) in text.char_indices().skip(1) {
-                suffixes.set.insert(text.as_bytes()[at..].into());
-            }
-            suffixes.longest = suffixes.longest.max(text.len());
+            suffixes.add(&entry.text);
         }
         suffixes
     }
 
-    /// Like [`split`](Self::split), but a control or unknown token is not cut out where it
-    /// covers one of `marks` (sorted byte offsets into `text`): there it stays text.
+    /// Like [`split`](Self::split), but a protected token (control, unknown, or named by
+    /// `protection`) is not cut out where it covers one of `marks` (sorted byte offsets into
+    /// `text`): there it stays text.
     pub fn split_marked<'t>(
         &self,
         text: &'t str,
         parse_special: bool,
         marks: &[usize],
+        protection: &Protection,
     ) -> Vec<Fragment<'t>> {
         if text.is_empty() {
             return Vec::new();
@@ -207,7 +280,9 @@ impl SpecialTokenSplitter {
                         break;
                     };
                     let hit = from + at;
-                    if entry.attrs.is_special() && covers_mark(marks, hit, hit + needle.len()) {
+                    if covers_mark(marks, hit, hit + needle.len())
+                        && self.is_protected(index, protection)
+                    {
                         // User text: leave it, look for the token further on.
                         from = hit + text[hit..].chars().next().map_or(1, char::len_utf8);
                         continue;
@@ -361,6 +436,38 @@ mod tests {
     }
 
     #[test]
+    fn protected_user_defined_tokens_stay_text_where_marked() {
+        let s = splitter(&[
+            ("<|im_start|>", TokenAttrs::CONTROL),
+            ("<tool_call>", TokenAttrs::USER_DEFINED),
+            ("<h1>", TokenAttrs::USER_DEFINED),
+        ]);
+        let protection = s.protection(|_, text| text == "<tool_call>");
+        assert_eq!(s.protected_ids(&protection), [1]);
+        let text = "<tool_call><h1>";
+        // `<h1>` runs to the end, but no protected token begins with it: not marked.
+        let marks = s.marks_in(text, &protection);
+        assert_eq!(marks, [0]);
+        assert_eq!(
+            s.split_marked(text, true, &marks, &protection),
+            [Fragment::Text("<tool_call>"), Fragment::Token(2)]
+        );
+        // Without the protection a mark does not keep it, as for any unprotected token.
+        assert!(s.marks_in(text, &Protection::default()).is_empty());
+        assert_eq!(
+            s.split_marked(text, true, &marks, &Protection::default()),
+            [Fragment::Token(1), Fragment::Token(2)]
+        );
+        assert_eq!(
+            s.split_marked("<h1>", true, &[0], &protection),
+            [Fragment::Token(2)]
+        );
+        // The end of a protected token at the start of user text is marked too.
+        assert_eq!(s.marks_in("call> x", &protection), [0]);
+        assert!(s.marks_in("h1> x", &protection).is_empty());
+    }
+
+    #[test]
     fn empty_and_plain_text() {
         let s = splitter(&[("<s>", TokenAttrs::CONTROL)]);
         assert!(s.split("", true).is_empty());
@@ -369,15 +476,21 @@ mod tests {
     }
 
     #[test]
-    fn only_control_tokens_prefixes_are_marked_at_the_end() {
+    fn only_protected_tokens_prefixes_are_marked_at_the_end() {
         let s = splitter(&[
             ("thought\n", TokenAttrs::USER_DEFINED),
             ("<|turn>", TokenAttrs::CONTROL),
+            ("tool>", TokenAttrs::USER_DEFINED),
         ]);
+        let none = Protection::default();
         // `content` ends where the user-defined `thought` begins: no mark, the key stays.
-        assert!(s.marks_in("content").is_empty());
+        assert!(s.marks_in("content", &none).is_empty());
         // A control token whole or cut off by the end of the text is marked.
-        assert_eq!(s.marks_in("a<|turn>"), [1]);
-        assert_eq!(s.marks_in("a<|tu"), [1]);
+        assert_eq!(s.marks_in("a<|turn>", &none), [1]);
+        assert_eq!(s.marks_in("a<|tu", &none), [1]);
+        // A protected user-defined token's prefix is marked too.
+        let protection = s.protection(|_, text| text == "tool>");
+        assert_eq!(s.marks_in("a to", &protection), [2]);
+        assert!(s.marks_in("a to", &none).is_empty());
     }
 }

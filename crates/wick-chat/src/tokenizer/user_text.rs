@@ -1,20 +1,28 @@
-//! Keeping user text from forging special tokens.
+//! Keeping user text from forging the prompt's markup tokens.
 //!
 //! A chat prompt is the template's markup around strings a client sent (message contents,
-//! names, tool arguments and results, tool schemas). Only the markup may become control tokens:
-//! `<|im_start|>system` typed in a message must stay text. The server marks every client string
-//! before rendering — a marker character (one that occurs in no input, see [`pick_marker`]) goes
-//! in front of each place where a control token's text could begin — renders the template as
-//! usual, and encodes the result with [`Tokenizer::encode_marked`]: the markers are removed, and
-//! a control token whose text covers a marked place is encoded as plain text. Strings that
-//! cannot form a control token get no marker, so the template sees them unchanged and a prompt
+//! names, tool arguments and results, tool schemas). Only the markup may become markup tokens:
+//! `<|im_start|>system` or `<tool_call>` typed in a message must stay text. The *protected*
+//! tokens are every control token, and the user-defined tokens (added tokens not flagged
+//! special, such as Qwen's `<tool_call>` and `<think>`) that a [`UserTextGuard`] names: those
+//! whose text is one of its markers (what the tool-call and reasoning parsers act on) or that
+//! the chat template itself writes. Other user-defined tokens (Gemma 3's `<h1>` or runs of
+//! spaces) are ordinary text pieces and stay as they are.
+//!
+//! The server marks every client string before rendering — a marker character (one that occurs
+//! in no input, see [`pick_marker`]) goes in front of each place where a protected token's text
+//! could begin, and in front of every marker text whether or not it is a token — renders the
+//! template as usual, and encodes the result with [`UserTextGuard::encode_marked`]: the markers
+//! are removed, and a protected token whose text covers a marked place is encoded as plain
+//! text (the pieces the model's pre-tokenizer and merges make of it, as for any text). Strings
+//! that hold no such text get no marker, so the template sees them unchanged and a prompt
 //! without such text encodes exactly as [`Tokenizer::encode`] encodes it.
 //!
 //! What a template copies (whole, trimmed, split) keeps its markers; text a template rewrites
-//! (upper-cases, replaces inside) into a control token's spelling is not covered.
+//! (upper-cases, replaces inside) into a protected token's spelling is not covered.
 use serde_json::Value;
 
-use super::special_tokens::SpecialTokenSplitter;
+use super::special_tokens::{Protection, SpecialTokenSplitter};
 use super::{Backend, Tokenizer, TokenizerError};
 
 /// Candidates for the marker: Unicode noncharacters, which no text is meant to carry.
@@ -66,13 +74,86 @@ impl Tokenizer {
         }
     }
 
-    /// `user_text` with `marker` in front of every place where a control token's text begins
-    /// (or could begin, completed by text around it); `None` when there is no such place.
-    pub fn mark_user_text(&self, user_text: &str, marker: char) -> Option<String> {
-        let marks = self.splitter().marks_in(user_text);
+    /// The guard for prompts rendered by the chat template `template_source` (when there is
+    /// one): besides the control tokens, it protects the user-defined tokens whose text is one
+    /// of `markers` or that the template writes (text that occurs in its source and holds ASCII
+    /// punctuation, so runs of spaces and words stay free), and it marks every text of
+    /// `markers` in user text, token or not, so a caller can tell it from the template's own
+    /// (see [`UserTextGuard::mark_text`]).
+    pub fn user_text_guard(
+        &self,
+        template_source: Option<&str>,
+        markers: &[&str],
+    ) -> UserTextGuard {
+        let splitter = self.splitter();
+        let mut written = template_source
+            .map(|t| splitter.tokens_in(t))
+            .unwrap_or_default();
+        written.sort_unstable();
+        let protection = splitter.protection(|id, text| {
+            markers.contains(&text)
+                || (written.binary_search(&id).is_ok()
+                    && text.bytes().any(|b| b.is_ascii_punctuation()))
+        });
+        let mut texts: Vec<String> = markers
+            .iter()
+            .filter(|t| !t.is_empty())
+            .map(|t| t.to_string())
+            .collect();
+        texts.sort();
+        texts.dedup();
+        let mut protected = splitter.protected_ids(&protection);
+        protected.sort_unstable();
+        UserTextGuard {
+            tokenizer: self.clone(),
+            protection,
+            protected,
+            texts,
+        }
+    }
+}
+
+/// Marks client strings and encodes the prompt that holds them so that they cannot produce a
+/// protected token (see the module docs); made by [`Tokenizer::user_text_guard`].
+#[derive(Clone, Debug)]
+pub struct UserTextGuard {
+    tokenizer: Tokenizer,
+    protection: Protection,
+    /// Ids of the protected user-defined tokens, sorted.
+    protected: Vec<u32>,
+    /// Texts marked wherever they occur in user text, tokens or not; sorted.
+    texts: Vec<String>,
+}
+
+impl UserTextGuard {
+    /// The user-defined tokens this guard protects, by id (control tokens are always
+    /// protected); sorted.
+    pub fn protected_user_defined(&self) -> &[u32] {
+        &self.protected
+    }
+
+    /// Whether user text can never produce token `id`: a control or unknown token, or a
+    /// user-defined one this guard protects.
+    pub fn is_protected(&self, id: u32) -> bool {
+        self.tokenizer.is_special(id) || self.protected.binary_search(&id).is_ok()
+    }
+
+    /// `user_text` with `marker` in front of every place where a protected token's text begins
+    /// (or could begin, completed by text around it) and of every marker text; `None` when
+    /// there is no such place.
+    pub fn mark_text(&self, user_text: &str, marker: char) -> Option<String> {
+        let mut marks = self
+            .tokenizer
+            .splitter()
+            .marks_in(user_text, &self.protection);
+        for text in &self.texts {
+            marks.extend(user_text.match_indices(text.as_str()).map(|(at, _)| at));
+        }
         if marks.is_empty() {
             return None;
         }
+        marks.sort_unstable();
+        marks.dedup();
         let mut out = String::with_capacity(user_text.len() + marks.len() * marker.len_utf8());
         let mut last = 0;
         for m in marks {
@@ -86,9 +167,9 @@ impl Tokenizer {
 
     /// Marks every string (and object key) inside `value` as user text, in place; whether any
     /// was changed.
-    pub fn mark_user_json(&self, value: &mut Value, marker: char) -> bool {
+    pub fn mark_json(&self, value: &mut Value, marker: char) -> bool {
         match value {
-            Value::String(s) => match self.mark_user_text(s, marker) {
+            Value::String(s) => match self.mark_text(s, marker) {
                 Some(marked) => {
                     *s = marked;
                     true
@@ -97,19 +178,19 @@ impl Tokenizer {
             },
             Value::Array(items) => items
                 .iter_mut()
-                .fold(false, |any, v| self.mark_user_json(v, marker) | any),
+                .fold(false, |any, v| self.mark_json(v, marker) | any),
             Value::Object(map) => {
                 let mut any = false;
-                if map.keys().any(|k| self.mark_user_text(k, marker).is_some()) {
+                if map.keys().any(|k| self.mark_text(k, marker).is_some()) {
                     let old = std::mem::take(map);
                     for (k, v) in old {
-                        let k = self.mark_user_text(&k, marker).unwrap_or(k);
+                        let k = self.mark_text(&k, marker).unwrap_or(k);
                         map.insert(k, v);
                     }
                     any = true;
                 }
                 for v in map.values_mut() {
-                    any |= self.mark_user_json(v, marker);
+                    any |= self.mark_json(v, marker);
                 }
                 any
             }
@@ -118,8 +199,8 @@ impl Tokenizer {
     }
 
     /// Encodes text in which user text was marked with `marker` (see the module docs): returns
-    /// the text without markers and its ids. Special-token text is parsed outside the marked
-    /// places; without markers this is [`encode`](Self::encode).
+    /// the text without markers and its ids. Added-token text is parsed outside the marked
+    /// places; without markers this is [`Tokenizer::encode`].
     pub fn encode_marked(
         &self,
         text: &str,
@@ -137,23 +218,25 @@ impl Tokenizer {
         }
         marks.dedup();
         if marks.is_empty() {
-            let ids = self.encode(&clean, add_special)?;
+            let ids = self.tokenizer.encode(&clean, add_special)?;
             return Ok((clean, ids));
         }
-        let s = &*self.shared;
+        let s = &*self.tokenizer.shared;
         let ids = match &s.backend {
             Backend::Gguf(codec) => {
                 let mut ids = Vec::with_capacity(clean.len() / 3 + 2);
                 if add_special && s.add_bos {
                     ids.extend(s.bos);
                 }
-                codec.encode(&s.hf, &clean, true, &marks, &mut ids)?;
+                codec.encode(&s.hf, &clean, true, (&marks, &self.protection), &mut ids)?;
                 if add_special {
                     ids.extend_from_slice(&s.suffix);
                 }
                 ids
             }
-            Backend::Hf(codec) => codec.encode_marked(s, &clean, &marks, add_special)?,
+            Backend::Hf(codec) => {
+                codec.encode_marked(s, &clean, (&marks, &self.protection), add_special)?
+            }
         };
         Ok((clean, ids))
     }

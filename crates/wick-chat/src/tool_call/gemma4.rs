@@ -26,7 +26,7 @@ pub(crate) const CHANNEL_CLOSE: &str = "<channel|>";
 /// The channel's name line, stripped from reasoning.
 pub(crate) const CHANNEL_NAME: &str = "thought\n";
 /// The string delimiter token.
-const QUOTE: &str = "<|\"|>";
+pub(crate) const QUOTE: &str = "<|\"|>";
 const CALL_PREFIX: &str = "call:";
 
 fn is_name_byte(byte: u8) -> bool {

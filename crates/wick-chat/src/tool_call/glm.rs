@@ -13,10 +13,10 @@ use super::scan::{decode_entities, decode_xml_value, find_first, leading_ws, pre
 use super::schema::ToolBox;
 use super::tagged::CLOSE as TOOL_CALL_CLOSE;
 
-const KEY_OPEN: &str = "<arg_key>";
-const KEY_CLOSE: &str = "</arg_key>";
-const VALUE_OPEN: &str = "<arg_value>";
-const VALUE_CLOSE: &str = "</arg_value>";
+pub(crate) const KEY_OPEN: &str = "<arg_key>";
+pub(crate) const KEY_CLOSE: &str = "</arg_key>";
+pub(crate) const VALUE_OPEN: &str = "<arg_value>";
+pub(crate) const VALUE_CLOSE: &str = "</arg_value>";
 
 /// Tries the GLM header at `body_at` of a `<tool_call>` block `text`: `None` while undecided,
 /// `Some(None)` when the body is not GLM, else the opening.

@@ -15,11 +15,11 @@ use super::ToolCallError;
 
 /// The opening marker (the attribute's quote follows).
 pub(crate) const FUNCTION_OPEN: &str = "<function name=";
-const FUNCTION_CLOSE: &str = "</function>";
-const PARAM_OPEN: &str = "<param name=";
-const PARAM_CLOSE: &str = "</param>";
-const CDATA_OPEN: &str = "<![CDATA[";
-const CDATA_CLOSE: &str = "]]>";
+pub(crate) const FUNCTION_CLOSE: &str = "</function>";
+pub(crate) const PARAM_OPEN: &str = "<param name=";
+pub(crate) const PARAM_CLOSE: &str = "</param>";
+pub(crate) const CDATA_OPEN: &str = "<![CDATA[";
+pub(crate) const CDATA_CLOSE: &str = "]]>";
 
 /// A quoted attribute value at the start of `text` followed by `>`: `Ok(Some((value, len)))`,
 /// `Ok(None)` while incomplete, `Err(())` when malformed.

@@ -14,8 +14,8 @@ use super::ToolCallError;
 
 /// The token that opens calls.
 pub(crate) const TOOL_CALLS: &str = "[TOOL_CALLS]";
-const CALL_ID: &str = "[CALL_ID]";
-const ARGS: &str = "[ARGS]";
+pub(crate) const CALL_ID: &str = "[CALL_ID]";
+pub(crate) const ARGS: &str = "[ARGS]";
 
 fn unsupported(reason: &str) -> ToolCallError {
     ToolCallError::UnsupportedPayload {

@@ -340,6 +340,51 @@ impl ToolFormat {
         }
     }
 
+    /// Every literal this format's parser acts on: what opens, closes and delimits a call or a
+    /// reasoning channel (not the bare-JSON last resort, which is ordinary text). Where one is
+    /// a token of the vocabulary, client text must not be able to produce it
+    /// ([`crate::markup`]).
+    pub fn markup(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::HermesJson => &[tagged::OPEN, tagged::CLOSE],
+            ToolFormat::QwenXml => &[
+                tagged::OPEN,
+                tagged::CLOSE,
+                qwen_xml::FUNCTION_OPEN,
+                qwen_xml::FUNCTION_CLOSE,
+                qwen_xml::PARAMETER_OPEN,
+                qwen_xml::PARAMETER_CLOSE,
+            ],
+            ToolFormat::Glm => &[
+                tagged::OPEN,
+                tagged::CLOSE,
+                glm::KEY_OPEN,
+                glm::KEY_CLOSE,
+                glm::VALUE_OPEN,
+                glm::VALUE_CLOSE,
+            ],
+            ToolFormat::MiniCpm => &[
+                tagged::OPEN,
+                tagged::CLOSE,
+                minicpm::FUNCTION_OPEN,
+                minicpm::FUNCTION_CLOSE,
+                minicpm::PARAM_OPEN,
+                minicpm::PARAM_CLOSE,
+                minicpm::CDATA_OPEN,
+                minicpm::CDATA_CLOSE,
+            ],
+            ToolFormat::Gemma4 => &[
+                gemma4::CALL_OPEN,
+                gemma4::CALL_CLOSE,
+                gemma4::QUOTE,
+                gemma4::CHANNEL_OPEN,
+                gemma4::CHANNEL_CLOSE,
+            ],
+            ToolFormat::Llama3Json => &[llama3_json::PYTHON_TAG],
+            ToolFormat::Mistral => &[mistral::TOOL_CALLS, mistral::CALL_ID, mistral::ARGS],
+        }
+    }
+
     /// Which bare JSON this format accepts at the start of a reply or right after a call.
     pub(crate) fn json_start(self) -> JsonStart {
         match self {

@@ -14,9 +14,9 @@ use super::ToolCallError;
 
 /// Opens a function inside a `<tool_call>` block.
 pub(crate) const FUNCTION_OPEN: &str = "<function=";
-const FUNCTION_CLOSE: &str = "</function>";
-const PARAMETER_OPEN: &str = "<parameter=";
-const PARAMETER_CLOSE: &str = "</parameter>";
+pub(crate) const FUNCTION_CLOSE: &str = "</function>";
+pub(crate) const PARAMETER_OPEN: &str = "<parameter=";
+pub(crate) const PARAMETER_CLOSE: &str = "</parameter>";
 
 /// Reads the `<function=NAME>` header at `function_at` of the block `text`.
 pub(crate) fn open(text: &str, function_at: usize, at_end: bool, tools: ToolBox<'_>) -> Opening {

@@ -7,7 +7,10 @@
 //! ([`check_length`]), and counting stops once it passes twice the context, so such a
 //! request costs time and memory in proportion to the context, not to its body.
 use serde_json::{Map, Value};
-use wick_chat::chat_template::{normalize_messages, starts_in_thinking, ChatInput, ChatTemplate};
+use wick_chat::chat_template::{
+    normalize_messages, starts_in_thinking, starts_in_thinking_marked, ChatInput, ChatTemplate,
+};
+use wick_chat::markup::client_text_guard;
 use wick_chat::tokenizer::{pick_marker, TokenizerError};
 
 use wick_engine::generation::CachePoint;
@@ -44,8 +47,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Renders `messages` (with `tools` and template `kwargs`) through the chat template in force
-/// and tokenizes the result. Everything the client sent is user text: special-token text in
-/// it is tokenized as plain text, only the template's own markup becomes control tokens.
+/// and tokenizes the result. Everything the client sent is user text: the text of a control
+/// token, a tool-call or reasoning marker or a token the template writes is tokenized as plain
+/// text in it ([`wick_chat::markup`]); only the template's own markup becomes those tokens.
 /// `media` are the messages' media items in order: each marker the template writes for one
 /// is expanded into the item's tokens ([`splice`]) before tokenizing.
 pub async fn chat_prompt(
@@ -75,12 +79,13 @@ pub async fn chat_prompt(
                 "the messages use every Unicode noncharacter; wick needs one free to mark them",
             )
         })?;
+        let guard = client_text_guard(tokenizer, template_source);
         let mut marked = false;
         for value in messages.iter_mut().chain(tools.iter_mut()) {
-            marked |= tokenizer.mark_user_json(value, marker);
+            marked |= guard.mark_json(value, marker);
         }
         for value in kwargs.values_mut() {
-            marked |= tokenizer.mark_user_json(value, marker);
+            marked |= guard.mark_json(value, marker);
         }
         let tools = (!tools.is_empty()).then_some(tools);
         let template = match &override_template {
@@ -114,21 +119,21 @@ pub async fn chat_prompt(
             None => text,
         };
         let context = model.info().context_length;
-        let (text, ids) = if marked {
+        let (thinking, ids) = if marked {
             check_length(&text, context, "messages", |piece| {
-                let (_, ids) = tokenizer.encode_marked(piece, marker, false)?;
+                let (_, ids) = guard.encode_marked(piece, marker, false)?;
                 Ok(ids.len())
             })?;
-            let (clean, ids) = tokenizer
+            let thinking = starts_in_thinking_marked(&text, marker);
+            let (_, ids) = guard
                 .encode_marked(&text, marker, true)
                 .map_err(|e| ApiError::PromptBuild(e.to_string()))?;
-            (clean, drop_doubled_bos(ids, tokenizer.bos_id()))
+            (thinking, drop_doubled_bos(ids, tokenizer.bos_id()))
         } else {
             check_length(&text, context, "messages", |piece| {
                 Ok(tokenizer.encode(piece, false)?.len())
             })?;
-            let ids = model.tokenize(&text)?;
-            (text, ids)
+            (starts_in_thinking(&text), model.tokenize(&text)?)
         };
         // Where the next turn parts from this prompt: the end of the last complete message
         // (and of each breakpoint's prefix), found by rendering those messages without the
@@ -177,7 +182,7 @@ pub async fn chat_prompt(
             None => Vec::new(),
         };
         Ok(ChatPrompt {
-            starts_in_thinking: starts_in_thinking(&text),
+            starts_in_thinking: thinking,
             ids,
             media,
             cache_points,
