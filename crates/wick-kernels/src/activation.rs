@@ -153,7 +153,7 @@ fn inverse_scale(amax: f32) -> (f32, f32) {
 fn block(isa: Isa, x: &[f32], q: &mut [i8]) -> BlockStats {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni {
+        if isa.vector() == Isa::Avx512Vnni {
             // SAFETY: the ISA was detected; slices are 32 long.
             return unsafe { block_avx512(x, q) };
         }

@@ -7,6 +7,8 @@
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -83,7 +85,10 @@ pub(crate) unsafe fn quantized(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni {
+        if isa == Isa::Amx && tokens.len() >= amx::TILE_TOKENS {
+            return amx::quantized(w, strips, act, tokens, out);
+        }
+        if isa.vector() == Isa::Avx512Vnni {
             return avx512::quantized(w, strips, act, tokens, out);
         }
         if isa == Isa::Avx2 {
@@ -108,7 +113,7 @@ pub(crate) unsafe fn float(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni {
+        if isa.vector() == Isa::Avx512Vnni {
             return avx512::float(w, strips, x, tokens, out);
         }
         if isa == Isa::Avx2 {
