@@ -17,6 +17,10 @@ pub struct QuantizedActivations {
     pub(crate) sum32: Vec<i32>,
     pub(crate) dsum: Vec<f32>,
     pub(crate) sum16: Vec<i32>,
+    /// For the AMX kernels ([`Self::transpose_tiles`]): `d` and `dsum` of each whole
+    /// tile of 16 tokens as `[tile][block][token]`, a block's sixteen values in a row.
+    pub(crate) tile_d: Vec<f32>,
+    pub(crate) tile_dsum: Vec<f32>,
 }
 
 /// Raw write access to a [`QuantizedActivations`] for threads that fill disjoint rows.
@@ -93,6 +97,28 @@ impl QuantizedActivations {
         // SAFETY: `w` points into buffers just sized for `rows × cols`.
         unsafe { w.rows(isa, x, 0..rows) };
         Ok(())
+    }
+
+    /// Fills [`Self::tile_d`] and [`Self::tile_dsum`] for every whole tile of `tile`
+    /// tokens.
+    pub(crate) fn transpose_tiles(&mut self, tile: usize) {
+        let nb = self.cols / 32;
+        let len = self.rows / tile * tile * nb;
+        self.tile_d.resize(len, 0.0);
+        self.tile_dsum.resize(len, 0.0);
+        for (r, (d, dsum)) in self
+            .d
+            .chunks_exact(nb)
+            .zip(self.dsum.chunks_exact(nb))
+            .take(self.rows / tile * tile)
+            .enumerate()
+        {
+            let (base, t) = ((r / tile) * nb * tile, r % tile);
+            for b in 0..nb {
+                self.tile_d[base + b * tile + t] = d[b];
+                self.tile_dsum[base + b * tile + t] = dsum[b];
+            }
+        }
     }
 
     /// Block scale of row `r`, block `b`.

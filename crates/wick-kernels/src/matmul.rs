@@ -29,6 +29,9 @@ const SERIAL_WORK: usize = 1 << 16;
 /// Tokens per chunk of a long input (64 rows of activations fit in L2 for any width
 /// of the supported models).
 const TOKEN_CHUNK: usize = 64;
+/// Tokens per chunk on AMX: each unit unpacks its strips' codes once for the tile
+/// products of all its tokens, so longer chunks unpack less (128 rows still fit in L2).
+const AMX_TOKEN_CHUNK: usize = 128;
 /// Activation elements under which quantization stays on the calling thread.
 const SERIAL_QUANTIZE: usize = 1 << 15;
 
@@ -74,6 +77,9 @@ pub fn matmul(
 
     if products.iter().any(|p| p.weight.format().is_quantized()) {
         quantize(pool, isa, x, n, cols, act);
+        if isa == Isa::Amx && n >= kernels::TILE_TOKENS {
+            act.transpose_tiles(kernels::TILE_TOKENS);
+        }
     }
     let act = &*act;
 
@@ -99,7 +105,12 @@ pub fn matmul(
     // Long inputs are cut into chunks of tokens, units numbered chunk by chunk, so a
     // thread's consecutive units reuse one chunk of activations from its cache.
     let per_chunk = first_unit[count];
-    let chunks = n.div_ceil(TOKEN_CHUNK);
+    let chunk_tokens = if isa == Isa::Amx {
+        AMX_TOKEN_CHUNK
+    } else {
+        TOKEN_CHUNK
+    };
+    let chunks = n.div_ceil(chunk_tokens);
     let units = per_chunk * chunks;
     let weights: [Option<&PackedMatrix>; MAX_PRODUCTS] =
         std::array::from_fn(|i| products.get(i).map(|p| p.weight));
@@ -110,7 +121,7 @@ pub fn matmul(
             break;
         }
         let (chunk, u) = (u / per_chunk, u % per_chunk);
-        let tokens = chunk * TOKEN_CHUNK..((chunk + 1) * TOKEN_CHUNK).min(n);
+        let tokens = chunk * chunk_tokens..((chunk + 1) * chunk_tokens).min(n);
         let i = (0..count).rfind(|&i| first_unit[i] <= u).unwrap_or(0);
         let (Some(w), Some(out)) = (weights[i], outputs[i]) else {
             continue;

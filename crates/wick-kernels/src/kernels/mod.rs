@@ -15,6 +15,9 @@ mod avx512;
 
 use std::ops::Range;
 
+/// Tokens of one AMX tile product (the kernels' whole tiles).
+pub(crate) const TILE_TOKENS: usize = 16;
+
 use crate::packed::{Bits, ScaleKind};
 use crate::{Isa, PackedMatrix, QuantizedActivations, WeightFormat};
 
@@ -85,7 +88,9 @@ pub(crate) unsafe fn quantized(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Amx && tokens.len() >= amx::TILE_TOKENS {
+        // `support` also asks for the tile state, which a caller naming `Isa::Amx` without
+        // `Isa::available` has not done yet (it is a load of a settled value after that).
+        if isa == Isa::Amx && tokens.len() >= TILE_TOKENS && crate::amx::support().is_ok() {
             return amx::quantized(w, strips, act, tokens, out);
         }
         if isa.vector() == Isa::Avx512Vnni {
