@@ -17,11 +17,15 @@ pub struct QuantizedActivations {
     pub(crate) sum32: Vec<i32>,
     pub(crate) dsum: Vec<f32>,
     pub(crate) sum16: Vec<i32>,
-    /// For the AMX kernels ([`Self::transpose_tiles`]): `d` and `dsum` of each whole
-    /// tile of 16 tokens as `[tile][block][token]`, a block's sixteen values in a row.
+    /// For the AMX kernels (with `tiles` in [`Self::prepare`]): `d` and `dsum` of each
+    /// whole tile of [`TILE`] tokens as `[tile][block][token]`, a block's values for the
+    /// tile's tokens in a row.
     pub(crate) tile_d: Vec<f32>,
     pub(crate) tile_dsum: Vec<f32>,
 }
+
+/// Tokens of one tile of [`QuantizedActivations::tile_d`].
+pub(crate) const TILE: usize = 16;
 
 /// Raw write access to a [`QuantizedActivations`] for threads that fill disjoint rows.
 #[derive(Clone, Copy)]
@@ -32,6 +36,10 @@ pub(crate) struct ActivationWriter {
     sum32: *mut i32,
     dsum: *mut f32,
     sum16: *mut i32,
+    /// Rows written into `tile_d`/`tile_dsum` too (the whole tiles), and those buffers.
+    tiled_rows: usize,
+    tile_d: *mut f32,
+    tile_dsum: *mut f32,
 }
 
 // SAFETY: the pointers target buffers that outlive the parallel section, and callers
@@ -55,8 +63,9 @@ impl QuantizedActivations {
         self.cols
     }
 
-    /// Resizes for `rows × cols` (keeping capacity) and hands out a writer.
-    pub(crate) fn prepare(&mut self, rows: usize, cols: usize) -> ActivationWriter {
+    /// Resizes for `rows × cols` (keeping capacity) and hands out a writer; with `tiles`,
+    /// the writer also fills the tile layout of the scales for the whole tiles.
+    pub(crate) fn prepare(&mut self, rows: usize, cols: usize, tiles: bool) -> ActivationWriter {
         let nb = cols / 32;
         self.rows = rows;
         self.cols = cols;
@@ -65,6 +74,9 @@ impl QuantizedActivations {
         self.sum32.resize(rows * nb, 0);
         self.dsum.resize(rows * nb, 0.0);
         self.sum16.resize(rows * nb * 2, 0);
+        let tiled_rows = if tiles { rows / TILE * TILE } else { 0 };
+        self.tile_d.resize(tiled_rows * nb, 0.0);
+        self.tile_dsum.resize(tiled_rows * nb, 0.0);
         ActivationWriter {
             cols,
             qs: self.qs.as_mut_ptr(),
@@ -72,6 +84,9 @@ impl QuantizedActivations {
             sum32: self.sum32.as_mut_ptr(),
             dsum: self.dsum.as_mut_ptr(),
             sum16: self.sum16.as_mut_ptr(),
+            tiled_rows,
+            tile_d: self.tile_d.as_mut_ptr(),
+            tile_dsum: self.tile_dsum.as_mut_ptr(),
         }
     }
 
@@ -93,32 +108,10 @@ impl QuantizedActivations {
                 found: x.len(),
             });
         }
-        let w = self.prepare(rows, cols);
+        let w = self.prepare(rows, cols, false);
         // SAFETY: `w` points into buffers just sized for `rows × cols`.
         unsafe { w.rows(isa, x, 0..rows) };
         Ok(())
-    }
-
-    /// Fills [`Self::tile_d`] and [`Self::tile_dsum`] for every whole tile of `tile`
-    /// tokens.
-    pub(crate) fn transpose_tiles(&mut self, tile: usize) {
-        let nb = self.cols / 32;
-        let len = self.rows / tile * tile * nb;
-        self.tile_d.resize(len, 0.0);
-        self.tile_dsum.resize(len, 0.0);
-        for (r, (d, dsum)) in self
-            .d
-            .chunks_exact(nb)
-            .zip(self.dsum.chunks_exact(nb))
-            .take(self.rows / tile * tile)
-            .enumerate()
-        {
-            let (base, t) = ((r / tile) * nb * tile, r % tile);
-            for b in 0..nb {
-                self.tile_d[base + b * tile + t] = d[b];
-                self.tile_dsum[base + b * tile + t] = dsum[b];
-            }
-        }
     }
 
     /// Block scale of row `r`, block `b`.
@@ -153,6 +146,11 @@ impl ActivationWriter {
                 *self.dsum.add(at) = s.d * (s.sum[0] + s.sum[1]) as f32;
                 *self.sum16.add(2 * at) = s.sum[0];
                 *self.sum16.add(2 * at + 1) = s.sum[1];
+                if r < self.tiled_rows {
+                    let t = (r / TILE * nb + b) * TILE + r % TILE;
+                    *self.tile_d.add(t) = s.d;
+                    *self.tile_dsum.add(t) = s.d * (s.sum[0] + s.sum[1]) as f32;
+                }
             }
         }
     }

@@ -77,9 +77,6 @@ pub fn matmul(
 
     if products.iter().any(|p| p.weight.format().is_quantized()) {
         quantize(pool, isa, x, n, cols, act);
-        if isa == Isa::Amx && n >= kernels::TILE_TOKENS {
-            act.transpose_tiles(kernels::TILE_TOKENS);
-        }
     }
     let act = &*act;
 
@@ -167,7 +164,8 @@ fn quantize(
     cols: usize,
     act: &mut QuantizedActivations,
 ) {
-    let writer = act.prepare(n, cols);
+    // The AMX kernels read the scales of each tile of tokens as one run.
+    let writer = act.prepare(n, cols, isa == Isa::Amx);
     if n * cols < SERIAL_QUANTIZE || n == 1 {
         // SAFETY: `prepare` sized the buffers for `n × cols`.
         unsafe { writer.rows(isa, x, 0..n) };

@@ -16,7 +16,7 @@ mod avx512;
 use std::ops::Range;
 
 /// Tokens of one AMX tile product (the kernels' whole tiles).
-pub(crate) const TILE_TOKENS: usize = 16;
+pub(crate) const TILE_TOKENS: usize = crate::activation::TILE;
 
 use crate::packed::{Bits, ScaleKind};
 use crate::{Isa, PackedMatrix, QuantizedActivations, WeightFormat};
