@@ -89,16 +89,34 @@ fn pair(a: f32, b: f32) -> u32 {
     u32::from(bf16::from_f32(a).to_bits()) | (u32::from(bf16::from_f32(b).to_bits()) << 16)
 }
 
-/// Mean of each dimension over `rows` rows of `x` (`[row][hd]`).
-fn column_mean(x: &[f32], hd: usize) -> Vec<f32> {
-    let rows = x.len() / hd;
+/// Sum of each dimension over the rows of `x` (`[row][hd]`), in f64.
+pub(crate) fn column_sum(x: &[f32], hd: usize) -> Vec<f64> {
     let mut sum = vec![0f64; hd];
     for row in x.chunks_exact(hd) {
         for (s, &v) in sum.iter_mut().zip(row) {
             *s += f64::from(v);
         }
     }
-    sum.iter()
+    sum
+}
+
+/// Mean of each dimension over `rows` rows of `x` (`[row][hd]`).
+#[cfg(test)]
+fn column_mean(x: &[f32], hd: usize) -> Vec<f32> {
+    mean_of(&[column_sum(x, hd)], x.len() / hd)
+}
+
+/// The mean of `rows` rows from the column sums of consecutive pieces of them (added in
+/// order).
+pub(crate) fn mean_of(pieces: &[Vec<f64>], rows: usize) -> Vec<f32> {
+    let mut total = pieces.first().cloned().unwrap_or_default();
+    for p in pieces.iter().skip(1) {
+        for (t, &x) in total.iter_mut().zip(p) {
+            *t += x;
+        }
+    }
+    total
+        .iter()
         .map(|&s| (s / rows.max(1) as f64) as f32)
         .collect()
 }
@@ -112,12 +130,24 @@ pub(crate) struct PackedKv {
     hd: usize,
     keys: Vec<u32>,
     values: Vec<u32>,
-    /// Added back to every output row.
+    /// Subtracted from every key before rounding.
+    key_mean: Vec<f32>,
+    /// Subtracted from every value before rounding, and added back to every output row.
     pub(crate) value_mean: Vec<f32>,
+}
+
+/// Where one piece of positions of a [`PackedKv`] goes ([`PackedKv::pieces`]).
+pub(crate) struct PackedPiece<'a> {
+    keys: &'a mut [u32],
+    values: &'a mut [u32],
+    key_mean: &'a [f32],
+    value_mean: &'a [f32],
+    hd: usize,
 }
 
 impl PackedKv {
     /// Packs `keys` and `values` (`[position][hd]` f32 each, from `base`).
+    #[cfg(test)]
     pub(crate) fn pack(
         bf: Bf16Products,
         base: usize,
@@ -126,43 +156,81 @@ impl PackedKv {
         hd: usize,
     ) -> Self {
         let n = keys.len() / hd;
+        let key_mean = mean_of(&[column_sum(keys, hd)], n);
+        let value_mean = mean_of(&[column_sum(values, hd)], n);
+        let mut kv = PackedKv::zeroed(base, n, hd, key_mean, value_mean);
+        if let Some(mut piece) = kv.pieces(n.max(1)).into_iter().next() {
+            piece.pack(bf, keys, values);
+        }
+        kv
+    }
+
+    /// Room for `n` positions from `base`, to be centred on the given means and filled
+    /// piece by piece ([`Self::pieces`]).
+    pub(crate) fn zeroed(
+        base: usize,
+        n: usize,
+        hd: usize,
+        key_mean: Vec<f32>,
+        value_mean: Vec<f32>,
+    ) -> Self {
         let len = n.div_ceil(ALIGN) * ALIGN;
-        let key_mean = column_mean(keys, hd);
-        let value_mean = column_mean(values, hd);
-        let half = hd / 2;
-        let mut centred = vec![0f32; 2 * hd];
-        let mut pairs = vec![0u32; hd];
-        let mut packed_keys = vec![0u32; len * half];
-        for (p, row) in keys.chunks_exact(hd).enumerate() {
-            for ((c, &x), &m) in centred.iter_mut().zip(row).zip(&key_mean) {
-                *c = x - m;
-            }
-            bf.pairs_into(&centred[..hd], &mut pairs[..half]);
-            let group = &mut packed_keys[(p / KEYS) * half * KEYS..][..half * KEYS];
-            for (j, &w) in pairs[..half].iter().enumerate() {
-                group[j * KEYS + p % KEYS] = w;
-            }
-        }
-        let mut packed_values = vec![0u32; len / 2 * hd];
-        for (out, two) in packed_values
-            .chunks_exact_mut(hd)
-            .zip(values.chunks(2 * hd))
-        {
-            // Positions `2i` and `2i + 1` interleaved, a missing last one as zeros.
-            let (first, second) = two.split_at(hd);
-            for (d, c) in centred.chunks_exact_mut(2).enumerate() {
-                c[0] = first[d] - value_mean[d];
-                c[1] = second.get(d).map_or(0.0, |&x| x - value_mean[d]);
-            }
-            bf.pairs_into(&centred, out);
-        }
         PackedKv {
             base,
             len,
             hd,
-            keys: packed_keys,
-            values: packed_values,
+            keys: vec![0u32; len * hd / 2],
+            values: vec![0u32; len / 2 * hd],
+            key_mean,
             value_mean,
+        }
+    }
+
+    /// The destinations of consecutive pieces of `piece` positions (a multiple of
+    /// [`ALIGN`], or at least all of them), which threads may fill at once.
+    pub(crate) fn pieces(&mut self, piece: usize) -> Vec<PackedPiece<'_>> {
+        let hd = self.hd;
+        let piece = piece.div_ceil(ALIGN) * ALIGN;
+        self.keys
+            .chunks_mut(piece * hd / 2)
+            .zip(self.values.chunks_mut(piece / 2 * hd))
+            .map(|(keys, values)| PackedPiece {
+                keys,
+                values,
+                key_mean: &self.key_mean,
+                value_mean: &self.value_mean,
+                hd,
+            })
+            .collect()
+    }
+}
+
+impl PackedPiece<'_> {
+    /// Centres, rounds and packs the piece's positions (`keys`, `values`: `[position][hd]`
+    /// f32, as many positions as the piece has or, for the last, fewer).
+    pub(crate) fn pack(&mut self, bf: Bf16Products, keys: &[f32], values: &[f32]) {
+        let hd = self.hd;
+        let half = hd / 2;
+        let mut centred = vec![0f32; 2 * hd];
+        let mut pairs = vec![0u32; hd];
+        for (p, row) in keys.chunks_exact(hd).enumerate() {
+            for ((c, &x), &m) in centred.iter_mut().zip(row).zip(self.key_mean) {
+                *c = x - m;
+            }
+            bf.pairs_into(&centred[..hd], &mut pairs[..half]);
+            let group = &mut self.keys[(p / KEYS) * half * KEYS..][..half * KEYS];
+            for (j, &w) in pairs[..half].iter().enumerate() {
+                group[j * KEYS + p % KEYS] = w;
+            }
+        }
+        for (out, two) in self.values.chunks_exact_mut(hd).zip(values.chunks(2 * hd)) {
+            // Positions `2i` and `2i + 1` interleaved, a missing last one as zeros.
+            let (first, second) = two.split_at(hd);
+            for (d, c) in centred.chunks_exact_mut(2).enumerate() {
+                c[0] = first[d] - self.value_mean[d];
+                c[1] = second.get(d).map_or(0.0, |&x| x - self.value_mean[d]);
+            }
+            bf.pairs_into(&centred, out);
         }
     }
 }
