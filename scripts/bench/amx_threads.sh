@@ -58,7 +58,7 @@ for r in $(seq 1 "$rounds"); do
   for t in $threads; do
     for isa in $isas; do
       WICK_THREADS=$t WICK_ISA=$isa "$wick" bench "$model" "${cases[@]}" --runs 1 --json 2>/dev/null |
-        grep '^{' | sed "s/^{/{\"round\":$r,\"isa\":\"$isa\",/" | tee -a "$raw"
+        grep '^{' | sed "s/^{/{\"round\":$r,\"isa\":\"$isa\",\"pool_threads\":$t,/" | tee -a "$raw"
     done
   done
 done
@@ -69,7 +69,8 @@ import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 threads = [int(t) for t in sys.argv[2].split()]
 def med(isa, t, p, f):
-    xs = [r[f] for r in runs if r["isa"] == isa and r["threads"] == t and r["prompt_tokens"] == p]
+    # `wick bench` reports the CPU count as "threads"; the pool size is what was set.
+    xs = [r[f] for r in runs if r["isa"] == isa and r["pool_threads"] == t and r["prompt_tokens"] == p]
     return statistics.median(xs) if xs else float("nan")
 isas = sorted({r["isa"] for r in runs}, key=lambda i: i != "amx")
 prompts = sorted({r["prompt_tokens"] for r in runs})
