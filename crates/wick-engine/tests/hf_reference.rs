@@ -362,3 +362,89 @@ fn quantized_copies_of_a_model_stay_near_it() {
         errors[1]
     );
 }
+
+/// Long prompt chunks (past 1024 keys, where attention runs as matrix products) of a model
+/// with f32 weights keep those products in f32: `Model::load` gives exactly the logits of
+/// a decoder told to use f32 products, where bf16 operands (the products' precision on
+/// AVX-512 BF16 and AMX CPUs) move them by about 1e-2. A quantized copy of the model
+/// takes the bf16 products where the CPU has them.
+#[test]
+fn f32_weights_keep_long_prompt_attention_in_f32() {
+    if std::env::var_os("WICK_PROMPT_ATTENTION").is_some() {
+        eprintln!("skipped: WICK_PROMPT_ATTENTION overrides the precision chosen from the weights");
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    let bf16_cpu = is_x86_feature_detected!("avx512bf16");
+    #[cfg(not(target_arch = "x86_64"))]
+    let bf16_cpu = false;
+    if !bf16_cpu {
+        eprintln!(
+            "note: this CPU has no AVX-512 BF16, so every precision runs f32 products here \
+             and the test cannot tell them apart"
+        );
+    }
+    let ids = some_ids(1100, 44);
+    for quantized in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        write_wide_model(dir.path(), 14, 2, 64);
+        if quantized {
+            quantize_model(dir.path(), 8, 64, wick_gguf::GgmlType::Bf16);
+        }
+        for file in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+        ] {
+            std::fs::copy(golden_dir("qwen3").join(file), dir.path().join(file)).unwrap();
+        }
+        let model = wick_engine::Model::load(dir.path(), &Default::default()).unwrap();
+        let mut cache = model.new_cache();
+        let got = model
+            .forward(&mut [wick_engine::Step {
+                tokens: &ids,
+                cache: &mut cache,
+                logits: LogitsRequest::All,
+            }])
+            .unwrap()
+            .remove(0)
+            .unwrap()
+            .data;
+        let f32_products = CandleBackend::cpu().with_bf16_prompt_attention(false);
+        let f32_logits = forward_all(
+            &decoder_from_dir(f32_products, dir.path()),
+            &ids,
+            &[ids.len()],
+        );
+        let bf16_logits = forward_all(
+            &decoder_from_dir(
+                CandleBackend::cpu().with_bf16_prompt_attention(true),
+                dir.path(),
+            ),
+            &ids,
+            &[ids.len()],
+        );
+        let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let moved = got
+            .iter()
+            .zip(&bf16_logits)
+            .zip(&f32_logits)
+            .map(|((_, b), f)| (b - f).abs())
+            .fold(0f32, f32::max);
+        eprintln!("quantized {quantized}: bf16 products move logits by up to {moved:.2e}");
+        if quantized {
+            assert!(
+                same(&got, &bf16_logits),
+                "a quantized model took f32 products"
+            );
+        } else {
+            assert!(same(&got, &f32_logits), "an f32 model took bf16 products");
+        }
+        if bf16_cpu {
+            assert!(
+                moved > 1e-4,
+                "bf16 products changed nothing: the test cannot tell"
+            );
+        }
+    }
+}

@@ -17,7 +17,15 @@ pub struct QuantizedActivations {
     pub(crate) sum32: Vec<i32>,
     pub(crate) dsum: Vec<f32>,
     pub(crate) sum16: Vec<i32>,
+    /// For the AMX kernels (with `tiles` in [`Self::prepare`]): `d` and `dsum` of each
+    /// whole tile of [`TILE`] tokens as `[tile][block][token]`, a block's values for the
+    /// tile's tokens in a row.
+    pub(crate) tile_d: Vec<f32>,
+    pub(crate) tile_dsum: Vec<f32>,
 }
+
+/// Tokens of one tile of [`QuantizedActivations::tile_d`].
+pub(crate) const TILE: usize = 16;
 
 /// Raw write access to a [`QuantizedActivations`] for threads that fill disjoint rows.
 #[derive(Clone, Copy)]
@@ -28,6 +36,10 @@ pub(crate) struct ActivationWriter {
     sum32: *mut i32,
     dsum: *mut f32,
     sum16: *mut i32,
+    /// Rows written into `tile_d`/`tile_dsum` too (the whole tiles), and those buffers.
+    tiled_rows: usize,
+    tile_d: *mut f32,
+    tile_dsum: *mut f32,
 }
 
 // SAFETY: the pointers target buffers that outlive the parallel section, and callers
@@ -51,8 +63,9 @@ impl QuantizedActivations {
         self.cols
     }
 
-    /// Resizes for `rows × cols` (keeping capacity) and hands out a writer.
-    pub(crate) fn prepare(&mut self, rows: usize, cols: usize) -> ActivationWriter {
+    /// Resizes for `rows × cols` (keeping capacity) and hands out a writer; with `tiles`,
+    /// the writer also fills the tile layout of the scales for the whole tiles.
+    pub(crate) fn prepare(&mut self, rows: usize, cols: usize, tiles: bool) -> ActivationWriter {
         let nb = cols / 32;
         self.rows = rows;
         self.cols = cols;
@@ -61,6 +74,9 @@ impl QuantizedActivations {
         self.sum32.resize(rows * nb, 0);
         self.dsum.resize(rows * nb, 0.0);
         self.sum16.resize(rows * nb * 2, 0);
+        let tiled_rows = if tiles { rows / TILE * TILE } else { 0 };
+        self.tile_d.resize(tiled_rows * nb, 0.0);
+        self.tile_dsum.resize(tiled_rows * nb, 0.0);
         ActivationWriter {
             cols,
             qs: self.qs.as_mut_ptr(),
@@ -68,6 +84,9 @@ impl QuantizedActivations {
             sum32: self.sum32.as_mut_ptr(),
             dsum: self.dsum.as_mut_ptr(),
             sum16: self.sum16.as_mut_ptr(),
+            tiled_rows,
+            tile_d: self.tile_d.as_mut_ptr(),
+            tile_dsum: self.tile_dsum.as_mut_ptr(),
         }
     }
 
@@ -89,7 +108,7 @@ impl QuantizedActivations {
                 found: x.len(),
             });
         }
-        let w = self.prepare(rows, cols);
+        let w = self.prepare(rows, cols, false);
         // SAFETY: `w` points into buffers just sized for `rows × cols`.
         unsafe { w.rows(isa, x, 0..rows) };
         Ok(())
@@ -127,6 +146,11 @@ impl ActivationWriter {
                 *self.dsum.add(at) = s.d * (s.sum[0] + s.sum[1]) as f32;
                 *self.sum16.add(2 * at) = s.sum[0];
                 *self.sum16.add(2 * at + 1) = s.sum[1];
+                if r < self.tiled_rows {
+                    let t = (r / TILE * nb + b) * TILE + r % TILE;
+                    *self.tile_d.add(t) = s.d;
+                    *self.tile_dsum.add(t) = s.d * (s.sum[0] + s.sum[1]) as f32;
+                }
             }
         }
     }
@@ -153,7 +177,7 @@ fn inverse_scale(amax: f32) -> (f32, f32) {
 fn block(isa: Isa, x: &[f32], q: &mut [i8]) -> BlockStats {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni {
+        if isa.vector() == Isa::Avx512Vnni {
             // SAFETY: the ISA was detected; slices are 32 long.
             return unsafe { block_avx512(x, q) };
         }

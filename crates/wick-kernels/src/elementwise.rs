@@ -33,7 +33,7 @@ macro_rules! multiversion {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v256($($arg: $ty),*) { generic($($arg),*) }
-        match $isa {
+        match $isa.vector() {
             // SAFETY: the ISA was detected at run time.
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => unsafe { v512($($arg),*) },

@@ -33,6 +33,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod activation;
+pub mod amx;
 pub mod elementwise;
 mod error;
 mod format;

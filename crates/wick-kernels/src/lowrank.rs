@@ -239,7 +239,7 @@ unsafe fn run_tile(
     let rows = tile.len();
     // `check_update` let only these formats through.
     let kind = factor_kind(u.a.format()).unwrap_or(F32);
-    match (isa, kind) {
+    match (isa.vector(), kind) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni, F16) => avx512::tile::<F16>(u.a, u.b, &xs, ys, rows, &mut mid, add),
         #[cfg(target_arch = "x86_64")]

@@ -29,6 +29,9 @@ const SERIAL_WORK: usize = 1 << 16;
 /// Tokens per chunk of a long input (64 rows of activations fit in L2 for any width
 /// of the supported models).
 const TOKEN_CHUNK: usize = 64;
+/// Tokens per chunk on AMX: each unit unpacks its strips' codes once for the tile
+/// products of all its tokens, so longer chunks unpack less (128 rows still fit in L2).
+const AMX_TOKEN_CHUNK: usize = 128;
 /// Activation elements under which quantization stays on the calling thread.
 const SERIAL_QUANTIZE: usize = 1 << 15;
 
@@ -99,7 +102,12 @@ pub fn matmul(
     // Long inputs are cut into chunks of tokens, units numbered chunk by chunk, so a
     // thread's consecutive units reuse one chunk of activations from its cache.
     let per_chunk = first_unit[count];
-    let chunks = n.div_ceil(TOKEN_CHUNK);
+    let chunk_tokens = if isa == Isa::Amx {
+        AMX_TOKEN_CHUNK
+    } else {
+        TOKEN_CHUNK
+    };
+    let chunks = n.div_ceil(chunk_tokens);
     let units = per_chunk * chunks;
     let weights: [Option<&PackedMatrix>; MAX_PRODUCTS] =
         std::array::from_fn(|i| products.get(i).map(|p| p.weight));
@@ -110,7 +118,7 @@ pub fn matmul(
             break;
         }
         let (chunk, u) = (u / per_chunk, u % per_chunk);
-        let tokens = chunk * TOKEN_CHUNK..((chunk + 1) * TOKEN_CHUNK).min(n);
+        let tokens = chunk * chunk_tokens..((chunk + 1) * chunk_tokens).min(n);
         let i = (0..count).rfind(|&i| first_unit[i] <= u).unwrap_or(0);
         let (Some(w), Some(out)) = (weights[i], outputs[i]) else {
             continue;
@@ -156,7 +164,8 @@ fn quantize(
     cols: usize,
     act: &mut QuantizedActivations,
 ) {
-    let writer = act.prepare(n, cols);
+    // The AMX kernels read the scales of each tile of tokens as one run.
+    let writer = act.prepare(n, cols, isa == Isa::Amx);
     if n * cols < SERIAL_QUANTIZE || n == 1 {
         // SAFETY: `prepare` sized the buffers for `n × cols`.
         unsafe { writer.rows(isa, x, 0..n) };

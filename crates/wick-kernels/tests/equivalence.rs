@@ -296,6 +296,73 @@ fn each_row_of_a_batch_equals_its_own_call() {
     }
 }
 
+/// The AMX kernels (whole tiles of 16 tokens on the tile unit, leftovers on AVX-512)
+/// against the scalar kernels, bit for bit, for every quantized format: token counts with
+/// and without leftovers, several 64-token chunks, a padded last strip, activations that
+/// saturate to ±127. Where AMX is absent (or Linux refuses its state) the test says so
+/// and checks nothing.
+#[test]
+fn amx_tiles_equal_the_scalar_kernels_bit_for_bit() {
+    if let Err(why) = wick_kernels::amx::support() {
+        eprintln!("AMX test skipped: {why}");
+        return;
+    }
+    assert!(Isa::available().contains(&Isa::Amx));
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0xA3A3);
+    for format in WeightFormat::ALL.into_iter().filter(|f| f.is_quantized()) {
+        let (rows, cols) = (37, 2 * cols_for(format));
+        let bytes = random_matrix(format, rows, cols, &mut rng);
+        let packed = PackedMatrix::from_ggml(format, rows, cols, &bytes).unwrap();
+        let bias: Vec<f32> = (0..rows).map(|_| rng.normal_ish()).collect();
+        for n in [16, 33, 64, 100, 130] {
+            let mut x: Vec<f32> = (0..n * cols).map(|_| rng.normal_ish()).collect();
+            // Every third block of every other token all ±1: codes of ±127 throughout.
+            for (t, row) in x
+                .chunks_exact_mut(cols)
+                .enumerate()
+                .filter(|(t, _)| t % 2 == 0)
+            {
+                for (b, block) in row
+                    .chunks_exact_mut(32)
+                    .enumerate()
+                    .filter(|(b, _)| b % 3 == t % 3)
+                {
+                    let sign = if (t + b) % 2 == 0 { 1.0 } else { -1.0 };
+                    block.iter_mut().for_each(|v| *v = sign);
+                }
+            }
+            let run = |isa: Isa| {
+                let mut out = vec![f32::NAN; n * rows];
+                let mut act = QuantizedActivations::new();
+                matmul(
+                    &pool,
+                    isa,
+                    &x,
+                    n,
+                    &mut [Product {
+                        weight: &packed,
+                        out: &mut out,
+                        bias: Some(&bias),
+                    }],
+                    &mut act,
+                )
+                .unwrap();
+                out
+            };
+            let (want, got) = (run(Isa::Scalar), run(Isa::Amx));
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "{format:?} n={n} token {} row {}: AMX {a} vs scalar {b}",
+                    i / rows,
+                    i % rows
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn several_matrices_share_one_call() {
     let pool = ThreadPool::new(2);

@@ -112,7 +112,7 @@ impl Model {
         // GGUF scales are exact in f32 (see backend::mlx).
         let weights = GgufWeights::new(&file);
         let base = base_precision(&weights);
-        let decoder = load_decoder(backend, cfg, &weights, MlxDtype::F32, kv)?;
+        let decoder = load_decoder(backend, cfg, &weights, (MlxDtype::F32, base), kv)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -165,7 +165,7 @@ impl Model {
             .with_quantization(quantization);
         let dtype = MlxDtype::of_checkpoint(&config, &named);
         let base = base_precision(&named);
-        let decoder = load_decoder(backend, cfg, &named, dtype, kv)?;
+        let decoder = load_decoder(backend, cfg, &named, (dtype, base), kv)?;
         let template_source = hf_chat_template(dir)?;
         let gen_path = dir.join("generation_config.json");
         let gen = read_json(&gen_path)?.unwrap_or_else(|| Value::Object(Default::default()));
@@ -328,17 +328,20 @@ impl MlxDtype {
     }
 }
 
-/// Loads the decoder onto `backend`.
+/// Loads the decoder onto `backend`; `base` says whether the weights are f32 (the CPU
+/// backend then keeps long prompts' attention products in f32).
 fn load_decoder(
     backend: BackendKind,
     cfg: ModelConfig,
     src: &dyn WeightSource,
-    dtype: MlxDtype,
+    (dtype, base): (MlxDtype, BasePrecision),
     kv: KvDtype,
 ) -> Result<AnyDecoder> {
     match backend {
         BackendKind::Candle => Ok(AnyDecoder::Candle(Decoder::load(
-            CandleBackend::cpu().with_kv_dtype(kv),
+            CandleBackend::cpu()
+                .with_kv_dtype(kv)
+                .with_prompt_attention_for(base),
             cfg,
             src,
         )?)),

@@ -41,11 +41,11 @@ impl Tok {
 
 /// Scales of one block for the 16 rows of a strip.
 #[derive(Clone, Copy)]
-struct Scales {
-    dw: __m512,
-    mw: __m512,
-    s0: __m512i,
-    s1: __m512i,
+pub(super) struct Scales {
+    pub(super) dw: __m512,
+    pub(super) mw: __m512,
+    pub(super) s0: __m512i,
+    pub(super) s1: __m512i,
 }
 
 #[inline(always)]
@@ -67,7 +67,7 @@ unsafe fn negate(v: __m512) -> __m512 {
 }
 
 #[inline(always)]
-unsafe fn scales<const SC: u8>(st: *const u8, l: &StripLayout, b: usize) -> Scales {
+pub(super) unsafe fn scales<const SC: u8>(st: *const u8, l: &StripLayout, b: usize) -> Scales {
     let bs = st.add(l.block_scales);
     let zero_i = _mm512_setzero_si512();
     let zero = _mm512_setzero_ps();
@@ -109,7 +109,7 @@ unsafe fn scales<const SC: u8>(st: *const u8, l: &StripLayout, b: usize) -> Scal
 
 /// Codes of group `g` of block `b`: columns `8g..8g+4` and `8g+4..8g+8` of 16 rows.
 #[inline(always)]
-unsafe fn unpack<const BITS: u8>(
+pub(super) unsafe fn unpack<const BITS: u8>(
     st: *const u8,
     l: &StripLayout,
     b: usize,
@@ -145,14 +145,14 @@ unsafe fn unpack<const BITS: u8>(
 
 /// Where a tile writes.
 #[derive(Clone, Copy)]
-struct Dest {
-    out: *mut f32,
-    mask: __mmask16,
-    bias: *const f32,
+pub(super) struct Dest {
+    pub(super) out: *mut f32,
+    pub(super) mask: __mmask16,
+    pub(super) bias: *const f32,
 }
 
 #[inline(always)]
-unsafe fn store<const S: usize, const T: usize>(
+pub(super) unsafe fn store<const S: usize, const T: usize>(
     acc: &[[__m512; T]; S],
     dest: &[Dest; S],
     ld: usize,
@@ -381,7 +381,7 @@ unsafe fn strip_tokens<const BITS: u8, const SC: u8, const Z: i32, const T: usiz
 
 /// The pointers of strip `s` for tokens starting at `t0`.
 #[inline(always)]
-unsafe fn dest(out: &Output, s: usize, t0: usize) -> Dest {
+pub(super) unsafe fn dest(out: &Output, s: usize, t0: usize) -> Dest {
     let valid = out.rows.saturating_sub(s * STRIP).min(STRIP);
     Dest {
         out: out.ptr.add(t0 * out.ld + s * STRIP),

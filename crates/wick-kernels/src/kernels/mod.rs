@@ -7,11 +7,16 @@
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
 use std::ops::Range;
+
+/// Tokens of one AMX tile product (the kernels' whole tiles).
+pub(crate) const TILE_TOKENS: usize = crate::activation::TILE;
 
 use crate::packed::{Bits, ScaleKind};
 use crate::{Isa, PackedMatrix, QuantizedActivations, WeightFormat};
@@ -83,7 +88,12 @@ pub(crate) unsafe fn quantized(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni {
+        // `support` also asks for the tile state, which a caller naming `Isa::Amx` without
+        // `Isa::available` has not done yet (it is a load of a settled value after that).
+        if isa == Isa::Amx && tokens.len() >= TILE_TOKENS && crate::amx::support().is_ok() {
+            return amx::quantized(w, strips, act, tokens, out);
+        }
+        if isa.vector() == Isa::Avx512Vnni {
             return avx512::quantized(w, strips, act, tokens, out);
         }
         if isa == Isa::Avx2 {
@@ -108,7 +118,7 @@ pub(crate) unsafe fn float(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if isa == Isa::Avx512Vnni {
+        if isa.vector() == Isa::Avx512Vnni {
             return avx512::float(w, strips, x, tokens, out);
         }
         if isa == Isa::Avx2 {

@@ -658,7 +658,7 @@ pub(crate) fn attend(
         let _ = bf16_prompt;
         let bf16 = match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512(_) if bf16_prompt => Bf16Products::detect(),
+            Kernel::Avx512(_) if bf16_prompt => Bf16Products::detect(isa),
             _ => None,
         };
         prefill_attention::attend_runs(pool, (kernel, bf16), q, rows, &runs, p, &mut out);
@@ -1033,7 +1033,7 @@ pub(super) mod tests {
     #[test]
     fn long_prompt_chunks_match_the_reference_and_the_per_row_kernel() {
         let n = prefill_attention::MIN_KEYS + 2 * prefill_attention::MIN_ROWS + 30;
-        let bf16 = super::Bf16Products::detect().is_some();
+        let bf16 = super::Bf16Products::detect(Isa::best()).is_some();
         for (dtype, bf16) in [
             (KvDtype::F32, false),
             (KvDtype::F16, false),

@@ -74,9 +74,18 @@ impl Default for CandleBackend {
             pool: ThreadPool::global(),
             isa: Isa::best(),
             kv_dtype: KvDtype::F32,
-            bf16_prompt_attention: std::env::var("WICK_PROMPT_ATTENTION")
-                .map_or(true, |v| v != "f32"),
+            bf16_prompt_attention: prompt_attention_setting().unwrap_or(true),
         }
+    }
+}
+
+/// `WICK_PROMPT_ATTENTION=f32|bf16`: the precision of long prompt chunks' attention
+/// products when set (`Some(true)` for bf16).
+fn prompt_attention_setting() -> Option<bool> {
+    match std::env::var("WICK_PROMPT_ATTENTION").ok()?.as_str() {
+        "f32" => Some(false),
+        "bf16" => Some(true),
+        _ => None,
     }
 }
 
@@ -156,6 +165,23 @@ impl CandleBackend {
             bf16_prompt_attention: on,
             ..self
         }
+    }
+
+    /// The same backend with long prompt chunks' attention products in the precision the
+    /// model's weights call for: f32 on f32 weights (bf16 operands would move their
+    /// log-probabilities by a few hundredths of a nat, far past what f32 weights promise),
+    /// bf16 on quantized or half-precision weights, whose own rounding is of that size
+    /// already. `WICK_PROMPT_ATTENTION=f32|bf16` overrides it.
+    pub fn with_prompt_attention_for(self, base: crate::adapters::BasePrecision) -> Self {
+        let bf16 =
+            prompt_attention_setting().unwrap_or(base == crate::adapters::BasePrecision::Rounded);
+        self.with_bf16_prompt_attention(bf16)
+    }
+
+    /// Whether long prompt chunks' attention products may run in bf16 (they do where the
+    /// CPU has AVX-512 BF16).
+    pub fn bf16_prompt_attention(&self) -> bool {
+        self.bf16_prompt_attention
     }
 
     /// How this backend's KV caches store numbers.

@@ -18,7 +18,7 @@ use super::attention::{lane_sum, max_of, Kernel, RowSource};
 use super::block_pool::{KvDtype, KvNumber, BLOCK_TOKENS};
 use super::exp::exp_in_place;
 use super::kv::CpuKvLayer;
-use super::prefill_bf16::{self, Bf16Products, PackedKv};
+use super::prefill_bf16::{self, Bf16Products, PackedKv, PackedPiece};
 use crate::backend::AttentionParams;
 
 /// Fewest consecutive rows of one sequence's prompt chunk that go through the products;
@@ -102,11 +102,19 @@ enum Tiles {
     Bf16(PackedKv, Bf16Products),
 }
 
-/// Keys and values of KV head `kvh` at positions `from .. to` of `cache`, converted.
-fn gather(cache: &CpuKvLayer, kvh: usize, hd: usize, from: usize, to: usize) -> HeadKv {
+/// Keys and values of KV head `kvh` at positions `from .. to` of `cache`, converted into
+/// `keys` and `values` (`[position][hd]`, `to − from` positions each).
+fn gather_into(
+    cache: &CpuKvLayer,
+    kvh: usize,
+    hd: usize,
+    (from, to): (usize, usize),
+    keys: &mut [f32],
+    values: &mut [f32],
+) {
     match cache.dtype {
-        KvDtype::F32 => gather_as::<f32>(cache, kvh, hd, from, to),
-        KvDtype::F16 => gather_as::<f16>(cache, kvh, hd, from, to),
+        KvDtype::F32 => gather_as::<f32>(cache, kvh, hd, (from, to), keys, values),
+        KvDtype::F16 => gather_as::<f16>(cache, kvh, hd, (from, to), keys, values),
     }
 }
 
@@ -114,12 +122,10 @@ fn gather_as<E: KvNumber>(
     cache: &CpuKvLayer,
     kvh: usize,
     hd: usize,
-    from: usize,
-    to: usize,
-) -> HeadKv {
-    let n = to - from;
-    let mut keys = vec![0f32; n * hd];
-    let mut values = Vec::with_capacity(n * hd);
+    (from, to): (usize, usize),
+    keys: &mut [f32],
+    values: &mut [f32],
+) {
     let mut pos = from;
     while pos < to {
         let (block, slot) = cache.locate(pos);
@@ -133,14 +139,124 @@ fn gather_as<E: KvNumber>(
             }
         }
         let v: &[E] = block.head_values(kvh, hd, slot..slot + len);
-        values.extend(v.iter().map(|x| x.to_f32()));
+        let out = &mut values[(pos - from) * hd..(pos - from + len) * hd];
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = x.to_f32();
+        }
         pos += len;
     }
-    HeadKv {
-        base: from,
-        keys,
-        values,
+}
+
+/// Positions one conversion unit handles: each run's keys and values are converted (and
+/// packed) in pieces over all threads, not one KV head per thread.
+const PIECE: usize = 1024;
+
+/// Every run's keys and values, per KV head (`[run][kv head]`), converted for the
+/// products: gathered as f32 in pieces of [`PIECE`] positions over the pool, and with
+/// `bf16`, centred on their means (summed piece by piece, in order) and packed, again in
+/// pieces.
+fn convert(
+    pool: &ThreadPool,
+    bf16: Option<Bf16Products>,
+    rows: &[RowSource<'_>],
+    runs: &[ChunkRun],
+    p: &AttentionParams,
+) -> Vec<Tiles> {
+    let hd = p.head_dim;
+    // One job per (run, KV head): its cache, head and positions.
+    let jobs: Vec<(&CpuKvLayer, usize, usize, usize)> = runs
+        .iter()
+        .flat_map(|run| {
+            let (first, last) = (&rows[run.first], &rows[run.first + run.len - 1]);
+            let from = first_key(first.pos, first.cache, p);
+            (0..p.kv_heads).map(move |kvh| (first.cache, kvh, from, last.pos + 1))
+        })
+        .collect();
+    let mut heads: Vec<HeadKv> = jobs
+        .iter()
+        .map(|&(_, _, from, to)| HeadKv {
+            base: from,
+            keys: vec![0f32; (to - from) * hd],
+            values: vec![0f32; (to - from) * hd],
+        })
+        .collect();
+    // (job, piece, destination) of each gathering unit, and the column sums it finds.
+    let mut sums: Vec<Mutex<(Vec<f64>, Vec<f64>)>> = Vec::new();
+    {
+        let units: Vec<(usize, usize, Mutex<(&mut [f32], &mut [f32])>)> = heads
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(j, h)| {
+                h.keys
+                    .chunks_mut(PIECE * hd)
+                    .zip(h.values.chunks_mut(PIECE * hd))
+                    .enumerate()
+                    .map(move |(i, kv)| (j, i, Mutex::new(kv)))
+            })
+            .collect();
+        sums.resize_with(units.len(), Default::default);
+        let next = AtomicUsize::new(0);
+        pool.run(&|_| loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            let Some((j, i, dst)) = units.get(u) else {
+                break;
+            };
+            let (cache, kvh, from, to) = jobs[*j];
+            let at = from + i * PIECE;
+            let mut dst = dst.lock().unwrap_or_else(|e| e.into_inner());
+            let (keys, values) = &mut *dst;
+            gather_into(cache, kvh, hd, (at, (at + PIECE).min(to)), keys, values);
+            if bf16.is_some() {
+                *sums[u].lock().unwrap_or_else(|e| e.into_inner()) = (
+                    prefill_bf16::column_sum(keys, hd),
+                    prefill_bf16::column_sum(values, hd),
+                );
+            }
+        });
     }
+    let Some(bf) = bf16 else {
+        return heads.into_iter().map(Tiles::F32).collect();
+    };
+    let mut sums = sums
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
+    let mut packed: Vec<PackedKv> = heads
+        .iter()
+        .map(|h| {
+            let n = h.keys.len() / hd;
+            let (k, v): (Vec<_>, Vec<_>) = sums.by_ref().take(n.div_ceil(PIECE)).unzip();
+            let (key_mean, value_mean) =
+                (prefill_bf16::mean_of(&k, n), prefill_bf16::mean_of(&v, n));
+            PackedKv::zeroed(h.base, n, hd, key_mean, value_mean)
+        })
+        .collect();
+    {
+        let units: Vec<(usize, usize, Mutex<PackedPiece<'_>>)> = packed
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(j, kv)| {
+                kv.pieces(PIECE)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, piece)| (j, i, Mutex::new(piece)))
+            })
+            .collect();
+        let next = AtomicUsize::new(0);
+        pool.run(&|_| loop {
+            let u = next.fetch_add(1, Ordering::Relaxed);
+            let Some((j, i, piece)) = units.get(u) else {
+                break;
+            };
+            let h = &heads[*j];
+            let span = i * PIECE * hd..((i + 1) * PIECE * hd).min(h.keys.len());
+            piece.lock().unwrap_or_else(|e| e.into_inner()).pack(
+                bf,
+                &h.keys[span.clone()],
+                &h.values[span],
+            );
+        });
+    }
+    packed.into_iter().map(|kv| Tiles::Bf16(kv, bf)).collect()
 }
 
 /// `c (m × n) = a (m × k) · b (k × n)`, or `c +=` when `accumulate`; each operand given as
@@ -405,34 +521,8 @@ pub(crate) fn attend_runs(
     let hd = p.head_dim;
     let group = p.heads / p.kv_heads;
     let row_width = p.heads * hd;
-    // Every run's keys and values, per KV head, converted once.
-    let jobs: Vec<(usize, usize)> = (0..runs.len())
-        .flat_map(|r| (0..p.kv_heads).map(move |h| (r, h)))
-        .collect();
     let bf16 = bf16.filter(|_| p.softcap.is_none() && Bf16Products::fits(hd));
-    let converted: Vec<Mutex<Option<Tiles>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    pool.run(&|_| loop {
-        let j = next.fetch_add(1, Ordering::Relaxed);
-        let Some(&(r, kvh)) = jobs.get(j) else { break };
-        let run = &runs[r];
-        let (first, last) = (&rows[run.first], &rows[run.first + run.len - 1]);
-        let from = first_key(first.pos, first.cache, p);
-        let kv = gather(first.cache, kvh, hd, from, last.pos + 1);
-        let tiles = match bf16 {
-            Some(bf) => Tiles::Bf16(PackedKv::pack(bf, kv.base, &kv.keys, &kv.values, hd), bf),
-            None => Tiles::F32(kv),
-        };
-        *converted[j].lock().unwrap_or_else(|e| e.into_inner()) = Some(tiles);
-    });
-    let converted: Vec<Tiles> = converted
-        .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .expect("every run and head converted")
-        })
-        .collect();
+    let converted = convert(pool, bf16, rows, runs, p);
     // Units, latest blocks first.
     let mut units: Vec<(usize, usize, usize)> = Vec::new();
     for (r, run) in runs.iter().enumerate() {

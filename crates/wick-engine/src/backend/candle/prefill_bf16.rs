@@ -1,6 +1,9 @@
 //! The two products of a long prompt chunk's attention in bf16 (AVX-512 BF16), at twice
 //! the multiply-adds per instruction of f32 FMAs: `vdpbf16ps` multiplies pairs of bf16
-//! numbers and adds both products to one f32 lane.
+//! numbers and adds both products to one f32 lane. Where the CPU has AMX (and the
+//! backend's family is [`Isa::Amx`]), whole tiles of 16 rows run on the tile unit instead
+//! (`tdpbf16ps`, [`wick_kernels::amx::bf16_product`]: the same bf16 operands, products
+//! summed in f32 in the same order of pairs), the leftover rows on AVX-512.
 //!
 //! Operands are rounded to bf16 (8 significant bits), products summed in f32. To keep
 //! that rounding small where keys or values share a large common part (a bias on the key
@@ -20,6 +23,8 @@
 use std::arch::x86_64::*;
 
 use half::bf16;
+use wick_kernels::amx::{self, Bf16Columns, Bf16Rows};
+use wick_kernels::Isa;
 
 /// Key positions of one packed group (the lanes of a 512-bit register).
 pub(crate) const KEYS: usize = 16;
@@ -44,21 +49,34 @@ type Proof = ();
 #[derive(Debug, Clone, Copy)]
 enum Proof {}
 
-/// Proof that this CPU runs the bf16 products.
+/// Proof that this CPU runs the bf16 products, and whether on tiles.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Bf16Products(Proof);
+pub(crate) struct Bf16Products {
+    // Only matched on (as an empty enum) where no products exist.
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    proof: Proof,
+    tiles: bool,
+}
 
 impl Bf16Products {
-    pub(crate) fn detect() -> Option<Self> {
+    /// The products where this CPU has AVX-512 BF16, on AMX tiles when `isa` is
+    /// [`Isa::Amx`].
+    pub(crate) fn detect(isa: Isa) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         {
             let has = is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512bf16");
-            has.then_some(Bf16Products(()))
+            has.then_some(Bf16Products {
+                proof: (),
+                tiles: isa == Isa::Amx && amx::support().is_ok(),
+            })
         }
         #[cfg(not(target_arch = "x86_64"))]
-        None
+        {
+            let _ = isa;
+            None
+        }
     }
 
     /// Whether a head of `head_dim` dimensions fits the layouts.
@@ -71,16 +89,34 @@ fn pair(a: f32, b: f32) -> u32 {
     u32::from(bf16::from_f32(a).to_bits()) | (u32::from(bf16::from_f32(b).to_bits()) << 16)
 }
 
-/// Mean of each dimension over `rows` rows of `x` (`[row][hd]`).
-fn column_mean(x: &[f32], hd: usize) -> Vec<f32> {
-    let rows = x.len() / hd;
+/// Sum of each dimension over the rows of `x` (`[row][hd]`), in f64.
+pub(crate) fn column_sum(x: &[f32], hd: usize) -> Vec<f64> {
     let mut sum = vec![0f64; hd];
     for row in x.chunks_exact(hd) {
         for (s, &v) in sum.iter_mut().zip(row) {
             *s += f64::from(v);
         }
     }
-    sum.iter()
+    sum
+}
+
+/// Mean of each dimension over `rows` rows of `x` (`[row][hd]`).
+#[cfg(test)]
+fn column_mean(x: &[f32], hd: usize) -> Vec<f32> {
+    mean_of(&[column_sum(x, hd)], x.len() / hd)
+}
+
+/// The mean of `rows` rows from the column sums of consecutive pieces of them (added in
+/// order).
+pub(crate) fn mean_of(pieces: &[Vec<f64>], rows: usize) -> Vec<f32> {
+    let mut total = pieces.first().cloned().unwrap_or_default();
+    for p in pieces.iter().skip(1) {
+        for (t, &x) in total.iter_mut().zip(p) {
+            *t += x;
+        }
+    }
+    total
+        .iter()
         .map(|&s| (s / rows.max(1) as f64) as f32)
         .collect()
 }
@@ -94,12 +130,24 @@ pub(crate) struct PackedKv {
     hd: usize,
     keys: Vec<u32>,
     values: Vec<u32>,
-    /// Added back to every output row.
+    /// Subtracted from every key before rounding.
+    key_mean: Vec<f32>,
+    /// Subtracted from every value before rounding, and added back to every output row.
     pub(crate) value_mean: Vec<f32>,
+}
+
+/// Where one piece of positions of a [`PackedKv`] goes ([`PackedKv::pieces`]).
+pub(crate) struct PackedPiece<'a> {
+    keys: &'a mut [u32],
+    values: &'a mut [u32],
+    key_mean: &'a [f32],
+    value_mean: &'a [f32],
+    hd: usize,
 }
 
 impl PackedKv {
     /// Packs `keys` and `values` (`[position][hd]` f32 each, from `base`).
+    #[cfg(test)]
     pub(crate) fn pack(
         bf: Bf16Products,
         base: usize,
@@ -108,43 +156,81 @@ impl PackedKv {
         hd: usize,
     ) -> Self {
         let n = keys.len() / hd;
+        let key_mean = mean_of(&[column_sum(keys, hd)], n);
+        let value_mean = mean_of(&[column_sum(values, hd)], n);
+        let mut kv = PackedKv::zeroed(base, n, hd, key_mean, value_mean);
+        if let Some(mut piece) = kv.pieces(n.max(1)).into_iter().next() {
+            piece.pack(bf, keys, values);
+        }
+        kv
+    }
+
+    /// Room for `n` positions from `base`, to be centred on the given means and filled
+    /// piece by piece ([`Self::pieces`]).
+    pub(crate) fn zeroed(
+        base: usize,
+        n: usize,
+        hd: usize,
+        key_mean: Vec<f32>,
+        value_mean: Vec<f32>,
+    ) -> Self {
         let len = n.div_ceil(ALIGN) * ALIGN;
-        let key_mean = column_mean(keys, hd);
-        let value_mean = column_mean(values, hd);
-        let half = hd / 2;
-        let mut centred = vec![0f32; 2 * hd];
-        let mut pairs = vec![0u32; hd];
-        let mut packed_keys = vec![0u32; len * half];
-        for (p, row) in keys.chunks_exact(hd).enumerate() {
-            for ((c, &x), &m) in centred.iter_mut().zip(row).zip(&key_mean) {
-                *c = x - m;
-            }
-            bf.pairs_into(&centred[..hd], &mut pairs[..half]);
-            let group = &mut packed_keys[(p / KEYS) * half * KEYS..][..half * KEYS];
-            for (j, &w) in pairs[..half].iter().enumerate() {
-                group[j * KEYS + p % KEYS] = w;
-            }
-        }
-        let mut packed_values = vec![0u32; len / 2 * hd];
-        for (out, two) in packed_values
-            .chunks_exact_mut(hd)
-            .zip(values.chunks(2 * hd))
-        {
-            // Positions `2i` and `2i + 1` interleaved, a missing last one as zeros.
-            let (first, second) = two.split_at(hd);
-            for (d, c) in centred.chunks_exact_mut(2).enumerate() {
-                c[0] = first[d] - value_mean[d];
-                c[1] = second.get(d).map_or(0.0, |&x| x - value_mean[d]);
-            }
-            bf.pairs_into(&centred, out);
-        }
         PackedKv {
             base,
             len,
             hd,
-            keys: packed_keys,
-            values: packed_values,
+            keys: vec![0u32; len * hd / 2],
+            values: vec![0u32; len / 2 * hd],
+            key_mean,
             value_mean,
+        }
+    }
+
+    /// The destinations of consecutive pieces of `piece` positions (a multiple of
+    /// [`ALIGN`], or at least all of them), which threads may fill at once.
+    pub(crate) fn pieces(&mut self, piece: usize) -> Vec<PackedPiece<'_>> {
+        let hd = self.hd;
+        let piece = piece.div_ceil(ALIGN) * ALIGN;
+        self.keys
+            .chunks_mut(piece * hd / 2)
+            .zip(self.values.chunks_mut(piece / 2 * hd))
+            .map(|(keys, values)| PackedPiece {
+                keys,
+                values,
+                key_mean: &self.key_mean,
+                value_mean: &self.value_mean,
+                hd,
+            })
+            .collect()
+    }
+}
+
+impl PackedPiece<'_> {
+    /// Centres, rounds and packs the piece's positions (`keys`, `values`: `[position][hd]`
+    /// f32, as many positions as the piece has or, for the last, fewer).
+    pub(crate) fn pack(&mut self, bf: Bf16Products, keys: &[f32], values: &[f32]) {
+        let hd = self.hd;
+        let half = hd / 2;
+        let mut centred = vec![0f32; 2 * hd];
+        let mut pairs = vec![0u32; hd];
+        for (p, row) in keys.chunks_exact(hd).enumerate() {
+            for ((c, &x), &m) in centred.iter_mut().zip(row).zip(self.key_mean) {
+                *c = x - m;
+            }
+            bf.pairs_into(&centred[..hd], &mut pairs[..half]);
+            let group = &mut self.keys[(p / KEYS) * half * KEYS..][..half * KEYS];
+            for (j, &w) in pairs[..half].iter().enumerate() {
+                group[j * KEYS + p % KEYS] = w;
+            }
+        }
+        for (out, two) in self.values.chunks_exact_mut(hd).zip(values.chunks(2 * hd)) {
+            // Positions `2i` and `2i + 1` interleaved, a missing last one as zeros.
+            let (first, second) = two.split_at(hd);
+            for (d, c) in centred.chunks_exact_mut(2).enumerate() {
+                c[0] = first[d] - self.value_mean[d];
+                c[1] = second.get(d).map_or(0.0, |&x| x - self.value_mean[d]);
+            }
+            bf.pairs_into(&centred, out);
         }
     }
 }
@@ -162,7 +248,7 @@ impl Bf16Products {
             exp_sum_avx512(row, max)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self.proof {}
     }
 
     /// `x` (an even number of floats) rounded to bf16, in order, as pairs into `out`:
@@ -189,7 +275,7 @@ impl Bf16Products {
             pairs_avx512(x, out)
         }
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self.proof {}
     }
 
     /// `scores (m × n) = Q · Kᵀ` for key positions `t0 .. t1` of `kv` (both multiples of
@@ -215,15 +301,41 @@ impl Bf16Products {
             "buffers too small"
         );
         let keys = &kv.keys[a * half..b * half];
+        // Whole tiles of rows on AMX (`n` and `hd` are multiples of 64).
+        let tiled = if self.tiles {
+            let rows = m / 16 * 16;
+            let a = Bf16Rows {
+                data: q,
+                stride: half,
+            };
+            let b = Bf16Columns {
+                data: keys,
+                pair_stride: KEYS,
+                group: half * KEYS,
+            };
+            match amx::bf16_product((rows, n, kv.hd), a, b, scores, n, false) {
+                Ok(()) => rows,
+                Err(_) => 0,
+            }
+        } else {
+            0
+        };
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the proof says the CPU has the instructions; the assertions above keep
         // every access in bounds (each micro-tile reads `rows × half` query pairs and
         // `GROUPS` whole groups, and writes `rows × GROUPS × KEYS` scores).
         unsafe {
-            scores_avx512(q, m, half, keys, n, scores)
+            scores_avx512(
+                &q[tiled * half..],
+                m - tiled,
+                half,
+                keys,
+                n,
+                &mut scores[tiled * n..],
+            )
         }
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self.proof {}
     }
 
     /// `acc (m × hd) += P · V` for key positions `t0 .. t1` of `kv`, `p` the [`pairs`]
@@ -248,13 +360,38 @@ impl Bf16Products {
             "buffers too small"
         );
         let values = &kv.values[a / 2 * hd..b / 2 * hd];
+        let tiled = if self.tiles {
+            let rows = m / 16 * 16;
+            let a = Bf16Rows {
+                data: p,
+                stride: pairs,
+            };
+            let b = Bf16Columns {
+                data: values,
+                pair_stride: hd,
+                group: KEYS,
+            };
+            match amx::bf16_product((rows, hd, 2 * pairs), a, b, acc, hd, true) {
+                Ok(()) => rows,
+                Err(_) => 0,
+            }
+        } else {
+            0
+        };
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `scores`.
         unsafe {
-            accumulate_avx512(p, m, pairs, values, hd, acc)
+            accumulate_avx512(
+                &p[tiled * pairs..],
+                m - tiled,
+                pairs,
+                values,
+                hd,
+                &mut acc[tiled * hd..],
+            )
         }
         #[cfg(not(target_arch = "x86_64"))]
-        match self.0 {}
+        match self.proof {}
     }
 }
 
@@ -476,7 +613,7 @@ mod tests {
     /// The polynomial exponential against f64's, on scores spread far below the maximum.
     #[test]
     fn exp_sum_is_close_to_the_exponential() {
-        let Some(bf) = Bf16Products::detect() else {
+        let Some(bf) = Bf16Products::detect(Isa::Avx512Vnni) else {
             return;
         };
         let mut row: Vec<f32> = noise(6, 1001).iter().map(|x| 60.0 * x).collect();
@@ -500,14 +637,35 @@ mod tests {
     }
 
     /// Both products against f64 sums of the same bf16-rounded operands (exact but for
-    /// the f32 accumulation), for row counts that leave every remainder.
+    /// the f32 accumulation), for row counts that leave every remainder, on AVX-512 and
+    /// (where the CPU has them) on AMX tiles: odd and even numbers of 16-row tiles, and
+    /// leftover rows beside them.
     #[test]
     fn products_match_sums_of_the_rounded_operands() {
-        let Some(bf) = Bf16Products::detect() else {
-            return;
-        };
+        let mut families = vec![Isa::Avx512Vnni];
+        match amx::support() {
+            Ok(()) => families.push(Isa::Amx),
+            Err(why) => eprintln!("AMX tile products skipped: {why}"),
+        }
+        for isa in families {
+            let Some(bf) = Bf16Products::detect(isa) else {
+                eprintln!("bf16 products skipped: the CPU has no AVX-512 BF16");
+                return;
+            };
+            assert_eq!(bf.tiles, isa == Isa::Amx);
+            products_of(bf);
+        }
+    }
+
+    fn products_of(bf: Bf16Products) {
         let round = |x: f32| bf16::from_f32(x).to_f32();
-        for (hd, positions, m) in [(64, 200, 13), (128, 64, 6), (256, 130, 7)] {
+        for (hd, positions, m) in [
+            (64, 200, 13),
+            (128, 64, 6),
+            (256, 130, 7),
+            (64, 300, 37),
+            (128, 130, 48),
+        ] {
             let keys = noise(1, positions * hd);
             let values = noise(2, positions * hd);
             let q = noise(3, m * hd);
