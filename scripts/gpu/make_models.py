@@ -5,7 +5,7 @@ Needs torch + transformers (both present in PyTorch's venv on the GPU machine). 
 are drawn on the GPU when there is one (seeded), saved as safetensors in the requested
 dtype, with the tokenizer files of TOKENIZER_DIR copied next to them.
 
-    make_models.py OUT_DIR SHAPE DTYPE TOKENIZER_DIR [--seed N]
+    make_models.py OUT_DIR SHAPE DTYPE TOKENIZER_DIR [--seed N] [--vocab N] [--context N]
 
 SHAPE: llama3-8b | qwen2.5-0.5b | tiny-llama | tiny-qwen2
 DTYPE: bfloat16 | float16 | float32
@@ -73,6 +73,9 @@ def main():
     ap.add_argument("--vocab", type=int,
                     help="vocabulary size instead of the shape's (so that a tokenizer with "
                          "more ids than the shape's vocabulary can be served)")
+    ap.add_argument("--context", type=int,
+                    help="max_position_embeddings instead of the shape's (long-prompt "
+                         "benchmarks past Llama-3-8B's 8192)")
     ap.add_argument("--std", type=float, default=0.02,
                     help="initializer range (weights ~ N(0, std))")
     args = ap.parse_args()
@@ -81,6 +84,8 @@ def main():
     model_type = spec.pop("model_type")
     if args.vocab:
         spec["vocab_size"] = args.vocab
+    if args.context:
+        spec["max_position_embeddings"] = args.context
     config = transformers.AutoConfig.for_model(model_type, **spec, initializer_range=args.std)
     config.bos_token_id = None
     config.eos_token_id = None

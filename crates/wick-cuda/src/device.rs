@@ -35,6 +35,12 @@ macro_rules! kernels {
             pub fn name(self) -> &'static str {
                 match self { $(Kernel::$variant => $name,)* }
             }
+
+            /// Whether the kernel takes its shared memory at launch (the flash-attention
+            /// kernels: more than the 48 KB a block gets without asking).
+            pub fn dynamic_shared(self) -> bool {
+                self.name().starts_with("flash_")
+            }
         }
     };
 }
@@ -116,6 +122,16 @@ kernels! {
     AttnF16N8U4 => "attention_f16_n8_u4",
     AttnF16N8U8 => "attention_f16_n8_u8",
     AttentionMerge => "attention_merge",
+    KvFlashCopy => "kv_flash_copy",
+    FlashFastD64 => "flash_fast_d64",
+    FlashFastD128 => "flash_fast_d128",
+    FlashFastD256 => "flash_fast_d256",
+    FlashExactD64 => "flash_exact_d64",
+    FlashExactD128 => "flash_exact_d128",
+    FlashExactD256 => "flash_exact_d256",
+    FlashExactLoD64 => "flash_exact_lo_d64",
+    FlashExactLoD128 => "flash_exact_lo_d128",
+    FlashExactLoD256 => "flash_exact_lo_d256",
     ArgmaxRows => "argmax_rows",
     ArgmaxFinish => "argmax_finish",
     DequantQ8Bf16 => "dequant_q8_bf16",
@@ -204,6 +220,8 @@ enum Entry {
         kernel: Kernel,
         grid: (u32, u32, u32),
         block: u32,
+        /// Dynamic shared memory bytes.
+        shared: u32,
         args: Vec<u64>,
     },
     Copy {
@@ -353,6 +371,10 @@ struct Inner {
     /// Kernels that follow another of wick's kernels are launched with programmatic
     /// dependent launch (compute capability 9.0 and later; `WICK_CUDA_PDL=0` turns it off).
     pdl: bool,
+    /// Compute capability.
+    cc: (u32, u32),
+    /// Dynamic shared memory a block of a [`Kernel::dynamic_shared`] kernel may take.
+    max_shared: usize,
 }
 
 // SAFETY: CUfunction and CUevent handles are usable from any thread of the process once
@@ -535,10 +557,29 @@ impl Device {
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
         let ptx = compiled(arch)?;
         let module = ctx.load_module(nvrtc::Ptx::from_src(ptx))?;
-        let functions = Kernel::ALL
-            .iter()
-            .map(|k| module.load_function(k.name()).map(|f| f.cu_function()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // Kernels that take their shared memory at launch may take what a block can opt
+        // into (227 KB on Hopper), less their static shared memory.
+        let optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_or(48 << 10, |n| n.max(0) as usize);
+        let mut max_shared = optin;
+        let mut functions = Vec::with_capacity(Kernel::ALL.len());
+        for k in Kernel::ALL {
+            let f = module.load_function(k.name())?;
+            if k.dynamic_shared() {
+                use sys::CUfunction_attribute::{
+                    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC,
+                    CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES as STATIC,
+                };
+                let fixed = f.get_attribute(STATIC)?.max(0) as usize;
+                let room = optin.saturating_sub(fixed);
+                f.set_attribute(MAX_DYNAMIC, room as i32)?;
+                max_shared = max_shared.min(room);
+            }
+            functions.push(f.cu_function());
+        }
         let blas = CudaBlas::new(stream.clone())?;
         // A workspace of its own, so that cuBLAS allocates nothing while a graph is being
         // captured (its products are replayed with the rest of a pass).
@@ -582,6 +623,8 @@ impl Device {
                 slots: Mutex::new(Vec::new()),
                 name,
                 pdl,
+                cc: (major as u32, minor as u32),
+                max_shared,
             }),
         })
     }
@@ -731,15 +774,50 @@ impl Device {
         block: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_shared(kernel, grid, block, 0, args)
+    }
+
+    /// Records a kernel launch whose blocks take `shared` bytes of dynamic shared memory
+    /// (at most [`Device::max_shared`] for a kernel that [`Kernel::dynamic_shared`]).
+    pub fn launch_shared(
+        &self,
+        kernel: Kernel,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: usize,
+        args: &[Arg],
+    ) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
+        }
+        let limit = if kernel.dynamic_shared() {
+            self.inner.max_shared
+        } else {
+            48 << 10
+        };
+        if shared > limit {
+            return Err(CudaError::Invalid(format!(
+                "{}: {shared} bytes of shared memory (at most {limit})",
+                kernel.name()
+            )));
         }
         self.record(Entry::Launch {
             kernel,
             grid,
             block,
+            shared: shared as u32,
             args: args.iter().map(|a| a.slot()).collect(),
         })
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (u32, u32) {
+        self.inner.cc
+    }
+
+    /// Dynamic shared memory bytes a block of a [`Kernel::dynamic_shared`] kernel may take.
+    pub fn max_shared(&self) -> usize {
+        self.inner.max_shared
     }
 
     /// Records a device-to-device copy.
@@ -1001,6 +1079,7 @@ fn run(inner: &Inner, tape: &[Entry]) -> Result<()> {
                 kernel,
                 grid,
                 block,
+                shared,
                 args,
             } => {
                 let mut slots = args.clone();
@@ -1013,14 +1092,21 @@ fn run(inner: &Inner, tape: &[Entry]) -> Result<()> {
                 if inner.pdl && after_kernel {
                     // SAFETY: as below; the kernel waits for the one before it (`pdl_wait`)
                     // before it touches what that one reads or writes.
-                    unsafe { launch_dependent(f, *grid, *block, stream, &mut params) }
+                    unsafe { launch_dependent(f, *grid, *block, *shared, stream, &mut params) }
                         .map_err(failed)?;
                 } else {
                     // SAFETY: the function was loaded from the module; the arguments are
                     // the slots the kernel's parameters read; the buffers they name are
                     // alive or reused only by entries that run later on the same stream.
                     unsafe {
-                        result::launch_kernel(f, *grid, (*block, 1, 1), 0, stream, &mut params)
+                        result::launch_kernel(
+                            f,
+                            *grid,
+                            (*block, 1, 1),
+                            *shared,
+                            stream,
+                            &mut params,
+                        )
                     }
                     .map_err(failed)?;
                 }
@@ -1050,6 +1136,7 @@ unsafe fn launch_dependent(
     f: sys::CUfunction,
     grid: (u32, u32, u32),
     block: u32,
+    shared: u32,
     stream: sys::CUstream,
     params: &mut [*mut c_void],
 ) -> std::result::Result<(), result::DriverError> {
@@ -1064,7 +1151,7 @@ unsafe fn launch_dependent(
         blockDimX: block,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: 0,
+        sharedMemBytes: shared,
         hStream: stream,
         attrs: &mut attr,
         numAttrs: 1,

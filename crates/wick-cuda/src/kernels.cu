@@ -1097,11 +1097,14 @@ ATTENTION_ENTRY(f16, F16, 8, 8)
 // Merges the parts of `attention` for row `blockIdx.x`, head `blockIdx.y` (at most 32
 // parts): the first warp turns the parts' maxima and sums into weights, then every thread
 // sums one dimension's parts.
+// With `rows` given, block x merges row `rows[x]` (the rows of one kind of segment when a
+// pass attends both ways).
 extern "C" __global__ void attention_merge(const float* part_ml, const float* part_acc,
-                                           float* out, int heads, int hd, int parts) {
+                                           float* out, int heads, int hd, int parts,
+                                           const int* rows) {
     pdl_begin();
     __shared__ float weight[32];
-    int r = blockIdx.x, h = blockIdx.y;
+    int r = rows ? rows[blockIdx.x] : blockIdx.x, h = blockIdx.y;
     u64 base = ((u64)r * heads + h) * parts;
     if (threadIdx.x < 32) {
         int p = threadIdx.x;
@@ -1122,6 +1125,487 @@ extern "C" __global__ void attention_merge(const float* part_ml, const float* pa
         out[(u64)r * heads * hd + h * hd + d] = v;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Flash attention of prompt chunks on the tensor cores (FlashAttention-2's scheme).
+//
+// A block takes a tile of consecutive rows of one segment for the query heads of one KV
+// head (GQA: every head of the group stacked, so a key tile serves them all): BM = 16·WARPS
+// (row, head) units, each warp 16 of them. Keys and values stream through shared memory in
+// tiles of BN keys (cp.async, two stages: the next tile loads while this one is used); per
+// tile a warp makes its 16 × BN scores S = Q·Kᵀ with `mma.sync` m16n8k16 (f16 inputs, f32
+// sums), updates each unit's running maximum and sum (online softmax, base 2), turns S into
+// probabilities P in the registers that hold it, and adds P·V to its 16 × HD f32
+// accumulators, again with m16n8k16. Shared tiles are read with `ldmatrix` (`.trans` for V)
+// and padded by 16 bytes a row, so the eight rows of one 8×8 matrix fall in distinct banks.
+//
+// Queries arrive f32 and are rounded to f16 in shared memory, scaled by the softmax scale
+// (and log2 e, unless a soft cap must see the natural score). Keys and values are f16: the
+// cache itself when it is f16, else a copy of the keys the chunk sees (`kv_flash_copy`).
+// SPLIT (the exact variants) carries each f16 operand the products round as a pair
+// hi + lo (lo = f16(x − hi)) and adds the cross products hi·hi + lo·hi + hi·lo, which
+// leaves an error of about 2⁻²² of each product instead of 2⁻¹¹: queries and
+// probabilities always, keys and values too when they were f32 (KVLO: their remainders
+// are copied next to them).
+//
+// `blockIdx.x` is (KV head, chunk of `gc` heads), `blockIdx.y` a tile (the host lists the
+// tiles that see most keys first, and the heads of one tile run side by side), `blockIdx.z`
+// one of `gridDim.z` parts of the keys the tile sees (merged by `attention_merge`, or
+// normalised here when there is one part). Row `i` sees keys before `ends[i]` when `ends`
+// is given, else up to its own position; a window counts back from its own position.
+
+// Where a segment's f16 keys and values are read: `[token][kv_heads][hd]` from token 0
+// (a copy may cover only the tokens its chunk sees). `k_lo`, `v_lo`: remainders (KVLO).
+struct FlashSeg {
+    u64 k;
+    u64 v;
+    u64 k_lo;
+    u64 v_lo;
+};
+
+#define FLASH_PAD 8
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// Two floats as f16x2 (`a` in the low half, the first in memory).
+__device__ __forceinline__ u32 pack_f16x2(float a, float b) {
+    return (u32)f32_to_f16_bits(a) | ((u32)f32_to_f16_bits(b) << 16);
+}
+
+// The f16 pair hi + lo of two floats: hi = f16(x), lo = f16(x − hi).
+__device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
+    u16 ha = f32_to_f16_bits(a), hb = f32_to_f16_bits(b);
+    hi = (u32)ha | ((u32)hb << 16);
+    lo = pack_f16x2(a - to_f32(F16{ha}), b - to_f32(F16{hb}));
+}
+
+// Eight floats as f16 (hi) and their remainders (lo), 16 bytes each.
+__device__ __forceinline__ void split8(const float* x, uint4& hi, uint4& lo) {
+    split_f16x2(x[0], x[1], hi.x, lo.x);
+    split_f16x2(x[2], x[3], hi.y, lo.y);
+    split_f16x2(x[4], x[5], hi.z, lo.z);
+    split_f16x2(x[6], x[7], hi.w, lo.w);
+}
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes from global to shared memory, asynchronously; `bytes` 0 writes zeros and reads
+// nothing.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most N of this thread's groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Four 8×8 matrices of 16-bit values: lanes 8i..8i+7 give the row addresses of matrix i,
+// register i gets matrix i's row lane/4, columns 2(lane%4) and 2(lane%4)+1 (`.trans`: its
+// column lane/4, rows 2(lane%4) and 2(lane%4)+1).
+__device__ __forceinline__ void ldsm4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm4_t(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a·b for a 16×16 f16 tile a (row-major fragment) and a 16×8 f16 tile b (column
+// fragment b0, b1), f32 d.
+__device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Copies the keys and values a prompt chunk's flash attention reads out of an f32 cache
+// into f16 (`FlashSeg`; with `lo`, the remainders too): segment `todo[blockIdx.y]`, from
+// the first key its first row sees to its last row, 16 tokens a block.
+extern "C" __global__ void kv_flash_copy(const Seg* segs, const FlashSeg* fsegs, const int* todo,
+                                         int row, int lo) {
+    pdl_begin();
+    int si = todo[blockIdx.y];
+    Seg s = segs[si];
+    FlashSeg f = fsegs[si];
+    int from = s.window > 0 ? max(0, s.len_before - s.window + 1) : 0;
+    int end = s.len_before + s.rows;
+    int t0 = from + blockIdx.x * 16;
+    if (t0 >= end) return;
+    u64 a = (u64)t0 * row, b = (u64)min(end, t0 + 16) * row;
+    for (u64 i = a + threadIdx.x * 4; i < b; i += blockDim.x * 4) {
+        const float* src[2] = {(const float*)s.k + i, (const float*)s.v + i};
+        u64 hi_at[2] = {f.k, f.v}, lo_at[2] = {f.k_lo, f.v_lo};
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            float4 x = *(const float4*)src[w];
+            uint2 h, l;
+            split_f16x2(x.x, x.y, h.x, l.x);
+            split_f16x2(x.z, x.w, h.y, l.y);
+            ((uint2*)((u16*)hi_at[w] + i))[0] = h;
+            if (lo) ((uint2*)((u16*)lo_at[w] + i))[0] = l;
+        }
+    }
+}
+
+// The keys unit `u` of a tile sees: [lo, hi) (lo = INT_MAX, hi = 0 past the tile's units).
+__device__ __forceinline__ void flash_bounds(int u, int units, int hn, const Tile& tile,
+                                             const Seg& s, const int* ends, int& lo, int& hi) {
+    if (u >= units) {
+        lo = 0x7fffffff;
+        hi = 0;
+        return;
+    }
+    int r = tile.row0 + u / hn;
+    int pos = s.len_before + r - s.row_start;
+    hi = ends ? ends[r] : pos + 1;
+    lo = s.window > 0 ? max(0, pos - s.window + 1) : 0;
+}
+
+template <int HD, int BN, int WARPS, bool QREG, bool SPLIT, bool KVLO>
+__device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out, float* part_ml,
+                           float* part_acc, const Seg* segs, const FlashSeg* fsegs,
+                           const int* seg_of_row, const Tile* tiles, const int* ends, int heads,
+                           int kv_heads, int hd, int gc, float scale, float cap) {
+#if __CUDA_ARCH__ >= 800
+    constexpr int BM = 16 * WARPS, ST = HD + FLASH_PAD, THREADS = 32 * WARPS;
+    constexpr int NT = BN / 8, DT = HD / 8, TILE = BN * ST;
+    constexpr int PER_STAGE = (KVLO ? 4 : 2) * TILE;
+    extern __shared__ uint4 flash_smem[];
+    __shared__ int s_lo[WARPS], s_hi[WARPS];
+    u16* sQ = (u16*)flash_smem;
+    u16* sQlo = sQ + BM * ST;
+    u16* sKV = sQ + (SPLIT ? 2 : 1) * BM * ST;
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t4 = lane & 3;
+    Tile tile = tiles[blockIdx.y];
+    int group = heads / kv_heads;
+    int chunks = (group + gc - 1) / gc;
+    int kvh = blockIdx.x / chunks, c = blockIdx.x % chunks;
+    int h0 = kvh * group + c * gc, hn = min(gc, group - c * gc);
+    int units = tile.n * hn;
+    int si = seg_of_row[tile.row0];
+    Seg s = segs[si];
+    FlashSeg f = fsegs[si];
+    int row = kv_heads * hd;
+
+    // This thread's two units (rows g and g + 8 of its warp's 16) and their keys.
+    int u0 = warp * 16 + g, u1 = u0 + 8;
+    int lo0, hi0, lo1, hi1;
+    flash_bounds(u0, units, hn, tile, s, ends, lo0, hi0);
+    flash_bounds(u1, units, hn, tile, s, ends, lo1, hi1);
+    int wlo = min(lo0, lo1), whi = max(hi0, hi1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+    }
+    if (lane == 0) {
+        s_lo[warp] = wlo;
+        s_hi[warp] = whi;
+    }
+
+    // The queries, scaled and rounded to f16 (and their remainders).
+    float qscale = cap > 0.0f ? scale : scale * LOG2E;
+    for (int i = threadIdx.x; i < BM * DT; i += THREADS) {
+        int u = i / DT, d = (i % DT) * 8;
+        float x[8];
+        if (u < units && d < hd) {
+            const float* src =
+                q + (u64)(tile.row0 + u / hn) * heads * hd + (u64)(h0 + u % hn) * hd + d;
+            load8(src, x);
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[e] *= qscale;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[e] = 0.0f;
+        }
+        uint4 hi, lo;
+        split8(x, hi, lo);
+        *(uint4*)(sQ + u * ST + d) = hi;
+        if (SPLIT) *(uint4*)(sQlo + u * ST + d) = lo;
+    }
+    __syncthreads();
+
+    // The keys of the block, and this part of them (whole key tiles).
+    int lo_all = 0x7fffffff, hi_all = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) {
+        lo_all = min(lo_all, s_lo[w]);
+        hi_all = max(hi_all, s_hi[w]);
+    }
+    int parts = gridDim.z, part = blockIdx.z;
+    int span = max(0, hi_all - lo_all);
+    int per = ((span + parts - 1) / parts + BN - 1) / BN * BN;
+    int klo = lo_all + part * per, khi = min(hi_all, klo + per);
+    int ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
+    // Keys past the part are another block's.
+    hi0 = min(hi0, khi);
+    hi1 = min(hi1, khi);
+    // The warp's keys, and those every one of its (real) units sees.
+    int wmax_lo = u0 < units ? lo0 : -0x7fffffff, wmin_hi = u0 < units ? hi0 : 0x7fffffff;
+    if (u1 < units) {
+        wmax_lo = max(wmax_lo, lo1);
+        wmin_hi = min(wmin_hi, hi1);
+    }
+    whi = max(hi0, hi1);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        wmax_lo = max(wmax_lo, __shfl_xor_sync(0xffffffffu, wmax_lo, o));
+        wmin_hi = min(wmin_hi, __shfl_xor_sync(0xffffffffu, wmin_hi, o));
+        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+    }
+
+    // Loads key tile j0 (keys from j0, zeros past the part and past hd) into stage `st`.
+    const u16* Kg = (const u16*)f.k + kvh * hd;
+    const u16* Vg = (const u16*)f.v + kvh * hd;
+    const u16* Klg = (const u16*)f.k_lo + kvh * hd;
+    const u16* Vlg = (const u16*)f.v_lo + kvh * hd;
+    auto load_tile = [&](int st, int j0) {
+        u32 base = smem_u32(sKV + st * PER_STAGE);
+        for (int i = threadIdx.x; i < BN * DT; i += THREADS) {
+            int jj = i / DT, d = (i % DT) * 8;
+            int j = j0 + jj;
+            bool ok = j < khi && d < hd;
+            u64 off = ok ? (u64)j * row + d : 0;
+            int bytes = ok ? 16 : 0;
+            u32 dst = base + (u32)(jj * ST + d) * 2;
+            cp_async16(dst, Kg + off, bytes);
+            cp_async16(dst + TILE * 2, Vg + off, bytes);
+            if (KVLO) {
+                cp_async16(dst + 2 * TILE * 2, Klg + off, bytes);
+                cp_async16(dst + 3 * TILE * 2, Vlg + off, bytes);
+            }
+        }
+    };
+
+    // Query fragments kept in registers (QREG), else read from shared memory each tile.
+    u32 qf[QREG ? HD / 16 : 1][4], qlf[QREG && SPLIT ? HD / 16 : 1][4];
+    u32 q_addr = smem_u32(sQ + (warp * 16 + (lane & 15)) * ST + (lane >> 4) * 8);
+    u32 ql_addr = q_addr + BM * ST * 2;
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) {
+            ldsm4(qf[kk], q_addr + kk * 32);
+            if (SPLIT) ldsm4(qlf[QREG && SPLIT ? kk : 0], ql_addr + kk * 32);
+        }
+    }
+
+    float o[DT][4];
+#pragma unroll
+    for (int n = 0; n < DT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -WICK_INF, m1 = -WICK_INF, l0 = 0.0f, l1 = 0.0f;
+    // Lane offsets of ldmatrix rows: K (non-transposed: keys by lane/16, dims by lane/8 % 2)
+    // and V (transposed: keys by lane/8 % 2, dims by lane/16), in bytes.
+    u32 k_off = (u32)(((lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3)) * 2;
+    u32 v_off = (u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3)) * 2;
+    float cap2 = cap * LOG2E, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+
+    if (ntiles > 0) load_tile(0, klo);
+    cp_async_commit();
+    for (int it = 0; it < ntiles; it++) {
+        int j0 = klo + it * BN;
+        if (it + 1 < ntiles) load_tile((it + 1) & 1, j0 + BN);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        u32 sk = smem_u32(sKV + (it & 1) * PER_STAGE);
+        u32 sv = sk + TILE * 2;
+        if (j0 < whi && j0 + BN > wlo) {
+            // S = Q·Kᵀ: 16 units × BN keys, n-tile n holding keys j0 + 8n + 2·t4 + {0, 1}
+            // of rows g (elements 0, 1) and g + 8 (2, 3).
+            float sc[NT][4];
+#pragma unroll
+            for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                u32 a[4], al[4];
+                if (QREG) {
+#pragma unroll
+                    for (int x = 0; x < 4; x++) a[x] = qf[QREG ? kk : 0][x];
+                    if (SPLIT)
+#pragma unroll
+                        for (int x = 0; x < 4; x++) al[x] = qlf[QREG && SPLIT ? kk : 0][x];
+                } else {
+                    ldsm4(a, q_addr + kk * 32);
+                    if (SPLIT) ldsm4(al, ql_addr + kk * 32);
+                }
+#pragma unroll
+                for (int nn = 0; nn < BN / 16; nn++) {
+                    u32 b[4];
+                    u32 at = sk + (u32)(nn * 16 * ST + kk * 16) * 2 + k_off;
+                    ldsm4(b, at);
+                    mma16816(sc[2 * nn], a, b[0], b[1]);
+                    mma16816(sc[2 * nn + 1], a, b[2], b[3]);
+                    if (SPLIT) {
+                        mma16816(sc[2 * nn], al, b[0], b[1]);
+                        mma16816(sc[2 * nn + 1], al, b[2], b[3]);
+                    }
+                    if (KVLO) {
+                        ldsm4(b, at + 2 * TILE * 2);
+                        mma16816(sc[2 * nn], a, b[0], b[1]);
+                        mma16816(sc[2 * nn + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+            if (cap > 0.0f) {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[n][e] = cap2 * tanhf(sc[n][e] * inv_cap);
+            }
+            if (!(j0 >= wmax_lo && j0 + BN <= wmin_hi)) {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int j = j0 + 8 * n + 2 * t4 + (e & 1);
+                        bool in = e < 2 ? (j >= lo0 && j < hi0) : (j >= lo1 && j < hi1);
+                        if (!in) sc[n][e] = -WICK_INF;
+                    }
+            }
+            // Online softmax (base 2) of rows g and g + 8, shared by the lane's quad.
+            float mx0 = m0, mx1 = m1;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
+            }
+#pragma unroll
+            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+            }
+            float b0 = mx0 == -WICK_INF ? 0.0f : mx0, b1 = mx1 == -WICK_INF ? 0.0f : mx1;
+            float cf0 = exp2f(m0 - b0), cf1 = exp2f(m1 - b1);
+            m0 = mx0;
+            m1 = mx1;
+            float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                sc[n][0] = exp2f(sc[n][0] - b0);
+                sc[n][1] = exp2f(sc[n][1] - b0);
+                sc[n][2] = exp2f(sc[n][2] - b1);
+                sc[n][3] = exp2f(sc[n][3] - b1);
+                ls0 += sc[n][0] + sc[n][1];
+                ls1 += sc[n][2] + sc[n][3];
+            }
+            l0 = l0 * cf0 + ls0;
+            l1 = l1 * cf1 + ls1;
+#pragma unroll
+            for (int n = 0; n < DT; n++) {
+                o[n][0] *= cf0;
+                o[n][1] *= cf0;
+                o[n][2] *= cf1;
+                o[n][3] *= cf1;
+            }
+            // O += P·V: the scores' registers are P's row-major fragments (keys 16kk..).
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                u32 a[4], al[4];
+                split_f16x2(sc[2 * kk][0], sc[2 * kk][1], a[0], al[0]);
+                split_f16x2(sc[2 * kk][2], sc[2 * kk][3], a[1], al[1]);
+                split_f16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], a[2], al[2]);
+                split_f16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], a[3], al[3]);
+#pragma unroll
+                for (int nn = 0; nn < HD / 16; nn++) {
+                    u32 b[4];
+                    u32 at = sv + (u32)(kk * 16 * ST + nn * 16) * 2 + v_off;
+                    ldsm4_t(b, at);
+                    mma16816(o[2 * nn], a, b[0], b[1]);
+                    mma16816(o[2 * nn + 1], a, b[2], b[3]);
+                    if (SPLIT) {
+                        mma16816(o[2 * nn], al, b[0], b[1]);
+                        mma16816(o[2 * nn + 1], al, b[2], b[3]);
+                    }
+                    if (KVLO) {
+                        ldsm4_t(b, at + 2 * TILE * 2);
+                        mma16816(o[2 * nn], a, b[0], b[1]);
+                        mma16816(o[2 * nn + 1], a, b[2], b[3]);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // Each lane summed its own columns: the quad's sums are the rows'.
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int u = half ? u1 : u0;
+        if (u >= units) continue;
+        float m = half ? m1 : m0, l = half ? l1 : l0;
+        int r = tile.row0 + u / hn, h = h0 + u % hn;
+        u64 slot = ((u64)r * heads + h) * parts + part;
+        float* dst = parts > 1 ? part_acc + slot * hd : out + ((u64)r * heads + h) * hd;
+        float inv = parts > 1 ? 1.0f : 1.0f / l;
+#pragma unroll
+        for (int n = 0; n < DT; n++) {
+            int d = 8 * n + 2 * t4;
+            if (d < hd) {
+                float2 v;
+                v.x = o[n][2 * half] * inv;
+                v.y = o[n][2 * half + 1] * inv;
+                *(float2*)(dst + d) = v;
+            }
+        }
+        if (parts > 1 && t4 == 0) {
+            part_ml[2 * slot] = m == -WICK_INF ? -WICK_INF : m * LN2;
+            part_ml[2 * slot + 1] = l;
+        }
+    }
+#endif
+}
+
+// Shared memory of a flash kernel (the host's `FlashKernel::shared_bytes` is the same sum).
+#define FLASH_SHARED(HD, BN, WARPS, SPLIT, KVLO)                                           \
+    ((16 * (WARPS) * ((SPLIT) ? 2 : 1) + 2 * (BN) * ((KVLO) ? 4 : 2)) * ((HD) + FLASH_PAD) * 2)
+
+#define FLASH_ENTRY(NAME, HD, BN, WARPS, QREG, SPLIT, KVLO)                                    \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS)                                  \
+        NAME(const float* q, float* out, float* part_ml, float* part_acc, const Seg* segs,    \
+             const FlashSeg* fsegs, const int* seg_of_row, const Tile* tiles,                \
+             const int* ends, int heads, int kv_heads, int hd, int gc, float scale,          \
+             float cap) {                                                                    \
+        pdl_begin();                                                                          \
+        flash_tile<HD, BN, WARPS, QREG, SPLIT, KVLO>(q, out, part_ml, part_acc, segs, fsegs,  \
+                                                     seg_of_row, tiles, ends, heads,          \
+                                                     kv_heads, hd, gc, scale, cap);           \
+    }
+
+// name, HD, BN, WARPS, QREG, SPLIT, KVLO (the host's `FlashKernel` table repeats these)
+FLASH_ENTRY(flash_fast_d64, 64, 64, 4, true, false, false)
+FLASH_ENTRY(flash_fast_d128, 128, 64, 4, true, false, false)
+FLASH_ENTRY(flash_fast_d256, 256, 32, 4, false, false, false)
+FLASH_ENTRY(flash_exact_d64, 64, 64, 4, true, true, false)
+FLASH_ENTRY(flash_exact_d128, 128, 64, 4, false, true, false)
+FLASH_ENTRY(flash_exact_d256, 256, 32, 4, false, true, false)
+FLASH_ENTRY(flash_exact_lo_d64, 64, 64, 4, false, true, true)
+FLASH_ENTRY(flash_exact_lo_d128, 128, 32, 4, false, true, true)
+FLASH_ENTRY(flash_exact_lo_d256, 256, 16, 4, false, true, true)
 
 // ---------------------------------------------------------------------------------------
 // Argmax of each row (the first maximum), with an optional token mask per row: `mask_at[r]`

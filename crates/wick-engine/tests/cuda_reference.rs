@@ -1,8 +1,9 @@
 //! The CUDA backend against Hugging Face transformers' f32 logits (the goldens of
 //! hf_reference.rs) and against the CPU backend: every position, chunked prefill, batched
-//! sequences of different lengths, and greedy decoding long enough that the decode step is
-//! captured as a CUDA graph and replayed. Needs `--features cuda` and an NVIDIA GPU; set
-//! `WICK_GOLDENS` to the goldens folder when the test binary runs away from its checkout.
+//! sequences of different lengths, greedy decoding long enough that the decode step is
+//! captured as a CUDA graph and replayed, and prompts of thousands of tokens on the flash
+//! kernels. Needs `--features cuda` and an NVIDIA GPU; set `WICK_GOLDENS` to the goldens
+//! folder when the test binary runs away from its checkout.
 #![cfg(feature = "cuda")]
 mod common;
 
@@ -11,7 +12,8 @@ use common::{
     TextGolden, WIDE_SHAPES,
 };
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
-use wick_engine::backend::cuda::CudaBackend;
+use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
+use wick_engine::backend::{AttentionParams, AttentionSegment, Backend};
 use wick_engine::models::decoder::{BatchItem, LogitsRequest, RowOutput, SequenceCache, Want};
 use wick_gguf::GgmlType;
 
@@ -44,6 +46,15 @@ fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
     (worst, scale)
 }
 
+/// The GPU backend with exact flash attention (prompt chunks' products as exact as f32
+/// ones), so that the f32 tolerance of these tests keeps its meaning; the default fast
+/// kernels (f16 products) are checked against their own bound by the `flash_*` tests.
+fn gpu() -> CudaBackend {
+    CudaBackend::new(0)
+        .unwrap()
+        .with_flash(FlashAttention::Exact)
+}
+
 fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
     let (w, scale) = worst(got, want);
     eprintln!("{variant} {what}: max |diff| {w:.2e} (scale {scale:.1})");
@@ -57,7 +68,7 @@ fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
 fn logits_match_transformers_in_one_pass_and_in_chunks() {
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let m = g.decoder(CudaBackend::new(0).unwrap());
+        let m = g.decoder(gpu());
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
             let ids = g.case_ids(case);
             assert_close(
@@ -77,7 +88,7 @@ fn logits_match_transformers_in_one_pass_and_in_chunks() {
 fn batched_sequences_match_single_runs() {
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let m = g.decoder(CudaBackend::new(0).unwrap());
+        let m = g.decoder(gpu());
         let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
         let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
         let out = forward_batch(
@@ -106,7 +117,7 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
     const STEPS: usize = 24;
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let cuda = g.decoder(CudaBackend::new(0).unwrap());
+        let cuda = g.decoder(gpu());
         let cpu = g.decoder(CandleBackend::cpu());
         let prompts = [
             g.case_ids("len7"),
@@ -193,7 +204,7 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
 fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let cuda = g.decoder(CudaBackend::new(0).unwrap().with_kv_dtype(KvDtype::F16));
+        let cuda = g.decoder(gpu().with_kv_dtype(KvDtype::F16));
         let cpu = g.decoder(CandleBackend::cpu().with_kv_dtype(KvDtype::F16));
         let ids = g.case_ids("len40");
         let chunks = [5, 3, 9, 1, 1, 1, 20];
@@ -237,7 +248,7 @@ fn wide_heads_match_the_cpu() {
         let dir = tempfile::tempdir().unwrap();
         write_wide_model(dir.path(), heads, kv_heads, hd);
         let what = format!("{heads}/{kv_heads} heads of {hd}");
-        let cuda = decoder_from_dir(CudaBackend::new(0).unwrap(), dir.path());
+        let cuda = decoder_from_dir(gpu(), dir.path());
         let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
         let ids = some_ids(40, hd as u32);
         let want = forward_all(&cpu, &ids, &[ids.len()]);
@@ -292,7 +303,7 @@ fn affine_weights_match_the_cpu() {
             quantize_model(dir.path(), bits, group, side);
             let what =
                 format!("{bits}-bit groups of {group} ({side}), {heads}/{kv_heads} heads of {hd}");
-            let cuda = decoder_from_dir(CudaBackend::new(0).unwrap(), dir.path());
+            let cuda = decoder_from_dir(gpu(), dir.path());
             let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
             let ids = some_ids(30, bits + group as u32);
             let want = forward_all(&cpu, &ids, &[ids.len()]);
@@ -303,4 +314,211 @@ fn affine_weights_match_the_cpu() {
             }
         }
     }
+}
+
+/// `n` values uniform in [-1, 1), seeded.
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// One layer's attention on `be`, two passes: `context` tokens of sequence A batched with
+/// 50 of sequence B, then `rows` new rows of A (seeing the keys before `ends` when `spans`:
+/// runs of 7 rows see each other, every third row only its past) batched with one decode
+/// row of B. Returns the second pass's output.
+fn two_passes<B: Backend>(
+    be: &B,
+    p: &AttentionParams,
+    context: usize,
+    rows: usize,
+    spans: bool,
+) -> Vec<f32> {
+    let (qw, kw) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
+    let mut a = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
+    let mut b = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
+    let upload = |n: usize, w: usize, seed: u64, gain: f32| {
+        let x = noise(n * w, seed).into_iter().map(|v| v * gain).collect();
+        be.tensor_from_host(x, n, w).unwrap()
+    };
+    let n = context + 50;
+    be.attention(
+        &upload(n, qw, 1, 4.0),
+        &upload(n, kw, 2, 1.0),
+        &upload(n, kw, 3, 1.0),
+        &mut [
+            AttentionSegment {
+                rows: 0..context,
+                cache: &mut a,
+            },
+            AttentionSegment {
+                rows: context..n,
+                cache: &mut b,
+            },
+        ],
+        p,
+    )
+    .unwrap();
+    let n = rows + 1;
+    let (q, k, v) = (
+        upload(n, qw, 4, 4.0),
+        upload(n, kw, 5, 1.0),
+        upload(n, kw, 6, 1.0),
+    );
+    let mut segs = [
+        AttentionSegment {
+            rows: 0..rows,
+            cache: &mut a,
+        },
+        AttentionSegment {
+            rows: rows..n,
+            cache: &mut b,
+        },
+    ];
+    let out = if spans {
+        let ends: Vec<usize> = (0..n)
+            .map(|r| match r {
+                _ if r == rows => 51,
+                _ if r % 3 == 0 => context + r + 1,
+                _ => context + ((r / 7 + 1) * 7).min(rows),
+            })
+            .collect();
+        be.attention_to(&q, &k, &v, &mut segs, p, &ends)
+    } else {
+        be.attention(&q, &k, &v, &mut segs, p)
+    }
+    .unwrap();
+    be.rows_to_host(&out, &[n]).unwrap().remove(0)
+}
+
+/// The flash kernels op by op against the CPU backend's attention: head sizes 64–256 (80
+/// and 96 padded to 128), groups of 1 to 32 query heads, windows, soft caps, rows that see
+/// past their position (`attention_to`), prompt chunks batched with a decode row (which
+/// stays on the CUDA-core kernel), keys split into parts; f32 and f16 caches. Exact: as
+/// f32 (within 2e-5 of the outputs' scale); fast (f16 products): within 5e-3.
+#[test]
+fn flash_attention_matches_the_cpu_op_by_op() {
+    let cases = [
+        // heads, KV heads, head size, window, soft cap, context, rows, spans
+        (8, 2, 128, None, None, 1500, 200, false),
+        (14, 2, 64, Some(333), None, 1000, 64, true),
+        (4, 4, 80, None, Some(20.0), 700, 33, true),
+        (12, 4, 96, None, None, 300, 16, false),
+        (8, 1, 256, Some(500), Some(50.0), 2000, 100, false),
+        (32, 1, 128, None, None, 3000, 17, false),
+    ];
+    for (heads, kv_heads, hd, window, softcap, context, rows, spans) in cases {
+        let p = AttentionParams {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap,
+        };
+        for kv in [KvDtype::F32, KvDtype::F16] {
+            let want = two_passes(
+                &CandleBackend::cpu().with_kv_dtype(kv),
+                &p,
+                context,
+                rows,
+                spans,
+            );
+            for (mode, bound) in [(FlashAttention::Exact, 2e-5), (FlashAttention::Fast, 5e-3)] {
+                let be = CudaBackend::new(0)
+                    .unwrap()
+                    .with_flash(mode)
+                    .with_kv_dtype(kv);
+                let got = two_passes(&be, &p, context, rows, spans);
+                let (w, scale) = worst(&got, &want);
+                let what = format!(
+                    "{heads}/{kv_heads} heads of {hd}, window {window:?}, cap {softcap:?}, \
+                     {rows} rows after {context}, {kv:?} cache, {mode:?}"
+                );
+                eprintln!("{what}: max |diff| {w:.2e} (scale {scale:.2})");
+                assert!(w <= bound * scale, "{what}: {w} > {bound} × {scale}");
+            }
+        }
+    }
+}
+
+/// A long prompt's logits on the GPU, whose prompt chunks attend on the flash kernels,
+/// against the CPU backend: f32 and f16 caches, in one pass, in chunks (a 7-token chunk
+/// between long ones takes the CUDA-core kernel over the long cache), and batched with a
+/// second prompt of 700 tokens. Exact flash holds the f32 tolerance; fast flash (f16
+/// products, as llama.cpp's and FlashAttention's) stays within three times what rounding
+/// the cache to f16 moves the CPU's logits.
+fn long_prompt_matches_the_cpu(what: &str, dir: &std::path::Path, n: usize, seed: u32) {
+    let ids = some_ids(n, seed);
+    let other = some_ids(700, seed + 1);
+    let cpu = |kv| decoder_from_dir(CandleBackend::cpu().with_kv_dtype(kv), dir);
+    let (cpu32, cpu16) = (cpu(KvDtype::F32), cpu(KvDtype::F16));
+    let want32 = forward_all(&cpu32, &ids, &[n]);
+    let want16 = forward_all(&cpu16, &ids, &[n]);
+    let (d16, scale) = worst(&want16, &want32);
+    eprintln!("{what}: f16 cache on the CPU moves the logits by {d16:.2e} (scale {scale:.1})");
+    for (kv, want, cpu) in [
+        (KvDtype::F32, &want32, &cpu32),
+        (KvDtype::F16, &want16, &cpu16),
+    ] {
+        let want_other = forward_all(cpu, &other, &[other.len()]);
+        for mode in [FlashAttention::Exact, FlashAttention::Fast] {
+            let bound = match mode {
+                FlashAttention::Fast => (3.0 * d16).max(TOLERANCE * scale),
+                _ => TOLERANCE * scale,
+            };
+            let be = CudaBackend::new(0)
+                .unwrap()
+                .with_flash(mode)
+                .with_kv_dtype(kv);
+            let cuda = decoder_from_dir(be, dir);
+            let check = |how: String, got: &[f32], want: &[f32]| {
+                let (w, scale) = worst(got, want);
+                eprintln!("{what} {kv:?} {mode:?} {how}: max |diff| {w:.2e} (scale {scale:.1})");
+                assert!(w <= bound, "{what} {kv:?} {mode:?} {how}: {w} > {bound}");
+            };
+            for chunks in [&[n][..], &[512], &[1000, 7, 300]] {
+                check(
+                    format!("chunks {chunks:?}"),
+                    &forward_all(&cuda, &ids, chunks),
+                    want,
+                );
+            }
+            let (mut ca, mut cb) = (cuda.new_cache(), cuda.new_cache());
+            let out = forward_batch(
+                &cuda,
+                vec![
+                    (&ids, &mut ca, LogitsRequest::All),
+                    (&other, &mut cb, LogitsRequest::All),
+                ],
+            );
+            check("batched".into(), &out[0], want);
+            check("batched, second prompt".into(), &out[1], &want_other);
+        }
+    }
+}
+
+/// Long prompts with the attention shapes of real models (Llama-3-like groups of 4 at
+/// head size 128, Gemma's 256, groups of 8).
+#[test]
+fn flash_long_prompts_match_the_cpu() {
+    for (heads, kv_heads, hd, n) in [(8, 2, 128, 3072), (8, 2, 256, 2048), (16, 2, 128, 1024)] {
+        let dir = tempfile::tempdir().unwrap();
+        write_wide_model(dir.path(), heads, kv_heads, hd);
+        let what = format!("{heads}/{kv_heads} heads of {hd}, {n} tokens");
+        long_prompt_matches_the_cpu(&what, dir.path(), n, hd as u32);
+    }
+}
+
+/// A long prompt through the Gemma 2 golden's sliding windows (8 tokens) and soft caps.
+#[test]
+fn flash_sliding_window_golden_matches_the_cpu() {
+    let g = TextGolden::open("gemma2");
+    long_prompt_matches_the_cpu("gemma2, 1500 tokens", &g.dir, 1500, 3);
 }

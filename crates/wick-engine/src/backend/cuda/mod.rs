@@ -10,6 +10,7 @@
 //! kernel arguments, so the decode step of a fixed batch records the same work every time
 //! and [`wick_cuda::Device`] replays it as one CUDA graph (see `docs/architecture.md`).
 mod affine;
+mod flash;
 mod kv;
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use wick_cuda::{Arg, Buffer, Device, Gemm, Kernel, WType};
 use wick_gguf::GgmlType;
 
+pub use flash::FlashAttention;
 pub use kv::CudaKvLayer;
 
 use crate::backend::candle::KvDtype;
@@ -110,11 +112,15 @@ pub struct CudaBackend {
     sms: usize,
     /// KV caches store f16 (else f32).
     kv_half: bool,
+    /// How prompt chunks attend.
+    flash: FlashAttention,
+    /// Segments of at least this many new rows attend on the flash kernels.
+    flash_rows: usize,
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
 #[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 struct Tile {
     row0: i32,
     n: i32,
@@ -262,13 +268,36 @@ impl CudaBackend {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(affine::QUANT_ROWS);
+        let flash_rows = std::env::var("WICK_CUDA_FLASH_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(flash::FLASH_ROWS)
+            .max(1);
         Ok(CudaBackend {
             dev,
             kernel_rows,
             quant_rows,
             sms,
             kv_half: false,
+            flash: FlashAttention::from_env(),
+            flash_rows,
         })
+    }
+
+    /// How prompt chunks attend (default: `WICK_CUDA_FLASH`, else [`FlashAttention::Fast`]).
+    pub fn with_flash(mut self, mode: FlashAttention) -> Self {
+        self.flash = mode;
+        self
+    }
+
+    /// The flash kernel segments of many rows attend on, for heads of `hd` dimensions:
+    /// none when flash attention is off, the head size has no kernel (a multiple of 8 up to
+    /// 256), or the GPU lacks the instructions (compute capability 8.0) or the shared
+    /// memory.
+    fn flash_kernel(&self, hd: usize) -> Option<flash::FlashKernel> {
+        let k = flash::FlashKernel::select(self.flash, self.kv_half, hd)?;
+        let (major, _) = self.dev.compute_capability();
+        (major >= 8 && k.shared_bytes() <= self.dev.max_shared()).then_some(k)
     }
 
     /// Stores KV caches as f16 ([`KvDtype::F16`]) or f32.
@@ -547,73 +576,146 @@ impl CudaBackend {
                 ],
             )?;
             let group = heads / kv_heads;
-            let seg_rows = segs.iter().map(|s| s.rows as usize).max().unwrap_or(1);
-            let shape = AttentionShape::new(hd, group, seg_rows);
-            let mut tiles = Vec::with_capacity(total.div_ceil(shape.rows) + segs.len());
-            for s in &segs {
-                let (start, n) = (s.row_start as usize, s.rows as usize);
-                for r0 in (start..start + n).step_by(shape.rows) {
-                    tiles.push(Tile {
-                        row0: r0 as i32,
-                        n: (start + n - r0).min(shape.rows) as i32,
-                    });
-                }
-            }
-            let tiles_dev = self.stage(&tiles)?;
-            let chunks = group.div_ceil(shape.gc);
-            let blocks = tiles.len() * kv_heads * chunks;
             let out = self.tensor(total, heads * hd)?;
-            // Enough parts of the keys per block to give every SM four blocks; a function
-            // of the shapes only, so a decode step's launches repeat.
-            let parts = (4 * self.sms).div_ceil(blocks.max(1)).clamp(1, 32);
-            let (ml, acc) = if parts > 1 {
-                let slots = total * heads * parts;
-                (
-                    Some(self.dev.alloc(slots * 2 * 4).map_err(cuda_err)?),
-                    Some(self.dev.alloc(slots * hd * 4).map_err(cuda_err)?),
+            // Prompt chunks on the tensor cores, the other segments (decode rows) on the
+            // CUDA-core kernel.
+            let fk = self.flash_kernel(hd);
+            let (flash, other): (Vec<usize>, Vec<usize>) = (0..segs.len())
+                .partition(|&i| fk.is_some() && segs[i].rows as usize >= self.flash_rows);
+            let plan = fk.map(|fk| {
+                flash::FlashPlan::new(
+                    &segs,
+                    &flash,
+                    group,
+                    kv_heads,
+                    fk.units(),
+                    fk.bn,
+                    self.sms,
                 )
-            } else {
-                (None, None)
+            });
+            // A grid holds at most 65,535 row tiles: past that, everything goes the slow way.
+            let (flash, other) = match &plan {
+                Some(p) if p.tiles.len() > 65_535 => (Vec::new(), (0..segs.len()).collect()),
+                _ => (flash, other),
             };
-            let ptr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::ptr);
-            self.launch(
-                attention_kernel(self.kv_half, shape.nt, shape.up),
-                (tiles.len() as u32, (kv_heads * chunks) as u32, parts as u32),
-                ATTENTION_THREADS,
-                &[
-                    Arg::Ptr(q.ptr()),
-                    Arg::Ptr(out.ptr()),
-                    Arg::Ptr(ptr(&ml)),
-                    Arg::Ptr(ptr(&acc)),
-                    Arg::Ptr(segs_dev),
-                    Arg::Ptr(rows_dev),
-                    Arg::Ptr(tiles_dev),
-                    Arg::Ptr(ends_dev),
-                    Arg::I32(heads as i32),
-                    Arg::I32(kv_heads as i32),
-                    Arg::I32(hd as i32),
-                    Arg::I32(shape.gc as i32),
-                    Arg::F32(p.scale),
-                    Arg::F32(p.softcap.unwrap_or(0.0)),
-                ],
-            )?;
-            if parts > 1 {
-                self.launch(
-                    Kernel::AttentionMerge,
-                    (total as u32, heads as u32, 1),
-                    hd.next_multiple_of(32) as u32,
-                    &[
-                        Arg::Ptr(ptr(&ml)),
-                        Arg::Ptr(ptr(&acc)),
-                        Arg::Ptr(out.ptr()),
-                        Arg::I32(heads as i32),
-                        Arg::I32(hd as i32),
-                        Arg::I32(parts as i32),
-                    ],
-                )?;
+            let staged = flash::Staged {
+                segs: segs_dev,
+                seg_of_row: rows_dev,
+                ends: ends_dev,
+            };
+            if !other.is_empty() {
+                self.attend_rows(&segs, &other, !flash.is_empty(), q, &out, &staged, group, p)?;
+            }
+            if let (Some(fk), Some(plan), false) = (fk, &plan, flash.is_empty()) {
+                let shape = flash::Shape {
+                    heads,
+                    kv_heads,
+                    hd,
+                    scale: p.scale,
+                    softcap: p.softcap.unwrap_or(0.0),
+                };
+                self.flash_attend(fk, plan, &segs, &flash, q, &out, &staged, &shape)?;
             }
             Ok(out)
         })
+    }
+
+    /// Records the CUDA-core attention of segments `which` of `segs` into their rows of
+    /// `out` (every row of the pass unless `some_rows`: then the merge of split keys is
+    /// told the rows).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_rows(
+        &self,
+        segs: &[Seg],
+        which: &[usize],
+        some_rows: bool,
+        q: &CudaTensor,
+        out: &CudaTensor,
+        staged: &flash::Staged,
+        group: usize,
+        p: &AttentionParams,
+    ) -> Result<()> {
+        let (heads, kv_heads, hd) = (p.heads, p.kv_heads, p.head_dim);
+        let total = q.rows;
+        let seg_rows = which
+            .iter()
+            .map(|&i| segs[i].rows as usize)
+            .max()
+            .unwrap_or(1);
+        let shape = AttentionShape::new(hd, group, seg_rows);
+        let mut tiles = Vec::with_capacity(total.div_ceil(shape.rows) + which.len());
+        for s in which.iter().map(|&i| &segs[i]) {
+            let (start, n) = (s.row_start as usize, s.rows as usize);
+            for r0 in (start..start + n).step_by(shape.rows) {
+                tiles.push(Tile {
+                    row0: r0 as i32,
+                    n: (start + n - r0).min(shape.rows) as i32,
+                });
+            }
+        }
+        let tiles_dev = self.stage(&tiles)?;
+        let chunks = group.div_ceil(shape.gc);
+        let blocks = tiles.len() * kv_heads * chunks;
+        // Enough parts of the keys per block to give every SM four blocks; a function
+        // of the shapes only, so a decode step's launches repeat.
+        let parts = (4 * self.sms).div_ceil(blocks.max(1)).clamp(1, 32);
+        let (ml, acc) = if parts > 1 {
+            let slots = total * heads * parts;
+            (
+                Some(self.dev.alloc(slots * 2 * 4).map_err(cuda_err)?),
+                Some(self.dev.alloc(slots * hd * 4).map_err(cuda_err)?),
+            )
+        } else {
+            (None, None)
+        };
+        let ptr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::ptr);
+        self.launch(
+            attention_kernel(self.kv_half, shape.nt, shape.up),
+            (tiles.len() as u32, (kv_heads * chunks) as u32, parts as u32),
+            ATTENTION_THREADS,
+            &[
+                Arg::Ptr(q.ptr()),
+                Arg::Ptr(out.ptr()),
+                Arg::Ptr(ptr(&ml)),
+                Arg::Ptr(ptr(&acc)),
+                Arg::Ptr(staged.segs),
+                Arg::Ptr(staged.seg_of_row),
+                Arg::Ptr(tiles_dev),
+                Arg::Ptr(staged.ends),
+                Arg::I32(heads as i32),
+                Arg::I32(kv_heads as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(shape.gc as i32),
+                Arg::F32(p.scale),
+                Arg::F32(p.softcap.unwrap_or(0.0)),
+            ],
+        )?;
+        if parts > 1 {
+            let (merged, rows_dev) = if some_rows {
+                let rows: Vec<i32> = which
+                    .iter()
+                    .flat_map(|&i| segs[i].row_start..segs[i].row_start + segs[i].rows)
+                    .collect();
+                (rows.len(), self.stage(&rows)?)
+            } else {
+                (total, 0)
+            };
+            self.launch(
+                Kernel::AttentionMerge,
+                (merged as u32, heads as u32, 1),
+                hd.next_multiple_of(32) as u32,
+                &[
+                    Arg::Ptr(ptr(&ml)),
+                    Arg::Ptr(ptr(&acc)),
+                    Arg::Ptr(out.ptr()),
+                    Arg::I32(heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(parts as i32),
+                    Arg::Ptr(rows_dev),
+                ],
+            )?;
+        }
+        Ok(())
     }
 }
 
