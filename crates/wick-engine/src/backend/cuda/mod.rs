@@ -10,6 +10,7 @@
 //! kernel arguments, so the decode step of a fixed batch records the same work every time
 //! and [`wick_cuda::Device`] replays it as one CUDA graph (see `docs/architecture.md`).
 mod affine;
+mod deltanet;
 mod kv;
 
 use std::sync::Arc;
@@ -17,11 +18,13 @@ use std::sync::Arc;
 use wick_cuda::{Arg, Buffer, Device, Gemm, Kernel, WType};
 use wick_gguf::GgmlType;
 
+pub use deltanet::CudaDeltaState;
 pub use kv::CudaKvLayer;
 
 use crate::backend::candle::KvDtype;
 use crate::backend::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
+    Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment,
+    DeltaShape, DeltaState, DeltaTensors, HostWeight, RopeSpec, RopeStyle,
 };
 use crate::weights::affine::from_gguf_blocks;
 use crate::weights::AffineWeight;
@@ -110,6 +113,9 @@ pub struct CudaBackend {
     sms: usize,
     /// KV caches store f16 (else f32).
     kv_half: bool,
+    /// Prompt segments of DeltaNet layers take the chunked form (else token by token;
+    /// `WICK_CUDA_DELTA_CHUNKED=0`).
+    delta_chunked: bool,
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
@@ -262,12 +268,14 @@ impl CudaBackend {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(affine::QUANT_ROWS);
+        let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             dev,
             kernel_rows,
             quant_rows,
             sms,
             kv_half: false,
+            delta_chunked,
         })
     }
 
@@ -623,6 +631,7 @@ impl Backend for CudaBackend {
     type Rope = CudaRope;
     type KvLayer = CudaKvLayer;
     type Ids = CudaIds;
+    type DeltaState = CudaDeltaState;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -1180,6 +1189,46 @@ impl Backend for CudaBackend {
 
     fn kv_layer_from_snapshot(&self, s: &crate::backend::KvLayerSnapshot) -> Result<CudaKvLayer> {
         self.op(|| CudaKvLayer::from_snapshot(self.dev.clone(), s, self.kv_half))
+    }
+
+    fn new_delta_state(&self, shape: &DeltaShape) -> CudaDeltaState {
+        CudaDeltaState::new(self.dev.clone(), shape)
+    }
+
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<CudaDeltaState> {
+        self.op(|| CudaDeltaState::from_host(self.dev.clone(), &s))
+    }
+
+    fn delta_weights(&self, p: &DeltaParams<'_>) -> Result<Option<DeltaTensors<CudaTensor>>> {
+        self.delta_upload(p)
+    }
+
+    fn delta_net(
+        &self,
+        p: &DeltaParams<'_>,
+        uploaded: Option<&DeltaTensors<CudaTensor>>,
+        x: DeltaInputs<'_, CudaTensor>,
+        segments: &mut [DeltaSegment<'_, CudaDeltaState>],
+    ) -> Result<CudaTensor> {
+        let w = uploaded.ok_or_else(|| {
+            invalid("delta_net: the layer's vectors were not uploaded (delta_weights)".into())
+        })?;
+        self.delta_mix(p, w, x, segments)
+    }
+
+    fn sigmoid_gate(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        shape: (usize, usize),
+    ) -> Result<CudaTensor> {
+        if (x.rows, x.cols) != shape {
+            return Err(invalid(format!(
+                "sigmoid_gate: a {}x{} tensor for {shape:?}",
+                x.rows, x.cols
+            )));
+        }
+        self.binary("sigmoid_gate", Kernel::SigmoidGate, x, gate, &[])
     }
 
     fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CudaTensor> {
