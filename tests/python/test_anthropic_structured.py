@@ -62,3 +62,19 @@ def test_bad_format_is_invalid_request(server):
     assert "output_config.format.schema" in err["error"]["message"]
     r = post(server, {"output_config": {"format": {"type": "xml"}}})
     assert r.status_code == 400 and "output_config.format.type" in r.json()["error"]["message"]
+
+
+def test_a_schema_that_hits_a_limit_mid_stream_ends_with_an_error_event(server):
+    """Issue 45: every branch starts with `[`, so the parser row after it holds more items than
+    llguidance's max_items_in_row: the stream ends with Anthropic's `error` event, not a 500."""
+    anthropic = pytest.importorskip("anthropic")
+    ambiguous = {"anyOf": [{"type": "array", "items": {"const": i}} for i in range(1200)]}
+    c = anthropic.Anthropic(base_url=server.base, api_key="none", max_retries=0)
+    with pytest.raises(anthropic.APIStatusError) as e:
+        with c.messages.stream(model="claude-x", max_tokens=32, messages=ASK,
+                               extra_body={"temperature": 0,
+                                           "output_format": {"type": "json_schema", "schema": ambiguous}}) as s:
+            for _ in s:
+                pass
+    assert e.value.body["error"]["type"] == "invalid_request_error", e.value.body
+    assert "max_items_in_row" in e.value.body["error"]["message"]

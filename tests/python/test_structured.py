@@ -321,3 +321,52 @@ def test_a_bad_custom_grammar_is_400(qwen):
     with pytest.raises(openai.BadRequestError) as e:
         qwen.responses.create(model="m", input="x", tools=[bad], max_output_tokens=4)
     assert e.value.body["param"] == "tools[0].format.definition", e.value.body
+
+
+# Issue 45: grammars that compile but cannot be served are the client's error, never a 500.
+# 3000 alternatives that start alike: the first token mask over Qwen's 152k vocabulary needs
+# more parser items than llguidance allows (step_max_items), so the request is refused before
+# it runs.
+WIDE_LARK = ("start: " + " | ".join(f"r{i}" for i in range(3000)) + "\n"
+             + "\n".join(f'r{i}: "a" r{i} | "b{i}"' for i in range(3000)) + "\n")
+
+
+def test_a_grammar_whose_first_step_hits_a_limit_is_400(qwen):
+    wide_tool = {**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark", "definition": WIDE_LARK}}
+    calls = [
+        ("structured_outputs.grammar", lambda: qwen.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4,
+            extra_body={"structured_outputs": {"grammar": WIDE_LARK}})),
+        ("guided_grammar", lambda: qwen.completions.create(
+            model="m", prompt="x", max_tokens=4, extra_body={"guided_grammar": WIDE_LARK})),
+        ("tools[0].format.definition", lambda: qwen.responses.create(
+            model="m", input="x", tools=[wide_tool], max_output_tokens=4)),
+    ]
+    for param, call in calls:
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        err = e.value.body
+        assert err["code"] == "grammar_failed" and err["param"] == param, err
+        assert "step_max_items" in err["message"], err
+
+
+# Every branch starts with `[`: the parser row after it holds more items than llguidance's
+# max_items_in_row, a limit found only while generating.
+AMBIGUOUS = {"anyOf": [{"type": "array", "items": {"const": i}} for i in range(1200)]}
+
+
+def test_a_grammar_that_hits_a_limit_mid_stream_ends_the_stream_with_a_client_error(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": AMBIGUOUS}}
+    with pytest.raises(openai.APIError) as e:
+        for _ in client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                                max_tokens=32, temperature=0, stream=True,
+                                                response_format=fmt):
+            pass
+    assert not isinstance(e.value, openai.InternalServerError)
+    assert e.value.body["code"] == "grammar_failed", e.value.body
+    assert e.value.body["type"] == "invalid_request_error"
+    assert "max_items_in_row" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=32, temperature=0, response_format=fmt)
+    assert e.value.body["code"] == "grammar_failed", e.value.body

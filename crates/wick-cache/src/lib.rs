@@ -73,6 +73,7 @@ pub use error::{CacheError, Result};
 pub use prompt_cache::{
     HitSource, Lookup, PromptCache, PromptCacheConfig, DEFAULT_WRITE_QUEUE_BYTES,
 };
+pub use ram::MissReason;
 pub use ssd::{ScanReport, SsdConfig};
 pub use stats::{CacheStats, FlushReport, SsdStats};
 pub use value::{CacheValue, KvSnapshot, LayerSnapshot, StateSnapshot, ValueLoader};

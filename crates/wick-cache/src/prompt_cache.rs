@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::checkpoint::{CheckpointKey, CheckpointMeta, Resume};
 use crate::durability::dirty::Timing;
 use crate::durability::Durability;
-use crate::ram::RamTier;
+use crate::ram::{MissReason, RamTier};
 use crate::ssd::{ScanReport, SsdConfig, SsdTier};
 use crate::stats::{CacheStats, FlushReport, SsdStats};
 use crate::value::{CacheValue, KvSnapshot, ValueLoader};
@@ -64,6 +64,8 @@ pub struct Lookup<V> {
     pub cached: usize,
     /// Where it came from.
     pub source: Option<HitSource>,
+    /// Why nothing was reused, on a miss.
+    pub miss: Option<MissReason>,
 }
 
 #[derive(Default)]
@@ -74,6 +76,8 @@ struct Counters {
     ssd_hits: AtomicU64,
     cached_tokens: AtomicU64,
     resumed: AtomicU64,
+    /// Misses by [`MissReason`], in [`MissReason::ALL`]'s order.
+    miss_reasons: [AtomicU64; 4],
 }
 
 /// The prompt cache.
@@ -193,13 +197,13 @@ impl<V: CacheValue> PromptCache<V> {
     /// The longest reusable prefix of `prompt` under `ns`, from RAM, or from the SSD when
     /// that gives strictly more. At most `prompt.len() - 1` tokens are reused.
     pub fn lookup(&self, ns: &str, prompt: &[u32], loader: &dyn ValueLoader<V>) -> Lookup<V> {
-        let miss = Lookup {
-            value: None,
-            cached: 0,
-            source: None,
-        };
         if !self.enabled {
-            return miss;
+            return Lookup {
+                value: None,
+                cached: 0,
+                source: None,
+                miss: None,
+            };
         }
         let ssd_match = self.ssd.as_ref().and_then(|s| s.find(ns, prompt));
         let ram_usable = lock(&self.ram)
@@ -234,8 +238,25 @@ impl<V: CacheValue> PromptCache<V> {
                 Err(e) => tracing::warn!(error = %e, "RAM cache fork failed; prefilling"),
             }
         }
-        self.counters.misses.fetch_add(1, Ordering::Relaxed);
-        miss
+        let reason = ram.miss_reason(ns, prompt);
+        drop(ram);
+        let c = &self.counters;
+        c.misses.fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = MissReason::ALL.iter().position(|r| *r == reason) {
+            c.miss_reasons[i].fetch_add(1, Ordering::Relaxed);
+        }
+        Lookup {
+            value: None,
+            cached: 0,
+            source: None,
+            miss: Some(reason),
+        }
+    }
+
+    /// Pins the entry holding `tokens` of `ns` (or a longer one that serves them) in RAM
+    /// until `until` (see [`RamTier::pin`]). Returns whether one was found.
+    pub fn pin(&self, ns: &str, tokens: &[u32], until: std::time::Instant) -> bool {
+        self.enabled && lock(&self.ram).pin(ns, tokens, until)
     }
 
     fn hit(&self, value: V, cached: usize, source: HitSource) -> Lookup<V> {
@@ -250,6 +271,7 @@ impl<V: CacheValue> PromptCache<V> {
             value: Some(value),
             cached,
             source: Some(source),
+            miss: None,
         }
     }
 
@@ -373,6 +395,7 @@ impl<V: CacheValue> PromptCache<V> {
                     bytes: s.bytes,
                     max_bytes: s.max_bytes,
                     restores: s.restores,
+                    bytes_written: s.bytes_written,
                     restore_failures: s.restore_failures,
                     spills: s.stores.saturating_sub(d.checkpoints_saved),
                     restore_ms_last: s.restore_ms_last,
@@ -404,6 +427,13 @@ impl<V: CacheValue> PromptCache<V> {
             cached_tokens_total: c.cached_tokens.load(o),
             evictions: ram.evictions,
             superseded: ram.superseded,
+            pinned_entries: ram.pinned_entries,
+            pinned_bytes: ram.pinned_bytes,
+            misses_by_reason: MissReason::ALL
+                .iter()
+                .zip(&c.miss_reasons)
+                .map(|(r, n)| (r.label(), n.load(o)))
+                .collect(),
             ssd,
         }
     }

@@ -7,8 +7,14 @@
 //! A put replaces an identical entry, is skipped when a longer stored entry already
 //! covers it, supersedes the shorter entries it covers, then evicts least-recently-used
 //! entries until the byte cap holds; evicted entries go back to the caller (to spill).
-use std::collections::{BTreeMap, HashMap};
+//!
+//! An entry may be pinned until some instant (an Anthropic `cache_control` breakpoint):
+//! eviction takes unpinned entries first and a pinned one only when the pinned entries
+//! alone are over the cap. A put that supersedes a pinned entry, or is covered by a longer
+//! one, moves the pin to the entry that now serves its tokens.
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::prefix_index::PrefixIndex;
 use crate::value::{CacheValue, KvSnapshot};
@@ -21,7 +27,53 @@ struct RamEntry<V> {
     value: V,
     bytes: usize,
     last_use: u64,
+    /// Kept before unpinned entries until then.
+    pinned_until: Option<Instant>,
 }
+
+impl<V> RamEntry<V> {
+    fn pinned(&self, now: Instant) -> bool {
+        self.pinned_until.is_some_and(|t| t > now)
+    }
+}
+
+/// Why a lookup found nothing to reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MissReason {
+    /// No entry shares a prefix with the prompt.
+    NoEntry,
+    /// An entry shares a prefix but cannot be cut back to it (a recurrent state, a
+    /// sliding window that wrapped), and none ends exactly there.
+    Untrimmable,
+    /// Only entries of another namespace (another adapter stack, another client's
+    /// `cache_namespace`) share a prefix.
+    Namespace,
+    /// An entry that shared a prefix was evicted for space.
+    Evicted,
+}
+
+impl MissReason {
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [MissReason; 4] = [
+        MissReason::NoEntry,
+        MissReason::Untrimmable,
+        MissReason::Namespace,
+        MissReason::Evicted,
+    ];
+
+    /// Its label in metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            MissReason::NoEntry => "no_entry",
+            MissReason::Untrimmable => "untrimmable",
+            MissReason::Namespace => "namespace",
+            MissReason::Evicted => "evicted",
+        }
+    }
+}
+
+/// Evicted entries' tokens remembered to tell an eviction miss from a cold prompt.
+const EVICTED_MEMORY: usize = 64;
 
 /// A usable prefix found by [`RamTier::best_match`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +117,10 @@ pub struct RamCounters {
     pub evictions: u64,
     /// Entries dropped because a longer entry covers them, all time.
     pub superseded: u64,
+    /// Entries pinned now.
+    pub pinned_entries: usize,
+    /// Bytes of the pinned entries.
+    pub pinned_bytes: u64,
 }
 
 /// The RAM tier.
@@ -78,6 +134,8 @@ pub struct RamTier<V> {
     max_bytes: usize,
     evictions: u64,
     superseded: u64,
+    /// The tokens of the latest evicted entries, newest last.
+    evicted: VecDeque<(Arc<str>, Arc<[u32]>)>,
 }
 
 impl<V: CacheValue> RamTier<V> {
@@ -93,17 +151,68 @@ impl<V: CacheValue> RamTier<V> {
             max_bytes,
             evictions: 0,
             superseded: 0,
+            evicted: VecDeque::new(),
         }
     }
 
     /// Counters.
     pub fn counters(&self) -> RamCounters {
+        let now = Instant::now();
+        let pinned = self.entries.values().filter(|e| e.pinned(now));
+        let (pinned_entries, pinned_bytes) =
+            pinned.fold((0, 0u64), |(n, b), e| (n + 1, b + e.bytes as u64));
         RamCounters {
             entries: self.entries.len(),
             bytes: self.bytes as u64,
             max_bytes: self.max_bytes as u64,
             evictions: self.evictions,
             superseded: self.superseded,
+            pinned_entries,
+            pinned_bytes,
+        }
+    }
+
+    /// Pins the entry serving exactly `tokens` of `ns` (or a longer one that can be cut
+    /// back to them) until `until`, or later if it is pinned longer. Returns whether one
+    /// was found.
+    pub fn pin(&mut self, ns: &str, tokens: &[u32], until: Instant) -> bool {
+        let id = self.index.exact(ns, tokens).first().copied().or_else(|| {
+            self.index
+                .descendants(ns, tokens)
+                .into_iter()
+                .find(|id| self.entries[id].value.can_trim_to(tokens.len()))
+        });
+        match id.and_then(|id| self.entries.get_mut(&id)) {
+            Some(e) => {
+                e.pinned_until = e.pinned_until.max(Some(until));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Why nothing of `prompt` could be reused from `ns` (called after a miss).
+    pub fn miss_reason(&self, ns: &str, prompt: &[u32]) -> MissReason {
+        let shares = |tokens: &[u32]| crate::prefix_index::common_prefix(tokens, prompt) > 0;
+        if self
+            .index
+            .best(ns, prompt, |_, lcp| (lcp > 0).then_some(lcp))
+            .is_some()
+        {
+            return MissReason::Untrimmable;
+        }
+        if self.evicted.iter().any(|(n, t)| &**n == ns && shares(t)) {
+            return MissReason::Evicted;
+        }
+        let elsewhere = self
+            .entries
+            .keys()
+            .filter_map(|&id| self.index.get(id))
+            .any(|(n, t)| &**n != ns && shares(t));
+        if elsewhere {
+            MissReason::Namespace
+        } else {
+            MissReason::NoEntry
         }
     }
 
@@ -115,6 +224,25 @@ impl<V: CacheValue> RamTier<V> {
             e.last_use = clock;
             self.lru.insert(clock, id);
         }
+    }
+
+    /// Remembers an evicted entry's tokens (for [`Self::miss_reason`]).
+    fn remember_eviction(&mut self, e: &Evicted<V>) {
+        if self.evicted.len() == EVICTED_MEMORY {
+            self.evicted.pop_front();
+        }
+        self.evicted.push_back((e.ns.clone(), e.tokens.clone()));
+    }
+
+    /// The least recently used entry to evict for `keep`'s sake: unpinned ones first.
+    fn victim(&self, keep: EntryId) -> Option<EntryId> {
+        let now = Instant::now();
+        let unpinned = self
+            .lru
+            .values()
+            .copied()
+            .find(|id| *id != keep && !self.entries[id].pinned(now));
+        unpinned.or_else(|| self.lru.values().copied().find(|id| *id != keep))
     }
 
     fn remove(&mut self, id: EntryId) -> Option<Evicted<V>> {
@@ -206,12 +334,16 @@ impl<V: CacheValue> RamTier<V> {
             self.touch(id);
             return Ok(out);
         }
+        // Pins of the entries this one replaces or supersedes move to it.
+        let mut pinned_until = None;
         for id in self.index.exact(ns, tokens) {
+            pinned_until = pinned_until.max(self.entries.get(&id).and_then(|e| e.pinned_until));
             self.remove(id);
         }
         for id in self.index.ancestors(ns, tokens) {
             let len = self.index.get(id).map_or(0, |(_, t)| t.len());
             if value.can_trim_to(len) {
+                pinned_until = pinned_until.max(self.entries.get(&id).and_then(|e| e.pinned_until));
                 self.remove(id);
                 out.superseded += 1;
                 self.superseded += 1;
@@ -227,6 +359,7 @@ impl<V: CacheValue> RamTier<V> {
                 value,
                 bytes,
                 last_use: 0,
+                pinned_until,
             },
         );
         self.bytes += bytes;
@@ -238,13 +371,13 @@ impl<V: CacheValue> RamTier<V> {
             return Ok(out);
         }
         while self.bytes > self.max_bytes {
-            let Some((_, &victim)) = self.lru.iter().next() else {
+            let Some(victim) = self.victim(id) else {
                 break;
             };
-            if victim == id {
-                break;
+            if let Some(e) = self.remove(victim) {
+                self.remember_eviction(&e);
+                out.evicted.push(e);
             }
-            out.evicted.extend(self.remove(victim));
             self.evictions += 1;
         }
         Ok(out)
@@ -353,5 +486,68 @@ mod tests {
         let out = ram.put("", &[1, 2], kv(&[1, 2])).unwrap();
         assert!(!out.stored && out.evicted.is_empty());
         assert!(ram.put("", &[1], kv(&[1, 2])).is_err());
+    }
+
+    #[test]
+    fn pinned_entries_outlast_unpinned_ones_until_they_expire() {
+        let one = kv(&[1; 10]).byte_size();
+        let mut ram = RamTier::new(3 * one);
+        let later = Instant::now() + std::time::Duration::from_secs(300);
+        ram.put("", &[1; 10], kv(&[1; 10])).unwrap();
+        assert!(ram.pin("", &[1; 10], later));
+        ram.put("", &[2; 10], kv(&[2; 10])).unwrap();
+        ram.put("", &[3; 10], kv(&[3; 10])).unwrap();
+        // Over the cap: the oldest unpinned entry goes, not the older pinned one.
+        let out = ram.put("", &[4; 10], kv(&[4; 10])).unwrap();
+        assert_eq!(&*out.evicted[0].tokens, &[2; 10]);
+        assert!(ram.best_match("", &[1; 11]).is_some());
+        assert_eq!(ram.counters().pinned_entries, 1);
+        // An expired pin is an ordinary entry again.
+        assert!(ram.pin("", &[1; 10], Instant::now()));
+        ram.entries
+            .values_mut()
+            .for_each(|e| e.pinned_until = Some(Instant::now()));
+        let out = ram.put("", &[5; 10], kv(&[5; 10])).unwrap();
+        assert_eq!(&*out.evicted[0].tokens, &[1; 10]);
+    }
+
+    #[test]
+    fn a_pin_moves_to_the_entry_that_supersedes_its_own() {
+        let mut ram = RamTier::new(1 << 20);
+        let t: Vec<u32> = (0..40).collect();
+        ram.put("", &t[..20], kv(&t[..20])).unwrap();
+        ram.pin(
+            "",
+            &t[..20],
+            Instant::now() + std::time::Duration::from_secs(60),
+        );
+        ram.put("", &t, kv(&t)).unwrap();
+        assert_eq!(ram.counters().entries, 1);
+        assert_eq!(ram.counters().pinned_entries, 1);
+        // A prefix a longer entry serves can be pinned through it.
+        assert!(ram.pin(
+            "",
+            &t[..30],
+            Instant::now() + std::time::Duration::from_secs(60)
+        ));
+        assert!(!ram.pin("", &[9, 9], Instant::now()));
+    }
+
+    #[test]
+    fn a_miss_says_why() {
+        let one = kv(&[1; 10]).byte_size();
+        let mut ram = RamTier::new(2 * one);
+        let t: Vec<u32> = (0..10).collect();
+        let prompt: Vec<u32> = t[..6].iter().copied().chain([77, 78]).collect();
+        assert_eq!(ram.miss_reason("", &prompt), MissReason::NoEntry);
+        ram.put("adapter", &t, kv(&t)).unwrap();
+        assert_eq!(ram.miss_reason("", &prompt), MissReason::Namespace);
+        ram.put("", &t, FakeKv::new(&t, Some(2))).unwrap();
+        assert!(ram.best_match("", &prompt).is_none());
+        assert_eq!(ram.miss_reason("", &prompt), MissReason::Untrimmable);
+        // Evicted: the shared entry leaves for two others.
+        ram.put("", &[50; 10], kv(&[50; 10])).unwrap();
+        ram.put("", &[60; 10], kv(&[60; 10])).unwrap();
+        assert_eq!(ram.miss_reason("", &prompt), MissReason::Evicted);
     }
 }

@@ -27,6 +27,12 @@ pub struct CacheStats {
     pub evictions: u64,
     /// RAM entries dropped because a longer entry covers them.
     pub superseded: u64,
+    /// RAM entries pinned now (`cache_control` breakpoints).
+    pub pinned_entries: usize,
+    /// Bytes of the pinned entries.
+    pub pinned_bytes: u64,
+    /// Misses by reason (`no_entry`, `untrimmable`, `namespace`, `evicted`), all time.
+    pub misses_by_reason: Vec<(&'static str, u64)>,
     /// The SSD tier, when configured.
     pub ssd: Option<SsdStats>,
 }
@@ -44,6 +50,8 @@ pub struct SsdStats {
     pub restores: u64,
     /// Restores that failed (file removed, request missed).
     pub restore_failures: u64,
+    /// Bytes written to the tier's files (entries, chunks, checkpoints), all time.
+    pub bytes_written: u64,
     /// Entries written (spills, write-behind and flush snapshots).
     pub spills: u64,
     /// Milliseconds the last restore took.

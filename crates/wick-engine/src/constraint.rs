@@ -45,6 +45,13 @@ pub enum ConstraintError {
     Failed(String),
 }
 
+impl ConstraintError {
+    /// What the message of a [`ConstraintError::Failed`] starts with. A failure reaches the
+    /// request's owner as text ([`EngineEvent::Failed`](crate::scheduler::EngineEvent)),
+    /// where this tells a grammar that could not be followed from other failures.
+    pub const FAILED_PREFIX: &'static str = "constrained decoding failed: ";
+}
+
 /// What a reply must match.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ConstraintSpec {
@@ -800,6 +807,15 @@ mod tests {
         assert!(!row.is_active());
         commit(&mut row, " <call>");
         assert!(row.is_active() && row.allows(first("{")).unwrap());
+    }
+
+    #[test]
+    fn a_failure_message_starts_with_the_prefix_servers_look_for() {
+        let message = ConstraintError::Failed("lexer error: too many states".into()).to_string();
+        assert_eq!(
+            message.strip_prefix(ConstraintError::FAILED_PREFIX),
+            Some("lexer error: too many states")
+        );
     }
 
     #[test]

@@ -21,6 +21,13 @@ pub fn prompt_cache_json(s: &CacheStats) -> Value {
         "hit_tokens": s.cached_tokens_total,
         "evictions": s.evictions,
         "superseded": s.superseded,
+        "pinned_entries": s.pinned_entries,
+        "pinned_bytes": s.pinned_bytes,
+        "misses_by_reason": s
+            .misses_by_reason
+            .iter()
+            .map(|&(reason, n)| (reason.to_string(), Value::from(n)))
+            .collect::<serde_json::Map<String, Value>>(),
         "ssd": s.ssd.as_ref().map(ssd_cache_json),
     })
 }
@@ -32,6 +39,7 @@ pub fn ssd_cache_json(s: &SsdStats) -> Value {
         "bytes": s.bytes,
         "max_bytes": s.max_bytes,
         "restores": s.restores,
+        "bytes_written": s.bytes_written,
         "restore_failures": s.restore_failures,
         "scanning": s.scanning,
         "restore_ms_last": s.restore_ms_last,
@@ -97,6 +105,29 @@ pub fn render_metrics(out: &mut String, s: &CacheStats) {
         "wick_prompt_cache_misses_total",
         "Prompt-cache lookups that reused nothing.",
         s.misses,
+    );
+    header(
+        out,
+        "wick_prompt_cache_miss_reasons_total",
+        "Prompt-cache misses by why nothing was reused: no entry shared a prefix, one did but could not be cut back to it (recurrent state, wrapped sliding window), only another namespace's did, or it was evicted.",
+        "counter",
+    );
+    for (reason, n) in &s.misses_by_reason {
+        out.push_str(&format!(
+            "wick_prompt_cache_miss_reasons_total{{reason=\"{reason}\"}} {n}\n"
+        ));
+    }
+    gauge(
+        out,
+        "wick_prompt_cache_pinned_entries",
+        "RAM prompt-cache entries pinned by cache_control breakpoints.",
+        s.pinned_entries as f64,
+    );
+    gauge(
+        out,
+        "wick_prompt_cache_pinned_bytes",
+        "Bytes of the pinned RAM prompt-cache entries.",
+        s.pinned_bytes as f64,
     );
     counter(
         out,
@@ -200,7 +231,7 @@ fn render_ssd_metrics(out: &mut String, enabled: bool, s: &SsdStats) {
     for (name, help, value) in gauges {
         gauge(out, name, help, value);
     }
-    let counters: [(&str, &str, u64); 7] = [
+    let counters: [(&str, &str, u64); 8] = [
         (
             "wick_prompt_cache_ssd_restores_total",
             "SSD entries restored into a request.",
@@ -215,6 +246,11 @@ fn render_ssd_metrics(out: &mut String, enabled: bool, s: &SsdStats) {
             "wick_prompt_cache_ssd_writes_total",
             "Entries written to the SSD (spills, write-behind and flush snapshots).",
             s.spills,
+        ),
+        (
+            "wick_prompt_cache_ssd_bytes_written_total",
+            "Bytes written to the SSD tier's files (entries, shared chunks, checkpoints).",
+            s.bytes_written,
         ),
         (
             "wick_prompt_cache_ssd_write_failures_total",
@@ -257,6 +293,8 @@ mod tests {
             ram_hits: 4,
             ssd_hits: 1,
             cached_tokens_total: 777,
+            pinned_entries: 1,
+            misses_by_reason: vec![("no_entry", 2), ("untrimmable", 1)],
             ssd: Some(SsdStats {
                 entries: 7,
                 bytes: 9000,
@@ -291,6 +329,8 @@ mod tests {
             "wick_prompt_cache_hits_total{tier=\"ram\"} 4\n",
             "wick_prompt_cache_hits_total{tier=\"ssd\"} 1\n",
             "wick_prompt_cache_misses_total 3\n",
+            "wick_prompt_cache_miss_reasons_total{reason=\"untrimmable\"} 1\n",
+            "wick_prompt_cache_pinned_entries 1\n",
             "wick_prompt_cache_hit_tokens_total 777\n",
             "wick_prompt_cache_ram_bytes 1000\n",
             "wick_prompt_cache_ssd_enabled 1\n",

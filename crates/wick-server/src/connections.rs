@@ -20,7 +20,7 @@ use axum::response::Response;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::config::ServerConfig;
@@ -31,6 +31,14 @@ const RESERVED_FDS: u64 = 64;
 
 /// How long an accept waits for an evicted connection to close before evicting another.
 const EVICT_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a closing connection keeps reading (and dropping) what its client still sends,
+/// so the client gets the answer rather than a reset ([`linger`]).
+const LINGER_TIME: Duration = Duration::from_secs(5);
+
+/// … and how long it waits for more (a client that keeps an idle connection open sends
+/// nothing, and is not waited for longer).
+const LINGER_IDLE: Duration = Duration::from_secs(1);
 
 /// Pause after an accept error that is not about one connection (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -272,6 +280,40 @@ impl hyper::service::Service<hyper::Request<Incoming>> for ConnService {
     }
 }
 
+/// Closes a connection whose last answer is written: the write side first (the client
+/// reads the answer, then the end), then what the client still sends is read and dropped
+/// until it closes too or pauses for [`LINGER_IDLE`], for [`LINGER_TIME`] at most (what
+/// Apache's lingering close does). Closing a socket with unread bytes
+/// resets the connection, and a client still sending a body (one refused with 413 before it
+/// was read) would get that reset instead of the answer.
+async fn linger(stream: TcpStream) {
+    let Ok(stream) = stream.into_std() else {
+        return;
+    };
+    if stream.shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    // `into_std` leaves the socket non-blocking, as `from_std` wants it.
+    let Ok(stream) = TcpStream::from_std(stream) else {
+        return;
+    };
+    let deadline = tokio::time::Instant::now() + LINGER_TIME;
+    let mut sink = vec![0u8; 16 << 10];
+    loop {
+        let wait = deadline.min(tokio::time::Instant::now() + LINGER_IDLE);
+        match tokio::time::timeout_at(wait, stream.readable()).await {
+            Ok(Ok(())) => {}
+            _ => break,
+        }
+        match stream.try_read(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
+        }
+    }
+}
+
 /// Whether an accept error concerns only the connection being accepted.
 fn is_connection_error(e: &std::io::Error) -> bool {
     matches!(
@@ -342,14 +384,15 @@ pub async fn serve(
         let registry = registry.clone();
         let mut shutdown = closing.clone();
         tokio::spawn(async move {
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
+            let mut conn = builder.serve_connection(TokioIo::new(stream), service);
             let mut graceful = false;
+            let mut ended = false;
             loop {
                 tokio::select! {
-                    result = conn.as_mut() => {
-                        if let Err(e) = result {
-                            tracing::debug!("connection closed: {e}");
+                    result = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+                        match result {
+                            Ok(()) => ended = true,
+                            Err(e) => tracing::debug!("connection closed: {e}"),
                         }
                         break;
                     }
@@ -358,7 +401,7 @@ pub async fn serve(
                             break;
                         }
                         // Busy after all: close it after the answer in progress.
-                        conn.as_mut().graceful_shutdown();
+                        Pin::new(&mut conn).graceful_shutdown();
                     }
                     _ = shutdown.wait_for(|s| *s), if !graceful => {
                         // No request in progress (at most some header bytes): close now
@@ -367,9 +410,12 @@ pub async fn serve(
                             break;
                         }
                         graceful = true;
-                        conn.as_mut().graceful_shutdown();
+                        Pin::new(&mut conn).graceful_shutdown();
                     }
                 }
+            }
+            if ended {
+                linger(conn.into_parts().io.into_inner()).await;
             }
             registry.remove(id);
             drop(permit);

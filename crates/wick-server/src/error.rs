@@ -3,6 +3,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use wick_engine::constraint::ConstraintError;
 use wick_engine::sampler::SamplingError;
 use wick_engine::scheduler::SubmitError;
 use wick_engine::EngineError;
@@ -56,6 +57,20 @@ pub enum ApiError {
         /// The context limit.
         limit: usize,
     },
+    /// The prompt alone is longer than the context: found while tokenizing it piece by
+    /// piece, which stopped there (a prompt far past the context is not tokenized whole).
+    #[error(
+        "the prompt is longer than the model's context of {limit} tokens (tokenizing stopped \
+         after {counted} tokens); shorten the prompt"
+    )]
+    PromptTooLong {
+        /// The field holding the prompt (`messages` or `prompt`).
+        param: &'static str,
+        /// Tokens counted before tokenizing stopped (more than `limit`).
+        counted: usize,
+        /// The context limit.
+        limit: usize,
+    },
     /// The prompt plus the tokens to generate could never fit the KV memory budget, even
     /// with nothing else running (the engine's message says how much it holds).
     #[error("{message}")]
@@ -64,6 +79,16 @@ pub enum ApiError {
         param: &'static str,
         /// What was asked, what fits and what to do.
         message: String,
+    },
+    /// A grammar (structured output, a forced or strict tool call) that compiles but cannot
+    /// be followed: one of llguidance's limits was hit, or no token can continue it. Found
+    /// on its first step at validation (`param` names the field), or while generating.
+    #[error("the grammar cannot be followed: {reason}")]
+    GrammarFailed {
+        /// The field holding the grammar, when known.
+        param: Option<String>,
+        /// What happened, naming the limit.
+        reason: String,
     },
     /// The chat template or the tokenizer rejected the conversation.
     #[error("prompt build failed: {0}")]
@@ -195,6 +220,25 @@ impl ApiError {
         }
     }
 
+    /// A grammar that llguidance could not follow (`message` is its error), on `param`
+    /// when known: the reason names the limit that was hit.
+    pub fn grammar_failed(param: Option<String>, message: &str) -> Self {
+        ApiError::GrammarFailed {
+            param,
+            reason: grammar_reason(message),
+        }
+    }
+
+    /// The error of a generation the engine failed with `message`: a grammar that could
+    /// not be followed is the request's ([`ApiError::GrammarFailed`]), anything else the
+    /// server's ([`ApiError::Generation`]).
+    pub fn from_generation_failure(message: String) -> Self {
+        match message.split_once(ConstraintError::FAILED_PREFIX) {
+            Some((_, grammar)) => ApiError::grammar_failed(None, grammar),
+            None => ApiError::Generation(message),
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -203,6 +247,8 @@ impl ApiError {
             | ApiError::Missing { .. }
             | ApiError::Unsupported { .. }
             | ApiError::ContextOverflow { .. }
+            | ApiError::PromptTooLong { .. }
+            | ApiError::GrammarFailed { .. }
             | ApiError::KvCapacityExceeded { .. }
             | ApiError::PromptBuild(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -250,8 +296,11 @@ impl ApiError {
             ApiError::InvalidField { .. } => "invalid_value",
             ApiError::Missing { .. } => "missing_required_parameter",
             ApiError::Unsupported { .. } => "unsupported_parameter",
-            ApiError::ContextOverflow { .. } => "context_length_exceeded",
+            ApiError::ContextOverflow { .. } | ApiError::PromptTooLong { .. } => {
+                "context_length_exceeded"
+            }
             ApiError::KvCapacityExceeded { .. } => "kv_capacity_exceeded",
+            ApiError::GrammarFailed { .. } => "grammar_failed",
             ApiError::PromptBuild(_) => "prompt_build_failed",
             ApiError::Unauthorized => "invalid_api_key",
             ApiError::HostNotAllowed { .. } => "host_not_allowed",
@@ -278,8 +327,11 @@ impl ApiError {
             ApiError::InvalidField { param, .. }
             | ApiError::Missing { param }
             | ApiError::Unsupported { param, .. } => Some(param),
-            ApiError::ContextOverflow { param, .. } => Some(param),
+            ApiError::ContextOverflow { param, .. } | ApiError::PromptTooLong { param, .. } => {
+                Some(param)
+            }
             ApiError::KvCapacityExceeded { param, .. } => Some(param),
+            ApiError::GrammarFailed { param, .. } => param.as_deref(),
             ApiError::ModelNotFound { .. } => Some("model"),
             _ => None,
         }
@@ -294,6 +346,35 @@ impl ApiError {
             "code": self.code(),
         }})
     }
+}
+
+/// What an llguidance error `message` means for the client, naming the limit it hit (the
+/// limits are llguidance's defaults, `ParserLimits`), with llguidance's first line.
+fn grammar_reason(message: &str) -> String {
+    let first = message.lines().next().unwrap_or(message).trim();
+    let why = if first.contains("too many states") {
+        "its lexer needs more states than llguidance allows (max_lexer_states); a regular \
+         expression with a counted repetition after a wildcard, such as `.*a.{20}`, grows \
+         exponentially"
+    } else if first.contains("too many expressions") || first.contains("fuel") {
+        "its lexer needs more work per token than llguidance allows (lexer fuel); simplify \
+         the regular expressions"
+    } else if first.contains("Current row has") {
+        "it is too ambiguous: one step has more parser items than llguidance allows \
+         (max_items_in_row); merge alternatives that start alike, or make right-recursive \
+         rules left-recursive"
+    } else if first.contains("Too many items") {
+        "one token mask needs more parser items than llguidance allows (step_max_items); \
+         merge alternatives that start alike or avoid many short optional pieces"
+    } else if first.contains("NoExtensionBias") || first.contains("allows no token") {
+        "no token of the model's vocabulary can continue it here (a schema or pattern \
+         that cannot be completed)"
+    } else if first.contains("no allowed token has a finite logit") {
+        "every token it allows next is excluded (logit_bias)"
+    } else {
+        return first.to_string();
+    };
+    format!("{why} (llguidance: {first})")
 }
 
 /// Marks an error response so the metrics layer can count it by code.

@@ -2,16 +2,18 @@
 //!
 //! A request travels a chain of small stages: the router ([`routes::app`]) and its
 //! middleware (span, metrics, auth, panic guard) → the JSON extractor ([`extract::ApiJson`],
-//! bad bodies answer in OpenAI's shape) → validation into a checked request
-//! ([`validation`]: ranges, defaults with the precedence request → server flag →
-//! `generation_config.json` → built-in) → prompt building on blocking workers ([`prompt`])
-//! → admission into the engine's queue ([`generation::Generation`]; a full queue is 429) →
-//! the engine thread (continuous batching, in `wick-engine`) → the request's token channel
-//! → the reply pipeline ([`reply`]: `<think>` split, then tool calls, finish reason and
-//! usage, the same for every protocol) → the protocol's encoder ([`encoders`]: a JSON body
-//! or SSE frames). Every failure is an [`ApiError`], mapped to status and body in one
-//! place. Dropping a response (client gone) drops its [`generation::Generation`], which
-//! cancels the work in the engine within one step.
+//! bad bodies answer in OpenAI's shape) → the handler, which makes one call into
+//! [`prepare`]: validation into a checked request ([`validation`]: ranges, defaults with the
+//! precedence request → server flag → `generation_config.json` → built-in, adapters,
+//! grammars), media loading ([`media`]), prompt building on blocking workers
+//! ([`prepare::prompt`]), admission into the engine's queue ([`generation::Generation`]; a
+//! full queue is 429) → the engine thread (continuous batching, in `wick-engine`) → the
+//! request's token channel → the reply pipeline ([`reply`]: `<think>` split, then tool
+//! calls, finish reason and usage, the same for every protocol) → the protocol's encoder
+//! ([`encoders`]: a JSON body or SSE frames), which the handler picks. Every failure is an
+//! [`ApiError`], mapped to status and body in one place. Dropping a response (client gone)
+//! drops its [`generation::Generation`], which cancels the work in the engine within one
+//! step.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -43,7 +45,7 @@ pub mod media;
 pub mod metrics;
 pub mod middleware;
 pub mod openai;
-pub mod prompt;
+pub mod prepare;
 pub mod replica;
 pub mod reply;
 pub mod response_store;

@@ -330,25 +330,44 @@ impl Drop for Tracked {
     }
 }
 
+/// The state of a server `wick serve` runs (the generation server's [`AppState`], the
+/// embedding server's), as the middleware and the fallback answers need it.
+pub trait ServerState: Clone + Send + Sync + 'static {
+    /// The configuration it serves with.
+    fn server_config(&self) -> &ServerConfig;
+}
+
+impl ServerState for AppState {
+    fn server_config(&self) -> &ServerConfig {
+        self.config()
+    }
+}
+
 /// With `--api-key`, refuses requests without `Authorization: Bearer <key>`.
-pub async fn require_api_key(
-    State(state): State<AppState>,
+pub async fn require_api_key<S: ServerState>(
+    State(state): State<S>,
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if let Some(key) = &state.config().api_key {
-        let given = req
-            .headers()
+    check_api_key(state.server_config(), req.headers())?;
+    Ok(next.run(req).await)
+}
+
+/// With `--api-key`, whether `headers` carry the key (`Authorization: Bearer <key>` or
+/// `x-api-key: <key>`); a 401 otherwise.
+pub fn check_api_key(config: &ServerConfig, headers: &HeaderMap) -> Result<(), ApiError> {
+    if let Some(key) = &config.api_key {
+        let given = headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim);
         if !given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
             return Err(ApiError::Unauthorized);
         }
     }
-    Ok(next.run(req).await)
+    Ok(())
 }
 
 /// Compares secrets in time independent of where they differ.

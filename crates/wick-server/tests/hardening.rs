@@ -266,6 +266,52 @@ async fn an_answer_that_leaves_the_body_unread_drains_it_or_closes() {
     assert!(a.headers.get("connection").is_none());
 }
 
+/// Issue 45: without the key, a wrong method or an unknown path answers 401 like every
+/// guarded route, so a client without the key cannot tell which routes exist.
+#[tokio::test]
+async fn without_the_key_wrong_methods_and_unknown_paths_are_401() {
+    let st = state_with(EngineConfig::default(), |c| c.api_key = Some("k".into()));
+    let r = router(&st);
+    let cases = [
+        (
+            "DELETE",
+            "/v1/chat/completions",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/v1/models",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "POST",
+            "/health",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "GET",
+            "/v1/no-such-route",
+            StatusCode::NOT_FOUND,
+            "route_not_found",
+        ),
+    ];
+    for (method, path, status, code) in cases {
+        send(&r, request(method, path, &[], ""))
+            .await
+            .assert_error(StatusCode::UNAUTHORIZED, "invalid_api_key");
+        let keyed = request(method, path, &[("authorization", "Bearer k")], "");
+        send(&r, keyed).await.assert_error(status, code);
+    }
+    // Without `--api-key` nothing changes.
+    let r = router(&state());
+    send(&r, request("DELETE", "/v1/chat/completions", &[], ""))
+        .await
+        .assert_error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+}
+
 /// Serves `state` on a loopback port until the returned sender is dropped or sent.
 async fn start(st: wick_server::AppState) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -315,6 +361,38 @@ async fn an_over_limit_content_length_is_413_without_waiting_for_the_body() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Issue 45: a client that sends its whole body before reading the answer (what most HTTP
+/// libraries do) reads the 413 instead of a reset: the server reads and drops what it still
+/// sends before closing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_all_of_an_oversized_body_reads_the_413() {
+    let st = state_with(EngineConfig::default(), |c| c.max_body_bytes = 1000);
+    let (addr, _stop) = start(st).await;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        // More than the loopback socket buffers hold, so the writes wait for the server.
+        let body = vec![b' '; 32 << 20];
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(&body)
+            .map_err(|e| format!("sending the body failed: {e}"))?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)
+            .map_err(|e| format!("reading the answer failed: {e}"))?;
+        Ok::<_, String>(String::from_utf8_lossy(&out).into_owned())
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -406,3 +406,80 @@ async fn a_request_the_kv_memory_can_never_hold_is_400_before_any_work() {
         assert!(metrics.contains(&line), "{line} missing");
     }
 }
+
+/// Issue 45: a prompt far past the context is refused while it is tokenized, not after
+/// tokenizing all of it (30 MB for an 8k context took 11 s and 3.4 GB).
+#[tokio::test]
+async fn a_prompt_far_past_the_context_stops_tokenizing_early() {
+    let r = router(&state());
+    let text = "word ".repeat(400_000);
+    let chat = chat_body(json!({"messages": [{"role": "user", "content": text}]}));
+    let completion = json!({"prompt": text, "max_tokens": 1});
+    for (path, body, param) in [
+        ("/v1/chat/completions", &chat, "messages"),
+        ("/v1/completions", &completion, "prompt"),
+        ("/v1/chat/completions/render", &chat, "messages"),
+    ] {
+        let a = send(&r, post_json(path, body)).await;
+        let e = a.assert_error(StatusCode::BAD_REQUEST, "context_length_exceeded");
+        assert_eq!(e["error"]["param"], param, "{path}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(message.contains("tokenizing stopped"), "{path}: {message}");
+    }
+}
+
+/// `anyOf` of 1200 arrays: every branch starts with `[`, so the parser row after the `[`
+/// holds more items than llguidance's `max_items_in_row` (2000). It compiles, and its first
+/// mask is fine; at most 24 blanks may come before the `[`, so 32 tokens reach it.
+fn ambiguous_schema() -> Value {
+    let branches: Vec<Value> = (0..1200)
+        .map(|i| json!({"type": "array", "items": {"const": i}}))
+        .collect();
+    json!({"anyOf": branches})
+}
+
+/// Issue 45: a grammar that hits one of llguidance's limits while generating ends the reply
+/// with a client error in each protocol's shape — a 400 when whole, an error event when
+/// streamed — not a 500.
+#[tokio::test]
+async fn a_grammar_that_hits_a_limit_while_generating_is_a_client_error() {
+    let r = router(&state());
+    let schema = ambiguous_schema();
+    let format = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}});
+    let chat = chat_body(json!({"response_format": format, "ignore_eos": false, "max_tokens": 32}));
+    let a = send(&r, post_json("/v1/chat/completions", &chat)).await;
+    let e = a.assert_error(StatusCode::BAD_REQUEST, "grammar_failed");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains("max_items_in_row"), "{message}");
+
+    let streamed = chat_body(
+        json!({"response_format": format, "ignore_eos": false, "stream": true, "max_tokens": 32}),
+    );
+    let a = send(&r, post_json("/v1/chat/completions", &streamed)).await;
+    assert_eq!(a.status, StatusCode::OK);
+    let last: Value = serde_json::from_str(a.sse_data().last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "grammar_failed", "{}", a.text());
+    assert_eq!(last["error"]["type"], "invalid_request_error");
+
+    let completion = json!({"prompt": "Hi", "max_tokens": 32, "stream": true,
+                            "structured_outputs": {"json": schema}});
+    let a = send(&r, post_json("/v1/completions", &completion)).await;
+    let last: Value = serde_json::from_str(a.sse_data().last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "grammar_failed", "{}", a.text());
+
+    let messages = json!({"max_tokens": 32, "stream": true,
+                          "messages": [{"role": "user", "content": "Hi"}],
+                          "output_format": {"type": "json_schema", "schema": schema}});
+    let a = send(&r, post_json("/v1/messages", &messages)).await;
+    let text = a.text();
+    assert!(text.contains("event: error"), "{text}");
+    let last: Value = serde_json::from_str(a.sse_data().last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "invalid_request_error", "{text}");
+
+    let responses = json!({"input": "Hi", "max_output_tokens": 32, "stream": true,
+                           "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}});
+    let a = send(&r, post_json("/v1/responses", &responses)).await;
+    let last: Value = serde_json::from_str(a.sse_data().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "response.failed", "{}", a.text());
+    assert_eq!(last["response"]["error"]["code"], "grammar_failed");
+}

@@ -5,8 +5,8 @@ mod sequence;
 mod text;
 
 pub use request::{
-    FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, TokenEvent, Usage,
-    PROMPT_SCORE_CHUNK,
+    CachePoint, FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, TokenEvent,
+    Usage, PROMPT_SCORE_CHUNK,
 };
 pub use sequence::{DraftOutput, Sequence, SequenceStep};
 pub use text::TextStream;

@@ -56,6 +56,23 @@ pub struct GenerationRequest {
     /// Images and audio clips whose embeddings replace their soft tokens' rows in the
     /// prompt (sorted by position, not overlapping; empty for text).
     pub media: Vec<crate::media::MediaSpan>,
+    /// Prompt positions where the prompt cache keeps the KV computed so far: where the
+    /// next request of the conversation is expected to part from this prompt (the end of
+    /// the last complete message: the next turn renders the generation prompt and this
+    /// turn's reply its own way), and `cache_control` breakpoints. Caches that cannot be
+    /// cut back (recurrent states, sliding windows that wrapped) are reusable only at an
+    /// entry's exact length, so an agent's next turn finds its prefix only here.
+    pub cache_points: Vec<CachePoint>,
+}
+
+/// A prompt position the prompt cache keeps ([`GenerationRequest::cache_points`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachePoint {
+    /// Tokens of the prompt before the point.
+    pub at: usize,
+    /// Keep the entry in RAM before unpinned ones for this long after each use (an
+    /// Anthropic `cache_control` breakpoint's time to live); `None`: an ordinary entry.
+    pub pin: Option<std::time::Duration>,
 }
 
 impl GenerationRequest {
@@ -74,6 +91,7 @@ impl GenerationRequest {
             adapters: AdapterStack::none(),
             speculative: true,
             media: Vec::new(),
+            cache_points: Vec::new(),
         }
     }
 

@@ -71,6 +71,9 @@ pub struct Sequence {
     scores_sent: bool,
     /// Prompt lookup, when this sequence decodes speculatively.
     speculation: Option<Speculation>,
+    /// Prompt positions a prefill chunk ends at, so the prompt cache can keep the KV
+    /// there (see [`GenerationRequest::cache_points`]); sorted.
+    cache_points: Vec<usize>,
 }
 
 /// A speculatively decoding sequence's drafter settings, draft length and counts.
@@ -198,7 +201,20 @@ impl Sequence {
             scores: Vec::new(),
             scores_sent: false,
             speculation: None,
-        })
+            cache_points: Vec::new(),
+        }
+        .with_cache_points(request.cache_points.iter().map(|p| p.at)))
+    }
+
+    /// Also ends a prefill chunk at each of `points` that lies in the part of the prompt
+    /// still to compute, so the prompt cache can keep the KV there.
+    pub fn with_cache_points(mut self, points: impl IntoIterator<Item = usize>) -> Self {
+        let (from, to) = (self.fed, self.prompt.len());
+        self.cache_points
+            .extend(points.into_iter().filter(|&p| p > from && p < to));
+        self.cache_points.sort_unstable();
+        self.cache_points.dedup();
+        self
     }
 
     /// Decodes speculatively with prompt lookup from now on. Under a structured-output
@@ -507,6 +523,13 @@ impl Sequence {
             };
             let n = chunk.max(1).min(self.target - self.fed);
             let n = self.cache.chunk_end(self.fed, self.fed + n) - self.fed;
+            // A chunk ends at the next cache point (an image keeps its pass whole).
+            let n = match self.cache_points.iter().find(|&&p| p > self.fed) {
+                Some(&p) if p < self.fed + n && self.cache.chunk_end(self.fed, p) == p => {
+                    p - self.fed
+                }
+                _ => n,
+            };
             // A recomputed sequence already sampled its next token: no logits needed.
             // With `max_tokens` 0 (a scored prompt) nothing is sampled.
             let last =

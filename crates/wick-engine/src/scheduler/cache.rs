@@ -3,14 +3,14 @@
 //! (prompt-boundary entry, periodic checkpoints) and when a sequence ends (put its KV
 //! back, drop its checkpoints).
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wick_cache::{
     CacheValue, CheckpointKey, KeyBuilder, PromptCache, PromptCacheConfig, SsdConfig,
 };
 
 use super::EngineConfig;
-use crate::generation::{GenerationRequest, Sequence, SequenceStep, TokenEvent};
+use crate::generation::{CachePoint, GenerationRequest, Sequence, SequenceStep, TokenEvent};
 use crate::media::cache_key_tokens;
 use crate::model::{KvCache, Model};
 use crate::{EngineError, Result};
@@ -29,6 +29,9 @@ pub(crate) struct EngineCache {
     /// Prefill length that earns a prompt-boundary entry (`None`: the model has no
     /// sliding-window layer, so a longer entry can always be trimmed and none is needed).
     boundary_min: Option<usize>,
+    /// Prompt tokens between periodic entries of a long prefill, on models whose caches
+    /// cannot be cut back (0: none).
+    prompt_checkpoint_every: usize,
 }
 
 /// What the cache tracks about a running sequence.
@@ -41,6 +44,8 @@ pub(crate) struct CacheTracking {
     checkpointed: usize,
     /// The request's media: their positions are cached under ids of their digests.
     media: Vec<crate::media::MediaSpan>,
+    /// Prompt positions whose KV is still to be kept as an entry, in order.
+    points: Vec<CachePoint>,
 }
 
 /// A sequence ready to run, and the tokens to replay to the client first.
@@ -123,6 +128,11 @@ impl EngineCache {
             fingerprint,
             checkpoint_every: config.generation_checkpoint_tokens,
             boundary_min: windowed.then_some(config.prompt_boundary_min_tokens),
+            prompt_checkpoint_every: if windowed {
+                config.prompt_checkpoint_tokens
+            } else {
+                0
+            },
         }))
     }
 
@@ -178,6 +188,7 @@ impl EngineCache {
                                 boundary_pending: false,
                                 checkpointed: r.generated.len(),
                                 media: Vec::new(),
+                                points: Vec::new(),
                             }),
                         });
                     }
@@ -187,14 +198,42 @@ impl EngineCache {
         }
         // A scored prompt is computed whole (cached positions have no logits), so it does
         // not look the cache up; its KV still goes back to the cache at the end.
+        let keyed = cache_key_tokens(&request.prompt, &request.media);
         let (computed, value) = if request.prompt_logprobs.is_some() {
             (request.prompt.len(), None)
         } else {
-            let keyed = cache_key_tokens(&request.prompt, &request.media);
             let hit = self.tiers.lookup(&ns, &keyed, model);
             (request.prompt.len() - hit.cached, hit.value)
         };
-        let seq = Sequence::new(model, request, value.unwrap_or_else(|| model.new_cache()))?;
+        let cached = request.prompt.len() - computed;
+        // A reused breakpoint's pin lives on from this use (as Anthropic's cache does).
+        for p in request.cache_points.iter().filter(|p| p.at <= cached) {
+            if let Some(ttl) = p.pin {
+                self.tiers.pin(&ns, &keyed[..p.at], Instant::now() + ttl);
+            }
+        }
+        // Entries where the next turn may part from this prompt: the request's points on
+        // a model whose caches cannot be cut back (else a longer entry serves any prefix),
+        // its pinned breakpoints on any model, and periodic ones through a long prefill.
+        let untrimmable = self.boundary_min.is_some();
+        let mut points: Vec<CachePoint> = request
+            .cache_points
+            .iter()
+            .filter(|p| untrimmable || p.pin.is_some())
+            .copied()
+            .collect();
+        if self.prompt_checkpoint_every > 0 {
+            let every = self.prompt_checkpoint_every;
+            points.extend(
+                (every..request.prompt.len())
+                    .step_by(every)
+                    .map(|at| CachePoint { at, pin: None }),
+            );
+        }
+        points.retain(|p| p.at > cached && p.at < request.prompt.len());
+        points.sort_by_key(|p| p.at);
+        let seq = Sequence::new(model, request, value.unwrap_or_else(|| model.new_cache()))?
+            .with_cache_points(points.iter().map(|p| p.at));
         Ok(Started {
             seq,
             replay: Vec::new(),
@@ -204,6 +243,7 @@ impl EngineCache {
                 boundary_pending: self.boundary_min.is_some_and(|min| computed >= min),
                 checkpointed: 0,
                 media: request.media.clone(),
+                points,
             }),
         })
     }
@@ -245,6 +285,9 @@ impl EngineCache {
     /// After a forward pass of `plan`: a prompt-boundary entry once the prompt is in,
     /// a checkpoint every N generated tokens.
     pub fn after_step(&self, t: &mut CacheTracking, seq: &Sequence, plan: &SequenceStep) {
+        if plan.prefill > 0 {
+            self.keep_points(t, seq);
+        }
         if t.boundary_pending && plan.prefill > 0 && seq.is_decoding() {
             t.boundary_pending = false;
             let prompt = seq.prompt();
@@ -270,6 +313,28 @@ impl EngineCache {
                 .tiers
                 .save_checkpoint(key, &t.ns, seq.prompt(), seq.generated(), host),
             Err(e) => tracing::warn!(error = %e, "generation checkpoint skipped"),
+        }
+    }
+
+    /// Keeps an entry at each pending cache point the prefill has reached (a chunk ends
+    /// at every point, so the cache holds exactly the point's tokens after it).
+    fn keep_points(&self, t: &mut CacheTracking, seq: &Sequence) {
+        let len = seq.cache().len();
+        while let Some(p) = t.points.first().copied().filter(|p| p.at <= len) {
+            t.points.remove(0);
+            if p.at != len {
+                continue;
+            }
+            let keyed = cache_key_tokens(&seq.prompt()[..p.at], &t.media);
+            match seq.cache().fork(p.at) {
+                Ok(kv) => {
+                    self.tiers.put(&t.ns, &keyed, kv);
+                    if let Some(ttl) = p.pin {
+                        self.tiers.pin(&t.ns, &keyed, Instant::now() + ttl);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, at = p.at, "prompt cache point skipped"),
+            }
         }
     }
 

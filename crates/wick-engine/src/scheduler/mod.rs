@@ -82,6 +82,11 @@ pub struct EngineConfig {
     /// tokens also stores a prompt-only entry, which stays reusable when the
     /// prompt+generation entry cannot be trimmed (a wrapped window ring).
     pub prompt_boundary_min_tokens: usize,
+    /// On models whose caches cannot be cut back (sliding windows, recurrent layers), a
+    /// long prefill also keeps an entry every this many prompt tokens, so a conversation
+    /// that parts from a cached prompt anywhere resumes at most this many tokens back;
+    /// 0 = off.
+    pub prompt_checkpoint_tokens: usize,
     /// Memory for the KV block pool shared by the running sequences. A request that
     /// could never fit it is refused at `submit`; when it is momentarily full, new
     /// requests wait, and a running sequence that cannot get a block preempts the
@@ -123,6 +128,7 @@ impl Default for EngineConfig {
             ssd_write_max_defer: wick_cache::durability::dirty::Timing::default().max_defer,
             generation_checkpoint_tokens: 0,
             prompt_boundary_min_tokens: 256,
+            prompt_checkpoint_tokens: 4096,
             kv_budget: KvBudget::Unbounded,
             speculative: None,
             masked_argmax: None,

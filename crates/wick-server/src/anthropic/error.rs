@@ -43,6 +43,9 @@ pub fn message(error: &ApiError) -> String {
         ApiError::ContextOverflow { prompt, limit, .. } if prompt >= limit => {
             format!("prompt is too long: {prompt} tokens > {limit} maximum")
         }
+        ApiError::PromptTooLong { counted, limit, .. } => {
+            format!("prompt is too long: {counted} tokens > {limit} maximum")
+        }
         other => other.to_string(),
     }
 }

@@ -3,11 +3,11 @@
 //! ([`fetch`]), decoding and preprocessing off the async runtime (`wick-media`), and
 //! splicing the model's media tokens into the rendered prompt ([`splice`]).
 //!
-//! The flow, from [`crate::routes::chat::prepare_chat`]: [`parts::extract`] swaps each media
+//! The flow, from [`crate::prepare::chat::prepare`]: [`parts::extract`] swaps each media
 //! part of the messages for the `{"type": "image"}` / `{"type": "audio"}` item chat
 //! templates expect and collects its source; [`check_towers`] refuses media the served
 //! model cannot read (400 naming the model); [`load_all`] fetches, decodes and
-//! preprocesses every item on blocking workers; [`crate::prompt::chat_prompt`] renders,
+//! preprocesses every item on blocking workers; [`crate::prepare::prompt::chat_prompt`] renders,
 //! expands each template marker into the item's begin / soft / end tokens and tokenizes,
 //! and [`splice::spans`] places one [`wick_engine::media::MediaSpan`] per item.
 pub mod fetch;

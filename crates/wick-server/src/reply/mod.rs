@@ -211,7 +211,8 @@ impl Reply {
                     self.end(Some(done.finish_reason), usage);
                 }
                 Some(EngineEvent::Failed(message)) => {
-                    return Some(Err(self.fail(ApiError::Generation(message))));
+                    let error = ApiError::from_generation_failure(message);
+                    return Some(Err(self.fail(error)));
                 }
                 None => {
                     let error = ApiError::Internal(

@@ -1,8 +1,8 @@
 //! LoRA adapters at serve time (reference A.9): `GET/POST /v1/adapters`,
 //! `DELETE /v1/adapters/{id}`, `GET /v1/adapters/available`, vLLM's
-//! `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`, the per-request
-//! selection every generation endpoint uses ([`select`]), and how the adapter tools find
-//! an adapter a request names ([`resolve_path`]).
+//! `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`, and how the adapter tools
+//! find an adapter a request names ([`resolve_path`]). Which adapters a generation request
+//! runs with is validation's ([`crate::validation::adapter::select`]).
 //!
 //! Mounting reads and uploads the adapter on a blocking worker, then inserts it into the
 //! registry (a map insert): the engine keeps stepping meanwhile. Unmounting removes it from
@@ -15,37 +15,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use wick_engine::adapters::{default_id, validate_id, Adapter, AdapterStack};
+use wick_engine::adapters::{default_id, validate_id, Adapter};
 
 use crate::error::ApiError;
 use crate::extract::{struct_fields, typed, ApiJson, RequestBody};
 use crate::state::AppState;
-
-/// The adapters a request runs with: its `adapter` field when given; else, following
-/// vLLM, a `model` that names mounted adapters (and not the served model); else the
-/// default adapter (`serve --adapter`), if any.
-pub fn select(
-    state: &AppState,
-    adapter: Option<&str>,
-    model: Option<&str>,
-) -> Result<AdapterStack, ApiError> {
-    let registry = state.adapters();
-    if let Some(sel) = adapter {
-        return registry
-            .resolve(Some(sel))
-            .map_err(|e| ApiError::field("adapter", e.to_string()));
-    }
-    if let Some(m) = model.filter(|m| !state.answers_to(m)) {
-        if let Ok(stack) = registry.resolve(Some(m)) {
-            if !stack.is_empty() {
-                return Ok(stack);
-            }
-        }
-    }
-    registry
-        .resolve(None)
-        .map_err(|e| ApiError::field("adapter", e.to_string()))
-}
 
 fn card(a: &Adapter, default: Option<&str>) -> Value {
     let i = a.info();

@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderMap;
-use axum::middleware::{from_fn, from_fn_with_state, Next};
-use axum::response::Response;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -26,7 +25,7 @@ use wick_engine::EngineError;
 use crate::connections;
 use crate::encoders::embeddings::{response_body, EmbeddingInput, EmbeddingsRequest};
 use crate::error::{ApiError, StartupError};
-use crate::middleware;
+use crate::middleware::{self, ServerState};
 use crate::openai::models::{rfc3339, ModelCard, ModelList};
 use crate::state::AppState;
 use crate::ServerConfig;
@@ -265,29 +264,10 @@ async fn generation_refused(State(state): State<EmbedState>) -> ApiError {
     }
 }
 
-/// Same length and bytes, compared in time independent of where they differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-async fn require_api_key(
-    State(state): State<EmbedState>,
-    req: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
-    if let Some(key) = &state.config.api_key {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .or_else(|| req.headers().get("x-api-key").and_then(|v| v.to_str().ok()))
-            .map(str::trim);
-        if !given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
-            return Err(ApiError::Unauthorized);
-        }
+impl ServerState for EmbedState {
+    fn server_config(&self) -> &ServerConfig {
+        &self.config
     }
-    Ok(next.run(req).await)
 }
 
 /// The HTTP application of an embedding server; tests drive it without a socket.
@@ -300,11 +280,14 @@ pub fn embedding_app(state: EmbedState) -> Router {
     for path in GENERATION_ROUTES {
         api = api.route(path, post(generation_refused));
     }
-    let api = api.route_layer(from_fn_with_state(state.clone(), require_api_key));
+    let api = api.route_layer(from_fn_with_state(
+        state.clone(),
+        middleware::require_api_key::<EmbedState>,
+    ));
     let limit = state.config.max_body_bytes;
     api.route("/health", get(super::ops::health))
-        .fallback(super::ops::not_found)
-        .method_not_allowed_fallback(super::ops::method_not_allowed)
+        .fallback(super::ops::not_found::<EmbedState>)
+        .method_not_allowed_fallback(super::ops::method_not_allowed::<EmbedState>)
         .layer(DefaultBodyLimit::max(limit))
         .layer(from_fn(middleware::catch_panic))
         .with_state(state)

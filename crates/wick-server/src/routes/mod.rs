@@ -132,12 +132,12 @@ pub fn app(state: AppState) -> Router {
     listed.extend(open.listed);
     let api = api.router.route_layer(from_fn_with_state(
         state.clone(),
-        middleware::require_api_key,
+        middleware::require_api_key::<AppState>,
     ));
     let limit = state.config().max_body_bytes;
     api.merge(open.router)
-        .fallback(ops::not_found)
-        .method_not_allowed_fallback(ops::method_not_allowed)
+        .fallback(ops::not_found::<AppState>)
+        .method_not_allowed_fallback(ops::method_not_allowed::<AppState>)
         .layer(Extension(Endpoints(Arc::new(listed))))
         .layer(DefaultBodyLimit::max(limit))
         .layer(from_fn(middleware::catch_panic))

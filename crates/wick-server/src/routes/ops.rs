@@ -2,7 +2,7 @@
 //! figures and the vLLM-named gauges of [`crate::replica`]), and the
 //! answers for unknown routes and wrong methods.
 use axum::extract::State;
-use axum::http::{header, Method, Uri};
+use axum::http::{header, HeaderMap, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{json, Value};
@@ -11,6 +11,7 @@ use wick_engine::scheduler::EngineStats;
 
 use crate::cache_report;
 use crate::error::ApiError;
+use crate::middleware::{check_api_key, ServerState};
 use crate::routes::Endpoints;
 use crate::state::AppState;
 
@@ -146,15 +147,35 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 /// 404 for unknown routes.
-pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+///
+/// With `--api-key`, a request without the key gets the 401 every guarded route gives, so
+/// which routes exist is not told to a client without the key.
+pub async fn not_found<S: ServerState>(
+    State(state): State<S>,
+    headers: HeaderMap,
+    method: Method,
+    uri: Uri,
+) -> ApiError {
+    if let Err(e) = check_api_key(state.server_config(), &headers) {
+        return e;
+    }
     ApiError::RouteNotFound {
         method: method.to_string(),
         path: uri.path().to_string(),
     }
 }
 
-/// 405 for a known route with the wrong method.
-pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+/// 405 for a known route with the wrong method; without the key (`--api-key`), 401 as for
+/// [`not_found`].
+pub async fn method_not_allowed<S: ServerState>(
+    State(state): State<S>,
+    headers: HeaderMap,
+    method: Method,
+    uri: Uri,
+) -> ApiError {
+    if let Err(e) = check_api_key(state.server_config(), &headers) {
+        return e;
+    }
     ApiError::MethodNotAllowed {
         method: method.to_string(),
         path: uri.path().to_string(),

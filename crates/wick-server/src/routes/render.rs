@@ -15,11 +15,8 @@ use crate::extract::ApiJson;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::openai::completions::CompletionRequest;
 use crate::openai::response_id;
-use crate::prompt;
-use crate::routes::chat::prepare_chat;
-use crate::routes::completions::check_token_ids;
+use crate::prepare::{self, max_tokens};
 use crate::state::AppState;
-use crate::validation::completion::{self, PromptInput};
 use crate::validation::ValidGeneration;
 
 /// Renders a chat request: `{request_id, token_ids, features, sampling_params, model}`.
@@ -27,15 +24,15 @@ pub async fn chat(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ChatCompletionRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let chat = prepare_chat(&state, req).await?;
+    let chat = prepare::chat::prepare(&state, req).await?;
     let ids = chat.prompt.ids;
-    let max_tokens = max_tokens(&state, &chat.generation, ids.len(), "messages")?;
+    let limit = max_tokens(&state, chat.generation.max_tokens, ids.len(), "messages")?;
     Ok(Json(rendered(
         &state,
         "chatcmpl-",
         ids,
         &chat.generation,
-        max_tokens,
+        limit,
     )))
 }
 
@@ -44,35 +41,14 @@ pub async fn completions(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let valid = completion::validate(req, &state)?;
-    let ids = match valid.prompt {
-        PromptInput::Text(text) => prompt::tokenize(&state, text).await?,
-        PromptInput::Tokens(ids) => {
-            check_token_ids(&state, &ids)?;
-            ids
-        }
-    };
-    let max_tokens = max_tokens(&state, &valid.generation, ids.len(), "prompt")?;
+    let prepared = prepare::completion::prepare(&state, req).await?;
     Ok(Json(Value::Array(vec![rendered(
         &state,
         "cmpl-",
-        ids,
-        &valid.generation,
-        max_tokens,
+        prepared.ids,
+        &prepared.generation,
+        prepared.max_tokens,
     )])))
-}
-
-fn max_tokens(
-    state: &AppState,
-    generation: &ValidGeneration,
-    prompt_tokens: usize,
-    param: &'static str,
-) -> Result<usize, ApiError> {
-    let context = state.model().info().context_length;
-    let kv_limit = state.engine().max_sequence_tokens();
-    generation
-        .max_tokens
-        .resolve_within(prompt_tokens, context, kv_limit, param)
 }
 
 fn rendered(

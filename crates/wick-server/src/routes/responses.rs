@@ -1,7 +1,7 @@
 //! `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`: the Responses request
-//! converted into the chat path's messages ([`crate::openai::responses`]), continued from a
-//! stored response with `previous_response_id`, answered as a `response` object or its event
-//! stream ([`crate::encoders::responses`]).
+//! converted for the chat path ([`crate::prepare::responses`]: continued from a stored
+//! response with `previous_response_id`), started like a chat request, answered as a
+//! `response` object or its event stream ([`crate::encoders::responses`]).
 use std::time::Instant;
 
 use axum::extract::{Path, State};
@@ -9,18 +9,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::chat::{prepare_chat, start_chat, LimitPolicy};
 use crate::encoders::responses::{failed_stream, whole, ResponseMeta, ResponsesEncoder};
 use crate::encoders::stream;
 use crate::error::ApiError;
 use crate::extract::ApiJson;
-use crate::openai::custom_tools::{self, CustomFormat};
-use crate::openai::responses::{input_messages, to_chat, ResponsesRequest};
+use crate::openai::responses::ResponsesRequest;
 use crate::openai::{response_id, unix_now};
+use crate::prepare::chat::{start, LimitPolicy};
+use crate::prepare::responses::{convert, ResponsesChat};
 use crate::sse;
 use crate::state::AppState;
-use crate::validation::structured;
-use wick_engine::constraint::ConstraintSpec;
 
 /// The request fields a response object echoes.
 fn echo(req: &ResponsesRequest) -> Map<String, Value> {
@@ -62,55 +60,13 @@ fn echo(req: &ResponsesRequest) -> Map<String, Value> {
     echo
 }
 
-fn not_found(id: &str) -> ApiError {
-    ApiError::field(
-        "previous_response_id",
-        format!("no stored response '{id}' (responses are kept in memory for a while, and only with store: true)"),
-    )
-}
-
-/// Compiles the grammars of the request's custom tools, so a syntax error is a 400 with
-/// llguidance's message (a `regex` one constrains the call's input; see `custom_tools`).
-fn check_custom_grammars(state: &AppState, tools: &[Value]) -> Result<(), ApiError> {
-    for (param, format) in custom_tools::grammars(tools)? {
-        let spec = match format {
-            CustomFormat::Lark(g) => ConstraintSpec::Lark(g),
-            CustomFormat::Regex(rx) => ConstraintSpec::Regex(rx),
-            CustomFormat::Text => continue,
-        };
-        structured::compile(state.model(), &param, &spec, false)?;
-    }
-    Ok(())
-}
-
 /// Handles a Responses request.
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let history = match &req.previous_response_id {
-        Some(id) => {
-            state
-                .responses()
-                .get(id)
-                .ok_or_else(|| not_found(id))?
-                .conversation
-        }
-        None => Vec::new(),
-    };
-    let chat = to_chat(&req, history.clone())?;
-    check_custom_grammars(&state, req.tools.as_deref().unwrap_or_default())?;
-    let store = match req.store.unwrap_or(true) {
-        true => {
-            let mut conversation = history;
-            if let Some(input) = &req.input {
-                input_messages(input, &mut conversation)?;
-            }
-            Some(conversation)
-        }
-        false => None,
-    };
+    let ResponsesChat { chat, store } = convert(&state, &req)?;
     let streamed = req.stream.unwrap_or(false);
     let meta = ResponseMeta {
         id: response_id("resp_"),
@@ -120,23 +76,24 @@ pub async fn create(
         tools: req.tools.clone().unwrap_or_default(),
         store,
     };
-    let started = match prepare_chat(&state, chat).await {
-        Ok(chat) => start_chat(&state, chat, arrived, LimitPolicy::Cap),
-        Err(e) => Err(e),
-    };
-    let reply = match started {
-        Ok(reply) => reply,
+    let started = match start(&state, chat, arrived, LimitPolicy::Cap).await {
+        Ok(started) => started,
         // A stream reports an over-long prompt in-band, as the Responses API does.
-        Err(e @ ApiError::ContextOverflow { .. }) if streamed => {
+        Err(e @ (ApiError::ContextOverflow { .. } | ApiError::PromptTooLong { .. }))
+            if streamed =>
+        {
             let frames = failed_stream(&meta, &e);
             return Ok(sse::response(futures_util::stream::iter(frames)));
         }
         Err(e) => return Err(e),
     };
     if streamed {
-        Ok(stream(reply, ResponsesEncoder::new(meta, state.clone())))
+        Ok(stream(
+            started.reply,
+            ResponsesEncoder::new(meta, state.clone()),
+        ))
     } else {
-        let collected = reply.collect().await?;
+        let collected = started.reply.collect().await?;
         Ok(Json(whole(&state, collected, meta)).into_response())
     }
 }

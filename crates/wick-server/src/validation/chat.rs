@@ -142,11 +142,8 @@ pub fn validate(req: ChatCompletionRequest, state: &AppState) -> Result<ValidCha
             vocab_size: model.config().vocab_size,
         },
     )?;
-    generation.adapters = crate::routes::adapters::select(
-        state,
-        req.sampling.adapter.as_deref(),
-        req.model.as_deref(),
-    )?;
+    generation.adapters =
+        super::adapter::select(state, req.sampling.adapter.as_deref(), req.model.as_deref())?;
     let parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
     let mut specs = Vec::new();
     if let Some(forced) = &forced {

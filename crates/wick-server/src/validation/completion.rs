@@ -80,16 +80,16 @@ pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCom
             vocab_size: model.config().vocab_size,
         },
     )?;
-    generation.adapters = crate::routes::adapters::select(
-        state,
-        req.sampling.adapter.as_deref(),
-        req.model.as_deref(),
-    )?;
+    generation.adapters =
+        super::adapter::select(state, req.sampling.adapter.as_deref(), req.model.as_deref())?;
     if let Some((param, spec)) = vllm_spec(&req.sampling)? {
         generation.sampling.constraint = Some(compile(model, &param, &spec, false)?);
     }
     if zero_tokens {
         generation.max_tokens = super::MaxTokens::Requested(0);
+    }
+    if let PromptInput::Tokens(ids) = &prompt {
+        check_token_ids(model.config().vocab_size, ids)?;
     }
     Ok(ValidCompletion {
         prompt,
@@ -97,6 +97,18 @@ pub fn validate(mut req: CompletionRequest, state: &AppState) -> Result<ValidCom
         logprobs,
         generation,
     })
+}
+
+/// A token-id prompt's ids must be in the model's vocabulary of `vocab` ids (`prompt[i]`
+/// names the first that is not).
+fn check_token_ids(vocab: usize, ids: &[u32]) -> Result<(), ApiError> {
+    match ids.iter().position(|&id| id as usize >= vocab) {
+        Some(i) => Err(ApiError::field(
+            format!("prompt[{i}]"),
+            format!("token id {} is outside the vocabulary ({vocab})", ids[i]),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `"text"`, `[1, 2, 3]`, `["text"]` or `[[1, 2, 3]]`; several prompts are refused.

@@ -1,5 +1,6 @@
 //! Turning a parsed request into checked generation settings: every field's range, and the
 //! defaulting precedence request → server flag → `generation_config.json` → built-in.
+pub mod adapter;
 pub mod chat;
 pub mod completion;
 pub mod structured;

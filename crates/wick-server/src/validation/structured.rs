@@ -11,6 +11,7 @@ use wick_engine::constraint::{Constraint, ConstraintError, ConstraintSpec};
 use wick_engine::Model;
 
 use crate::error::ApiError;
+use crate::openai::custom_tools::{self, CustomFormat};
 use crate::openai::SamplingFields;
 
 /// The reasoning block a constraint waits out (when the prompt leaves it open).
@@ -359,8 +360,9 @@ pub fn strict_tools_constraint(
     }))
 }
 
-/// Compiles `spec` for the served model; a grammar that does not compile is a 400 naming
-/// `param`, with llguidance's message. With `reasoning`, a prompt that ends inside a
+/// Compiles `spec` for the served model; a grammar that does not compile, or whose first
+/// step already fails ([`ApiError::GrammarFailed`]), is a 400 naming `param`, with
+/// llguidance's message. With `reasoning`, a prompt that ends inside a
 /// `<think>` block gets its constraint after `</think>`.
 pub fn compile(
     model: &Model,
@@ -375,6 +377,12 @@ pub fn compile(
         ConstraintError::Invalid(message) => ApiError::field(param, message),
         other => ApiError::unsupported(param, other.to_string()),
     })?;
+    // A grammar whose first step already hits one of llguidance's limits, or that no token
+    // can start, can never be served: refused now rather than failing the reply.
+    constraint.first_mask_allowed().map_err(|e| match e {
+        ConstraintError::Failed(message) => ApiError::grammar_failed(Some(param.into()), &message),
+        other => ApiError::unsupported(param, other.to_string()),
+    })?;
     tracing::debug!(
         kind = constraint.kind(),
         compile_us = constraint.compile_time().as_micros() as u64,
@@ -385,6 +393,21 @@ pub fn compile(
     } else {
         constraint
     })
+}
+
+/// Compiles the grammars of the custom tools in a Responses request's `tools`, so a syntax
+/// error is a 400 with llguidance's message (a `regex` one constrains the call's input; see
+/// [`custom_tools`]).
+pub fn check_custom_grammars(model: &Model, tools: &[Value]) -> Result<(), ApiError> {
+    for (param, format) in custom_tools::grammars(tools)? {
+        let spec = match format {
+            CustomFormat::Lark(g) => ConstraintSpec::Lark(g),
+            CustomFormat::Regex(rx) => ConstraintSpec::Regex(rx),
+            CustomFormat::Text => continue,
+        };
+        compile(model, &param, &spec, false)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
