@@ -12,7 +12,13 @@ use cudarc::nvrtc::{self, CompileOptions};
 use crate::pool::{class_of, Pool};
 use crate::{CudaError, Result};
 
-const SOURCE: &str = include_str!("kernels.cu");
+/// The kernels: `kernels.cu`, then Qwen 3.5's gated DeltaNet (`deltanet.cu`, which uses the
+/// first file's helpers), compiled as one program.
+const SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    "\n",
+    include_str!("deltanet.cu")
+);
 
 /// Tapes shorter than this are run as they are (a graph saves nothing on a few launches).
 const MIN_GRAPH_ENTRIES: usize = 16;
@@ -23,7 +29,7 @@ const BLAS_WORKSPACE: usize = 32 << 20;
 
 macro_rules! kernels {
     ($($variant:ident => $name:literal,)*) => {
-        /// The kernels of `kernels.cu`.
+        /// The kernels of `kernels.cu` and `deltanet.cu`.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[allow(missing_docs)]
         pub enum Kernel { $($variant,)* }
@@ -146,6 +152,14 @@ kernels! {
     EmbedQ4Bf16 => "embed_q4_bf16",
     EmbedQ4F16 => "embed_q4_f16",
     EmbedQ4F32 => "embed_q4_f32",
+    // deltanet.cu
+    DeltaConv => "delta_conv",
+    DeltaRecurrent => "delta_recurrent",
+    DeltaPrep => "delta_prep",
+    DeltaChunkPrep => "delta_chunk_prep",
+    DeltaChunkState => "delta_chunk_state",
+    DeltaGatedNorm => "delta_gated_norm",
+    SigmoidGate => "sigmoid_gate",
 }
 
 /// Element type of a weight matrix.

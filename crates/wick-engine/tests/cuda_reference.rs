@@ -1,9 +1,11 @@
 //! The CUDA backend against Hugging Face transformers' f32 logits (the goldens of
 //! hf_reference.rs) and against the CPU backend: every position, chunked prefill, batched
 //! sequences of different lengths, greedy decoding long enough that the decode step is
-//! captured as a CUDA graph and replayed, and prompts of thousands of tokens on the flash
-//! kernels. Needs `--features cuda` and an NVIDIA GPU; set `WICK_GOLDENS` to the goldens
-//! folder when the test binary runs away from its checkout.
+//! captured as a CUDA graph and replayed, prompts of thousands of tokens on the flash
+//! kernels, and Qwen 3.5's hybrids with their gated DeltaNet on the device. Needs
+//! `--features cuda`; without a GPU (or its driver) every test says it was skipped and
+//! passes. Set `WICK_GOLDENS` to the goldens folder when the test binary runs away from its
+//! checkout.
 #![cfg(feature = "cuda")]
 mod common;
 
@@ -13,8 +15,13 @@ use common::{
 };
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
-use wick_engine::backend::{AttentionParams, AttentionSegment, Backend};
-use wick_engine::models::decoder::{BatchItem, LogitsRequest, RowOutput, SequenceCache, Want};
+use wick_engine::backend::{
+    AttentionParams, AttentionSegment,
+    Backend, DeltaInputs, DeltaParams, DeltaSegment, DeltaShape, DeltaState, DeltaStore,
+};
+use wick_engine::models::decoder::{
+    BatchItem, Decoder, LogitsRequest, RowOutput, SequenceCache, Want,
+};
 use wick_gguf::GgmlType;
 
 /// The families whose ops the CUDA backend has (StarCoder 2 needs LayerNorm).
@@ -33,7 +40,25 @@ const VARIANTS: [&str; 13] = [
     "glm4",
     "minicpm",
 ];
+/// Qwen 3.5's tiny hybrids (`scripts/goldens/hf_tiny_qwen35.py`): gated DeltaNet layers
+/// (2 key heads of 16, 4 value heads of 24, a convolution of width 4) around a gated
+/// full-attention layer.
+const HYBRIDS: [&str; 2] = ["qwen35", "qwen35_tied"];
 const TOLERANCE: f32 = 2e-4;
+
+/// The GPU's backend, or `None` (the test then passes after saying so) where this machine
+/// has no CUDA device or driver.
+fn gpu() -> Option<CudaBackend> {
+    // Exact flash attention: the comparisons are against f32 references.
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b.with_flash(FlashAttention::Exact)),
+        Err(e) if e.to_string().contains("CUDA is not available") => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
 
 fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
     assert_eq!(got.len(), want.len());
@@ -44,15 +69,6 @@ fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     (worst, scale)
-}
-
-/// The GPU backend with exact flash attention (prompt chunks' products as exact as f32
-/// ones), so that the f32 tolerance of these tests keeps its meaning; the default fast
-/// kernels (f16 products) are checked against their own bound by the `flash_*` tests.
-fn gpu() -> CudaBackend {
-    CudaBackend::new(0)
-        .unwrap()
-        .with_flash(FlashAttention::Exact)
 }
 
 fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
@@ -68,7 +84,8 @@ fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
 fn logits_match_transformers_in_one_pass_and_in_chunks() {
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let m = g.decoder(gpu());
+        let Some(be) = gpu() else { return };
+        let m = g.decoder(be);
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
             let ids = g.case_ids(case);
             assert_close(
@@ -88,7 +105,8 @@ fn logits_match_transformers_in_one_pass_and_in_chunks() {
 fn batched_sequences_match_single_runs() {
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let m = g.decoder(gpu());
+        let Some(be) = gpu() else { return };
+        let m = g.decoder(be);
         let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
         let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
         let out = forward_batch(
@@ -110,81 +128,94 @@ fn batched_sequences_match_single_runs() {
     }
 }
 
+/// `steps` greedy tokens after each of `prompts` on the GPU (the argmax on the device), the
+/// prompts decoded one at a time (`single`) or all in one batch.
+fn greedy_on_gpu(
+    cuda: &Decoder<CudaBackend>,
+    prompts: &[Vec<u32>],
+    steps: usize,
+    single: bool,
+) -> Vec<Vec<u32>> {
+    let groups: Vec<Vec<usize>> = if single {
+        (0..prompts.len()).map(|i| vec![i]).collect()
+    } else {
+        vec![(0..prompts.len()).collect()]
+    };
+    let mut all = vec![Vec::new(); prompts.len()];
+    for group in groups {
+        let mut caches: Vec<_> = group.iter().map(|_| cuda.new_cache()).collect();
+        let mut next: Vec<Vec<u32>> = group.iter().map(|&i| prompts[i].clone()).collect();
+        for _ in 0..steps {
+            let mut items: Vec<BatchItem<'_, CudaBackend>> = caches
+                .iter_mut()
+                .zip(&next)
+                .map(|(c, t)| BatchItem::new(t, c, Want::Token))
+                .collect();
+            let ids: Vec<u32> = cuda
+                .execute(&mut items, None)
+                .unwrap()
+                .into_iter()
+                .map(|o| match o {
+                    RowOutput::Token(id) => id,
+                    other => panic!("no token: {other:?}"),
+                })
+                .collect();
+            for ((&i, t), id) in group.iter().zip(next.iter_mut()).zip(ids) {
+                all[i].push(id);
+                *t = vec![id];
+            }
+        }
+    }
+    all
+}
+
+/// `steps` greedy tokens after `prompt` on the CPU backend (the argmax of its logits).
+fn greedy_on_cpu(cpu: &Decoder<CandleBackend>, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let mut cache = cpu.new_cache();
+    let mut next = prompt.to_vec();
+    let mut want = Vec::new();
+    for _ in 0..steps {
+        let out = cpu
+            .forward_logits(&mut [BatchItem::new(
+                &next,
+                &mut cache,
+                Want::logits(LogitsRequest::Last),
+            )])
+            .unwrap();
+        let l = &out[0].as_ref().unwrap().data;
+        let id = l
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (j, &v)| if v > b.1 { (j, v) } else { b },
+            )
+            .0 as u32;
+        want.push(id);
+        next = vec![id];
+    }
+    want
+}
+
 /// Greedy decoding on the GPU (argmax on the device, steps replayed as graphs) gives the
-/// CPU backend's tokens, one sequence and three at once; the logits of the last step agree.
+/// CPU backend's tokens, one sequence and three at once.
 #[test]
 fn greedy_decoding_with_graphs_matches_the_cpu() {
     const STEPS: usize = 24;
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let cuda = g.decoder(gpu());
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be);
         let cpu = g.decoder(CandleBackend::cpu());
         let prompts = [
             g.case_ids("len7"),
             g.case_ids("pair_a"),
             g.case_ids("pair_b"),
         ];
-        let run = |single: bool| -> Vec<Vec<u32>> {
-            let mut out = Vec::new();
-            let groups: Vec<Vec<usize>> = if single {
-                (0..prompts.len()).map(|i| vec![i]).collect()
-            } else {
-                vec![(0..prompts.len()).collect()]
-            };
-            let mut all = vec![Vec::new(); prompts.len()];
-            for group in groups {
-                let mut caches: Vec<_> = group.iter().map(|_| cuda.new_cache()).collect();
-                let mut next: Vec<Vec<u32>> = group.iter().map(|&i| prompts[i].clone()).collect();
-                for _ in 0..STEPS {
-                    let mut items: Vec<BatchItem<'_, CudaBackend>> = caches
-                        .iter_mut()
-                        .zip(&next)
-                        .map(|(c, t)| BatchItem::new(t, c, Want::Token))
-                        .collect();
-                    let ids: Vec<u32> = cuda
-                        .execute(&mut items, None)
-                        .unwrap()
-                        .into_iter()
-                        .map(|o| match o {
-                            RowOutput::Token(id) => id,
-                            other => panic!("no token: {other:?}"),
-                        })
-                        .collect();
-                    for ((&i, t), id) in group.iter().zip(next.iter_mut()).zip(ids) {
-                        all[i].push(id);
-                        *t = vec![id];
-                    }
-                }
-            }
-            out.extend(all);
-            out
-        };
-        let single = run(true);
-        let batched = run(false);
+        let single = greedy_on_gpu(&cuda, &prompts, STEPS, true);
+        let batched = greedy_on_gpu(&cuda, &prompts, STEPS, false);
         for (i, p) in prompts.iter().enumerate() {
-            let mut cache = cpu.new_cache();
-            let mut next = p.clone();
-            let mut want = Vec::new();
-            for _ in 0..STEPS {
-                let out = cpu
-                    .forward_logits(&mut [BatchItem::new(
-                        &next,
-                        &mut cache,
-                        Want::logits(LogitsRequest::Last),
-                    )])
-                    .unwrap();
-                let l = &out[0].as_ref().unwrap().data;
-                let id = l
-                    .iter()
-                    .enumerate()
-                    .fold(
-                        (0, f32::NEG_INFINITY),
-                        |b, (j, &v)| if v > b.1 { (j, v) } else { b },
-                    )
-                    .0 as u32;
-                want.push(id);
-                next = vec![id];
-            }
+            let want = greedy_on_cpu(&cpu, p, STEPS);
             assert_eq!(single[i], want, "{variant} prompt {i} alone");
             assert_eq!(batched[i], want, "{variant} prompt {i} batched");
         }
@@ -204,7 +235,8 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
 fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
     for variant in VARIANTS {
         let g = TextGolden::open(variant);
-        let cuda = g.decoder(gpu().with_kv_dtype(KvDtype::F16));
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be.with_kv_dtype(KvDtype::F16));
         let cpu = g.decoder(CandleBackend::cpu().with_kv_dtype(KvDtype::F16));
         let ids = g.case_ids("len40");
         let chunks = [5, 3, 9, 1, 1, 1, 20];
@@ -248,7 +280,8 @@ fn wide_heads_match_the_cpu() {
         let dir = tempfile::tempdir().unwrap();
         write_wide_model(dir.path(), heads, kv_heads, hd);
         let what = format!("{heads}/{kv_heads} heads of {hd}");
-        let cuda = decoder_from_dir(gpu(), dir.path());
+        let Some(be) = gpu() else { return };
+        let cuda = decoder_from_dir(be, dir.path());
         let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
         let ids = some_ids(40, hd as u32);
         let want = forward_all(&cpu, &ids, &[ids.len()]);
@@ -303,7 +336,8 @@ fn affine_weights_match_the_cpu() {
             quantize_model(dir.path(), bits, group, side);
             let what =
                 format!("{bits}-bit groups of {group} ({side}), {heads}/{kv_heads} heads of {hd}");
-            let cuda = decoder_from_dir(gpu(), dir.path());
+            let Some(be) = gpu() else { return };
+            let cuda = decoder_from_dir(be, dir.path());
             let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
             let ids = some_ids(30, bits + group as u32);
             let want = forward_all(&cpu, &ids, &[ids.len()]);
@@ -316,8 +350,297 @@ fn affine_weights_match_the_cpu() {
     }
 }
 
-/// `n` values uniform in [-1, 1), seeded.
+/// Qwen 3.5 on the GPU (the DeltaNet's convolution, delta rule and gated norm as kernels,
+/// its states in device memory): transformers' logits and the CPU backend's at every
+/// position, for prompts in one pass (token by token below 16 rows, 64-token chunks from
+/// there; `len150` spans three chunks) and in pieces that switch between the two forms and
+/// single decode rows.
+#[test]
+fn qwen35_logits_match_transformers_and_the_cpu() {
+    for variant in HYBRIDS {
+        let g = TextGolden::open(variant);
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be);
+        let cpu = g.decoder(CandleBackend::cpu());
+        for case in ["len1", "len7", "len40", "pair_a", "pair_b", "len150"] {
+            let ids = g.case_ids(case);
+            let got = forward_all(&cuda, &ids, &[ids.len()]);
+            assert_close(variant, case, &got, &g.expected(case));
+            let cpu_logits = forward_all(&cpu, &ids, &[ids.len()]);
+            assert_close(
+                variant,
+                &format!("{case} against the cpu"),
+                &got,
+                &cpu_logits,
+            );
+        }
+        for (case, chunks) in [
+            ("len40", &[5, 3, 9, 1, 1, 1, 20][..]),
+            ("len150", &[70, 1, 5, 64, 10][..]),
+        ] {
+            let ids = g.case_ids(case);
+            assert_close(
+                variant,
+                &format!("{case} in chunks {chunks:?}"),
+                &forward_all(&cuda, &ids, chunks),
+                &g.expected(case),
+            );
+        }
+    }
+}
+
+/// Sequences of both forms in one batch keep to their own states; a cache rebuilt from
+/// host copies of its states (the prompt cache's tiers) and a clone of a live cache (the
+/// prompt cache's entries: the states are shared until one side writes) continue as the
+/// original does.
+#[test]
+fn qwen35_batches_restored_and_shared_states_match_single_runs() {
+    for variant in HYBRIDS {
+        let g = TextGolden::open(variant);
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be);
+        let vocab = cuda.config().vocab_size;
+        let (a, b, long) = (
+            g.case_ids("pair_a"),
+            g.case_ids("pair_b"),
+            g.case_ids("len150"),
+        );
+        let (mut ca, mut cb, mut cl) = (cuda.new_cache(), cuda.new_cache(), cuda.new_cache());
+        let out = forward_batch(
+            &cuda,
+            vec![
+                (&a, &mut ca, LogitsRequest::All),
+                (&b, &mut cb, LogitsRequest::All),
+                (&long, &mut cl, LogitsRequest::Last),
+            ],
+        );
+        assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
+        assert_close(variant, "pair_b batched", &out[1], &g.expected("pair_b"));
+        let want = g.expected("len150");
+        assert_close(
+            variant,
+            "len150 batched last row",
+            &out[2],
+            &want[want.len() - vocab..],
+        );
+
+        let (head, tail) = long.split_at(100);
+        let step = |cache: &mut SequenceCache<CudaBackend>, tokens: &[u32]| {
+            cuda.forward_logits(&mut [BatchItem::new(
+                tokens,
+                cache,
+                Want::logits(LogitsRequest::All),
+            )])
+            .unwrap()[0]
+                .as_ref()
+                .unwrap()
+                .data
+                .clone()
+        };
+        let mut cache = cuda.new_cache();
+        step(&mut cache, head);
+        let kv = cache.snapshot();
+        let rec = cache.recurrent().unwrap().snapshot();
+        let mut restored = cuda.cache_from_snapshots(&kv, Some(&rec)).unwrap();
+        let mut shared = cache.clone();
+        let want_tail = &want[100 * vocab..];
+        assert_close(
+            variant,
+            "len150 after 100",
+            &step(&mut cache, tail),
+            want_tail,
+        );
+        assert_close(
+            variant,
+            "len150 on a clone taken after 100",
+            &step(&mut shared, tail),
+            want_tail,
+        );
+        assert_close(
+            variant,
+            "len150 rebuilt from the host after 100",
+            &step(&mut restored, tail),
+            want_tail,
+        );
+    }
+}
+
+/// Greedy decoding of Qwen 3.5 on the GPU (decode steps replayed as graphs, the DeltaNet
+/// states updated in place) gives the CPU backend's tokens, one sequence and three at
+/// once (one prompt longer than a chunk), and transformers' `generate` continuation.
+#[test]
+fn qwen35_greedy_decoding_with_graphs_matches_the_cpu_and_transformers() {
+    const STEPS: usize = 16;
+    for variant in HYBRIDS {
+        let g = TextGolden::open(variant);
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be);
+        let cpu = g.decoder(CandleBackend::cpu());
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let greedy = &g.reference["greedy"];
+        let prompts = [
+            g.case_ids("len7"),
+            g.case_ids("len150"),
+            ids(&greedy["prompt_ids"]),
+        ];
+        let single = greedy_on_gpu(&cuda, &prompts, STEPS, true);
+        let batched = greedy_on_gpu(&cuda, &prompts, STEPS, false);
+        for (i, p) in prompts.iter().enumerate() {
+            let want = greedy_on_cpu(&cpu, p, STEPS);
+            assert_eq!(single[i], want, "{variant} prompt {i} alone");
+            assert_eq!(batched[i], want, "{variant} prompt {i} batched");
+        }
+        let generate = ids(&greedy["continuation_ids"]);
+        assert_eq!(
+            single[2][..generate.len().min(STEPS)],
+            generate[..generate.len().min(STEPS)],
+            "{variant}: transformers' greedy continuation"
+        );
+        let stats = cuda.backend().device().stats();
+        eprintln!("{variant}: {stats:?}");
+        assert!(
+            stats.replayed > 0,
+            "{variant}: no decode step was replayed from a graph"
+        );
+    }
+}
+
+/// Seeded values in [-1, 1).
 fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Runs the DeltaNet mixer of `p` on `be` over `passes` (each a list of rows per sequence,
+/// the sequences' states carried from pass to pass): every pass's output, and the final
+/// states in host memory.
+fn mix_passes<B: Backend>(
+    be: &B,
+    p: &DeltaParams<'_>,
+    passes: &[&[usize]],
+) -> (Vec<Vec<f32>>, Vec<DeltaState>) {
+    let sh = p.shape;
+    let uploaded = be.delta_weights(p).unwrap();
+    let mut states: Vec<B::DeltaState> = (0..passes[0].len())
+        .map(|_| be.new_delta_state(&sh))
+        .collect();
+    let mut outs = Vec::new();
+    for (pass, rows) in passes.iter().enumerate() {
+        let n: usize = rows.iter().sum();
+        let seed = 100 * pass as u64;
+        let tensor =
+            |cols: usize, seed: u64| be.tensor_from_host(noise(n * cols, seed), n, cols).unwrap();
+        let qkv = tensor(sh.conv_dim(), seed);
+        let z = tensor(sh.v_heads * sh.v_dim, seed + 1);
+        let b = tensor(sh.v_heads, seed + 2);
+        let a = tensor(sh.v_heads, seed + 3);
+        let mut at = 0;
+        let mut segments: Vec<DeltaSegment<'_, B::DeltaState>> = states
+            .iter_mut()
+            .zip(rows.iter())
+            .map(|(state, &r)| {
+                at += r;
+                DeltaSegment {
+                    rows: at - r..at,
+                    state,
+                }
+            })
+            .collect();
+        let inputs = DeltaInputs {
+            qkv: &qkv,
+            z: &z,
+            b: &b,
+            a: &a,
+        };
+        let out = be
+            .delta_net(p, uploaded.as_ref(), inputs, &mut segments)
+            .unwrap();
+        outs.push(be.rows_to_host(&out, &[n]).unwrap().concat());
+    }
+    (outs, states.iter().map(DeltaStore::to_host).collect())
+}
+
+/// The DeltaNet kernels at the real models' head sizes (128 key and value dimensions, two
+/// value heads per key head: the state's every register row and column block, which the
+/// tiny goldens' 16 × 24 heads do not reach) give the host's mixer: decode rows, short
+/// rows token by token, one chunk exactly, and prompts of several chunks with a partial
+/// last one, side by side in batches whose states carry from pass to pass.
+#[test]
+fn qwen35_deltanet_mixer_of_real_head_sizes_matches_the_host() {
+    let Some(cuda) = gpu() else { return };
+    let cpu = CandleBackend::cpu();
+    let shape = DeltaShape {
+        k_heads: 2,
+        v_heads: 4,
+        k_dim: 128,
+        v_dim: 128,
+        conv_kernel: 4,
+    };
+    let cd = shape.conv_dim();
+    let conv = noise(cd * shape.conv_kernel, 1)
+        .iter()
+        .map(|w| w * 0.5)
+        .collect::<Vec<_>>();
+    // Decays per token between about 0.1 and 0.998 (by head and token): in the slow heads
+    // what earlier chunks left in the state still counts 64 tokens on.
+    let neg_a: Vec<f32> = noise(shape.v_heads, 2)
+        .iter()
+        .map(|x| -(2.0 * x - 2.0).exp())
+        .collect();
+    let dt_bias = noise(shape.v_heads, 3);
+    let norm: Vec<f32> = noise(shape.v_dim, 4)
+        .iter()
+        .map(|x| 1.0 + 0.1 * x)
+        .collect();
+    let p = DeltaParams {
+        shape,
+        conv: &conv,
+        neg_a: &neg_a,
+        dt_bias: &dt_bias,
+        norm: &norm,
+        eps: 1e-6,
+    };
+    let passes: [&[usize]; 4] = [
+        &[1, 5, 16, 150],
+        &[1, 1, 1, 1],
+        &[70, 3, 64, 1],
+        &[1, 1, 1, 1],
+    ];
+    let (got, got_states) = mix_passes(&cuda, &p, &passes);
+    let (want, want_states) = mix_passes(&cpu, &p, &passes);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close("DeltaNet 128", &format!("pass {i} {:?}", passes[i]), g, w);
+    }
+    for (i, (g, w)) in got_states.iter().zip(&want_states).enumerate() {
+        assert_close(
+            "DeltaNet 128",
+            &format!("sequence {i}'s convolution state"),
+            &g.conv,
+            &w.conv,
+        );
+        assert_close(
+            "DeltaNet 128",
+            &format!("sequence {i}'s delta-rule state"),
+            &g.ssm,
+            &w.ssm,
+        );
+    }
+}
+
+fn flash_noise(n: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {
@@ -344,7 +667,7 @@ fn two_passes<B: Backend>(
     let mut a = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
     let mut b = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
     let upload = |n: usize, w: usize, seed: u64, gain: f32| {
-        let x = noise(n * w, seed).into_iter().map(|v| v * gain).collect();
+        let x = flash_noise(n * w, seed).into_iter().map(|v| v * gain).collect();
         be.tensor_from_host(x, n, w).unwrap()
     };
     let n = context + 50;

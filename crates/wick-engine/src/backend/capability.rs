@@ -47,6 +47,13 @@ pub enum Capability {
     Speculation,
     /// Rows verifying drafts beside rows decoding plainly, in one step.
     BatchedSpeculation,
+    /// [`Backend::delta_net`](super::Backend::delta_net): a gated DeltaNet layer's mixer
+    /// over per-sequence recurrent states (by default on the host, with host activations
+    /// uploaded into the pass).
+    DeltaNet,
+    /// [`Backend::sigmoid_gate`](super::Backend::sigmoid_gate): an attention output gate
+    /// (by default on the host, likewise).
+    SigmoidGate,
 }
 
 impl Capability {
@@ -64,6 +71,8 @@ impl Capability {
             Capability::HalfAdapterFactors => "half-precision adapter factors",
             Capability::Speculation => "speculative decoding (verifying drafts, trimming caches)",
             Capability::BatchedSpeculation => "drafts verified beside plainly decoding rows",
+            Capability::DeltaNet => "the gated DeltaNet mixer",
+            Capability::SigmoidGate => "a sigmoid output gate",
         }
     }
 }
@@ -113,6 +122,8 @@ pub const CPU: Capabilities = Capabilities {
         Capability::HalfAdapterFactors,
         Capability::Speculation,
         Capability::BatchedSpeculation,
+        Capability::DeltaNet,
+        Capability::SigmoidGate,
     ],
     max_head_dim: usize::MAX,
     device_logits: false,
@@ -126,6 +137,8 @@ pub const CUDA: Capabilities = Capabilities {
         Capability::AttentionTo,
         Capability::HostTensors,
         Capability::RowDeltas,
+        Capability::DeltaNet,
+        Capability::SigmoidGate,
     ],
     max_head_dim: 256,
     device_logits: true,

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use wick_gguf::GgmlType;
 
 use crate::kv_pool::{BlockLease, BlockPool};
+pub use crate::models::deltanet::{DeltaParams, DeltaShape, DeltaState};
 use crate::weights::AffineWeight;
 /// Weights as files hold them (moved to [`crate::weights`]; named here too for the
 /// backends' implementations).
@@ -303,6 +304,71 @@ pub trait KvLayer: Clone + Send + Sync {
     }
 }
 
+/// One sequence's recurrent state in one gated DeltaNet layer (Qwen 3.5's linear-attention
+/// layers), as a backend keeps it: host memory on the CPU ([`DeltaState`] itself), device
+/// memory on CUDA. Clones share or copy it; a clone that is written does not change the
+/// original (the prompt cache keeps clones).
+pub trait DeltaStore: Clone + Send + Sync {
+    /// Bytes held.
+    fn byte_size(&self) -> usize;
+    /// Host copy, for snapshots (the prompt cache's tiers). A state that cannot be read
+    /// back logs why and gives empty vectors, which a restore refuses.
+    fn to_host(&self) -> DeltaState;
+    /// The state in host memory, where the backend keeps it there: what the host form of
+    /// [`Backend::delta_net`] updates.
+    fn host_mut(&mut self) -> Option<&mut DeltaState> {
+        None
+    }
+}
+
+impl DeltaStore for DeltaState {
+    fn byte_size(&self) -> usize {
+        (self.conv.len() + self.ssm.len()) * 4
+    }
+
+    fn to_host(&self) -> DeltaState {
+        self.clone()
+    }
+
+    fn host_mut(&mut self) -> Option<&mut DeltaState> {
+        Some(self)
+    }
+}
+
+/// One sequence's rows of a flattened batch and its state in one DeltaNet layer.
+pub struct DeltaSegment<'a, S> {
+    /// Rows of the batch that belong to this sequence.
+    pub rows: Range<usize>,
+    /// The sequence's state for the layer; the rows' tokens are absorbed into it.
+    pub state: &'a mut S,
+}
+
+/// The inputs of a DeltaNet layer's mixer, `n` rows each: the projections of the layer's
+/// normed input.
+pub struct DeltaInputs<'a, T> {
+    /// `[n, conv_dim]`: queries, keys and values before the convolution.
+    pub qkv: &'a T,
+    /// `[n, v_heads * v_dim]`: the output gate.
+    pub z: &'a T,
+    /// `[n, v_heads]`: write strengths before the sigmoid.
+    pub b: &'a T,
+    /// `[n, v_heads]`: decay inputs before the softplus.
+    pub a: &'a T,
+}
+
+/// A DeltaNet layer's vectors uploaded for a backend that runs the mixer itself
+/// ([`Backend::delta_weights`]), in whatever layout that backend reads.
+pub struct DeltaTensors<T> {
+    /// The convolution weight.
+    pub conv: T,
+    /// `-exp(A_log)` per value head.
+    pub neg_a: T,
+    /// `dt_bias` per value head.
+    pub dt_bias: T,
+    /// The gated norm's weight.
+    pub norm: T,
+}
+
 /// One adapter's low-rank delta over some rows of a batch (see [`Backend::low_rank_add`]).
 pub struct LowRankDelta<'a, B: Backend> {
     /// `[rank, in]`.
@@ -329,6 +395,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Token ids computed on the backend (a device-side argmax), so the next step can
     /// be queued before the host reads them.
     type Ids: Send + Sync;
+    /// One sequence's recurrent state in one gated DeltaNet layer.
+    type DeltaState: DeltaStore;
 
     /// Short name for logs and errors.
     fn name(&self) -> &'static str;
@@ -551,6 +619,66 @@ pub trait Backend: Send + Sync + 'static {
             backend: self.name(),
             message: "this backend cannot upload host activations (needed by Qwen 3.5's linear-attention layers and Gemma 4's per-layer inputs)".into(),
         })
+    }
+    /// A zero recurrent state for one DeltaNet layer of `shape`.
+    fn new_delta_state(&self, shape: &DeltaShape) -> Self::DeltaState;
+    /// A recurrent state holding `s` (a host copy, checked against the layer's shape by
+    /// the caller).
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<Self::DeltaState>;
+    /// Uploads the vectors of a DeltaNet layer for [`Backend::delta_net`], once at load.
+    /// Backends that mix on the host keep none (the default).
+    fn delta_weights(&self, p: &DeltaParams<'_>) -> Result<Option<DeltaTensors<Self::Tensor>>> {
+        let _ = p;
+        Ok(None)
+    }
+    /// The token mixer of one gated DeltaNet layer over a flattened batch: the causal
+    /// convolution of `x.qkv` (continuing each segment's convolution state), the
+    /// normalized queries and keys, the gated delta rule (each segment's rows absorbed
+    /// into its state, in order) and the gated RMS norm of its output. Returns
+    /// `[n, v_heads * v_dim]`, what the layer's output projection multiplies. `uploaded`
+    /// is what [`Backend::delta_weights`] gave for the layer. By default on the host
+    /// ([`crate::models::deltanet::mix`] per segment, rows copied out and back), which
+    /// needs host states ([`DeltaStore::host_mut`]) and host activations
+    /// ([`Backend::tensor_from_host`]).
+    fn delta_net(
+        &self,
+        p: &DeltaParams<'_>,
+        uploaded: Option<&DeltaTensors<Self::Tensor>>,
+        x: DeltaInputs<'_, Self::Tensor>,
+        segments: &mut [DeltaSegment<'_, Self::DeltaState>],
+    ) -> Result<Self::Tensor>
+    where
+        Self: Sized,
+    {
+        let _ = uploaded;
+        crate::models::deltanet::mix_on_host(self, p, x, segments)
+    }
+    /// `x · sigmoid(gate)` elementwise for `x` and `gate` of `shape` (rows, columns): an
+    /// attention layer's output gate (Qwen 3.5). By default on the host, which needs
+    /// [`Backend::tensor_from_host`].
+    fn sigmoid_gate(
+        &self,
+        x: &Self::Tensor,
+        gate: &Self::Tensor,
+        shape: (usize, usize),
+    ) -> Result<Self::Tensor> {
+        let (rows, cols) = shape;
+        let mut out = self.rows_to_host(x, &[rows])?.concat();
+        let g = self.rows_to_host(gate, &[rows])?.concat();
+        if out.len() != rows * cols || g.len() != out.len() {
+            return Err(EngineError::Backend {
+                backend: self.name(),
+                message: format!(
+                    "sigmoid_gate: {} and {} values for {rows}x{cols}",
+                    out.len(),
+                    g.len()
+                ),
+            });
+        }
+        for (x, g) in out.iter_mut().zip(&g) {
+            *x /= 1.0 + (-g).exp();
+        }
+        self.tensor_from_host(out, rows, cols)
     }
     /// Causal attention of `q` `[n, heads*hd]` over each segment's cache after appending
     /// that segment's `k`/`v` rows `[n, kv_heads*hd]`. Returns `[n, heads*hd]`.

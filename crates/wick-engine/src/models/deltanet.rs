@@ -11,6 +11,9 @@
 use rayon::prelude::*;
 use wick_kernels::{elementwise, Isa};
 
+use crate::backend::{Backend, DeltaInputs, DeltaSegment, DeltaStore};
+use crate::EngineError;
+
 pub use crate::config::qwen35::DeltaShape;
 
 /// Tokens per chunk of the chunked form (transformers' and flash-linear-attention's).
@@ -475,6 +478,48 @@ pub fn mix(
             }
         });
     Ok(out)
+}
+
+/// [`crate::backend::Backend::delta_net`] on the host (its default): each of the four
+/// projections copied to the host per segment, [`mix`] run on each segment's host state in
+/// turn, and the outputs uploaded as one `[n, v_heads * v_dim]` tensor. The segments must
+/// cover the batch's rows in order.
+pub(crate) fn mix_on_host<B: Backend>(
+    be: &B,
+    p: &DeltaParams<'_>,
+    x: DeltaInputs<'_, B::Tensor>,
+    segments: &mut [DeltaSegment<'_, B::DeltaState>],
+) -> crate::Result<B::Tensor> {
+    let counts: Vec<usize> = segments.iter().map(|s| s.rows.len()).collect();
+    let mut at = 0;
+    for s in segments.iter() {
+        if s.rows.start != at {
+            return Err(EngineError::InvalidInput(format!(
+                "DeltaNet segments must cover the batch in order: rows {:?} after {at}",
+                s.rows
+            )));
+        }
+        at = s.rows.end;
+    }
+    let total = at;
+    let mut p4 = [x.qkv, x.z, x.b, x.a]
+        .into_iter()
+        .map(|t| be.rows_to_host(t, &counts));
+    let (Some(qkv), Some(z), Some(b), Some(a)) = (p4.next(), p4.next(), p4.next(), p4.next())
+    else {
+        return Err(EngineError::InvalidInput("DeltaNet inputs missing".into()));
+    };
+    let (qkv, z, b, a) = (qkv?, z?, b?, a?);
+    let vd = p.shape.v_heads * p.shape.v_dim;
+    let mut mixed = Vec::with_capacity(total * vd);
+    for (i, s) in segments.iter_mut().enumerate() {
+        let st = s.state.host_mut().ok_or_else(|| EngineError::Backend {
+            backend: be.name(),
+            message: "the DeltaNet state is not in host memory".into(),
+        })?;
+        mixed.extend(mix(p, &qkv[i], &z[i], &b[i], &a[i], st, Form::Auto)?);
+    }
+    be.tensor_from_host(mixed, total, vd)
 }
 
 #[cfg(test)]

@@ -10,10 +10,13 @@ use std::ops::Range;
 
 use wick_gguf::GgmlType;
 
-use super::deltanet::{self, DeltaParams, Form};
+use super::deltanet::DeltaParams;
 use super::recurrent::RecurrentCache;
 use crate::backend::capability::{Capability, Need, Part, Requirement};
-use crate::backend::{AttentionParams, AttentionSegment, Backend, HostWeight};
+use crate::backend::{
+    Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaSegment,
+    DeltaTensors, HostWeight,
+};
 use crate::config::qwen35::{DeltaShape, Qwen35Config};
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::models::decoder::cache::SequenceCache;
@@ -29,10 +32,11 @@ pub(crate) fn needs(cfg: &ModelConfig) -> Vec<Need> {
             Part::Text,
             "its full-attention layers",
         ),
+        Need::op(Capability::DeltaNet, Part::Text, "its DeltaNet layers"),
         Need::op(
-            Capability::HostTensors,
+            Capability::SigmoidGate,
             Part::Text,
-            "its DeltaNet layers (they run on the host)",
+            "its full-attention layers' output gate",
         ),
         Need::new(
             Requirement::NotBuilt("adapter deltas in Qwen 3.5's layers"),
@@ -143,13 +147,58 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
+/// Products of one input by several matrices: one matrix of their stacked rows whose
+/// output is split again where the backend prefers it ([`Backend::can_fuse`]), else one
+/// product each.
+enum Products<B: Backend> {
+    Fused { m: B::Matrix, widths: Vec<usize> },
+    Separate(Vec<B::Matrix>),
+}
+
+impl<B: Backend> Products<B> {
+    fn new(be: &B, parts: Vec<B::Matrix>) -> Result<Self> {
+        if be.can_fuse(&parts.iter().collect::<Vec<_>>()) {
+            let widths = parts.iter().map(|m| be.matrix_shape(m).0).collect();
+            return Ok(Products::Fused {
+                m: be.fuse_matrices(parts)?,
+                widths,
+            });
+        }
+        Ok(Products::Separate(parts))
+    }
+
+    /// The products of `x`, in the order the matrices were given.
+    fn run(&self, be: &B, x: &B::Tensor) -> Result<Vec<B::Tensor>> {
+        match self {
+            Products::Fused { m, widths } => be.split_columns(&be.linear(x, m, None)?, widths),
+            Products::Separate(ms) => {
+                let ws: Vec<_> = ms.iter().map(|m| (m, None)).collect();
+                be.linear_many(x, &ws)
+            }
+        }
+    }
+}
+
+/// Four products of one input, or the backend's error.
+fn four<B: Backend>(be: &B, v: Vec<B::Tensor>) -> Result<[B::Tensor; 4]> {
+    <[B::Tensor; 4]>::try_from(v).map_err(|v| EngineError::Backend {
+        backend: be.name(),
+        message: format!("{} products where 4 were asked for", v.len()),
+    })
+}
+
+/// The gated MLP: `down(silu(gate) · up)`, with gate and up as one matrix where the
+/// backend prefers it.
+enum Mlp<B: Backend> {
+    Fused { gate_up: B::Matrix, width: usize },
+    Separate { gate: B::Matrix, up: B::Matrix },
+}
+
 /// The token mixer of one layer.
 enum Mixer<B: Backend> {
     Full {
-        q: B::Matrix,
-        gate: B::Matrix,
-        k: B::Matrix,
-        v: B::Matrix,
+        /// Queries, output gate, keys, values.
+        proj: Products<B>,
         o: B::Matrix,
         q_norm: B::Tensor,
         k_norm: B::Tensor,
@@ -158,15 +207,15 @@ enum Mixer<B: Backend> {
         kv: usize,
     },
     Linear {
-        qkv: B::Matrix,
-        z: B::Matrix,
-        b: B::Matrix,
-        a: B::Matrix,
+        /// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+        proj: Products<B>,
         out: B::Matrix,
         conv: Vec<f32>,
         neg_a: Vec<f32>,
         dt_bias: Vec<f32>,
         norm: Vec<f32>,
+        /// The vectors above as the backend's [`Backend::delta_net`] reads them.
+        uploaded: Option<DeltaTensors<B::Tensor>>,
         /// Index among the cache's recurrent layers.
         state: usize,
     },
@@ -176,8 +225,7 @@ struct HybridLayer<B: Backend> {
     attn_norm: B::Tensor,
     mixer: Mixer<B>,
     ffn_norm: B::Tensor,
-    gate: B::Matrix,
-    up: B::Matrix,
+    mlp: Mlp<B>,
     down: B::Matrix,
 }
 
@@ -268,6 +316,66 @@ impl<B: Backend> Loader<'_, B> {
         Ok(m)
     }
 
+    /// The query and output-gate halves of `attn_q.weight` (per head, the query rows then
+    /// the gate's), each `[heads * hd, cols]`: in the file's type where that is a dense
+    /// float type, else dequantized to f32.
+    fn query_and_gate(
+        &mut self,
+        name: &str,
+        heads: usize,
+        hd: usize,
+        cols: usize,
+    ) -> Result<(B::Matrix, B::Matrix)> {
+        let q_dim = heads * hd;
+        if self.src.affine(name)?.is_none() {
+            let w = self.src.get(name)?.ok_or_else(|| self.missing(name))?;
+            let size = match w.dtype {
+                GgmlType::F32 => Some(4),
+                GgmlType::F16 | GgmlType::Bf16 => Some(2),
+                _ => None,
+            };
+            if let Some(size) = size {
+                if w.shape != [2 * q_dim, cols] || w.bytes.len() != 2 * q_dim * cols * size {
+                    return Err(self.shape_error(name, &[2 * q_dim, cols], &w.shape));
+                }
+                let (mut q, mut g) = (
+                    Vec::with_capacity(q_dim * cols * size),
+                    Vec::with_capacity(q_dim * cols * size),
+                );
+                for head in w.bytes.chunks_exact(2 * hd * cols * size) {
+                    let (qh, gh) = head.split_at(hd * cols * size);
+                    q.extend_from_slice(qh);
+                    g.extend_from_slice(gh);
+                }
+                let mut half = |bytes: Vec<u8>| -> Result<B::Matrix> {
+                    let m = self.backend.matrix(HostWeight {
+                        name: name.to_string(),
+                        dtype: w.dtype,
+                        shape: vec![q_dim, cols],
+                        bytes: Cow::Owned(bytes),
+                    })?;
+                    self.bytes += self.backend.matrix_bytes(&m);
+                    Ok(m)
+                };
+                return Ok((half(q)?, half(g)?));
+            }
+        }
+        let both = self.floats(name, &[2 * q_dim, cols])?;
+        let (mut qw, mut gw) = (
+            Vec::with_capacity(q_dim * cols),
+            Vec::with_capacity(q_dim * cols),
+        );
+        for head in both.chunks_exact(2 * hd * cols) {
+            let (qh, gh) = head.split_at(hd * cols);
+            qw.extend_from_slice(qh);
+            gw.extend_from_slice(gh);
+        }
+        Ok((
+            self.host_matrix(name.to_string(), q_dim, cols, &qw)?,
+            self.host_matrix(name.to_string(), q_dim, cols, &gw)?,
+        ))
+    }
+
     /// A `(1 + w)` norm weight of `len`.
     fn norm(&mut self, name: &str, len: usize) -> Result<B::Tensor> {
         let v: Vec<f32> = self.floats(name, &[len])?.iter().map(|w| 1.0 + w).collect();
@@ -317,35 +425,47 @@ impl<B: Backend> Hybrid<B> {
                 let dt_bias = ld.floats(&l("dt_bias"), &[sh.v_heads])?;
                 let norm = ld.floats(&l("norm.weight"), &[sh.v_dim])?;
                 ld.bytes += (conv.len() + 2 * sh.v_heads + sh.v_dim) * 4;
+                let neg_a: Vec<f32> = a_log.iter().map(|x| -x.exp()).collect();
+                let uploaded = backend.delta_weights(&DeltaParams {
+                    shape: sh,
+                    conv: &conv,
+                    neg_a: &neg_a,
+                    dt_bias: &dt_bias,
+                    norm: &norm,
+                    eps: cfg.rms_eps,
+                })?;
+                if uploaded.is_some() {
+                    ld.bytes += (conv.len() + 2 * sh.v_heads + sh.v_dim) * 4;
+                }
+                let parts = vec![
+                    ld.matrix(&l("in_proj_qkv.weight"), cd, h)?,
+                    ld.matrix(&l("in_proj_z.weight"), vd, h)?,
+                    ld.matrix(&l("in_proj_b.weight"), sh.v_heads, h)?,
+                    ld.matrix(&l("in_proj_a.weight"), sh.v_heads, h)?,
+                ];
                 let m = Mixer::Linear {
-                    qkv: ld.matrix(&l("in_proj_qkv.weight"), cd, h)?,
-                    z: ld.matrix(&l("in_proj_z.weight"), vd, h)?,
-                    b: ld.matrix(&l("in_proj_b.weight"), sh.v_heads, h)?,
-                    a: ld.matrix(&l("in_proj_a.weight"), sh.v_heads, h)?,
+                    proj: Products::new(backend, parts)?,
                     out: ld.matrix(&l("out_proj.weight"), h, vd)?,
                     conv,
-                    neg_a: a_log.iter().map(|x| -x.exp()).collect(),
+                    neg_a,
                     dt_bias,
                     norm,
+                    uploaded,
                     state,
                 };
                 state += 1;
                 m
             } else {
                 // q_proj holds, per head, the query rows then the output gate's rows.
-                let both = ld.floats(&n("attn_q.weight"), &[2 * q_dim, h])?;
-                let (mut qw, mut gw) =
-                    (Vec::with_capacity(q_dim * h), Vec::with_capacity(q_dim * h));
-                for head in both.chunks_exact(2 * hd * h) {
-                    let (qh, gh) = head.split_at(hd * h);
-                    qw.extend_from_slice(qh);
-                    gw.extend_from_slice(gh);
-                }
+                let (q, gate) = ld.query_and_gate(&n("attn_q.weight"), cfg.num_heads, hd, h)?;
+                let parts = vec![
+                    q,
+                    gate,
+                    ld.matrix(&n("attn_k.weight"), kv_dim, h)?,
+                    ld.matrix(&n("attn_v.weight"), kv_dim, h)?,
+                ];
                 let m = Mixer::Full {
-                    q: ld.host_matrix(n("attn_q.weight"), q_dim, h, &qw)?,
-                    gate: ld.host_matrix(n("attn_q.weight"), q_dim, h, &gw)?,
-                    k: ld.matrix(&n("attn_k.weight"), kv_dim, h)?,
-                    v: ld.matrix(&n("attn_v.weight"), kv_dim, h)?,
+                    proj: Products::new(backend, parts)?,
                     o: ld.matrix(&n("attn_output.weight"), h, q_dim)?,
                     q_norm: ld.norm(&n("attn_q_norm.weight"), hd)?,
                     k_norm: ld.norm(&n("attn_k_norm.weight"), hd)?,
@@ -356,12 +476,23 @@ impl<B: Backend> Hybrid<B> {
                 full.push(attention.clone());
                 m
             };
+            let attn_norm = ld.norm(&n("attn_norm.weight"), h)?;
+            let ffn_norm = ld.norm(&n("ffn_norm.weight"), h)?;
+            let gate = ld.matrix(&n("ffn_gate.weight"), f, h)?;
+            let up = ld.matrix(&n("ffn_up.weight"), f, h)?;
+            let mlp = if backend.can_fuse(&[&gate, &up]) {
+                Mlp::Fused {
+                    gate_up: backend.fuse_matrices(vec![gate, up])?,
+                    width: f,
+                }
+            } else {
+                Mlp::Separate { gate, up }
+            };
             layers.push(HybridLayer {
-                attn_norm: ld.norm(&n("attn_norm.weight"), h)?,
+                attn_norm,
                 mixer,
-                ffn_norm: ld.norm(&n("ffn_norm.weight"), h)?,
-                gate: ld.matrix(&n("ffn_gate.weight"), f, h)?,
-                up: ld.matrix(&n("ffn_up.weight"), f, h)?,
+                ffn_norm,
+                mlp,
                 down: ld.matrix(&n("ffn_down.weight"), h, f)?,
             });
         }
@@ -388,9 +519,14 @@ impl<B: Backend> Hybrid<B> {
         vec![self.delta; self.linear]
     }
 
-    /// An empty recurrent cache.
-    pub(crate) fn new_recurrent(&self) -> RecurrentCache {
-        RecurrentCache::new(&self.delta_shapes())
+    /// An empty recurrent cache on `be`.
+    pub(crate) fn new_recurrent(&self, be: &B) -> RecurrentCache<B::DeltaState> {
+        RecurrentCache {
+            len: 0,
+            layers: (0..self.linear)
+                .map(|_| be.new_delta_state(&self.delta))
+                .collect(),
+        }
     }
 
     /// Runs the layers over `x` (the embedded new tokens of every sequence, rows
@@ -417,29 +553,21 @@ impl<B: Backend> Hybrid<B> {
             let h = be.rms_norm(&x, &layer.attn_norm, eps)?;
             let o = match &layer.mixer {
                 Mixer::Full {
-                    q,
-                    gate,
-                    k,
-                    v,
+                    proj,
                     o,
                     q_norm,
                     k_norm,
                     attention,
                     kv,
                 } => {
-                    let mut p = be
-                        .linear_many(&h, &[(q, None), (gate, None), (k, None), (v, None)])?
-                        .into_iter();
-                    let (Some(qt), Some(gt), Some(kt), Some(vt)) =
-                        (p.next(), p.next(), p.next(), p.next())
-                    else {
-                        return Err(EngineError::Backend {
-                            backend: be.name(),
-                            message: "linear_many returned too few products".into(),
-                        });
-                    };
-                    let qt = be.rope(&be.rms_norm(&qt, q_norm, eps)?, attention.heads, rope)?;
-                    let kt = be.rope(&be.rms_norm(&kt, k_norm, eps)?, attention.kv_heads, rope)?;
+                    let [qt, gt, kt, vt] = four(be, proj.run(be, &h)?)?;
+                    let (qt, kt) = be.rope_qk(
+                        &be.rms_norm(&qt, q_norm, eps)?,
+                        attention.heads,
+                        &be.rms_norm(&kt, k_norm, eps)?,
+                        attention.kv_heads,
+                        rope,
+                    )?;
                     let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                         .iter_mut()
                         .zip(ranges)
@@ -450,38 +578,20 @@ impl<B: Backend> Hybrid<B> {
                         .collect();
                     let attn = be.attention(&qt, &kt, &vt, &mut segments, attention)?;
                     let cols = attention.heads * attention.head_dim;
-                    let mut a = be.rows_to_host(&attn, &[total])?.concat();
-                    let g = be.rows_to_host(&gt, &[total])?.concat();
-                    for (x, g) in a.iter_mut().zip(&g) {
-                        *x /= 1.0 + (-g).exp();
-                    }
-                    be.linear(&be.tensor_from_host(a, total, cols)?, o, None)?
+                    let gated = be.sigmoid_gate(&attn, &gt, (total, cols))?;
+                    be.linear(&gated, o, None)?
                 }
                 Mixer::Linear {
-                    qkv,
-                    z,
-                    b,
-                    a,
+                    proj,
                     out,
                     conv,
                     neg_a,
                     dt_bias,
                     norm,
+                    uploaded,
                     state,
                 } => {
-                    let mut p = be
-                        .linear_many(&h, &[(qkv, None), (z, None), (b, None), (a, None)])?
-                        .into_iter()
-                        .map(|t| be.rows_to_host(&t, &counts));
-                    let (Some(qkv), Some(z), Some(b), Some(a)) =
-                        (p.next(), p.next(), p.next(), p.next())
-                    else {
-                        return Err(EngineError::Backend {
-                            backend: be.name(),
-                            message: "linear_many returned too few products".into(),
-                        });
-                    };
-                    let (qkv, z, b, a) = (qkv?, z?, b?, a?);
+                    let [qkv, z, b, a] = four(be, proj.run(be, &h)?)?;
                     let params = DeltaParams {
                         shape: self.delta,
                         conv,
@@ -490,40 +600,49 @@ impl<B: Backend> Hybrid<B> {
                         norm,
                         eps,
                     };
-                    let vd = self.delta.v_heads * self.delta.v_dim;
-                    let mut mixed = Vec::with_capacity(total * vd);
-                    for (i, cache) in caches.iter_mut().enumerate() {
-                        let st = cache
-                            .recurrent_mut()
-                            .and_then(|r| r.layers.get_mut(*state))
-                            .ok_or_else(|| {
-                                EngineError::Cache("cache belongs to another model".into())
-                            })?;
-                        mixed.extend(deltanet::mix(
-                            &params,
-                            &qkv[i],
-                            &z[i],
-                            &b[i],
-                            &a[i],
-                            st,
-                            Form::Auto,
-                        )?);
-                    }
-                    be.linear(&be.tensor_from_host(mixed, total, vd)?, out, None)?
+                    let mut segments = caches
+                        .iter_mut()
+                        .zip(ranges)
+                        .map(|(cache, r)| {
+                            let st = cache
+                                .recurrent_mut()
+                                .and_then(|rc| rc.layers.get_mut(*state))
+                                .ok_or_else(|| {
+                                    EngineError::Cache("cache belongs to another model".into())
+                                })?;
+                            Ok(DeltaSegment {
+                                rows: r.clone(),
+                                state: st,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    let inputs = DeltaInputs {
+                        qkv: &qkv,
+                        z: &z,
+                        b: &b,
+                        a: &a,
+                    };
+                    let mixed = be.delta_net(&params, uploaded.as_ref(), inputs, &mut segments)?;
+                    be.linear(&mixed, out, None)?
                 }
             };
             let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
-            let act = {
-                let mut p = be
-                    .linear_many(&hf, &[(&layer.gate, None), (&layer.up, None)])?
-                    .into_iter();
-                let (Some(g), Some(u)) = (p.next(), p.next()) else {
-                    return Err(EngineError::Backend {
-                        backend: be.name(),
-                        message: "linear_many returned too few products".into(),
-                    });
-                };
-                be.glu(&g, &u, crate::backend::Activation::Silu)?
+            let act = match &layer.mlp {
+                Mlp::Fused { gate_up, width } => {
+                    be.linear_glu(&hf, gate_up, *width, Activation::Silu)?
+                }
+                Mlp::Separate { gate, up } => {
+                    let mut p = be
+                        .linear_many(&hf, &[(gate, None), (up, None)])?
+                        .into_iter();
+                    let (Some(g), Some(u)) = (p.next(), p.next()) else {
+                        return Err(EngineError::Backend {
+                            backend: be.name(),
+                            message: "linear_many returned too few products".into(),
+                        });
+                    };
+                    be.glu(&g, &u, Activation::Silu)?
+                }
             };
             let m = be.linear(&act, &layer.down, None)?;
             x = be.add(&sum, &m)?;
@@ -537,6 +656,12 @@ impl<B: Backend> Hybrid<B> {
     }
 }
 
+/// The KV layers and the recurrent states of a hybrid cache.
+pub(crate) type CacheParts<B> = (
+    Vec<<B as Backend>::KvLayer>,
+    RecurrentCache<<B as Backend>::DeltaState>,
+);
+
 /// The KV layers and recurrent states of a hybrid cache rebuilt from host copies, checked
 /// against the model's layout.
 pub(crate) fn cache_from_snapshots<B: Backend>(
@@ -544,7 +669,7 @@ pub(crate) fn cache_from_snapshots<B: Backend>(
     hybrid: &Hybrid<B>,
     layers: &[crate::backend::KvLayerSnapshot],
     recurrent: Option<&super::recurrent::RecurrentSnapshot>,
-) -> Result<(Vec<B::KvLayer>, RecurrentCache)> {
+) -> Result<CacheParts<B>> {
     let recurrent = recurrent.ok_or_else(|| {
         EngineError::Cache("snapshot has no recurrent states; the model needs them".into())
     })?;
@@ -569,7 +694,15 @@ pub(crate) fn cache_from_snapshots<B: Backend>(
             )));
         }
     }
-    let states = RecurrentCache::from_snapshot(recurrent, &hybrid.delta_shapes())?;
+    let host = RecurrentCache::from_snapshot(recurrent, &hybrid.delta_shapes())?;
+    let states = RecurrentCache {
+        len: host.len,
+        layers: host
+            .layers
+            .into_iter()
+            .map(|s| backend.delta_state_from_host(s))
+            .collect::<Result<_>>()?,
+    };
     let layers = layers
         .iter()
         .map(|s| backend.kv_layer_from_snapshot(s))

@@ -7,28 +7,22 @@
 //! a cache only at the exact boundary it was stored at (a prompt-boundary snapshot), and
 //! the SSD tier stores the state as it is.
 use super::deltanet::DeltaState;
+use crate::backend::DeltaStore;
 use crate::config::qwen35::DeltaShape;
 use crate::{EngineError, Result};
 
-/// The recurrent part of one sequence's cache: one [`DeltaState`] per linear-attention
-/// layer, in layer order, after `len` tokens.
+/// The recurrent part of one sequence's cache: one state per linear-attention layer, in
+/// layer order, after `len` tokens. `S` is how the backend keeps a layer's state
+/// ([`crate::backend::Backend::DeltaState`]; host memory by default).
 #[derive(Debug, Clone, PartialEq)]
-pub struct RecurrentCache {
+pub struct RecurrentCache<S = DeltaState> {
     /// Tokens the states have absorbed.
     pub len: usize,
     /// One state per linear-attention layer.
-    pub layers: Vec<DeltaState>,
+    pub layers: Vec<S>,
 }
 
-impl RecurrentCache {
-    /// Zero states for layers of `shapes`.
-    pub fn new(shapes: &[DeltaShape]) -> Self {
-        RecurrentCache {
-            len: 0,
-            layers: shapes.iter().map(DeltaState::new).collect(),
-        }
-    }
-
+impl<S: DeltaStore> RecurrentCache<S> {
     /// Whether the states can stand for the first `len` tokens: only at their own length.
     pub fn can_trim_to(&self, len: usize) -> bool {
         len == self.len
@@ -36,10 +30,7 @@ impl RecurrentCache {
 
     /// Bytes held.
     pub fn byte_size(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| (l.conv.len() + l.ssm.len()) * 4)
-            .sum()
+        self.layers.iter().map(DeltaStore::byte_size).sum()
     }
 
     /// A host copy for persistence.
@@ -49,8 +40,21 @@ impl RecurrentCache {
             layers: self
                 .layers
                 .iter()
-                .map(|l| (l.conv.clone(), l.ssm.clone()))
+                .map(|l| {
+                    let h = l.to_host();
+                    (h.conv, h.ssm)
+                })
                 .collect(),
+        }
+    }
+}
+
+impl RecurrentCache {
+    /// Zero states for layers of `shapes`.
+    pub fn new(shapes: &[DeltaShape]) -> Self {
+        RecurrentCache {
+            len: 0,
+            layers: shapes.iter().map(DeltaState::new).collect(),
         }
     }
 

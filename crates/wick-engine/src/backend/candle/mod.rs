@@ -380,6 +380,7 @@ impl Backend for CandleBackend {
     type Rope = CpuRope;
     type KvLayer = CpuKvLayer;
     type Ids = Vec<u32>;
+    type DeltaState = crate::backend::DeltaState;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -730,6 +731,17 @@ impl Backend for CandleBackend {
 
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<CpuKvLayer> {
         CpuKvLayer::from_snapshot(s, self.kv_dtype)
+    }
+
+    fn new_delta_state(&self, shape: &crate::backend::DeltaShape) -> crate::backend::DeltaState {
+        crate::backend::DeltaState::new(shape)
+    }
+
+    fn delta_state_from_host(
+        &self,
+        s: crate::backend::DeltaState,
+    ) -> Result<crate::backend::DeltaState> {
+        Ok(s)
     }
 
     fn attention(

@@ -11,6 +11,7 @@
 //! and [`wick_cuda::Device`] replays it as one CUDA graph (see `docs/architecture.md`).
 mod affine;
 mod flash;
+mod deltanet;
 mod kv;
 
 use std::sync::Arc;
@@ -19,11 +20,13 @@ use wick_cuda::{Arg, Buffer, Device, Gemm, Kernel, WType};
 use wick_gguf::GgmlType;
 
 pub use flash::FlashAttention;
+pub use deltanet::CudaDeltaState;
 pub use kv::CudaKvLayer;
 
 use crate::backend::candle::KvDtype;
 use crate::backend::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
+    Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment,
+    DeltaShape, DeltaState, DeltaTensors, HostWeight, RopeSpec, RopeStyle,
 };
 use crate::weights::affine::from_gguf_blocks;
 use crate::weights::AffineWeight;
@@ -116,6 +119,9 @@ pub struct CudaBackend {
     flash: FlashAttention,
     /// Segments of at least this many new rows attend on the flash kernels.
     flash_rows: usize,
+    /// Prompt segments of DeltaNet layers take the chunked form (else token by token;
+    /// `WICK_CUDA_DELTA_CHUNKED=0`).
+    delta_chunked: bool,
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
@@ -273,6 +279,7 @@ impl CudaBackend {
             .and_then(|v| v.parse().ok())
             .unwrap_or(flash::FLASH_ROWS)
             .max(1);
+        let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             dev,
             kernel_rows,
@@ -281,6 +288,7 @@ impl CudaBackend {
             kv_half: false,
             flash: FlashAttention::from_env(),
             flash_rows,
+            delta_chunked,
         })
     }
 
@@ -725,6 +733,7 @@ impl Backend for CudaBackend {
     type Rope = CudaRope;
     type KvLayer = CudaKvLayer;
     type Ids = CudaIds;
+    type DeltaState = CudaDeltaState;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -1282,6 +1291,46 @@ impl Backend for CudaBackend {
 
     fn kv_layer_from_snapshot(&self, s: &crate::backend::KvLayerSnapshot) -> Result<CudaKvLayer> {
         self.op(|| CudaKvLayer::from_snapshot(self.dev.clone(), s, self.kv_half))
+    }
+
+    fn new_delta_state(&self, shape: &DeltaShape) -> CudaDeltaState {
+        CudaDeltaState::new(self.dev.clone(), shape)
+    }
+
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<CudaDeltaState> {
+        self.op(|| CudaDeltaState::from_host(self.dev.clone(), &s))
+    }
+
+    fn delta_weights(&self, p: &DeltaParams<'_>) -> Result<Option<DeltaTensors<CudaTensor>>> {
+        self.delta_upload(p)
+    }
+
+    fn delta_net(
+        &self,
+        p: &DeltaParams<'_>,
+        uploaded: Option<&DeltaTensors<CudaTensor>>,
+        x: DeltaInputs<'_, CudaTensor>,
+        segments: &mut [DeltaSegment<'_, CudaDeltaState>],
+    ) -> Result<CudaTensor> {
+        let w = uploaded.ok_or_else(|| {
+            invalid("delta_net: the layer's vectors were not uploaded (delta_weights)".into())
+        })?;
+        self.delta_mix(p, w, x, segments)
+    }
+
+    fn sigmoid_gate(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        shape: (usize, usize),
+    ) -> Result<CudaTensor> {
+        if (x.rows, x.cols) != shape {
+            return Err(invalid(format!(
+                "sigmoid_gate: a {}x{} tensor for {shape:?}",
+                x.rows, x.cols
+            )));
+        }
+        self.binary("sigmoid_gate", Kernel::SigmoidGate, x, gate, &[])
     }
 
     fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<CudaTensor> {

@@ -195,6 +195,7 @@ impl Backend for MlxBackend {
     type Rope = MlxRope;
     type KvLayer = MlxKvLayer;
     type Ids = Array;
+    type DeltaState = crate::backend::DeltaState;
 
     fn capabilities(&self) -> &'static crate::backend::capability::Capabilities {
         &crate::backend::capability::MLX
@@ -438,6 +439,17 @@ impl Backend for MlxBackend {
 
     fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<MlxKvLayer> {
         MlxKvLayer::from_snapshot(self.stream, self.dtype, s)
+    }
+
+    fn new_delta_state(&self, shape: &crate::backend::DeltaShape) -> crate::backend::DeltaState {
+        crate::backend::DeltaState::new(shape)
+    }
+
+    fn delta_state_from_host(
+        &self,
+        s: crate::backend::DeltaState,
+    ) -> Result<crate::backend::DeltaState> {
+        Ok(s)
     }
 
     fn attention(

@@ -9,7 +9,7 @@ pub struct SequenceCache<B: Backend> {
     pub(super) layers: Vec<B::KvLayer>,
     /// The recurrent states of a hybrid model's linear-attention layers (Qwen 3.5);
     /// `layers` then holds its full-attention layers only.
-    pub(super) recurrent: Option<RecurrentCache>,
+    pub(super) recurrent: Option<RecurrentCache<B::DeltaState>>,
     /// The projected rows of the sequence's images, placed by the passes that reach them.
     pub(super) images: Vec<ImageRows>,
 }
@@ -64,12 +64,12 @@ impl<B: Backend> SequenceCache<B> {
     }
 
     /// The recurrent states, for a hybrid model.
-    pub fn recurrent(&self) -> Option<&RecurrentCache> {
+    pub fn recurrent(&self) -> Option<&RecurrentCache<B::DeltaState>> {
         self.recurrent.as_ref()
     }
 
     /// The recurrent states, mutably.
-    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentCache> {
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentCache<B::DeltaState>> {
         self.recurrent.as_mut()
     }
 

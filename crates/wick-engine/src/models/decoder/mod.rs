@@ -343,7 +343,7 @@ impl<B: Backend> Decoder<B> {
                 })
                 .collect(),
             recurrent: match &self.stack {
-                LayerStack::Hybrid(h) => Some(h.new_recurrent()),
+                LayerStack::Hybrid(h) => Some(h.new_recurrent(&self.backend)),
                 _ => None,
             },
             images: Vec::new(),

@@ -182,7 +182,7 @@ impl QwenVisionConfig {
             self.image_mean = m;
         }
         if let Some(s) = triple("image_std")? {
-            if !s.iter().all(|v| (1e-3..=1e3).contains(v)) {
+            if !s.iter().all(|v| (MIN_IMAGE_STD..=1e3).contains(v)) {
                 return Err(keys.bad("image_std", "must be within 0.001..=1000"));
             }
             self.image_std = s;
