@@ -6,10 +6,9 @@
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::{
-    decoder_from_dir, forward_all, forward_batch, quantize_model, some_ids, write_wide_model,
-    TextGolden, WIDE_SHAPES,
-};
+use common::golden::{decoder_from_dir, TextGolden};
+use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
+use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::CudaBackend;
 use wick_engine::models::decoder::{BatchItem, LogitsRequest, RowOutput, SequenceCache, Want};
@@ -32,17 +31,6 @@ const VARIANTS: [&str; 13] = [
     "minicpm",
 ];
 const TOLERANCE: f32 = 2e-4;
-
-fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    (worst, scale)
-}
 
 fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
     let (w, scale) = worst(got, want);
@@ -151,29 +139,7 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
         let single = run(true);
         let batched = run(false);
         for (i, p) in prompts.iter().enumerate() {
-            let mut cache = cpu.new_cache();
-            let mut next = p.clone();
-            let mut want = Vec::new();
-            for _ in 0..STEPS {
-                let out = cpu
-                    .forward_logits(&mut [BatchItem::new(
-                        &next,
-                        &mut cache,
-                        Want::logits(LogitsRequest::Last),
-                    )])
-                    .unwrap();
-                let l = &out[0].as_ref().unwrap().data;
-                let id = l
-                    .iter()
-                    .enumerate()
-                    .fold(
-                        (0, f32::NEG_INFINITY),
-                        |b, (j, &v)| if v > b.1 { (j, v) } else { b },
-                    )
-                    .0 as u32;
-                want.push(id);
-                next = vec![id];
-            }
+            let want = greedy_decode(&cpu, p, STEPS);
             assert_eq!(single[i], want, "{variant} prompt {i} alone");
             assert_eq!(batched[i], want, "{variant} prompt {i} batched");
         }
@@ -206,16 +172,7 @@ fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
         let (head, tail) = ids.split_at(30);
         let mut cache = cuda.new_cache();
         let step = |cache: &mut SequenceCache<CudaBackend>, tokens: &[u32]| {
-            cuda.forward_logits(&mut [BatchItem::new(
-                tokens,
-                cache,
-                Want::logits(LogitsRequest::All),
-            )])
-            .unwrap()[0]
-                .as_ref()
-                .unwrap()
-                .data
-                .clone()
+            pass(&cuda, tokens, cache, LogitsRequest::All).unwrap().data
         };
         step(&mut cache, head);
         let mut restored = cuda.cache_from_snapshot(&cache.snapshot()).unwrap();

@@ -1,0 +1,173 @@
+//! Goldens on disk: where they are, their JSON and tensors, and the text goldens of
+//! `tests/goldens/hf` (a tiny random model made by a script in `scripts/goldens/`, its
+//! `reference.json` with each case's token ids and the greedy continuation, and
+//! `logits.safetensors` with transformers' f32 logits at every position of each case)
+//! with their model loaded straight from the directory.
+use std::path::{Path, PathBuf};
+
+use wick_engine::backend::candle::CandleBackend;
+use wick_engine::backend::Backend;
+use wick_engine::config::ModelConfig;
+use wick_engine::models::decoder::Decoder;
+use wick_engine::weights::{MlxQuantization, SafetensorsWeights};
+
+use super::logits::forward_all;
+
+/// The goldens folder (`tests/goldens`). `WICK_GOLDENS` names it when a test binary runs
+/// away from its checkout (the CUDA tests on a GPU machine).
+pub fn goldens() -> PathBuf {
+    std::env::var_os("WICK_GOLDENS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens"))
+}
+
+/// The directory of Hugging Face golden `name` (`tests/goldens/hf/NAME`).
+pub fn golden_dir(name: &str) -> PathBuf {
+    goldens().join("hf").join(name)
+}
+
+/// The JSON file at `path`.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A JSON list of token ids.
+pub fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The f32 tensor `name`.
+pub fn floats(w: &SafetensorsWeights, name: &str) -> Vec<f32> {
+    w.raw(name)
+        .unwrap()
+        .bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `logits.safetensors` of golden directory `dir`.
+pub fn stored_logits(dir: &Path) -> SafetensorsWeights {
+    SafetensorsWeights::open_files(dir, &[dir.join("logits.safetensors")]).unwrap()
+}
+
+/// A text golden: its cases' token ids and transformers' f32 logits at every position of
+/// each.
+pub struct TextGolden {
+    pub dir: PathBuf,
+    pub reference: serde_json::Value,
+    pub logits: SafetensorsWeights,
+}
+
+impl TextGolden {
+    pub fn open(name: &str) -> TextGolden {
+        let dir = golden_dir(name);
+        TextGolden {
+            reference: read_json(&dir.join("reference.json")),
+            logits: stored_logits(&dir),
+            dir,
+        }
+    }
+
+    /// The golden's `config.json`.
+    pub fn config(&self) -> serde_json::Value {
+        read_json(&self.dir.join("config.json"))
+    }
+
+    /// The golden's model on backend `be`, loaded straight from its safetensors.
+    pub fn decoder<B: Backend>(&self, be: B) -> Decoder<B> {
+        decoder_from_dir(be, &self.dir)
+    }
+
+    /// The token ids of case `name`.
+    pub fn case_ids(&self, name: &str) -> Vec<u32> {
+        let case = self.reference["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        ids_of(&case["ids"])
+    }
+
+    /// transformers' logits of case `name`, every position.
+    pub fn expected(&self, name: &str) -> Vec<f32> {
+        floats(&self.logits, &format!("{name}.logits"))
+    }
+
+    /// The greedy case: its prompt and transformers' greedy continuation.
+    pub fn greedy(&self) -> (Vec<u32>, Vec<u32>) {
+        let greedy = &self.reference["greedy"];
+        (
+            ids_of(&greedy["prompt_ids"]),
+            ids_of(&greedy["continuation_ids"]),
+        )
+    }
+}
+
+/// A text golden with its model on the CPU backend.
+pub struct CpuGolden {
+    pub model: Decoder<CandleBackend>,
+    pub golden: TextGolden,
+}
+
+impl std::ops::Deref for CpuGolden {
+    type Target = TextGolden;
+    fn deref(&self) -> &TextGolden {
+        &self.golden
+    }
+}
+
+impl CpuGolden {
+    /// Golden `name` and its model.
+    pub fn load(name: &str) -> CpuGolden {
+        let golden = TextGolden::open(name);
+        CpuGolden {
+            model: golden.decoder(CandleBackend::cpu()),
+            golden,
+        }
+    }
+
+    /// Golden `name` with its model built from `config` instead of its `config.json`.
+    pub fn load_with(name: &str, config: &serde_json::Value) -> CpuGolden {
+        let golden = TextGolden::open(name);
+        CpuGolden {
+            model: load_decoder(CandleBackend::cpu(), &golden.dir, config).unwrap(),
+            golden,
+        }
+    }
+
+    /// The logits of every position of `ids`, in one pass on a fresh cache.
+    pub fn all(&self, ids: &[u32]) -> Vec<f32> {
+        forward_all(&self.model, ids, &[ids.len()])
+    }
+}
+
+/// The model of a Hugging Face directory (`config.json`, `model.safetensors`) on `be`.
+pub fn decoder_from_dir<B: Backend>(be: B, d: &Path) -> Decoder<B> {
+    load_decoder(be, d, &read_json(&d.join("config.json"))).unwrap()
+}
+
+/// The model of `d`'s `model.safetensors` as `config` describes it, on `be` (the
+/// config must parse; loading the weights may fail).
+pub fn load_decoder<B: Backend>(
+    be: B,
+    d: &Path,
+    config: &serde_json::Value,
+) -> wick_engine::Result<Decoder<B>> {
+    let cfg = ModelConfig::from_hf(config, &d.display().to_string()).unwrap();
+    let weights = SafetensorsWeights::open_files(d, &[d.join("model.safetensors")]).unwrap();
+    let quantization = MlxQuantization::from_config(config, "test").unwrap();
+    Decoder::load(
+        be,
+        cfg.clone(),
+        &weights
+            .canonical_as(cfg.features.hf_naming)
+            .with_quantization(quantization),
+    )
+}
