@@ -1,7 +1,7 @@
 //! llama.cpp's greedy goldens of the real GGUF models (`tests/goldens/llamacpp`, made by
 //! scripts/goldens/llamacpp_greedy.py; the models come from `wick pull`), and those models
 //! loaded straight from their GGUF on any backend.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use wick_engine::backend::Backend;
 use wick_engine::config::ModelConfig;
@@ -57,10 +57,12 @@ impl LlamaCppGolden {
             .collect();
         LlamaCppGolden { file, cases }
     }
-}
 
-/// The model of GGUF `gguf` (opened from `file`) on `backend`.
-pub fn gguf_decoder<B: Backend>(backend: B, file: &Path, gguf: &wick_gguf::GgufFile) -> Decoder<B> {
-    let cfg = ModelConfig::from_gguf(gguf.metadata(), &file.display().to_string()).unwrap();
-    Decoder::load(backend, cfg, &GgufWeights::new(gguf)).unwrap()
+    /// The model on `backend`, loaded straight from its GGUF.
+    pub fn decoder<B: Backend>(&self, backend: B) -> Decoder<B> {
+        let gguf = wick_gguf::GgufFile::open(&self.file).unwrap();
+        let cfg =
+            ModelConfig::from_gguf(gguf.metadata(), &self.file.display().to_string()).unwrap();
+        Decoder::load(backend, cfg, &GgufWeights::new(&gguf)).unwrap()
+    }
 }
