@@ -2,7 +2,6 @@
 //! output equals each request run alone even when the pool is so small that sequences
 //! wait and get preempted, no block leaks, and requests that could never fit are
 //! refused before any work; greedy tokens picked on the backend equal the host sampler's.
-use std::ops::ControlFlow;
 use std::time::Duration;
 
 use wick_engine::sampler::SamplingParams;
@@ -11,7 +10,7 @@ use wick_engine::{EngineError, GenerationRequest, Model};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone};
+use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone, run_one};
 
 /// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
 /// huge string is slow).
@@ -142,10 +141,7 @@ fn requests_that_could_never_fit_are_refused_before_any_work() {
     assert_eq!((stats.steps, stats.queued), (0, 0));
     // One that fits runs.
     let fits = GenerationRequest::new(model.tokenize("Hello there").unwrap()).max_tokens(20);
-    let alone = model
-        .generate(&fits, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
+    let alone = run_one(&model, &fits);
     assert_eq!(collect(engine.submit(fits).unwrap()).0, alone);
     assert_eq!(engine.stats().kv_pool.used_blocks, 0);
 

@@ -56,6 +56,28 @@ pub fn stored_logits(dir: &Path) -> SafetensorsWeights {
     SafetensorsWeights::open_files(dir, &[dir.join("logits.safetensors")]).unwrap()
 }
 
+/// A tensor to write: name, dtype (`F32`, `U32`, `BF16` …), shape and little-endian bytes.
+pub type Tensor = (String, String, Vec<usize>, Vec<u8>);
+
+/// Writes `tensors` to `file` in the safetensors format, in order.
+pub fn write_safetensors(file: &Path, tensors: Vec<Tensor>) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dtype, shape, b) in tensors {
+        let at = data.len();
+        data.extend_from_slice(&b);
+        header.insert(
+            name,
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, data.len()]}),
+        );
+    }
+    let h = serde_json::Value::Object(header).to_string();
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(h.as_bytes());
+    bytes.extend_from_slice(&data);
+    std::fs::write(file, bytes).unwrap();
+}
+
 /// A text golden: its cases' token ids and transformers' f32 logits at every position of
 /// each.
 pub struct TextGolden {

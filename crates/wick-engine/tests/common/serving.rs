@@ -43,17 +43,18 @@ pub fn default_model() -> Arc<Model> {
     Arc::new(Model::load(&smollm2_path(), &LoadOptions::default()).unwrap())
 }
 
-/// Each request's tokens run alone through `Model::generate` (the host sampler).
+/// A request's tokens run alone through `Model::generate` (the host sampler, a fresh
+/// cache).
+pub fn run_one(model: &Model, request: &GenerationRequest) -> Vec<u32> {
+    model
+        .generate(request, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens
+}
+
+/// Each request's tokens run alone through `Model::generate` (see [`run_one`]).
 pub fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect()
+    requests.iter().map(|r| run_one(model, r)).collect()
 }
 
 /// KV blocks (of 16 tokens, every layer) for about two of the longest of `requests`, each

@@ -3,7 +3,7 @@
 //! not have, in f32 or MLX-quantized, and token ids to feed them.
 use std::path::Path;
 
-use super::golden::{golden_dir, read_json};
+use super::golden::{golden_dir, read_json, write_safetensors, Tensor};
 
 /// Writes into `dir` a random-weight two-layer Qwen 3 model (the qwen3 golden's config
 /// with `heads` query heads over `kv_heads` KV heads of `head_dim` dimensions, hidden size
@@ -119,28 +119,6 @@ pub fn quantize_model(dir: &Path, bits: u32, group: usize, side: wick_gguf::Ggml
     let mut config = read_json(&path);
     config["quantization"] = serde_json::json!({"group_size": group, "bits": bits});
     std::fs::write(&path, config.to_string()).unwrap();
-}
-
-/// A tensor to write: name, dtype (`F32`, `U32`, `BF16` …), shape and little-endian bytes.
-type Tensor = (String, String, Vec<usize>, Vec<u8>);
-
-/// Writes `tensors` to `file` in the safetensors format, in order.
-fn write_safetensors(file: &Path, tensors: Vec<Tensor>) {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, dtype, shape, b) in tensors {
-        let at = data.len();
-        data.extend_from_slice(&b);
-        header.insert(
-            name,
-            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, data.len()]}),
-        );
-    }
-    let h = serde_json::Value::Object(header).to_string();
-    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(h.as_bytes());
-    bytes.extend_from_slice(&data);
-    std::fs::write(file, bytes).unwrap();
 }
 
 /// The attention shapes [`write_wide_model`] is used with: (query heads, KV heads, head
