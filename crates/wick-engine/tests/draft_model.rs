@@ -21,14 +21,8 @@ use serving::{
     smollm2_path,
 };
 
-fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
-    (0..n)
-        .flat_map(|i| {
-            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 5000.0 - 0.1)
-                .to_le_bytes()
-        })
-        .collect()
-}
+#[path = "common/gguf.rs"]
+mod gguf;
 
 /// A one-layer llama of hidden size 32 with fixed pseudo-random F32 weights and
 /// SmolLM2's tokenizer (every `tokenizer.*` key copied), or a 259-token byte vocabulary
@@ -36,7 +30,6 @@ fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
 fn tiny_draft(dir: &Path, own_vocab: bool) -> PathBuf {
     let source = GgufFile::open(smollm2_path()).unwrap();
     let mut w = GgufWriter::new();
-    let (h, ff) = (32u64, 64u64);
     let mut vocab = 0u64;
     for (key, value) in source.metadata().entries() {
         if key.starts_with("tokenizer.") && !own_vocab {
@@ -63,40 +56,16 @@ fn tiny_draft(dir: &Path, own_vocab: bool) -> PathBuf {
             .metadata("tokenizer.ggml.bos_token_id", V::U32(1))
             .metadata("tokenizer.ggml.eos_token_id", V::U32(2));
     }
-    let arch = "llama";
-    w.metadata("general.architecture", V::String(arch.into()))
-        .metadata("general.name", V::String("tiny-draft".into()))
-        .metadata(format!("{arch}.block_count"), V::U32(1))
-        .metadata(format!("{arch}.context_length"), V::U32(2048))
-        .metadata(format!("{arch}.embedding_length"), V::U32(h as u32))
-        .metadata(format!("{arch}.feed_forward_length"), V::U32(ff as u32))
-        .metadata(format!("{arch}.attention.head_count"), V::U32(2))
-        .metadata(format!("{arch}.attention.head_count_kv"), V::U32(1))
-        .metadata(
-            format!("{arch}.attention.layer_norm_rms_epsilon"),
-            V::F32(1e-5),
-        );
-    let kv = h / 2;
-    let mut tensor = |name: &str, dims: Vec<u64>| {
+    w.metadata("general.architecture", V::String("llama".into()))
+        .metadata("general.name", V::String("tiny-draft".into()));
+    for (key, value) in gguf::hyperparameters("llama", 2048) {
+        w.metadata(key, value);
+    }
+    for (name, dims) in gguf::tensors(vocab) {
         let n: u64 = dims.iter().product();
-        w.tensor(
-            name,
-            dims,
-            GgmlType::F32,
-            f32_bytes(n as usize, name.len() as u32),
-        );
-    };
-    tensor("token_embd.weight", vec![h, vocab]);
-    tensor("output_norm.weight", vec![h]);
-    tensor("blk.0.attn_norm.weight", vec![h]);
-    tensor("blk.0.ffn_norm.weight", vec![h]);
-    tensor("blk.0.attn_q.weight", vec![h, h]);
-    tensor("blk.0.attn_k.weight", vec![h, kv]);
-    tensor("blk.0.attn_v.weight", vec![h, kv]);
-    tensor("blk.0.attn_output.weight", vec![h, h]);
-    tensor("blk.0.ffn_gate.weight", vec![h, ff]);
-    tensor("blk.0.ffn_up.weight", vec![h, ff]);
-    tensor("blk.0.ffn_down.weight", vec![ff, h]);
+        let bytes = gguf::f32_bytes(n as usize, name.len() as u32);
+        w.tensor(name, dims, GgmlType::F32, bytes);
+    }
     let path = dir.join(if own_vocab {
         "tiny-bytes.gguf"
     } else {

@@ -3,6 +3,8 @@
 //! that needs only the serving helpers may include `serving.rs` alone (see there).
 #![allow(dead_code)] // each test crate uses its own subset
 
+/// The tiny llama GGUF the file-writing tests build.
+pub mod gguf;
 /// Goldens on disk and the text goldens' models.
 pub mod golden;
 /// llama.cpp's greedy goldens of the real GGUF models.
