@@ -10,7 +10,9 @@ use wick_engine::{EngineError, GenerationRequest, Model};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone, run_one};
+use serving::{
+    assert_replies, batched, blocks_for_two_longest, collect, default_model, run_alone, run_one,
+};
 
 /// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
 /// huge string is slow).
@@ -51,17 +53,7 @@ fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
     let alone = run_alone(&model, &requests);
     // Room for about two of the longest sequences, all layers.
     let blocks = blocks_for_two_longest(&model, &requests, 0);
-    let engine = Engine::start(
-        model.clone(),
-        EngineConfig {
-            max_batch: 8,
-            step_token_budget: 64,
-            prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let engine = Engine::start(model.clone(), batched(&model, Some(blocks))).unwrap();
     let pool = engine.stats().kv_pool;
     assert_eq!(pool.total_blocks, Some(blocks));
     let longest = requests.iter().map(|r| r.prompt.len() + r.max_tokens);
@@ -235,16 +227,12 @@ fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
-            max_batch: 8,
-            step_token_budget: 64,
-            prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
             // Every draft verified, so the counts below do not hang on step timings.
             speculative: Some(wick_engine::speculative::SpeculativeConfig {
                 budget: false,
                 ..Default::default()
             }),
-            ..EngineConfig::default()
+            ..batched(&model, Some(blocks))
         },
     )
     .unwrap();

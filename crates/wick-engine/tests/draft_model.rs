@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use wick_engine::constraint::ConstraintSpec;
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle, KvBudget};
+use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle};
 use wick_engine::speculative::{DraftModel, SpeculativeConfig};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
@@ -17,8 +17,8 @@ use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
 #[path = "common/serving.rs"]
 mod serving;
 use serving::{
-    assert_replies, blocks_for_two_longest, collect, default_model, replies, run_alone,
-    smollm2_path,
+    assert_replies, batched, blocks_for_two_longest, collect, default_model, pool, replies,
+    run_alone, smollm2_path,
 };
 
 #[path = "common/gguf.rs"]
@@ -122,25 +122,6 @@ fn engine_with(model: &Arc<Model>, draft: DraftModel, config: EngineConfig) -> E
         },
     )
     .unwrap()
-}
-
-/// Batches of up to 8 in steps of 64 tokens, no prompt cache, a pool of `blocks` KV
-/// blocks (unbounded for `None`).
-fn batched(model: &Model, blocks: Option<usize>) -> EngineConfig {
-    EngineConfig {
-        max_batch: 8,
-        step_token_budget: 64,
-        prompt_cache_bytes: 0,
-        kv_budget: blocks.map_or(KvBudget::Unbounded, |b| {
-            KvBudget::Bytes((b * model.kv_block_bytes()) as u64)
-        }),
-        ..EngineConfig::default()
-    }
-}
-
-/// A pool of `blocks` KV blocks.
-fn pool(model: &Model, blocks: usize) -> KvBudget {
-    KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64)
 }
 
 /// The default model drafting for itself: every greedy reply is the plain one, batched

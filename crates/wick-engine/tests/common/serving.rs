@@ -9,7 +9,9 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wick_engine::scheduler::{Completion, EngineEvent, EngineHandle, RequestHandle};
+use wick_engine::scheduler::{
+    Completion, EngineConfig, EngineEvent, EngineHandle, KvBudget, RequestHandle,
+};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 
 /// Where `wick pull` puts models: `WICK_HOME`, or `~/.cache/wick`.
@@ -71,6 +73,23 @@ pub fn blocks_for_two_longest(
         .unwrap_or(0);
     let layers = model.config().num_layers;
     2 * layers * (longest + slack).div_ceil(16) + layers
+}
+
+/// Batches of up to 8 in steps of 64 tokens, no prompt cache, a pool of `blocks` KV
+/// blocks (unbounded for `None`).
+pub fn batched(model: &Model, blocks: Option<usize>) -> EngineConfig {
+    EngineConfig {
+        max_batch: 8,
+        step_token_budget: 64,
+        prompt_cache_bytes: 0,
+        kv_budget: blocks.map_or(KvBudget::Unbounded, |b| pool(model, b)),
+        ..EngineConfig::default()
+    }
+}
+
+/// A pool of `blocks` KV blocks.
+pub fn pool(model: &Model, blocks: usize) -> KvBudget {
+    KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64)
 }
 
 /// A request's streamed token ids and text, checked against its `Done` (a failure fails
