@@ -6,7 +6,7 @@
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::golden::{decoder_from_dir, TextGolden};
+use common::golden::{decoder_from_dir, TextGolden, TEXT_GOLDENS};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
 use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
@@ -14,22 +14,10 @@ use wick_engine::backend::cuda::CudaBackend;
 use wick_engine::models::decoder::{BatchItem, LogitsRequest, RowOutput, SequenceCache, Want};
 use wick_gguf::GgmlType;
 
-/// The families whose ops the CUDA backend has (StarCoder 2 needs LayerNorm).
-const VARIANTS: [&str; 13] = [
-    "llama",
-    "llama_tied",
-    "qwen2",
-    "qwen3",
-    "gemma3",
-    "mistral",
-    "phi3",
-    "gemma2",
-    "olmo2",
-    "granite",
-    "smollm3",
-    "glm4",
-    "minicpm",
-];
+/// Every text golden but StarCoder 2's (it needs LayerNorm, which the CUDA backend lacks).
+fn variants() -> impl Iterator<Item = &'static str> {
+    TEXT_GOLDENS.into_iter().filter(|v| *v != "starcoder2")
+}
 const TOLERANCE: f32 = 2e-4;
 
 fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
@@ -43,7 +31,7 @@ fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn logits_match_transformers_in_one_pass_and_in_chunks() {
-    for variant in VARIANTS {
+    for variant in variants() {
         let g = TextGolden::open(variant);
         let m = g.decoder(CudaBackend::new(0).unwrap());
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
@@ -63,7 +51,7 @@ fn logits_match_transformers_in_one_pass_and_in_chunks() {
 
 #[test]
 fn batched_sequences_match_single_runs() {
-    for variant in VARIANTS {
+    for variant in variants() {
         let g = TextGolden::open(variant);
         let m = g.decoder(CudaBackend::new(0).unwrap());
         let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
@@ -92,7 +80,7 @@ fn batched_sequences_match_single_runs() {
 #[test]
 fn greedy_decoding_with_graphs_matches_the_cpu() {
     const STEPS: usize = 24;
-    for variant in VARIANTS {
+    for variant in variants() {
         let g = TextGolden::open(variant);
         let cuda = g.decoder(CudaBackend::new(0).unwrap());
         let cpu = g.decoder(CandleBackend::cpu());
@@ -157,7 +145,7 @@ fn greedy_decoding_with_graphs_matches_the_cpu() {
 /// host and rebuilt (what the prompt cache's tiers do) continues as the original does.
 #[test]
 fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
-    for variant in VARIANTS {
+    for variant in variants() {
         let g = TextGolden::open(variant);
         let cuda = g.decoder(CudaBackend::new(0).unwrap().with_kv_dtype(KvDtype::F16));
         let cpu = g.decoder(CandleBackend::cpu().with_kv_dtype(KvDtype::F16));

@@ -11,7 +11,7 @@ use wick_engine::scheduler::EngineConfig;
 
 mod common;
 use common::golden::floats;
-use common::media::{assert_close, spans, MediaGolden};
+use common::media::{spans, MediaGolden};
 use common::serving::reply_and_cached;
 
 fn load() -> MediaGolden {
@@ -68,26 +68,12 @@ fn the_tower_is_reported_only_when_it_loaded() {
 
 #[test]
 fn every_position_matches_transformers() {
-    let g = load();
-    for name in ["one_image", "two_images", "text_only"] {
-        let got = g.chunked(name, usize::MAX);
-        assert_close(name, &got, &g.expected(name));
-    }
+    load().chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
-    let g = load();
-    for chunk in [1, 5, 7, 13, 20] {
-        for name in ["one_image", "two_images"] {
-            let got = g.chunked(name, chunk);
-            assert_close(
-                &format!("{name} in chunks of {chunk}"),
-                &got,
-                &g.expected(name),
-            );
-        }
-    }
+    load().chunked_matches(&["one_image", "two_images"], &[1, 5, 7, 13, 20]);
 }
 
 #[test]

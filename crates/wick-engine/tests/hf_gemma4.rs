@@ -7,7 +7,7 @@ mod common;
 use common::golden::{load_decoder, CpuGolden, TextGolden};
 use common::logits::{assert_near, forward_all, greedy_decode, pass, worst, TOLERANCE};
 use wick_engine::backend::candle::CandleBackend;
-use wick_engine::models::decoder::{BatchItem, LogitsRequest, Want};
+use wick_engine::models::decoder::LogitsRequest;
 
 /// `gemma4`: e2b shape (PLE, KV sharing, proportional RoPE); `gemma4_moe`: 26B-A4B shape.
 const VARIANTS: [&str; 2] = ["gemma4", "gemma4_moe"];
@@ -84,49 +84,7 @@ fn incremental_decoding_matches_one_shot() {
 #[test]
 fn batched_sequences_match_single_runs() {
     for variant in VARIANTS {
-        let g = CpuGolden::load(variant);
-        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
-        let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
-        let out = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&a, &mut ca, Want::logits(LogitsRequest::All)),
-                BatchItem::new(&b, &mut cb, Want::logits(LogitsRequest::Last)),
-            ])
-            .unwrap();
-        assert_near(
-            variant,
-            "pair_a batched",
-            &out[0].as_ref().unwrap().data,
-            &g.expected("pair_a"),
-        );
-        let want_b = g.expected("pair_b");
-        let vocab = g.model.config().vocab_size;
-        assert_near(
-            variant,
-            "pair_b batched last row",
-            &out[1].as_ref().unwrap().data,
-            &want_b[want_b.len() - vocab..],
-        );
-        let (na, nb) = (a[0], b[0]);
-        let step = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&[na], &mut ca, Want::logits(LogitsRequest::Last)),
-                BatchItem::new(&[nb], &mut cb, Want::logits(LogitsRequest::Last)),
-            ])
-            .unwrap();
-        for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
-            let mut ids = seq.clone();
-            ids.push(next);
-            let alone = g.all(&ids);
-            assert_near(
-                variant,
-                "batched decode step",
-                &got.as_ref().unwrap().data,
-                &alone[alone.len() - vocab..],
-            );
-        }
+        CpuGolden::load(variant).batched_pair_matches_single_runs(variant, LogitsRequest::Last);
     }
 }
 

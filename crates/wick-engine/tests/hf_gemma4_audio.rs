@@ -72,24 +72,12 @@ fn tower_rows_match_transformers() {
 
 #[test]
 fn every_position_matches_transformers() {
-    let g = load();
-    for name in ["mono", "stereo", "text_only"] {
-        let got = g.chunked(name, usize::MAX);
-        assert_close(name, &got, &g.expected(name));
-    }
+    load().chunked_matches(&["mono", "stereo", "text_only"], &[usize::MAX]);
 }
 
 #[test]
 fn chunked_prefill_matches() {
-    let g = load();
-    for chunk in [1, 7, 20] {
-        let got = g.chunked("mono", chunk);
-        assert_close(
-            &format!("mono in chunks of {chunk}"),
-            &got,
-            &g.expected("mono"),
-        );
-    }
+    load().chunked_matches(&["mono"], &[1, 7, 20]);
 }
 
 #[test]
@@ -149,11 +137,5 @@ fn an_image_and_a_clip_in_one_prompt_match_transformers() {
     let g = MediaGolden::open("gemma4_audio_vision", image_and_clip);
     let media = &g.model.info().media;
     assert!(media.audio.is_some() && media.vision.is_some());
-    for chunk in [usize::MAX, 9] {
-        assert_close(
-            &format!("image and clip, chunks of {chunk}"),
-            &g.chunked("both", chunk),
-            &g.expected("both"),
-        );
-    }
+    g.chunked_matches(&["both"], &[usize::MAX, 9]);
 }

@@ -13,7 +13,7 @@ use wick_engine::scheduler::EngineConfig;
 
 mod common;
 use common::golden::golden_dir;
-use common::media::{assert_close, spans, MediaGolden};
+use common::media::{spans, MediaGolden};
 use common::serving::reply_and_cached;
 
 const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
@@ -140,42 +140,21 @@ fn a_text_only_gemma4_lists_no_tower_and_refuses_images() {
 #[test]
 fn every_position_matches_transformers() {
     for variant in VARIANTS {
-        let g = load(variant);
-        for name in ["one_image", "two_images", "text_only"] {
-            let got = g.chunked(name, usize::MAX);
-            assert_close(&format!("{variant} {name}"), &got, &g.expected(name));
-        }
+        load(variant).chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
     }
 }
 
 #[test]
 fn clipped_linears_and_standardization_match_transformers() {
     let g = load(CLIPPED);
-    for chunk in [usize::MAX, 5] {
-        let got = g.chunked("one_image", chunk);
-        assert_close(
-            &format!("{CLIPPED} in chunks of {chunk}"),
-            &got,
-            &g.expected("one_image"),
-        );
-    }
+    g.chunked_matches(&["one_image"], &[usize::MAX, 5]);
     g.greedy_continuation_matches_generate("one_image");
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
     for variant in VARIANTS {
-        let g = load(variant);
-        for chunk in [1, 5, 8, 13, 40] {
-            for name in ["one_image", "two_images"] {
-                let got = g.chunked(name, chunk);
-                assert_close(
-                    &format!("{variant} {name} in chunks of {chunk}"),
-                    &got,
-                    &g.expected(name),
-                );
-            }
-        }
+        load(variant).chunked_matches(&["one_image", "two_images"], &[1, 5, 8, 13, 40]);
     }
 }
 

@@ -6,8 +6,8 @@ mod common;
 
 use common::golden::{golden_dir, CpuGolden};
 use common::logits::{assert_near, forward_all, greedy_decode, model_pass, pass};
-use common::serving::{assert_replies, run_alone};
-use wick_engine::models::decoder::{BatchItem, LogitsRequest, Want};
+use common::serving::{assert_replies, pool, run_alone};
+use wick_engine::models::decoder::LogitsRequest;
 
 const VARIANTS: [&str; 2] = ["qwen35", "qwen35_tied"];
 
@@ -48,50 +48,7 @@ fn incremental_decoding_matches_one_shot() {
 #[test]
 fn batched_sequences_match_single_runs() {
     for variant in VARIANTS {
-        let g = load(variant);
-        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
-        let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
-        let out = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&a, &mut ca, Want::logits(LogitsRequest::All)),
-                BatchItem::new(&b, &mut cb, Want::logits(LogitsRequest::All)),
-            ])
-            .unwrap();
-        assert_near(
-            variant,
-            "pair_a batched",
-            &out[0].as_ref().unwrap().data,
-            &g.expected("pair_a"),
-        );
-        assert_near(
-            variant,
-            "pair_b batched",
-            &out[1].as_ref().unwrap().data,
-            &g.expected("pair_b"),
-        );
-        // One decode step of both at once, against each sequence alone.
-        let step = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&[a[0]], &mut ca, Want::logits(LogitsRequest::Last)),
-                BatchItem::new(&[b[0]], &mut cb, Want::logits(LogitsRequest::Last)),
-            ])
-            .unwrap();
-        for (seq, got) in [(&a, &step[0]), (&b, &step[1])] {
-            let mut ids = seq.clone();
-            ids.push(seq[0]);
-            let mut c = g.model.new_cache();
-            let alone = pass(&g.model, &ids, &mut c, LogitsRequest::Last)
-                .unwrap()
-                .data;
-            assert_near(
-                variant,
-                "batched decode step",
-                &got.as_ref().unwrap().data,
-                &alone,
-            );
-        }
+        load(variant).batched_pair_matches_single_runs(variant, LogitsRequest::All);
     }
 }
 
@@ -202,7 +159,7 @@ fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
 fn batched_and_preempted_rows_equal_single_runs() {
     use std::sync::Arc;
     use std::time::Duration;
-    use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
+    use wick_engine::scheduler::{Engine, EngineConfig};
     use wick_engine::{GenerationRequest, LoadOptions, Model};
 
     let model = Arc::new(Model::load(&golden_dir("qwen35"), &LoadOptions::default()).unwrap());
@@ -231,7 +188,7 @@ fn batched_and_preempted_rows_equal_single_runs() {
             max_batch: 6,
             step_token_budget: 48,
             prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            kv_budget: pool(&model, blocks),
             ..EngineConfig::default()
         },
     )

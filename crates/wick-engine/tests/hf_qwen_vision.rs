@@ -14,7 +14,7 @@ use wick_engine::scheduler::EngineConfig;
 
 mod common;
 use common::golden::{floats, read_json};
-use common::media::{assert_close, spans, MediaGolden};
+use common::media::{spans, MediaGolden};
 use common::serving::reply_and_cached;
 
 /// Each golden and the text-only golden of the same text architecture.
@@ -113,28 +113,14 @@ fn the_tower_is_reported_only_when_it_loaded() {
 #[test]
 fn every_position_matches_transformers() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        for name in ["one_image", "two_images", "text_only"] {
-            let got = g.chunked(name, usize::MAX);
-            assert_close(name, &got, &g.expected(name));
-        }
+        load(golden).chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
     }
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        for chunk in [1, 5, 7, 13, 20] {
-            for name in ["one_image", "two_images"] {
-                let got = g.chunked(name, chunk);
-                assert_close(
-                    &format!("{name} in chunks of {chunk}"),
-                    &got,
-                    &g.expected(name),
-                );
-            }
-        }
+        load(golden).chunked_matches(&["one_image", "two_images"], &[1, 5, 7, 13, 20]);
     }
 }
 

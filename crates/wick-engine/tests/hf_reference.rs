@@ -3,35 +3,15 @@
 //! KV cache (including Gemma's sliding window) must agree within 1e-4.
 mod common;
 
-use common::golden::{decoder_from_dir, golden_dir, CpuGolden};
-use common::logits::{
-    assert_near, forward_all, forward_batch, greedy_decode, model_pass, pass, worst,
-};
+use common::golden::{decoder_from_dir, golden_dir, CpuGolden, TEXT_GOLDENS};
+use common::logits::{assert_near, forward_all, greedy_decode, model_pass, pass, worst};
 use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::CandleBackend;
-use wick_engine::models::decoder::{BatchItem, LogitsRequest, Want};
-
-const VARIANTS: [&str; 14] = [
-    "llama",
-    "llama_tied",
-    "qwen2",
-    "qwen3",
-    "gemma3",
-    // The dense families of models/dense.rs (see scripts/goldens/hf_tiny_models.py).
-    "mistral",
-    "phi3",
-    "gemma2",
-    "olmo2",
-    "granite",
-    "starcoder2",
-    "smollm3",
-    "glm4",
-    "minicpm",
-];
+use wick_engine::models::decoder::LogitsRequest;
 
 #[test]
 fn every_position_matches_transformers() {
-    for variant in VARIANTS {
+    for variant in TEXT_GOLDENS {
         let g = CpuGolden::load(variant);
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
             let ids = g.case_ids(case);
@@ -44,7 +24,7 @@ fn every_position_matches_transformers() {
 fn incremental_decoding_matches_one_shot() {
     // Prefill in uneven chunks, then one token at a time: exercises the cache append path
     // and, for Gemma, eviction of keys that fell out of the sliding window.
-    for variant in VARIANTS {
+    for variant in TEXT_GOLDENS {
         let g = CpuGolden::load(variant);
         let ids = g.case_ids("len40");
         let want = g.expected("len40");
@@ -57,57 +37,14 @@ fn incremental_decoding_matches_one_shot() {
 
 #[test]
 fn batched_sequences_match_single_runs() {
-    for variant in VARIANTS {
-        let g = CpuGolden::load(variant);
-        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
-        let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
-        let out = forward_batch(
-            &g.model,
-            vec![
-                (&a, &mut ca, LogitsRequest::All),
-                (&b, &mut cb, LogitsRequest::Last),
-            ],
-        );
-        assert_near(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
-        let want_b = g.expected("pair_b");
-        let vocab = g.model.config().vocab_size;
-        assert_near(
-            variant,
-            "pair_b batched last row",
-            &out[1],
-            &want_b[want_b.len() - vocab..],
-        );
-        // Decode one more token for both at once: sequences of different lengths in one step.
-        let (na, nb) = (a[0], b[0]);
-        let step = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&[na], &mut ca, Want::logits(LogitsRequest::Last)),
-                BatchItem::new(&[nb], &mut cb, Want::logits(LogitsRequest::Last)),
-            ])
-            .unwrap();
-        for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
-            let mut ids = seq.clone();
-            ids.push(next);
-            let alone = pass(
-                &g.model,
-                &ids,
-                &mut g.model.new_cache(),
-                LogitsRequest::Last,
-            );
-            assert_near(
-                variant,
-                "batched decode step",
-                &got.as_ref().unwrap().data,
-                &alone.unwrap().data,
-            );
-        }
+    for variant in TEXT_GOLDENS {
+        CpuGolden::load(variant).batched_pair_matches_single_runs(variant, LogitsRequest::Last);
     }
 }
 
 #[test]
 fn greedy_continuation_matches_generate() {
-    for variant in VARIANTS {
+    for variant in TEXT_GOLDENS {
         let g = CpuGolden::load(variant);
         let (prompt, want) = g.greedy();
         let got = greedy_decode(&g.model, &prompt, want.len());
@@ -117,7 +54,7 @@ fn greedy_continuation_matches_generate() {
 
 #[test]
 fn cache_trim_and_snapshot_round_trip() {
-    for variant in VARIANTS {
+    for variant in TEXT_GOLDENS {
         trim_and_snapshot(variant);
     }
 }
@@ -164,7 +101,7 @@ fn a_wrapped_sliding_window_cannot_be_trimmed() {
 fn model_load_reads_every_family_from_its_directory() {
     // The path `wick serve DIR` takes: config.json, per-family tensor names, tokenizer,
     // chat template; the logits must be the golden's.
-    for variant in VARIANTS {
+    for variant in TEXT_GOLDENS {
         let g = CpuGolden::load(variant);
         let model = wick_engine::Model::load(&golden_dir(variant), &Default::default()).unwrap();
         assert_eq!(model.config(), g.model.config(), "{variant}");

@@ -10,8 +10,28 @@ use wick_engine::backend::Backend;
 use wick_engine::config::ModelConfig;
 use wick_engine::models::decoder::Decoder;
 use wick_engine::weights::{MlxQuantization, SafetensorsWeights};
+use wick_engine::LogitsRequest;
 
-use super::logits::forward_all;
+use super::logits::{assert_near, forward_all, forward_batch, pass};
+
+/// The text goldens of hf_reference: one tiny model per architecture (the last nine are
+/// the dense families of models/dense.rs, see scripts/goldens/hf_tiny_models.py).
+pub const TEXT_GOLDENS: [&str; 14] = [
+    "llama",
+    "llama_tied",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "mistral",
+    "phi3",
+    "gemma2",
+    "olmo2",
+    "granite",
+    "starcoder2",
+    "smollm3",
+    "glm4",
+    "minicpm",
+];
 
 /// The goldens folder (`tests/goldens`). `WICK_GOLDENS` names it when a test binary runs
 /// away from its checkout (the CUDA tests on a GPU machine).
@@ -167,6 +187,45 @@ impl CpuGolden {
     /// The logits of every position of `ids`, in one pass on a fresh cache.
     pub fn all(&self, ids: &[u32]) -> Vec<f32> {
         forward_all(&self.model, ids, &[ids.len()])
+    }
+
+    /// Cases `pair_a` (every position) and `pair_b` (the positions `b_logits` asks for)
+    /// prefilled in one batch match transformers'; then both decode one token in one
+    /// step (each fed its first token again), sequences of different lengths, and each
+    /// row matches its sequence run alone.
+    pub fn batched_pair_matches_single_runs(&self, variant: &str, b_logits: LogitsRequest) {
+        let m = &self.model;
+        let (a, b) = (self.case_ids("pair_a"), self.case_ids("pair_b"));
+        let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
+        let out = forward_batch(
+            m,
+            vec![(&a, &mut ca, LogitsRequest::All), (&b, &mut cb, b_logits)],
+        );
+        assert_near(variant, "pair_a batched", &out[0], &self.expected("pair_a"));
+        let want_b = self.expected("pair_b");
+        let vocab = m.config().vocab_size;
+        match b_logits {
+            LogitsRequest::Last => assert_near(
+                variant,
+                "pair_b batched last row",
+                &out[1],
+                &want_b[want_b.len() - vocab..],
+            ),
+            _ => assert_near(variant, "pair_b batched", &out[1], &want_b),
+        }
+        let step = forward_batch(
+            m,
+            vec![
+                (&a[..1], &mut ca, LogitsRequest::Last),
+                (&b[..1], &mut cb, LogitsRequest::Last),
+            ],
+        );
+        for (seq, got) in [(&a, &step[0]), (&b, &step[1])] {
+            let mut ids = seq.clone();
+            ids.push(seq[0]);
+            let alone = pass(m, &ids, &mut m.new_cache(), LogitsRequest::Last).unwrap();
+            assert_near(variant, "batched decode step", got, &alone.data);
+        }
     }
 }
 

@@ -85,6 +85,25 @@ impl MediaGolden {
         chunked(&self.model, &self.ids(name), &self.media(name), chunk)
     }
 
+    /// Cases `names`, fed in passes of at most each of `chunks` tokens (each moved so that
+    /// it cuts no media item; `usize::MAX`: one pass), match transformers' logits at every
+    /// position.
+    pub fn chunked_matches(&self, names: &[&str], chunks: &[usize]) {
+        for &chunk in chunks {
+            for &name in names {
+                let how = match chunk {
+                    usize::MAX => "in one pass".to_string(),
+                    _ => format!("in chunks of {chunk}"),
+                };
+                assert_close(
+                    &format!("{} {name} {how}", self.name),
+                    &self.chunked(name, chunk),
+                    &self.expected(name),
+                );
+            }
+        }
+    }
+
     /// Case `name` as a generation request of `max_tokens` (end of sequence ignored).
     pub fn request(&self, name: &str, max_tokens: usize) -> GenerationRequest {
         let mut req = GenerationRequest::new(self.ids(name)).max_tokens(max_tokens);
