@@ -22,6 +22,27 @@ SMOLLM = WICK_HOME / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct
 # Small generations keep the suite fast on two cores.
 SHORT = 16
 
+# The tool the tool-calling tests offer: a function and, below, its shape in each API.
+WEATHER_FUNCTION = {
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "The city name"}},
+        "required": ["city"],
+    },
+}
+# Chat completions: the `tools` list.
+WEATHER = [{"type": "function", "function": WEATHER_FUNCTION}]
+# Responses: one entry of `tools`.
+WEATHER_RESPONSES = {"type": "function", **WEATHER_FUNCTION}
+# Anthropic Messages: one entry of `tools`.
+WEATHER_ANTHROPIC = {
+    "name": WEATHER_FUNCTION["name"],
+    "description": WEATHER_FUNCTION["description"],
+    "input_schema": WEATHER_FUNCTION["parameters"],
+}
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes minutes on two cores (real agent clients)")

@@ -8,18 +8,9 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import QWEN, SMOLLM, WickServer, _serve, require_model
+from conftest import QWEN, SMOLLM, WEATHER_ANTHROPIC as WEATHER, WickServer, _serve, require_model
 
 SHORT = 12
-WEATHER = {
-    "name": "get_weather",
-    "description": "Get the current weather in a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "description": "The city name"}},
-        "required": ["city"],
-    },
-}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris right now? Use the get_weather tool."}]
 
 

@@ -25,19 +25,9 @@ import httpx
 import openai
 import pytest
 
+from conftest import WEATHER
+
 MODEL = "qwen2.5-coder-0.5b-instruct"
-WEATHER = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "The city name"}},
-            "required": ["city"],
-        },
-    },
-}]
 QUESTION = "What is the weather like in Paris right now?"
 ASK = [{"role": "user", "content": QUESTION}]
 SAMPLING = {"temperature": 0, "max_tokens": 48}

@@ -7,20 +7,9 @@ import httpx
 import openai
 import pytest
 
-from conftest import SMOLLM, _serve, require_model
+from conftest import SMOLLM, WEATHER_RESPONSES as WEATHER, _serve, require_model
 
 SHORT = 12
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "description": "The city name"}},
-        "required": ["city"],
-    },
-}
-
 
 
 @pytest.fixture(scope="module")

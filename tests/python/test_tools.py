@@ -6,18 +6,8 @@ import re
 
 import pytest
 
-WEATHER = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "The city name"}},
-            "required": ["city"],
-        },
-    },
-}]
+from conftest import WEATHER
+
 ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 

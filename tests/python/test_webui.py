@@ -18,24 +18,12 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, SMOLLM, TEMPLATES, _serve, require_model
+from conftest import ROOT, SMOLLM, TEMPLATES, WEATHER, _serve, require_model
 from test_security import find_chromium
 
 SCREENSHOTS = os.environ.get("WICK_UI_SCREENSHOTS") == "1"
 KEY = "webui-test-key"
 GOLDENS = ROOT / "crates" / "wick-engine" / "tests" / "goldens"
-WEATHER = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "description": "The city name"}},
-            "required": ["city"],
-        },
-    },
-}]
 
 
 @pytest.fixture(scope="module")

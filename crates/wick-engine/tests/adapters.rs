@@ -2,7 +2,7 @@
 //! mlx-lm adapters on the tiny random Llama, alone, stacked and none, must give PEFT's
 //! logits within 1e-4; rows with different adapters in one batch must give each one's
 //! logits; an adapter that does not fit the base is refused whole.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use wick_engine::adapters::{AdapterDtype, AdapterRegistry, AdapterStack, FactorDtype};
@@ -23,9 +23,12 @@ const SELECTIONS: [&str; 6] = [
     "peft_a+peft_b",
 ];
 
-fn goldens() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens")
-}
+mod common;
+use common::golden::{
+    floats, golden_dir, goldens, ids_of, read_json, stored_logits, write_safetensors,
+};
+use common::logits::assert_relative;
+use common::serving::replies;
 
 struct Fixture {
     model: Model,
@@ -35,7 +38,7 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let model = Model::load(&goldens().join("hf/llama"), &LoadOptions::default()).unwrap();
+    let model = Model::load(&golden_dir("llama"), &LoadOptions::default()).unwrap();
     let registry = AdapterRegistry::default();
     for id in ADAPTERS {
         let a = model
@@ -44,10 +47,8 @@ fn fixture() -> Fixture {
         registry.insert(Arc::new(a)).unwrap();
     }
     let dir = goldens().join("adapters");
-    let reference =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
-    let logits = SafetensorsWeights::open_files(&dir, &[dir.join("logits.safetensors")]).unwrap();
+    let reference = read_json(&dir.join("reference.json"));
+    let logits = stored_logits(&dir);
     Fixture {
         model,
         registry,
@@ -58,20 +59,11 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     fn ids(&self, case: &str) -> Vec<u32> {
-        self.reference["cases"][case]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
+        ids_of(&self.reference["cases"][case])
     }
 
     fn expected(&self, sel: &str, case: &str) -> Vec<f32> {
-        let w = self.logits.raw(&format!("{sel}.{case}.logits")).unwrap();
-        w.bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
+        floats(&self.logits, &format!("{sel}.{case}.logits"))
     }
 
     fn stack(&self, sel: &str) -> AdapterStack {
@@ -80,17 +72,7 @@ impl Fixture {
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(
-        worst <= TOLERANCE * scale,
-        "{what}: max |diff| {worst} > {TOLERANCE} x {scale}"
-    );
+    assert_relative(what, got, want, TOLERANCE);
 }
 
 #[test]
@@ -199,28 +181,21 @@ fn argmax_path_uses_the_adapters() {
     }
 }
 
-/// Writes a safetensors file of f32 tensors.
-fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>)]) {
-    let mut header = serde_json::Map::new();
-    let mut at = 0usize;
-    for (name, shape) in tensors {
-        let n: usize = shape.iter().product::<usize>() * 4;
-        header.insert(
-            name.to_string(),
-            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + n]}),
-        );
-        at += n;
-    }
-    let h = serde_json::Value::Object(header).to_string();
-    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(h.as_bytes());
-    bytes.extend(std::iter::repeat_n(0u8, at));
-    std::fs::write(path, bytes).unwrap();
+/// Writes a safetensors file of f32 tensors of zeros.
+fn write_zeros(path: &Path, tensors: &[(&str, Vec<usize>)]) {
+    let tensors = tensors
+        .iter()
+        .map(|(name, shape)| {
+            let zeros = vec![0u8; shape.iter().product::<usize>() * 4];
+            (name.to_string(), "F32".into(), shape.clone(), zeros)
+        })
+        .collect();
+    write_safetensors(path, tensors);
 }
 
 #[test]
 fn a_shape_that_does_not_fit_refuses_the_whole_adapter() {
-    let model = Model::load(&goldens().join("hf/llama"), &LoadOptions::default()).unwrap();
+    let model = Model::load(&golden_dir("llama"), &LoadOptions::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("adapter_config.json"),
@@ -228,7 +203,7 @@ fn a_shape_that_does_not_fit_refuses_the_whole_adapter() {
     )
     .unwrap();
     let p = "base_model.model.model.layers";
-    write_safetensors(
+    write_zeros(
         &dir.path().join("adapter_model.safetensors"),
         &[
             // Layer 0's q_proj fits (hidden 64, q 64) ...
@@ -254,7 +229,7 @@ fn a_shape_that_does_not_fit_refuses_the_whole_adapter() {
     );
 
     // A layer the base does not have.
-    write_safetensors(
+    write_zeros(
         &dir.path().join("adapter_model.safetensors"),
         &[
             (
@@ -274,7 +249,7 @@ fn a_shape_that_does_not_fit_refuses_the_whole_adapter() {
     assert!(msg.contains("layer 7"), "{msg}");
 
     // An A without its B.
-    write_safetensors(
+    write_zeros(
         &dir.path().join("adapter_model.safetensors"),
         &[(
             &format!("{p}.0.self_attn.q_proj.lora_A.weight"),
@@ -414,7 +389,7 @@ fn a_llama_cpp_gguf_adapter_gives_the_peft_logits() {
 /// adapters, so greedy output equals the plain engine's for every selection, in one batch.
 #[test]
 fn speculative_rows_keep_their_adapters() {
-    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+    use wick_engine::scheduler::{Engine, EngineConfig};
     use wick_engine::speculative::SpeculativeConfig;
     let f = fixture();
     let mut prompt = f.ids("len19");
@@ -437,21 +412,7 @@ fn speculative_rows_keep_their_adapters() {
             ..EngineConfig::default()
         };
         let engine = Engine::start(model.clone(), config).unwrap();
-        let handles: Vec<_> = requests
-            .iter()
-            .map(|r| engine.submit(r.clone()).unwrap())
-            .collect();
-        let outputs: Vec<Vec<u32>> = handles
-            .into_iter()
-            .map(|mut h| loop {
-                match h.blocking_next() {
-                    Some(EngineEvent::Done(d)) => break d.tokens,
-                    Some(EngineEvent::Failed(e)) => panic!("{e}"),
-                    Some(EngineEvent::Token(_)) => {}
-                    None => panic!("closed without Done"),
-                }
-            })
-            .collect();
+        let outputs = replies(&engine, &requests);
         let stats = engine.stats();
         assert!(engine.shutdown(std::time::Duration::from_secs(5)));
         (outputs, stats.speculation)
@@ -506,13 +467,7 @@ fn half_precision_factors() {
     for (got, sel) in out.iter().zip(["peft_a", "peft_a+peft_b"]) {
         let got = &got.as_ref().unwrap().data;
         let want = f.expected(sel, "len7");
-        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(worst <= 1e-2 * scale, "{sel} in f16: max |diff| {worst}");
+        assert_relative(&format!("{sel} in f16"), got, &want, 1e-2);
     }
 }
 

@@ -15,7 +15,7 @@ use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 
 fn load(name: &str) -> Arc<Model> {
-    Arc::new(Model::load(&common::golden_dir(name), &LoadOptions::default()).unwrap())
+    Arc::new(Model::load(&common::golden::golden_dir(name), &LoadOptions::default()).unwrap())
 }
 
 /// Ids below the tiny vocabularies, seeded.

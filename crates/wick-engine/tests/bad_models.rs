@@ -10,15 +10,9 @@ mod safetensors;
 #[path = "common/serving.rs"]
 mod serving;
 use serving::smollm2_path as smollm2;
-
-fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
-    (0..n)
-        .flat_map(|i| {
-            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 5000.0 - 0.1)
-                .to_le_bytes()
-        })
-        .collect()
-}
+#[path = "common/gguf.rs"]
+mod gguf;
+use gguf::{f32_bytes, hyperparameters, tensors};
 
 /// A tiny llama GGUF (one layer, hidden 32, byte-level vocab) with F32 weights.
 fn tiny_gguf(
@@ -36,7 +30,7 @@ fn tiny_gguf_with(
     template: Option<&str>,
     overrides: &[(&str, V)],
 ) -> GgufWriter {
-    let (h, ff, vocab) = (32u64, 64u64, 256u64 + 3);
+    let vocab = 256u64 + 3;
     let mut w = GgufWriter::new();
     for (key, value) in overrides {
         w.metadata(*key, value.clone());
@@ -62,18 +56,11 @@ fn tiny_gguf_with(
     }
     let mut types = vec![V::I32(3); 3];
     types.extend(std::iter::repeat_n(V::I32(1), 256));
-    w.metadata("general.architecture", V::String(arch.into()))
-        .metadata(format!("{arch}.block_count"), V::U32(1))
-        .metadata(format!("{arch}.context_length"), V::U32(256))
-        .metadata(format!("{arch}.embedding_length"), V::U32(h as u32))
-        .metadata(format!("{arch}.feed_forward_length"), V::U32(ff as u32))
-        .metadata(format!("{arch}.attention.head_count"), V::U32(2))
-        .metadata(format!("{arch}.attention.head_count_kv"), V::U32(1))
-        .metadata(
-            format!("{arch}.attention.layer_norm_rms_epsilon"),
-            V::F32(1e-5),
-        )
-        .metadata("tokenizer.ggml.model", V::String("gpt2".into()))
+    w.metadata("general.architecture", V::String(arch.into()));
+    for (key, value) in hyperparameters(arch, 256) {
+        w.metadata(key, value);
+    }
+    w.metadata("tokenizer.ggml.model", V::String("gpt2".into()))
         .metadata("tokenizer.ggml.pre", V::String("gpt-2".into()))
         .metadata("tokenizer.ggml.tokens", V::Array(tokens))
         .metadata("tokenizer.ggml.token_type", V::Array(types))
@@ -87,8 +74,7 @@ fn tiny_gguf_with(
         w.metadata("tokenizer.chat_template", V::String(t.into()));
     }
     let mut w = w.w;
-    let kv = h / 2;
-    let mut tensor = |name: &str, dims: Vec<u64>| {
+    for (name, dims) in tensors(vocab) {
         let n: u64 = dims.iter().product();
         match odd_tensor {
             Some((odd, dtype)) if odd == name => {
@@ -104,18 +90,7 @@ fn tiny_gguf_with(
                 );
             }
         }
-    };
-    tensor("token_embd.weight", vec![h, vocab]);
-    tensor("output_norm.weight", vec![h]);
-    tensor("blk.0.attn_norm.weight", vec![h]);
-    tensor("blk.0.ffn_norm.weight", vec![h]);
-    tensor("blk.0.attn_q.weight", vec![h, h]);
-    tensor("blk.0.attn_k.weight", vec![h, kv]);
-    tensor("blk.0.attn_v.weight", vec![h, kv]);
-    tensor("blk.0.attn_output.weight", vec![h, h]);
-    tensor("blk.0.ffn_gate.weight", vec![h, ff]);
-    tensor("blk.0.ffn_up.weight", vec![h, ff]);
-    tensor("blk.0.ffn_down.weight", vec![ff, h]);
+    }
     w
 }
 

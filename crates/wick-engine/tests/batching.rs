@@ -2,7 +2,6 @@
 //! output equals each request run alone even when the pool is so small that sequences
 //! wait and get preempted, no block leaks, and requests that could never fit are
 //! refused before any work; greedy tokens picked on the backend equal the host sampler's.
-use std::ops::ControlFlow;
 use std::time::Duration;
 
 use wick_engine::sampler::SamplingParams;
@@ -11,7 +10,9 @@ use wick_engine::{EngineError, GenerationRequest, Model};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone};
+use serving::{
+    assert_replies, batched, blocks_for_two_longest, collect, default_model, run_alone, run_one,
+};
 
 /// A prompt of about `words` words of ordinary text (built line by line: tokenizing one
 /// huge string is slow).
@@ -52,17 +53,7 @@ fn outputs_equal_single_runs_when_the_pool_forces_preemption() {
     let alone = run_alone(&model, &requests);
     // Room for about two of the longest sequences, all layers.
     let blocks = blocks_for_two_longest(&model, &requests, 0);
-    let engine = Engine::start(
-        model.clone(),
-        EngineConfig {
-            max_batch: 8,
-            step_token_budget: 64,
-            prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let engine = Engine::start(model.clone(), batched(&model, Some(blocks))).unwrap();
     let pool = engine.stats().kv_pool;
     assert_eq!(pool.total_blocks, Some(blocks));
     let longest = requests.iter().map(|r| r.prompt.len() + r.max_tokens);
@@ -142,10 +133,7 @@ fn requests_that_could_never_fit_are_refused_before_any_work() {
     assert_eq!((stats.steps, stats.queued), (0, 0));
     // One that fits runs.
     let fits = GenerationRequest::new(model.tokenize("Hello there").unwrap()).max_tokens(20);
-    let alone = model
-        .generate(&fits, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
+    let alone = run_one(&model, &fits);
     assert_eq!(collect(engine.submit(fits).unwrap()).0, alone);
     assert_eq!(engine.stats().kv_pool.used_blocks, 0);
 
@@ -239,16 +227,12 @@ fn speculative_greedy_outputs_equal_single_runs_under_preemption() {
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
-            max_batch: 8,
-            step_token_budget: 64,
-            prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
             // Every draft verified, so the counts below do not hang on step timings.
             speculative: Some(wick_engine::speculative::SpeculativeConfig {
                 budget: false,
                 ..Default::default()
             }),
-            ..EngineConfig::default()
+            ..batched(&model, Some(blocks))
         },
     )
     .unwrap();

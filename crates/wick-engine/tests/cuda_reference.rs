@@ -9,15 +9,14 @@
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::{
-    decoder_from_dir, forward_all, forward_batch, quantize_model, some_ids, write_wide_model,
-    TextGolden, WIDE_SHAPES,
-};
+use common::golden::{decoder_from_dir, TextGolden};
+use common::logits::{forward_all, forward_batch};
+use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
 use wick_engine::backend::{
-    AttentionParams, AttentionSegment,
-    Backend, DeltaInputs, DeltaParams, DeltaSegment, DeltaShape, DeltaState, DeltaStore,
+    AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment, DeltaShape,
+    DeltaState, DeltaStore,
 };
 use wick_engine::models::decoder::{
     BatchItem, Decoder, LogitsRequest, RowOutput, SequenceCache, Want,
@@ -667,7 +666,10 @@ fn two_passes<B: Backend>(
     let mut a = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
     let mut b = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
     let upload = |n: usize, w: usize, seed: u64, gain: f32| {
-        let x = flash_noise(n * w, seed).into_iter().map(|v| v * gain).collect();
+        let x = flash_noise(n * w, seed)
+            .into_iter()
+            .map(|v| v * gain)
+            .collect();
         be.tensor_from_host(x, n, w).unwrap()
     };
     let n = context + 50;

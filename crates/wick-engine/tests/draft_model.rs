@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use wick_engine::constraint::ConstraintSpec;
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle, KvBudget};
+use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle};
 use wick_engine::speculative::{DraftModel, SpeculativeConfig};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
@@ -17,18 +17,12 @@ use wick_gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue as V};
 #[path = "common/serving.rs"]
 mod serving;
 use serving::{
-    assert_replies, blocks_for_two_longest, collect, default_model, replies, run_alone,
-    smollm2_path,
+    assert_replies, batched, blocks_for_two_longest, collect, default_model, pool, replies,
+    run_alone, smollm2_path,
 };
 
-fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
-    (0..n)
-        .flat_map(|i| {
-            (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32 / 5000.0 - 0.1)
-                .to_le_bytes()
-        })
-        .collect()
-}
+#[path = "common/gguf.rs"]
+mod gguf;
 
 /// A one-layer llama of hidden size 32 with fixed pseudo-random F32 weights and
 /// SmolLM2's tokenizer (every `tokenizer.*` key copied), or a 259-token byte vocabulary
@@ -36,7 +30,6 @@ fn f32_bytes(n: usize, seed: u32) -> Vec<u8> {
 fn tiny_draft(dir: &Path, own_vocab: bool) -> PathBuf {
     let source = GgufFile::open(smollm2_path()).unwrap();
     let mut w = GgufWriter::new();
-    let (h, ff) = (32u64, 64u64);
     let mut vocab = 0u64;
     for (key, value) in source.metadata().entries() {
         if key.starts_with("tokenizer.") && !own_vocab {
@@ -63,40 +56,16 @@ fn tiny_draft(dir: &Path, own_vocab: bool) -> PathBuf {
             .metadata("tokenizer.ggml.bos_token_id", V::U32(1))
             .metadata("tokenizer.ggml.eos_token_id", V::U32(2));
     }
-    let arch = "llama";
-    w.metadata("general.architecture", V::String(arch.into()))
-        .metadata("general.name", V::String("tiny-draft".into()))
-        .metadata(format!("{arch}.block_count"), V::U32(1))
-        .metadata(format!("{arch}.context_length"), V::U32(2048))
-        .metadata(format!("{arch}.embedding_length"), V::U32(h as u32))
-        .metadata(format!("{arch}.feed_forward_length"), V::U32(ff as u32))
-        .metadata(format!("{arch}.attention.head_count"), V::U32(2))
-        .metadata(format!("{arch}.attention.head_count_kv"), V::U32(1))
-        .metadata(
-            format!("{arch}.attention.layer_norm_rms_epsilon"),
-            V::F32(1e-5),
-        );
-    let kv = h / 2;
-    let mut tensor = |name: &str, dims: Vec<u64>| {
+    w.metadata("general.architecture", V::String("llama".into()))
+        .metadata("general.name", V::String("tiny-draft".into()));
+    for (key, value) in gguf::hyperparameters("llama", 2048) {
+        w.metadata(key, value);
+    }
+    for (name, dims) in gguf::tensors(vocab) {
         let n: u64 = dims.iter().product();
-        w.tensor(
-            name,
-            dims,
-            GgmlType::F32,
-            f32_bytes(n as usize, name.len() as u32),
-        );
-    };
-    tensor("token_embd.weight", vec![h, vocab]);
-    tensor("output_norm.weight", vec![h]);
-    tensor("blk.0.attn_norm.weight", vec![h]);
-    tensor("blk.0.ffn_norm.weight", vec![h]);
-    tensor("blk.0.attn_q.weight", vec![h, h]);
-    tensor("blk.0.attn_k.weight", vec![h, kv]);
-    tensor("blk.0.attn_v.weight", vec![h, kv]);
-    tensor("blk.0.attn_output.weight", vec![h, h]);
-    tensor("blk.0.ffn_gate.weight", vec![h, ff]);
-    tensor("blk.0.ffn_up.weight", vec![h, ff]);
-    tensor("blk.0.ffn_down.weight", vec![ff, h]);
+        let bytes = gguf::f32_bytes(n as usize, name.len() as u32);
+        w.tensor(name, dims, GgmlType::F32, bytes);
+    }
     let path = dir.join(if own_vocab {
         "tiny-bytes.gguf"
     } else {
@@ -153,25 +122,6 @@ fn engine_with(model: &Arc<Model>, draft: DraftModel, config: EngineConfig) -> E
         },
     )
     .unwrap()
-}
-
-/// Batches of up to 8 in steps of 64 tokens, no prompt cache, a pool of `blocks` KV
-/// blocks (unbounded for `None`).
-fn batched(model: &Model, blocks: Option<usize>) -> EngineConfig {
-    EngineConfig {
-        max_batch: 8,
-        step_token_budget: 64,
-        prompt_cache_bytes: 0,
-        kv_budget: blocks.map_or(KvBudget::Unbounded, |b| {
-            KvBudget::Bytes((b * model.kv_block_bytes()) as u64)
-        }),
-        ..EngineConfig::default()
-    }
-}
-
-/// A pool of `blocks` KV blocks.
-fn pool(model: &Model, blocks: usize) -> KvBudget {
-    KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64)
 }
 
 /// The default model drafting for itself: every greedy reply is the plain one, batched

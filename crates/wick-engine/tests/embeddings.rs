@@ -3,28 +3,24 @@
 //! cosine ≥ 0.9999, batched and one at a time; prompts, Matryoshka truncation and the
 //! refusals. The tiny Qwen3 embedder is committed; all-MiniLM-L6-v2 comes from
 //! `wick pull minilm`.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 use wick_engine::embedding::{Embedder, Pooling};
 use wick_engine::LoadOptions;
 
+mod common;
+use common::golden::{goldens, ids_of, read_json};
+use common::serving::model_file;
+
 const MIN_COSINE: f64 = 0.9999;
 
-fn goldens() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/embed")
+fn embed_dir() -> PathBuf {
+    goldens().join("embed")
 }
 
 fn golden(name: &str) -> Value {
-    let path = goldens().join(format!("{name}.json"));
-    serde_json::from_str(&std::fs::read_to_string(&path).expect("golden file")).expect("JSON")
-}
-
-fn wick_home() -> PathBuf {
-    match std::env::var_os("WICK_HOME") {
-        Some(home) => PathBuf::from(home),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/wick"),
-    }
+    read_json(&embed_dir().join(format!("{name}.json")))
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -36,17 +32,7 @@ fn strings(v: &Value) -> Vec<String> {
 }
 
 fn id_lists(v: &Value) -> Vec<Vec<u32>> {
-    v.as_array()
-        .expect("list")
-        .iter()
-        .map(|l| {
-            l.as_array()
-                .expect("ids")
-                .iter()
-                .map(|i| i.as_u64().expect("id") as u32)
-                .collect()
-        })
-        .collect()
+    v.as_array().expect("list").iter().map(ids_of).collect()
 }
 
 fn vectors(v: &Value) -> Vec<Vec<f32>> {
@@ -81,6 +67,18 @@ fn assert_vectors(what: &str, got: &[Vec<f32>], want: &[Vec<f32>]) {
     }
 }
 
+/// Each of `ids` embedded in a call of its own.
+fn one_at_a_time(embedder: &Embedder, ids: &[Vec<u32>]) -> Vec<Vec<f32>> {
+    ids.iter()
+        .map(|i| {
+            embedder
+                .embed(std::slice::from_ref(i), None)
+                .expect("embeds")
+                .remove(0)
+        })
+        .collect()
+}
+
 /// Ids from the tokenizer equal sentence-transformers'; vectors match batched and alone.
 fn check_sentences(embedder: &Embedder, g: &Value, prompt: Option<&str>) -> Vec<Vec<u32>> {
     let sentences = strings(&g["sentences"]);
@@ -96,7 +94,7 @@ fn check_sentences(embedder: &Embedder, g: &Value, prompt: Option<&str>) -> Vec<
 
 #[test]
 fn tiny_qwen3_embedder_matches_sentence_transformers() {
-    let dir = goldens().join("tiny-qwen3-embed");
+    let dir = embed_dir().join("tiny-qwen3-embed");
     let g = golden("tiny-qwen3-embed");
     let embedder = Embedder::load(&dir, &LoadOptions::default()).expect("loads");
     let info = embedder.info();
@@ -111,16 +109,7 @@ fn tiny_qwen3_embedder_matches_sentence_transformers() {
     let want = vectors(&g["vectors"]);
     let batched = embedder.embed(&ids, None).expect("embeds");
     assert_vectors("batched", &batched, &want);
-    let alone: Vec<Vec<f32>> = ids
-        .iter()
-        .map(|i| {
-            embedder
-                .embed(std::slice::from_ref(i), None)
-                .expect("embeds")
-                .remove(0)
-        })
-        .collect();
-    assert_vectors("one at a time", &alone, &want);
+    assert_vectors("one at a time", &one_at_a_time(&embedder, &ids), &want);
 
     // The named prompt and the instruction give the same query format.
     let instruction = g["query_instruction"].as_str().expect("instruction");
@@ -159,15 +148,11 @@ fn tiny_qwen3_embedder_matches_sentence_transformers() {
 
 #[test]
 fn minilm_matches_sentence_transformers() {
-    let dir = wick_home().join("models/all-minilm-l6-v2");
-    assert!(
-        dir.join("model.safetensors").is_file(),
-        "{} is missing: run `wick pull minilm`",
-        dir.display()
-    );
-    assert!(Embedder::is_encoder(&dir));
+    let weights = model_file("all-minilm-l6-v2/model.safetensors", "minilm");
+    let dir = weights.parent().unwrap();
+    assert!(Embedder::is_encoder(dir));
     let g = golden("minilm");
-    let embedder = Embedder::load(&dir, &LoadOptions::default()).expect("loads");
+    let embedder = Embedder::load(dir, &LoadOptions::default()).expect("loads");
     let info = embedder.info();
     assert!(info.encoder);
     assert_eq!(
@@ -184,16 +169,7 @@ fn minilm_matches_sentence_transformers() {
         &embedder.embed(&ids, None).expect("embeds"),
         &want,
     );
-    let alone: Vec<Vec<f32>> = ids
-        .iter()
-        .map(|i| {
-            embedder
-                .embed(std::slice::from_ref(i), None)
-                .expect("embeds")
-                .remove(0)
-        })
-        .collect();
-    assert_vectors("one at a time", &alone, &want);
+    assert_vectors("one at a time", &one_at_a_time(&embedder, &ids), &want);
     // No Matryoshka dimensions declared: only the full length.
     assert!(embedder.embed(&ids[..1], Some(128)).is_err());
     assert!(embedder.embed(&ids[..1], Some(384)).is_ok());

@@ -7,73 +7,37 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
-use wick_engine::models::decoder::LogitsRequest;
-use wick_engine::scheduler::{Engine, EngineConfig};
-use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
+use wick_engine::scheduler::EngineConfig;
 
 mod common;
-use common::{assert_close, collect, floats, golden_dir, load_parts, Cases};
+use common::golden::floats;
+use common::media::{spans, MediaGolden};
+use common::serving::reply_and_cached;
 
-struct Golden {
-    model: Model,
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
+fn load() -> MediaGolden {
+    MediaGolden::open("gemma3_vision", media)
 }
 
-fn load() -> Golden {
-    let (model, reference, logits) = load_parts(&golden_dir("gemma3_vision"));
-    Golden {
-        model,
-        reference,
-        logits,
-    }
-}
-
-impl Cases for Golden {
-    fn model(&self) -> &Model {
-        &self.model
-    }
-    fn reference(&self) -> &serde_json::Value {
-        &self.reference
-    }
-    fn logits(&self) -> &SafetensorsWeights {
-        &self.logits
-    }
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        Golden::media(self, name)
+/// Image `i` of the committed pixel values (what Gemma3ImageProcessor made of the test
+/// images), with a digest standing in for the server's hash.
+fn pixels(g: &MediaGolden, i: usize) -> ImagePixels {
+    let all = floats(&g.logits, "pixel_values");
+    let n = 3 * 64 * 64;
+    ImagePixels {
+        channels: 3,
+        height: 64,
+        width: 64,
+        data: Arc::from(&all[i * n..(i + 1) * n]),
     }
 }
 
-impl Golden {
-    /// Image `i` of the committed pixel values (what Gemma3ImageProcessor made of the test
-    /// images), with a digest standing in for the server's hash.
-    fn pixels(&self, i: usize) -> ImagePixels {
-        let all = floats(&self.logits, "pixel_values");
-        let n = 3 * 64 * 64;
-        ImagePixels {
-            channels: 3,
-            height: 64,
-            width: 64,
-            data: Arc::from(&all[i * n..(i + 1) * n]),
-        }
-    }
-
-    /// The case's media spans: image `k` of the case is committed image `k`.
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        self.case(name)["spans"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .map(|(k, s)| MediaSpan {
-                start: s[0].as_u64().unwrap() as usize,
-                len: s[1].as_u64().unwrap() as usize,
-                data: MediaData::Image(self.pixels(k)),
-                digest: 1000 + k as u64,
-            })
-            .collect()
-    }
+/// The case's media spans: image `k` of the case is committed image `k`.
+fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+    spans(
+        g.case(name),
+        |k| MediaData::Image(pixels(g, k)),
+        |k| 1000 + k as u64,
+    )
 }
 
 #[test]
@@ -90,14 +54,7 @@ fn the_tower_is_reported_only_when_it_loaded() {
         ),
         (8, 6, 7)
     );
-    let text = golden_dir("gemma3");
-    let text = Model::load(&text, &LoadOptions::default()).unwrap();
-    assert!(text.info().media.vision.is_none());
-    let mut cache = text.new_cache();
-    let err = text
-        .attach_media(&mut cache, &g.media("one_image"))
-        .unwrap_err();
-    assert!(err.to_string().contains("no vision tower"), "{err}");
+    let text = g.text_model_refuses_images("gemma3");
     // Refused before it runs, naming the model.
     let err = text
         .generate(&g.request("one_image", 12), |_| ControlFlow::Continue(()))
@@ -111,43 +68,17 @@ fn the_tower_is_reported_only_when_it_loaded() {
 
 #[test]
 fn every_position_matches_transformers() {
-    let g = load();
-    for name in ["one_image", "two_images", "text_only"] {
-        let got = g.chunked(name, usize::MAX);
-        assert_close(name, &got, &g.expected(name));
-    }
+    load().chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
-    let g = load();
-    for chunk in [1, 5, 7, 13, 20] {
-        for name in ["one_image", "two_images"] {
-            let got = g.chunked(name, chunk);
-            assert_close(
-                &format!("{name} in chunks of {chunk}"),
-                &got,
-                &g.expected(name),
-            );
-        }
-    }
+    load().chunked_matches(&["one_image", "two_images"], &[1, 5, 7, 13, 20]);
 }
 
 #[test]
 fn a_pass_that_cuts_an_image_is_an_error() {
-    let g = load();
-    let ids = g.ids("one_image");
-    let media = g.media("one_image");
-    let mut cache = g.model.new_cache();
-    g.model.attach_media(&mut cache, &media).unwrap();
-    let cut = media[0].start + 3;
-    let mut steps = [Step {
-        tokens: &ids[..cut],
-        cache: &mut cache,
-        logits: LogitsRequest::None,
-    }];
-    let err = g.model.forward(&mut steps).unwrap_err();
-    assert!(err.to_string().contains("cuts the image"), "{err}");
+    load().a_pass_that_cuts_the_image_fails();
 }
 
 #[test]
@@ -181,74 +112,16 @@ fn a_batch_mixes_an_image_row_and_a_text_row() {
 
 #[test]
 fn greedy_continuation_matches_generate() {
-    let g = load();
-    let want: Vec<u32> = g.reference["greedy"]["continuation_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let out = g
-        .model
-        .generate(&g.request("one_image", 12), |_| ControlFlow::Continue(()))
-        .unwrap();
-    assert_eq!(out.tokens, want);
+    load().greedy_continuation_matches_generate("one_image");
 }
 
 #[test]
 fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
     let g = load();
-    let model = Arc::new(load().model);
-    // A step budget of 7 tokens: prompt chunks that would cut the images.
-    let engine = Engine::start(
-        model.clone(),
-        EngineConfig {
-            step_token_budget: 7,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
-    let want = g.reference["greedy"]["continuation_ids"].clone();
-    let mut first = g.request("one_image", 12);
-    first.prefill_chunk = 7;
-    let cold = model
-        .generate(&first, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    assert_eq!(serde_json::json!(cold), want);
-    // An image request and a text request side by side, prefilled in 7-token chunks.
-    let mut text = GenerationRequest::new(g.ids("text_only")).max_tokens(6);
-    text.prefill_chunk = 7;
-    let text_cold = model
-        .generate(&text, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    let (e1, e2) = (engine.clone(), engine.clone());
-    let (r1, r2) = (first.clone(), text.clone());
-    let a = std::thread::spawn(move || collect(&e1, r1));
-    let b = std::thread::spawn(move || collect(&e2, r2));
-    assert_eq!(a.join().unwrap().0, cold);
-    assert_eq!(b.join().unwrap().0, text_cold);
-
-    // The same text with the other image: only the text before the image may be reused.
-    let mut other = first.clone();
-    if let MediaData::Image(p) = &mut other.media[0].data {
-        *p = g.pixels(1);
-    }
-    other.media[0].digest = 2000;
-    let other_cold = model
-        .generate(&other, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    assert_ne!(other_cold, cold, "the second image should change the reply");
-    let (ids, cached) = collect(&engine, other.clone());
-    assert_eq!(ids, other_cold);
-    assert!(
-        cached <= other.media[0].start,
-        "reused {cached} tokens past the image start"
-    );
+    let (engine, first, cold) =
+        g.engine_keys_the_prompt_cache_by_image(EngineConfig::default(), |p| *p = pixels(&g, 1));
     // The first image again: its whole prompt is cached now.
-    let (ids, cached) = collect(&engine, first.clone());
+    let (ids, cached) = reply_and_cached(&engine, first.clone());
     assert_eq!(ids, cold);
     assert!(
         cached > first.media[0].start + first.media[0].len,

@@ -7,73 +7,34 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use wick_engine::media::{AudioFeatures, MediaData, MediaSpan};
-use wick_engine::models::decoder::LogitsRequest;
-use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{LoadOptions, Model, Step};
+use wick_engine::media::{AudioFeatures, ImagePixels, MediaData, MediaSpan};
+use wick_engine::{LoadOptions, Model};
 
 mod common;
-use common::{assert_close, floats, golden_dir, load_parts, Cases};
+use common::golden::{floats, golden_dir};
+use common::media::{assert_close, spans, MediaGolden};
 
-struct Golden {
-    model: Model,
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
+fn load() -> MediaGolden {
+    MediaGolden::open("gemma4_audio", media)
 }
 
-fn load() -> Golden {
-    let (model, reference, logits) = load_parts(&golden_dir("gemma4_audio"));
-    Golden {
-        model,
-        reference,
-        logits,
-    }
-}
-
-impl Cases for Golden {
-    fn model(&self) -> &Model {
-        &self.model
-    }
-    fn reference(&self) -> &serde_json::Value {
-        &self.reference
-    }
-    fn logits(&self) -> &SafetensorsWeights {
-        &self.logits
-    }
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        Golden::media(self, name)
+/// The clip's features as the server hands them over: the extractor's frames that hold
+/// samples (the trailing padded frames dropped).
+fn features(g: &MediaGolden, clip: &str) -> AudioFeatures {
+    let all = floats(&g.logits, &format!("{clip}.features"));
+    let frames = g.reference["clips"][clip]["valid_frames"].as_u64().unwrap() as usize;
+    AudioFeatures {
+        frames,
+        bins: 128,
+        data: Arc::from(&all[..frames * 128]),
     }
 }
 
-impl Golden {
-    /// The clip's features as the server hands them over: the extractor's frames that hold
-    /// samples (the trailing padded frames dropped).
-    fn features(&self, clip: &str) -> AudioFeatures {
-        let all = floats(&self.logits, &format!("{clip}.features"));
-        let frames = self.reference["clips"][clip]["valid_frames"]
-            .as_u64()
-            .unwrap() as usize;
-        AudioFeatures {
-            frames,
-            bins: 128,
-            data: Arc::from(&all[..frames * 128]),
-        }
-    }
-
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        let case = self.case(name);
-        case["spans"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| MediaSpan {
-                start: s[0].as_u64().unwrap() as usize,
-                len: s[1].as_u64().unwrap() as usize,
-                data: MediaData::Audio(self.features(case["clip"].as_str().unwrap())),
-                digest: 7,
-            })
-            .collect()
-    }
+/// The case's media spans: each holds the case's clip.
+fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+    let case = g.case(name);
+    let clip = |_| MediaData::Audio(features(g, case["clip"].as_str().unwrap()));
+    spans(case, clip, |_| 7)
 }
 
 #[test]
@@ -111,24 +72,12 @@ fn tower_rows_match_transformers() {
 
 #[test]
 fn every_position_matches_transformers() {
-    let g = load();
-    for name in ["mono", "stereo", "text_only"] {
-        let got = g.chunked(name, usize::MAX);
-        assert_close(name, &got, &g.expected(name));
-    }
+    load().chunked_matches(&["mono", "stereo", "text_only"], &[usize::MAX]);
 }
 
 #[test]
 fn chunked_prefill_matches() {
-    let g = load();
-    for chunk in [1, 7, 20] {
-        let got = g.chunked("mono", chunk);
-        assert_close(
-            &format!("mono in chunks of {chunk}"),
-            &got,
-            &g.expected("mono"),
-        );
-    }
+    load().chunked_matches(&["mono"], &[1, 7, 20]);
 }
 
 #[test]
@@ -154,90 +103,39 @@ fn a_batch_mixes_an_audio_row_and_a_text_row() {
 
 #[test]
 fn greedy_continuation_matches_generate() {
-    let g = load();
-    let want: Vec<u32> = g.reference["greedy"]["continuation_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let out = g
-        .model
-        .generate(&g.request("mono", 12), |_| ControlFlow::Continue(()))
-        .unwrap();
-    assert_eq!(out.tokens, want);
+    load().greedy_continuation_matches_generate("mono");
 }
 
-#[test]
-fn an_image_and_a_clip_in_one_prompt_match_transformers() {
-    let d = golden_dir("gemma4_audio_vision");
-    let model = Model::load(&d, &LoadOptions::default()).unwrap();
-    assert!(model.info().media.audio.is_some() && model.info().media.vision.is_some());
-    let reference: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
-    let stored = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
-    let case = &reference["cases"][0];
-    let ids: Vec<u32> = case["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let shape: Vec<usize> = reference["image_shape"]
+/// `gemma4_audio_vision`'s case `both`: its image, then the 16 kHz mono clip.
+fn image_and_clip(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+    let shape: Vec<usize> = g.reference["image_shape"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v.as_u64().unwrap() as usize)
         .collect();
-    let frames = reference["clip"]["valid_frames"].as_u64().unwrap() as usize;
-    let features = floats(&stored, "mono16k.features");
-    let spans = case["spans"].as_array().unwrap();
-    let span = |i: usize| {
-        (
-            spans[i][0].as_u64().unwrap() as usize,
-            spans[i][1].as_u64().unwrap() as usize,
-        )
+    let frames = g.reference["clip"]["valid_frames"].as_u64().unwrap() as usize;
+    let features = floats(&g.logits, "mono16k.features");
+    let data = |k: usize| match k {
+        0 => MediaData::Image(ImagePixels {
+            channels: shape[0],
+            height: shape[1],
+            width: shape[2],
+            data: Arc::from(floats(&g.logits, "image")),
+        }),
+        _ => MediaData::Audio(AudioFeatures {
+            frames,
+            bins: 128,
+            data: Arc::from(&features[..frames * 128]),
+        }),
     };
-    let (image, clip) = (span(0), span(1));
-    let media = vec![
-        MediaSpan {
-            start: image.0,
-            len: image.1,
-            data: MediaData::Image(wick_engine::media::ImagePixels {
-                channels: shape[0],
-                height: shape[1],
-                width: shape[2],
-                data: Arc::from(floats(&stored, "image")),
-            }),
-            digest: 1,
-        },
-        MediaSpan {
-            start: clip.0,
-            len: clip.1,
-            data: MediaData::Audio(AudioFeatures {
-                frames,
-                bins: 128,
-                data: Arc::from(&features[..frames * 128]),
-            }),
-            digest: 2,
-        },
-    ];
-    let want = floats(&stored, "both.logits");
-    for chunk in [usize::MAX, 9] {
-        let mut cache = model.new_cache();
-        model.attach_media(&mut cache, &media).unwrap();
-        let mut got = Vec::new();
-        let mut at = 0;
-        while at < ids.len() {
-            let end = cache.chunk_end(at, (at + chunk).min(ids.len()));
-            let mut steps = [Step {
-                tokens: &ids[at..end],
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }];
-            got.extend(model.forward(&mut steps).unwrap().remove(0).unwrap().data);
-            at = end;
-        }
-        assert_close(&format!("image and clip, chunks of {chunk}"), &got, &want);
-    }
+    spans(g.case(name), data, |k| k as u64 + 1)
+}
+
+#[test]
+fn an_image_and_a_clip_in_one_prompt_match_transformers() {
+    let g = MediaGolden::open("gemma4_audio_vision", image_and_clip);
+    let media = &g.model.info().media;
+    assert!(media.audio.is_some() && media.vision.is_some());
+    g.chunked_matches(&["both"], &[usize::MAX, 9]);
 }

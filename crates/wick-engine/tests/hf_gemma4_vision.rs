@@ -5,30 +5,23 @@
 //! two images, text only through the multimodal checkpoint, chunked prefill whose chunks
 //! would cut an image, a batch mixing an image row and a text row, the greedy continuation
 //! of `generate()`, and a prompt cache that never serves one image's KV to another.
-use std::ops::ControlFlow;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
-use wick_engine::models::decoder::LogitsRequest;
-use wick_engine::scheduler::{Engine, EngineConfig};
-use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
+use wick_engine::scheduler::EngineConfig;
 
 mod common;
-use common::{assert_close, collect, golden_dir, load_parts, Cases};
+use common::golden::golden_dir;
+use common::media::{spans, MediaGolden};
+use common::serving::reply_and_cached;
 
 const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
 /// `use_clipped_linears` and `standardize` on; its reference has the one-image case only.
 const CLIPPED: &str = "gemma4_vision_clipped";
 
-struct Golden {
-    variant: &'static str,
-    model: Model,
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
-    /// `(pixel_values, image_position_ids)` as stored with the first variant (both read them).
-    stored: (Vec<f32>, Vec<i64>),
+fn load(variant: &str) -> MediaGolden {
+    MediaGolden::open(variant, media)
 }
 
 /// The bytes of tensor `name` of a safetensors file, read directly (the engine's reader
@@ -45,103 +38,64 @@ fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
     bytes[8 + n + a..8 + n + b].to_vec()
 }
 
-fn load(variant: &'static str) -> Golden {
-    let (model, reference, logits) = load_parts(&golden_dir(variant));
-    let first = golden_dir(VARIANTS[0]);
-    Golden {
-        variant,
-        model,
-        reference,
-        logits,
-        stored: {
-            let file = first.join("logits.safetensors");
-            let values = tensor_bytes(&file, "pixel_values")
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            let positions = tensor_bytes(&file, "image_position_ids")
-                .chunks_exact(8)
-                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-                .collect();
-            (values, positions)
-        },
-    }
-}
-
-impl Cases for Golden {
-    fn model(&self) -> &Model {
-        &self.model
-    }
-    fn reference(&self) -> &serde_json::Value {
-        &self.reference
-    }
-    fn logits(&self) -> &SafetensorsWeights {
-        &self.logits
-    }
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        Golden::media(self, name)
-    }
-}
-
-impl Golden {
-    /// Image `i` of the committed pixel values (Gemma4ImageProcessorPil's patches, padded to
-    /// its budget) put back together as the `[3, h, w]` image the server hands the engine.
-    fn pixels(&self, i: usize) -> ImagePixels {
-        let (values, positions) = &self.stored;
-        let (budget, patch_len) = (630, 192);
-        let p = 8;
-        let pos = &positions[i * budget * 2..(i + 1) * budget * 2];
-        let real: Vec<(usize, usize)> = pos
-            .chunks_exact(2)
-            .take_while(|xy| xy[0] >= 0)
-            .map(|xy| (xy[0] as usize, xy[1] as usize))
+/// `(pixel_values, image_position_ids)` as stored with the first variant (every variant
+/// reads them).
+fn stored() -> &'static (Vec<f32>, Vec<i64>) {
+    static STORED: OnceLock<(Vec<f32>, Vec<i64>)> = OnceLock::new();
+    STORED.get_or_init(|| {
+        let file = golden_dir(VARIANTS[0]).join("logits.safetensors");
+        let values = tensor_bytes(&file, "pixel_values")
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        let w = (real.iter().map(|r| r.0).max().unwrap() + 1) * p;
-        let h = (real.iter().map(|r| r.1).max().unwrap() + 1) * p;
-        let mut data = vec![0f32; 3 * h * w];
-        for (k, &(gx, gy)) in real.iter().enumerate() {
-            let patch = &values[(i * budget + k) * patch_len..(i * budget + k + 1) * patch_len];
-            for y in 0..p {
-                for x in 0..p {
-                    for c in 0..3 {
-                        data[c * h * w + (gy * p + y) * w + gx * p + x] =
-                            patch[(y * p + x) * 3 + c];
-                    }
+        let positions = tensor_bytes(&file, "image_position_ids")
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        (values, positions)
+    })
+}
+
+/// Image `i` of the committed pixel values (Gemma4ImageProcessorPil's patches, padded to
+/// its budget) put back together as the `[3, h, w]` image the server hands the engine.
+fn pixels(i: usize) -> ImagePixels {
+    let (values, positions) = stored();
+    let (budget, patch_len) = (630, 192);
+    let p = 8;
+    let pos = &positions[i * budget * 2..(i + 1) * budget * 2];
+    let real: Vec<(usize, usize)> = pos
+        .chunks_exact(2)
+        .take_while(|xy| xy[0] >= 0)
+        .map(|xy| (xy[0] as usize, xy[1] as usize))
+        .collect();
+    let w = (real.iter().map(|r| r.0).max().unwrap() + 1) * p;
+    let h = (real.iter().map(|r| r.1).max().unwrap() + 1) * p;
+    let mut data = vec![0f32; 3 * h * w];
+    for (k, &(gx, gy)) in real.iter().enumerate() {
+        let patch = &values[(i * budget + k) * patch_len..(i * budget + k + 1) * patch_len];
+        for y in 0..p {
+            for x in 0..p {
+                for c in 0..3 {
+                    data[c * h * w + (gy * p + y) * w + gx * p + x] = patch[(y * p + x) * 3 + c];
                 }
             }
         }
-        ImagePixels {
-            channels: 3,
-            height: h,
-            width: w,
-            data: Arc::from(data),
-        }
     }
+    ImagePixels {
+        channels: 3,
+        height: h,
+        width: w,
+        data: Arc::from(data),
+    }
+}
 
-    /// The case's media spans: image `k` of the case is committed image `k`.
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        self.case(name)["spans"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .map(|(k, s)| MediaSpan {
-                start: s[0].as_u64().unwrap() as usize,
-                len: s[1].as_u64().unwrap() as usize,
-                data: MediaData::Image(self.pixels(k)),
-                digest: 1000 + k as u64,
-            })
-            .collect()
-    }
-
-    fn greedy(&self) -> Vec<u32> {
-        self.reference["greedy"]["continuation_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    }
+/// The case's media spans: image `k` of the case is committed image `k`.
+fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+    spans(
+        g.case(name),
+        |k| MediaData::Image(pixels(k)),
+        |k| 1000 + k as u64,
+    )
 }
 
 #[test]
@@ -169,7 +123,7 @@ fn the_tower_is_reported_with_the_processor_budget() {
         // The soft tokens the reference counted are the tower's patches over 3×3.
         let counts = g.reference["num_soft_tokens_per_image"].as_array().unwrap();
         for (k, n) in counts.iter().enumerate() {
-            let px = g.pixels(k);
+            let px = pixels(k);
             assert_eq!(
                 (px.height / 8) * (px.width / 8) / 9,
                 n.as_u64().unwrap() as usize
@@ -180,80 +134,33 @@ fn the_tower_is_reported_with_the_processor_budget() {
 
 #[test]
 fn a_text_only_gemma4_lists_no_tower_and_refuses_images() {
-    let g = load(VARIANTS[0]);
-    let text = golden_dir("gemma4");
-    let text = Model::load(&text, &LoadOptions::default()).unwrap();
-    assert!(text.info().media.vision.is_none());
-    let mut cache = text.new_cache();
-    let err = text
-        .attach_media(&mut cache, &g.media("one_image"))
-        .unwrap_err();
-    assert!(err.to_string().contains("no vision tower"), "{err}");
+    load(VARIANTS[0]).text_model_refuses_images("gemma4");
 }
 
 #[test]
 fn every_position_matches_transformers() {
     for variant in VARIANTS {
-        let g = load(variant);
-        for name in ["one_image", "two_images", "text_only"] {
-            let got = g.chunked(name, usize::MAX);
-            assert_close(&format!("{variant} {name}"), &got, &g.expected(name));
-        }
+        load(variant).chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
     }
 }
 
 #[test]
 fn clipped_linears_and_standardization_match_transformers() {
     let g = load(CLIPPED);
-    for chunk in [usize::MAX, 5] {
-        let got = g.chunked("one_image", chunk);
-        assert_close(
-            &format!("{CLIPPED} in chunks of {chunk}"),
-            &got,
-            &g.expected("one_image"),
-        );
-    }
-    let out = g
-        .model
-        .generate(&g.request("one_image", g.greedy().len()), |_| {
-            ControlFlow::Continue(())
-        })
-        .unwrap();
-    assert_eq!(out.tokens, g.greedy());
+    g.chunked_matches(&["one_image"], &[usize::MAX, 5]);
+    g.greedy_continuation_matches_generate("one_image");
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
     for variant in VARIANTS {
-        let g = load(variant);
-        for chunk in [1, 5, 8, 13, 40] {
-            for name in ["one_image", "two_images"] {
-                let got = g.chunked(name, chunk);
-                assert_close(
-                    &format!("{variant} {name} in chunks of {chunk}"),
-                    &got,
-                    &g.expected(name),
-                );
-            }
-        }
+        load(variant).chunked_matches(&["one_image", "two_images"], &[1, 5, 8, 13, 40]);
     }
 }
 
 #[test]
 fn a_pass_that_cuts_an_image_is_an_error() {
-    let g = load(VARIANTS[1]);
-    let ids = g.ids("one_image");
-    let media = g.media("one_image");
-    let mut cache = g.model.new_cache();
-    g.model.attach_media(&mut cache, &media).unwrap();
-    let cut = media[0].start + 3;
-    let mut steps = [Step {
-        tokens: &ids[..cut],
-        cache: &mut cache,
-        logits: LogitsRequest::None,
-    }];
-    let err = g.model.forward(&mut steps).unwrap_err();
-    assert!(err.to_string().contains("cuts the image"), "{err}");
+    load(VARIANTS[1]).a_pass_that_cuts_the_image_fails();
 }
 
 #[test]
@@ -282,69 +189,17 @@ fn a_batch_mixes_an_image_row_and_a_text_row() {
 #[test]
 fn greedy_continuation_matches_generate() {
     for variant in VARIANTS {
-        let g = load(variant);
-        let out = g
-            .model
-            .generate(&g.request("one_image", g.greedy().len()), |_| {
-                ControlFlow::Continue(())
-            })
-            .unwrap();
-        assert_eq!(out.tokens, g.greedy(), "{}", g.variant);
+        load(variant).greedy_continuation_matches_generate("one_image");
     }
 }
 
 #[test]
 fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
     let g = load(VARIANTS[1]);
-    let model = Arc::new(load(VARIANTS[1]).model);
-    // A step budget of 7 tokens: prompt chunks that would cut the images.
-    let engine = Engine::start(
-        model.clone(),
-        EngineConfig {
-            step_token_budget: 7,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
-    let mut first = g.request("one_image", g.greedy().len());
-    first.prefill_chunk = 7;
-    let cold = model
-        .generate(&first, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    assert_eq!(cold, g.greedy());
-    let mut text = GenerationRequest::new(g.ids("text_only")).max_tokens(6);
-    text.prefill_chunk = 7;
-    let text_cold = model
-        .generate(&text, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    let (e1, e2) = (engine.clone(), engine.clone());
-    let (r1, r2) = (first.clone(), text.clone());
-    let a = std::thread::spawn(move || collect(&e1, r1));
-    let b = std::thread::spawn(move || collect(&e2, r2));
-    assert_eq!(a.join().unwrap().0, cold);
-    assert_eq!(b.join().unwrap().0, text_cold);
-
-    // The same text with the other image (same soft-token count): only the text before
-    // the image may be reused.
-    let mut other = first.clone();
-    if let MediaData::Image(p) = &mut other.media[0].data {
-        *p = g.pixels(1);
-    }
-    other.media[0].digest = 2000;
-    let other_cold = model
-        .generate(&other, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
-    assert_ne!(other_cold, cold, "the second image should change the reply");
-    let (ids, cached) = collect(&engine, other.clone());
-    assert_eq!(ids, other_cold);
-    assert!(
-        cached <= other.media[0].start,
-        "reused {cached} tokens past the image start"
-    );
-    let (ids, cached) = collect(&engine, first.clone());
+    // The other image has as many soft tokens.
+    let (engine, first, cold) =
+        g.engine_keys_the_prompt_cache_by_image(EngineConfig::default(), |p| *p = pixels(1));
+    let (ids, cached) = reply_and_cached(&engine, first.clone());
     assert_eq!(ids, cold);
     assert!(
         cached > first.media[0].start + first.media[0].len,

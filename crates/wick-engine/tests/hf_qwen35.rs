@@ -2,99 +2,19 @@
 //! (made by scripts/goldens/hf_tiny_qwen35.py): every position within 1e-4, the chunked
 //! prefill across chunk boundaries, incremental decode, batching, greedy, and the
 //! recurrent cache's exact-boundary snapshots.
-use std::path::{Path, PathBuf};
+mod common;
 
-use wick_engine::backend::candle::CandleBackend;
-use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, SequenceCache, Want};
-use wick_engine::weights::SafetensorsWeights;
+use common::golden::{golden_dir, CpuGolden};
+use common::logits::{assert_near, forward_all, greedy_decode, model_pass, pass};
+use common::serving::{assert_replies, pool, run_alone};
+use wick_engine::models::decoder::LogitsRequest;
 
 const VARIANTS: [&str; 2] = ["qwen35", "qwen35_tied"];
-const TOLERANCE: f32 = 1e-4;
 
-fn dir(variant: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/goldens/hf")
-        .join(variant)
-}
-
-struct Golden {
-    model: Decoder<CandleBackend>,
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
-}
-
-fn load(variant: &str) -> Golden {
-    let d = dir(variant);
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
-    let cfg = ModelConfig::from_hf(&config, &d.display().to_string()).unwrap();
-    assert!(cfg.qwen35.is_some());
-    let weights = SafetensorsWeights::open_files(&d, &[d.join("model.safetensors")]).unwrap();
-    let model = Decoder::load(CandleBackend::cpu(), cfg, &weights.canonical(false)).unwrap();
-    let reference =
-        serde_json::from_str(&std::fs::read_to_string(d.join("reference.json")).unwrap()).unwrap();
-    let logits = SafetensorsWeights::open_files(&d, &[d.join("logits.safetensors")]).unwrap();
-    Golden {
-        model,
-        reference,
-        logits,
-    }
-}
-
-fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
-}
-
-impl Golden {
-    fn case_ids(&self, name: &str) -> Vec<u32> {
-        let case = self.reference["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == name)
-            .unwrap();
-        ids_of(&case["ids"])
-    }
-
-    fn expected(&self, name: &str) -> Vec<f32> {
-        let w = self.logits.raw(&format!("{name}.logits")).unwrap();
-        w.bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    }
-
-    fn run(
-        &self,
-        tokens: &[u32],
-        cache: &mut SequenceCache<CandleBackend>,
-        logits: LogitsRequest,
-    ) -> Vec<f32> {
-        let out = self
-            .model
-            .forward_logits(&mut [BatchItem::new(tokens, cache, Want::logits(logits))])
-            .unwrap();
-        out[0].as_ref().map(|l| l.data.clone()).unwrap_or_default()
-    }
-}
-
-fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{variant} {what}: length");
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(
-        worst <= TOLERANCE * scale,
-        "{variant} {what}: max |diff| {worst} > {TOLERANCE} × {scale}"
-    );
+fn load(variant: &str) -> CpuGolden {
+    let g = CpuGolden::load(variant);
+    assert!(g.model.config().qwen35.is_some());
+    g
 }
 
 #[test]
@@ -104,8 +24,10 @@ fn every_position_matches_transformers() {
         for case in ["len1", "len7", "len40", "pair_a", "pair_b", "len150"] {
             let ids = g.case_ids(case);
             let mut cache = g.model.new_cache();
-            let got = g.run(&ids, &mut cache, LogitsRequest::All);
-            assert_close(variant, case, &got, &g.expected(case));
+            let got = pass(&g.model, &ids, &mut cache, LogitsRequest::All)
+                .unwrap()
+                .data;
+            assert_near(variant, case, &got, &g.expected(case));
             assert_eq!(cache.len(), ids.len());
         }
     }
@@ -118,64 +40,15 @@ fn incremental_decoding_matches_one_shot() {
     for variant in VARIANTS {
         let g = load(variant);
         let ids = g.case_ids("len150");
-        let mut cache = g.model.new_cache();
-        let mut got = Vec::new();
-        let mut at = 0;
-        for chunk in [5usize, 70, 1, 1, 1, 3, 69] {
-            let end = (at + chunk).min(ids.len());
-            got.extend(g.run(&ids[at..end], &mut cache, LogitsRequest::All));
-            at = end;
-        }
-        assert_eq!(at, ids.len());
-        assert_close(variant, "len150 incremental", &got, &g.expected("len150"));
+        let got = forward_all(&g.model, &ids, &[5, 70, 1, 1, 1, 3, 69]);
+        assert_near(variant, "len150 incremental", &got, &g.expected("len150"));
     }
 }
 
 #[test]
 fn batched_sequences_match_single_runs() {
     for variant in VARIANTS {
-        let g = load(variant);
-        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
-        let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
-        let out = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&a, &mut ca, Want::logits(LogitsRequest::All)),
-                BatchItem::new(&b, &mut cb, Want::logits(LogitsRequest::All)),
-            ])
-            .unwrap();
-        assert_close(
-            variant,
-            "pair_a batched",
-            &out[0].as_ref().unwrap().data,
-            &g.expected("pair_a"),
-        );
-        assert_close(
-            variant,
-            "pair_b batched",
-            &out[1].as_ref().unwrap().data,
-            &g.expected("pair_b"),
-        );
-        // One decode step of both at once, against each sequence alone.
-        let step = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&[a[0]], &mut ca, Want::logits(LogitsRequest::Last)),
-                BatchItem::new(&[b[0]], &mut cb, Want::logits(LogitsRequest::Last)),
-            ])
-            .unwrap();
-        for (seq, got) in [(&a, &step[0]), (&b, &step[1])] {
-            let mut ids = seq.clone();
-            ids.push(seq[0]);
-            let mut c = g.model.new_cache();
-            let alone = g.run(&ids, &mut c, LogitsRequest::Last);
-            assert_close(
-                variant,
-                "batched decode step",
-                &got.as_ref().unwrap().data,
-                &alone,
-            );
-        }
+        load(variant).batched_pair_matches_single_runs(variant, LogitsRequest::All);
     }
 }
 
@@ -183,22 +56,8 @@ fn batched_sequences_match_single_runs() {
 fn greedy_continuation_matches_generate() {
     for variant in VARIANTS {
         let g = load(variant);
-        let greedy = &g.reference["greedy"];
-        let want = ids_of(&greedy["continuation_ids"]);
-        let mut cache = g.model.new_cache();
-        let mut next = ids_of(&greedy["prompt_ids"]);
-        let mut got = Vec::new();
-        while got.len() < want.len() {
-            let row = g.run(&next, &mut cache, LogitsRequest::Last);
-            let id = row
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .unwrap()
-                .0 as u32;
-            got.push(id);
-            next = vec![id];
-        }
+        let (prompt, want) = g.greedy();
+        let got = greedy_decode(&g.model, &prompt, want.len());
         assert_eq!(got, want, "{variant} greedy continuation");
     }
 }
@@ -210,7 +69,7 @@ fn the_recurrent_cache_is_reused_only_at_its_exact_boundary() {
     let want = g.expected("len150");
     let vocab = g.model.config().vocab_size;
     let mut cache = g.model.new_cache();
-    g.run(&ids[..100], &mut cache, LogitsRequest::None);
+    pass(&g.model, &ids[..100], &mut cache, LogitsRequest::None);
     // The DeltaNet state summarizes all 100 tokens: no shorter prefix can be cut out.
     assert!(cache.can_trim_to(100));
     assert!(!cache.can_trim_to(99) && !cache.can_trim_to(0));
@@ -223,10 +82,14 @@ fn the_recurrent_cache_is_reused_only_at_its_exact_boundary() {
     let kv = cache.snapshot();
     let rec = cache.recurrent().unwrap().snapshot();
     let mut restored = g.model.cache_from_snapshots(&kv, Some(&rec)).unwrap();
-    let live = g.run(&ids[100..], &mut cache, LogitsRequest::All);
-    let again = g.run(&ids[100..], &mut restored, LogitsRequest::All);
+    let live = pass(&g.model, &ids[100..], &mut cache, LogitsRequest::All)
+        .unwrap()
+        .data;
+    let again = pass(&g.model, &ids[100..], &mut restored, LogitsRequest::All)
+        .unwrap()
+        .data;
     assert_eq!(live, again);
-    assert_close("qwen35", "after restore", &again, &want[100 * vocab..]);
+    assert_near("qwen35", "after restore", &again, &want[100 * vocab..]);
 
     // Snapshots that do not fit are refused, not run.
     assert!(g.model.cache_from_snapshot(&kv).is_err());
@@ -242,23 +105,13 @@ fn the_recurrent_cache_is_reused_only_at_its_exact_boundary() {
 fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
     use wick_cache::ssd::{SsdConfig, SsdTier};
     use wick_cache::{CacheValue, ValueLoader};
-    use wick_engine::{LoadOptions, Model, Step};
+    use wick_engine::{LoadOptions, Model};
 
-    let model = Model::load(&dir("qwen35"), &LoadOptions::default()).unwrap();
+    let model = Model::load(&golden_dir("qwen35"), &LoadOptions::default()).unwrap();
     let g = load("qwen35");
     let ids = g.case_ids("len150");
-    let run = |cache: &mut wick_engine::KvCache, tokens: &[u32], logits| {
-        model
-            .forward(&mut [Step {
-                tokens,
-                cache,
-                logits,
-            }])
-            .unwrap()
-            .remove(0)
-    };
     let mut live = model.new_cache();
-    run(&mut live, &ids[..100], LogitsRequest::None);
+    model_pass(&model, &ids[..100], &mut live, LogitsRequest::None);
     assert!(CacheValue::can_trim_to(&live, 100) && !CacheValue::can_trim_to(&live, 99));
     let host = live.to_host().unwrap();
     assert_eq!(host.recurrent.len(), 3, "one state per DeltaNet layer");
@@ -290,11 +143,11 @@ fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
     assert!(tier.find("", &diverging).is_none());
 
     let mut restored = model.load(tier.load(&m).unwrap()).unwrap();
-    let a = run(&mut live, &ids[100..], LogitsRequest::All).unwrap();
-    let b = run(&mut restored, &ids[100..], LogitsRequest::All).unwrap();
+    let a = model_pass(&model, &ids[100..], &mut live, LogitsRequest::All).unwrap();
+    let b = model_pass(&model, &ids[100..], &mut restored, LogitsRequest::All).unwrap();
     assert_eq!(a, b, "a restored state continues exactly like the live one");
     let vocab = g.model.config().vocab_size;
-    assert_close(
+    assert_near(
         "qwen35",
         "after SSD restore",
         &b.data,
@@ -306,10 +159,10 @@ fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
 fn batched_and_preempted_rows_equal_single_runs() {
     use std::sync::Arc;
     use std::time::Duration;
-    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, KvBudget};
+    use wick_engine::scheduler::{Engine, EngineConfig};
     use wick_engine::{GenerationRequest, LoadOptions, Model};
 
-    let model = Arc::new(Model::load(&dir("qwen35"), &LoadOptions::default()).unwrap());
+    let model = Arc::new(Model::load(&golden_dir("qwen35"), &LoadOptions::default()).unwrap());
     let g = load("qwen35");
     let long = g.case_ids("len150");
     let requests: Vec<GenerationRequest> = [10usize, 150, 40, 120, 70, 25]
@@ -321,15 +174,7 @@ fn batched_and_preempted_rows_equal_single_runs() {
             r
         })
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| std::ops::ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect();
+    let alone = run_alone(&model, &requests);
     let longest = requests
         .iter()
         .map(|r| r.prompt.len() + r.max_tokens)
@@ -343,27 +188,13 @@ fn batched_and_preempted_rows_equal_single_runs() {
             max_batch: 6,
             step_token_budget: 48,
             prompt_cache_bytes: 0,
-            kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
+            kv_budget: pool(&model, blocks),
             ..EngineConfig::default()
         },
     )
     .unwrap();
     assert!(engine.max_sequence_tokens() >= longest);
-    let handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        let mut ids = Vec::new();
-        while let Some(e) = h.blocking_next() {
-            match e {
-                EngineEvent::Token(t) => ids.push(t.id),
-                EngineEvent::Done(_) => break,
-                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
-            }
-        }
-        assert_eq!(&ids, want, "request {i} differs from its single run");
-    }
+    assert_replies(&engine, &requests, &alone, "pool that preempts");
     let stats = engine.stats();
     assert!(
         stats.preemptions > 0,

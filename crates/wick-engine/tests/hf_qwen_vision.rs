@@ -6,122 +6,78 @@
 //! `generate()` (decode positions shifted by the images), preemption, and a prompt cache
 //! that never serves one image's state to another.
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
-use wick_engine::models::decoder::LogitsRequest;
 use wick_engine::models::vision::ImageRows;
-use wick_engine::scheduler::{Engine, EngineConfig};
-use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{GenerationRequest, LoadOptions, Model, Step};
+use wick_engine::scheduler::EngineConfig;
 
 mod common;
-use common::{assert_close, collect, floats, golden_dir, load_parts, Cases};
+use common::golden::{floats, read_json};
+use common::media::{spans, MediaGolden};
+use common::serving::reply_and_cached;
 
 /// Each golden and the text-only golden of the same text architecture.
 const GOLDENS: [(&str, &str); 2] = [("qwen35_vision", "qwen35"), ("qwen25_vl", "qwen2")];
 
-struct Golden {
-    dir: PathBuf,
-    model: Model,
-    reference: serde_json::Value,
-    logits: SafetensorsWeights,
+fn load(name: &str) -> MediaGolden {
+    MediaGolden::open(name, media)
 }
 
-fn load(name: &str) -> Golden {
-    let dir = golden_dir(name);
-    let (model, reference, logits) = load_parts(&dir);
-    Golden {
-        dir,
-        model,
-        reference,
-        logits,
-    }
-}
-
-impl Cases for Golden {
-    fn model(&self) -> &Model {
-        &self.model
-    }
-    fn reference(&self) -> &serde_json::Value {
-        &self.reference
-    }
-    fn logits(&self) -> &SafetensorsWeights {
-        &self.logits
-    }
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        Golden::media(self, name)
+/// Committed image `i` as the processor made it (`[3, h, w]`, transformers' patch rows
+/// folded back into the image).
+fn pixels(g: &MediaGolden, i: usize) -> ImagePixels {
+    let meta = &g.reference["images"][i];
+    ImagePixels {
+        channels: 3,
+        height: meta["height"].as_u64().unwrap() as usize,
+        width: meta["width"].as_u64().unwrap() as usize,
+        data: Arc::from(floats(&g.logits, &format!("image_{i}.pixels"))),
     }
 }
 
-impl Golden {
-    /// Committed image `i` as the processor made it (`[3, h, w]`, transformers' patch rows
-    /// folded back into the image).
-    fn pixels(&self, i: usize) -> ImagePixels {
-        let meta = &self.reference["images"][i];
-        ImagePixels {
-            channels: 3,
-            height: meta["height"].as_u64().unwrap() as usize,
-            width: meta["width"].as_u64().unwrap() as usize,
-            data: Arc::from(floats(&self.logits, &format!("image_{i}.pixels"))),
-        }
-    }
+/// The case's media spans: image `k` of the case is the committed image the case names.
+fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+    let images = &g.case(name)["images"];
+    spans(
+        g.case(name),
+        |k| MediaData::Image(pixels(g, images[k].as_u64().unwrap() as usize)),
+        |k| 1000 + k as u64,
+    )
+}
 
-    /// The case's media spans: image `k` of the case is committed image `k`.
-    fn media(&self, name: &str) -> Vec<MediaSpan> {
-        self.case(name)["spans"]
+/// The case's images as a sequence's cache keeps them (positions and merged grids; the
+/// rows do not matter for positions).
+fn model_images(g: &MediaGolden, name: &str) -> Vec<ImageRows> {
+    g.media(name)
+        .iter()
+        .map(|span| {
+            let MediaData::Image(p) = &span.data else {
+                unreachable!()
+            };
+            ImageRows {
+                positions: span.start..span.start + span.len,
+                rows: Arc::from(Vec::new()),
+                bidirectional: false,
+                grid: Some((p.height / 16, p.width / 16)),
+            }
+        })
+        .collect()
+}
+
+/// The processor's mean and std, as the golden's preprocessor_config.json has them.
+fn mean_std(g: &MediaGolden) -> ([f32; 3], [f32; 3]) {
+    let pre = read_json(&g.dir.join("preprocessor_config.json"));
+    let triple = |k: &str| -> [f32; 3] {
+        let v: Vec<f32> = pre[k]
             .as_array()
             .unwrap()
             .iter()
-            .enumerate()
-            .map(|(k, s)| MediaSpan {
-                start: s[0].as_u64().unwrap() as usize,
-                len: s[1].as_u64().unwrap() as usize,
-                data: MediaData::Image(
-                    self.pixels(self.case(name)["images"][k].as_u64().unwrap() as usize),
-                ),
-                digest: 1000 + k as u64,
-            })
-            .collect()
-    }
-
-    /// The case's images as a sequence's cache keeps them (positions and merged grids; the
-    /// rows do not matter for positions).
-    fn model_images(&self, name: &str) -> Vec<ImageRows> {
-        self.media(name)
-            .iter()
-            .map(|span| {
-                let MediaData::Image(p) = &span.data else {
-                    unreachable!()
-                };
-                ImageRows {
-                    positions: span.start..span.start + span.len,
-                    rows: Arc::from(Vec::new()),
-                    bidirectional: false,
-                    grid: Some((p.height / 16, p.width / 16)),
-                }
-            })
-            .collect()
-    }
-
-    /// The processor's mean and std, as the golden's preprocessor_config.json has them.
-    fn mean_std(&self) -> ([f32; 3], [f32; 3]) {
-        let pre: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(self.dir.join("preprocessor_config.json")).unwrap(),
-        )
-        .unwrap();
-        let triple = |k: &str| -> [f32; 3] {
-            let v: Vec<f32> = pre[k]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect();
-            [v[0], v[1], v[2]]
-        };
-        (triple("image_mean"), triple("image_std"))
-    }
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        [v[0], v[1], v[2]]
+    };
+    (triple("image_mean"), triple("image_std"))
 }
 
 #[test]
@@ -137,8 +93,8 @@ fn the_tower_is_reported_only_when_it_loaded() {
                 merge: 2,
                 min_pixels: 1024,
                 max_pixels: 4096,
-                mean: g.mean_std().0,
-                std: g.mean_std().1,
+                mean: mean_std(&g).0,
+                std: mean_std(&g).1,
             }
         );
         assert_eq!(vision.tokens_per_image, None);
@@ -150,61 +106,28 @@ fn the_tower_is_reported_only_when_it_loaded() {
             ),
             (5, 3, 4)
         );
-        let text = golden_dir(text_golden);
-        let text = Model::load(&text, &LoadOptions::default()).unwrap();
-        assert!(text.info().media.vision.is_none());
-        let mut cache = text.new_cache();
-        let err = text
-            .attach_media(&mut cache, &g.media("one_image"))
-            .unwrap_err();
-        assert!(err.to_string().contains("no vision tower"), "{err}");
+        g.text_model_refuses_images(text_golden);
     }
 }
 
 #[test]
 fn every_position_matches_transformers() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        for name in ["one_image", "two_images", "text_only"] {
-            let got = g.chunked(name, usize::MAX);
-            assert_close(name, &got, &g.expected(name));
-        }
+        load(golden).chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
     }
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        for chunk in [1, 5, 7, 13, 20] {
-            for name in ["one_image", "two_images"] {
-                let got = g.chunked(name, chunk);
-                assert_close(
-                    &format!("{name} in chunks of {chunk}"),
-                    &got,
-                    &g.expected(name),
-                );
-            }
-        }
+        load(golden).chunked_matches(&["one_image", "two_images"], &[1, 5, 7, 13, 20]);
     }
 }
 
 #[test]
 fn a_pass_that_cuts_an_image_is_an_error() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        let ids = g.ids("one_image");
-        let media = g.media("one_image");
-        let mut cache = g.model.new_cache();
-        g.model.attach_media(&mut cache, &media).unwrap();
-        let cut = media[0].start + 3;
-        let mut steps = [Step {
-            tokens: &ids[..cut],
-            cache: &mut cache,
-            logits: LogitsRequest::None,
-        }];
-        let err = g.model.forward(&mut steps).unwrap_err();
-        assert!(err.to_string().contains("cuts the image"), "{err}");
+        load(golden).a_pass_that_cuts_the_image_fails();
     }
 }
 
@@ -239,7 +162,7 @@ fn the_positions_are_transformers_m_rope_ids() {
         for name in ["one_image", "two_images"] {
             let want = floats(&g.logits, &format!("{name}.positions"));
             let n = want.len() / 3;
-            let got = wick_engine::models::mrope::positions(&g.model_images(name), 0..n);
+            let got = wick_engine::models::mrope::positions(&model_images(&g, name), 0..n);
             for (i, t) in got.iter().enumerate() {
                 let w = [want[i], want[n + i], want[2 * n + i]].map(|v| v as usize);
                 assert_eq!(*t, w, "{name} position {i}");
@@ -258,18 +181,7 @@ fn a_batch_mixes_an_image_row_and_a_text_row() {
 #[test]
 fn greedy_continuation_matches_generate() {
     for (golden, _) in GOLDENS {
-        let g = load(golden);
-        let want: Vec<u32> = g.reference["greedy"]["continuation_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let out = g
-            .model
-            .generate(&g.request("one_image", 12), |_| ControlFlow::Continue(()))
-            .unwrap();
-        assert_eq!(out.tokens, want);
+        load(golden).greedy_continuation_matches_generate("one_image");
     }
 }
 
@@ -277,67 +189,25 @@ fn greedy_continuation_matches_generate() {
 fn the_engine_batches_images_and_keys_the_prompt_cache_by_image() {
     for (golden, _) in GOLDENS {
         let g = load(golden);
-        let model = Arc::new(load(golden).model);
-        // A step budget of 7 tokens: prompt chunks that would cut the images.
-        let engine = Engine::start(
-            model.clone(),
-            EngineConfig {
-                step_token_budget: 7,
-                // Qwen 3.5's recurrent state is cached at prompt boundaries: for short prompts too.
-                prompt_boundary_min_tokens: 8,
-                ..EngineConfig::default()
-            },
-        )
-        .unwrap();
-        let want = g.reference["greedy"]["continuation_ids"].clone();
-        let mut first = g.request("one_image", 12);
-        first.prefill_chunk = 7;
-        let cold = model
-            .generate(&first, |_| ControlFlow::Continue(()))
-            .unwrap()
-            .tokens;
-        assert_eq!(serde_json::json!(cold), want);
-        // An image request and a text request side by side, prefilled in 7-token chunks.
-        let mut text = GenerationRequest::new(g.ids("text_only")).max_tokens(6);
-        text.prefill_chunk = 7;
-        let text_cold = model
-            .generate(&text, |_| ControlFlow::Continue(()))
-            .unwrap()
-            .tokens;
-        let (e1, e2) = (engine.clone(), engine.clone());
-        let (r1, r2) = (first.clone(), text.clone());
-        let a = std::thread::spawn(move || collect(&e1, r1));
-        let b = std::thread::spawn(move || collect(&e2, r2));
-        assert_eq!(a.join().unwrap().0, cold);
-        assert_eq!(b.join().unwrap().0, text_cold);
-
-        // The same text with the other image: only the text before the image may be reused.
-        let mut other = first.clone();
+        let config = EngineConfig {
+            // Qwen 3.5's recurrent state is cached at prompt boundaries: for short prompts too.
+            prompt_boundary_min_tokens: 8,
+            ..EngineConfig::default()
+        };
         // Another picture of the same size (the first one's negative).
-        if let MediaData::Image(p) = &mut other.media[0].data {
+        let (engine, first, _) = g.engine_keys_the_prompt_cache_by_image(config, |p| {
             p.data = p.data.iter().map(|v| -v).collect();
-        }
-        other.media[0].digest = 2000;
-        let other_cold = model
-            .generate(&other, |_| ControlFlow::Continue(()))
-            .unwrap()
-            .tokens;
-        assert_ne!(other_cold, cold, "the second image should change the reply");
-        let (ids, cached) = collect(&engine, other.clone());
-        assert_eq!(ids, other_cold);
-        assert!(
-            cached <= other.media[0].start,
-            "reused {cached} tokens past the image start"
-        );
+        });
         // A follow-up that extends the first image's prompt: the recurrent state is cached at
         // that prompt's boundary, so everything up to it is reused, image included.
         let mut follow = first.clone();
         follow.prompt.extend([100, 101, 102]);
-        let follow_cold = model
+        let follow_cold = g
+            .model
             .generate(&follow, |_| ControlFlow::Continue(()))
             .unwrap()
             .tokens;
-        let (ids, cached) = collect(&engine, follow.clone());
+        let (ids, cached) = reply_and_cached(&engine, follow.clone());
         assert_eq!(ids, follow_cold);
         // Qwen 3.5's recurrent state only at that boundary; Qwen2.5-VL's KV trims to it.
         assert_eq!(cached, first.prompt.len(), "{golden}: cached {cached}");

@@ -3,87 +3,19 @@
 //! KV cache (including Gemma's sliding window) must agree within 1e-4.
 mod common;
 
-use common::{
-    decoder_from_dir, forward_all, forward_batch, golden_dir, quantize_model, some_ids,
-    write_wide_model, TextGolden, WIDE_SHAPES,
-};
+use common::golden::{decoder_from_dir, golden_dir, CpuGolden, TEXT_GOLDENS};
+use common::logits::{assert_near, forward_all, greedy_decode, model_pass, pass, worst};
+use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::CandleBackend;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, Want};
-
-const VARIANTS: [&str; 14] = [
-    "llama",
-    "llama_tied",
-    "qwen2",
-    "qwen3",
-    "gemma3",
-    // The dense families of models/dense.rs (see scripts/goldens/hf_tiny_models.py).
-    "mistral",
-    "phi3",
-    "gemma2",
-    "olmo2",
-    "granite",
-    "starcoder2",
-    "smollm3",
-    "glm4",
-    "minicpm",
-];
-const TOLERANCE: f32 = 1e-4;
-
-struct Golden {
-    model: Decoder<CandleBackend>,
-    text: TextGolden,
-}
-
-impl std::ops::Deref for Golden {
-    type Target = TextGolden;
-    fn deref(&self) -> &TextGolden {
-        &self.text
-    }
-}
-
-fn load(variant: &str) -> Golden {
-    let text = TextGolden::open(variant);
-    Golden {
-        model: text.decoder(CandleBackend::cpu()),
-        text,
-    }
-}
-
-fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{variant} {what}: length");
-    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(
-        worst <= TOLERANCE * scale,
-        "{variant} {what}: max |diff| {worst} > {TOLERANCE} × {scale}"
-    );
-}
+use wick_engine::models::decoder::LogitsRequest;
 
 #[test]
 fn every_position_matches_transformers() {
-    for variant in VARIANTS {
-        let g = load(variant);
+    for variant in TEXT_GOLDENS {
+        let g = CpuGolden::load(variant);
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
             let ids = g.case_ids(case);
-            let mut cache = g.model.new_cache();
-            let out = g
-                .model
-                .forward_logits(&mut [BatchItem::new(
-                    &ids,
-                    &mut cache,
-                    Want::logits(LogitsRequest::All),
-                )])
-                .unwrap();
-            assert_close(
-                variant,
-                case,
-                &out[0].as_ref().unwrap().data,
-                &g.expected(case),
-            );
+            assert_near(variant, case, &g.all(&ids), &g.expected(case));
         }
     }
 }
@@ -92,175 +24,65 @@ fn every_position_matches_transformers() {
 fn incremental_decoding_matches_one_shot() {
     // Prefill in uneven chunks, then one token at a time: exercises the cache append path
     // and, for Gemma, eviction of keys that fell out of the sliding window.
-    for variant in VARIANTS {
-        let g = load(variant);
+    for variant in TEXT_GOLDENS {
+        let g = CpuGolden::load(variant);
         let ids = g.case_ids("len40");
         let want = g.expected("len40");
         let vocab = g.model.config().vocab_size;
         let got = forward_all(&g.model, &ids, &[5, 3, 9, 1, 1, 1, 20]);
         assert_eq!(got.len(), ids.len() * vocab);
-        assert_close(variant, "len40 incremental", &got, &want);
+        assert_near(variant, "len40 incremental", &got, &want);
     }
 }
 
 #[test]
 fn batched_sequences_match_single_runs() {
-    for variant in VARIANTS {
-        let g = load(variant);
-        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
-        let (mut ca, mut cb) = (g.model.new_cache(), g.model.new_cache());
-        let out = forward_batch(
-            &g.model,
-            vec![
-                (&a, &mut ca, LogitsRequest::All),
-                (&b, &mut cb, LogitsRequest::Last),
-            ],
-        );
-        assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
-        let want_b = g.expected("pair_b");
-        let vocab = g.model.config().vocab_size;
-        assert_close(
-            variant,
-            "pair_b batched last row",
-            &out[1],
-            &want_b[want_b.len() - vocab..],
-        );
-        // Decode one more token for both at once: sequences of different lengths in one step.
-        let (na, nb) = (a[0], b[0]);
-        let step = g
-            .model
-            .forward_logits(&mut [
-                BatchItem::new(&[na], &mut ca, Want::logits(LogitsRequest::Last)),
-                BatchItem::new(&[nb], &mut cb, Want::logits(LogitsRequest::Last)),
-            ])
-            .unwrap();
-        for (seq, next, got) in [(&a, na, &step[0]), (&b, nb, &step[1])] {
-            let mut ids = seq.clone();
-            ids.push(next);
-            let mut c = g.model.new_cache();
-            let alone = g
-                .model
-                .forward_logits(&mut [BatchItem::new(
-                    &ids,
-                    &mut c,
-                    Want::logits(LogitsRequest::Last),
-                )])
-                .unwrap();
-            assert_close(
-                variant,
-                "batched decode step",
-                &got.as_ref().unwrap().data,
-                &alone[0].as_ref().unwrap().data,
-            );
-        }
+    for variant in TEXT_GOLDENS {
+        CpuGolden::load(variant).batched_pair_matches_single_runs(variant, LogitsRequest::Last);
     }
 }
 
 #[test]
 fn greedy_continuation_matches_generate() {
-    for variant in VARIANTS {
-        let g = load(variant);
-        let greedy = &g.reference["greedy"];
-        let prompt: Vec<u32> = greedy["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let want: Vec<u32> = greedy["continuation_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let mut cache = g.model.new_cache();
-        let mut next = prompt;
-        let mut got = Vec::new();
-        while got.len() < want.len() {
-            let out = g
-                .model
-                .forward_logits(&mut [BatchItem::new(
-                    &next,
-                    &mut cache,
-                    Want::logits(LogitsRequest::Last),
-                )])
-                .unwrap();
-            let row = out[0].as_ref().unwrap().last().to_vec();
-            let id = row
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .unwrap()
-                .0 as u32;
-            got.push(id);
-            next = vec![id];
-        }
+    for variant in TEXT_GOLDENS {
+        let g = CpuGolden::load(variant);
+        let (prompt, want) = g.greedy();
+        let got = greedy_decode(&g.model, &prompt, want.len());
         assert_eq!(got, want, "{variant} greedy continuation");
     }
 }
 
 #[test]
 fn cache_trim_and_snapshot_round_trip() {
-    for variant in VARIANTS {
+    for variant in TEXT_GOLDENS {
         trim_and_snapshot(variant);
     }
 }
 
 fn trim_and_snapshot(variant: &str) {
-    let g = load(variant);
+    let g = CpuGolden::load(variant);
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
-    g.model
-        .forward_logits(&mut [BatchItem::new(
-            &ids[..12],
-            &mut cache,
-            Want::logits(LogitsRequest::None),
-        )])
-        .unwrap();
+    pass(&g.model, &ids[..12], &mut cache, LogitsRequest::None);
     // Within the window's slack nothing was dropped yet: trimming works.
     assert!(cache.can_trim_to(10));
     cache.trim(10).unwrap();
     let restored = g.model.cache_from_snapshot(&cache.snapshot()).unwrap();
     let mut c2 = restored.clone();
-    let a = g
-        .model
-        .forward_logits(&mut [BatchItem::new(
-            &ids[10..],
-            &mut cache,
-            Want::logits(LogitsRequest::All),
-        )])
-        .unwrap();
-    let b = g
-        .model
-        .forward_logits(&mut [BatchItem::new(
-            &ids[10..],
-            &mut c2,
-            Want::logits(LogitsRequest::All),
-        )])
-        .unwrap();
-    assert_eq!(a[0], b[0]);
+    let a = pass(&g.model, &ids[10..], &mut cache, LogitsRequest::All);
+    let b = pass(&g.model, &ids[10..], &mut c2, LogitsRequest::All);
+    assert_eq!(a, b);
     let want = g.expected("len40");
     let vocab = g.model.config().vocab_size;
-    assert_close(
-        variant,
-        "after trim",
-        &a[0].as_ref().unwrap().data,
-        &want[10 * vocab..],
-    );
+    assert_near(variant, "after trim", &a.unwrap().data, &want[10 * vocab..]);
 }
 
 #[test]
 fn a_wrapped_sliding_window_cannot_be_trimmed() {
-    let g = load("gemma3");
+    let g = CpuGolden::load("gemma3");
     let ids = g.case_ids("len40");
     let mut cache = g.model.new_cache();
-    g.model
-        .forward_logits(&mut [BatchItem::new(
-            &ids,
-            &mut cache,
-            Want::logits(LogitsRequest::None),
-        )])
-        .unwrap();
+    pass(&g.model, &ids, &mut cache, LogitsRequest::None);
     // 40 tokens through a window of 8: the sliding layers dropped the oldest keys.
     assert!(!cache.can_trim_to(5));
     assert!(cache.trim(5).is_err());
@@ -279,23 +101,16 @@ fn a_wrapped_sliding_window_cannot_be_trimmed() {
 fn model_load_reads_every_family_from_its_directory() {
     // The path `wick serve DIR` takes: config.json, per-family tensor names, tokenizer,
     // chat template; the logits must be the golden's.
-    for variant in VARIANTS {
-        let g = load(variant);
+    for variant in TEXT_GOLDENS {
+        let g = CpuGolden::load(variant);
         let model = wick_engine::Model::load(&golden_dir(variant), &Default::default()).unwrap();
         assert_eq!(model.config(), g.model.config(), "{variant}");
         let ids = g.case_ids("len40");
-        let mut cache = model.new_cache();
-        let out = model
-            .forward(&mut [wick_engine::Step {
-                tokens: &ids,
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
-            .unwrap();
-        assert_close(
+        let out = model_pass(&model, &ids, &mut model.new_cache(), LogitsRequest::All);
+        assert_near(
             variant,
             "Model::load len40",
-            &out[0].as_ref().unwrap().data,
+            &out.unwrap().data,
             &g.expected("len40"),
         );
     }
@@ -319,7 +134,7 @@ fn wide_heads_in_chunks_equal_one_pass() {
             spread > 0.1,
             "{heads}/{kv_heads}/{hd}: logits all near zero"
         );
-        assert_close(
+        assert_near(
             &format!("{heads}/{kv_heads} heads of {hd}"),
             "chunks",
             &forward_all(&m, &ids, &[5, 3, 9, 1, 1, 1, 20]),
@@ -344,15 +159,10 @@ fn quantized_copies_of_a_model_stay_near_it() {
         write_wide_model(dir.path(), 8, 2, 128);
         quantize_model(dir.path(), bits, 64, wick_gguf::GgmlType::Bf16);
         let m = decoder_from_dir(CandleBackend::cpu(), dir.path());
-        let got = forward_all(&m, &ids, &[ids.len()]);
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        eprintln!("{bits} bits: max |diff| {worst:.3e} (scale {scale:.1})");
-        assert!(worst > 0.0, "{bits} bits: nothing was quantized");
-        errors.push(worst);
+        let (diff, _) = worst(&forward_all(&m, &ids, &[ids.len()]), &want);
+        eprintln!("{bits} bits: max |diff| {diff:.3e} (scale {scale:.1})");
+        assert!(diff > 0.0, "{bits} bits: nothing was quantized");
+        errors.push(diff);
     }
     assert!(errors[0] < 0.05 * scale, "8 bits: {}", errors[0]);
     assert!(

@@ -8,89 +8,15 @@
 //! happens at such a near-tie (llama.cpp's own margin < `NEAR_TIE`), teacher-forced
 //! agreement ≥ 97%, and ≥ 16 identical free-running tokens (or the whole continuation)
 //! on ≥ 5 of 8 prompts. The measured figures are printed and kept in docs/correctness.md.
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::llamacpp::LlamaCppGolden;
+use common::logits::{argmax, pass};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
-use wick_engine::config::ModelConfig;
-use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, Want};
-use wick_engine::weights::GgufWeights;
-
-fn wick_home() -> PathBuf {
-    std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").expect("HOME")).join(".cache/wick"))
-}
+use wick_engine::models::decoder::LogitsRequest;
 
 /// Logit margin below which llama.cpp's choice is a coin flip for a different kernel.
 const NEAR_TIE: f64 = 0.25;
-
-struct Case {
-    name: String,
-    gaps: Vec<f64>,
-    prompt: Vec<u32>,
-    continuation: Vec<u32>,
-    top20: Vec<(u32, f32)>,
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn load(golden: &str, kv: KvDtype) -> (Decoder<CandleBackend>, Vec<Case>) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/goldens/llamacpp")
-        .join(format!("{golden}.json"));
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let file = wick_home()
-        .join("models")
-        .join(golden)
-        .join(g["file"].as_str().unwrap());
-    assert!(
-        file.is_file(),
-        "{} is missing: run `wick pull {golden}`",
-        file.display()
-    );
-    let gguf = wick_gguf::GgufFile::open(&file).unwrap();
-    let cfg = ModelConfig::from_gguf(gguf.metadata(), &file.display().to_string()).unwrap();
-    let backend = CandleBackend::cpu().with_kv_dtype(kv);
-    let model = Decoder::load(backend, cfg, &GgufWeights::new(&gguf)).unwrap();
-    let cases = g["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            name: c["name"].as_str().unwrap().to_string(),
-            gaps: c["continuation_top2_gaps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|g| g.as_f64().unwrap())
-                .collect(),
-            prompt: ids(&c["prompt_ids"]),
-            continuation: ids(&c["continuation_ids"]),
-            top20: c["first_step_top20"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
-                .collect(),
-        })
-        .collect();
-    (model, cases)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i as u32)
-        .unwrap()
-}
 
 /// Both KV cache types: f32 (our kernels' own numerics) and f16 (what `wick` uses for
 /// GGUF files, as llama.cpp does).
@@ -101,22 +27,15 @@ fn check_model(golden: &str) {
 }
 
 fn check_model_with(golden: &str, kv: KvDtype) {
-    let (model, cases) = load(golden, kv);
+    let g = LlamaCppGolden::open(golden);
+    let model = g.decoder(CandleBackend::cpu().with_kv_dtype(kv));
     let (mut agree, mut total, mut long_runs) = (0usize, 0usize, 0usize);
     let mut report = Vec::new();
-    for case in &cases {
+    for case in &g.cases {
         // Teacher forced: one forward over prompt + continuation, argmax at every position.
         let mut all = case.prompt.clone();
         all.extend_from_slice(&case.continuation[..case.continuation.len() - 1]);
-        let mut cache = model.new_cache();
-        let out = model
-            .forward_logits(&mut [BatchItem::new(
-                &all,
-                &mut cache,
-                Want::logits(LogitsRequest::All),
-            )])
-            .unwrap();
-        let logits = out[0].as_ref().unwrap();
+        let logits = pass(&model, &all, &mut model.new_cache(), LogitsRequest::All).unwrap();
         let first = logits.row(case.prompt.len() - 1);
         for (i, &want) in case.continuation.iter().enumerate() {
             total += 1;
@@ -150,14 +69,8 @@ fn check_model_with(golden: &str, kv: KvDtype) {
         let mut next = case.prompt.clone();
         let mut same = 0;
         for &want in &case.continuation {
-            let out = model
-                .forward_logits(&mut [BatchItem::new(
-                    &next,
-                    &mut cache,
-                    Want::logits(LogitsRequest::Last),
-                )])
-                .unwrap();
-            let id = argmax(out[0].as_ref().unwrap().last());
+            let out = pass(&model, &next, &mut cache, LogitsRequest::Last).unwrap();
+            let id = argmax(out.last());
             if id != want {
                 assert!(
                     case.gaps[same] < NEAR_TIE,

@@ -6,14 +6,14 @@
 //! quantize activations to 8 bits inside their dot products, which moves logits by
 //! ~0.05–0.3 on these small models (hence the near-tie allowance).
 #![cfg(feature = "mlx")]
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::llamacpp::LlamaCppGolden;
+use common::logits::{argmax, pass};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::backend::mlx::{Dtype, MlxBackend, MlxDevice};
 use wick_engine::backend::Backend;
-use wick_engine::config::ModelConfig;
 use wick_engine::models::decoder::{BatchItem, Decoder, Input, LogitsRequest, RowOutput, Want};
-use wick_engine::weights::GgufWeights;
 
 /// llama.cpp margin below which a different kernel may pick the other token.
 const NEAR_TIE: f64 = 0.25;
@@ -21,97 +21,22 @@ const NEAR_TIE: f64 = 0.25;
 /// llama.cpp's 8-bit activations may have resolved the other way.
 const OWN_TIE: f32 = 0.1;
 
-fn wick_home() -> PathBuf {
-    std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").expect("HOME")).join(".cache/wick"))
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-struct Golden {
-    file: PathBuf,
-    cases: Vec<serde_json::Value>,
-}
-
-fn golden(name: &str) -> Golden {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/goldens/llamacpp")
-        .join(format!("{name}.json"));
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let file = wick_home()
-        .join("models")
-        .join(name)
-        .join(g["file"].as_str().unwrap());
-    assert!(
-        file.is_file(),
-        "{} is missing: run `wick pull {name}`",
-        file.display()
-    );
-    Golden {
-        file,
-        cases: g["cases"].as_array().unwrap().clone(),
-    }
-}
-
-fn load<B: Backend>(backend: B, file: &Path, gguf: &wick_gguf::GgufFile) -> Decoder<B> {
-    let cfg = ModelConfig::from_gguf(gguf.metadata(), &file.display().to_string()).unwrap();
-    Decoder::load(backend, cfg, &GgufWeights::new(gguf)).unwrap()
-}
-
 /// Logits of every position of `tokens`.
 fn all_logits<B: Backend>(d: &Decoder<B>, tokens: &[u32]) -> wick_engine::Logits {
-    let mut cache = d.new_cache();
-    let out = d
-        .forward_logits(&mut [BatchItem::new(
-            tokens,
-            &mut cache,
-            Want::logits(LogitsRequest::All),
-        )])
-        .unwrap();
-    out.into_iter().next().flatten().unwrap()
+    pass(d, tokens, &mut d.new_cache(), LogitsRequest::All).unwrap()
 }
 
 fn check(name: &str, cases: usize) {
-    let g = golden(name);
-    let gguf = wick_gguf::GgufFile::open(&g.file).unwrap();
-    let mlx = load(
-        MlxBackend::new(MlxDevice::Cpu, Dtype::F32).unwrap(),
-        &g.file,
-        &gguf,
-    );
-    let candle = load(CandleBackend::cpu(), &g.file, &gguf);
+    let g = LlamaCppGolden::open(name);
+    let mlx = g.decoder(MlxBackend::new(MlxDevice::Cpu, Dtype::F32).unwrap());
+    let candle = g.decoder(CandleBackend::cpu());
     let (mut agree, mut total, mut long_runs) = (0usize, 0usize, 0usize);
     let (mut diff2, mut norm2) = (0f64, 0f64);
     let mut worst_top5 = 0f32;
     let mut report = Vec::new();
     for case in g.cases.iter().take(cases) {
-        let case_name = case["name"].as_str().unwrap();
-        let prompt = ids(&case["prompt_ids"]);
-        let continuation = ids(&case["continuation_ids"]);
-        let gaps: Vec<f64> = case["continuation_top2_gaps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let (case_name, prompt, continuation, gaps) =
+            (&case.name, &case.prompt, &case.continuation, &case.gaps);
         // Teacher forced against llama.cpp, and every logit against candle.
         let mut all = prompt.clone();
         all.extend_from_slice(&continuation[..continuation.len() - 1]);
@@ -123,12 +48,8 @@ fn check(name: &str, cases: usize) {
         }
         // The first step's top logits are close to llama.cpp's.
         let first = ours.row(prompt.len() - 1);
-        for p in case["first_step_top20"].as_array().unwrap().iter().take(5) {
-            let (id, v) = (
-                p[0].as_u64().unwrap() as usize,
-                p[1].as_f64().unwrap() as f32,
-            );
-            worst_top5 = worst_top5.max((first[id] - v).abs());
+        for &(id, v) in case.top20.iter().take(5) {
+            worst_top5 = worst_top5.max((first[id as usize] - v).abs());
         }
         for (i, &want) in continuation.iter().enumerate() {
             total += 1;
@@ -150,10 +71,7 @@ fn check(name: &str, cases: usize) {
         // Free running through the pipelined greedy path (argmax on the backend).
         let mut cache = mlx.new_cache();
         let first = match mlx
-            .execute(
-                &mut [BatchItem::new(&prompt, &mut cache, Want::Token)],
-                None,
-            )
+            .execute(&mut [BatchItem::new(prompt, &mut cache, Want::Token)], None)
             .unwrap()
             .remove(0)
         {
@@ -162,7 +80,7 @@ fn check(name: &str, cases: usize) {
         };
         let mut current = None;
         let mut same = 0;
-        for &want in &continuation {
+        for &want in continuation {
             let id = match &current {
                 None => first,
                 Some(ids) => mlx.backend().ids_to_host(ids).unwrap()[0],

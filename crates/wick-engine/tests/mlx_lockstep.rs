@@ -5,30 +5,20 @@
 //! `--features mlx` and `wick pull smollm2-135m-instruct`.
 #![cfg(feature = "mlx")]
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
 
 use wick_engine::backend::candle::KvDtype;
 use wick_engine::backend::BackendKind;
-use wick_engine::{GenerationRequest, LoadOptions, Model};
+use wick_engine::{GenerationRequest, LoadOptions, LogitsRequest, Model};
 
-fn model_path() -> PathBuf {
-    let home = std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").expect("HOME")).join(".cache/wick"));
-    let p = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run `wick pull smollm2-135m-instruct`",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::logits::{argmax, model_pass};
+use common::serving::{assert_replies, collect, run_alone, smollm2_path};
 
 /// The model on `backend`; candle keeps its KV cache in f32 like MLX here, so the two
 /// differ only in how the products are computed.
 fn load(backend: BackendKind) -> Model {
     Model::load(
-        &model_path(),
+        &smollm2_path(),
         &LoadOptions {
             backend,
             kv_dtype: Some(KvDtype::F32),
@@ -87,7 +77,6 @@ fn pipelined_and_lockstep_greedy_equal_host_sampling() {
 /// exact dequantized weights, so near-ties may flip).
 #[test]
 fn mlx_and_candle_agree_on_greedy_tokens() {
-    use wick_engine::{LogitsRequest, Step};
     const NEAR_TIE: f32 = 0.25;
     let mlx = load(BackendKind::Mlx);
     let candle = load(BackendKind::Candle);
@@ -98,27 +87,16 @@ fn mlx_and_candle_agree_on_greedy_tokens() {
             .unwrap();
         let mut all = p.clone();
         all.extend_from_slice(&ours.tokens[0][..STEPS - 1]);
-        let mut cache = candle.new_cache();
-        let logits = candle
-            .forward(&mut [Step {
-                tokens: &all,
-                cache: &mut cache,
-                logits: LogitsRequest::All,
-            }])
-            .unwrap()
-            .remove(0)
-            .unwrap();
+        let logits =
+            model_pass(&candle, &all, &mut candle.new_cache(), LogitsRequest::All).unwrap();
         for (i, &want) in ours.tokens[0].iter().enumerate() {
             let row = logits.row(p.len() - 1 + i);
-            let best = row
-                .iter()
-                .enumerate()
-                .fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
+            let best = argmax(row);
             total += 1;
-            if best as u32 == want {
+            if best == want {
                 exact += 1;
             } else {
-                let gap = row[best] - row[want as usize];
+                let gap = row[best as usize] - row[want as usize];
                 assert!(
                     gap < NEAR_TIE,
                     "step {i}: candle {best} vs mlx {want}, margin {gap}"
@@ -132,18 +110,12 @@ fn mlx_and_candle_agree_on_greedy_tokens() {
 
 #[test]
 fn cache_copies_and_snapshots_continue_like_the_original() {
-    use wick_engine::{LogitsRequest, Step};
     let mlx = load(BackendKind::Mlx);
     let ps = prompts(&mlx);
     let run = |cache: &mut wick_engine::KvCache, tokens: &[u32]| -> Vec<f32> {
-        let out = mlx
-            .forward(&mut [Step {
-                tokens,
-                cache,
-                logits: LogitsRequest::Last,
-            }])
-            .unwrap();
-        out.into_iter().next().flatten().unwrap().data
+        model_pass(&mlx, tokens, cache, LogitsRequest::Last)
+            .unwrap()
+            .data
     };
     let mut cache = mlx.new_cache();
     run(&mut cache, &ps[0]);
@@ -163,12 +135,6 @@ fn cache_copies_and_snapshots_continue_like_the_original() {
     assert_eq!(run(&mut cache, &[42]), a);
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold(0, |b, (j, &v)| if v > row[b] { j } else { b }) as u32
-}
-
 /// Greedy tokens of `prompts` fed through `Model::forward` the way the scheduler feeds a
 /// continuous batch: sequence `i` arrives at step `arrivals[i]`, its prompt goes in chunks
 /// of 4 tokens beside the others' decode steps, and its cache is dropped once it has
@@ -177,7 +143,7 @@ fn argmax(row: &[f32]) -> u32 {
 /// clone (taken out of the buffer) and, for the second, by a trimmed-and-refed copy; the
 /// third's cache is detached and stored when it ends, and makes one more token at the end.
 fn continuous(m: &Model, prompts: &[Vec<u32>], arrivals: &[usize]) -> Vec<Vec<u32>> {
-    use wick_engine::{KvCache, LogitsRequest, Step};
+    use wick_engine::{KvCache, Step};
     struct Seq {
         fed: usize,
         out: Vec<u32>,
@@ -317,7 +283,7 @@ fn masked_argmax_on_the_backend_equals_host_sampling() {
     use std::time::Duration;
     use wick_engine::constraint::ConstraintSpec;
     use wick_engine::sampler::SamplingParams;
-    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent};
+    use wick_engine::scheduler::{Engine, EngineConfig};
 
     let m = Arc::new(load(BackendKind::Mlx));
     let grammars = m.grammars().unwrap();
@@ -351,10 +317,7 @@ fn masked_argmax_on_the_backend_equals_host_sampling() {
                 })
         })
         .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| m.generate(r, |_| ControlFlow::Continue(())).unwrap().tokens)
-        .collect();
+    let alone = run_alone(&m, &requests);
     let engine = Engine::start(
         m.clone(),
         EngineConfig {
@@ -364,24 +327,7 @@ fn masked_argmax_on_the_backend_equals_host_sampling() {
         },
     )
     .unwrap();
-    let handles: Vec<_> = requests
-        .iter()
-        .map(|r| engine.submit(r.clone()).unwrap())
-        .collect();
-    for (i, (mut h, want)) in handles.into_iter().zip(&alone).enumerate() {
-        let mut ids = Vec::new();
-        while let Some(e) = h.blocking_next() {
-            match e {
-                EngineEvent::Token(t) => ids.push(t.id),
-                EngineEvent::Done(_) => break,
-                EngineEvent::Failed(e) => panic!("request {i} failed: {e}"),
-            }
-        }
-        assert_eq!(
-            &ids, want,
-            "request {i}: the masked argmax differs from host sampling"
-        );
-    }
+    assert_replies(&engine, &requests, &alone, "masked argmax on the backend");
     assert!(engine.shutdown(Duration::from_secs(5)));
 }
 
@@ -393,20 +339,8 @@ fn masked_argmax_on_the_backend_equals_host_sampling() {
 fn speculation_keeps_greedy_tokens_alone_and_in_batches() {
     use std::sync::Arc;
     use std::time::Duration;
-    use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, RequestHandle};
+    use wick_engine::scheduler::{Engine, EngineConfig};
     use wick_engine::speculative::{DraftModel, SpeculativeConfig};
-
-    fn collect(mut h: RequestHandle) -> Vec<u32> {
-        let mut ids = Vec::new();
-        while let Some(e) = h.blocking_next() {
-            match e {
-                EngineEvent::Token(t) => ids.push(t.id),
-                EngineEvent::Done(_) => return ids,
-                EngineEvent::Failed(e) => panic!("request failed: {e}"),
-            }
-        }
-        panic!("channel closed without Done");
-    }
 
     let m = Arc::new(load(BackendKind::Mlx));
     assert!(m.can_speculate() && !m.speculates_in_batches());
@@ -423,10 +357,7 @@ fn speculation_keeps_greedy_tokens_alone_and_in_batches() {
         r
     })
     .collect();
-    let alone: Vec<Vec<u32>> = requests
-        .iter()
-        .map(|r| sampled(&m, &r.prompt, r.max_tokens))
-        .collect();
+    let alone = run_alone(&m, &requests);
     let spec = SpeculativeConfig {
         budget: false,
         ..SpeculativeConfig::default()
@@ -444,7 +375,7 @@ fn speculation_keeps_greedy_tokens_alone_and_in_batches() {
         )
         .unwrap();
         for (i, (r, want)) in requests.iter().zip(&alone).enumerate() {
-            let got = collect(engine.submit(r.clone()).unwrap());
+            let got = collect(engine.submit(r.clone()).unwrap()).0;
             assert_eq!(
                 &got, want,
                 "request {i} alone (draft model: {self_drafting})"
@@ -464,7 +395,7 @@ fn speculation_keeps_greedy_tokens_alone_and_in_batches() {
             .collect();
         for (i, (h, want)) in handles.into_iter().zip(&alone).enumerate() {
             assert_eq!(
-                &collect(h),
+                &collect(h).0,
                 want,
                 "request {i} in a batch (draft model: {self_drafting})"
             );

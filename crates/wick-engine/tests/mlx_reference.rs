@@ -10,13 +10,15 @@ use std::path::{Path, PathBuf};
 
 use wick_engine::backend::BackendKind;
 use wick_engine::weights::SafetensorsWeights;
-use wick_engine::{KvCache, LoadOptions, LogitsRequest, Model, Step};
+use wick_engine::{LoadOptions, LogitsRequest, Model};
+
+mod common;
+use common::golden::{floats, ids_of, read_json};
+use common::logits::{argmax, model_pass};
+use common::serving::wick_home;
 
 fn reference_dir() -> PathBuf {
-    std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").expect("HOME")).join(".cache/wick"))
-        .join("mlx-reference")
+    wick_home().join("mlx-reference")
 }
 
 struct Reference {
@@ -33,42 +35,22 @@ fn reference(model: &Path) -> Reference {
         "{} is missing: run scripts/gpu/make_cpu_reference.sh (see docs/mlx.md)",
         json.display()
     );
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        info[k]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let info = read_json(&json);
+    let ids = |k: &str| ids_of(&info[k]);
     let st = SafetensorsWeights::open_files(model, &[model.join("mlx_lm_reference.safetensors")])
         .unwrap();
-    let w = st.raw("logits").unwrap();
-    let logits: Vec<f32> = w
-        .bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
     Reference {
         prompt: ids("prompt_ids"),
         greedy: ids("greedy"),
-        vocab: w.shape[1],
-        logits,
+        vocab: st.raw("logits").unwrap().shape[1],
+        logits: floats(&st, "logits"),
     }
 }
 
 fn all_logits(model: &Model, prompt: &[u32]) -> Vec<f32> {
-    let mut cache: KvCache = model.new_cache();
-    let out = model
-        .forward(&mut [Step {
-            tokens: prompt,
-            cache: &mut cache,
-            logits: LogitsRequest::All,
-        }])
-        .unwrap();
-    out.into_iter().next().flatten().unwrap().data
+    model_pass(model, prompt, &mut model.new_cache(), LogitsRequest::All)
+        .unwrap()
+        .data
 }
 
 /// `(‖a − b‖ / ‖b‖, max |a − b| / max |b|)`.
@@ -107,16 +89,13 @@ fn teacher_forced(model: &Model, r: &Reference, near_tie: f32) -> (usize, usize)
     let (mut exact, mut ties) = (0, 0);
     for (i, &want) in r.greedy.iter().enumerate() {
         let row = &logits[(r.prompt.len() - 1 + i) * r.vocab..(r.prompt.len() + i) * r.vocab];
-        let best = row
-            .iter()
-            .enumerate()
-            .fold(0, |b, (j, &v)| if v > row[b] { j } else { b });
-        if best as u32 == want {
+        let best = argmax(row);
+        if best == want {
             exact += 1;
             continue;
         }
         let scale = row.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-        let gap = (row[best] - row[want as usize]) / scale;
+        let gap = (row[best as usize] - row[want as usize]) / scale;
         assert!(
             gap < near_tie,
             "greedy step {i}: we pick {best}, mlx-lm {want}, with a clear margin {gap:.2e}"

@@ -2,38 +2,18 @@
 //! conversations reuse a growing prefix, namespaces never mix, the SSD tier survives a
 //! restart, damaged files and a full disk never fail a request, and generation
 //! checkpoints resume after a cancel or a real `kill -9`.
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use wick_engine::scheduler::{Completion, Engine, EngineConfig, EngineEvent, EngineHandle};
+use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 
-fn wick_home() -> PathBuf {
-    std::env::var_os("WICK_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"))
-}
-
-fn load(rel: &str, name: &str) -> Arc<Model> {
-    let path = wick_home().join("models").join(rel);
-    assert!(
-        path.is_file(),
-        "{} missing: run `wick pull {name}`",
-        path.display()
-    );
-    Arc::new(Model::load(&path, &LoadOptions::default()).unwrap())
-}
-
-fn smollm() -> Arc<Model> {
-    load(
-        "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "smollm2-135m-instruct",
-    )
-}
+#[path = "common/serving.rs"]
+mod serving;
+use serving::{completion, default_model, model_file, run_one};
 
 /// A deterministic prompt of exactly `n` tokens, tokenized line by line (one huge
 /// string would cost more tokenizer time than the model work under test).
@@ -51,30 +31,6 @@ fn long_prompt(model: &Model, n: usize, salt: usize) -> Vec<u32> {
     }
     ids.truncate(n);
     ids
-}
-
-fn collect(engine: &EngineHandle, req: GenerationRequest) -> (Vec<u32>, Completion) {
-    let mut h = engine.submit(req).unwrap();
-    let mut ids = Vec::new();
-    while let Some(e) = h.blocking_next() {
-        match e {
-            EngineEvent::Token(t) => ids.push(t.id),
-            EngineEvent::Done(d) => {
-                assert_eq!(d.tokens, ids);
-                return (ids, d);
-            }
-            EngineEvent::Failed(e) => panic!("request failed: {e}"),
-        }
-    }
-    panic!("channel closed without Done");
-}
-
-/// Greedy tokens of a cold run on a fresh cache.
-fn cold(model: &Model, req: &GenerationRequest) -> Vec<u32> {
-    model
-        .generate(req, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens
 }
 
 fn with_ssd(dir: &Path) -> EngineConfig {
@@ -103,7 +59,7 @@ fn wkv_files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn conversation_reuses_a_growing_prefix_with_exact_tokens() {
-    let model = smollm();
+    let model = default_model();
     let engine = Engine::start(model.clone(), EngineConfig::default()).unwrap();
     let mut messages = vec![
         json!({"role": "system", "content": "You are a concise assistant."}),
@@ -121,8 +77,8 @@ fn conversation_reuses_a_growing_prefix_with_exact_tokens() {
             .render_chat(&messages, None, &Default::default())
             .unwrap();
         let req = GenerationRequest::new(model.tokenize(&text).unwrap()).max_tokens(20);
-        let (ids, done) = collect(&engine, req.clone());
-        assert_eq!(ids, cold(&model, &req), "reused KV changed the output");
+        let (ids, done) = completion(&engine, req.clone());
+        assert_eq!(ids, run_one(&model, &req), "reused KV changed the output");
         cached.push(done.usage.cached_tokens);
         prompt_lens.push(req.prompt.len());
         messages.push(json!({"role": "assistant", "content": done.text}));
@@ -146,15 +102,15 @@ fn conversation_reuses_a_growing_prefix_with_exact_tokens() {
 
 #[test]
 fn namespaces_never_mix_and_zero_turns_the_cache_off() {
-    let model = smollm();
+    let model = default_model();
     let engine = Engine::start(model.clone(), EngineConfig::default()).unwrap();
     let prompt = long_prompt(&model, 120, 1);
     let mut a = GenerationRequest::new(prompt.clone()).max_tokens(4);
     a.cache_namespace = "adapter-a".into();
-    collect(&engine, a.clone());
+    completion(&engine, a.clone());
     let base = GenerationRequest::new(prompt.clone()).max_tokens(4);
-    assert_eq!(collect(&engine, base.clone()).1.usage.cached_tokens, 0);
-    assert_eq!(collect(&engine, a).1.usage.cached_tokens, 119);
+    assert_eq!(completion(&engine, base.clone()).1.usage.cached_tokens, 0);
+    assert_eq!(completion(&engine, a).1.usage.cached_tokens, 119);
     let off = Engine::start(
         model.clone(),
         EngineConfig {
@@ -163,17 +119,17 @@ fn namespaces_never_mix_and_zero_turns_the_cache_off() {
         },
     )
     .unwrap();
-    collect(&off, base.clone());
-    assert_eq!(collect(&off, base).1.usage.cached_tokens, 0);
+    completion(&off, base.clone());
+    assert_eq!(completion(&off, base).1.usage.cached_tokens, 0);
     assert!(!off.stats().prompt_cache.enabled);
 }
 
 #[test]
 fn concurrent_requests_share_one_prefill() {
-    let model = smollm();
+    let model = default_model();
     let engine = Engine::start(model.clone(), EngineConfig::default()).unwrap();
     let shared = long_prompt(&model, 400, 2);
-    collect(
+    completion(
         &engine,
         GenerationRequest::new(shared.clone()).max_tokens(2),
     );
@@ -193,27 +149,27 @@ fn concurrent_requests_share_one_prefill() {
         .map(|r| {
             let engine = engine.clone();
             let r = r.clone();
-            std::thread::spawn(move || collect(&engine, r))
+            std::thread::spawn(move || completion(&engine, r))
         })
         .collect();
     for (h, r) in handles.into_iter().zip(&requests) {
         let (ids, done) = h.join().unwrap();
         assert!(done.usage.cached_tokens >= 400, "{:?}", done.usage);
-        assert_eq!(ids, cold(&model, r));
+        assert_eq!(ids, run_one(&model, r));
     }
     assert_eq!(engine.stats().prompt_cache.hits, 4);
 }
 
 #[test]
 fn restart_restores_from_ssd_with_identical_tokens() {
-    let model = smollm();
+    let model = default_model();
     let root = tempfile::tempdir().unwrap();
     let prompt = long_prompt(&model, 300, 3);
     let first = GenerationRequest::new(prompt.clone()).max_tokens(8);
     let fingerprint_dir;
     {
         let engine = Engine::start(model.clone(), with_ssd(root.path())).unwrap();
-        collect(&engine, first.clone());
+        completion(&engine, first.clone());
         let report = engine.flush_cache(Duration::from_secs(60));
         assert!(report.enabled && report.durable, "{report:?}");
         assert!(engine.shutdown(Duration::from_secs(5)));
@@ -227,22 +183,22 @@ fn restart_restores_from_ssd_with_identical_tokens() {
     let mut longer = prompt.clone();
     longer.extend(model.tokenize(" And what comes next?").unwrap());
     let second = GenerationRequest::new(longer).max_tokens(16);
-    let (ids, done) = collect(&engine, second.clone());
+    let (ids, done) = completion(&engine, second.clone());
     assert!(done.usage.cached_tokens >= 300, "{:?}", done.usage);
-    assert_eq!(ids, cold(&model, &second));
+    assert_eq!(ids, run_one(&model, &second));
     let stats = engine.stats().prompt_cache;
     assert_eq!(stats.ssd_hits, 1, "{stats:?}");
     assert_eq!(stats.ssd.as_ref().unwrap().restores, 1);
     // The same request again now hits RAM (the restored-and-extended entry).
-    let (ids, done) = collect(&engine, second.clone());
+    let (ids, done) = completion(&engine, second.clone());
     assert_eq!(done.usage.cached_tokens, second.prompt.len() - 1);
-    assert_eq!(ids, cold(&model, &second));
+    assert_eq!(ids, run_one(&model, &second));
     assert_eq!(engine.stats().prompt_cache.ram_hits, 1);
 }
 
 #[test]
 fn damaged_and_foreign_files_are_removed_or_ignored() {
-    let model = smollm();
+    let model = default_model();
     let root = tempfile::tempdir().unwrap();
     let prompts: Vec<Vec<u32>> = (0..4)
         .map(|i| long_prompt(&model, 80 + 10 * i, 10 + i))
@@ -250,7 +206,7 @@ fn damaged_and_foreign_files_are_removed_or_ignored() {
     let dir = {
         let engine = Engine::start(model.clone(), with_ssd(root.path())).unwrap();
         for p in &prompts {
-            collect(&engine, GenerationRequest::new(p.clone()).max_tokens(2));
+            completion(&engine, GenerationRequest::new(p.clone()).max_tokens(2));
         }
         assert!(engine.flush_cache(Duration::from_secs(60)).durable);
         engine.shutdown(Duration::from_secs(5));
@@ -340,8 +296,8 @@ fn damaged_and_foreign_files_are_removed_or_ignored() {
         let mut longer = p.clone();
         longer.extend([30, 31, 32]);
         let req = GenerationRequest::new(longer).max_tokens(6);
-        let (ids, done) = collect(&engine, req.clone());
-        assert_eq!(ids, cold(&model, &req), "prompt {i}");
+        let (ids, done) = completion(&engine, req.clone());
+        assert_eq!(ids, run_one(&model, &req), "prompt {i}");
         if i == 3 {
             assert_eq!(done.usage.cached_tokens, p.len(), "prompt {i}");
         } else {
@@ -402,7 +358,7 @@ impl Drop for SmallDisk {
 #[test]
 #[ignore = "mounts a tmpfs, needs root: cargo test -- --ignored full_disk (scripts/test.sh runs it as root)"]
 fn full_disk_never_fails_a_request() {
-    let model = smollm();
+    let model = default_model();
     // SmolLM2 keeps 45 KiB of KV per token: no 100-token entry fits in 2 MiB.
     let disk = SmallDisk::mount("2M");
     let engine = Engine::start(model.clone(), with_ssd(disk.dir.path())).unwrap();
@@ -411,8 +367,8 @@ fn full_disk_never_fails_a_request() {
         let mut p = base.clone();
         p.extend(model.tokenize(&format!(" Turn {turn}.")).unwrap());
         let req = GenerationRequest::new(p).max_tokens(6);
-        let (ids, done) = collect(&engine, req.clone());
-        assert_eq!(ids, cold(&model, &req));
+        let (ids, done) = completion(&engine, req.clone());
+        assert_eq!(ids, run_one(&model, &req));
         if turn > 0 {
             assert!(done.usage.cached_tokens >= 100, "RAM keeps serving");
         }
@@ -435,7 +391,13 @@ fn full_disk_never_fails_a_request() {
 
 #[test]
 fn prompt_boundary_entry_serves_the_next_turn_when_the_ring_wrapped() {
-    let model = load("gemma-3-270m/gemma-3-270m-q4_k_m.gguf", "gemma-3-270m");
+    let model = Arc::new(
+        Model::load(
+            &model_file("gemma-3-270m/gemma-3-270m-q4_k_m.gguf", "gemma-3-270m"),
+            &LoadOptions::default(),
+        )
+        .unwrap(),
+    );
     let window = model
         .config()
         .layer_windows
@@ -454,7 +416,7 @@ fn prompt_boundary_entry_serves_the_next_turn_when_the_ring_wrapped() {
     let mut next = prompt.clone();
     next.extend(model.tokenize(" A different question.").unwrap());
     let second = GenerationRequest::new(next).max_tokens(8);
-    let want = cold(&model, &second);
+    let want = run_one(&model, &second);
     let mut cached = Vec::new();
     for boundary in [true, false] {
         let engine = Engine::start(
@@ -465,8 +427,8 @@ fn prompt_boundary_entry_serves_the_next_turn_when_the_ring_wrapped() {
             },
         )
         .unwrap();
-        collect(&engine, first.clone());
-        let (ids, done) = collect(&engine, second.clone());
+        completion(&engine, first.clone());
+        let (ids, done) = completion(&engine, second.clone());
         assert_eq!(ids, want);
         cached.push(done.usage.cached_tokens);
     }
@@ -475,7 +437,7 @@ fn prompt_boundary_entry_serves_the_next_turn_when_the_ring_wrapped() {
 
 #[test]
 fn cancelled_generation_resumes_from_its_checkpoint() {
-    let model = smollm();
+    let model = default_model();
     let root = tempfile::tempdir().unwrap();
     let config = EngineConfig {
         generation_checkpoint_tokens: 8,
@@ -483,7 +445,7 @@ fn cancelled_generation_resumes_from_its_checkpoint() {
     };
     let mut req = GenerationRequest::new(long_prompt(&model, 60, 5)).max_tokens(48);
     req.ignore_eos = true;
-    let want = cold(&model, &req);
+    let want = run_one(&model, &req);
     {
         let engine = Engine::start(model.clone(), config.clone()).unwrap();
         let mut h = engine.submit(req.clone()).unwrap();
@@ -503,7 +465,7 @@ fn cancelled_generation_resumes_from_its_checkpoint() {
     }
     let engine = Engine::start(model.clone(), config).unwrap();
     engine.cache_scan_report().unwrap();
-    let (ids, done) = collect(&engine, req.clone());
+    let (ids, done) = completion(&engine, req.clone());
     assert_eq!(
         ids, want,
         "resumed generation differs from an uninterrupted one"
@@ -518,7 +480,7 @@ fn cancelled_generation_resumes_from_its_checkpoint() {
     );
     // Another request with the same prompt but other settings never resumes.
     let other = GenerationRequest::new(req.prompt.clone()).max_tokens(5);
-    collect(&engine, other);
+    completion(&engine, other);
     assert_eq!(
         engine.stats().prompt_cache.ssd.unwrap().checkpoints_resumed,
         1
@@ -541,7 +503,7 @@ fn crash_child() {
     let Some(dir) = std::env::var_os(CHILD_DIR) else {
         return;
     };
-    let model = smollm();
+    let model = default_model();
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
@@ -556,7 +518,7 @@ fn crash_child() {
     let mut i = 0;
     loop {
         let req = GenerationRequest::new(long_prompt(&model, 40 + i % 30, 100 + i)).max_tokens(3);
-        collect(&engine, req);
+        completion(&engine, req);
         engine.flush_cache(Duration::from_secs(60));
         i += 1;
         let _ = &h;
@@ -565,8 +527,8 @@ fn crash_child() {
 
 #[test]
 fn kill_9_during_generation_and_writes_then_restart() {
-    let model = smollm();
-    let want = cold(&model, &crash_request(&model));
+    let model = default_model();
+    let want = run_one(&model, &crash_request(&model));
     let exe = std::env::current_exe().unwrap();
     for round in 0..4u64 {
         let root = tempfile::tempdir().unwrap();
@@ -623,7 +585,7 @@ fn kill_9_during_generation_and_writes_then_restart() {
             "{report:?}"
         );
         // Every entry left on disk restores and reproduces cold tokens.
-        let (ids, done) = collect(&engine, crash_request(&model));
+        let (ids, done) = completion(&engine, crash_request(&model));
         assert_eq!(
             ids, want,
             "round {round}: resume differs from an uninterrupted run"
@@ -635,9 +597,9 @@ fn kill_9_during_generation_and_writes_then_restart() {
             let mut p = e;
             p.push(7);
             let req = GenerationRequest::new(p).max_tokens(3);
-            let (ids, done) = collect(&engine, req.clone());
+            let (ids, done) = completion(&engine, req.clone());
             assert!(done.usage.cached_tokens > 0);
-            assert_eq!(ids, cold(&model, &req), "round {round}");
+            assert_eq!(ids, run_one(&model, &req), "round {round}");
         }
         assert_eq!(engine.stats().prompt_cache.ssd.unwrap().restore_failures, 0);
         assert_eq!(engine.stats().failed, 0);

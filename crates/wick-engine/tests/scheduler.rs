@@ -1,7 +1,6 @@
 //! The engine loop with the real default model: batched greedy output equals running
 //! each request alone, queue limits, cancellation, what a panic on the engine thread
 //! does; and a padded vocabulary's extra rows never produced, on any route.
-use std::ops::ControlFlow;
 
 use wick_engine::sampler::SamplingParams;
 use wick_engine::scheduler::{Engine, EngineConfig, EngineEvent, SubmitError};
@@ -11,7 +10,7 @@ use wick_engine::GenerationRequest;
 mod safetensors;
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, collect, default_model, run_alone};
+use serving::{assert_replies, collect, default_model, run_alone, run_one};
 
 #[test]
 fn batched_greedy_equals_single_runs() {
@@ -60,10 +59,7 @@ fn seeded_sampling_is_reproducible_inside_a_batch() {
     let req = GenerationRequest::new(prompt)
         .max_tokens(16)
         .sampling(sampling);
-    let alone = model
-        .generate(&req, |_| ControlFlow::Continue(()))
-        .unwrap()
-        .tokens;
+    let alone = run_one(&model, &req);
     let engine = Engine::start(model.clone(), EngineConfig::default()).unwrap();
     let other = GenerationRequest::new(model.tokenize("Noise noise").unwrap()).max_tokens(20);
     let h1 = engine.submit(other).unwrap();

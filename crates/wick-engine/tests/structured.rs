@@ -8,12 +8,12 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use wick_engine::constraint::{Constraint, ConstraintSpec};
 use wick_engine::sampler::SamplingParams;
-use wick_engine::scheduler::{Engine, EngineConfig, KvBudget};
+use wick_engine::scheduler::{Engine, EngineConfig};
 use wick_engine::{FinishReason, GenerationRequest, Model};
 
 #[path = "common/serving.rs"]
 mod serving;
-use serving::{assert_replies, blocks_for_two_longest, collect, default_model, run_alone};
+use serving::{assert_replies, batched, blocks_for_two_longest, collect, default_model, run_alone};
 
 fn chat(model: &Model, user: &str) -> Vec<u32> {
     let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
@@ -129,12 +129,8 @@ fn constrained_rows_survive_batching_and_preemption() {
         let engine = Engine::start(
             model.clone(),
             EngineConfig {
-                max_batch: 8,
-                step_token_budget: 64,
-                prompt_cache_bytes: 0,
-                kv_budget: KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64),
                 masked_argmax: Some(masked_argmax),
-                ..EngineConfig::default()
+                ..batched(&model, Some(blocks))
             },
         )
         .unwrap();

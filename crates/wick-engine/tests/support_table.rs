@@ -6,8 +6,6 @@
 //!
 //! `WICK_UPDATE_TABLE=1 cargo test -p wick-engine --test support_table` rewrites the table
 //! in README.md after a declaration changed; without it the test fails when they differ.
-mod common;
-
 use std::path::Path;
 
 use wick_engine::backend::capability::{Capabilities, Support, CPU, CUDA, MLX};
@@ -15,6 +13,9 @@ use wick_engine::backend::BackendKind;
 use wick_engine::config::ModelConfig;
 use wick_engine::models::decoder::support;
 use wick_engine::{EngineError, LoadOptions, Model};
+
+mod common;
+use common::golden::{golden_dir, read_json};
 
 /// The tiny random checkpoint of each family (`tests/goldens/hf`, made by the scripts in
 /// `scripts/goldens/`), with the name the table gives it.
@@ -52,9 +53,7 @@ const START: &str = "<!-- support table: written by crates/wick-engine/tests/sup
 const END: &str = "<!-- end of support table -->";
 
 fn config(name: &str) -> ModelConfig {
-    let dir = common::golden_dir(name);
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let json = read_json(&golden_dir(name).join("config.json"));
     ModelConfig::from_hf(&json, name).unwrap()
 }
 
@@ -127,10 +126,7 @@ fn what_loads_is_what_the_table_says() {
                 backend: *kind,
                 ..LoadOptions::default()
             };
-            match (
-                Model::load(&common::golden_dir(dir), &options),
-                &declared.text,
-            ) {
+            match (Model::load(&golden_dir(dir), &options), &declared.text) {
                 (Ok(m), Ok(())) => {
                     let caps = &m.info().media;
                     assert_eq!(

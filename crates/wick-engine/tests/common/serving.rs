@@ -1,29 +1,43 @@
-//! What the engine tests that serve the default model share (`batching`, `draft_model`,
-//! `scheduler`, `structured`): the model, each request's reference run alone through
-//! `Model::generate`, and the engine's replies to a batch of requests. Included with
-//! `#[path = "common/serving.rs"] mod serving;`.
+//! What the engine tests that serve a real model share (`batching`, `draft_model`,
+//! `scheduler`, `structured`, `prompt_cache`, the media goldens' engine tests …): where the
+//! models are, the default model, each request's reference run alone through
+//! `Model::generate`, and the engine's replies. Stands alone, so that a test that needs
+//! nothing else includes it with `#[path = "common/serving.rs"] mod serving;`.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wick_engine::scheduler::{EngineEvent, EngineHandle, RequestHandle};
+use wick_engine::scheduler::{
+    Completion, EngineConfig, EngineEvent, EngineHandle, KvBudget, RequestHandle,
+};
 use wick_engine::{GenerationRequest, LoadOptions, Model};
 
-/// The default model's file (SmolLM2-135M-Instruct Q4_1), in `WICK_HOME` or
-/// `~/.cache/wick`.
-pub fn smollm2_path() -> PathBuf {
-    let home = std::env::var_os("WICK_HOME")
+/// Where `wick pull` puts models: `WICK_HOME`, or `~/.cache/wick`.
+pub fn wick_home() -> PathBuf {
+    std::env::var_os("WICK_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/wick"));
-    let path = home.join("models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").expect("HOME")).join(".cache/wick"))
+}
+
+/// The file `rel` under the models folder, which `wick pull {pull}` fetches.
+pub fn model_file(rel: &str, pull: &str) -> PathBuf {
+    let path = wick_home().join("models").join(rel);
     assert!(
         path.is_file(),
-        "{} missing: run `wick pull default`",
+        "{} missing: run `wick pull {pull}`",
         path.display()
     );
     path
+}
+
+/// The default model's file (SmolLM2-135M-Instruct Q4_1).
+pub fn smollm2_path() -> PathBuf {
+    model_file(
+        "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "default",
+    )
 }
 
 /// The default model on the CPU backend.
@@ -31,17 +45,18 @@ pub fn default_model() -> Arc<Model> {
     Arc::new(Model::load(&smollm2_path(), &LoadOptions::default()).unwrap())
 }
 
-/// Each request's tokens run alone through `Model::generate` (the host sampler).
+/// A request's tokens run alone through `Model::generate` (the host sampler, a fresh
+/// cache).
+pub fn run_one(model: &Model, request: &GenerationRequest) -> Vec<u32> {
+    model
+        .generate(request, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .tokens
+}
+
+/// Each request's tokens run alone through `Model::generate` (see [`run_one`]).
 pub fn run_alone(model: &Model, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    requests
-        .iter()
-        .map(|r| {
-            model
-                .generate(r, |_| ControlFlow::Continue(()))
-                .unwrap()
-                .tokens
-        })
-        .collect()
+    requests.iter().map(|r| run_one(model, r)).collect()
 }
 
 /// KV blocks (of 16 tokens, every layer) for about two of the longest of `requests`, each
@@ -58,6 +73,23 @@ pub fn blocks_for_two_longest(
         .unwrap_or(0);
     let layers = model.config().num_layers;
     2 * layers * (longest + slack).div_ceil(16) + layers
+}
+
+/// Batches of up to 8 in steps of 64 tokens, no prompt cache, a pool of `blocks` KV
+/// blocks (unbounded for `None`).
+pub fn batched(model: &Model, blocks: Option<usize>) -> EngineConfig {
+    EngineConfig {
+        max_batch: 8,
+        step_token_budget: 64,
+        prompt_cache_bytes: 0,
+        kv_budget: blocks.map_or(KvBudget::Unbounded, |b| pool(model, b)),
+        ..EngineConfig::default()
+    }
+}
+
+/// A pool of `blocks` KV blocks.
+pub fn pool(model: &Model, blocks: usize) -> KvBudget {
+    KvBudget::Bytes((blocks * model.kv_block_bytes()) as u64)
 }
 
 /// A request's streamed token ids and text, checked against its `Done` (a failure fails
@@ -79,6 +111,31 @@ pub fn collect(mut h: RequestHandle) -> (Vec<u32>, String) {
         }
     }
     panic!("channel closed without Done");
+}
+
+/// A request through the engine to its end: the streamed token ids (checked against its
+/// `Done`) and the completion.
+pub fn completion(engine: &EngineHandle, req: GenerationRequest) -> (Vec<u32>, Completion) {
+    let mut h = engine.submit(req).unwrap();
+    let mut ids = Vec::new();
+    while let Some(e) = h.blocking_next() {
+        match e {
+            EngineEvent::Token(t) => ids.push(t.id),
+            EngineEvent::Done(d) => {
+                assert_eq!(d.tokens, ids);
+                return (ids, d);
+            }
+            EngineEvent::Failed(e) => panic!("request failed: {e}"),
+        }
+    }
+    panic!("channel closed without Done");
+}
+
+/// A request's token ids (see [`completion`]) and how many prompt tokens the prompt
+/// cache served.
+pub fn reply_and_cached(engine: &EngineHandle, req: GenerationRequest) -> (Vec<u32>, usize) {
+    let (ids, done) = completion(engine, req);
+    (ids, done.usage.cached_tokens)
 }
 
 /// Every request submitted at once (so they run batched), then each one's token ids.

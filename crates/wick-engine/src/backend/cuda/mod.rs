@@ -10,8 +10,8 @@
 //! kernel arguments, so the decode step of a fixed batch records the same work every time
 //! and [`wick_cuda::Device`] replays it as one CUDA graph (see `docs/architecture.md`).
 mod affine;
-mod flash;
 mod deltanet;
+mod flash;
 mod kv;
 
 use std::sync::Arc;
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use wick_cuda::{Arg, Buffer, Device, Gemm, Kernel, WType};
 use wick_gguf::GgmlType;
 
-pub use flash::FlashAttention;
 pub use deltanet::CudaDeltaState;
+pub use flash::FlashAttention;
 pub use kv::CudaKvLayer;
 
 use crate::backend::candle::KvDtype;
