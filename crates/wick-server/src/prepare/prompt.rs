@@ -163,7 +163,7 @@ pub async fn chat_prompt(
                     continue;
                 };
                 let part_ids = if marked {
-                    tokenizer
+                    guard
                         .encode_marked(&part, marker, true)
                         .ok()
                         .map(|(_, ids)| drop_doubled_bos(ids, tokenizer.bos_id()))

@@ -151,6 +151,9 @@ fn gather_as<E: KvNumber>(
 /// packed) in pieces over all threads, not one KV head per thread.
 const PIECE: usize = 1024;
 
+/// A gathering unit: (job, piece) and the key and value rows it fills.
+type GatherUnit<'a> = (usize, usize, Mutex<(&'a mut [f32], &'a mut [f32])>);
+
 /// Every run's keys and values, per KV head (`[run][kv head]`), converted for the
 /// products: gathered as f32 in pieces of [`PIECE`] positions over the pool, and with
 /// `bf16`, centred on their means (summed piece by piece, in order) and packed, again in
@@ -183,7 +186,7 @@ fn convert(
     // (job, piece, destination) of each gathering unit, and the column sums it finds.
     let mut sums: Vec<Mutex<(Vec<f64>, Vec<f64>)>> = Vec::new();
     {
-        let units: Vec<(usize, usize, Mutex<(&mut [f32], &mut [f32])>)> = heads
+        let units: Vec<GatherUnit<'_>> = heads
             .iter_mut()
             .enumerate()
             .flat_map(|(j, h)| {

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# H200/H100: Qwen 3.5 on the CUDA backend (issue 46), one call of about 6 minutes.
+# Carry: carry/cuda/wick.xz and carry/cuda/cuda_reference.xz (built here with
+# `--features cuda`; see docs/gpu.md).
+#  1. the reference test `cuda_reference` (unless SKIP_TEST; TEST_FILTER picks tests), while
+#     a random-weight bf16 Qwen 3.5 of the 2B class is made with transformers on the GPU
+#     (make_models.py qwen3.5-2b);
+#  2. `wick bench --backend cuda` on it: decode after a 512-token prompt at batch 1 and 8,
+#     and prompt speed at PROMPTS tokens;
+#  3. transformers' own decode of the same model (eager, its PyTorch DeltaNet fallbacks:
+#     the image has no flash-linear-attention), batch 1, unless SKIP_TORCH.
+# Results: $OUT/test.log, bench.jsonl, torch.jsonl, steps.log, *.err.
+set -uo pipefail
+G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+W=${WICK_GPU_DIR:-/tmp/wick}
+mkdir -p $W/models $OUT
+SP=${TORCH_NVIDIA_DIR:-$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')}
+export LD_LIBRARY_PATH=$SP/cu13/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export WICK_HOME=$W
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.log; }
+for f in wick cuda_reference; do
+  [ -f carry/cuda/$f.xz ] && xz -dc carry/cuda/$f.xz > $W/$f && chmod +x $W/$f
+done
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > $OUT/env.txt 2>&1
+python3 -c 'import transformers, torch; print("transformers", transformers.__version__, "torch", torch.__version__)' >> $OUT/env.txt 2>&1
+TOK=crates/wick-engine/tests/goldens/hf/qwen2
+M=$W/models/qwen3.5-2b-bf16
+stamp "making $M"
+[ -d $M ] || timeout 300 python3 $G/make_models.py $M qwen3.5-2b bfloat16 $TOK > $OUT/make.log 2>&1 &
+MAKE_PID=$!
+if [ -z "${SKIP_TEST:-}" ]; then
+  stamp "cuda_reference"
+  WICK_GOLDENS=crates/wick-engine/tests/goldens timeout ${TEST_TIMEOUT:-300} \
+    $W/cuda_reference --test-threads 1 --nocapture ${TEST_FILTER:-} > $OUT/test.log 2>&1
+  echo "test rc=$?" >> $OUT/test.log
+  grep -E "^test |rc=|panicked|FAILED|skipped" $OUT/test.log | tail -40
+fi
+wait $MAKE_PID
+tail -2 $OUT/make.log
+[ -d $M ] || { stamp "no model"; exit 1; }
+stamp "wick bench"
+args=(); for c in ${CASES:-512:128:1 512:64:8}; do args+=(--case $c); done
+for n in ${PROMPTS:-2048 8192}; do args+=(--case $n:1:1); done
+timeout ${BENCH_TIMEOUT:-200} $W/wick bench $M --backend cuda --synthetic-prompt \
+  --prefill-chunk 0 --json --warmup 1 --runs 3 "${args[@]}" 2>>$OUT/bench.err | tee -a $OUT/bench.jsonl
+tail -3 $OUT/bench.err
+if [ -z "${SKIP_TORCH:-}" ]; then
+  stamp "transformers decode"
+  timeout ${TORCH_TIMEOUT:-150} python3 - $M <<'EOF' 2>>$OUT/torch.err | tee -a $OUT/torch.jsonl
+import json, sys, time
+import torch, transformers
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).cuda().eval()
+ids = torch.randint(100, 1000, (1, 512), device="cuda")
+def run(gen):
+    torch.cuda.synchronize(); t = time.perf_counter()
+    m.generate(ids, max_new_tokens=gen, min_new_tokens=gen, do_sample=False)
+    torch.cuda.synchronize(); return time.perf_counter() - t
+with torch.no_grad():
+    run(8)
+    short, full = run(1), run(129)
+print(json.dumps({"peer": "transformers eager", "prompt": 512, "gen": 128,
+                  "decode_tok_s": 128 / (full - short), "prompt_s": short}), flush=True)
+EOF
+fi
+stamp "done"
