@@ -749,13 +749,21 @@ fn flash_attention_matches_the_cpu_op_by_op() {
         };
         for kv in [KvDtype::F32, KvDtype::F16] {
             let want = two_passes(
-                &CandleBackend::cpu().with_kv_dtype(kv),
+                &CandleBackend::cpu()
+                    .with_bf16_prompt_attention(false)
+                    .with_kv_dtype(kv),
                 &p,
                 context,
                 rows,
                 spans,
             );
-            for (mode, bound) in [(FlashAttention::Exact, 2e-5), (FlashAttention::Fast, 5e-3)] {
+            // An f16 cache rounds keys and values to 11 bits on both sides, but not always
+            // at the same point.
+            let exact = match kv {
+                KvDtype::F32 => 2e-5,
+                _ => 1e-3,
+            };
+            for (mode, bound) in [(FlashAttention::Exact, exact), (FlashAttention::Fast, 5e-3)] {
                 let be = CudaBackend::new(0)
                     .unwrap()
                     .with_flash(mode)
@@ -782,7 +790,16 @@ fn flash_attention_matches_the_cpu_op_by_op() {
 fn long_prompt_matches_the_cpu(what: &str, dir: &std::path::Path, n: usize, seed: u32) {
     let ids = some_ids(n, seed);
     let other = some_ids(700, seed + 1);
-    let cpu = |kv| decoder_from_dir(CandleBackend::cpu().with_kv_dtype(kv), dir);
+    // f32 prompt attention on the CPU (on an AVX-512 BF16 or AMX host it would take bf16
+    // products and be the less exact side).
+    let cpu = |kv| {
+        decoder_from_dir(
+            CandleBackend::cpu()
+                .with_bf16_prompt_attention(false)
+                .with_kv_dtype(kv),
+            dir,
+        )
+    };
     let (cpu32, cpu16) = (cpu(KvDtype::F32), cpu(KvDtype::F16));
     let want32 = forward_all(&cpu32, &ids, &[n]);
     let want16 = forward_all(&cpu16, &ids, &[n]);
@@ -794,9 +811,12 @@ fn long_prompt_matches_the_cpu(what: &str, dir: &std::path::Path, n: usize, seed
     ] {
         let want_other = forward_all(cpu, &other, &[other.len()]);
         for mode in [FlashAttention::Exact, FlashAttention::Fast] {
-            let bound = match mode {
-                FlashAttention::Fast => (3.0 * d16).max(TOLERANCE * scale),
-                _ => TOLERANCE * scale,
+            // Fast mode rounds to bf16, and with an f16 cache the two backends round keys
+            // and values at different points (the CPU attends a chunk's own rows before
+            // storing them): as far as an f16 cache moves the logits at most.
+            let bound = match (mode, kv) {
+                (FlashAttention::Exact, KvDtype::F32) => TOLERANCE * scale,
+                _ => (3.0 * d16).max(TOLERANCE * scale),
             };
             let be = CudaBackend::new(0)
                 .unwrap()
