@@ -3,12 +3,15 @@
 # Carry: carry/cuda/wick.xz and carry/cuda/cuda_reference.xz (built here with
 # `--features cuda`; see docs/gpu.md).
 #  1. the reference test `cuda_reference` (unless SKIP_TEST; TEST_FILTER picks tests), while
-#     a random-weight bf16 Qwen 3.5 of the 2B class is made with transformers on the GPU
-#     (make_models.py qwen3.5-2b);
+#     a random-weight bf16 Qwen 3.5 of SHAPE (make_models.py; default qwen3.5-4b) is made
+#     with transformers on the GPU;
 #  2. `wick bench --backend cuda` on it: decode after a 512-token prompt at batch 1 and 8,
 #     and prompt speed at PROMPTS tokens;
 #  3. transformers' own decode of the same model (eager, its PyTorch DeltaNet fallbacks:
-#     the image has no flash-linear-attention), batch 1, unless SKIP_TORCH.
+#     the image has no flash-linear-attention), batch 1, unless SKIP_TORCH;
+#  4. unless SKIP_AGENT, agent loops through `wick serve --backend cuda` (agent_cache.py) on
+#     the tiny Qwen 3.5 and Gemma 4 goldens with the chat templates in TEMPLATES (a folder
+#     of the llama.cpp test assets' .jinja files, carried), to $OUT/agent.jsonl.
 # Results: $OUT/test.log, bench.jsonl, torch.jsonl, steps.log, *.err.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -25,9 +28,10 @@ done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > $OUT/env.txt 2>&1
 python3 -c 'import transformers, torch; print("transformers", transformers.__version__, "torch", torch.__version__)' >> $OUT/env.txt 2>&1
 TOK=crates/wick-engine/tests/goldens/hf/qwen2
-M=$W/models/qwen3.5-2b-bf16
+SHAPE=${SHAPE:-qwen3.5-4b}
+M=$W/models/$SHAPE-bf16
 stamp "making $M"
-[ -d $M ] || timeout 300 python3 $G/make_models.py $M qwen3.5-2b bfloat16 $TOK > $OUT/make.log 2>&1 &
+[ -d $M ] || timeout 300 python3 $G/make_models.py $M $SHAPE bfloat16 $TOK > $OUT/make.log 2>&1 &
 MAKE_PID=$!
 if [ -z "${SKIP_TEST:-}" ]; then
   stamp "cuda_reference"
@@ -62,5 +66,15 @@ with torch.no_grad():
 print(json.dumps({"peer": "transformers eager", "prompt": 512, "gen": 128,
                   "decode_tok_s": 128 / (full - short), "prompt_s": short}), flush=True)
 EOF
+fi
+if [ -z "${SKIP_AGENT:-}" ]; then
+  stamp "agent loops"
+  T=${TEMPLATES:-carry/templates}
+  GD=crates/wick-engine/tests/goldens/hf
+  for mt in qwen35:Qwen3.5-4B.jinja qwen35:Qwen-Qwen3-0.6B.jinja gemma4_chat:google-gemma-4-31B-it.jinja; do
+    IFS=: read -r golden tpl <<< "$mt"
+    timeout 120 python3 $G/agent_cache.py --wick $W/wick --model $GD/$golden \
+      --template $T/$tpl --backend cuda 2>>$OUT/agent.err | tee -a $OUT/agent.jsonl
+  done
 fi
 stamp "done"
