@@ -63,6 +63,20 @@ SHAPES = {
                              partial_rotary_factor=0.25, mrope_interleaved=True,
                              mrope_section=[11, 11, 10]),
     ),
+    # Qwen 3.5 of the 0.8B class (CPU agent-turn measurements): 24 layers, DeltaNet 16 key
+    # and 16 value heads of 128, attention 8 heads / 2 KV heads of 256.
+    "qwen3.5-0.8b": dict(
+        model_type="qwen3_5_text", hidden_size=1024, intermediate_size=3584,
+        num_hidden_layers=24,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                             partial_rotary_factor=0.25, mrope_interleaved=True,
+                             mrope_section=[11, 11, 10]),
+    ),
     # Tiny shapes for CPU checks (CI-sized).
     "tiny-llama": dict(
         model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=3,

@@ -102,9 +102,11 @@ fn halt(shared: &Shared, b: &mut Batch, panic: &str) {
         c.queued.store(0, Ordering::Relaxed);
         q.waiting.drain(..).collect()
     };
-    let running = b.running.drain(..).map(|a| a.req);
-    let preempted = b.preempted.drain(..).map(|a| a.req);
-    for p in running.chain(preempted).chain(waiting) {
+    let running: Vec<Pending> = b.running.drain(..).map(|a| a.req).collect();
+    let preempted: Vec<Pending> = b.preempted.drain(..).map(|a| a.req).collect();
+    // The gauges say nothing runs before any client hears of the failure.
+    publish(shared, b);
+    for p in running.into_iter().chain(preempted).chain(waiting) {
         c.failed.fetch_add(1, Ordering::Relaxed);
         let _ = p.events.send(EngineEvent::Failed(reason.clone()));
     }
