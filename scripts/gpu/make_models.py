@@ -19,6 +19,23 @@ import time
 import torch
 import transformers
 
+def qwen35(hidden, inter, layers, heads, kv_heads, k_heads, v_heads):
+    """A Qwen 3.5 text shape: blocks of three gated-DeltaNet layers and one gated attention
+    layer (heads of 256, a quarter rotated), DeltaNet heads of 128, a convolution of 4."""
+    return dict(
+        model_type="qwen3_5_text", hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=256,
+        linear_num_key_heads=k_heads, linear_num_value_heads=v_heads, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                             partial_rotary_factor=0.25, mrope_interleaved=True,
+                             mrope_section=[11, 11, 10]),
+    )
+
+
 SHAPES = {
     # Llama-3-8B: 32 layers, hidden 4096, 32 heads / 8 KV heads, MLP 14336, vocab 128256.
     "llama3-8b": dict(
@@ -34,49 +51,12 @@ SHAPES = {
         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
-    # Qwen 3.5 of the 2B class: 24 layers in blocks of three gated-DeltaNet layers and one
-    # gated full-attention layer; DeltaNet 16 key heads and 16 value heads of 128, a
-    # convolution of width 4; attention 8 heads / 2 KV heads of 256 with a quarter rotated.
-    "qwen3.5-2b": dict(
-        model_type="qwen3_5_text", hidden_size=2048, intermediate_size=6144,
-        num_hidden_layers=24,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                             partial_rotary_factor=0.25, mrope_interleaved=True,
-                             mrope_section=[11, 11, 10]),
-    ),
-    # Qwen 3.5 of the 4B class (4.2 B parameters, 8.4 GB of bf16 read per token): 32 layers,
-    # DeltaNet 16 key heads and 32 value heads of 128, attention 16 heads / 4 KV heads of 256.
-    "qwen3.5-4b": dict(
-        model_type="qwen3_5_text", hidden_size=2560, intermediate_size=9216,
-        num_hidden_layers=32,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 8,
-        num_attention_heads=16, num_key_value_heads=4, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                             partial_rotary_factor=0.25, mrope_interleaved=True,
-                             mrope_section=[11, 11, 10]),
-    ),
-    # Qwen 3.5 of the 0.8B class (CPU agent-turn measurements): 24 layers, DeltaNet 16 key
-    # and 16 value heads of 128, attention 8 heads / 2 KV heads of 256.
-    "qwen3.5-0.8b": dict(
-        model_type="qwen3_5_text", hidden_size=1024, intermediate_size=3584,
-        num_hidden_layers=24,
-        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6,
-        num_attention_heads=8, num_key_value_heads=2, head_dim=256,
-        linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4, vocab_size=248320,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
-                             partial_rotary_factor=0.25, mrope_interleaved=True,
-                             mrope_section=[11, 11, 10]),
-    ),
+    # Qwen 3.5 of the 2B class.
+    "qwen3.5-2b": qwen35(2048, 6144, 24, heads=8, kv_heads=2, k_heads=16, v_heads=16),
+    # Qwen 3.5 of the 4B class (4.2 B parameters, 8.4 GB of bf16 read per token).
+    "qwen3.5-4b": qwen35(2560, 9216, 32, heads=16, kv_heads=4, k_heads=16, v_heads=32),
+    # Qwen 3.5 of the 0.8B class (CPU agent-turn measurements).
+    "qwen3.5-0.8b": qwen35(1024, 3584, 24, heads=8, kv_heads=2, k_heads=16, v_heads=16),
     # Tiny shapes for CPU checks (CI-sized).
     "tiny-llama": dict(
         model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=3,
