@@ -1,7 +1,8 @@
 //! Qwen 3.5 and Qwen2.5-VL with their vision towers (tiny random models made by
 //! scripts/goldens/hf_tiny_qwen35_vision.py and hf_tiny_qwen25_vl.py) against transformers'
 //! f32 logits, every test on both: one image, two images of different grids (their M-RoPE
-//! positions resume after each image), text only through the multimodal checkpoint, chunked
+//! positions resume after each image), text before two adjacent images, an image in an
+//! earlier turn of a multi-turn chat, text only through the multimodal checkpoint, chunked
 //! prefill, a batch mixing an image row and a text row, the greedy continuation of
 //! `generate()` (decode positions shifted by the images), preemption, and a prompt cache
 //! that never serves one image's state to another.
@@ -113,14 +114,31 @@ fn the_tower_is_reported_only_when_it_loaded() {
 #[test]
 fn every_position_matches_transformers() {
     for (golden, _) in GOLDENS {
-        load(golden).chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
+        load(golden).chunked_matches(
+            &[
+                "one_image",
+                "two_images",
+                "text_only",
+                "text_then_images",
+                "image_then_turns",
+            ],
+            &[usize::MAX],
+        );
     }
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
     for (golden, _) in GOLDENS {
-        load(golden).chunked_matches(&["one_image", "two_images"], &[1, 5, 7, 13, 20]);
+        load(golden).chunked_matches(
+            &[
+                "one_image",
+                "two_images",
+                "text_then_images",
+                "image_then_turns",
+            ],
+            &[1, 5, 7, 13, 20],
+        );
     }
 }
 
@@ -159,7 +177,12 @@ fn bad_spans_are_refused() {
 fn the_positions_are_transformers_m_rope_ids() {
     for (golden, _) in GOLDENS {
         let g = load(golden);
-        for name in ["one_image", "two_images"] {
+        for name in [
+            "one_image",
+            "two_images",
+            "text_then_images",
+            "image_then_turns",
+        ] {
             let want = floats(&g.logits, &format!("{name}.positions"));
             let n = want.len() / 3;
             let got = wick_engine::models::mrope::positions(&model_images(&g, name), 0..n);
@@ -174,7 +197,10 @@ fn the_positions_are_transformers_m_rope_ids() {
 #[test]
 fn a_batch_mixes_an_image_row_and_a_text_row() {
     for (golden, _) in GOLDENS {
-        load(golden).batch_beside_text(golden, "one_image", "text_only");
+        let g = load(golden);
+        for name in ["one_image", "text_then_images", "image_then_turns"] {
+            g.batch_beside_text(golden, name, "text_only");
+        }
     }
 }
 
