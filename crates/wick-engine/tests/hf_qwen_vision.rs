@@ -12,8 +12,11 @@ use std::sync::Arc;
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
 use wick_engine::models::vision::ImageRows;
 use wick_engine::scheduler::EngineConfig;
+use wick_engine::{LoadOptions, Model};
 
 mod common;
+#[path = "common/safetensors.rs"]
+mod safetensors;
 use common::golden::{floats, read_json};
 use common::media::{spans, MediaGolden};
 use common::serving::reply_and_cached;
@@ -108,6 +111,42 @@ fn the_tower_is_reported_only_when_it_loaded() {
             (5, 3, 4)
         );
         g.text_model_refuses_images(text_golden);
+    }
+}
+
+#[test]
+fn flat_pixel_keys_override_size_as_in_transformers() {
+    // transformers' Qwen2VLImageProcessor lets `min_pixels` / `max_pixels` replace `size`'s
+    // edges when a preprocessor config carries both: the same image must get the same grid
+    // (and soft token count) here.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, flat, want) in [
+        (
+            "both",
+            serde_json::json!({"min_pixels": 2048, "max_pixels": 8192}),
+            (2048, 8192),
+        ),
+        ("size", serde_json::json!({}), (1024, 4096)),
+        ("max", serde_json::json!({"max_pixels": 2048}), (1024, 2048)),
+    ] {
+        let model = safetensors::copy_golden("qwen25_vl", &dir.path().join(name));
+        let path = model.join("preprocessor_config.json");
+        let mut pre: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (k, v) in flat.as_object().unwrap() {
+            pre[k] = v.clone();
+        }
+        std::fs::write(&path, pre.to_string()).unwrap();
+        let m = Model::load(&model, &LoadOptions::default()).unwrap();
+        let Some(VisionProcessor::Qwen {
+            min_pixels,
+            max_pixels,
+            ..
+        }) = m.info().media.vision.as_ref().map(|v| v.processor.clone())
+        else {
+            panic!("{name}: no Qwen vision processor");
+        };
+        assert_eq!((min_pixels, max_pixels), want, "{name}");
     }
 }
 
