@@ -9,11 +9,13 @@ in block 1). The tokenizer, chat template and prompts are hf_tiny_qwen35_vision.
 
 Pixels come from transformers' PIL image processor (Qwen2VLImageProcessorPil with the CLIP
 mean/std Qwen2.5-VL uses) on the two test images of
-hf_tiny_gemma3_vision.py, with min/max pixels small enough that one image is scaled up by the
-rounding and the other scaled down by the pixel budget. Input ids expand each image as
-Qwen3VLProcessor does: `<|vision_start|>`, `<|image_pad|>` × (t·h·w / merge²), `<|vision_end|>`.
-Cases: one image, two images, text only; logits at every position, the 3-D M-RoPE position ids
-transformers computes, plus a greedy continuation with an image.
+hf_tiny_gemma3_vision.py and the second one turned to portrait, with min/max pixels small
+enough that one image is scaled up by the rounding and the others scaled down by the pixel
+budget. Input ids expand each image as Qwen3VLProcessor does: `<|vision_start|>`,
+`<|image_pad|>` × (t·h·w / merge²), `<|vision_end|>`.
+Cases: one image, two images with text between, text only, text before two adjacent images,
+an image in an earlier turn of a multi-turn chat; logits at every position, the 3-D M-RoPE
+position ids transformers computes, plus a greedy continuation with an image.
 
 Everything lands in crates/wick-engine/tests/goldens/hf/qwen25_vl/. Deterministic.
 

@@ -9,11 +9,13 @@ The tokenizer is a byte-level BPE trained here whose special tokens include Qwen
 
 Pixels come from transformers' PIL image processor (Qwen2VLImageProcessorPil, the class
 Qwen 3.5 checkpoints name, with Qwen 3.5's mean/std 0.5) on the two test images of
-hf_tiny_gemma3_vision.py, with min/max pixels small enough that one image is scaled up by the
-rounding and the other scaled down by the pixel budget. Input ids expand each image as
-Qwen3VLProcessor does: `<|vision_start|>`, `<|image_pad|>` × (t·h·w / merge²), `<|vision_end|>`.
-Cases: one image, two images, text only; logits at every position, the 3-D M-RoPE position ids
-transformers computes, plus a greedy continuation with an image.
+hf_tiny_gemma3_vision.py and the second one turned to portrait, with min/max pixels small
+enough that one image is scaled up by the rounding and the others scaled down by the pixel
+budget. Input ids expand each image as Qwen3VLProcessor does: `<|vision_start|>`,
+`<|image_pad|>` × (t·h·w / merge²), `<|vision_end|>`.
+Cases: one image, two images with text between, text only, text before two adjacent images,
+an image in an earlier turn of a multi-turn chat; logits at every position, the 3-D M-RoPE
+position ids transformers computes, plus a greedy continuation with an image.
 
 Everything lands in crates/wick-engine/tests/goldens/hf/qwen35_vision/. Deterministic.
 
@@ -259,9 +261,12 @@ def write_golden(golden: str, model_class, model_config, init, mean: list[float]
                                         dtype=torch.float32)
     model.eval()
 
-    names = ["image_a.png", "image_b.png"]
-    for n in names:
+    names = ["image_a.png", "image_b.png", "image_c.png"]
+    for n in names[:2]:
         shutil.copy(images_dir / n, out_dir / n)
+    # A portrait picture (image_b turned a quarter): more merged rows than columns, so the
+    # text after it resumes past its rows, where the landscape ones resume past their columns.
+    Image.open(out_dir / names[1]).transpose(Image.Transpose.ROTATE_90).save(out_dir / names[2])
     images = [Image.open(out_dir / n).convert("RGB") for n in names]
     batch = processor(images=images, return_tensors="pt")
     pixels, grids = batch["pixel_values"].float(), batch["image_grid_thw"]
@@ -284,6 +289,15 @@ def write_golden(golden: str, model_class, model_config, init, mean: list[float]
         "two_images": (turn(f"Compare {image_block(tokens[0])} with {image_block(tokens[1])} please."),
                        [0, 1]),
         "text_only": (turn("What is the capital of France?"), []),
+        # Text before two adjacent images of different grids and aspect ratios (the portrait
+        # one first), nothing after.
+        "text_then_images": (turn(f"Describe {image_block(tokens[2])}{image_block(tokens[0])}"),
+                             [2, 0]),
+        # A portrait image in the first user turn, an assistant reply, then a second user turn
+        # of text: every later position is shifted by the image.
+        "image_then_turns": (turn(f"{image_block(tokens[2])} What is this?")
+                             + "A small picture.<|im_end|>\n"
+                             + turn("And the colours?"), [2]),
     }
     case_meta = []
     for name, (text, which) in cases.items():

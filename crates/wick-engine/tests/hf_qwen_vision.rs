@@ -1,7 +1,8 @@
 //! Qwen 3.5 and Qwen2.5-VL with their vision towers (tiny random models made by
 //! scripts/goldens/hf_tiny_qwen35_vision.py and hf_tiny_qwen25_vl.py) against transformers'
 //! f32 logits, every test on both: one image, two images of different grids (their M-RoPE
-//! positions resume after each image), text only through the multimodal checkpoint, chunked
+//! positions resume after each image), text before two adjacent images, an image in an
+//! earlier turn of a multi-turn chat, text only through the multimodal checkpoint, chunked
 //! prefill, a batch mixing an image row and a text row, the greedy continuation of
 //! `generate()` (decode positions shifted by the images), preemption, and a prompt cache
 //! that never serves one image's state to another.
@@ -11,8 +12,11 @@ use std::sync::Arc;
 use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
 use wick_engine::models::vision::ImageRows;
 use wick_engine::scheduler::EngineConfig;
+use wick_engine::{LoadOptions, Model};
 
 mod common;
+#[path = "common/safetensors.rs"]
+mod safetensors;
 use common::golden::{floats, read_json};
 use common::media::{spans, MediaGolden};
 use common::serving::reply_and_cached;
@@ -111,16 +115,69 @@ fn the_tower_is_reported_only_when_it_loaded() {
 }
 
 #[test]
+fn flat_pixel_keys_override_size_as_in_transformers() {
+    // transformers' Qwen2VLImageProcessor lets `min_pixels` / `max_pixels` replace `size`'s
+    // edges when a preprocessor config carries both: the same image must get the same grid
+    // (and soft token count) here.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, flat, want) in [
+        (
+            "both",
+            serde_json::json!({"min_pixels": 2048, "max_pixels": 8192}),
+            (2048, 8192),
+        ),
+        ("size", serde_json::json!({}), (1024, 4096)),
+        ("max", serde_json::json!({"max_pixels": 2048}), (1024, 2048)),
+    ] {
+        let model = safetensors::copy_golden("qwen25_vl", &dir.path().join(name));
+        let path = model.join("preprocessor_config.json");
+        let mut pre: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (k, v) in flat.as_object().unwrap() {
+            pre[k] = v.clone();
+        }
+        std::fs::write(&path, pre.to_string()).unwrap();
+        let m = Model::load(&model, &LoadOptions::default()).unwrap();
+        let Some(VisionProcessor::Qwen {
+            min_pixels,
+            max_pixels,
+            ..
+        }) = m.info().media.vision.as_ref().map(|v| v.processor.clone())
+        else {
+            panic!("{name}: no Qwen vision processor");
+        };
+        assert_eq!((min_pixels, max_pixels), want, "{name}");
+    }
+}
+
+#[test]
 fn every_position_matches_transformers() {
     for (golden, _) in GOLDENS {
-        load(golden).chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX]);
+        load(golden).chunked_matches(
+            &[
+                "one_image",
+                "two_images",
+                "text_only",
+                "text_then_images",
+                "image_then_turns",
+            ],
+            &[usize::MAX],
+        );
     }
 }
 
 #[test]
 fn chunked_prefill_never_cuts_an_image() {
     for (golden, _) in GOLDENS {
-        load(golden).chunked_matches(&["one_image", "two_images"], &[1, 5, 7, 13, 20]);
+        load(golden).chunked_matches(
+            &[
+                "one_image",
+                "two_images",
+                "text_then_images",
+                "image_then_turns",
+            ],
+            &[1, 5, 7, 13, 20],
+        );
     }
 }
 
@@ -159,7 +216,12 @@ fn bad_spans_are_refused() {
 fn the_positions_are_transformers_m_rope_ids() {
     for (golden, _) in GOLDENS {
         let g = load(golden);
-        for name in ["one_image", "two_images"] {
+        for name in [
+            "one_image",
+            "two_images",
+            "text_then_images",
+            "image_then_turns",
+        ] {
             let want = floats(&g.logits, &format!("{name}.positions"));
             let n = want.len() / 3;
             let got = wick_engine::models::mrope::positions(&model_images(&g, name), 0..n);
@@ -174,7 +236,10 @@ fn the_positions_are_transformers_m_rope_ids() {
 #[test]
 fn a_batch_mixes_an_image_row_and_a_text_row() {
     for (golden, _) in GOLDENS {
-        load(golden).batch_beside_text(golden, "one_image", "text_only");
+        let g = load(golden);
+        for name in ["one_image", "text_then_images", "image_then_turns"] {
+            g.batch_beside_text(golden, name, "text_only");
+        }
     }
 }
 

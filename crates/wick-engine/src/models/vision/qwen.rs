@@ -145,15 +145,19 @@ impl QwenVisionConfig {
     }
 
     /// Takes the pixel budget and normalisation from the directory's
-    /// `preprocessor_config.json` (`size.shortest_edge` / `size.longest_edge` or
-    /// `min_pixels` / `max_pixels`, `image_mean`, `image_std`).
+    /// `preprocessor_config.json` (`min_pixels` / `max_pixels`, else `size.shortest_edge` /
+    /// `size.longest_edge`; `image_mean`, `image_std`). The flat keys win where both are
+    /// written, as transformers' processor lets them override `size`.
     pub(crate) fn with_preprocessor(mut self, json: &Value, source: &str) -> Result<Self> {
         let keys = HfKeys { json, source };
         let size = json.get("size");
         let pixels = |edge: &str, flat: &str| -> Result<Option<usize>> {
-            match size.and_then(|s| s.get(edge)).and_then(Value::as_u64) {
-                Some(v) => Ok(Some(v as usize)),
-                None => keys.opt_usize(flat),
+            match keys.opt_usize(flat)? {
+                Some(v) => Ok(Some(v)),
+                None => Ok(size
+                    .and_then(|s| s.get(edge))
+                    .and_then(Value::as_u64)
+                    .map(|v| v as usize)),
             }
         };
         if let Some(v) = pixels("shortest_edge", "min_pixels")? {
