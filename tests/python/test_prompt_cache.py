@@ -4,6 +4,7 @@ across restarts and `kill -9`, damaged and foreign files planted in the cache di
 
 Every answer is checked against a server without a prompt cache (`--prompt-cache 0`):
 greedy output must not depend on where the KV came from."""
+import json
 import os
 import random
 import shutil
@@ -184,15 +185,26 @@ def plant_damage(root: Path, owner: dict) -> dict:
     data = p1.read_bytes()
     p1.write_bytes(data[: len(data) // 2])
     data = bytearray(p2.read_bytes())
-    data[-100] ^= 0x10
+    # A bit of the entry's own KV rows, or of its header where every row lives in shared
+    # chunk files (the entry's last bytes may be alignment padding, which no reader reads).
+    hlen = int.from_bytes(data[12:16], "little")
+    header = json.loads(data[24:24 + hlen])
+    own = [t for layer in header["layers"] for t in (layer["keys"], layer["values"])
+           if t["bytes"] > 0]
+    at = own[0]["offset"] + own[0]["bytes"] // 2 if own else 24 + hlen // 2
+    data[at] ^= 0x10
     p2.write_bytes(bytes(data))
+    owner["p2_payload_damaged"] = bool(own)
     data = bytearray(p3.read_bytes())
     data[8:12] = (99).to_bytes(4, "little")
     p3.write_bytes(bytes(data))
     ours = p1.parent
     (ours / "junk.wkv").write_bytes(random.Random(7).randbytes(5000))
     (ours / "empty.wkv").write_bytes(b"")
-    (ours / "orphan.wkv.tmp").write_bytes(b"half a write")
+    # A dead writer's temporary file (named as the tier names them, owner "1" holds no lock)
+    # and a .tmp file the tier did not name (never removed: it may not be ours).
+    (ours / ("0" * 32 + ".wkv.1.0.tmp")).write_bytes(b"half a write")
+    (ours / "orphan.wkv.tmp").write_bytes(b"not named by the tier")
     foreign = root / "0123456789abcdef-foreign"
     (foreign / "base").mkdir(parents=True)
     (foreign / "base" / "other.wkv").write_bytes(data[: len(data) // 3])
@@ -218,17 +230,21 @@ def test_damaged_and_foreign_files_never_break_a_request(reference, populated, t
     try:
         scanned(s)
         ours = fingerprint_dir(root)
-        # the scan reaped the orphan, the junk, the empty file and the other version
-        assert not list(ours.rglob("*.tmp"))
+        # the scan reaped the dead writer's orphan and the other version, and left alone the
+        # files it did not write (not named as it names them, or without its magic bytes)
+        assert [p.name for p in ours.rglob("*.tmp")] == ["orphan.wkv.tmp"]
         for name in ("junk.wkv", "empty.wkv"):
-            assert not list(ours.rglob(name))
+            assert list(ours.rglob(name)), name
         assert not (root / owner["p3"]).exists()
         for key in PROMPTS:
             r = completion(s, PROMPTS[key])
             assert r.choices[0].text == reference[key], key
         assert not (root / owner["p1"]).exists(), "the truncated file was not removed"
         assert not (root / owner["p2"]).exists(), "the bit-flipped file was not removed"
-        assert s.stats()["ssd_cache"]["restore_failures"] >= 1
+        if owner["p2_payload_damaged"]:
+            # a payload bit is only found when the entry is restored (a header bit is found
+            # by the scan; payload damage of chunk files is covered by wick-cache's tests)
+            assert s.stats()["ssd_cache"]["restore_failures"] >= 1
     finally:
         stopped(s)
     assert {p: p.read_bytes() for p in foreign} == foreign, "a foreign directory was touched"
