@@ -13,7 +13,7 @@ another user turn, images to scale up and far down, PNG, JPEG and WebP.
 Works on a Qwen2.5-VL or Qwen 3.5 (vision) checkpoint directory, e.g. the tiny goldens:
 
     wick serve crates/wick-engine/tests/goldens/hf/qwen25_vl --port 8091 &
-    python scripts/goldens/served_qwen_vl.py crates/wick-engine/tests/goldens/hf/qwen25_vl \
+    python scripts/served_qwen_vl.py crates/wick-engine/tests/goldens/hf/qwen25_vl \
         --url http://127.0.0.1:8091
 
 Exits 1 when a log-prob differs by more than --tol (default 1e-3) from transformers'.
