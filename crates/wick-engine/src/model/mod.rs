@@ -151,6 +151,14 @@ impl Model {
         &self.info
     }
 
+    /// Whether a long cache of this model can always be cut back to a shorter prefix. Sliding
+    /// windows that wrap and recurrent layers (Qwen 3.5) cannot: an entry of theirs serves
+    /// only its own length, so the prompt cache keeps entries where turns part.
+    pub fn caches_can_be_cut_back(&self) -> bool {
+        let c = self.config();
+        !c.layer_windows.iter().any(Option::is_some) && c.qwen35.is_none()
+    }
+
     /// The architecture configuration.
     pub fn config(&self) -> &ModelConfig {
         with_decoder!(&self.decoder, d => d.config())

@@ -119,9 +119,7 @@ impl EngineCache {
                 verify: config.ssd_cache_verify,
             }),
         ))?;
-        // Sliding windows and recurrent layers (Qwen 3.5) make long entries untrimmable.
-        let windowed = model.config().layer_windows.iter().any(Option::is_some)
-            || model.config().qwen35.is_some();
+        let windowed = !model.caches_can_be_cut_back();
         Ok(Some(EngineCache {
             tiers,
             draft,

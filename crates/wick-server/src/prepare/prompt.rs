@@ -144,12 +144,16 @@ pub async fn chat_prompt(
                 .iter()
                 .map(|b| (b.messages, Some(b.ttl)))
                 .collect();
-            wanted.push((messages.len(), None));
-            // The next turn itself, as an agent sends it: this prompt's reply as a history
-            // turn and a new message. Templates render a past reply differently from the
-            // generation prompt (Qwen drops the empty think block), so this is where the next
-            // turn truly parts; probing finds it for any template.
-            wanted.push((PROBE_NEXT_TURN, None));
+            // Unpinned points only matter where a longer entry cannot serve a prefix: the
+            // engine drops them elsewhere, so they are not rendered and tokenized for nothing.
+            if !model.caches_can_be_cut_back() {
+                wanted.push((messages.len(), None));
+                // The next turn itself, as an agent sends it: this prompt's reply as a
+                // history turn and a new message. Templates render a past reply differently
+                // from the generation prompt (Qwen drops the empty think block), so this is
+                // where the next turn truly parts; probing finds it for any template.
+                wanted.push((PROBE_NEXT_TURN, None));
+            }
             for (n, pin) in wanted {
                 let part = if n == PROBE_NEXT_TURN {
                     let mut next = messages.clone();
