@@ -47,6 +47,38 @@ fn batched_greedy_equals_single_runs() {
 }
 
 #[test]
+fn a_lone_prompt_goes_through_in_prompt_step_chunks() {
+    let model = default_model();
+    let prompt = model
+        .tokenize("Once upon a time in a small village, there lived an old man who kept bees")
+        .unwrap();
+    let n = prompt.len();
+    assert!(n > 8 && n <= 64, "{n} tokens");
+    let req = GenerationRequest::new(prompt).max_tokens(3);
+    let alone = run_one(&model, &req);
+    let steps = |prompt_step_tokens| {
+        let engine = Engine::start(
+            model.clone(),
+            EngineConfig {
+                step_token_budget: 8,
+                prompt_step_tokens,
+                itl_factor: Some(0.0),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(collect(engine.submit(req.clone()).unwrap()).0, alone);
+        let steps = engine.stats().steps;
+        assert!(engine.shutdown(std::time::Duration::from_secs(5)));
+        steps
+    };
+    // The prompt in chunks of the step budget, then two decode steps (its last chunk
+    // gives the first token) — or in one chunk when a prompt step may carry 64 tokens.
+    assert_eq!(steps(None), n.div_ceil(8) as u64 + 2);
+    assert_eq!(steps(Some(64)), 3);
+}
+
+#[test]
 fn seeded_sampling_is_reproducible_inside_a_batch() {
     let model = default_model();
     let prompt = model.tokenize("Write a word:").unwrap();

@@ -78,7 +78,7 @@ impl Capability {
 }
 
 /// What one backend implements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Capabilities {
     /// The backend's name (as `--backend` takes it).
     pub backend: &'static str,
@@ -89,6 +89,15 @@ pub struct Capabilities {
     /// Logits live in device memory: greedy rows under a grammar are better picked by the
     /// backend's masked argmax than sampled on the host.
     pub device_logits: bool,
+    /// Tokens a step of prompt chunks alone carries by default (at least the step
+    /// budget): long chunks where the backend's products and attention get faster with
+    /// more rows (a GPU); `None`, the step budget, where they do not.
+    pub lone_prompt_tokens: Option<usize>,
+    /// The default bound on decoding rows' inter-token gap while a prompt arrives, as a
+    /// multiple of a decode-only step (`None`: prompt chunks of the step budget). Off on
+    /// the CPU, where chunks of a few dozen rows would lose the tile kernels' speed and a
+    /// prompt would take many times longer.
+    pub itl_factor: Option<f64>,
 }
 
 impl Capabilities {
@@ -127,6 +136,8 @@ pub const CPU: Capabilities = Capabilities {
     ],
     max_head_dim: usize::MAX,
     device_logits: false,
+    lone_prompt_tokens: None,
+    itl_factor: None,
 };
 
 /// The CUDA backend (`backend/cuda`).
@@ -142,6 +153,8 @@ pub const CUDA: Capabilities = Capabilities {
     ],
     max_head_dim: 256,
     device_logits: true,
+    lone_prompt_tokens: Some(8192),
+    itl_factor: Some(2.0),
 };
 
 /// The MLX backend (`backend/mlx`).
@@ -150,6 +163,8 @@ pub const MLX: Capabilities = Capabilities {
     ops: &[Capability::RowDeltas, Capability::Speculation],
     max_head_dim: usize::MAX,
     device_logits: true,
+    lone_prompt_tokens: Some(2048),
+    itl_factor: Some(2.0),
 };
 
 impl BackendKind {

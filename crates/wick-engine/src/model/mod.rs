@@ -209,6 +209,18 @@ impl Model {
         self.capabilities().device_logits
     }
 
+    /// Tokens a step of prompt chunks alone carries unless configured otherwise (the
+    /// backend's preference; `None`: the step budget).
+    pub fn lone_prompt_tokens(&self) -> Option<usize> {
+        self.capabilities().lone_prompt_tokens
+    }
+
+    /// The default bound on decoding rows' inter-token gap while a prompt arrives, as a
+    /// multiple of a decode-only step (`None`: chunks of the step budget).
+    pub fn itl_factor(&self) -> Option<f64> {
+        self.capabilities().itl_factor
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

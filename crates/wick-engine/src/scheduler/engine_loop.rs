@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use rayon::prelude::*;
 
 use super::cache::{CacheTracking, Started};
+use super::pacer::PromptPacer;
 use super::queue::{Pending, Shared};
-use super::{Completion, EngineEvent};
+use super::{Completion, EngineConfig, EngineEvent};
 use crate::constraint::{ConstraintError, RowConstraint};
 use crate::generation::{DraftOutput, Sequence, SequenceStep, TokenEvent};
 use crate::model::{Model, StepPlan, StepRow};
@@ -45,6 +46,8 @@ struct Batch {
     next_order: u64,
     /// The decode steps' cost, which decides how many drafts a step verifies.
     drafts: DraftBudget,
+    /// The steps' measured costs, which size prompt chunks beside decoding rows.
+    pacer: PromptPacer,
 }
 
 impl Batch {
@@ -463,9 +466,18 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
             .filter(|a| a.seq.is_decoding())
             .map(|a| a.seq.next_step(1).tokens())
             .sum();
-        let mut budget = shared
-            .config
-            .step_token_budget
+        let mut budget = b
+            .pacer
+            .step_tokens(
+                &shared.config,
+                lone_prompt_tokens(model, &shared.config),
+                match shared.config.itl_factor {
+                    Some(f) if f > 0.0 => Some(f),
+                    Some(_) => None,
+                    None => model.itl_factor(),
+                },
+                decoding,
+            )
             .saturating_sub(decoding)
             .max(1);
         let plans: Vec<Option<SequenceStep>> = b
@@ -667,6 +679,18 @@ fn kept_drafts(running: &[Active]) -> usize {
         .sum()
 }
 
+/// Tokens a step of prompt chunks alone carries: as configured, else the backend's
+/// preference (never under the step budget), else the step budget.
+fn lone_prompt_tokens(model: &Model, config: &EngineConfig) -> usize {
+    config.prompt_step_tokens.unwrap_or_else(|| {
+        model
+            .lone_prompt_tokens()
+            .map_or(config.step_token_budget, |n| {
+                n.max(config.step_token_budget)
+            })
+    })
+}
+
 /// Plans and runs one forward pass over the batch.
 fn step(model: &Model, shared: &Shared, b: &mut Batch) {
     let c = &shared.counters;
@@ -861,6 +885,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     let sampled_in = sampling.elapsed();
     c.sampling_nanos
         .fetch_add(sampled_in.as_nanos() as u64, Ordering::Relaxed);
+    b.pacer.observe(decoding, prefill, took.as_secs_f64());
     if prefill == 0 && shared.config.speculative.is_some() {
         b.drafts
             .observe(step_tokens, (took + sampled_in).as_secs_f64());

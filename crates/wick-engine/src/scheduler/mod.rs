@@ -32,6 +32,7 @@ mod admission;
 mod cache;
 mod engine_loop;
 mod handle;
+mod pacer;
 mod queue;
 mod stats;
 
@@ -60,6 +61,17 @@ pub struct EngineConfig {
     /// Tokens one forward pass may carry: decode tokens first, the rest goes to
     /// prompt chunks, so a long prompt never stalls the others' decoding for long.
     pub step_token_budget: usize,
+    /// Tokens a step of prompt chunks alone may carry (no sequence decoding): a lone
+    /// prompt on a GPU goes through in a few long chunks. `None`: the backend's
+    /// preference ([`crate::backend::Capabilities::lone_prompt_tokens`], at least the
+    /// step budget).
+    pub prompt_step_tokens: Option<usize>,
+    /// Bound on the decoding rows' inter-token gap while a prompt arrives, as a multiple
+    /// of a decode-only step: prompt chunks beside decoding rows are sized from measured
+    /// step costs so a step takes at most this long (`scheduler/pacer.rs`). `Some(0.0)`
+    /// turns pacing off (chunks of the step budget); `None`: the backend's preference
+    /// ([`crate::backend::Capabilities::itl_factor`]).
+    pub itl_factor: Option<f64>,
     /// RAM prompt cache byte cap (`--prompt-cache` GiB × 2³⁰); 0 turns the cache off.
     pub prompt_cache_bytes: u64,
     /// SSD cold tier directory (`--ssd-cache DIR`); needs the RAM cache.
@@ -125,6 +137,8 @@ impl Default for EngineConfig {
             max_batch: 8,
             max_queue: 64,
             step_token_budget: 512,
+            prompt_step_tokens: None,
+            itl_factor: None,
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
             ssd_cache_dir: None,
             ssd_cache_max_bytes: 0,

@@ -106,6 +106,16 @@ pub struct ServeArgs {
     /// Tokens one forward pass may carry (decode tokens first, then prompt chunks).
     #[arg(long, env = "WICK_STEP_TOKENS", default_value_t = 512)]
     step_tokens: usize,
+    /// Tokens a step carries when it holds prompt chunks only (no stream decoding): a
+    /// lone long prompt goes through in few large chunks. Default: 8192 on CUDA, 2048 on
+    /// MLX (never under --step-tokens), --step-tokens on the CPU.
+    #[arg(long, env = "WICK_PROMPT_STEP_TOKENS")]
+    prompt_step_tokens: Option<usize>,
+    /// While a prompt arrives, the streams already decoding wait at most this many times
+    /// their usual inter-token gap: its chunks are sized from measured step costs. 0 turns
+    /// pacing off (chunks of --step-tokens). Default: 2 on CUDA and MLX, off on the CPU.
+    #[arg(long, env = "WICK_ITL_FACTOR")]
+    itl_factor: Option<f64>,
     /// Speculative decoding: `ngram` drafts the next tokens by prompt lookup (what followed
     /// the last few tokens earlier in the prompt or output), `draft` with a smaller model
     /// of the same vocabulary (--draft-model); the drafts are verified in one forward
@@ -401,6 +411,15 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
     };
     positive("max-batch", args.max_batch)?;
     positive("step-tokens", args.step_tokens)?;
+    if let Some(n) = args.prompt_step_tokens {
+        positive("prompt-step-tokens", n)?;
+    }
+    if let Some(f) = args.itl_factor {
+        anyhow::ensure!(
+            f == 0.0 || (f.is_finite() && f > 1.0),
+            "--itl-factor must be 0 (off) or a number above 1, got {f}"
+        );
+    }
     if let Some(n) = args.max_tokens {
         positive("max-tokens", n)?;
     }
@@ -492,6 +511,8 @@ fn check(args: &ServeArgs) -> anyhow::Result<Checked> {
             max_batch: args.max_batch,
             max_queue: args.max_queue,
             step_token_budget: args.step_tokens,
+            prompt_step_tokens: args.prompt_step_tokens,
+            itl_factor: args.itl_factor,
             prompt_cache_bytes: cache.prompt_cache_bytes,
             ssd_cache_dir: cache.ssd_cache_dir,
             ssd_cache_max_bytes: cache.ssd_cache_max_bytes,
