@@ -11,8 +11,11 @@
 #     default step) unless CHUNK is empty; KV cache type KV;
 #  3. PyTorch (transformers, sdpa) on the same model and lengths, and sdpa alone on one
 #     layer's shapes (torch_prefill.py, unless SKIP_TORCH);
-#  4. `wick serve --backend cuda` with --step-tokens of each STEPS and the time to first
-#     token of TTFT_TOKENS-token prompts (ttft.py), unless SKIP_SERVE;
+#  4. `wick serve --backend cuda` with each of SERVE_CONFIGS (flag sets separated by ';',
+#     by default the 512-token steps of before and the defaults: lone prompts in long
+#     steps, chunks paced beside decoding streams) and the time to first token of
+#     TTFT_TOKENS-token prompts (ttft.py), alone and, unless STREAMS=0, while STREAMS
+#     streams decode (their inter-token gaps), unless SKIP_SERVE;
 #  5. OUT/summary.md and OUT/summary.json (prefill_summary.py).
 # Results: $OUT/test.log, bench.jsonl, torch.jsonl, ttft.jsonl, summary.*, *.err.
 set -uo pipefail
@@ -52,8 +55,10 @@ bench() {  # MODE CHUNK
     --runs ${RUNS:-2} "${cases[@]}" 2>>$OUT/bench.err \
     | sed -u "s/^{/{\"flash\":\"$1\",\"chunk_arg\":$2,/" | tee -a $OUT/bench.jsonl
 }
-for mode in ${FLASH:-fast exact off}; do bench $mode 0; done
-[ -n "${CHUNK-512}" ] && bench fast ${CHUNK-512}
+if [ -z "${SKIP_BENCH:-}" ]; then
+  for mode in ${FLASH:-fast exact off}; do bench $mode 0; done
+  [ -n "${CHUNK-512}" ] && bench fast ${CHUNK-512}
+fi
 if [ -z "${SKIP_TORCH:-}" ]; then
   stamp "torch"
   timeout ${TORCH_TIMEOUT:-200} python3 $G/torch_prefill.py $M --lengths $LENGTHS \
@@ -61,19 +66,25 @@ if [ -z "${SKIP_TORCH:-}" ]; then
 fi
 if [ -z "${SKIP_SERVE:-}" ]; then
   port=8411
-  for step in ${STEPS:-512}; do
-    stamp "wick serve --step-tokens $step"
-    $W/wick serve $M --backend cuda --kv-type ${KV:-f32} --port $port --step-tokens $step \
-      --max-batch 8 --prompt-cache 0 --kv-memory ${KV_MEMORY:-24G} > $OUT/serve-$step.log 2>&1 &
+  IFS=';' read -ra configs <<< "${SERVE_CONFIGS:---step-tokens 512 --prompt-step-tokens 512 --itl-factor 0;--step-tokens 512}"
+  for i in "${!configs[@]}"; do
+    args=${configs[$i]}
+    stamp "wick serve $args"
+    $W/wick serve $M --backend cuda --kv-type ${KV:-f32} --port $port $args \
+      --max-batch 8 --prompt-cache 0 --kv-memory ${KV_MEMORY:-24G} > $OUT/serve-$i.log 2>&1 &
     pid=$!
     for _ in $(seq 1 120); do
       python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health')" \
         2>/dev/null && break
       sleep 1
     done
-    timeout ${TTFT_TIMEOUT:-120} python3 $G/ttft.py --url http://127.0.0.1:$port --model $M \
-      --tokens ${TTFT_TOKENS:-18682} --repeat 2 2>>$OUT/ttft.err \
-      | sed -u "s/^{/{\"label\":\"step-tokens $step\",/" | tee -a $OUT/ttft.jsonl
+    for streams in 0 ${STREAMS:-4}; do
+      [ "$streams" = 0 ] && repeat=2 || repeat=1
+      timeout ${TTFT_TIMEOUT:-120} python3 $G/ttft.py --url http://127.0.0.1:$port --model $M \
+        --tokens ${TTFT_TOKENS:-18682} --repeat $repeat --streams $streams 2>>$OUT/ttft.err \
+        | sed -u "s/^{/{\"label\":\"$args\",/" | tee -a $OUT/ttft.jsonl
+      [ "${STREAMS:-4}" = 0 ] && break
+    done
     kill $pid; wait $pid 2>/dev/null
   done
 fi

@@ -66,8 +66,14 @@ def main():
         label = f" ({t['label']})" if t.get("label") else ""
         server = t.get("server_ttft_s")
         server = f", {server:.2f} s in the server" if server is not None else ""
+        streams = ""
+        if t.get("streams"):
+            streams = (f"; beside {t['streams']} decoding streams, whose gap went from "
+                       f"{t['idle_itl_s'] * 1e3:.1f} ms (idle) to at most "
+                       f"{t['max_itl_s'] * 1e3:.1f} ms ({t['max_itl_over_idle']:.2f}×, p95 "
+                       f"{t['p95_itl_s'] * 1e3:.1f} ms)")
         md.append(f"\nServer TTFT, {t['prompt_tokens']:,}-token prompt{label}: "
-                  f"{t['ttft_s']:.2f} s at the client{server}")
+                  f"{t['ttft_s']:.2f} s at the client{server}{streams}")
     summary = {"prompt_tps": {k: {str(n): v for n, v in r.items()} for k, r in rows.items()},
                "attention": attn, "ttft": ttft}
     json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
