@@ -12,6 +12,7 @@
 //! step before the host reads the previous step's ids.
 mod arena;
 mod attention;
+mod deltanet;
 mod kernels;
 mod kv;
 mod load;
@@ -20,15 +21,18 @@ mod rope;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use attention::Reach;
 use wick_mlx::{Array, Device, GluActivation, MlxError, Quantized, Stream};
 
+pub use deltanet::MlxDeltaState;
 pub use kv::MlxKvLayer;
 pub use rope::MlxRope;
 /// MLX element types (the backend's compute dtype is one of bf16, f16, f32).
 pub use wick_mlx::Dtype;
 
 use super::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
+    Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment,
+    DeltaShape, DeltaState, DeltaTensors, HostWeight, KvLayerSnapshot, RopeSpec,
 };
 use crate::weights::AffineWeight;
 use crate::{EngineError, Result};
@@ -195,7 +199,7 @@ impl Backend for MlxBackend {
     type Rope = MlxRope;
     type KvLayer = MlxKvLayer;
     type Ids = Array;
-    type DeltaState = crate::backend::DeltaState;
+    type DeltaState = MlxDeltaState;
 
     fn capabilities(&self) -> &'static crate::backend::capability::Capabilities {
         &crate::backend::capability::MLX
@@ -441,15 +445,46 @@ impl Backend for MlxBackend {
         MlxKvLayer::from_snapshot(self.stream, self.dtype, s)
     }
 
-    fn new_delta_state(&self, shape: &crate::backend::DeltaShape) -> crate::backend::DeltaState {
-        crate::backend::DeltaState::new(shape)
+    fn new_delta_state(&self, shape: &DeltaShape) -> MlxDeltaState {
+        MlxDeltaState::new(shape)
     }
 
-    fn delta_state_from_host(
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<MlxDeltaState> {
+        MlxDeltaState::from_host(&s)
+    }
+
+    fn delta_weights(&self, p: &DeltaParams<'_>) -> Result<Option<DeltaTensors<Array>>> {
+        deltanet::weights(p).map(Some)
+    }
+
+    fn delta_net(
         &self,
-        s: crate::backend::DeltaState,
-    ) -> Result<crate::backend::DeltaState> {
-        Ok(s)
+        p: &DeltaParams<'_>,
+        uploaded: Option<&DeltaTensors<Array>>,
+        x: DeltaInputs<'_, Array>,
+        segments: &mut [DeltaSegment<'_, MlxDeltaState>],
+    ) -> Result<Array> {
+        let w = match uploaded {
+            Some(w) => w,
+            None => &deltanet::weights(p)?,
+        };
+        deltanet::mix(self, p, w, x, segments)
+    }
+
+    fn sigmoid_gate(&self, x: &Array, gate: &Array, shape: (usize, usize)) -> Result<Array> {
+        let (rows, cols) = shape;
+        let fits = |a: &Array| a.shape() == [rows as i32, cols as i32];
+        if !fits(x) || !fits(gate) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!(
+                    "sigmoid_gate: {:?} and {:?} for {rows}x{cols}",
+                    x.shape(),
+                    gate.shape()
+                ),
+            });
+        }
+        self.stream.sigmoid_gate(x, gate).map_err(mlx_err)
     }
 
     fn attention(
@@ -460,7 +495,45 @@ impl Backend for MlxBackend {
         segments: &mut [AttentionSegment<'_, MlxKvLayer>],
         params: &AttentionParams,
     ) -> Result<Array> {
-        attention::attend(&self.stream, q, k, v, segments, params)
+        attention::attend(&self.stream, q, k, v, segments, params, Reach::CAUSAL)
+    }
+
+    fn attention_shared(
+        &self,
+        q: &Array,
+        new_kv: Option<(&Array, &Array)>,
+        segments: &mut [AttentionSegment<'_, MlxKvLayer>],
+        params: &AttentionParams,
+        evict: bool,
+        ends: Option<&[usize]>,
+    ) -> Result<Array> {
+        let rows = q.shape().first().copied().unwrap_or(0) as usize;
+        if ends.is_some_and(|e| e.len() != rows) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!(
+                    "attention_shared got {} key ends for {rows} rows",
+                    ends.map_or(0, <[usize]>::len)
+                ),
+            });
+        }
+        let reach = Reach { evict, ends };
+        let s = &self.stream;
+        match new_kv {
+            Some((k, v)) => attention::attend(s, q, k, v, segments, params, reach),
+            None => attention::attend_cached(s, q, segments, params, reach),
+        }
+    }
+
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Array> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!("{} host values for a {rows}x{cols} tensor", data.len()),
+            });
+        }
+        let a = Array::from_slice(&data, &[rows as i32, cols as i32]).map_err(mlx_err)?;
+        self.stream.astype(&a, self.dtype).map_err(mlx_err)
     }
 
     fn add_rows(&self, y: &Array, rows: &[usize], d: &Array) -> Result<Array> {
