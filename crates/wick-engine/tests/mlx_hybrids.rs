@@ -2,19 +2,23 @@
 //! proportional rotary, soft caps, expert routing) on the MLX backend, on MLX's CPU device in
 //! f32, against transformers' logits of the tiny goldens (`tests/goldens/hf`) and the CPU
 //! backend: every position in one pass and in chunks, batches of sequences of different
-//! lengths, greedy tokens, and DeltaNet states copied, cloned and rebuilt from the host (the
-//! prompt cache's tiers). Needs `--features mlx`.
+//! lengths, greedy tokens, DeltaNet states copied, cloned and rebuilt from the host (the
+//! prompt cache's tiers), and Gemma 4's audio rows placed in the pass. Needs
+//! `--features mlx`.
 #![cfg(feature = "mlx")]
 mod common;
 
 use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden, TextGolden};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
+use common::media::{audio_media, MediaGolden};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::backend::mlx::{Dtype, MlxBackend, MlxDevice};
+use wick_engine::backend::BackendKind;
 use wick_engine::backend::{
     Backend, DeltaInputs, DeltaParams, DeltaSegment, DeltaShape, DeltaState, DeltaStore,
 };
 use wick_engine::models::decoder::{BatchItem, Decoder, LogitsRequest, RowOutput, Want};
+use wick_engine::LoadOptions;
 
 /// Qwen 3.5's tiny hybrids: DeltaNet layers (2 key heads of 16, 4 value heads of 24, a
 /// convolution of width 4) around a gated full-attention layer.
@@ -182,6 +186,21 @@ fn gemma4_chat_script_decodes_as_generate() {
         ids_of(&reference["scripted_ids"]),
     );
     assert_eq!(greedy_decode(&m, &prompt, script.len()), script);
+}
+
+/// Gemma 4's audio Conformer runs on the host and its rows enter the MLX pass where the
+/// clip's soft tokens stand: every position with a clip (in one pass and in chunks that
+/// cut no clip) and without, and `generate()`'s greedy continuation, as transformers.
+#[test]
+fn gemma4_audio_rows_enter_the_pass_as_transformers_places_them() {
+    let options = LoadOptions {
+        backend: BackendKind::Mlx,
+        ..LoadOptions::default()
+    };
+    let g = MediaGolden::open_with("gemma4_audio", audio_media, &options);
+    assert!(g.model.info().media.audio.is_some());
+    g.chunked_matches(&["mono", "text_only"], &[usize::MAX, 7]);
+    g.greedy_continuation_matches_generate("mono");
 }
 
 /// A DeltaNet state after 100 tokens, rebuilt from its host copy (the prompt cache's SSD
