@@ -113,10 +113,12 @@ fn bench(c: &mut Criterion) {
 /// [`Backend::delta_net`] on MLX against the host default, both read back to the host.
 #[cfg(feature = "mlx")]
 fn bench_mlx(c: &mut Criterion) {
-    use wick_engine::backend::mlx::{Dtype, MlxBackend};
+    use wick_engine::backend::mlx::{DeltaNetPlace, Dtype, MlxBackend};
     use wick_engine::backend::{Backend, DeltaInputs, DeltaSegment};
 
-    let be = MlxBackend::new(MlxBackend::default_device(), Dtype::F32).unwrap();
+    let be = MlxBackend::new(MlxBackend::default_device(), Dtype::F32)
+        .unwrap()
+        .with_deltanet(DeltaNetPlace::Device);
     let shape = DeltaShape {
         k_heads: 16,
         v_heads: 32,

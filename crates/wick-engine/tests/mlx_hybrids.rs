@@ -12,7 +12,7 @@ use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden,
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
 use common::media::{audio_media, MediaGolden};
 use wick_engine::backend::candle::CandleBackend;
-use wick_engine::backend::mlx::{Dtype, MlxBackend, MlxDevice};
+use wick_engine::backend::mlx::{DeltaNetPlace, Dtype, MlxBackend, MlxDevice};
 use wick_engine::backend::BackendKind;
 use wick_engine::backend::{
     Backend, DeltaInputs, DeltaParams, DeltaSegment, DeltaShape, DeltaState, DeltaStore,
@@ -31,8 +31,21 @@ const GEMMAS: [&str; 2] = ["gemma4", "gemma4_moe"];
 /// (the CPU backend's bound).
 const TOLERANCE: f32 = 1e-4;
 
+/// MLX's CPU device in f32, the DeltaNet mixer where the device puts it (the host).
 fn mlx() -> MlxBackend {
     MlxBackend::new(MlxDevice::Cpu, Dtype::F32).unwrap()
+}
+
+/// The backends a golden runs on: Qwen 3.5's with the DeltaNet mixer on the host and as
+/// MLX ops (the GPU's form, here on the CPU device).
+fn backends(variant: &str) -> Vec<MlxBackend> {
+    if HYBRIDS.contains(&variant) {
+        [DeltaNetPlace::Host, DeltaNetPlace::Device]
+            .map(|p| mlx().with_deltanet(p))
+            .to_vec()
+    } else {
+        vec![mlx()]
+    }
 }
 
 fn assert_close(variant: &str, what: &str, got: &[f32], want: &[f32]) {
@@ -61,65 +74,70 @@ fn cases(g: &TextGolden) -> Vec<&'static str> {
 #[test]
 fn logits_match_transformers_and_the_cpu_in_one_pass_and_in_chunks() {
     for variant in HYBRIDS.into_iter().chain(GEMMAS) {
-        let g = TextGolden::open(variant);
-        let m = g.decoder(mlx());
-        let cpu = g.decoder(CandleBackend::cpu());
-        for case in cases(&g) {
+        for be in backends(variant) {
+            let g = TextGolden::open(variant);
+            let name = &format!("{variant} ({:?})", be.deltanet());
+            let m = g.decoder(be);
+            let cpu = g.decoder(CandleBackend::cpu());
+            for case in cases(&g) {
+                let ids = g.case_ids(case);
+                let got = forward_all(&m, &ids, &[ids.len()]);
+                assert_close(name, case, &got, &g.expected(case));
+                let on_cpu = forward_all(&cpu, &ids, &[ids.len()]);
+                assert_close(name, &format!("{case} against the cpu"), &got, &on_cpu);
+            }
+            // Uneven pieces, then single tokens: DeltaNet chunks straddled, sliding windows
+            // dropping keys that KV-shared layers still read within a piece.
+            let (case, chunks) = if g.reference["cases"].to_string().contains("len150") {
+                ("len150", &[70, 1, 5, 64, 1, 1, 10][..])
+            } else {
+                ("len40", &[5, 3, 9, 1, 1, 1, 20][..])
+            };
             let ids = g.case_ids(case);
-            let got = forward_all(&m, &ids, &[ids.len()]);
-            assert_close(variant, case, &got, &g.expected(case));
-            let on_cpu = forward_all(&cpu, &ids, &[ids.len()]);
-            assert_close(variant, &format!("{case} against the cpu"), &got, &on_cpu);
+            assert_close(
+                name,
+                &format!("{case} in pieces {chunks:?}"),
+                &forward_all(&m, &ids, chunks),
+                &g.expected(case),
+            );
         }
-        // Uneven pieces, then single tokens: DeltaNet chunks straddled, sliding windows
-        // dropping keys that KV-shared layers still read within a piece.
-        let (case, chunks) = if g.reference["cases"].to_string().contains("len150") {
-            ("len150", &[70, 1, 5, 64, 1, 1, 10][..])
-        } else {
-            ("len40", &[5, 3, 9, 1, 1, 1, 20][..])
-        };
-        let ids = g.case_ids(case);
-        assert_close(
-            variant,
-            &format!("{case} in pieces {chunks:?}"),
-            &forward_all(&m, &ids, chunks),
-            &g.expected(case),
-        );
     }
 }
 
 #[test]
 fn batched_sequences_match_single_runs() {
     for variant in HYBRIDS.into_iter().chain(GEMMAS) {
-        let g = TextGolden::open(variant);
-        let m = g.decoder(mlx());
-        let vocab = m.config().vocab_size;
-        let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
-        let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
-        let out = forward_batch(
-            &m,
-            vec![
-                (&a, &mut ca, LogitsRequest::All),
-                (&b, &mut cb, LogitsRequest::All),
-            ],
-        );
-        assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
-        assert_close(variant, "pair_b batched", &out[1], &g.expected("pair_b"));
-        // One decode step of both (each fed its first token again) equals each alone.
-        let step = forward_batch(
-            &m,
-            vec![
-                (&a[..1], &mut ca, LogitsRequest::Last),
-                (&b[..1], &mut cb, LogitsRequest::Last),
-            ],
-        );
-        for (seq, got) in [(&a, &step[0]), (&b, &step[1])] {
-            let mut ids = seq.clone();
-            ids.push(seq[0]);
-            let alone = pass(&m, &ids, &mut m.new_cache(), LogitsRequest::Last).unwrap();
-            assert_close(variant, "batched decode step", got, &alone.data);
+        for be in backends(variant) {
+            let g = TextGolden::open(variant);
+            let m = g.decoder(be);
+            let vocab = m.config().vocab_size;
+            let (a, b) = (g.case_ids("pair_a"), g.case_ids("pair_b"));
+            let (mut ca, mut cb) = (m.new_cache(), m.new_cache());
+            let out = forward_batch(
+                &m,
+                vec![
+                    (&a, &mut ca, LogitsRequest::All),
+                    (&b, &mut cb, LogitsRequest::All),
+                ],
+            );
+            assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
+            assert_close(variant, "pair_b batched", &out[1], &g.expected("pair_b"));
+            // One decode step of both (each fed its first token again) equals each alone.
+            let step = forward_batch(
+                &m,
+                vec![
+                    (&a[..1], &mut ca, LogitsRequest::Last),
+                    (&b[..1], &mut cb, LogitsRequest::Last),
+                ],
+            );
+            for (seq, got) in [(&a, &step[0]), (&b, &step[1])] {
+                let mut ids = seq.clone();
+                ids.push(seq[0]);
+                let alone = pass(&m, &ids, &mut m.new_cache(), LogitsRequest::Last).unwrap();
+                assert_close(variant, "batched decode step", got, &alone.data);
+            }
+            assert_eq!(out[1].len(), b.len() * vocab);
         }
-        assert_eq!(out[1].len(), b.len() * vocab);
     }
 }
 
@@ -151,26 +169,28 @@ fn greedy_batched(m: &Decoder<MlxBackend>, prompts: &[Vec<u32>], steps: usize) -
 fn greedy_tokens_equal_the_cpu_and_generate() {
     const STEPS: usize = 12;
     for variant in HYBRIDS.into_iter().chain(GEMMAS) {
-        let g = CpuGolden::load(variant);
-        let m = g.golden.decoder(mlx());
-        let (prompt, generate) = g.greedy();
-        let prompts = [g.case_ids("len7"), g.case_ids("len40"), prompt];
-        let batched = greedy_batched(&m, &prompts, STEPS);
-        for (i, p) in prompts.iter().enumerate() {
-            let want = greedy_decode(&g.model, p, STEPS);
+        for be in backends(variant) {
+            let g = CpuGolden::load(variant);
+            let m = g.golden.decoder(be);
+            let (prompt, generate) = g.greedy();
+            let prompts = [g.case_ids("len7"), g.case_ids("len40"), prompt];
+            let batched = greedy_batched(&m, &prompts, STEPS);
+            for (i, p) in prompts.iter().enumerate() {
+                let want = greedy_decode(&g.model, p, STEPS);
+                assert_eq!(
+                    greedy_decode(&m, p, STEPS),
+                    want,
+                    "{variant} prompt {i} alone"
+                );
+                assert_eq!(batched[i], want, "{variant} prompt {i} batched");
+            }
+            let n = generate.len().min(STEPS);
             assert_eq!(
-                greedy_decode(&m, p, STEPS),
-                want,
-                "{variant} prompt {i} alone"
+                batched[2][..n],
+                generate[..n],
+                "{variant}: transformers' greedy continuation"
             );
-            assert_eq!(batched[i], want, "{variant} prompt {i} batched");
         }
-        let n = generate.len().min(STEPS);
-        assert_eq!(
-            batched[2][..n],
-            generate[..n],
-            "{variant}: transformers' greedy continuation"
-        );
     }
 }
 
@@ -209,46 +229,48 @@ fn gemma4_audio_rows_enter_the_pass_as_transformers_places_them() {
 #[test]
 fn qwen35_states_restored_and_cloned_continue_like_the_original() {
     for variant in HYBRIDS {
-        let g = TextGolden::open(variant);
-        let m = g.decoder(mlx());
-        let vocab = m.config().vocab_size;
-        let long = g.case_ids("len150");
-        let want = g.expected("len150");
-        let (head, tail) = long.split_at(100);
-        let mut cache = m.new_cache();
-        pass(&m, head, &mut cache, LogitsRequest::None);
-        assert!(cache.can_trim_to(100) && !cache.can_trim_to(99));
-        let kv = cache.snapshot();
-        let rec = cache.recurrent().unwrap().snapshot();
-        assert!(rec
-            .layers
-            .iter()
-            .all(|(_, ssm)| ssm.iter().any(|&x| x != 0.0)));
-        let mut restored = m.cache_from_snapshots(&kv, Some(&rec)).unwrap();
-        let mut shared = cache.clone();
-        let want_tail = &want[100 * vocab..];
-        let on_clone = pass(&m, tail, &mut shared, LogitsRequest::All)
-            .unwrap()
-            .data;
-        assert_close(variant, "len150 on a clone after 100", &on_clone, want_tail);
-        assert_eq!(
-            cache.recurrent().unwrap().snapshot(),
-            rec,
-            "{variant}: writing a clone changed the original's states"
-        );
-        let live = pass(&m, tail, &mut cache, LogitsRequest::All).unwrap().data;
-        assert_eq!(live, on_clone);
-        let again = pass(&m, tail, &mut restored, LogitsRequest::All)
-            .unwrap()
-            .data;
-        assert_close(variant, "len150 rebuilt from the host", &again, want_tail);
-        // The CPU backend reads MLX's host copies and continues the same way.
-        let cpu = g.decoder(CandleBackend::cpu());
-        let mut on_cpu = cpu.cache_from_snapshots(&kv, Some(&rec)).unwrap();
-        let cont = pass(&cpu, tail, &mut on_cpu, LogitsRequest::All)
-            .unwrap()
-            .data;
-        assert_close(variant, "len150 continued on the cpu", &cont, want_tail);
+        for be in backends(variant) {
+            let g = TextGolden::open(variant);
+            let m = g.decoder(be);
+            let vocab = m.config().vocab_size;
+            let long = g.case_ids("len150");
+            let want = g.expected("len150");
+            let (head, tail) = long.split_at(100);
+            let mut cache = m.new_cache();
+            pass(&m, head, &mut cache, LogitsRequest::None);
+            assert!(cache.can_trim_to(100) && !cache.can_trim_to(99));
+            let kv = cache.snapshot();
+            let rec = cache.recurrent().unwrap().snapshot();
+            assert!(rec
+                .layers
+                .iter()
+                .all(|(_, ssm)| ssm.iter().any(|&x| x != 0.0)));
+            let mut restored = m.cache_from_snapshots(&kv, Some(&rec)).unwrap();
+            let mut shared = cache.clone();
+            let want_tail = &want[100 * vocab..];
+            let on_clone = pass(&m, tail, &mut shared, LogitsRequest::All)
+                .unwrap()
+                .data;
+            assert_close(variant, "len150 on a clone after 100", &on_clone, want_tail);
+            assert_eq!(
+                cache.recurrent().unwrap().snapshot(),
+                rec,
+                "{variant}: writing a clone changed the original's states"
+            );
+            let live = pass(&m, tail, &mut cache, LogitsRequest::All).unwrap().data;
+            assert_eq!(live, on_clone);
+            let again = pass(&m, tail, &mut restored, LogitsRequest::All)
+                .unwrap()
+                .data;
+            assert_close(variant, "len150 rebuilt from the host", &again, want_tail);
+            // The CPU backend reads MLX's host copies and continues the same way.
+            let cpu = g.decoder(CandleBackend::cpu());
+            let mut on_cpu = cpu.cache_from_snapshots(&kv, Some(&rec)).unwrap();
+            let cont = pass(&cpu, tail, &mut on_cpu, LogitsRequest::All)
+                .unwrap()
+                .data;
+            assert_close(variant, "len150 continued on the cpu", &cont, want_tail);
+        }
     }
 }
 
@@ -314,7 +336,7 @@ fn mix_passes<B: Backend>(
     (outs, states.iter().map(DeltaStore::to_host).collect())
 }
 
-/// The mixer at the real models' head sizes (128 key and value dimensions, two value heads
+/// The mixer at the real models' head sizes, in both of MLX's forms, (128 key and value dimensions, two value heads
 /// per key head) gives the host's: decode rows, short rows, one chunk exactly and prompts
 /// of several chunks with a partial last one, side by side in batches whose states carry
 /// from pass to pass.
@@ -357,15 +379,17 @@ fn deltanet_mixer_of_real_head_sizes_matches_the_host() {
         &[70, 3, 64, 1],
         &[1, 1, 1, 1],
     ];
-    let (got, got_states) = mix_passes(&mlx(), &p, &passes);
     let (want, want_states) = mix_passes(&CandleBackend::cpu(), &p, &passes);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_close("DeltaNet 128", &format!("pass {i} {:?}", passes[i]), g, w);
-    }
-    for (i, (g, w)) in got_states.iter().zip(&want_states).enumerate() {
-        let what = format!("sequence {i}'s convolution state");
-        assert_close("DeltaNet 128", &what, &g.conv, &w.conv);
-        let what = format!("sequence {i}'s delta-rule state");
-        assert_close("DeltaNet 128", &what, &g.ssm, &w.ssm);
+    for be in backends("qwen35") {
+        let (got, got_states) = mix_passes(&be, &p, &passes);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close("DeltaNet 128", &format!("pass {i} {:?}", passes[i]), g, w);
+        }
+        for (i, (g, w)) in got_states.iter().zip(&want_states).enumerate() {
+            let what = format!("sequence {i}'s convolution state");
+            assert_close("DeltaNet 128", &what, &g.conv, &w.conv);
+            let what = format!("sequence {i}'s delta-rule state");
+            assert_close("DeltaNet 128", &what, &g.ssm, &w.ssm);
+        }
     }
 }

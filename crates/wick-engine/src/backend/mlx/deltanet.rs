@@ -1,5 +1,6 @@
-//! Qwen 3.5's gated DeltaNet on MLX: each sequence's recurrent state of a layer as MLX
-//! arrays ([`MlxDeltaState`], read back only for snapshots), and the mixer of a layer over
+//! Qwen 3.5's gated DeltaNet on MLX (where the backend runs it as MLX ops, see
+//! [`DeltaNetPlace`]): each sequence's recurrent state of a layer as MLX arrays
+//! ([`MlxDeltaState`], read back only for snapshots), and the mixer of a layer over
 //! a flattened batch as MLX ops (`Stream::gated_delta`: the causal convolution continuing
 //! its state, the normalized queries and keys, the delta rule, the gated norm), so a step
 //! stays one lazy graph on the device. Sequences decoding one row each go through the
@@ -7,7 +8,7 @@
 //! [`CHUNKED_ROWS`] rows or more takes the chunked form alone.
 use wick_mlx::{Array, DeltaStates, Dtype, GatedDelta};
 
-use super::{mlx_err, MlxBackend};
+use super::{mlx_err, DeltaNetPlace, MlxBackend};
 use crate::backend::{
     DeltaInputs, DeltaParams, DeltaSegment, DeltaShape, DeltaState, DeltaStore, DeltaTensors,
 };
@@ -21,9 +22,11 @@ pub(crate) const CHUNKED_ROWS: usize = 16;
 /// `[1, kernel - 1, conv_dim]` and the delta rule's matrices `[1, v_heads, k_dim, v_dim]`,
 /// float32; a fresh state holds nothing until its first pass (zeros). MLX arrays are
 /// values: a clone shares them, and a pass replaces a state's arrays with new ones instead
-/// of writing into them, so a clone never sees another's tokens.
+/// of writing into them, so a clone never sees another's tokens. Where the backend mixes
+/// on the host the state is a host [`DeltaState`] instead.
 #[derive(Debug, Clone)]
 pub struct MlxDeltaState {
+    host: Option<DeltaState>,
     states: Option<DeltaStates>,
     conv_len: usize,
     ssm_len: usize,
@@ -46,27 +49,42 @@ fn ssm_shape(sh: &DeltaShape) -> [i32; 4] {
 
 impl MlxDeltaState {
     /// The zero state of a layer of `shape`.
-    pub(crate) fn new(shape: &DeltaShape) -> Self {
+    pub(crate) fn new(shape: &DeltaShape, place: DeltaNetPlace) -> Self {
         MlxDeltaState {
+            host: (place == DeltaNetPlace::Host).then(|| DeltaState::new(shape)),
             states: None,
             conv_len: shape.conv_state_len(),
             ssm_len: shape.ssm_state_len(),
         }
     }
 
-    /// A state holding the host copy `h`, laid out flat until a pass gives it its shape.
-    pub(crate) fn from_host(h: &DeltaState) -> Result<Self> {
+    /// A state holding the host copy `h` (on the device laid out flat until a pass gives
+    /// it its shape).
+    pub(crate) fn from_host(h: DeltaState, place: DeltaNetPlace) -> Result<Self> {
+        let (conv_len, ssm_len) = (h.conv.len(), h.ssm.len());
+        if place == DeltaNetPlace::Host {
+            return Ok(MlxDeltaState {
+                host: Some(h),
+                states: None,
+                conv_len,
+                ssm_len,
+            });
+        }
         Ok(MlxDeltaState {
+            host: None,
             states: Some(DeltaStates {
-                conv: Array::from_slice(&h.conv, &[h.conv.len() as i32]).map_err(mlx_err)?,
-                ssm: Array::from_slice(&h.ssm, &[h.ssm.len() as i32]).map_err(mlx_err)?,
+                conv: Array::from_slice(&h.conv, &[conv_len as i32]).map_err(mlx_err)?,
+                ssm: Array::from_slice(&h.ssm, &[ssm_len as i32]).map_err(mlx_err)?,
             }),
-            conv_len: h.conv.len(),
-            ssm_len: h.ssm.len(),
+            conv_len,
+            ssm_len,
         })
     }
 
     fn read(&self) -> Result<DeltaState> {
+        if let Some(h) = &self.host {
+            return Ok(h.clone());
+        }
         Ok(match &self.states {
             None => DeltaState {
                 conv: vec![0.0; self.conv_len],
@@ -91,6 +109,14 @@ impl MlxDeltaState {
             )));
         }
         let s = be.stream();
+        if let Some(h) = &self.host {
+            // A host state met by the device form: uploaded.
+            let up = |v: &[f32]| Array::from_slice(v, &[v.len() as i32]).map_err(mlx_err);
+            return Ok(DeltaStates {
+                conv: s.reshape(&up(&h.conv)?, &conv_shape(sh)).map_err(mlx_err)?,
+                ssm: s.reshape(&up(&h.ssm)?, &ssm_shape(sh)).map_err(mlx_err)?,
+            });
+        }
         Ok(match &self.states {
             None => DeltaStates {
                 conv: s.zeros(&conv_shape(sh), Dtype::F32).map_err(mlx_err)?,
@@ -117,6 +143,10 @@ impl DeltaStore for MlxDeltaState {
                 ssm: Vec::new(),
             }
         })
+    }
+
+    fn host_mut(&mut self) -> Option<&mut DeltaState> {
+        self.host.as_mut()
     }
 }
 
@@ -243,6 +273,7 @@ pub(crate) fn mix(
                 s.slice(a, &start, &stop).map_err(mlx_err)
             };
             let seg = &mut segments[i];
+            seg.state.host = None;
             seg.state.states = Some(DeltaStates {
                 conv: one(&next.conv)?,
                 ssm: one(&next.ssm)?,
@@ -255,6 +286,7 @@ pub(crate) fn mix(
         let m = seg.rows.len();
         let states = seg.state.shaped(be, &sh)?;
         let (out, next) = run(&[seg.rows.start], m, &states, m >= CHUNKED_ROWS)?;
+        seg.state.host = None;
         seg.state.states = Some(next);
         outs.push((
             seg.rows.start,

@@ -74,6 +74,20 @@ pub struct MlxBackend {
     dtype: Dtype,
     report: Arc<Mutex<BTreeMap<String, usize>>>,
     tuning: Arc<kernels::Tuning>,
+    /// Where the DeltaNet mixer runs: on the host (the trait's default, wick's own
+    /// kernels) or as MLX ops.
+    deltanet: DeltaNetPlace,
+}
+
+/// Where the MLX backend runs Qwen 3.5's gated DeltaNet mixer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaNetPlace {
+    /// On the host with wick's CPU kernels, the states in host memory, the rows copied out
+    /// and back: the faster form on MLX's CPU device (measured by `benches/deltanet.rs`).
+    Host,
+    /// As MLX ops on the backend's device, the states as MLX arrays: a step stays one lazy
+    /// graph (the GPU's form).
+    Device,
 }
 
 impl MlxBackend {
@@ -91,10 +105,33 @@ impl MlxBackend {
         let stream = Stream::new(device).map_err(mlx_err)?;
         Ok(MlxBackend {
             tuning: Arc::new(kernels::Tuning::from_env(stream.device() == Device::Gpu)),
+            deltanet: match std::env::var("WICK_MLX_DELTANET").as_deref() {
+                Ok("host") => DeltaNetPlace::Host,
+                Ok("device") => DeltaNetPlace::Device,
+                Ok(other) => {
+                    return Err(EngineError::InvalidInput(format!(
+                        "WICK_MLX_DELTANET={other}: expected host or device"
+                    )))
+                }
+                Err(_) if stream.device() == Device::Gpu => DeltaNetPlace::Device,
+                Err(_) => DeltaNetPlace::Host,
+            },
             stream,
             dtype,
             report: Arc::default(),
         })
+    }
+
+    /// This backend with the DeltaNet mixer at `place` (by default the device's form: MLX
+    /// ops on a GPU, the host on MLX's CPU device; `WICK_MLX_DELTANET=host|device` sets it).
+    pub fn with_deltanet(mut self, place: DeltaNetPlace) -> Self {
+        self.deltanet = place;
+        self
+    }
+
+    /// Where the DeltaNet mixer runs.
+    pub fn deltanet(&self) -> DeltaNetPlace {
+        self.deltanet
     }
 
     /// The backend a checkpoint of float type `dtype` runs on: the default device, the
@@ -446,15 +483,18 @@ impl Backend for MlxBackend {
     }
 
     fn new_delta_state(&self, shape: &DeltaShape) -> MlxDeltaState {
-        MlxDeltaState::new(shape)
+        MlxDeltaState::new(shape, self.deltanet)
     }
 
     fn delta_state_from_host(&self, s: DeltaState) -> Result<MlxDeltaState> {
-        MlxDeltaState::from_host(&s)
+        MlxDeltaState::from_host(s, self.deltanet)
     }
 
     fn delta_weights(&self, p: &DeltaParams<'_>) -> Result<Option<DeltaTensors<Array>>> {
-        deltanet::weights(p).map(Some)
+        match self.deltanet {
+            DeltaNetPlace::Host => Ok(None),
+            DeltaNetPlace::Device => deltanet::weights(p).map(Some),
+        }
     }
 
     fn delta_net(
@@ -464,6 +504,9 @@ impl Backend for MlxBackend {
         x: DeltaInputs<'_, Array>,
         segments: &mut [DeltaSegment<'_, MlxDeltaState>],
     ) -> Result<Array> {
+        if self.deltanet == DeltaNetPlace::Host {
+            return crate::models::deltanet::mix_on_host(self, p, x, segments);
+        }
         let w = match uploaded {
             Some(w) => w,
             None => &deltanet::weights(p)?,
