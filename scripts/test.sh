@@ -37,9 +37,11 @@ cargo test --release --workspace
 
 # The MLX backend (cargo feature `mlx`) on MLX's CPU device, against the mlx-cpu wheel:
 # the binding's op tests, the backend's unit tests, its decoding paths against each other
-# and candle (mlx_lockstep) and the real GGUF models against llama.cpp's goldens
-# (mlx_llamacpp). mlx_reference needs torch to make its reference set
-# (scripts/gpu/make_cpu_reference.sh) and is not run here. Gemma 3 on MLX is skipped: its
+# and candle (mlx_lockstep), the real GGUF models against llama.cpp's goldens
+# (mlx_llamacpp), Qwen 3.5 and Gemma 4's tiny goldens against transformers and candle
+# (mlx_hybrids), and what loads on MLX against README's support table (support_table).
+# mlx_reference needs torch to make its reference set (scripts/gpu/make_cpu_reference.sh)
+# and is not run here. Gemma 3 on MLX is skipped: its
 # exact f32 products part from llama.cpp's 8-bit activations at near ties (each checked)
 # often enough that only 3 of 8 prompts keep 16 greedy tokens (the test asks 5); open.
 echo "== MLX backend on MLX's CPU device (mlx + mlx-cpu from PyPI)"
@@ -50,6 +52,8 @@ MLX_DIR="$mlx_dir" cargo clippy --release -p wick-engine --features mlx --all-ta
 MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-mlx --features runtime
 MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-engine --features mlx \
   --test mlx_lockstep --test mlx_llamacpp -- --skip gemma3_on_mlx
+MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-engine --features mlx \
+  --test mlx_hybrids --test support_table
 MLX_DIR="$mlx_dir" LD_LIBRARY_PATH="$mlx_dir/lib" cargo test --release -p wick-engine --features mlx \
   --lib backend::mlx
 

@@ -12,29 +12,10 @@ use wick_engine::{LoadOptions, Model};
 
 mod common;
 use common::golden::{floats, golden_dir};
-use common::media::{assert_close, spans, MediaGolden};
+use common::media::{assert_close, audio_media, spans, MediaGolden};
 
 fn load() -> MediaGolden {
-    MediaGolden::open("gemma4_audio", media)
-}
-
-/// The clip's features as the server hands them over: the extractor's frames that hold
-/// samples (the trailing padded frames dropped).
-fn features(g: &MediaGolden, clip: &str) -> AudioFeatures {
-    let all = floats(&g.logits, &format!("{clip}.features"));
-    let frames = g.reference["clips"][clip]["valid_frames"].as_u64().unwrap() as usize;
-    AudioFeatures {
-        frames,
-        bins: 128,
-        data: Arc::from(&all[..frames * 128]),
-    }
-}
-
-/// The case's media spans: each holds the case's clip.
-fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
-    let case = g.case(name);
-    let clip = |_| MediaData::Audio(features(g, case["clip"].as_str().unwrap()));
-    spans(case, clip, |_| 7)
+    MediaGolden::open("gemma4_audio", audio_media)
 }
 
 #[test]

@@ -26,7 +26,7 @@ mod stream;
 
 pub use array::{async_eval, eval, Array, Dtype, Element};
 pub use error::{MlxError, Result};
-pub use ops::{AttentionMask, GluActivation, Quantized, RopeOffset};
+pub use ops::{AttentionMask, DeltaStates, GatedDelta, GluActivation, Quantized, RopeOffset};
 pub use stream::{
     clear_cache, gpu_available, gpu_memory, memory, version, Device, GpuMemory, MemoryStats, Stream,
 };

@@ -227,6 +227,59 @@ impl Stream {
         })
     }
 
+    /// `x · sigmoid(gate)` elementwise, the sigmoid in f32, the result in `x`'s dtype.
+    pub fn sigmoid_gate(&self, x: &Array, gate: &Array) -> Result<Array> {
+        // SAFETY: live handles.
+        make("sigmoid_gate", |o| unsafe {
+            ffi::wm_sigmoid_gate(x.raw, gate.raw, self.raw, o)
+        })
+    }
+
+    /// The gated DeltaNet mixer of `B` sequences of `m` rows each (see [`GatedDelta`]):
+    /// the output `[B, m, v_heads · v_dim]` in the inputs' dtype and the new states.
+    pub fn gated_delta(&self, d: &GatedDelta<'_>) -> Result<(Array, DeltaStates)> {
+        let mut out: ffi::wm_array = std::ptr::null_mut();
+        let mut conv: ffi::wm_array = std::ptr::null_mut();
+        let mut ssm: ffi::wm_array = std::ptr::null_mut();
+        let dims = [
+            d.heads.0 as i32,
+            d.heads.1 as i32,
+            d.dims.0 as i32,
+            d.dims.1 as i32,
+        ];
+        // SAFETY: live handles, a 4-element dims array and valid out pointers; on success
+        // all three are set.
+        let status = unsafe {
+            ffi::wm_gated_delta(
+                d.qkv.raw,
+                d.z.raw,
+                d.b.raw,
+                d.a.raw,
+                d.states.conv.raw,
+                d.states.ssm.raw,
+                d.conv_weight.raw,
+                d.neg_a.raw,
+                d.dt_bias.raw,
+                d.norm.raw,
+                dims.as_ptr(),
+                d.eps,
+                d.chunked as i32,
+                self.raw,
+                &mut out,
+                &mut conv,
+                &mut ssm,
+            )
+        };
+        crate::array::check(status, "gated_delta")?;
+        Ok((
+            Array { raw: out },
+            DeltaStates {
+                conv: Array { raw: conv },
+                ssm: Array { raw: ssm },
+            },
+        ))
+    }
+
     /// `x · wᵀ` for `x` `[B ≤ 8, K]` and `w` `[N, K]` in bf16/f16 by wick's own CUDA
     /// kernel (16-byte loads, several in flight per thread). GPU streams only.
     pub fn gemv(&self, x: &Array, w: &Array) -> Result<Array> {
@@ -369,6 +422,48 @@ impl Stream {
             ffi::wm_sdpa(q.raw, k.raw, v.raw, scale, mode, m, self.raw, o)
         })
     }
+}
+
+/// The recurrent states of `B` sequences in one gated DeltaNet layer, float32.
+#[derive(Debug, Clone)]
+pub struct DeltaStates {
+    /// The convolution's last `kernel - 1` inputs, `[B, kernel - 1, conv_dim]`.
+    pub conv: Array,
+    /// The delta rule's matrices, `[B, v_heads, k_dim, v_dim]`.
+    pub ssm: Array,
+}
+
+/// The inputs of [`Stream::gated_delta`]: one gated DeltaNet layer (Qwen 3.5's linear
+/// attention) over `B` sequences of `m` new rows each.
+#[derive(Debug)]
+pub struct GatedDelta<'a> {
+    /// `[B, m, conv_dim]`: queries, keys and values before the convolution.
+    pub qkv: &'a Array,
+    /// `[B, m, v_heads · v_dim]`: the output gate.
+    pub z: &'a Array,
+    /// `[B, m, v_heads]`: write strengths before the sigmoid.
+    pub b: &'a Array,
+    /// `[B, m, v_heads]`: decay inputs before the softplus.
+    pub a: &'a Array,
+    /// The sequences' states before the rows.
+    pub states: &'a DeltaStates,
+    /// `[conv_dim, kernel]` float32.
+    pub conv_weight: &'a Array,
+    /// `-exp(A_log)` per value head, float32.
+    pub neg_a: &'a Array,
+    /// `dt_bias` per value head, float32.
+    pub dt_bias: &'a Array,
+    /// The gated norm's weight `[v_dim]`, float32.
+    pub norm: &'a Array,
+    /// Key heads and value heads.
+    pub heads: (usize, usize),
+    /// Key and value head dimensions.
+    pub dims: (usize, usize),
+    /// The gated norm's epsilon.
+    pub eps: f32,
+    /// The chunked form of the delta rule (64 tokens at a time: prompts), else token by
+    /// token (decode rows).
+    pub chunked: bool,
 }
 
 /// Where rotary positions start, for [`Stream::rope`].

@@ -160,7 +160,14 @@ pub const CUDA: Capabilities = Capabilities {
 /// The MLX backend (`backend/mlx`).
 pub const MLX: Capabilities = Capabilities {
     backend: "mlx",
-    ops: &[Capability::RowDeltas, Capability::Speculation],
+    ops: &[
+        Capability::HostTensors,
+        Capability::SharedKv,
+        Capability::RowDeltas,
+        Capability::Speculation,
+        Capability::DeltaNet,
+        Capability::SigmoidGate,
+    ],
     max_head_dim: usize::MAX,
     device_logits: true,
     lone_prompt_tokens: Some(2048),

@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use wick_engine::media::{ImagePixels, MediaData, MediaSpan};
+use wick_engine::media::{AudioFeatures, ImagePixels, MediaData, MediaSpan};
 use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle};
 use wick_engine::weights::SafetensorsWeights;
 use wick_engine::{GenerationRequest, LoadOptions, LogitsRequest, Model, Step};
@@ -38,10 +38,15 @@ pub struct MediaGolden {
 impl MediaGolden {
     /// Golden `name`, whose cases' media `media_of` builds.
     pub fn open(name: &str, media_of: MediaOf) -> MediaGolden {
+        Self::open_with(name, media_of, &LoadOptions::default())
+    }
+
+    /// Golden `name` with its model loaded with `options` (another backend).
+    pub fn open_with(name: &str, media_of: MediaOf, options: &LoadOptions) -> MediaGolden {
         let dir = golden_dir(name);
         MediaGolden {
             name: name.to_string(),
-            model: Arc::new(Model::load(&dir, &LoadOptions::default()).unwrap()),
+            model: Arc::new(Model::load(&dir, options).unwrap()),
             reference: read_json(&dir.join("reference.json")),
             logits: stored_logits(&dir),
             dir,
@@ -355,4 +360,23 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32]) {
         got[i],
         want[i]
     );
+}
+
+/// Clip `clip` of an audio golden's stored features, as the server hands them over: the extractor's frames that hold
+/// samples (the trailing padded frames dropped).
+pub fn audio_features(g: &MediaGolden, clip: &str) -> AudioFeatures {
+    let all = floats(&g.logits, &format!("{clip}.features"));
+    let frames = g.reference["clips"][clip]["valid_frames"].as_u64().unwrap() as usize;
+    AudioFeatures {
+        frames,
+        bins: 128,
+        data: Arc::from(&all[..frames * 128]),
+    }
+}
+
+/// The media spans of case `name` of an audio golden: each holds the case's clip.
+pub fn audio_media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+    let case = g.case(name);
+    let clip = |_| MediaData::Audio(audio_features(g, case["clip"].as_str().unwrap()));
+    spans(case, clip, |_| 7)
 }

@@ -136,6 +136,27 @@ extern "C" {
         s: wm_stream,
         out: *mut wm_array,
     ) -> c_int;
+    pub fn wm_sigmoid_gate(x: wm_array, gate: wm_array, s: wm_stream, out: *mut wm_array) -> c_int;
+    #[allow(clippy::too_many_arguments)]
+    pub fn wm_gated_delta(
+        qkv: wm_array,
+        z: wm_array,
+        b: wm_array,
+        a: wm_array,
+        conv: wm_array,
+        ssm: wm_array,
+        conv_w: wm_array,
+        neg_a: wm_array,
+        dt_bias: wm_array,
+        norm: wm_array,
+        dims: *const i32,
+        eps: f32,
+        chunked: i32,
+        s: wm_stream,
+        out: *mut wm_array,
+        conv_out: *mut wm_array,
+        ssm_out: *mut wm_array,
+    ) -> c_int;
 
     pub fn wm_gemv(x: wm_array, w: wm_array, s: wm_stream, out: *mut wm_array) -> c_int;
     pub fn wm_add_rms_norm(

@@ -258,3 +258,32 @@ pub unsafe fn wm_add_rms_norm(
 ) -> c_int {
     -1
 }
+pub unsafe fn wm_sigmoid_gate(
+    _x: wm_array,
+    _gate: wm_array,
+    _s: wm_stream,
+    _out: *mut wm_array,
+) -> c_int {
+    -1
+}
+pub unsafe fn wm_gated_delta(
+    _qkv: wm_array,
+    _z: wm_array,
+    _b: wm_array,
+    _a: wm_array,
+    _conv: wm_array,
+    _ssm: wm_array,
+    _conv_w: wm_array,
+    _neg_a: wm_array,
+    _dt_bias: wm_array,
+    _norm: wm_array,
+    _dims: *const i32,
+    _eps: f32,
+    _chunked: i32,
+    _s: wm_stream,
+    _out: *mut wm_array,
+    _conv_out: *mut wm_array,
+    _ssm_out: *mut wm_array,
+) -> c_int {
+    -1
+}

@@ -221,6 +221,127 @@ mx::fast::CustomKernelFunction& add_rms_norm_kernel() {
   return k;
 }
 
+
+// The gated DeltaNet (see wm_gated_delta in shim.h), in float32 throughout.
+namespace delta {
+
+constexpr int CHUNK = 64;
+
+mx::array scalar(float v) { return mx::array(v, mx::float32); }
+
+// x / sqrt(sum x^2 + 1e-6) over the last axis (flash-linear-attention's l2norm).
+mx::array l2norm(const mx::array& x, mx::StreamOrDevice st) {
+  auto ss = mx::sum(mx::square(x, st), -1, true, st);
+  return mx::multiply(x, mx::rsqrt(mx::add(ss, scalar(1e-6f), st), st), st);
+}
+
+// torch's softplus: linear above 20.
+mx::array softplus(const mx::array& x, mx::StreamOrDevice st) {
+  auto soft = mx::log1p(mx::exp(mx::minimum(x, scalar(20.0f), st), st), st);
+  return mx::where(mx::greater(x, scalar(20.0f), st), x, soft, st);
+}
+
+// Token by token: q, k [B, H, m, kd], v [B, H, m, vd], g, beta [B, H, m]; state [B, H, kd, vd].
+mx::array recurrent(const mx::array& q, const mx::array& k, const mx::array& v,
+                    const mx::array& g, const mx::array& beta, mx::array& state,
+                    mx::StreamOrDevice st) {
+  int b = q.shape(0), h = q.shape(1), m = q.shape(2), kd = q.shape(3);
+  std::vector<mx::array> outs;
+  outs.reserve(m);
+  auto at = [&](const mx::array& x, int t) {
+    mx::Shape start(x.ndim(), 0), stop = x.shape();
+    start[2] = t;
+    stop[2] = t + 1;
+    return mx::slice(x, start, stop, st);
+  };
+  for (int t = 0; t < m; ++t) {
+    auto qt = at(q, t);                                            // [B, H, 1, kd]
+    auto kt = at(k, t);                                            // [B, H, 1, kd]
+    auto vt = at(v, t);                                            // [B, H, 1, vd]
+    auto decay = mx::reshape(mx::exp(at(g, t), st), {b, h, 1, 1}, st);
+    auto bt = mx::reshape(at(beta, t), {b, h, 1, 1}, st);
+    state = mx::multiply(state, decay, st);
+    auto kv = mx::matmul(kt, state, st);                           // [B, H, 1, vd]
+    auto d = mx::multiply(mx::subtract(vt, kv, st), bt, st);
+    state = mx::add(state, mx::matmul(mx::reshape(kt, {b, h, kd, 1}, st), d, st), st);
+    outs.push_back(mx::matmul(qt, state, st));                     // [B, H, 1, vd]
+  }
+  return mx::concatenate(outs, 2, st);
+}
+
+// The chunked (UT-transform) form, the same result up to rounding: inside a chunk of L
+// tokens with G the cumulative log decay, A = strict_lower(beta K K^T * exp(G_i - G_j)),
+// T = (I + A)^-1 (by forward substitution, every chunk at once), U = T beta V,
+// W = T beta K exp(G); then chunk by chunk V' = U - W S,
+// O = exp(G) Q S + lower(Q K^T * exp(G_i - G_j)) V', S = exp(G_L) S + (K exp(G_L - G))^T V'.
+mx::array chunked(const mx::array& q0, const mx::array& k0, const mx::array& v0,
+                  const mx::array& g0, const mx::array& beta0, mx::array& state,
+                  mx::StreamOrDevice st) {
+  int b = q0.shape(0), h = q0.shape(1), m = q0.shape(2), kd = q0.shape(3), vd = v0.shape(3);
+  int n = (m + CHUNK - 1) / CHUNK, padded = n * CHUNK, l = CHUNK;
+  // Zero rows past the end: no decay, no write, outputs dropped.
+  auto pad = [&](const mx::array& x) {
+    if (padded == m) return x;
+    std::vector<std::pair<int, int>> widths(x.ndim(), {0, 0});
+    widths[2] = {0, padded - m};
+    return mx::pad(x, widths, scalar(0.0f), "constant", st);
+  };
+  auto q = mx::reshape(pad(q0), {b, h, n, l, kd}, st);
+  auto k = mx::reshape(pad(k0), {b, h, n, l, kd}, st);
+  auto v = mx::reshape(pad(v0), {b, h, n, l, vd}, st);
+  auto g = mx::reshape(pad(g0), {b, h, n, l}, st);
+  auto beta = mx::reshape(pad(beta0), {b, h, n, l, 1}, st);
+  auto cg = mx::cumsum(g, -1, false, true, st);                    // [B, H, n, L]
+  auto ci = mx::expand_dims(cg, -1, st), cj = mx::expand_dims(cg, -2, st);
+  auto lower = mx::tril(mx::ones({l, l}, mx::bool_, st), 0, st);
+  auto strict = mx::tril(mx::ones({l, l}, mx::bool_, st), -1, st);
+  auto diff = mx::subtract(ci, cj, st);                            // [B, H, n, L, L]
+  auto zero = scalar(0.0f);
+  auto decay = mx::exp(mx::where(lower, diff, zero, st), st);
+  auto kt = mx::swapaxes(k, -1, -2, st);
+  auto kb = mx::multiply(k, beta, st);
+  auto a = mx::where(strict, mx::multiply(mx::matmul(kb, kt, st), decay, st), zero, st);
+  auto p = mx::where(lower, mx::multiply(mx::matmul(q, kt, st), decay, st), zero, st);
+  // Rows of T - I: row i = -A_i - A_i (T - I) over the rows before it.
+  auto t = mx::negative(a, st);
+  for (int i = 1; i < l; ++i) {
+    auto row = mx::slice(t, {0, 0, 0, i, 0}, {b, h, n, i + 1, i}, st);
+    auto sub = mx::slice(t, {0, 0, 0, 0, 0}, {b, h, n, i, i}, st);
+    auto next = mx::add(row, mx::matmul(row, sub, st), st);
+    t = mx::slice_update(t, next, mx::Shape{0, 0, 0, i, 0}, mx::Shape{b, h, n, i + 1, i}, st);
+  }
+  t = mx::add(t, mx::eye(l, l, 0, mx::float32, st), st);
+  auto u = mx::matmul(t, mx::multiply(v, beta, st), st);           // [B, H, n, L, vd]
+  auto eg = mx::expand_dims(mx::exp(cg, st), -1, st);              // [B, H, n, L, 1]
+  auto w = mx::matmul(t, mx::multiply(kb, eg, st), st);            // [B, H, n, L, kd]
+  auto qg = mx::multiply(q, eg, st);
+  auto chunk = [&](const mx::array& x, int c) {
+    mx::Shape start(x.ndim(), 0), stop = x.shape();
+    start[2] = c;
+    stop[2] = c + 1;
+    auto s = stop;
+    s.erase(s.begin() + 2);
+    return mx::reshape(mx::slice(x, start, stop, st), s, st);
+  };
+  std::vector<mx::array> outs;
+  outs.reserve(n);
+  for (int c = 0; c < n; ++c) {
+    auto vn = mx::subtract(chunk(u, c), mx::matmul(chunk(w, c), state, st), st);
+    outs.push_back(mx::add(mx::matmul(chunk(qg, c), state, st),
+                           mx::matmul(chunk(p, c), vn, st), st));
+    auto gc = chunk(cg, c);                                        // [B, H, L]
+    auto last = mx::slice(gc, {0, 0, l - 1}, {b, h, l}, st);       // [B, H, 1]
+    auto tail = mx::expand_dims(mx::exp(mx::subtract(last, gc, st), st), -1, st);
+    auto kw = mx::multiply(chunk(k, c), tail, st);                 // [B, H, L, kd]
+    state = mx::add(mx::multiply(state, mx::expand_dims(mx::exp(last, st), -1, st), st),
+                    mx::matmul(mx::swapaxes(kw, -1, -2, st), vn, st), st);
+  }
+  auto o = mx::concatenate(outs, 2, st);                           // [B, H, padded, vd]
+  return mx::slice(o, {0, 0, 0, 0}, {b, h, m, vd}, st);
+}
+
+}  // namespace delta
+
 }  // namespace
 
 extern "C" {
@@ -551,3 +672,74 @@ int wm_sdpa(wm_array q, wm_array k, wm_array v, float scale, int32_t mask_mode, 
 }
 
 }  // extern "C"
+
+int wm_sigmoid_gate(wm_array x, wm_array gate, wm_stream s, wm_array* out) {
+  return guarded([&] {
+    auto st = stream(s);
+    auto g = mx::sigmoid(mx::astype(gate->a, mx::float32, st), st);
+    auto y = mx::multiply(mx::astype(x->a, mx::float32, st), g, st);
+    *out = wrap(mx::astype(y, x->a.dtype(), st));
+  });
+}
+
+int wm_gated_delta(wm_array qkv, wm_array z, wm_array b, wm_array a, wm_array conv,
+                   wm_array ssm, wm_array conv_w, wm_array neg_a, wm_array dt_bias,
+                   wm_array norm, const int32_t* dims, float eps, int32_t chunked, wm_stream s,
+                   wm_array* out, wm_array* conv_out, wm_array* ssm_out) {
+  return guarded([&] {
+    auto st = stream(s);
+    const int kh = dims[0], vh = dims[1], kd = dims[2], vd = dims[3];
+    const auto f32 = mx::float32;
+    const auto& x0 = qkv->a;
+    if (x0.ndim() != 3 || conv->a.ndim() != 3 || ssm->a.ndim() != 4 || conv_w->a.ndim() != 2) {
+      throw std::invalid_argument("wm_gated_delta: qkv [B, m, C], conv [B, K-1, C], ssm [B, H, kd, vd]");
+    }
+    const int nb = x0.shape(0), m = x0.shape(1), cd = x0.shape(2), kernel = conv_w->a.shape(1);
+    if (cd != 2 * kh * kd + vh * vd || kh <= 0 || vh % kh != 0 ||
+        conv->a.shape() != mx::Shape{nb, kernel - 1, cd} ||
+        ssm->a.shape() != mx::Shape{nb, vh, kd, vd} || conv_w->a.shape(0) != cd) {
+      throw std::invalid_argument("wm_gated_delta: shapes do not fit the layer");
+    }
+    // The causal convolution over the carried inputs and the new ones, then SiLU.
+    auto ext = mx::concatenate({conv->a, mx::astype(x0, f32, st)}, 1, st);  // [B, K-1+m, C]
+    auto y = mx::zeros({nb, m, cd}, f32, st);
+    for (int j = 0; j < kernel; ++j) {
+      auto tap = mx::reshape(mx::slice(conv_w->a, {0, j}, {cd, j + 1}, st), {cd}, st);
+      y = mx::add(y, mx::multiply(mx::slice(ext, {0, j, 0}, {nb, j + m, cd}, st), tap, st), st);
+    }
+    y = mx::multiply(y, mx::sigmoid(y, st), st);
+    *conv_out = wrap(mx::slice(ext, {0, m, 0}, {nb, m + kernel - 1, cd}, st));
+    // Per-head queries and keys (normalized, repeated to the value heads) and values,
+    // heads first: [B, H, m, d].
+    auto heads = [&](int from, int count, int d) {
+      auto part = mx::slice(y, {0, 0, from}, {nb, m, from + count * d}, st);
+      return mx::transpose(mx::reshape(part, {nb, m, count, d}, st), {0, 2, 1, 3}, st);
+    };
+    auto q = mx::multiply(delta::l2norm(heads(0, kh, kd), st),
+                          delta::scalar(1.0f / std::sqrt(static_cast<float>(kd))), st);
+    auto k = delta::l2norm(heads(kh * kd, kh, kd), st);
+    auto v = heads(2 * kh * kd, vh, vd);
+    if (vh != kh) {
+      q = mx::repeat(q, vh / kh, 1, st);
+      k = mx::repeat(k, vh / kh, 1, st);
+    }
+    auto head_major = [&](const mx::array& t) {                     // [B, m, H] -> [B, H, m]
+      return mx::transpose(mx::astype(t, f32, st), {0, 2, 1}, st);
+    };
+    auto beta = mx::sigmoid(head_major(b->a), st);
+    auto sp = delta::softplus(mx::add(head_major(a->a), mx::reshape(dt_bias->a, {vh, 1}, st), st), st);
+    auto g = mx::multiply(mx::reshape(neg_a->a, {vh, 1}, st), sp, st);
+    mx::array state = ssm->a;
+    auto o = chunked != 0 ? delta::chunked(q, k, v, g, beta, state, st)
+                          : delta::recurrent(q, k, v, g, beta, state, st);
+    *ssm_out = wrap(state);
+    // The gated RMS norm per head: w * o / rms(o) * silu(z).
+    o = mx::transpose(o, {0, 2, 1, 3}, st);                          // [B, m, H, vd]
+    auto ms = mx::mean(mx::square(o, st), -1, true, st);
+    auto normed = mx::multiply(mx::multiply(o, mx::rsqrt(mx::add(ms, delta::scalar(eps), st), st), st),
+                               norm->a, st);
+    auto zz = mx::reshape(mx::astype(z->a, f32, st), {nb, m, vh, vd}, st);
+    auto gated = mx::multiply(normed, mx::multiply(zz, mx::sigmoid(zz, st), st), st);
+    *out = wrap(mx::astype(mx::reshape(gated, {nb, m, vh * vd}, st), x0.dtype(), st));
+  });
+}

@@ -89,6 +89,19 @@ int wm_where(wm_array cond, wm_array a, wm_array b, wm_stream s, wm_array* out);
 // act(gate) * up, fused by mx::compile. act: 0 = silu, 1 = gelu (tanh approximation).
 int wm_glu(wm_array gate, wm_array up, int32_t act, wm_stream s, wm_array* out);
 
+// x * sigmoid(gate), the sigmoid in float32 (an attention output gate).
+int wm_sigmoid_gate(wm_array x, wm_array gate, wm_stream s, wm_array* out);
+// The gated DeltaNet mixer of `B` sequences of `m` rows each (Qwen 3.5's linear attention):
+// qkv [B, m, conv_dim], z [B, m, vh*vd], b and a [B, m, vh] in the compute dtype; the states
+// conv [B, kernel-1, conv_dim] and ssm [B, vh, kd, vd] in float32; conv_w [conv_dim, kernel],
+// neg_a, dt_bias [vh] and norm [vd] in float32; dims = {kh, vh, kd, vd}. `chunked` selects the
+// chunked form of the delta rule (64 tokens a chunk), else token by token. Returns the normed,
+// gated output [B, m, vh*vd] in qkv's dtype and the two new states.
+int wm_gated_delta(wm_array qkv, wm_array z, wm_array b, wm_array a, wm_array conv,
+                   wm_array ssm, wm_array conv_w, wm_array neg_a, wm_array dt_bias,
+                   wm_array norm, const int32_t* dims, float eps, int32_t chunked, wm_stream s,
+                   wm_array* out, wm_array* conv_out, wm_array* ssm_out);
+
 // Custom CUDA kernels (GPU streams only; elsewhere they fail with a message).
 // y = x · wᵀ for x [B ≤ 8, K], w [N, K] in bf16/f16.
 int wm_gemv(wm_array x, wm_array w, wm_stream s, wm_array* out);

@@ -12,6 +12,7 @@
 //! step before the host reads the previous step's ids.
 mod arena;
 mod attention;
+mod deltanet;
 mod kernels;
 mod kv;
 mod load;
@@ -20,15 +21,18 @@ mod rope;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use attention::Reach;
 use wick_mlx::{Array, Device, GluActivation, MlxError, Quantized, Stream};
 
+pub use deltanet::MlxDeltaState;
 pub use kv::MlxKvLayer;
 pub use rope::MlxRope;
 /// MLX element types (the backend's compute dtype is one of bf16, f16, f32).
 pub use wick_mlx::Dtype;
 
 use super::{
-    Activation, AttentionParams, AttentionSegment, Backend, HostWeight, KvLayerSnapshot, RopeSpec,
+    Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment,
+    DeltaShape, DeltaState, DeltaTensors, HostWeight, KvLayerSnapshot, RopeSpec,
 };
 use crate::weights::AffineWeight;
 use crate::{EngineError, Result};
@@ -70,6 +74,20 @@ pub struct MlxBackend {
     dtype: Dtype,
     report: Arc<Mutex<BTreeMap<String, usize>>>,
     tuning: Arc<kernels::Tuning>,
+    /// Where the DeltaNet mixer runs: on the host (the trait's default, wick's own
+    /// kernels) or as MLX ops.
+    deltanet: DeltaNetPlace,
+}
+
+/// Where the MLX backend runs Qwen 3.5's gated DeltaNet mixer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaNetPlace {
+    /// On the host with wick's CPU kernels, the states in host memory, the rows copied out
+    /// and back: the faster form on MLX's CPU device (measured by `benches/deltanet.rs`).
+    Host,
+    /// As MLX ops on the backend's device, the states as MLX arrays: a step stays one lazy
+    /// graph (the GPU's form).
+    Device,
 }
 
 impl MlxBackend {
@@ -87,10 +105,33 @@ impl MlxBackend {
         let stream = Stream::new(device).map_err(mlx_err)?;
         Ok(MlxBackend {
             tuning: Arc::new(kernels::Tuning::from_env(stream.device() == Device::Gpu)),
+            deltanet: match std::env::var("WICK_MLX_DELTANET").as_deref() {
+                Ok("host") => DeltaNetPlace::Host,
+                Ok("device") => DeltaNetPlace::Device,
+                Ok(other) => {
+                    return Err(EngineError::InvalidInput(format!(
+                        "WICK_MLX_DELTANET={other}: expected host or device"
+                    )))
+                }
+                Err(_) if stream.device() == Device::Gpu => DeltaNetPlace::Device,
+                Err(_) => DeltaNetPlace::Host,
+            },
             stream,
             dtype,
             report: Arc::default(),
         })
+    }
+
+    /// This backend with the DeltaNet mixer at `place` (by default the device's form: MLX
+    /// ops on a GPU, the host on MLX's CPU device; `WICK_MLX_DELTANET=host|device` sets it).
+    pub fn with_deltanet(mut self, place: DeltaNetPlace) -> Self {
+        self.deltanet = place;
+        self
+    }
+
+    /// Where the DeltaNet mixer runs.
+    pub fn deltanet(&self) -> DeltaNetPlace {
+        self.deltanet
     }
 
     /// The backend a checkpoint of float type `dtype` runs on: the default device, the
@@ -195,7 +236,7 @@ impl Backend for MlxBackend {
     type Rope = MlxRope;
     type KvLayer = MlxKvLayer;
     type Ids = Array;
-    type DeltaState = crate::backend::DeltaState;
+    type DeltaState = MlxDeltaState;
 
     fn capabilities(&self) -> &'static crate::backend::capability::Capabilities {
         &crate::backend::capability::MLX
@@ -441,15 +482,52 @@ impl Backend for MlxBackend {
         MlxKvLayer::from_snapshot(self.stream, self.dtype, s)
     }
 
-    fn new_delta_state(&self, shape: &crate::backend::DeltaShape) -> crate::backend::DeltaState {
-        crate::backend::DeltaState::new(shape)
+    fn new_delta_state(&self, shape: &DeltaShape) -> MlxDeltaState {
+        MlxDeltaState::new(shape, self.deltanet)
     }
 
-    fn delta_state_from_host(
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<MlxDeltaState> {
+        MlxDeltaState::from_host(s, self.deltanet)
+    }
+
+    fn delta_weights(&self, p: &DeltaParams<'_>) -> Result<Option<DeltaTensors<Array>>> {
+        match self.deltanet {
+            DeltaNetPlace::Host => Ok(None),
+            DeltaNetPlace::Device => deltanet::weights(p).map(Some),
+        }
+    }
+
+    fn delta_net(
         &self,
-        s: crate::backend::DeltaState,
-    ) -> Result<crate::backend::DeltaState> {
-        Ok(s)
+        p: &DeltaParams<'_>,
+        uploaded: Option<&DeltaTensors<Array>>,
+        x: DeltaInputs<'_, Array>,
+        segments: &mut [DeltaSegment<'_, MlxDeltaState>],
+    ) -> Result<Array> {
+        if self.deltanet == DeltaNetPlace::Host {
+            return crate::models::deltanet::mix_on_host(self, p, x, segments);
+        }
+        let w = match uploaded {
+            Some(w) => w,
+            None => &deltanet::weights(p)?,
+        };
+        deltanet::mix(self, p, w, x, segments)
+    }
+
+    fn sigmoid_gate(&self, x: &Array, gate: &Array, shape: (usize, usize)) -> Result<Array> {
+        let (rows, cols) = shape;
+        let fits = |a: &Array| a.shape() == [rows as i32, cols as i32];
+        if !fits(x) || !fits(gate) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!(
+                    "sigmoid_gate: {:?} and {:?} for {rows}x{cols}",
+                    x.shape(),
+                    gate.shape()
+                ),
+            });
+        }
+        self.stream.sigmoid_gate(x, gate).map_err(mlx_err)
     }
 
     fn attention(
@@ -460,7 +538,45 @@ impl Backend for MlxBackend {
         segments: &mut [AttentionSegment<'_, MlxKvLayer>],
         params: &AttentionParams,
     ) -> Result<Array> {
-        attention::attend(&self.stream, q, k, v, segments, params)
+        attention::attend(&self.stream, q, k, v, segments, params, Reach::CAUSAL)
+    }
+
+    fn attention_shared(
+        &self,
+        q: &Array,
+        new_kv: Option<(&Array, &Array)>,
+        segments: &mut [AttentionSegment<'_, MlxKvLayer>],
+        params: &AttentionParams,
+        evict: bool,
+        ends: Option<&[usize]>,
+    ) -> Result<Array> {
+        let rows = q.shape().first().copied().unwrap_or(0) as usize;
+        if ends.is_some_and(|e| e.len() != rows) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!(
+                    "attention_shared got {} key ends for {rows} rows",
+                    ends.map_or(0, <[usize]>::len)
+                ),
+            });
+        }
+        let reach = Reach { evict, ends };
+        let s = &self.stream;
+        match new_kv {
+            Some((k, v)) => attention::attend(s, q, k, v, segments, params, reach),
+            None => attention::attend_cached(s, q, segments, params, reach),
+        }
+    }
+
+    fn tensor_from_host(&self, data: Vec<f32>, rows: usize, cols: usize) -> Result<Array> {
+        if rows.checked_mul(cols) != Some(data.len()) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!("{} host values for a {rows}x{cols} tensor", data.len()),
+            });
+        }
+        let a = Array::from_slice(&data, &[rows as i32, cols as i32]).map_err(mlx_err)?;
+        self.stream.astype(&a, self.dtype).map_err(mlx_err)
     }
 
     fn add_rows(&self, y: &Array, rows: &[usize], d: &Array) -> Result<Array> {
