@@ -136,11 +136,13 @@ pub const CUDA: Capabilities = Capabilities {
         Capability::RopeAttentionFactor,
         Capability::AttentionTo,
         Capability::HostTensors,
+        Capability::SharedKv,
         Capability::RowDeltas,
         Capability::DeltaNet,
         Capability::SigmoidGate,
     ],
-    max_head_dim: 256,
+    // The attention kernels' widest variant (`MAX_HEAD_DIM` of `backend/cuda`).
+    max_head_dim: 512,
     device_logits: true,
 };
 
@@ -336,7 +338,7 @@ mod tests {
     fn head_sizes_and_unbuilt_parts_are_needs_like_ops() {
         let needs = [
             Need::new(
-                Requirement::HeadDim(512),
+                Requirement::HeadDim(1024),
                 Part::Text,
                 "full-attention layers",
             ),
