@@ -10,7 +10,7 @@
 mod common;
 
 use common::golden::{decoder_from_dir, golden_dir, read_json, TextGolden, TEXT_GOLDENS};
-use common::logits::{forward_all, forward_batch, pass};
+use common::logits::{forward_all, forward_batch, greedy_lockstep, pass};
 use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
@@ -19,7 +19,7 @@ use wick_engine::backend::{
     DeltaState, DeltaStore, KvLayer,
 };
 use wick_engine::models::decoder::{
-    BatchItem, Decoder, Input, LogitsRequest, RowOutput, SequenceCache, Want,
+    BatchItem, Decoder, LogitsRequest, RowOutput, SequenceCache, Want,
 };
 use wick_gguf::GgmlType;
 
@@ -1022,56 +1022,6 @@ fn gemma4_batched_sequences_and_restored_caches_match_single_runs() {
             want_tail,
         );
     }
-}
-
-/// `steps` greedy tokens after each of `prompts` in lockstep with the argmax kept on the
-/// device (what `wick bench` and the scheduler's greedy batches run): each step is fed
-/// the last step's ids without the host reading them first, so Gemma 4's per-layer inputs
-/// embed ids the backend holds.
-fn greedy_lockstep<B: Backend>(
-    d: &Decoder<B>,
-    prompts: &[Vec<u32>],
-    steps: usize,
-) -> Vec<Vec<u32>> {
-    let mut caches: Vec<SequenceCache<B>> = prompts.iter().map(|_| d.new_cache()).collect();
-    let mut items: Vec<BatchItem<'_, B>> = prompts
-        .iter()
-        .zip(caches.iter_mut())
-        .map(|(p, c)| BatchItem::new(p, c, Want::Token))
-        .collect();
-    let first: Vec<u32> = d
-        .execute(&mut items, None)
-        .unwrap()
-        .into_iter()
-        .map(|o| match o {
-            RowOutput::Token(id) => id,
-            other => panic!("no token: {other:?}"),
-        })
-        .collect();
-    drop(items);
-    let mut out: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
-    let mut refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
-    let be = d.backend();
-    let mut current: Option<B::Ids> = None;
-    for _ in 1..steps {
-        let input = match &current {
-            None => Input::Host(&first),
-            Some(ids) => Input::Backend(ids),
-        };
-        let next = d.decode_ids(input, &mut refs).unwrap();
-        if let Some(ids) = &current {
-            for (o, id) in out.iter_mut().zip(be.ids_to_host(ids).unwrap()) {
-                o.push(id);
-            }
-        }
-        current = Some(next);
-    }
-    if let Some(ids) = &current {
-        for (o, id) in out.iter_mut().zip(be.ids_to_host(ids).unwrap()) {
-            o.push(id);
-        }
-    }
-    out
 }
 
 /// Greedy decoding of Gemma 4 on the GPU gives the CPU backend's tokens: steps fed from

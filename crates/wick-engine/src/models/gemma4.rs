@@ -203,7 +203,28 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
         *last = false;
     }
     let k_eq_v = keys.opt_bool("attention_k_eq_v")?.unwrap_or(false);
-    let per_layer = keys.get("per_layer_config").and_then(Value::as_object);
+    // Keyed by layer index; transformers writes the keys zero-padded past nine layers ("05").
+    let per_layer = match keys.get("per_layer_config").and_then(Value::as_object) {
+        Some(map) => {
+            let mut by_layer = std::collections::HashMap::new();
+            for (key, o) in map {
+                let i: usize = key.trim().parse().map_err(|_| {
+                    config_error(
+                        src,
+                        format!("per_layer_config key '{key}' is not a layer index"),
+                    )
+                })?;
+                if by_layer.insert(i, o).is_some() {
+                    return Err(config_error(
+                        src,
+                        format!("per_layer_config names layer {i} twice"),
+                    ));
+                }
+            }
+            Some(by_layer)
+        }
+        None => None,
+    };
     let global_head_dim = keys.opt_usize("global_head_dim")?.unwrap_or(512);
     let global_kv = keys.opt_usize("num_global_key_value_heads")?;
     let shared = keys.opt_usize("num_kv_shared_layers")?.unwrap_or(0);
@@ -218,9 +239,9 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     let mut layers = Vec::with_capacity(n);
     for (i, &is_sliding) in sliding.iter().enumerate() {
         let (mut hd, mut kvh) = (head_dim, kv_heads);
-        match per_layer {
+        match &per_layer {
             Some(map) => {
-                if let Some(o) = map.get(&i.to_string()) {
+                if let Some(o) = map.get(&i) {
                     let field = |k: &str| -> Result<Option<usize>> {
                         match o.get(k) {
                             None | Some(Value::Null) => Ok(None),
