@@ -7,7 +7,8 @@ dtype, with the tokenizer files of TOKENIZER_DIR copied next to them.
 
     make_models.py OUT_DIR SHAPE DTYPE TOKENIZER_DIR [--seed N] [--vocab N] [--context N]
 
-SHAPE: llama3-8b | qwen2.5-0.5b | tiny-llama | tiny-qwen2
+SHAPE: llama3-8b | qwen2.5-0.5b | qwen3.5-{0.8b,2b,4b} | gemma4-e4b | gemma4-26b-a4b |
+       tiny-llama | tiny-qwen2
 DTYPE: bfloat16 | float16 | float32
 """
 import argparse
@@ -36,6 +37,26 @@ def qwen35(hidden, inter, layers, heads, kv_heads, k_heads, v_heads):
     )
 
 
+def gemma4(hidden, inter, layers, heads, kv_heads, **extra):
+    """A Gemma 4 text shape (`gemma4_text`): five sliding-window layers (heads of 256) to one
+    full-attention layer (heads of 512, proportional rotary over a quarter of them), the
+    last layer full, a 262k vocabulary, a final logit soft cap of 30."""
+    return dict(
+        model_type="gemma4_text", hidden_size=hidden, intermediate_size=inter,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        head_dim=256, global_head_dim=512, vocab_size=262144, max_position_embeddings=131072,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh",
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                     for i in range(layers - 1)] + ["full_attention"],
+        rope_parameters=dict(
+            sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            full_attention=dict(rope_type="proportional", partial_rotary_factor=0.25,
+                                rope_theta=1000000.0)),
+        **extra,
+    )
+
+
 SHAPES = {
     # Llama-3-8B: 32 layers, hidden 4096, 32 heads / 8 KV heads, MLP 14336, vocab 128256.
     "llama3-8b": dict(
@@ -57,6 +78,21 @@ SHAPES = {
     "qwen3.5-4b": qwen35(2560, 9216, 32, heads=16, kv_heads=4, k_heads=16, v_heads=32),
     # Qwen 3.5 of the 0.8B class (CPU agent-turn measurements).
     "qwen3.5-0.8b": qwen35(1024, 3584, 24, heads=8, kv_heads=2, k_heads=16, v_heads=16),
+    # Gemma 4 E4B (google/gemma-4-E4B-it's text model): 42 layers, hidden 2560, 8 heads / 2 KV
+    # heads, MLP 10240, per-layer inputs of 256 a layer, the last 18 layers reading the
+    # caches of earlier ones, windows of 512 (8 B parameters, 2.8 B of them the per-layer
+    # table).
+    "gemma4-e4b": gemma4(2560, 10240, 42, heads=8, kv_heads=2, sliding_window=512,
+                         hidden_size_per_layer_input=256, vocab_size_per_layer_input=262144,
+                         num_kv_shared_layers=18),
+    # Gemma 4 26B-A4B (google/gemma-4-26B-A4B-it's text model): 30 layers, hidden 2816, 16
+    # heads / 8 KV heads (2 on the full layers, whose keys are their values), a dense MLP of
+    # 2112 beside 128 experts of 704 (top 8), windows of 1024, no per-layer inputs (25 B
+    # parameters, 3.8 B active).
+    "gemma4-26b-a4b": gemma4(2816, 2112, 30, heads=16, kv_heads=8, sliding_window=1024,
+                             num_global_key_value_heads=2, attention_k_eq_v=True,
+                             hidden_size_per_layer_input=0, enable_moe_block=True,
+                             num_experts=128, top_k_experts=8, moe_intermediate_size=704),
     # Tiny shapes for CPU checks (CI-sized).
     "tiny-llama": dict(
         model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=3,

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# H200/H100: Qwen 3.5 on the CUDA backend (issue 46), one call of about 6 minutes.
+# H200/H100: Qwen 3.5 on the CUDA backend (issue 46), one call of about 6 minutes; the steps
+# gemma4.sh runs on Gemma 4's shapes too.
 # Carry: carry/cuda/wick.xz and carry/cuda/cuda_reference.xz (built here with
 # `--features cuda`; see docs/gpu.md).
 #  1. the reference test `cuda_reference` (unless SKIP_TEST; TEST_FILTER picks tests), while
-#     a random-weight bf16 Qwen 3.5 of SHAPE (make_models.py; default qwen3.5-4b) is made
-#     with transformers on the GPU;
+#     a random-weight bf16 model of SHAPE (make_models.py; default qwen3.5-4b; gemma4.sh runs
+#     these steps on Gemma 4's shapes) is made with transformers on the GPU (MAKE_TIMEOUT);
 #  2. `wick bench --backend cuda` on it: decode after a 512-token prompt at batch 1 and 8,
 #     and prompt speed at PROMPTS tokens;
 #  3. transformers' own decode of the same model (eager, its PyTorch DeltaNet fallbacks:
-#     the image has no flash-linear-attention), batch 1, unless SKIP_TORCH;
+#     the image has no flash-linear-attention), batch 1, and its prompt speed at PROMPTS
+#     tokens, unless SKIP_TORCH;
 #  4. unless SKIP_AGENT, agent loops through `wick serve --backend cuda` (agent_cache.py) on
 #     the tiny Qwen 3.5 and Gemma 4 goldens with the chat templates in TEMPLATES (a folder
 #     of the llama.cpp test assets' .jinja files, carried), to $OUT/agent.jsonl.
@@ -27,11 +29,11 @@ for f in wick cuda_reference; do
 done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > $OUT/env.txt 2>&1
 python3 -c 'import transformers, torch; print("transformers", transformers.__version__, "torch", torch.__version__)' >> $OUT/env.txt 2>&1
-TOK=crates/wick-engine/tests/goldens/hf/qwen2
+TOK=${TOK:-crates/wick-engine/tests/goldens/hf/qwen2}
 SHAPE=${SHAPE:-qwen3.5-4b}
 M=$W/models/$SHAPE-bf16
 stamp "making $M"
-[ -d $M ] || timeout 300 python3 $G/make_models.py $M $SHAPE bfloat16 $TOK > $OUT/make.log 2>&1 &
+[ -d $M ] || timeout ${MAKE_TIMEOUT:-300} python3 $G/make_models.py $M $SHAPE bfloat16 $TOK > $OUT/make.log 2>&1 &
 MAKE_PID=$!
 if [ -z "${SKIP_TEST:-}" ]; then
   stamp "cuda_reference"
@@ -51,11 +53,16 @@ timeout ${BENCH_TIMEOUT:-200} $W/wick bench $M --backend cuda --synthetic-prompt
 tail -3 $OUT/bench.err
 if [ -z "${SKIP_TORCH:-}" ]; then
   stamp "transformers decode"
-  timeout ${TORCH_TIMEOUT:-150} python3 - $M <<'EOF' 2>>$OUT/torch.err | tee -a $OUT/torch.jsonl
+  timeout ${TORCH_TIMEOUT:-150} python3 - $M ${PROMPTS:-2048 8192} <<'EOF' 2>>$OUT/torch.err | tee -a $OUT/torch.jsonl
 import json, sys, time
 import torch, transformers
 m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).cuda().eval()
 ids = torch.randint(100, 1000, (1, 512), device="cuda")
+def prompt(n):
+    x = torch.randint(100, 1000, (1, n), device="cuda")
+    torch.cuda.synchronize(); t = time.perf_counter()
+    m(input_ids=x, use_cache=False, logits_to_keep=1)
+    torch.cuda.synchronize(); return time.perf_counter() - t
 def run(gen):
     torch.cuda.synchronize(); t = time.perf_counter()
     m.generate(ids, max_new_tokens=gen, min_new_tokens=gen, do_sample=False)
@@ -65,6 +72,11 @@ with torch.no_grad():
     short, full = run(1), run(129)
 print(json.dumps({"peer": "transformers eager", "prompt": 512, "gen": 128,
                   "decode_tok_s": 128 / (full - short), "prompt_s": short}), flush=True)
+with torch.no_grad():
+    for n in map(int, sys.argv[2:]):
+        prompt(n)
+        print(json.dumps({"peer": "transformers eager", "prompt": n,
+                          "prompt_tok_s": n / prompt(n)}), flush=True)
 EOF
 fi
 if [ -z "${SKIP_AGENT:-}" ]; then

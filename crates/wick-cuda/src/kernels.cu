@@ -883,8 +883,8 @@ extern "C" __global__ void kv_append(const float* k, const float* v, const Seg* 
 #define ATTN_WARPS 4
 
 // One step of `transpose_sum`: lanes with bit OFF set keep the upper half of v[0..2·OFF].
-template <int OFF>
-__device__ __forceinline__ void transpose_step(float (&v)[32], bool upper) {
+template <int OFF, int N>
+__device__ __forceinline__ void transpose_step(float (&v)[N], bool upper) {
 #pragma unroll
     for (int j = 0; j < OFF; j++) {
         float send = upper ? v[j] : v[j + OFF];
@@ -893,14 +893,19 @@ __device__ __forceinline__ void transpose_step(float (&v)[32], bool upper) {
     }
 }
 
-// After it, lane L of the warp holds in v[0] the sum over the warp of every lane's v[L]
-// (31 shuffles for 32 sums instead of 5 for each).
-__device__ __forceinline__ void transpose_sum(float (&v)[32], int lane) {
-    transpose_step<16>(v, lane & 16);
-    transpose_step<8>(v, lane & 8);
+// After it, lane L of the warp holds in v[0] the sum over the warp of every lane's
+// v[L % N] (31 shuffles for 32 sums instead of 5 for each; fewer than 32 values: the
+// lanes that share L % N add their halves at the end).
+template <int N>
+__device__ __forceinline__ void transpose_sum(float (&v)[N], int lane) {
+    static_assert(N == 8 || N == 16 || N == 32, "8, 16 or 32 values a lane");
+    if constexpr (N >= 32) transpose_step<16>(v, lane & 16);
+    if constexpr (N >= 16) transpose_step<8>(v, lane & 8);
     transpose_step<4>(v, lane & 4);
     transpose_step<2>(v, lane & 2);
     transpose_step<1>(v, lane & 1);
+#pragma unroll
+    for (int o = N; o < 32; o <<= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
 }
 
 // `KB` keys of the cache from `j0` (zero past `hi`), lane's dimensions `lane + 32t`.
@@ -919,7 +924,9 @@ __device__ __forceinline__ void load_keys(const T* base, int row, int j0, int hi
 }
 
 // Causal attention of a tile of rows for the query heads of one KV head that share its
-// keys (up to UP (row, head) units), over the `blockIdx.z`-th of `gridDim.z` equal parts of
+// keys (up to UP (row, head) units; a warp takes KB keys at a time, UP·KB ≤ 32 scores a
+// lane: 32 / UP keys, fewer for heads of 512 whose dimensions fill the registers), over
+// the `blockIdx.z`-th of `gridDim.z` equal parts of
 // the keys the tile sees (split so that a decode step of few rows still keeps every SM
 // busy; the parts' partial softmax states are merged by `attention_merge`, or written as
 // the result when there is one part). Block (tile, kv head × chunk of `gc` heads, part).
@@ -927,13 +934,15 @@ __device__ __forceinline__ void load_keys(const T* base, int row, int j0, int hi
 // at a time in turn, each with its own online softmax per unit, then merge. Row `i` sees
 // keys before `ends[i]` when `ends` is given (bidirectional spans), else up to its own
 // position; a window counts back from its own position.
-template <typename T, int NT, int UP>
+template <typename T, int NT, int UP, int KB>
 __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ out,
                                float* part_ml, float* part_acc, const Seg* segs,
                                const int* seg_of_row, const Tile* tiles, const int* ends,
                                int heads, int kv_heads, int hd, int gc, float scale,
                                float cap) {
-    constexpr int KB = 32 / UP;
+    // Scores a lane holds before `transpose_sum`; lanes past N repeat lane % N.
+    constexpr int N = UP * KB;
+    static_assert(N == 8 || N == 16 || N == 32, "UP · KB must be 8, 16 or 32");
     __shared__ float sm[ATTN_WARPS][UP], sl[ATTN_WARPS][UP];
     __shared__ float sacc[ATTN_WARPS][UP * NT * 32];
     Tile tile = tiles[blockIdx.x];
@@ -962,7 +971,7 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
     int lo = lo_all + part * per, hi = min(hi_all, lo + per);
 
     // The unit whose score this lane holds after `transpose_sum`, and its key bounds.
-    int my_unit = lane / KB, my_key = lane % KB;
+    int my_unit = (lane % N) / KB, my_key = lane % KB;
     int my_lo = 0, my_hi = -1;
     if (my_unit < units) {
         int r = tile.row0 + my_unit / hn;
@@ -987,7 +996,7 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
     for (int j0 = lo + warp * KB; j0 < hi; j0 += ATTN_WARPS * KB) {
         float kr[KB][NT];
         load_keys<T, NT, KB>(K, row, j0, hi, hd, lane, kr);
-        float v[32];
+        float v[N];
 #pragma unroll
         for (int u = 0; u < UP; u++)
 #pragma unroll
@@ -1028,7 +1037,7 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
             }
         }
     }
-    if (my_key == 0) {
+    if (my_key == 0 && lane < N) {
         sm[warp][my_unit] = m;
         sl[warp][my_unit] = l;
     }
@@ -1065,7 +1074,7 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
     }
 }
 
-#define ATTENTION_ENTRY(KV, T, NT, UP)                                                        \
+#define ATTENTION_ENTRY_KB(KV, T, NT, UP, KB)                                                 \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                             \
         attention_##KV##_n##NT##_u##UP(const float* q, float* out, float* part_ml,            \
                                        float* part_acc, const Seg* segs,                      \
@@ -1073,9 +1082,10 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
                                        const int* ends, int heads, int kv_heads, int hd,      \
                                        int gc, float scale, float cap) {                      \
         pdl_begin();                                                                          \
-        attention_tile<T, NT, UP>(q, out, part_ml, part_acc, segs, seg_of_row, tiles, ends,   \
-                                  heads, kv_heads, hd, gc, scale, cap);                       \
+        attention_tile<T, NT, UP, KB>(q, out, part_ml, part_acc, segs, seg_of_row, tiles,     \
+                                      ends, heads, kv_heads, hd, gc, scale, cap);             \
     }
+#define ATTENTION_ENTRY(KV, T, NT, UP) ATTENTION_ENTRY_KB(KV, T, NT, UP, 32 / UP)
 
 ATTENTION_ENTRY(f32, float, 2, 4)
 ATTENTION_ENTRY(f32, float, 2, 8)
@@ -1093,6 +1103,10 @@ ATTENTION_ENTRY(f16, F16, 4, 8)
 ATTENTION_ENTRY(f16, F16, 4, 16)
 ATTENTION_ENTRY(f16, F16, 8, 4)
 ATTENTION_ENTRY(f16, F16, 8, 8)
+// Heads of up to 512 (Gemma 4's full-attention layers): 16 dimensions a lane, so two keys a
+// warp at a time keep the registers of four units' queries and sums.
+ATTENTION_ENTRY_KB(f32, float, 16, 4, 2)
+ATTENTION_ENTRY_KB(f16, F16, 16, 4, 2)
 
 // Merges the parts of `attention` for row `blockIdx.x`, head `blockIdx.y` (at most 32
 // parts): the first warp turns the parts' maxima and sums into weights, then every thread
@@ -1278,15 +1292,20 @@ __device__ __forceinline__ void flash_bounds(int u, int units, int hn, const Til
     lo = s.window > 0 ? max(0, pos - s.window + 1) : 0;
 }
 
-template <int HD, int BN, int WARPS, bool QREG, bool SPLIT, bool KVLO>
+template <int HD, int HDV, int BN, int WARPS, bool QREG, bool SPLIT, bool KVLO>
 __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out, float* part_ml,
                            float* part_acc, const Seg* segs, const FlashSeg* fsegs,
                            const int* seg_of_row, const Tile* tiles, const int* ends, int heads,
                            int kv_heads, int hd, int gc, float scale, float cap) {
 #if __CUDA_ARCH__ >= 800
     constexpr int BM = 16 * WARPS, ST = HD + FLASH_PAD, THREADS = 32 * WARPS;
-    constexpr int NT = BN / 8, DT = HD / 8, TILE = BN * ST;
-    constexpr int PER_STAGE = (KVLO ? 4 : 2) * TILE;
+    // Values and outputs: HDV of the HD dimensions a block (heads of 512: two blocks, each
+    // making the whole scores and half the outputs, so the accumulators fit the registers).
+    constexpr int STV = HDV + FLASH_PAD, DTV = HDV / 8, HALVES = HD / HDV;
+    constexpr int NT = BN / 8, DT = HD / 8, TILE = BN * ST, TILEV = BN * STV;
+    // A stage: K, V, then (KVLO) their remainders.
+    constexpr int PER_STAGE = (KVLO ? 2 : 1) * (TILE + TILEV);
+    static_assert(HD % HDV == 0 && HDV % 16 == 0, "value dimensions split evenly");
     extern __shared__ uint4 flash_smem[];
     __shared__ int s_lo[WARPS], s_hi[WARPS];
     u16* sQ = (u16*)flash_smem;
@@ -1298,7 +1317,9 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
     Tile tile = tiles[blockIdx.y];
     int group = heads / kv_heads;
     int chunks = (group + gc - 1) / gc;
-    int kvh = blockIdx.x / chunks, c = blockIdx.x % chunks;
+    int dv0 = (blockIdx.x % HALVES) * HDV;
+    int kc = blockIdx.x / HALVES;
+    int kvh = kc / chunks, c = kc % chunks;
     int h0 = kvh * group + c * gc, hn = min(gc, group - c * gc);
     int units = tile.n * hn;
     int si = seg_of_row[tile.row0];
@@ -1373,7 +1394,8 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
         whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
     }
 
-    // Loads key tile j0 (keys from j0, zeros past the part and past hd) into stage `st`.
+    // Loads key tile j0 (keys from j0, zeros past the part and past hd; values of this
+    // block's dimensions) into stage `st`.
     const u16* Kg = (const u16*)f.k + kvh * hd;
     const u16* Vg = (const u16*)f.v + kvh * hd;
     const u16* Klg = (const u16*)f.k_lo + kvh * hd;
@@ -1388,11 +1410,17 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
             int bytes = ok ? 16 : 0;
             u32 dst = base + (u32)(jj * ST + d) * 2;
             cp_async16(dst, Kg + off, bytes);
-            cp_async16(dst + TILE * 2, Vg + off, bytes);
-            if (KVLO) {
-                cp_async16(dst + 2 * TILE * 2, Klg + off, bytes);
-                cp_async16(dst + 3 * TILE * 2, Vlg + off, bytes);
-            }
+            if (KVLO) cp_async16(dst + (TILE + TILEV) * 2, Klg + off, bytes);
+        }
+        for (int i = threadIdx.x; i < BN * DTV; i += THREADS) {
+            int jj = i / DTV, d = (i % DTV) * 8;
+            int j = j0 + jj;
+            bool ok = j < khi && dv0 + d < hd;
+            u64 off = ok ? (u64)j * row + dv0 + d : 0;
+            int bytes = ok ? 16 : 0;
+            u32 dst = base + (u32)(TILE + jj * STV + d) * 2;
+            cp_async16(dst, Vg + off, bytes);
+            if (KVLO) cp_async16(dst + (TILE + TILEV) * 2, Vlg + off, bytes);
         }
     };
 
@@ -1408,14 +1436,14 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
         }
     }
 
-    float o[DT][4];
+    float o[DTV][4];
 #pragma unroll
-    for (int n = 0; n < DT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int n = 0; n < DTV; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = -WICK_INF, m1 = -WICK_INF, l0 = 0.0f, l1 = 0.0f;
     // Lane offsets of ldmatrix rows: K (non-transposed: keys by lane/16, dims by lane/8 % 2)
     // and V (transposed: keys by lane/8 % 2, dims by lane/16), in bytes.
     u32 k_off = (u32)(((lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3)) * 2;
-    u32 v_off = (u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ST + ((lane >> 4) << 3)) * 2;
+    u32 v_off = (u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * STV + ((lane >> 4) << 3)) * 2;
     float cap2 = cap * LOG2E, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
 
     if (ntiles > 0) load_tile(0, klo);
@@ -1459,7 +1487,7 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
                         mma16816(sc[2 * nn + 1], al, b[2], b[3]);
                     }
                     if (KVLO) {
-                        ldsm4(b, at + 2 * TILE * 2);
+                        ldsm4(b, at + (TILE + TILEV) * 2);
                         mma16816(sc[2 * nn], a, b[0], b[1]);
                         mma16816(sc[2 * nn + 1], a, b[2], b[3]);
                     }
@@ -1510,7 +1538,7 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
             l0 = l0 * cf0 + ls0;
             l1 = l1 * cf1 + ls1;
 #pragma unroll
-            for (int n = 0; n < DT; n++) {
+            for (int n = 0; n < DTV; n++) {
                 o[n][0] *= cf0;
                 o[n][1] *= cf0;
                 o[n][2] *= cf1;
@@ -1525,9 +1553,9 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
                 split_f16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], a[2], al[2]);
                 split_f16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], a[3], al[3]);
 #pragma unroll
-                for (int nn = 0; nn < HD / 16; nn++) {
+                for (int nn = 0; nn < HDV / 16; nn++) {
                     u32 b[4];
-                    u32 at = sv + (u32)(kk * 16 * ST + nn * 16) * 2 + v_off;
+                    u32 at = sv + (u32)(kk * 16 * STV + nn * 16) * 2 + v_off;
                     ldsm4_t(b, at);
                     mma16816(o[2 * nn], a, b[0], b[1]);
                     mma16816(o[2 * nn + 1], a, b[2], b[3]);
@@ -1536,7 +1564,7 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
                         mma16816(o[2 * nn + 1], al, b[2], b[3]);
                     }
                     if (KVLO) {
-                        ldsm4_t(b, at + 2 * TILE * 2);
+                        ldsm4_t(b, at + (TILE + TILEV) * 2);
                         mma16816(o[2 * nn], a, b[0], b[1]);
                         mma16816(o[2 * nn + 1], a, b[2], b[3]);
                     }
@@ -1563,8 +1591,8 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
         float* dst = parts > 1 ? part_acc + slot * hd : out + ((u64)r * heads + h) * hd;
         float inv = parts > 1 ? 1.0f : 1.0f / l;
 #pragma unroll
-        for (int n = 0; n < DT; n++) {
-            int d = 8 * n + 2 * t4;
+        for (int n = 0; n < DTV; n++) {
+            int d = dv0 + 8 * n + 2 * t4;
             if (d < hd) {
                 float2 v;
                 v.x = o[n][2 * half] * inv;
@@ -1572,7 +1600,7 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
                 *(float2*)(dst + d) = v;
             }
         }
-        if (parts > 1 && t4 == 0) {
+        if (parts > 1 && t4 == 0 && dv0 == 0) {
             part_ml[2 * slot] = m == -WICK_INF ? -WICK_INF : m * LN2;
             part_ml[2 * slot + 1] = l;
         }
@@ -1581,19 +1609,23 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
 }
 
 // Shared memory of a flash kernel (the host's `FlashKernel::shared_bytes` is the same sum).
-#define FLASH_SHARED(HD, BN, WARPS, SPLIT, KVLO)                                           \
-    ((16 * (WARPS) * ((SPLIT) ? 2 : 1) + 2 * (BN) * ((KVLO) ? 4 : 2)) * ((HD) + FLASH_PAD) * 2)
+#define FLASH_SHARED(HD, HDV, BN, WARPS, SPLIT, KVLO)                                      \
+    ((16 * (WARPS) * ((SPLIT) ? 2 : 1) * ((HD) + FLASH_PAD) +                              \
+      2 * (BN) * ((KVLO) ? 2 : 1) * ((HD) + (HDV) + 2 * FLASH_PAD)) * 2)
 
 #define FLASH_ENTRY(NAME, HD, BN, WARPS, QREG, SPLIT, KVLO)                                    \
+    FLASH_ENTRY_V(NAME, HD, HD, BN, WARPS, QREG, SPLIT, KVLO)
+#define FLASH_ENTRY_V(NAME, HD, HDV, BN, WARPS, QREG, SPLIT, KVLO)                             \
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                  \
         NAME(const float* q, float* out, float* part_ml, float* part_acc, const Seg* segs,    \
              const FlashSeg* fsegs, const int* seg_of_row, const Tile* tiles,                \
              const int* ends, int heads, int kv_heads, int hd, int gc, float scale,          \
              float cap) {                                                                    \
         pdl_begin();                                                                          \
-        flash_tile<HD, BN, WARPS, QREG, SPLIT, KVLO>(q, out, part_ml, part_acc, segs, fsegs,  \
-                                                     seg_of_row, tiles, ends, heads,          \
-                                                     kv_heads, hd, gc, scale, cap);           \
+        flash_tile<HD, HDV, BN, WARPS, QREG, SPLIT, KVLO>(q, out, part_ml, part_acc, segs,   \
+                                                          fsegs, seg_of_row, tiles, ends,     \
+                                                          heads, kv_heads, hd, gc, scale,     \
+                                                          cap);                               \
     }
 
 // name, HD, BN, WARPS, QREG, SPLIT, KVLO (the host's `FlashKernel` table repeats these)
@@ -1606,6 +1638,12 @@ FLASH_ENTRY(flash_exact_d256, 256, 32, 4, false, true, false)
 FLASH_ENTRY(flash_exact_lo_d64, 64, 64, 4, false, true, true)
 FLASH_ENTRY(flash_exact_lo_d128, 128, 32, 4, false, true, true)
 FLASH_ENTRY(flash_exact_lo_d256, 256, 16, 4, false, true, true)
+// Heads of 512 (Gemma 4's full-attention layers): two blocks a tile, each with the whole
+// scores and 256 of the output dimensions (name, HD, HDV, BN, WARPS, QREG, SPLIT, KVLO).
+// The exact kernel of f32 caches takes 32 units a block to stay within Hopper's 227 KB.
+FLASH_ENTRY_V(flash_fast_d512, 512, 256, 32, 4, false, false, false)
+FLASH_ENTRY_V(flash_exact_d512, 512, 256, 16, 4, false, true, false)
+FLASH_ENTRY_V(flash_exact_lo_d512, 512, 256, 16, 2, false, true, true)
 
 // ---------------------------------------------------------------------------------------
 // Argmax of each row (the first maximum), with an optional token mask per row: `mask_at[r]`

@@ -9,14 +9,14 @@
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::golden::{decoder_from_dir, TextGolden, TEXT_GOLDENS};
-use common::logits::{forward_all, forward_batch};
+use common::golden::{decoder_from_dir, golden_dir, read_json, TextGolden, TEXT_GOLDENS};
+use common::logits::{forward_all, forward_batch, greedy_lockstep, pass};
 use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
 use wick_engine::backend::{
     AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment, DeltaShape,
-    DeltaState, DeltaStore,
+    DeltaState, DeltaStore, KvLayer,
 };
 use wick_engine::models::decoder::{
     BatchItem, Decoder, LogitsRequest, RowOutput, SequenceCache, Want,
@@ -264,39 +264,48 @@ fn f16_caches_match_the_cpu_and_survive_a_host_round_trip() {
 #[test]
 fn wide_heads_match_the_cpu() {
     for (heads, kv_heads, hd) in WIDE_SHAPES {
-        let dir = tempfile::tempdir().unwrap();
-        write_wide_model(dir.path(), heads, kv_heads, hd);
-        let what = format!("{heads}/{kv_heads} heads of {hd}");
-        let Some(be) = gpu() else { return };
-        let cuda = decoder_from_dir(be, dir.path());
-        let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
-        let ids = some_ids(40, hd as u32);
-        let want = forward_all(&cpu, &ids, &[ids.len()]);
-        for chunks in [&[40][..], &[5, 3, 9, 1, 1, 1, 20]] {
-            assert_close(
-                &what,
-                &format!("chunks {chunks:?}"),
-                &forward_all(&cuda, &ids, chunks),
-                &want,
-            );
+        if !wide_model_matches_the_cpu(heads, kv_heads, hd) {
+            return;
         }
-        let other = some_ids(23, 7);
-        let (mut ca, mut cb) = (cuda.new_cache(), cuda.new_cache());
-        let out = forward_batch(
-            &cuda,
-            vec![
-                (&ids, &mut ca, LogitsRequest::All),
-                (&other, &mut cb, LogitsRequest::All),
-            ],
-        );
-        assert_close(&what, "batched", &out[0], &want);
+    }
+}
+
+/// A random-weight model of `heads`/`kv_heads` heads of `hd` on the GPU gives the CPU
+/// backend's logits in one pass, in chunks and batched; `false` where there is no GPU.
+fn wide_model_matches_the_cpu(heads: usize, kv_heads: usize, hd: usize) -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    write_wide_model(dir.path(), heads, kv_heads, hd);
+    let what = format!("{heads}/{kv_heads} heads of {hd}");
+    let Some(be) = gpu() else { return false };
+    let cuda = decoder_from_dir(be, dir.path());
+    let cpu = decoder_from_dir(CandleBackend::cpu(), dir.path());
+    let ids = some_ids(40, hd as u32);
+    let want = forward_all(&cpu, &ids, &[ids.len()]);
+    for chunks in [&[40][..], &[5, 3, 9, 1, 1, 1, 20]] {
         assert_close(
             &what,
-            "batched, second row",
-            &out[1],
-            &forward_all(&cpu, &other, &[other.len()]),
+            &format!("chunks {chunks:?}"),
+            &forward_all(&cuda, &ids, chunks),
+            &want,
         );
     }
+    let other = some_ids(23, 7);
+    let (mut ca, mut cb) = (cuda.new_cache(), cuda.new_cache());
+    let out = forward_batch(
+        &cuda,
+        vec![
+            (&ids, &mut ca, LogitsRequest::All),
+            (&other, &mut cb, LogitsRequest::All),
+        ],
+    );
+    assert_close(&what, "batched", &out[0], &want);
+    assert_close(
+        &what,
+        "batched, second row",
+        &out[1],
+        &forward_all(&cpu, &other, &[other.len()]),
+    );
+    true
 }
 
 /// MLX-quantized matrices (4 and 8 bits, groups of 32 and 64; bf16, f16 or f32 scales, the
@@ -726,46 +735,73 @@ fn flash_attention_matches_the_cpu_op_by_op() {
         (8, 1, 256, Some(500), Some(50.0), 2000, 100, false),
         (32, 1, 128, None, None, 3000, 17, false),
     ];
-    for (heads, kv_heads, hd, window, softcap, context, rows, spans) in cases {
-        let p = AttentionParams {
-            heads,
-            kv_heads,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window,
-            softcap,
-        };
-        for kv in [KvDtype::F32, KvDtype::F16] {
-            let want = two_passes(
-                &CandleBackend::cpu()
-                    .with_bf16_prompt_attention(false)
-                    .with_kv_dtype(kv),
-                &p,
-                context,
-                rows,
-                spans,
-            );
-            // An f16 cache rounds keys and values to 11 bits on both sides, but not always
-            // at the same point.
-            let exact = match kv {
-                KvDtype::F32 => 2e-5,
-                _ => 1e-3,
-            };
-            for (mode, bound) in [(FlashAttention::Exact, exact), (FlashAttention::Fast, 5e-3)] {
-                let be = CudaBackend::new(0)
-                    .unwrap()
-                    .with_flash(mode)
-                    .with_kv_dtype(kv);
-                let got = two_passes(&be, &p, context, rows, spans);
-                let (w, scale) = worst(&got, &want);
-                let what = format!(
-                    "{heads}/{kv_heads} heads of {hd}, window {window:?}, cap {softcap:?}, \
-                     {rows} rows after {context}, {kv:?} cache, {mode:?}"
-                );
-                eprintln!("{what}: max |diff| {w:.2e} (scale {scale:.2})");
-                assert!(w <= bound * scale, "{what}: {w} > {bound} × {scale}");
-            }
+    for case in cases {
+        if !attention_matches_the_cpu(case, &[FlashAttention::Exact, FlashAttention::Fast]) {
+            return;
         }
+    }
+}
+
+/// heads, KV heads, head size, window, soft cap, context, rows, spans (see [`two_passes`]).
+type AttentionCase = (
+    usize,
+    usize,
+    usize,
+    Option<usize>,
+    Option<f32>,
+    usize,
+    usize,
+    bool,
+);
+
+/// [`two_passes`] of `case` on the GPU in each of `modes`, f32 and f16 caches, against the
+/// CPU backend: exact (and off: the CUDA-core kernel) within 2e-5 of the outputs' scale
+/// (1e-3 with f16 caches), fast within 5e-3. `false` where there is no GPU.
+fn attention_matches_the_cpu(case: AttentionCase, modes: &[FlashAttention]) -> bool {
+    let (heads, kv_heads, hd, window, softcap, context, rows, spans) = case;
+    let p = AttentionParams {
+        heads,
+        kv_heads,
+        head_dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+        window,
+        softcap,
+    };
+    for kv in [KvDtype::F32, KvDtype::F16] {
+        let want = two_passes(
+            &CandleBackend::cpu()
+                .with_bf16_prompt_attention(false)
+                .with_kv_dtype(kv),
+            &p,
+            context,
+            rows,
+            spans,
+        );
+        for &mode in modes {
+            let Some(be) = gpu() else { return false };
+            let be = be.with_flash(mode).with_kv_dtype(kv);
+            let got = two_passes(&be, &p, context, rows, spans);
+            let bound = attention_bound(mode, kv);
+            let (w, scale) = worst(&got, &want);
+            let what = format!(
+                "{heads}/{kv_heads} heads of {hd}, window {window:?}, cap {softcap:?}, \
+                 {rows} rows after {context}, {kv:?} cache, {mode:?}"
+            );
+            eprintln!("{what}: max |diff| {w:.2e} (scale {scale:.2})");
+            assert!(w <= bound * scale, "{what}: {w} > {bound} × {scale}");
+        }
+    }
+    true
+}
+
+/// How far (relative to the outputs' scale) the GPU's attention in `mode` may be from the
+/// CPU's with caches of `kv`: an f16 cache rounds keys and values to 11 bits on both
+/// sides, but not always at the same point; fast flash rounds its products to f16.
+fn attention_bound(mode: FlashAttention, kv: KvDtype) -> f32 {
+    match (mode, kv) {
+        (FlashAttention::Fast, _) => 5e-3,
+        (_, KvDtype::F32) => 2e-5,
+        _ => 1e-3,
     }
 }
 
@@ -854,4 +890,371 @@ fn flash_long_prompts_match_the_cpu() {
 fn flash_sliding_window_golden_matches_the_cpu() {
     let g = TextGolden::open("gemma2");
     long_prompt_matches_the_cpu("gemma2, 1500 tokens", &g.dir, 1500, 3);
+}
+
+/// Gemma 4's tiny goldens (`scripts/goldens/hf_tiny_gemma4.py`): `gemma4` is the E2B shape
+/// (per-layer inputs, the last two of six layers reading earlier layers' caches, sliding
+/// windows of 8, full-attention heads of 32 with proportional rotary), `gemma4_moe` the
+/// 26B-A4B shape (experts routed on the host, `attention_k_eq_v`, one KV head on the full
+/// layers).
+const GEMMA4: [&str; 2] = ["gemma4", "gemma4_moe"];
+
+/// Gemma 4 on the GPU against transformers' logits and the CPU backend's at every
+/// position: prompts in one pass (40 rows attend on the flash kernels, fewer on the
+/// CUDA-core kernel) and in chunks that cross the sliding window while the KV-shared
+/// layers read their producers' caches.
+#[test]
+fn gemma4_logits_match_transformers_and_the_cpu_in_one_pass_and_in_chunks() {
+    for variant in GEMMA4 {
+        let g = TextGolden::open(variant);
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be);
+        let cpu = g.decoder(CandleBackend::cpu());
+        for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
+            let ids = g.case_ids(case);
+            let got = forward_all(&cuda, &ids, &[ids.len()]);
+            assert_close(variant, case, &got, &g.expected(case));
+            assert_close(
+                variant,
+                &format!("{case} against the cpu"),
+                &got,
+                &forward_all(&cpu, &ids, &[ids.len()]),
+            );
+        }
+        let ids = g.case_ids("len40");
+        for chunks in [&[5, 3, 9, 1, 1, 1, 20][..], &[17, 1, 22], &[1; 40]] {
+            assert_close(
+                variant,
+                &format!("len40 in chunks {chunks:?}"),
+                &forward_all(&cuda, &ids, chunks),
+                &g.expected("len40"),
+            );
+        }
+    }
+}
+
+/// Gemma 4 sequences of different lengths in one batch (each reading its own shared
+/// caches) give their single runs' logits (transformers'), and a cache rebuilt from host
+/// copies continues as the original does.
+#[test]
+fn gemma4_batched_sequences_and_restored_caches_match_single_runs() {
+    for variant in GEMMA4 {
+        let g = TextGolden::open(variant);
+        let Some(be) = gpu() else { return };
+        let cuda = g.decoder(be);
+        let vocab = cuda.config().vocab_size;
+        let (a, b, long) = (
+            g.case_ids("pair_a"),
+            g.case_ids("pair_b"),
+            g.case_ids("len40"),
+        );
+        let (mut ca, mut cb, mut cl) = (cuda.new_cache(), cuda.new_cache(), cuda.new_cache());
+        let out = forward_batch(
+            &cuda,
+            vec![
+                (&a, &mut ca, LogitsRequest::All),
+                (&b, &mut cb, LogitsRequest::All),
+                (&long, &mut cl, LogitsRequest::Last),
+            ],
+        );
+        assert_close(variant, "pair_a batched", &out[0], &g.expected("pair_a"));
+        assert_close(variant, "pair_b batched", &out[1], &g.expected("pair_b"));
+        let want = g.expected("len40");
+        assert_close(
+            variant,
+            "len40 batched, last row",
+            &out[2],
+            &want[want.len() - vocab..],
+        );
+        // A batch of decode rows after the prompts: one token each.
+        let (ta, tb, tl) = ([a[0]], [b[0]], [long[0]]);
+        let single: Vec<Vec<f32>> = [(&a, &ta), (&b, &tb), (&long, &tl)]
+            .iter()
+            .map(|(prompt, t)| {
+                let mut c = cuda.new_cache();
+                pass(&cuda, prompt, &mut c, LogitsRequest::None);
+                pass(&cuda, &t[..], &mut c, LogitsRequest::All)
+                    .unwrap()
+                    .data
+            })
+            .collect();
+        let step = forward_batch(
+            &cuda,
+            vec![
+                (&ta[..], &mut ca, LogitsRequest::All),
+                (&tb[..], &mut cb, LogitsRequest::All),
+                (&tl[..], &mut cl, LogitsRequest::All),
+            ],
+        );
+        for (i, (got, want)) in step.iter().zip(&single).enumerate() {
+            assert_close(variant, &format!("decode row {i} batched"), got, want);
+        }
+
+        let (head, tail) = long.split_at(25);
+        let run = |cache: &mut SequenceCache<CudaBackend>, tokens: &[u32]| {
+            cuda.forward_logits(&mut [BatchItem::new(
+                tokens,
+                cache,
+                Want::logits(LogitsRequest::All),
+            )])
+            .unwrap()[0]
+                .as_ref()
+                .unwrap()
+                .data
+                .clone()
+        };
+        let mut cache = cuda.new_cache();
+        run(&mut cache, head);
+        let mut restored = cuda.cache_from_snapshot(&cache.snapshot()).unwrap();
+        let mut shared = cache.clone();
+        let want_tail = &want[25 * vocab..];
+        assert_close(variant, "len40 after 25", &run(&mut cache, tail), want_tail);
+        assert_close(
+            variant,
+            "len40 on a clone taken after 25",
+            &run(&mut shared, tail),
+            want_tail,
+        );
+        assert_close(
+            variant,
+            "len40 rebuilt from the host after 25",
+            &run(&mut restored, tail),
+            want_tail,
+        );
+    }
+}
+
+/// Greedy decoding of Gemma 4 on the GPU gives the CPU backend's tokens: steps fed from
+/// the host one sequence at a time and three at once (replayed as CUDA graphs where no
+/// expert routing reads the host mid-step), and in lockstep with the ids kept on the device
+/// (the per-layer inputs embed them there); and transformers' `generate` continuation.
+/// `gemma4_chat` is the E2B shape with the chat template's tokenizer.
+#[test]
+fn gemma4_greedy_decoding_with_graphs_matches_the_cpu_and_transformers() {
+    const STEPS: usize = 24;
+    for variant in ["gemma4", "gemma4_moe", "gemma4_chat"] {
+        let dir = golden_dir(variant);
+        let reference = read_json(&dir.join("reference.json"));
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let (prompts, generate) = if variant == "gemma4_chat" {
+            let prompt = ids(&reference["prompt_ids"]);
+            let mut scripted = prompt.clone();
+            scripted.extend(ids(&reference["scripted_ids"]));
+            (vec![prompt, scripted], None)
+        } else {
+            let g = TextGolden::open(variant);
+            let greedy = &reference["greedy"];
+            (
+                vec![
+                    ids(&greedy["prompt_ids"]),
+                    g.case_ids("len7"),
+                    g.case_ids("len40"),
+                ],
+                Some(ids(&greedy["continuation_ids"])),
+            )
+        };
+        let Some(be) = gpu() else { return };
+        let cuda = decoder_from_dir(be, &dir);
+        let cpu = decoder_from_dir(CandleBackend::cpu(), &dir);
+        let single = greedy_on_gpu(&cuda, &prompts, STEPS, true);
+        let stats = cuda.backend().device().stats();
+        let batched = greedy_on_gpu(&cuda, &prompts, STEPS, false);
+        let lockstep = greedy_lockstep(&cuda, &prompts, STEPS);
+        for (i, p) in prompts.iter().enumerate() {
+            let want = greedy_on_cpu(&cpu, p, STEPS);
+            assert_eq!(single[i], want, "{variant} prompt {i} alone");
+            assert_eq!(batched[i], want, "{variant} prompt {i} batched");
+            assert_eq!(
+                lockstep[i], want,
+                "{variant} prompt {i} in lockstep on the device"
+            );
+        }
+        if let Some(generate) = generate {
+            let n = generate.len().min(STEPS);
+            assert_eq!(
+                single[0][..n],
+                generate[..n],
+                "{variant}: transformers' greedy continuation"
+            );
+        }
+        eprintln!("{variant}: {stats:?} after the single runs");
+        if variant != "gemma4_moe" {
+            assert!(
+                stats.replayed > 0,
+                "{variant}: no decode step was replayed from a graph"
+            );
+        }
+    }
+}
+
+/// Heads of 512 (Gemma 4's full-attention layers): the flash kernels (two blocks a tile,
+/// each making half the outputs) and the CUDA-core kernel (16 dimensions a lane, taken by
+/// decode rows, chunks under 16 rows and every row with flash off) against the CPU
+/// backend's attention, op by op and through a random-weight model.
+#[test]
+fn head_size_512_matches_the_cpu() {
+    let cases = [
+        // heads, KV heads, head size, window, soft cap, context, rows, spans
+        (8, 2, 512, None, None, 1200, 100, false),
+        (16, 2, 512, Some(300), Some(30.0), 800, 40, true),
+        (4, 1, 512, None, None, 600, 7, false),
+        (8, 8, 512, Some(64), None, 300, 33, true),
+    ];
+    let modes = [
+        FlashAttention::Exact,
+        FlashAttention::Fast,
+        FlashAttention::Off,
+    ];
+    for case in cases {
+        if !attention_matches_the_cpu(case, &modes) {
+            return;
+        }
+    }
+    wide_model_matches_the_cpu(8, 2, 512);
+}
+
+/// Two layers sharing one cache per sequence on `be` (Gemma 4's KV sharing): in each pass
+/// the first appends its keys and values and attends, then the second attends to the same
+/// cache with its own queries and no rows of its own, and is the pass's last reader
+/// (`evict`). `passes[i]` gives the rows of sequences A and B in pass `i`; with `spans`,
+/// rows see a few keys past their position, within their pass. Returns both layers'
+/// outputs of every pass, in order.
+fn shared_passes<B: Backend>(
+    be: &B,
+    p: &AttentionParams,
+    passes: &[[usize; 2]],
+    spans: bool,
+) -> Vec<f32> {
+    let (qw, kw) = (p.heads * p.head_dim, p.kv_heads * p.head_dim);
+    let mut a = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
+    let mut b = be.new_kv_layer(p.kv_heads, p.head_dim, p.window);
+    let mut out = Vec::new();
+    for (pi, &[na, nb]) in passes.iter().enumerate() {
+        let n = na + nb;
+        let seed = 10 * pi as u64;
+        let upload = |w: usize, seed: u64, gain: f32| {
+            let x = flash_noise(n * w, seed)
+                .into_iter()
+                .map(|v| v * gain)
+                .collect();
+            be.tensor_from_host(x, n, w).unwrap()
+        };
+        let (q0, q1) = (upload(qw, seed + 1, 4.0), upload(qw, seed + 2, 4.0));
+        let (k, v) = (upload(kw, seed + 3, 1.0), upload(kw, seed + 4, 1.0));
+        let ends: Option<Vec<usize>> = spans.then(|| {
+            let mut e = Vec::with_capacity(n);
+            for (len, rows) in [(a.len(), na), (b.len(), nb)] {
+                for i in 0..rows {
+                    e.push((len + i + 1 + i % 3).min(len + rows));
+                }
+            }
+            e
+        });
+        let mut segs = [
+            AttentionSegment {
+                rows: 0..na,
+                cache: &mut a,
+            },
+            AttentionSegment {
+                rows: na..n,
+                cache: &mut b,
+            },
+        ];
+        let first = be
+            .attention_shared(&q0, Some((&k, &v)), &mut segs, p, false, ends.as_deref())
+            .unwrap();
+        let second = be
+            .attention_shared(&q1, None, &mut segs, p, true, ends.as_deref())
+            .unwrap();
+        for t in [first, second] {
+            out.extend(be.rows_to_host(&t, &[n]).unwrap().remove(0));
+        }
+    }
+    out
+}
+
+/// A layer reading another layer's cache (`attention_shared` without new rows) on the GPU
+/// against the CPU backend: prompt chunks on the flash kernels and decode rows on the
+/// CUDA-core kernel, batched, sliding windows (which the CPU evicts only after the last
+/// reader), soft caps, rows that see past their position, heads of 64 to 512; f32 and f16
+/// caches. A shared read of a cache that lacks the pass's rows is an error.
+#[test]
+fn shared_kv_layers_match_the_cpu() {
+    let passes = [[300, 50], [20, 1], [1, 1], [1, 17], [64, 1], [1, 1]];
+    let cases = [
+        // heads, KV heads, head size, window, soft cap, spans
+        (8, 2, 256, Some(48), None, false),
+        (8, 2, 512, None, Some(30.0), false),
+        (4, 4, 64, Some(100), None, true),
+        (16, 2, 512, Some(40), None, true),
+    ];
+    for (heads, kv_heads, hd, window, softcap, spans) in cases {
+        let p = AttentionParams {
+            heads,
+            kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap,
+        };
+        for kv in [KvDtype::F32, KvDtype::F16] {
+            let cpu = CandleBackend::cpu()
+                .with_bf16_prompt_attention(false)
+                .with_kv_dtype(kv);
+            let want = shared_passes(&cpu, &p, &passes, spans);
+            for mode in [FlashAttention::Exact, FlashAttention::Fast] {
+                let Some(be) = gpu() else { return };
+                let be = be.with_flash(mode).with_kv_dtype(kv);
+                let got = shared_passes(&be, &p, &passes, spans);
+                let what = format!(
+                    "shared KV: {heads}/{kv_heads} heads of {hd}, window {window:?}, \
+                     cap {softcap:?}, spans {spans}, {kv:?} cache, {mode:?}"
+                );
+                // Pass by pass, layer by layer, so a failure names where.
+                let mut at = 0;
+                for (pi, &[na, nb]) in passes.iter().enumerate() {
+                    for layer in ["producing", "reading"] {
+                        let len = (na + nb) * heads * hd;
+                        let (g, w) = (&got[at..at + len], &want[at..at + len]);
+                        let (diff, scale) = worst(g, w);
+                        let bound = attention_bound(mode, kv);
+                        assert!(
+                            diff <= bound * scale,
+                            "{what}: pass {pi} ({na}+{nb} rows), {layer} layer: max |diff| \
+                             {diff} > {bound} × {scale}"
+                        );
+                        at += len;
+                    }
+                }
+                let (w, scale) = worst(&got, &want);
+                eprintln!("{what}: max |diff| {w:.2e} (scale {scale:.2})");
+            }
+        }
+        let Some(be) = gpu() else { return };
+        let mut empty = be.new_kv_layer(kv_heads, hd, window);
+        let q = be
+            .tensor_from_host(vec![0.0; 3 * heads * hd], 3, heads * hd)
+            .unwrap();
+        let err = be
+            .attention_shared(
+                &q,
+                None,
+                &mut [AttentionSegment {
+                    rows: 0..3,
+                    cache: &mut empty,
+                }],
+                &p,
+                true,
+                None,
+            )
+            .err()
+            .expect("a shared read of an empty cache must fail");
+        assert!(err.to_string().contains("does not hold"), "{err}");
+    }
 }

@@ -5,7 +5,9 @@
 mod common;
 
 use common::golden::{load_decoder, CpuGolden, TextGolden};
-use common::logits::{assert_near, forward_all, greedy_decode, pass, worst, TOLERANCE};
+use common::logits::{
+    assert_near, forward_all, greedy_decode, greedy_lockstep, pass, worst, TOLERANCE,
+};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::LogitsRequest;
 
@@ -123,4 +125,39 @@ fn cache_trim_and_snapshot_round_trip() {
     let mut wrong = snapshot.clone();
     wrong.pop();
     assert!(g.model.cache_from_snapshot(&wrong).is_err());
+}
+
+#[test]
+fn zero_padded_per_layer_config_keys_name_the_same_layers() {
+    // transformers writes `per_layer_config` keys zero-padded once a model has ten layers
+    // or more ("05"): the same layers must get their head sizes.
+    let golden = TextGolden::open("gemma4");
+    let mut c = golden.config();
+    let map = c["per_layer_config"].as_object().unwrap().clone();
+    let padded: serde_json::Map<String, serde_json::Value> = map
+        .into_iter()
+        .map(|(k, v)| (format!("{:0>2}", k), v))
+        .collect();
+    c["per_layer_config"] = serde_json::Value::Object(padded);
+    let g = CpuGolden::load_with("gemma4", &c);
+    let ids = g.case_ids("len40");
+    assert_near("gemma4", "padded keys", &g.all(&ids), &g.expected("len40"));
+    let mut twice = golden.config();
+    twice["per_layer_config"]["02"] = twice["per_layer_config"]["2"].clone();
+    let err = wick_engine::config::ModelConfig::from_hf(&twice, "twice").unwrap_err();
+    assert!(err.to_string().contains("layer 2 twice"), "{err}");
+}
+
+#[test]
+fn lockstep_decoding_with_backend_ids_matches_host_ids() {
+    // `decode_ids` fed the last step's ids as the backend holds them (what `wick bench` and
+    // greedy batches run): the per-layer inputs embed those ids without the host.
+    let g = CpuGolden::load("gemma4");
+    let (prompt, want) = g.greedy();
+    let prompts = [prompt.clone(), g.case_ids("len7")];
+    let got = greedy_lockstep(&g.model, &prompts, want.len());
+    for (p, got) in prompts.iter().zip(&got) {
+        assert_eq!(got, &greedy_decode(&g.model, p, want.len()));
+    }
+    assert_eq!(got[0], want, "transformers' continuation");
 }

@@ -147,11 +147,13 @@ pub const CUDA: Capabilities = Capabilities {
         Capability::RopeAttentionFactor,
         Capability::AttentionTo,
         Capability::HostTensors,
+        Capability::SharedKv,
         Capability::RowDeltas,
         Capability::DeltaNet,
         Capability::SigmoidGate,
     ],
-    max_head_dim: 256,
+    // The attention kernels' widest variant (`MAX_HEAD_DIM` of `backend/cuda`).
+    max_head_dim: 512,
     device_logits: true,
     lone_prompt_tokens: Some(8192),
     itl_factor: Some(2.0),
@@ -358,7 +360,7 @@ mod tests {
     fn head_sizes_and_unbuilt_parts_are_needs_like_ops() {
         let needs = [
             Need::new(
-                Requirement::HeadDim(512),
+                Requirement::HeadDim(1024),
                 Part::Text,
                 "full-attention layers",
             ),

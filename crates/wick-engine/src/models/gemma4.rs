@@ -203,7 +203,28 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
         *last = false;
     }
     let k_eq_v = keys.opt_bool("attention_k_eq_v")?.unwrap_or(false);
-    let per_layer = keys.get("per_layer_config").and_then(Value::as_object);
+    // Keyed by layer index; transformers writes the keys zero-padded past nine layers ("05").
+    let per_layer = match keys.get("per_layer_config").and_then(Value::as_object) {
+        Some(map) => {
+            let mut by_layer = std::collections::HashMap::new();
+            for (key, o) in map {
+                let i: usize = key.trim().parse().map_err(|_| {
+                    config_error(
+                        src,
+                        format!("per_layer_config key '{key}' is not a layer index"),
+                    )
+                })?;
+                if by_layer.insert(i, o).is_some() {
+                    return Err(config_error(
+                        src,
+                        format!("per_layer_config names layer {i} twice"),
+                    ));
+                }
+            }
+            Some(by_layer)
+        }
+        None => None,
+    };
     let global_head_dim = keys.opt_usize("global_head_dim")?.unwrap_or(512);
     let global_kv = keys.opt_usize("num_global_key_value_heads")?;
     let shared = keys.opt_usize("num_kv_shared_layers")?.unwrap_or(0);
@@ -218,9 +239,9 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     let mut layers = Vec::with_capacity(n);
     for (i, &is_sliding) in sliding.iter().enumerate() {
         let (mut hd, mut kvh) = (head_dim, kv_heads);
-        match per_layer {
+        match &per_layer {
             Some(map) => {
-                if let Some(o) = map.get(&i.to_string()) {
+                if let Some(o) = map.get(&i) {
                     let field = |k: &str| -> Result<Option<usize>> {
                         match o.get(k) {
                             None | Some(Value::Null) => Ok(None),
@@ -429,6 +450,15 @@ struct Ple<B: Backend> {
     vocab: usize,
 }
 
+/// The ids of a pass's new tokens, for the per-layer inputs.
+pub(crate) enum TokenIds<'a, B: Backend> {
+    /// On the host, soft tokens standing for the pad token.
+    Host(&'a [u32]),
+    /// Held by the backend (a greedy decode step fed the last step's argmax): embedded
+    /// there, so the step is queued without waiting for them.
+    Backend(&'a B::Ids),
+}
+
 /// A loaded Gemma 4 (everything but the embedding, final norm and head, which
 /// [`crate::models::decoder::Decoder`] holds).
 pub(crate) struct Gemma4Model<B: Backend> {
@@ -569,6 +599,13 @@ impl<B: Backend> Gemma4Model<B> {
         self.params.pad_id
     }
 
+    /// Whether the per-layer inputs can embed ids the backend holds, picked from logits
+    /// `vocab` wide: the per-layer table has a row for each (else the ids are read on the
+    /// host, where those past it stand for the pad token).
+    pub(crate) fn embeds_backend_ids(&self, vocab: usize) -> bool {
+        self.ple.as_ref().is_none_or(|p| p.vocab >= vocab)
+    }
+
     /// `(kv_heads, head_dim, window)` of each cache entry of a sequence.
     pub(crate) fn cache_layout(&self) -> Vec<(usize, usize, Option<usize>)> {
         self.layers
@@ -582,7 +619,7 @@ impl<B: Backend> Gemma4Model<B> {
     }
 
     /// Runs the layers over `x` (the embedded new tokens, media rows placed; `ids` their
-    /// host ids, soft tokens standing for the pad token; rows `ranges[i]` for `caches[i]`
+    /// ids; rows `ranges[i]` for `caches[i]`
     /// at `positions`), appending to each cache; returns the residual stream after the
     /// last layer. The soft tokens of a bidirectional media item see each other on the
     /// sliding layers.
@@ -592,7 +629,7 @@ impl<B: Backend> Gemma4Model<B> {
         be: &B,
         cfg: &ModelConfig,
         mut x: B::Tensor,
-        ids: &[u32],
+        ids: TokenIds<'_, B>,
         positions: &[usize],
         caches: &mut [&mut SequenceCache<B>],
         ranges: &[Range<usize>],
@@ -603,17 +640,22 @@ impl<B: Backend> Gemma4Model<B> {
         let total: usize = ranges.iter().map(|r| r.len()).sum();
         let per_layer = match &self.ple {
             Some(p) => {
-                let ple_ids: Vec<u32> = ids
-                    .iter()
-                    .map(|&id| {
-                        if (id as usize) < p.vocab {
-                            id
-                        } else {
-                            self.params.pad_id
-                        }
-                    })
-                    .collect();
-                let tok = be.embed(&p.table, &ple_ids)?;
+                let tok = match ids {
+                    TokenIds::Host(ids) => {
+                        let ple_ids: Vec<u32> = ids
+                            .iter()
+                            .map(|&id| {
+                                if (id as usize) < p.vocab {
+                                    id
+                                } else {
+                                    self.params.pad_id
+                                }
+                            })
+                            .collect();
+                        be.embed(&p.table, &ple_ids)?
+                    }
+                    TokenIds::Backend(ids) => be.embed_ids(&p.table, ids)?,
+                };
                 let tok = be.scale(&tok, (p.dim as f32).sqrt())?;
                 let proj = be.linear(&x, &p.proj, None)?;
                 let proj = be.scale(&proj, (h as f32).powf(-0.5))?;

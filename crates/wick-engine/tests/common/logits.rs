@@ -1,7 +1,7 @@
 //! Forward passes as the reference tests run them (through a backend's `Decoder`, or the
 //! engine's `Model`), the greedy pick, and how far two sets of logits are apart.
 use wick_engine::backend::Backend;
-use wick_engine::models::decoder::{BatchItem, Decoder, SequenceCache};
+use wick_engine::models::decoder::{BatchItem, Decoder, Input, RowOutput, SequenceCache};
 use wick_engine::{KvCache, Logits, LogitsRequest, Model, Step, Want};
 
 /// Largest difference from the reference logits the text goldens allow, relative to the
@@ -121,4 +121,54 @@ pub fn assert_relative(what: &str, got: &[f32], want: &[f32], tolerance: f32) {
 /// [`assert_relative`] at the text goldens' [`TOLERANCE`], for golden `variant`.
 pub fn assert_near(variant: &str, what: &str, got: &[f32], want: &[f32]) {
     assert_relative(&format!("{variant} {what}"), got, want, TOLERANCE);
+}
+
+/// `steps` greedy tokens after each of `prompts` in lockstep with the argmax kept on the
+/// device (what `wick bench` and the scheduler's greedy batches run): each step is fed
+/// the last step's ids without the host reading them first, so Gemma 4's per-layer inputs
+/// embed ids the backend holds.
+pub fn greedy_lockstep<B: Backend>(
+    d: &Decoder<B>,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Vec<Vec<u32>> {
+    let mut caches: Vec<SequenceCache<B>> = prompts.iter().map(|_| d.new_cache()).collect();
+    let mut items: Vec<BatchItem<'_, B>> = prompts
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(p, c)| BatchItem::new(p, c, Want::Token))
+        .collect();
+    let first: Vec<u32> = d
+        .execute(&mut items, None)
+        .unwrap()
+        .into_iter()
+        .map(|o| match o {
+            RowOutput::Token(id) => id,
+            other => panic!("no token: {other:?}"),
+        })
+        .collect();
+    drop(items);
+    let mut out: Vec<Vec<u32>> = first.iter().map(|&t| vec![t]).collect();
+    let mut refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+    let be = d.backend();
+    let mut current: Option<B::Ids> = None;
+    for _ in 1..steps {
+        let input = match &current {
+            None => Input::Host(&first),
+            Some(ids) => Input::Backend(ids),
+        };
+        let next = d.decode_ids(input, &mut refs).unwrap();
+        if let Some(ids) = &current {
+            for (o, id) in out.iter_mut().zip(be.ids_to_host(ids).unwrap()) {
+                o.push(id);
+            }
+        }
+        current = Some(next);
+    }
+    if let Some(ids) = &current {
+        for (o, id) in out.iter_mut().zip(be.ids_to_host(ids).unwrap()) {
+            o.push(id);
+        }
+    }
+    out
 }

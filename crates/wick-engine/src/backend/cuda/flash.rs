@@ -50,6 +50,9 @@ pub(super) struct FlashKernel {
     pub(super) kernel: Kernel,
     /// Head size the kernel is built for (`hd` ≤ it, padded with zeros).
     pub(super) hd: usize,
+    /// Output dimensions a block makes (`hd`, or half of it for heads of 512: two blocks
+    /// a tile).
+    pub(super) hdv: usize,
     /// Keys a tile.
     pub(super) bn: usize,
     pub(super) warps: usize,
@@ -61,17 +64,18 @@ pub(super) struct FlashKernel {
 
 impl FlashKernel {
     /// The kernel for `mode`, caches of f16 (`kv_half`) or f32, heads of `hd` dimensions:
-    /// `None` when the mode is off or no kernel takes `hd` (a multiple of 8 up to 256).
+    /// `None` when the mode is off or no kernel takes `hd` (a multiple of 8 up to 512).
     pub(super) fn select(mode: FlashAttention, kv_half: bool, hd: usize) -> Option<FlashKernel> {
-        if hd == 0 || !hd.is_multiple_of(8) || hd > 256 {
+        if hd == 0 || !hd.is_multiple_of(8) || hd > 512 {
             return None;
         }
         let size = match hd {
             0..=64 => 0,
             65..=128 => 1,
-            _ => 2,
+            129..=256 => 2,
+            _ => 3,
         };
-        let hd_max = [64, 128, 256][size];
+        let hd_max = [64, 128, 256, 512][size];
         let (kernel, bn, split, kv_lo) = match (mode, kv_half) {
             (FlashAttention::Off, _) => return None,
             (FlashAttention::Fast, _) => (
@@ -79,8 +83,9 @@ impl FlashKernel {
                     Kernel::FlashFastD64,
                     Kernel::FlashFastD128,
                     Kernel::FlashFastD256,
+                    Kernel::FlashFastD512,
                 ][size],
-                [64, 64, 32][size],
+                [64, 64, 32, 32][size],
                 false,
                 false,
             ),
@@ -89,8 +94,9 @@ impl FlashKernel {
                     Kernel::FlashExactD64,
                     Kernel::FlashExactD128,
                     Kernel::FlashExactD256,
+                    Kernel::FlashExactD512,
                 ][size],
-                [64, 64, 32][size],
+                [64, 64, 32, 16][size],
                 true,
                 false,
             ),
@@ -99,20 +105,30 @@ impl FlashKernel {
                     Kernel::FlashExactLoD64,
                     Kernel::FlashExactLoD128,
                     Kernel::FlashExactLoD256,
+                    Kernel::FlashExactLoD512,
                 ][size],
-                [64, 32, 16][size],
+                [64, 32, 16, 16][size],
                 true,
                 true,
             ),
         };
+        // The exact kernel of f32 caches at 512 takes half the units to fit the shared
+        // memory (`FLASH_ENTRY_V` lines of `kernels.cu`).
+        let warps = if size == 3 && kv_lo { 2 } else { 4 };
         Some(FlashKernel {
             kernel,
             hd: hd_max,
+            hdv: hd_max.min(256),
             bn,
-            warps: 4,
+            warps,
             split,
             kv_lo,
         })
+    }
+
+    /// Blocks a tile takes (each making `hdv` of the output dimensions).
+    pub(super) fn halves(&self) -> usize {
+        self.hd / self.hdv
     }
 
     /// (row, head) units of a block.
@@ -121,12 +137,12 @@ impl FlashKernel {
     }
 
     /// Dynamic shared memory of a block (`FLASH_SHARED` of `kernels.cu`): the queries (and
-    /// their remainders), and two stages of key and value tiles (and theirs), f16 rows
-    /// padded by 8 values.
+    /// their remainders), and two stages of key tiles and tiles of the block's value
+    /// dimensions (and theirs), f16 rows padded by 8 values.
     pub(super) fn shared_bytes(&self) -> usize {
-        let q = self.units() * if self.split { 2 } else { 1 };
-        let kv = 2 * self.bn * if self.kv_lo { 4 } else { 2 };
-        (q + kv) * (self.hd + 8) * 2
+        let q = self.units() * if self.split { 2 } else { 1 } * (self.hd + 8);
+        let kv = 2 * self.bn * if self.kv_lo { 2 } else { 1 } * (self.hd + self.hdv + 16);
+        (q + kv) * 2
     }
 }
 
@@ -321,7 +337,7 @@ impl CudaBackend {
             .launch_shared(
                 fk.kernel,
                 (
-                    (kv_heads * plan.chunks) as u32,
+                    (kv_heads * plan.chunks * fk.halves()) as u32,
                     plan.tiles.len() as u32,
                     parts as u32,
                 ),
@@ -390,29 +406,38 @@ mod tests {
     }
 
     #[test]
-    fn kernels_cover_head_sizes_up_to_256_in_multiples_of_8() {
+    fn kernels_cover_head_sizes_up_to_512_in_multiples_of_8() {
         for mode in [FlashAttention::Fast, FlashAttention::Exact] {
             for half in [false, true] {
-                for hd in (8..=256).step_by(8) {
+                for hd in (8..=512).step_by(8) {
                     let k = FlashKernel::select(mode, half, hd).unwrap();
                     let padded = match hd {
                         0..=64 => 64,
                         65..=128 => 128,
-                        _ => 256,
+                        129..=256 => 256,
+                        _ => 512,
                     };
                     assert_eq!(k.hd, padded, "head size {hd}");
+                    assert_eq!(k.hdv * k.halves(), k.hd, "head size {hd}");
+                    assert!(k.hdv <= 256, "head size {hd}: {k:?}");
                     assert_eq!(k.kv_lo, mode == FlashAttention::Exact && !half);
-                    // Hopper's 227 KB a block; two blocks an SM for the fast kernels.
+                    // Hopper's 227 KB a block; two blocks an SM for the fast kernels up
+                    // to 256.
                     assert!(k.shared_bytes() <= 227 << 10, "{k:?}");
-                    if mode == FlashAttention::Fast {
+                    if mode == FlashAttention::Fast && hd <= 256 {
                         assert!(2 * k.shared_bytes() <= 228 << 10, "{k:?}");
                     }
                 }
-                for hd in [0, 12, 260, 512] {
+                for hd in [0, 12, 516, 520, 1024] {
                     assert_eq!(FlashKernel::select(mode, half, hd), None);
                 }
             }
         }
+        // Heads of 512: queries 64 × 520 f16, two stages of 32 keys × 520 and 32 values of
+        // 256 dimensions × 264.
+        let k = FlashKernel::select(FlashAttention::Fast, false, 512).unwrap();
+        assert_eq!(k.halves(), 2);
+        assert_eq!(k.shared_bytes(), (64 * 520 + 2 * 32 * (520 + 264)) * 2);
         assert_eq!(FlashKernel::select(FlashAttention::Off, true, 128), None);
         let k = FlashKernel::select(FlashAttention::Fast, false, 128).unwrap();
         // Queries 64 × 136 f16, two stages of 64-key K and V tiles.

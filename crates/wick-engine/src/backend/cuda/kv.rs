@@ -136,6 +136,26 @@ impl CudaKvLayer {
         Ok((s.k.ptr(), s.v.ptr(), at))
     }
 
+    /// The key and value addresses and the position of the last `tokens` tokens, which
+    /// an earlier layer of the pass appended (a layer reading a cache it shares).
+    pub(super) fn last_tokens(&self, tokens: usize) -> Result<(u64, u64, usize)> {
+        let at = self
+            .len
+            .checked_sub(tokens)
+            .filter(|&at| at >= self.start)
+            .ok_or_else(|| {
+                EngineError::Cache(format!(
+                    "a shared KV cache of {} tokens (first kept {}) does not hold this pass's {tokens}",
+                    self.len, self.start
+                ))
+            })?;
+        match &self.store {
+            Some(s) => Ok((s.k.ptr(), s.v.ptr(), at)),
+            None if tokens == 0 => Ok((0, 0, at)),
+            None => Err(EngineError::Cache("CUDA KV storage missing".into())),
+        }
+    }
+
     pub(super) fn from_snapshot(dev: Device, s: &KvLayerSnapshot, half: bool) -> Result<Self> {
         let stored = s.stored()?;
         let mut layer = CudaKvLayer::new(dev, s.kv_heads, s.head_dim, half, s.window);

@@ -40,6 +40,9 @@ const KERNEL_ROWS: usize = 2;
 const ROW_BLOCK_THREADS: u32 = 128;
 /// Threads of an attention block (`ATTN_WARPS` of `kernels.cu`).
 const ATTENTION_THREADS: u32 = 128;
+/// The largest head the attention kernels take (`attention_*_n16_*`, `flash_*_d512`).
+pub(crate) const MAX_HEAD_DIM: usize = 512;
+const _: () = assert!(MAX_HEAD_DIM == crate::backend::capability::CUDA.max_head_dim);
 
 pub(crate) fn cuda_err(e: wick_cuda::CudaError) -> EngineError {
     EngineError::Backend {
@@ -135,6 +138,8 @@ struct Tile {
 /// The attention kernel for `nt` dimensions per lane and `up` (row, head) units a block.
 fn attention_kernel(half: bool, nt: usize, up: usize) -> Kernel {
     match (half, nt, up) {
+        (false, 16, _) => Kernel::AttnF32N16U4,
+        (true, 16, _) => Kernel::AttnF16N16U4,
         (false, 2, 4) => Kernel::AttnF32N2U4,
         (false, 2, 8) => Kernel::AttnF32N2U8,
         (false, 2, _) => Kernel::AttnF32N2U16,
@@ -173,9 +178,14 @@ impl AttentionShape {
         let nt = match hd {
             0..=64 => 2,
             65..=128 => 4,
-            _ => 8,
+            129..=256 => 8,
+            _ => 16,
         };
-        let up_max = if nt == 8 { 8 } else { 16 };
+        let up_max = match nt {
+            16 => 4,
+            8 => 8,
+            _ => 16,
+        };
         let gc = group.clamp(1, up_max);
         let need = gc * (up_max / gc).min(seg_rows.max(1));
         let up = [4, 8, 16]
@@ -489,29 +499,40 @@ impl CudaBackend {
         Ok((buf, wtype))
     }
 
+    /// Attention of `q` over each segment's cache: after appending the segment's rows of
+    /// `new_kv` (keys, values), or, without, over a cache an earlier layer of the pass
+    /// already appended this pass's rows to (KV sharing: its last `rows.len()` tokens are
+    /// the rows'). A cache keeps every token (see `kv.rs`), so nothing is evicted.
     fn attend(
         &self,
         q: &CudaTensor,
-        k: &CudaTensor,
-        v: &CudaTensor,
+        new_kv: Option<(&CudaTensor, &CudaTensor)>,
         segments: &mut [AttentionSegment<'_, CudaKvLayer>],
         p: &AttentionParams,
         ends: Option<&[usize]>,
     ) -> Result<CudaTensor> {
         let (heads, kv_heads, hd) = (p.heads, p.kv_heads, p.head_dim);
         let total = q.rows;
-        if q.cols != heads * hd || k.cols != kv_heads * hd || v.cols != kv_heads * hd {
+        if q.cols != heads * hd {
             return Err(invalid(format!(
-                "attention: q {}x{}, k {}x{}, v {}x{} for {heads} heads / {kv_heads} KV heads of {hd}",
-                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols
+                "attention: q {}x{} for {heads} heads of {hd}",
+                q.rows, q.cols
             )));
         }
-        if k.rows != total || v.rows != total {
-            return Err(invalid("attention: q, k and v rows differ".into()));
+        if let Some((k, v)) = new_kv {
+            if k.cols != kv_heads * hd || v.cols != kv_heads * hd {
+                return Err(invalid(format!(
+                    "attention: k {}x{}, v {}x{} for {kv_heads} KV heads of {hd}",
+                    k.rows, k.cols, v.rows, v.cols
+                )));
+            }
+            if k.rows != total || v.rows != total {
+                return Err(invalid("attention: q, k and v rows differ".into()));
+            }
         }
-        if hd > 256 || kv_heads == 0 || heads % kv_heads != 0 {
+        if hd > MAX_HEAD_DIM || kv_heads == 0 || heads % kv_heads != 0 {
             return Err(invalid(format!(
-                "attention: {heads} heads over {kv_heads} KV heads of {hd} dimensions is not supported (head size at most 256)"
+                "attention: {heads} heads over {kv_heads} KV heads of {hd} dimensions is not supported (head size at most {MAX_HEAD_DIM})"
             )));
         }
         if let Some(e) = ends {
@@ -535,7 +556,10 @@ impl CudaBackend {
                     ));
                 }
                 let n = s.rows.len();
-                let (kp, vp, at) = s.cache.reserve_append(n)?;
+                let (kp, vp, at) = match new_kv {
+                    Some(_) => s.cache.reserve_append(n)?,
+                    None => s.cache.last_tokens(n)?,
+                };
                 if let Some(e) = ends {
                     let end = at + n;
                     for (i, r) in s.rows.clone().enumerate() {
@@ -569,20 +593,22 @@ impl CudaBackend {
                 }
                 None => 0,
             };
-            let row = int(kv_heads * hd, "KV row")?;
-            self.launch(
-                Kernel::KvAppend,
-                (total as u32, col_blocks(kv_heads * hd), 1),
-                256,
-                &[
-                    Arg::Ptr(k.ptr()),
-                    Arg::Ptr(v.ptr()),
-                    Arg::Ptr(segs_dev),
-                    Arg::Ptr(rows_dev),
-                    Arg::I32(row),
-                    Arg::I32(i32::from(self.kv_half)),
-                ],
-            )?;
+            if let Some((k, v)) = new_kv {
+                let row = int(kv_heads * hd, "KV row")?;
+                self.launch(
+                    Kernel::KvAppend,
+                    (total as u32, col_blocks(kv_heads * hd), 1),
+                    256,
+                    &[
+                        Arg::Ptr(k.ptr()),
+                        Arg::Ptr(v.ptr()),
+                        Arg::Ptr(segs_dev),
+                        Arg::Ptr(rows_dev),
+                        Arg::I32(row),
+                        Arg::I32(i32::from(self.kv_half)),
+                    ],
+                )?;
+            }
             let group = heads / kv_heads;
             let out = self.tensor(total, heads * hd)?;
             // Prompt chunks on the tensor cores, the other segments (decode rows) on the
@@ -1360,7 +1386,7 @@ impl Backend for CudaBackend {
         segments: &mut [AttentionSegment<'_, CudaKvLayer>],
         params: &AttentionParams,
     ) -> Result<CudaTensor> {
-        self.attend(q, k, v, segments, params, None)
+        self.attend(q, Some((k, v)), segments, params, None)
     }
 
     fn attention_to(
@@ -1372,7 +1398,22 @@ impl Backend for CudaBackend {
         params: &AttentionParams,
         ends: &[usize],
     ) -> Result<CudaTensor> {
-        self.attend(q, k, v, segments, params, Some(ends))
+        self.attend(q, Some((k, v)), segments, params, Some(ends))
+    }
+
+    fn attention_shared(
+        &self,
+        q: &CudaTensor,
+        new_kv: Option<(&CudaTensor, &CudaTensor)>,
+        segments: &mut [AttentionSegment<'_, CudaKvLayer>],
+        params: &AttentionParams,
+        evict: bool,
+        ends: Option<&[usize]>,
+    ) -> Result<CudaTensor> {
+        // The caches keep every token (a window only bounds what the kernels read), so
+        // there is nothing to evict whichever layer reads last.
+        let _ = evict;
+        self.attend(q, new_kv, segments, params, ends)
     }
 
     fn add_rows(&self, y: &CudaTensor, rows: &[usize], d: &CudaTensor) -> Result<CudaTensor> {

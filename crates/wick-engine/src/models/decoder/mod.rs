@@ -36,7 +36,7 @@ use crate::adapters::{LoraBatch, LoraWeights};
 use crate::backend::capability::{self, Support};
 use crate::backend::{Backend, KvLayerSnapshot, RopeSpec};
 use crate::config::ModelConfig;
-use crate::models::gemma4::Gemma4Model;
+use crate::models::gemma4::{Gemma4Model, TokenIds};
 use crate::models::qwen35::Hybrid;
 use crate::models::recurrent::RecurrentSnapshot;
 use crate::models::vision::{ImageRows, PassMedia};
@@ -597,14 +597,21 @@ impl<B: Backend> Decoder<B> {
                 return Err(EngineError::Unsupported(e.clone()));
             }
         }
-        // Gemma 4's per-layer inputs read the ids on the host.
+        // Gemma 4's per-layer inputs embed the ids the backend holds where its per-layer
+        // table covers every id the logits can pick; else they are read on the host (and
+        // the step waits for them).
         let host_ids;
-        let input = match (input, &self.stack) {
+        let (input, device_ids) = match (input, &self.stack) {
+            (Input::Backend(ids), LayerStack::Gemma4(g))
+                if g.embeds_backend_ids(cfg.vocab_size) =>
+            {
+                (Input::Backend(ids), Some(ids))
+            }
             (Input::Backend(ids), LayerStack::Gemma4(_)) => {
                 host_ids = be.ids_to_host(ids)?;
-                Input::Host(&host_ids)
+                (Input::Host(&host_ids), None)
             }
-            (input, _) => input,
+            (input, _) => (input, None),
         };
         let (x, ids) = self.embed_rows(input, media.as_ref(), total)?;
         let x = match &self.stack {
@@ -621,18 +628,16 @@ impl<B: Backend> Decoder<B> {
                 h.run_layers(be, x, caches, &ranges, &ropes.global)?
             }
             LayerStack::Gemma4(g) => {
-                let ids =
-                    ids.ok_or_else(|| EngineError::InvalidInput("Gemma 4 needs host ids".into()))?;
-                g.run_layers(
-                    be,
-                    cfg,
-                    x,
-                    &ids,
-                    &positions,
-                    caches,
-                    &ranges,
-                    media.as_ref(),
-                )?
+                let ids = match (&ids, device_ids) {
+                    (Some(ids), _) => TokenIds::Host(ids),
+                    (None, Some(ids)) => TokenIds::Backend(ids),
+                    (None, None) => {
+                        return Err(EngineError::InvalidInput(
+                            "Gemma 4's per-layer inputs got no token ids".into(),
+                        ))
+                    }
+                };
+                g.run_layers(be, cfg, x, ids, &positions, caches, &ranges, media.as_ref())?
             }
         };
 
