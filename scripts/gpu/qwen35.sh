@@ -13,7 +13,8 @@
 #     tokens, unless SKIP_TORCH;
 #  4. unless SKIP_AGENT, agent loops through `wick serve --backend cuda` (agent_cache.py) on
 #     the tiny Qwen 3.5 and Gemma 4 goldens with the chat templates in TEMPLATES (a folder
-#     of the llama.cpp test assets' .jinja files, carried), to $OUT/agent.jsonl.
+#     of the llama.cpp test assets' .jinja files, carried), to $OUT/agent.jsonl;
+#     AGENT_MODELS picks golden:template pairs.
 # Results: $OUT/test.log, bench.jsonl, torch.jsonl, steps.log, *.err.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -83,7 +84,7 @@ if [ -z "${SKIP_AGENT:-}" ]; then
   stamp "agent loops"
   T=${TEMPLATES:-carry/templates}
   GD=crates/wick-engine/tests/goldens/hf
-  for mt in qwen35:Qwen3.5-4B.jinja qwen35:Qwen-Qwen3-0.6B.jinja gemma4_chat:google-gemma-4-31B-it.jinja; do
+  for mt in ${AGENT_MODELS:-qwen35:Qwen3.5-4B.jinja qwen35:Qwen-Qwen3-0.6B.jinja gemma4_chat:google-gemma-4-31B-it.jinja}; do
     IFS=: read -r golden tpl <<< "$mt"
     timeout 120 python3 $G/agent_cache.py --wick $W/wick --model $GD/$golden \
       --template $T/$tpl --backend cuda 2>>$OUT/agent.err | tee -a $OUT/agent.jsonl
