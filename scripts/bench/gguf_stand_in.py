@@ -7,7 +7,8 @@ depend on the shapes and types, not on the values, so benchmarks of the stand-in
 the same work as the real model (the text it writes is noise).
 
     gguf_stand_in.py header REAL.gguf HEADER      # here: the header alone (a few MiB)
-    gguf_stand_in.py fill HEADER OUT.gguf         # there: header + tensors (needs numpy)
+    gguf_stand_in.py fill HEADER OUT.gguf         # there: header + tensors (needs numpy);
+                                                  # HEADER may be xz-compressed (.xz)
 """
 import os
 import struct
@@ -113,7 +114,11 @@ def header(src, dst):
 def fill(src, dst):
     import numpy as np
 
-    head = open(src, "rb").read()
+    if src.endswith(".xz"):
+        import lzma
+        head = lzma.open(src).read()
+    else:
+        head = open(src, "rb").read()
     tensors, start = parse(memoryview(head))
     rng = np.random.default_rng(0)
     scale = np.frombuffer(np.float16(0.0078).tobytes(), np.uint8)

@@ -86,6 +86,8 @@ def main():
     ap.add_argument("--warmup-tokens", type=int, default=2048)
     ap.add_argument("--streams", type=int, default=0,
                     help="short-prompt streams decoding while each long prompt arrives")
+    ap.add_argument("--stream-tokens", type=int, default=2000,
+                    help="tokens each stream asks for (more than it decodes meanwhile)")
     args = ap.parse_args()
     tok = transformers.AutoTokenizer.from_pretrained(args.model)
     warm, _ = prompt_of(tok, args.warmup_tokens, 0)
@@ -99,7 +101,7 @@ def main():
             stamps = []
             short, _ = prompt_of(tok, 64, 1000 * (r + 1) + i)
             th = threading.Thread(target=decode_stream,
-                                  args=(args.url, short, 100000, stamps, stop), daemon=True)
+                                  args=(args.url, short, args.stream_tokens, stamps, stop), daemon=True)
             th.start()
             streams.append((th, stamps))
         if streams:

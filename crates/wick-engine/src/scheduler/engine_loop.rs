@@ -471,11 +471,7 @@ fn plan(model: &Model, shared: &Shared, b: &mut Batch) -> Vec<Option<SequenceSte
             .step_tokens(
                 &shared.config,
                 lone_prompt_tokens(model, &shared.config),
-                match shared.config.itl_factor {
-                    Some(f) if f > 0.0 => Some(f),
-                    Some(_) => None,
-                    None => model.itl_factor(),
-                },
+                itl_factor(model, &shared.config),
                 decoding,
             )
             .saturating_sub(decoding)
@@ -691,6 +687,16 @@ fn lone_prompt_tokens(model: &Model, config: &EngineConfig) -> usize {
     })
 }
 
+/// The bound on decoding rows' inter-token gap while prompts arrive: as configured (0 is
+/// off), else the backend's preference.
+fn itl_factor(model: &Model, config: &EngineConfig) -> Option<f64> {
+    match config.itl_factor {
+        Some(f) if f > 0.0 => Some(f),
+        Some(_) => None,
+        None => model.itl_factor(),
+    }
+}
+
 /// Plans and runs one forward pass over the batch.
 fn step(model: &Model, shared: &Shared, b: &mut Batch) {
     let c = &shared.counters;
@@ -885,7 +891,12 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     let sampled_in = sampling.elapsed();
     c.sampling_nanos
         .fetch_add(sampled_in.as_nanos() as u64, Ordering::Relaxed);
-    b.pacer.observe(decoding, prefill, took.as_secs_f64());
+    b.pacer.observe(
+        itl_factor(model, &shared.config),
+        decoding,
+        prefill,
+        took.as_secs_f64(),
+    );
     if prefill == 0 && shared.config.speculative.is_some() {
         b.drafts
             .observe(step_tokens, (took + sampled_in).as_secs_f64());
