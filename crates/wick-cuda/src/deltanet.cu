@@ -449,6 +449,9 @@ extern "C" __global__ void __launch_bounds__(256)
 #define DN_TC_COLS 16                   // state columns of one block
 #define DN_TC_THREADS 128               // four warps: 4 × 16 chunk rows, 4 × 32 state rows
 #define DN_TC_STRIDE (DN_TC_COLS + 8)   // shared row stride: B reads fall in distinct banks
+static_assert(DN_TC_THREADS / 32 * 16 == DN_CHUNK, "a warp takes 16 rows of a chunk");
+static_assert(DN_TC_THREADS / 32 * 32 == DN_MAX_DIM, "a warp takes 32 rows of the state");
+static_assert(DN_TC_COLS == 16, "a warp's tiles are two 8-column fragments wide");
 
 // x as hi + lo, both tf32 (round to nearest).
 __device__ __forceinline__ void dn_split(float x, u32& hi, u32& lo) {
