@@ -7,7 +7,9 @@
 #     a random-weight bf16 model of SHAPE (make_models.py; default qwen3.5-4b; gemma4.sh runs
 #     these steps on Gemma 4's shapes) is made with transformers on the GPU (MAKE_TIMEOUT);
 #  2. `wick bench --backend cuda` on it: decode after a 512-token prompt at batch 1 and 8,
-#     and prompt speed at PROMPTS tokens;
+#     and prompt speed at PROMPTS tokens (DELTA_COMPARE=1: the prompts again with the
+#     chunked DeltaNet's state pass on the CUDA cores, WICK_CUDA_DELTA_MMA=0, to
+#     $OUT/bench_cuda_cores.jsonl);
 #  3. transformers' own decode of the same model (eager, its PyTorch DeltaNet fallbacks:
 #     the image has no flash-linear-attention), batch 1, and its prompt speed at PROMPTS
 #     tokens, unless SKIP_TORCH;
@@ -52,6 +54,15 @@ for n in ${PROMPTS:-2048 8192}; do args+=(--case $n:1:1); done
 timeout ${BENCH_TIMEOUT:-200} $W/wick bench $M --backend cuda --synthetic-prompt \
   --prefill-chunk 0 --json --warmup 1 --runs 3 "${args[@]}" 2>>$OUT/bench.err | tee -a $OUT/bench.jsonl
 tail -3 $OUT/bench.err
+if [ -n "${DELTA_COMPARE:-}" ]; then
+  # The same prompts with the chunked DeltaNet's state pass on the CUDA cores, for the
+  # ratio against the tensor-core pass above (same card, same minutes).
+  stamp "wick bench, WICK_CUDA_DELTA_MMA=0"
+  pargs=(); for n in ${PROMPTS:-2048 8192}; do pargs+=(--case $n:1:1); done
+  WICK_CUDA_DELTA_MMA=0 timeout ${BENCH_TIMEOUT:-200} $W/wick bench $M --backend cuda \
+    --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 3 "${pargs[@]}" \
+    2>>$OUT/bench.err | tee -a $OUT/bench_cuda_cores.jsonl
+fi
 if [ -z "${SKIP_TORCH:-}" ]; then
   stamp "transformers decode"
   timeout ${TORCH_TIMEOUT:-150} python3 - $M ${PROMPTS:-2048 8192} <<'EOF' 2>>$OUT/torch.err | tee -a $OUT/torch.jsonl

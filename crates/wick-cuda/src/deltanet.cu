@@ -427,6 +427,247 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int i = warp; i < kd; i += 8) Sg[(long long)i * vd + j] = S[i][lane];
 }
 
+// ---------------------------------------------------------------------------------------
+// Chunked form, step 3 on the tensor cores (`delta_chunk_state_tc`; `delta_chunk_state`
+// above is the same arithmetic on the CUDA cores, kept for comparison:
+// `WICK_CUDA_DELTA_MMA=0`).
+//
+// A block takes one (segment, value head, DN_TC_COLS state columns), so a single prompt of
+// the 4B shape (32 value heads of 128 columns) runs 256 blocks. Per chunk its four warps
+// make, with `mma.sync` m16n8k8 (tf32 inputs, f32 sums):
+//   A. V' = U − W S and Q S, warp w rows 16w … 16w + 15 of the chunk (K = key dims);
+//   B. o = e^G ⊙ (Q S) + P V' for those rows (K = the chunk's rows up to the warp's last);
+//   C. S ← e^(G_L) S + (K ⊙ e^(G_L − G))ᵀ V', warp w state rows 32w … 32w + 31.
+// The state stays f32 in the registers of C's accumulators (a copy in shared memory is the
+// B operand of A). Each operand is carried as a tf32 pair hi + lo (lo = tf32(x − hi)) and a
+// product as hi·hi + hi·lo + lo·hi, which leaves an error of about 2⁻²¹ of each product
+// (tf32 alone: 2⁻¹¹), so the result matches the CUDA-core form to f32 rounding.
+//
+// Fragments of m16n8k8 tf32, g = lane / 4, q = lane % 4: A (16 × 8) a0 (g, q), a1 (g + 8, q),
+// a2 (g, q + 4), a3 (g + 8, q + 4); B (8 × 8) b0 (q, g), b1 (q + 4, g); C (16 × 8)
+// c0 (g, 2q), c1 (g, 2q + 1), c2 (g + 8, 2q), c3 (g + 8, 2q + 1).
+#define DN_TC_COLS 16                   // state columns of one block
+#define DN_TC_THREADS 128               // four warps: 4 × 16 chunk rows, 4 × 32 state rows
+#define DN_TC_STRIDE (DN_TC_COLS + 8)   // shared row stride: B reads fall in distinct banks
+static_assert(DN_TC_THREADS / 32 * 16 == DN_CHUNK, "a warp takes 16 rows of a chunk");
+static_assert(DN_TC_THREADS / 32 * 32 == DN_MAX_DIM, "a warp takes 32 rows of the state");
+static_assert(DN_TC_COLS == 16, "a warp's tiles are two 8-column fragments wide");
+
+// x as hi + lo, both tf32 (round to nearest).
+__device__ __forceinline__ void dn_split(float x, u32& hi, u32& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+    const float rest = x - __uint_as_float(hi);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
+}
+
+// An A fragment (16 × 8) or B fragment (8 × 8) as tf32 pairs.
+struct DnA {
+    u32 hi[4], lo[4];
+};
+struct DnB {
+    u32 hi[2], lo[2];
+};
+
+__device__ __forceinline__ DnA dn_a(float a0, float a1, float a2, float a3) {
+    DnA f;
+    dn_split(a0, f.hi[0], f.lo[0]);
+    dn_split(a1, f.hi[1], f.lo[1]);
+    dn_split(a2, f.hi[2], f.lo[2]);
+    dn_split(a3, f.hi[3], f.lo[3]);
+    return f;
+}
+
+__device__ __forceinline__ DnB dn_b(float b0, float b1) {
+    DnB f;
+    dn_split(b0, f.hi[0], f.lo[0]);
+    dn_split(b1, f.hi[1], f.lo[1]);
+    return f;
+}
+
+__device__ __forceinline__ void dn_mma_tf32(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// d += a·b in split precision (the small cross products first).
+__device__ __forceinline__ void dn_mma(float (&d)[4], const DnA& a, const DnB& b) {
+    dn_mma_tf32(d, a.lo, b.hi);
+    dn_mma_tf32(d, a.hi, b.lo);
+    dn_mma_tf32(d, a.hi, b.hi);
+}
+
+extern "C" __global__ void __launch_bounds__(DN_TC_THREADS)
+    delta_chunk_state_tc(const float* __restrict__ mixed, const float* __restrict__ gc,
+                         const float* __restrict__ W, const float* __restrict__ U,
+                         const float* __restrict__ P, float* __restrict__ o_out,
+                         const DeltaSeg* __restrict__ segs, const int* __restrict__ list,
+                         const DeltaTile* __restrict__ tiles, int kh, int vh, int kd, int vd) {
+    __shared__ float S[DN_MAX_DIM][DN_TC_STRIDE];  // the state's columns (B of step A)
+    __shared__ float Vn[DN_CHUNK][DN_TC_STRIDE];   // V' (B of steps B and C)
+    // e^G and e^(G_L − G) of the chunk, two buffers: a chunk writes one while the warps
+    // still finishing the chunk before read the other.
+    __shared__ float Eg[2][DN_CHUNK], Ed[2][DN_CHUNK];
+    pdl_begin();
+    const DeltaSeg s = segs[list[blockIdx.x]];
+    const int h = blockIdx.y, hk = h / (vh / kh);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int c0 = blockIdx.z * DN_TC_COLS;
+    const long long cd = 2LL * kh * kd + (long long)vh * vd;
+    const long long qo = (long long)hk * kd, ko = (long long)(kh + hk) * kd;
+    float* Sg = (float*)s.ssm + (long long)h * kd * vd;
+
+    // The warp's state rows in C layout: sr[m][n] is the 16 × 8 tile of rows
+    // 32·warp + 16m …, columns c0 + 8n …; rows past kd and columns past vd stay 0.
+    float sr[2][2][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 32 * warp + 16 * m + g + 8 * (e >> 1);
+                const int c = 8 * n + 2 * q + (e & 1);
+                const bool ok = i < kd && c0 + c < vd;
+                sr[m][n][e] = ok ? Sg[(long long)i * vd + c0 + c] : 0.0f;
+                S[i][c] = sr[m][n][e];
+            }
+
+    for (int ci = 0; ci < s.chunks; ci++) {
+        const int tile = s.chunk0 + ci, buf = ci & 1;
+        const DeltaTile t = tiles[tile];
+        const int L = t.rows;
+        if (threadIdx.x < DN_CHUNK) {
+            const int r = threadIdx.x;
+            const float gl = gc[(long long)(t.row0 + L - 1) * vh + h];
+            const float gr = r < L ? gc[(long long)(t.row0 + r) * vh + h] : 0.0f;
+            Eg[buf][r] = r < L ? expf(gr) : 0.0f;
+            Ed[buf][r] = r < L ? expf(gl - gr) : 0.0f;
+        }
+        // S (written at the end of the chunk before) and this chunk's Eg, Ed are complete;
+        // every warp is done with the chunk before's Vn.
+        __syncthreads();
+
+        // A. The warp's rows r0 = 16·warp + g and r1 = r0 + 8 of the chunk.
+        const int r0 = 16 * warp + g, r1 = r0 + 8;
+        const bool ok0 = r0 < L, ok1 = r1 < L;
+        const long long row0 = t.row0 + r0, row1 = t.row0 + r1;
+        const float* w0 = W + (row0 * vh + h) * kd;
+        const float* w1 = W + (row1 * vh + h) * kd;
+        const float* q0 = mixed + row0 * cd + qo;
+        const float* q1 = mixed + row1 * cd + qo;
+        float av[2][4], aq[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) av[n][e] = aq[n][e] = 0.0f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < kd; k0 += 8) {
+            const int ka = k0 + q, kb = ka + 4;
+            const bool ia = ka < kd, ib = kb < kd;
+            const DnA wa = dn_a(ok0 && ia ? w0[ka] : 0.0f, ok1 && ia ? w1[ka] : 0.0f,
+                                ok0 && ib ? w0[kb] : 0.0f, ok1 && ib ? w1[kb] : 0.0f);
+            const DnA qa = dn_a(ok0 && ia ? q0[ka] : 0.0f, ok1 && ia ? q1[ka] : 0.0f,
+                                ok0 && ib ? q0[kb] : 0.0f, ok1 && ib ? q1[kb] : 0.0f);
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                // Rows of S past kd are zeros (ka, kb < 128 = DN_MAX_DIM).
+                const DnB sb = dn_b(S[ka][8 * n + g], S[kb][8 * n + g]);
+                dn_mma(av[n], wa, sb);
+                dn_mma(aq[n], qa, sb);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e < 2 ? r0 : r1, c = 8 * n + 2 * q + (e & 1);
+                const bool ok = r < L && c0 + c < vd;
+                const float u =
+                    ok ? U[(((long long)t.row0 + r) * vh + h) * vd + c0 + c] : 0.0f;
+                Vn[r][c] = ok ? u - av[n][e] : 0.0f;
+            }
+        // Vn is complete, and every warp's reads of S for this chunk are done.
+        __syncthreads();
+
+        // B. o of the warp's rows: P is lower triangular (zeros past the diagonal and in
+        // rows past L), so keys past the warp's last row add nothing.
+        const float* Pt = P + ((long long)tile * vh + h) * DN_CHUNK * DN_CHUNK;
+        float ao[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ao[n][e] = Eg[buf][e < 2 ? r0 : r1] * aq[n][e];
+        for (int k0 = 0; k0 < 16 * (warp + 1); k0 += 8) {
+            const int ka = k0 + q, kb = ka + 4;
+            const DnA pa = dn_a(Pt[r0 * DN_CHUNK + ka], Pt[r1 * DN_CHUNK + ka],
+                                Pt[r0 * DN_CHUNK + kb], Pt[r1 * DN_CHUNK + kb]);
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+                dn_mma(ao[n], pa, dn_b(Vn[ka][8 * n + g], Vn[kb][8 * n + g]));
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e < 2 ? r0 : r1, c = c0 + 8 * n + 2 * q + (e & 1);
+                if (r < L && c < vd) o_out[(((long long)t.row0 + r) * vh + h) * vd + c] = ao[n][e];
+            }
+
+        // C. The warp's state rows; rows of the chunk past L have Vn = 0 and Ed = 0.
+        const float dl = Eg[buf][L - 1];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sr[m][n][e] *= dl;
+        for (int k0 = 0; k0 < L; k0 += 8) {
+            const int ra = k0 + q, rb = ra + 4;
+            const bool oka = ra < L, okb = rb < L;
+            const float ea = Ed[buf][ra], eb = Ed[buf][rb];
+            const float* ka_row = mixed + ((long long)t.row0 + ra) * cd + ko;
+            const float* kb_row = mixed + ((long long)t.row0 + rb) * cd + ko;
+            DnB vb[2];
+#pragma unroll
+            for (int n = 0; n < 2; n++) vb[n] = dn_b(Vn[ra][8 * n + g], Vn[rb][8 * n + g]);
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                const int i0 = 32 * warp + 16 * m + g, i1 = i0 + 8;
+                const DnA ka = dn_a(oka && i0 < kd ? ka_row[i0] * ea : 0.0f,
+                                    oka && i1 < kd ? ka_row[i1] * ea : 0.0f,
+                                    okb && i0 < kd ? kb_row[i0] * eb : 0.0f,
+                                    okb && i1 < kd ? kb_row[i1] * eb : 0.0f);
+#pragma unroll
+                for (int n = 0; n < 2; n++) dn_mma(sr[m][n], ka, vb[n]);
+            }
+        }
+        // Every warp passed the barrier after step A, so none reads S any more this chunk.
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    S[32 * warp + 16 * m + g + 8 * (e >> 1)][8 * n + 2 * q + (e & 1)] =
+                        sr[m][n][e];
+    }
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = 32 * warp + 16 * m + g + 8 * (e >> 1);
+                const int c = c0 + 8 * n + 2 * q + (e & 1);
+                if (i < kd && c < vd) Sg[(long long)i * vd + c] = sr[m][n][e];
+            }
+}
+
 // Chunked form, step 4, per (chunk tile, value head): out = silu(z) · w · o / rms(o), a
 // warp per row.
 extern "C" __global__ void delta_gated_norm(const float* __restrict__ o,

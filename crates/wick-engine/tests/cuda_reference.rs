@@ -578,37 +578,8 @@ fn mix_passes<B: Backend>(
 fn qwen35_deltanet_mixer_of_real_head_sizes_matches_the_host() {
     let Some(cuda) = gpu() else { return };
     let cpu = CandleBackend::cpu();
-    let shape = DeltaShape {
-        k_heads: 2,
-        v_heads: 4,
-        k_dim: 128,
-        v_dim: 128,
-        conv_kernel: 4,
-    };
-    let cd = shape.conv_dim();
-    let conv = noise(cd * shape.conv_kernel, 1)
-        .iter()
-        .map(|w| w * 0.5)
-        .collect::<Vec<_>>();
-    // Decays per token between about 0.1 and 0.998 (by head and token): in the slow heads
-    // what earlier chunks left in the state still counts 64 tokens on.
-    let neg_a: Vec<f32> = noise(shape.v_heads, 2)
-        .iter()
-        .map(|x| -(2.0 * x - 2.0).exp())
-        .collect();
-    let dt_bias = noise(shape.v_heads, 3);
-    let norm: Vec<f32> = noise(shape.v_dim, 4)
-        .iter()
-        .map(|x| 1.0 + 0.1 * x)
-        .collect();
-    let p = DeltaParams {
-        shape,
-        conv: &conv,
-        neg_a: &neg_a,
-        dt_bias: &dt_bias,
-        norm: &norm,
-        eps: 1e-6,
-    };
+    let w = DeltaWeights::new(REAL_HEADS);
+    let p = w.params();
     let passes: [&[usize]; 4] = [
         &[1, 5, 16, 150],
         &[1, 1, 1, 1],
@@ -620,20 +591,118 @@ fn qwen35_deltanet_mixer_of_real_head_sizes_matches_the_host() {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_close("DeltaNet 128", &format!("pass {i} {:?}", passes[i]), g, w);
     }
-    for (i, (g, w)) in got_states.iter().zip(&want_states).enumerate() {
+    assert_states_close("DeltaNet 128", &got_states, &want_states);
+}
+
+/// The real models' DeltaNet head sizes: 128 key and value dimensions, two value heads per
+/// key head (the state's every register row and column block, which the tiny goldens'
+/// 16 × 24 heads do not reach).
+const REAL_HEADS: DeltaShape = DeltaShape {
+    k_heads: 2,
+    v_heads: 4,
+    k_dim: 128,
+    v_dim: 128,
+    conv_kernel: 4,
+};
+
+/// Seeded weights of one DeltaNet layer.
+struct DeltaWeights {
+    shape: DeltaShape,
+    conv: Vec<f32>,
+    neg_a: Vec<f32>,
+    dt_bias: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+impl DeltaWeights {
+    fn new(shape: DeltaShape) -> Self {
+        let conv = noise(shape.conv_dim() * shape.conv_kernel, 1)
+            .iter()
+            .map(|w| w * 0.5)
+            .collect();
+        // Decays per token between about 0.1 and 0.998 (by head and token): in the slow
+        // heads what earlier chunks left in the state still counts 64 tokens on.
+        let neg_a = noise(shape.v_heads, 2)
+            .iter()
+            .map(|x| -(2.0 * x - 2.0).exp())
+            .collect();
+        let norm = noise(shape.v_dim, 4)
+            .iter()
+            .map(|x| 1.0 + 0.1 * x)
+            .collect();
+        DeltaWeights {
+            shape,
+            conv,
+            neg_a,
+            dt_bias: noise(shape.v_heads, 3),
+            norm,
+        }
+    }
+
+    fn params(&self) -> DeltaParams<'_> {
+        DeltaParams {
+            shape: self.shape,
+            conv: &self.conv,
+            neg_a: &self.neg_a,
+            dt_bias: &self.dt_bias,
+            norm: &self.norm,
+            eps: 1e-6,
+        }
+    }
+}
+
+fn assert_states_close(what: &str, got: &[DeltaState], want: &[DeltaState]) {
+    assert_eq!(got.len(), want.len(), "{what}: sequences");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_close(
-            "DeltaNet 128",
+            what,
             &format!("sequence {i}'s convolution state"),
             &g.conv,
             &w.conv,
         );
         assert_close(
-            "DeltaNet 128",
+            what,
             &format!("sequence {i}'s delta-rule state"),
             &g.ssm,
             &w.ssm,
         );
     }
+}
+
+/// The chunked form over long segments at the real head sizes against the host's mixer:
+/// one batch of segments of 1, 63, 64, 65, 700 and 2,100 rows (a row short of, exactly at
+/// and one past a 64-token chunk, many chunks with a partial last one), then the same
+/// sequences continuing from the states that left (none of them zero) in segments of other
+/// lengths, then a decode row each. Every segment's output is compared on its own, so a
+/// failure names the pass and the segment's length.
+#[test]
+fn qwen35_deltanet_chunked_long_segments_match_the_host() {
+    let Some(cuda) = gpu() else { return };
+    let cpu = CandleBackend::cpu();
+    let w = DeltaWeights::new(REAL_HEADS);
+    let p = w.params();
+    let vt = REAL_HEADS.v_heads * REAL_HEADS.v_dim;
+    let passes: [&[usize]; 3] = [
+        &[1, 63, 64, 65, 700, 2100],
+        &[2100, 65, 130, 1, 63, 17],
+        &[1, 1, 1, 1, 1, 1],
+    ];
+    let (got, got_states) = mix_passes(&cuda, &p, &passes);
+    let (want, want_states) = mix_passes(&cpu, &p, &passes);
+    for (i, rows) in passes.iter().enumerate() {
+        let mut at = 0;
+        for (j, &r) in rows.iter().enumerate() {
+            let span = at * vt..(at + r) * vt;
+            assert_close(
+                "DeltaNet chunked",
+                &format!("pass {i} sequence {j} ({r} rows of {rows:?})"),
+                &got[i][span.clone()],
+                &want[i][span],
+            );
+            at += r;
+        }
+    }
+    assert_states_close("DeltaNet chunked", &got_states, &want_states);
 }
 
 fn flash_noise(n: usize, seed: u64) -> Vec<f32> {

@@ -26,6 +26,11 @@ const CONV_ROWS: usize = 64;
 const CHUNK: usize = 64;
 /// State columns of a chunk-state block (`DN_COLS`).
 const STATE_COLS: usize = 32;
+/// State columns of a tensor-core chunk-state block (`DN_TC_COLS`): a 4B-shape prompt's
+/// 32 value heads of 128 columns make 256 blocks.
+const TC_STATE_COLS: usize = 16;
+/// Threads of a tensor-core chunk-state block (`DN_TC_THREADS`).
+const TC_STATE_THREADS: u32 = 128;
 /// Threads of a token-by-token block (`DN_REC_THREADS`).
 const RECURRENT_THREADS: u32 = 512;
 /// Segments of at least this many rows take the chunked form (unless
@@ -440,10 +445,15 @@ impl CudaBackend {
                         Arg::I32(ivd),
                     ],
                 )?;
+                let (state, cols, threads) = if self.delta_mma {
+                    (Kernel::DeltaChunkStateTc, TC_STATE_COLS, TC_STATE_THREADS)
+                } else {
+                    (Kernel::DeltaChunkState, STATE_COLS, 256)
+                };
                 self.launch(
-                    Kernel::DeltaChunkState,
-                    (long.len() as u32, vh as u32, vd.div_ceil(STATE_COLS) as u32),
-                    256,
+                    state,
+                    (long.len() as u32, vh as u32, vd.div_ceil(cols) as u32),
+                    threads,
                     &[
                         Arg::Ptr(mixed.ptr()),
                         Arg::Ptr(gc.ptr()),

@@ -125,6 +125,9 @@ pub struct CudaBackend {
     /// Prompt segments of DeltaNet layers take the chunked form (else token by token;
     /// `WICK_CUDA_DELTA_CHUNKED=0`).
     delta_chunked: bool,
+    /// The chunked form's state pass runs on the tensor cores (else on the CUDA cores;
+    /// `WICK_CUDA_DELTA_MMA=0`).
+    delta_mma: bool,
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
@@ -290,6 +293,7 @@ impl CudaBackend {
             .unwrap_or(flash::FLASH_ROWS)
             .max(1);
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
+        let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
         Ok(CudaBackend {
             dev,
             kernel_rows,
@@ -299,6 +303,7 @@ impl CudaBackend {
             flash: FlashAttention::from_env(),
             flash_rows,
             delta_chunked,
+            delta_mma,
         })
     }
 
