@@ -157,6 +157,19 @@ kernels! {
     EmbedQ4Bf16 => "embed_q4_bf16",
     EmbedQ4F16 => "embed_q4_f16",
     EmbedQ4F32 => "embed_q4_f32",
+    MoeRoute => "moe_route",
+    MoeSort => "moe_sort",
+    MoeGluRows => "moe_glu_rows",
+    MoeCombine => "moe_combine",
+    MoeGluVecF32 => "moe_glu_vec_f32",
+    MoeGluVecF16 => "moe_glu_vec_f16",
+    MoeGluVecBf16 => "moe_glu_vec_bf16",
+    MoeDownVecF32 => "moe_down_vec_f32",
+    MoeDownVecF16 => "moe_down_vec_f16",
+    MoeDownVecBf16 => "moe_down_vec_bf16",
+    MoeGroupedF32 => "moe_grouped_f32",
+    MoeGroupedF16 => "moe_grouped_f16",
+    MoeGroupedBf16 => "moe_grouped_bf16",
     // deltanet.cu
     DeltaConv => "delta_conv",
     DeltaRecurrent => "delta_recurrent",
@@ -1238,6 +1251,12 @@ mod tests {
         }
     }
 
+    /// The experts' decode products (`moe_glu_vec_*`, `moe_down_vec_*`): one row a block, as
+    /// the one-row product kernels.
+    fn moe_vec(name: &str) -> bool {
+        name.starts_with("moe_glu_vec_") || name.starts_with("moe_down_vec_")
+    }
+
     /// Registers and bytes spilled of every kernel, as ptxas (through NVRTC, no GPU
     /// needed) reports them for sm_90.
     fn ptxas_report() -> Vec<(String, usize, usize)> {
@@ -1282,8 +1301,9 @@ mod tests {
     /// The few-row product kernels run at the bandwidth limit only with enough blocks per
     /// SM: with the registers of eight rows in a one-row kernel (255, spilling) the 4-bit
     /// products ran at a quarter of it on the H200. At least three blocks must fit an SM's
-    /// registers. The attention kernels (every head size up to 512) and the DeltaNet
-    /// tensor-core kernels must not spill either.
+    /// registers (the experts' decode mat-vecs too). The attention kernels (every head size
+    /// up to 512), the DeltaNet tensor-core kernels and the other mixture-of-experts kernels
+    /// must not spill either.
     #[test]
     fn products_and_attention_kernels_fit_their_registers_without_spills() {
         // SAFETY: probing whether the library can be opened.
@@ -1293,19 +1313,24 @@ mod tests {
         }
         let mut few_rows = 0;
         let mut attention = 0;
+        let mut experts = 0;
         for (name, regs, spills) in ptxas_report() {
-            let few = (name.starts_with("linear_") || name.starts_with("glu_"))
-                && (name.ends_with("_r1") || name.ends_with("_r2"));
+            let moe = name.starts_with("moe_");
+            let few = (name.starts_with("linear_") || name.starts_with("glu_") || moe_vec(&name))
+                && (name.ends_with("_r1") || name.ends_with("_r2") || moe_vec(&name));
             let attends = name.starts_with("attention_f")
                 || name.starts_with("flash_")
                 || name == "delta_chunk_state_tc";
-            if !few && !attends {
+            if !few && !attends && !moe {
                 continue;
             }
             eprintln!("{name}: {regs} registers, {spills} bytes spilled");
             assert_eq!(spills, 0, "{name} spills {spills} bytes");
-            if attends {
-                attention += 1;
+            if moe {
+                experts += 1;
+            }
+            if attends || (moe && !few) {
+                attention += usize::from(attends);
                 continue;
             }
             // Registers go to a warp in units of 256; 65,536 per SM.
@@ -1316,10 +1341,11 @@ mod tests {
             );
             few_rows += 1;
         }
-        assert_eq!(few_rows, 36, "one- and two-row product kernels in the log");
+        assert_eq!(few_rows, 42, "one- and two-row product kernels in the log");
         assert_eq!(
             attention, 31,
             "attention, flash and DeltaNet tensor-core kernels in the log"
         );
+        assert_eq!(experts, 13, "mixture-of-experts kernels in the log");
     }
 }

@@ -842,6 +842,302 @@ extern "C" __global__ void scatter_add_rows(float* y, const u32* idx, const floa
 }
 
 // ---------------------------------------------------------------------------------------
+// Mixture of experts, routed on the device. A layer's experts are stacked: `[gate; up]` of
+// expert e is rows e·2I .. (e+1)·2I of `[E·2I, H]`, its down projection rows e·H .. (e+1)·H
+// of `[E·H, I]`. Row r's k routed experts are slots r·k .. r·k + k, in rank order: `ids`
+// and `weights` `[n, k]`. Nothing here depends on the routing but the data read, so a
+// decode step's launches are the same every step (graph replay).
+
+#define MOE_MAX_EXPERTS 4096
+
+// The better of two (probability, expert) candidates: the larger, the lower index among
+// equals (a NaN never wins).
+__device__ __forceinline__ void moe_better(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+// Gemma 4's router, one block per row of `logits` [n, E]: softmax, the k most probable
+// (the earlier expert first among equals), their probabilities renormalised to sum to one,
+// each times its expert's `scale`. Blocks of 256 threads.
+extern "C" __global__ void __launch_bounds__(256) moe_route(const float* __restrict__ logits,
+                                                         const float* __restrict__ scale,
+                                                         int* __restrict__ ids,
+                                                         float* __restrict__ weights, int E,
+                                                         int k) {
+    __shared__ float p[MOE_MAX_EXPERTS];
+    __shared__ float best_v[8];
+    __shared__ int best_i[8];
+    __shared__ float stat;
+    pdl_begin();
+    const float* l = logits + (u64)blockIdx.x * E;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // The maximum (as a sum's block reduction, with max).
+    float m = -WICK_INF;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, l[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) best_v[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = best_v[0];
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) t = fmaxf(t, best_v[w]);
+        stat = t;
+    }
+    __syncthreads();
+    m = stat;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        float v = expf(l[i] - m);
+        p[i] = v;
+        s += v;
+    }
+    s = block_sum(s);
+    for (int i = threadIdx.x; i < E; i += blockDim.x) p[i] = p[i] / s;
+    __syncthreads();
+    int* row_ids = ids + (u64)blockIdx.x * k;
+    float* row_w = weights + (u64)blockIdx.x * k;
+    for (int kk = 0; kk < k; kk++) {
+        float v = -WICK_INF;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) moe_better(v, bi, p[i], i);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            moe_better(v, bi, v2, i2);
+        }
+        if (lane == 0) {
+            best_v[warp] = v;
+            best_i[warp] = bi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < (int)(blockDim.x >> 5); w++) moe_better(v, bi, best_v[w], best_i[w]);
+            if (bi >= E) {
+                // Only NaNs (or picked experts) left: the first expert not yet picked.
+                bi = 0;
+                while (bi < E - 1 && p[bi] == -WICK_INF) bi++;
+                v = 0.0f;
+            }
+            row_ids[kk] = bi;
+            row_w[kk] = v;
+            p[bi] = -WICK_INF;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int kk = 0; kk < k; kk++) total += row_w[kk];
+        for (int kk = 0; kk < k; kk++) row_w[kk] = row_w[kk] / total * scale[row_ids[kk]];
+    }
+}
+
+__device__ __forceinline__ int moe_expert(const int* ids, int s, int E) {
+    return min(max(ids[s], 0), E - 1);
+}
+
+// Decode rows, one mat-vec per routed slot: h[s, i] = act(gate_e,i · x[s / k]) ·
+// (up_e,i · x[s / k]) with e = ids[s]; a block per (i, s), grid (I, n·k). Only the routed
+// experts' rows are read.
+template <typename T>
+__device__ void moe_glu_vec(const float* __restrict__ x, const T* __restrict__ w,
+                            const int* __restrict__ ids, float* __restrict__ h, int k, int in,
+                            int width, int E, int act_kind) {
+    int i = blockIdx.x, s = blockIdx.y;
+    pdl_begin();
+    int e = moe_expert(ids, s, E);
+    const T* w0 = w + ((u64)e * 2 * width + i) * in;
+    const T* w1 = w0 + (u64)width * in;
+    Outputs dst(h + (u64)s * width, nullptr, width, i, act_kind);
+    DensePass<T> pass = {x + (u64)(s / k) * in, w0, w1, in, dst};
+    pass.template run<1>(0);
+}
+
+// Decode rows' down projections and their weighted sum: y[r, o] = Σ_kk weights[r, kk] ·
+// (down_e,o · h[r·k + kk]) with e = ids[r, kk], outputs o and o + 1 a block, grid
+// (⌈H / 2⌉, n). A block's threads weight their parts of each slot's dot product, so the
+// block's one sum is the row's.
+template <typename T>
+__device__ void moe_down_vec(const float* __restrict__ h, const T* __restrict__ w,
+                             const int* __restrict__ ids, const float* __restrict__ weights,
+                             float* __restrict__ y, int k, int in, int out, int E) {
+    int o = 2 * blockIdx.x, r = blockIdx.y;
+    if (o >= out) return;
+    pdl_begin();
+    bool second = o + 1 < out;
+    float s0 = 0.0f, s1 = 0.0f;
+    for (int kk = 0; kk < k; kk++) {
+        int slot = r * k + kk;
+        int e = moe_expert(ids, slot, E);
+        float g = weights[slot];
+        const T* w0 = w + ((u64)e * out + o) * in;
+        float a0[1], a1[1];
+        dense_part<T, 1>(h + (u64)slot * in, w0, second ? w0 + in : w0, in, a0, a1);
+        s0 = fmaf(g, a0[0], s0);
+        s1 = fmaf(g, a1[0], s1);
+    }
+    Outputs dst(y + (u64)r * out, nullptr, out, o);
+    dst.template store<1>(&s0, &s1, 0);
+}
+
+// Prompt chunks and batches: the slots sorted by expert and multiplied a tile of slots of
+// one expert at a time. One block of 1024 threads: `order` [n·k] lists the slots expert by
+// expert, and `tiles` [max, 3] each expert's runs of at most MOE_TM of them (expert, first
+// position in `order`, count), `tiles_n[0]` of them.
+#define MOE_TM 64
+#define MOE_TN 64
+#define MOE_TK 16
+
+extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* __restrict__ ids,
+                                                         int* __restrict__ order,
+                                                         int* __restrict__ tiles,
+                                                         int* __restrict__ tiles_n, int nk,
+                                                         int E) {
+    __shared__ int count[MOE_MAX_EXPERTS];
+    __shared__ int cursor[MOE_MAX_EXPERTS];
+    pdl_begin();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < nk; s += blockDim.x) atomicAdd(&count[moe_expert(ids, s, E)], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int at = 0, t = 0;
+        for (int e = 0; e < E; e++) {
+            cursor[e] = at;
+            for (int p = 0; p < count[e]; p += MOE_TM) {
+                tiles[3 * t] = e;
+                tiles[3 * t + 1] = at + p;
+                tiles[3 * t + 2] = min(MOE_TM, count[e] - p);
+                t++;
+            }
+            at += count[e];
+        }
+        tiles_n[0] = t;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < nk; s += blockDim.x)
+        order[atomicAdd(&cursor[moe_expert(ids, s, E)], 1)] = s;
+}
+
+// out[order[p], c] = a[order[p] / a_div] · w[e·per + c] for the positions p of tile
+// blockIdx.x (expert e) and the MOE_TN columns c of blockIdx.y (`per` columns a slot, `in`
+// inputs). Blocks of 256 threads, each making 4 × 4 outputs; past `tiles_n[0]` a block
+// does nothing.
+template <typename T>
+__device__ void moe_grouped(const float* __restrict__ a, const int* __restrict__ order,
+                            const int* __restrict__ tiles, const int* __restrict__ tiles_n,
+                            const T* __restrict__ w, float* __restrict__ out, int a_div,
+                            int per, int in) {
+    __shared__ float as[MOE_TK][MOE_TM + 4];
+    __shared__ float ws[MOE_TK][MOE_TN + 4];
+    pdl_begin();
+    int t = blockIdx.x;
+    if (t >= tiles_n[0]) return;
+    int e = tiles[3 * t], p0 = tiles[3 * t + 1], len = tiles[3 * t + 2];
+    int c0 = blockIdx.y * MOE_TN;
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    // Loads: thread (row lr + 16j, input kk) of both tiles.
+    int kk = threadIdx.x & 15, lr = threadIdx.x >> 4;
+    const float* arow[4];
+    const T* wrow[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int m = lr + 16 * j;
+        arow[j] = m < len ? a + (u64)(order[p0 + m] / a_div) * in : nullptr;
+        int c = c0 + m;
+        wrow[j] = c < per ? w + ((u64)e * per + c) * in : nullptr;
+    }
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < in; k0 += MOE_TK) {
+        int col = k0 + kk;
+        bool inside = col < in;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            as[kk][lr + 16 * j] = arow[j] && inside ? arow[j][col] : 0.0f;
+            ws[kk][lr + 16 * j] = wrow[j] && inside ? to_f32(wrow[j][col]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < MOE_TK; q++) {
+            float av[4], wv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                av[i] = as[q][ty * 4 + i];
+                wv[i] = ws[q][tx * 4 + i];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], wv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int m = ty * 4 + i;
+        if (m >= len) continue;
+        float* o = out + (u64)order[p0 + m] * per;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int c = c0 + tx * 4 + j;
+            if (c < per) o[c] = acc[i][j];
+        }
+    }
+}
+
+// h[s, i] = act(gu[s, i]) · gu[s, width + i] for the n·k slots' fused gate and up outputs.
+extern "C" __global__ void moe_glu_rows(const float* __restrict__ gu, float* __restrict__ h,
+                                        long long n, int width, int act_kind) {
+    pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long s = i / width, c = i % width;
+        const float* g = gu + s * 2 * width;
+        h[i] = act(g[c], act_kind) * g[width + c];
+    }
+}
+
+// y[r, c] = Σ_kk weights[r, kk] · ys[r·k + kk, c]; grid (n, column blocks of 256).
+extern "C" __global__ void moe_combine(const float* __restrict__ ys,
+                                       const float* __restrict__ weights,
+                                       float* __restrict__ y, int k, int cols) {
+    pdl_begin();
+    int c = col();
+    if (c >= cols) return;
+    u64 r = blockIdx.x;
+    float s = 0.0f;
+    for (int kk = 0; kk < k; kk++) s = fmaf(weights[r * k + kk], ys[(r * k + kk) * cols + c], s);
+    y[r * cols + c] = s;
+}
+
+#define MOE_ENTRIES(T, TN)                                                                     \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) moe_glu_vec_##TN(                 \
+        const float* x, const T* w, const int* ids, float* h, int k, int in, int width, int E, \
+        int act_kind) {                                                                        \
+        moe_glu_vec<T>(x, w, ids, h, k, in, width, E, act_kind);                               \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) moe_down_vec_##TN(                \
+        const float* h, const T* w, const int* ids, const float* weights, float* y, int k,     \
+        int in, int out, int E) {                                                              \
+        moe_down_vec<T>(h, w, ids, weights, y, k, in, out, E);                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) moe_grouped_##TN(                        \
+        const float* a, const int* order, const int* tiles, const int* tiles_n, const T* w,    \
+        float* out, int a_div, int per, int in) {                                              \
+        moe_grouped<T>(a, order, tiles, tiles_n, w, out, a_div, per, in);                      \
+    }
+MOE_ENTRIES(float, f32)
+MOE_ENTRIES(F16, f16)
+MOE_ENTRIES(Bf16, bf16)
+
+// ---------------------------------------------------------------------------------------
 // Attention over per-sequence caches. A segment is one sequence's rows of the flattened
 // batch and its cache: keys and values `[capacity][kv_heads][hd]`, f32 or f16.
 

@@ -51,8 +51,15 @@ fn bench(c: &mut Criterion) {
     let be = CandleBackend::cpu();
     let gate_up = f16_weight("gate_up", vec![EXPERTS, 2 * INNER, HIDDEN], 1);
     let down = f16_weight("down", vec![EXPERTS, HIDDEN, INNER], 2);
-    let (experts, _) =
-        Experts::upload(&be, &gate_up, &down, Activation::GeluTanh).expect("experts");
+    let (experts, _) = Experts::upload(
+        &be,
+        &gate_up,
+        &down,
+        vec![1.0; EXPERTS],
+        TOP_K,
+        Activation::GeluTanh,
+    )
+    .expect("experts");
     drop((gate_up, down));
     let mut group = c.benchmark_group("gemma4_moe_8_sequences");
     group.sample_size(10);

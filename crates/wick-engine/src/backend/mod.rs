@@ -19,6 +19,7 @@ use wick_gguf::GgmlType;
 
 use crate::kv_pool::{BlockLease, BlockPool};
 pub use crate::models::deltanet::{DeltaParams, DeltaShape, DeltaState};
+pub use crate::models::moe::{Experts, MoeTensors};
 use crate::weights::AffineWeight;
 /// Weights as files hold them (moved to [`crate::weights`]; named here too for the
 /// backends' implementations).
@@ -652,6 +653,42 @@ pub trait Backend: Send + Sync + 'static {
     {
         let _ = uploaded;
         crate::models::deltanet::mix_on_host(self, p, x, segments)
+    }
+    /// Uploads a mixture-of-experts layer's experts for [`Backend::moe`], once at load:
+    /// `gate_up` `[experts, 2 * intermediate, hidden]` and `down` `[experts, hidden,
+    /// intermediate]` (float types), and each expert's output scale. Backends that run the
+    /// experts one by one from the host's routing (the default) keep none, and the layer
+    /// uploads one matrix per expert.
+    fn moe_weights(
+        &self,
+        gate_up: &HostWeight<'_>,
+        down: &HostWeight<'_>,
+        per_expert_scale: &[f32],
+    ) -> Result<Option<MoeTensors<Self>>>
+    where
+        Self: Sized,
+    {
+        let _ = (gate_up, down, per_expert_scale);
+        Ok(None)
+    }
+    /// The experts of a mixture-of-experts layer on `x` `[rows, hidden]`, routed by the
+    /// router's `logits` `[rows, experts]` as [`crate::models::moe::Routing::softmax_top_k`]
+    /// does (softmax, the `top_k` most probable, renormalised, times each expert's scale):
+    /// each row's weighted sum of its experts' gated MLPs, `[rows, hidden]`. By default on
+    /// the host ([`Experts::forward_on_host`]: the logits read back, the experts run one
+    /// after another on the rows routed to them), which needs host activations
+    /// ([`Backend::tensor_from_host`]).
+    fn moe(
+        &self,
+        experts: &Experts<Self>,
+        x: &Self::Tensor,
+        logits: &Self::Tensor,
+        rows: usize,
+    ) -> Result<Self::Tensor>
+    where
+        Self: Sized,
+    {
+        experts.forward_on_host(self, x, logits, rows)
     }
     /// `x · sigmoid(gate)` elementwise for `x` and `gate` of `shape` (rows, columns): an
     /// attention layer's output gate (Qwen 3.5). By default on the host, which needs

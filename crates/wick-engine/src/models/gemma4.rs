@@ -31,7 +31,7 @@ use crate::config::gemma4::{Gemma4Layer, Gemma4Params, MoeShape};
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::models::decoder::cache::SequenceCache;
 use crate::models::decoder::loader::Loader;
-use crate::models::moe::{Experts, Routing};
+use crate::models::moe::Experts;
 use crate::models::vision::PassMedia;
 use crate::models::{llama, Arch};
 use crate::{EngineError, Result};
@@ -403,9 +403,7 @@ struct MoeBlock<B: Backend> {
     router: B::Matrix,
     /// The router's input norm weight: its `scale` times `hidden^-0.5`.
     router_norm: B::Tensor,
-    per_expert_scale: Vec<f32>,
     experts: Experts<B>,
-    top_k: usize,
     post_dense_norm: B::Tensor,
     pre_norm: B::Tensor,
     post_norm: B::Tensor,
@@ -723,18 +721,8 @@ impl<B: Backend> Gemma4Model<B> {
                 let dense = be.rms_norm(&m, &moe.post_dense_norm, eps)?;
                 let r = be.rms_norm(&x, &moe.router_norm, eps)?;
                 let logits = be.linear(&r, &moe.router, None)?;
-                let logits = be
-                    .rows_to_host(&logits, &[total])?
-                    .pop()
-                    .unwrap_or_default();
-                let routing = Routing::softmax_top_k(
-                    &logits,
-                    moe.experts.len(),
-                    moe.top_k,
-                    &moe.per_expert_scale,
-                )?;
                 let e_in = be.rms_norm(&x, &moe.pre_norm, eps)?;
-                let e_out = moe.experts.forward_grouped(be, &e_in, &routing)?;
+                let e_out = be.moe(&moe.experts, &e_in, &logits, total)?;
                 let e_out = be.rms_norm(&e_out, &moe.post_norm, eps)?;
                 m = be.add(&dense, &e_out)?;
             }
@@ -781,14 +769,19 @@ fn load_moe<B: Backend>(
     ld.check(&gate_up, &[m.experts, 2 * m.intermediate, h])?;
     let down = ld.required(&name("ffn_down_exps.weight"))?;
     ld.check(&down, &[m.experts, h, m.intermediate])?;
-    let (experts, bytes) = Experts::upload(ld.backend, &gate_up, &down, activation)?;
+    let (experts, bytes) = Experts::upload(
+        ld.backend,
+        &gate_up,
+        &down,
+        per_expert_scale,
+        m.top_k,
+        activation,
+    )?;
     ld.bytes += bytes;
     Ok(MoeBlock {
         router,
         router_norm,
-        per_expert_scale,
         experts,
-        top_k: m.top_k,
         post_dense_norm: ld.required_norm(&name("post_ffw_norm_1.weight"), h)?,
         pre_norm: ld.required_norm(&name("pre_ffw_norm_2.weight"), h)?,
         post_norm: ld.required_norm(&name("post_ffw_norm_2.weight"), h)?,

@@ -1,7 +1,10 @@
 //! Mixture-of-experts feed-forward blocks: routing (softmax, top-k, renormalised weights)
-//! and the expert products, run gather-style: the rows routed to one expert are gathered
-//! and multiplied together, so each expert's weights are read once per forward pass
-//! instead of once per token.
+//! and the expert products. A backend runs them through [`Backend::moe`]; by default
+//! (here, [`Experts::forward_on_host`]) the router's logits are read to the host, routed
+//! there, and the experts run gather-style: the rows routed to one expert are gathered and
+//! multiplied together, so each expert's weights are read once per forward pass instead of
+//! once per token. A backend that routes on the device keeps the experts stacked
+//! ([`Backend::moe_weights`], [`MoeTensors`]) instead of one matrix each.
 use std::borrow::Cow;
 
 use wick_gguf::GgmlType;
@@ -78,11 +81,29 @@ impl Routing {
     }
 }
 
+/// A layer's experts as a backend that routes on the device keeps them
+/// ([`Backend::moe_weights`]).
+pub struct MoeTensors<B: Backend> {
+    /// Every expert's `[gate; up]`, stacked: `[experts * 2 * intermediate, hidden]`.
+    pub gate_up: B::Matrix,
+    /// Every expert's down projection, stacked: `[experts * hidden, intermediate]`.
+    pub down: B::Matrix,
+    /// The per-expert output scale, `[1, experts]`.
+    pub scale: B::Tensor,
+}
+
 /// The experts of one layer: each a gated MLP `down(act(gate(x)) * up(x))`, with gate and
-/// up stacked in one matrix `[2 * intermediate, hidden]`.
+/// up stacked in one matrix `[2 * intermediate, hidden]`, and the router's choice of
+/// `top_k` of them per row ([`Routing::softmax_top_k`]).
 pub struct Experts<B: Backend> {
+    /// One matrix per expert (empty where the backend keeps them stacked).
     gate_up: Vec<B::Matrix>,
     down: Vec<B::Matrix>,
+    /// The backend's stacked copy, where it routes on the device.
+    stacked: Option<MoeTensors<B>>,
+    n_experts: usize,
+    top_k: usize,
+    per_expert_scale: Vec<f32>,
     hidden: usize,
     intermediate: usize,
     activation: Activation,
@@ -114,11 +135,16 @@ fn expert_slice<'a>(w: &'a HostWeight<'_>, e: usize) -> Result<HostWeight<'a>> {
 impl<B: Backend> Experts<B> {
     /// Uploads stacked expert weights: `gate_up` `[experts, 2 * intermediate, hidden]` and
     /// `down` `[experts, hidden, intermediate]` (float types; shapes checked by the
-    /// caller). Returns the experts and the bytes their matrices take.
+    /// caller), routed `top_k` to a row with each expert's output times its
+    /// `per_expert_scale`. The backend keeps them stacked where it routes on the device
+    /// ([`Backend::moe_weights`]), else one matrix per expert. Returns the experts and the
+    /// bytes their matrices take.
     pub fn upload(
         be: &B,
         gate_up: &HostWeight<'_>,
         down: &HostWeight<'_>,
+        per_expert_scale: Vec<f32>,
+        top_k: usize,
         activation: Activation,
     ) -> Result<(Self, usize)> {
         let bad = |what: String| EngineError::InvalidInput(format!("expert weights: {what}"));
@@ -135,6 +161,27 @@ impl<B: Backend> Experts<B> {
                 gate_up.shape, down.shape
             )));
         }
+        if per_expert_scale.len() != n || top_k == 0 || top_k > n {
+            return Err(bad(format!(
+                "{} per-expert scales and top {top_k} for {n} experts",
+                per_expert_scale.len()
+            )));
+        }
+        if let Some(t) = be.moe_weights(gate_up, down, &per_expert_scale)? {
+            let bytes = be.matrix_bytes(&t.gate_up) + be.matrix_bytes(&t.down);
+            let experts = Experts {
+                gate_up: Vec::new(),
+                down: Vec::new(),
+                stacked: Some(t),
+                n_experts: n,
+                top_k,
+                per_expert_scale,
+                hidden,
+                intermediate,
+                activation,
+            };
+            return Ok((experts, bytes));
+        }
         let mut bytes = 0;
         let mut up_mats = Vec::with_capacity(n);
         let mut down_mats = Vec::with_capacity(n);
@@ -150,6 +197,10 @@ impl<B: Backend> Experts<B> {
             Experts {
                 gate_up: up_mats,
                 down: down_mats,
+                stacked: None,
+                n_experts: n,
+                top_k,
+                per_expert_scale,
                 hidden,
                 intermediate,
                 activation,
@@ -160,15 +211,67 @@ impl<B: Backend> Experts<B> {
 
     /// Number of experts.
     pub fn len(&self) -> usize {
-        self.down.len()
+        self.n_experts
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.down.is_empty()
+        self.n_experts == 0
+    }
+
+    /// Experts per row.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Each expert's output scale.
+    pub fn per_expert_scale(&self) -> &[f32] {
+        &self.per_expert_scale
+    }
+
+    /// The hidden size (each expert's input and output width).
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Each expert's inner width.
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+
+    /// The gate's activation.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// The backend's stacked copy ([`Backend::moe_weights`]), where it made one.
+    pub fn stacked(&self) -> Option<&MoeTensors<B>> {
+        self.stacked.as_ref()
+    }
+
+    /// [`Backend::moe`] on the host: the logits `[rows, experts]` read back, routed by
+    /// [`Routing::softmax_top_k`], and the experts run by [`Experts::forward_grouped`].
+    pub fn forward_on_host(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        logits: &B::Tensor,
+        rows: usize,
+    ) -> Result<B::Tensor> {
+        let logits = be.rows_to_host(logits, &[rows])?.pop().unwrap_or_default();
+        let routing =
+            Routing::softmax_top_k(&logits, self.n_experts, self.top_k, &self.per_expert_scale)?;
+        self.forward_grouped(be, x, &routing)
     }
 
     fn check(&self, routing: &Routing) -> Result<()> {
+        if self.gate_up.len() != self.n_experts {
+            return Err(EngineError::Backend {
+                backend: "moe",
+                message: "the experts are stacked on the device; they run through Backend::moe"
+                    .into(),
+            });
+        }
         if let Some(&e) = routing.experts.iter().find(|&&e| e >= self.len()) {
             return Err(EngineError::InvalidInput(format!(
                 "routed to expert {e} of {}",
@@ -291,10 +394,12 @@ mod tests {
         let (n, h, i, rows, k) = (6, 16, 8, 9, 2);
         let gu = weight("gate_up", vec![n, 2 * i, h], &noise(1, n * 2 * i * h));
         let down = weight("down", vec![n, h, i], &noise(2, n * h * i));
-        let (experts, _) = Experts::upload(&be, &gu, &down, Activation::GeluTanh).unwrap();
+        let scale = vec![1.5; n];
+        let (experts, _) =
+            Experts::upload(&be, &gu, &down, scale.clone(), k, Activation::GeluTanh).unwrap();
         let x = be.tensor_from_host(noise(3, rows * h), rows, h).unwrap();
         let logits = noise(4, rows * n);
-        let routing = Routing::softmax_top_k(&logits, n, k, &[1.5; 6]).unwrap();
+        let routing = Routing::softmax_top_k(&logits, n, k, &scale).unwrap();
         let a = experts.forward_grouped(&be, &x, &routing).unwrap();
         let b = experts.forward_per_token(&be, &x, &routing).unwrap();
         let (a, b) = (a.data(), b.data());
@@ -308,5 +413,41 @@ mod tests {
             weights: vec![1.0],
         };
         assert!(experts.forward_grouped(&be, &x, &bad).is_err());
+    }
+
+    /// [`Backend::moe`]'s default (what the CPU and MLX backends run) is the path Gemma 4
+    /// took before the op existed: the logits routed on the host, each row's experts run
+    /// one at a time and summed with their weights.
+    #[test]
+    fn the_default_moe_op_equals_host_routing_and_the_per_token_loop() {
+        let be = CandleBackend::cpu();
+        let (n, h, i, rows, k) = (8, 24, 12, 5, 3);
+        let gu = weight("gate_up", vec![n, 2 * i, h], &noise(5, n * 2 * i * h));
+        let down = weight("down", vec![n, h, i], &noise(6, n * h * i));
+        let scale: Vec<f32> = noise(7, n).iter().map(|s| 1.0 + s).collect();
+        let (experts, _) =
+            Experts::upload(&be, &gu, &down, scale.clone(), k, Activation::Silu).unwrap();
+        assert!(
+            experts.stacked().is_none(),
+            "the CPU keeps one matrix per expert"
+        );
+        let x = be.tensor_from_host(noise(8, rows * h), rows, h).unwrap();
+        let raw = noise(9, rows * n);
+        let logits = be.tensor_from_host(raw.clone(), rows, n).unwrap();
+        let got = be.moe(&experts, &x, &logits, rows).unwrap();
+        let routing = Routing::softmax_top_k(&raw, n, k, &scale).unwrap();
+        let want = experts.forward_per_token(&be, &x, &routing).unwrap();
+        let (got, want) = (got.data(), want.data());
+        assert_eq!(got.len(), rows * h);
+        assert!(want.iter().any(|v| v.abs() > 1e-3));
+        for (a, b) in got.iter().zip(want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        // A router of the wrong width is refused, not misread.
+        let narrow = be.tensor_from_host(noise(10, rows * 3), rows, 3).unwrap();
+        assert!(be.moe(&experts, &x, &narrow, rows).is_err());
+        // The scales and top-k are checked at upload.
+        assert!(Experts::upload(&be, &gu, &down, vec![1.0; n - 1], k, Activation::Silu).is_err());
+        assert!(Experts::upload(&be, &gu, &down, scale, n + 1, Activation::Silu).is_err());
     }
 }

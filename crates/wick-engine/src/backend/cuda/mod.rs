@@ -13,6 +13,7 @@ mod affine;
 mod deltanet;
 mod flash;
 mod kv;
+mod moe;
 
 use std::sync::Arc;
 
@@ -1347,6 +1348,28 @@ impl Backend for CudaBackend {
             invalid("delta_net: the layer's vectors were not uploaded (delta_weights)".into())
         })?;
         self.delta_mix(p, w, x, segments)
+    }
+
+    fn moe_weights(
+        &self,
+        gate_up: &HostWeight<'_>,
+        down: &HostWeight<'_>,
+        per_expert_scale: &[f32],
+    ) -> Result<Option<crate::backend::MoeTensors<Self>>> {
+        self.moe_upload(gate_up, down, per_expert_scale)
+    }
+
+    fn moe(
+        &self,
+        experts: &crate::backend::Experts<Self>,
+        x: &CudaTensor,
+        logits: &CudaTensor,
+        rows: usize,
+    ) -> Result<CudaTensor> {
+        match experts.stacked() {
+            Some(t) => self.moe_device(experts, t, x, logits, rows),
+            None => experts.forward_on_host(self, x, logits, rows),
+        }
     }
 
     fn sigmoid_gate(
