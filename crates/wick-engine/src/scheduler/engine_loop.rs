@@ -48,6 +48,10 @@ struct Batch {
     drafts: DraftBudget,
     /// The steps' measured costs, which size prompt chunks beside decoding rows.
     pacer: PromptPacer,
+    /// When the last step began, with its decode rows and prompt tokens: the time to the
+    /// next step's beginning is what its rows waited (a step's pass runs on a GPU while
+    /// the host already plans the next one, so the pass's own call returns early).
+    last_step: Option<(Instant, usize, usize)>,
 }
 
 impl Batch {
@@ -146,7 +150,10 @@ fn serve(model: &Model, shared: &Shared, b: &mut Batch) {
         // when it was the last one running).
         publish(shared, b);
         c.cancelled.fetch_add(cancelled, Ordering::Relaxed);
-        if !b.running.is_empty() {
+        if b.running.is_empty() {
+            // An idle wait is nobody's step time.
+            b.last_step = None;
+        } else {
             step(model, shared, b);
             publish(shared, b);
         }
@@ -825,6 +832,13 @@ fn execute(
 fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     let c = &shared.counters;
     let plans = plan(model, shared, b);
+    let began = Instant::now();
+    let factor = itl_factor(model, &shared.config);
+    if let Some((at, decode_rows, prompt_tokens)) = b.last_step.take() {
+        let waited = began.duration_since(at).as_secs_f64();
+        b.pacer.observe(factor, decode_rows, prompt_tokens, waited);
+        tracing::debug!(decode_rows, prompt_tokens, seconds = waited, "step time");
+    }
     let running = &mut b.running;
     if running.is_empty() {
         return;
@@ -891,12 +905,7 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
     let sampled_in = sampling.elapsed();
     c.sampling_nanos
         .fetch_add(sampled_in.as_nanos() as u64, Ordering::Relaxed);
-    b.pacer.observe(
-        itl_factor(model, &shared.config),
-        decoding,
-        prefill,
-        took.as_secs_f64(),
-    );
+    b.last_step = Some((began, decoding, prefill));
     if prefill == 0 && shared.config.speculative.is_some() {
         b.drafts
             .observe(step_tokens, (took + sampled_in).as_secs_f64());

@@ -1,5 +1,9 @@
 //! How many prompt tokens a step carries.
 //!
+//! A step's time is measured from its beginning to the next step's beginning, what its
+//! decoding rows wait for their next token: on a GPU the pass's own call returns once its
+//! work is queued, and the host plans the next step while the device computes.
+//!
 //! A prompt alone (no sequence decoding) goes through in steps of
 //! [`EngineConfig::prompt_step_tokens`]: on a GPU, long chunks keep the tensor cores busy
 //! and read the weights once per few thousand tokens instead of once per 512. When
@@ -64,6 +68,8 @@ impl PromptPacer {
 
     /// Records a step of `decode_rows` decode rows and `prompt_tokens` prompt tokens that
     /// took `seconds`, steering the next chunk toward `itl_factor` × a decode-only step.
+    /// (The step measured is the one before the step being planned, so the chunk reacts
+    /// one step late; the controller converges all the same.)
     pub(crate) fn observe(
         &mut self,
         itl_factor: Option<f64>,
