@@ -22,8 +22,13 @@ const SOURCE: &str = concat!(
 
 /// Tapes shorter than this are run as they are (a graph saves nothing on a few launches).
 const MIN_GRAPH_ENTRIES: usize = 16;
-/// Graphs kept; past it the cache starts over.
+/// Graphs kept; past it the least recently replayed one goes.
 const MAX_GRAPHS: usize = 64;
+/// A tape is captured as a graph the time it is seen this often: a decode step of a
+/// steady batch repeats for as long as the batch does, while a prompt chunk's shape beside
+/// decoding rows (its length steered step by step, its keys growing) rarely comes back
+/// more than once or twice, and capturing costs more than launching it.
+const CAPTURE_AFTER: u32 = 3;
 /// cuBLAS workspace bytes.
 const BLAS_WORKSPACE: usize = 32 << 20;
 
@@ -371,6 +376,8 @@ impl Readback {
 struct Captured {
     tape: Vec<Entry>,
     graph: CudaGraph,
+    /// The pass count when it last ran (the least recent goes first when the cache is full).
+    used: u64,
 }
 
 struct State {
@@ -382,6 +389,8 @@ struct State {
     staging_in_flight: bool,
     graphs: HashMap<u64, Captured>,
     seen: HashMap<u64, u32>,
+    /// Passes that could be graphs, counted (the clock of [`Captured::used`]).
+    passes: u64,
     graphs_on: bool,
     stats: Stats,
 }
@@ -649,6 +658,7 @@ impl Device {
                     staging_in_flight: false,
                     graphs: HashMap::new(),
                     seen: HashMap::new(),
+                    passes: 0,
                     graphs_on: true,
                     stats: Stats::default(),
                 }),
@@ -1066,8 +1076,11 @@ fn flush(inner: &Inner, st: &mut State) -> Result<()> {
         let mut h = DefaultHasher::new();
         tape.hash(&mut h);
         let key = h.finish();
-        if let Some(g) = st.graphs.get(&key).filter(|g| g.tape == tape) {
+        st.passes += 1;
+        let now = st.passes;
+        if let Some(g) = st.graphs.get_mut(&key).filter(|g| g.tape == tape) {
             g.graph.launch()?;
+            g.used = now;
             st.stats.replayed += 1;
             return Ok(());
         }
@@ -1076,7 +1089,7 @@ fn flush(inner: &Inner, st: &mut State) -> Result<()> {
         }
         let seen = st.seen.entry(key).or_insert(0);
         *seen += 1;
-        if *seen >= 2 {
+        if *seen >= CAPTURE_AFTER {
             inner
                 .stream
                 .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
@@ -1086,9 +1099,21 @@ fn flush(inner: &Inner, st: &mut State) -> Result<()> {
             if let Some(graph) = graph? {
                 graph.launch()?;
                 if st.graphs.len() >= MAX_GRAPHS {
-                    st.graphs.clear();
+                    // The least recently replayed goes: a busy decode step's graph stays
+                    // while the one-off shapes of prompt chunks come and go.
+                    if let Some(&old) = st.graphs.iter().min_by_key(|(_, g)| g.used).map(|(k, _)| k)
+                    {
+                        st.graphs.remove(&old);
+                    }
                 }
-                st.graphs.insert(key, Captured { tape, graph });
+                st.graphs.insert(
+                    key,
+                    Captured {
+                        tape,
+                        graph,
+                        used: now,
+                    },
+                );
                 st.stats.captured += 1;
                 return Ok(());
             }

@@ -10,7 +10,7 @@
 //! of the pass). A pass whose tape repeats exactly — the same kernels on the same buffers
 //! with the same shapes, which is what a decode step of a fixed batch is once step-varying
 //! values (token ids, rotary angles, cache lengths) travel as uploaded data rather than
-//! arguments — is captured as a CUDA graph on its second occurrence and replayed from then
+//! arguments — is captured as a CUDA graph on its third occurrence and replayed from then
 //! on, so the host pays one graph launch instead of hundreds of kernel launches.
 //!
 //! Reusing memory inside a pass is safe because everything runs in order on one stream: a
