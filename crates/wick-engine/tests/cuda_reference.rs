@@ -56,8 +56,8 @@ fn gpu() -> Option<CudaBackend> {
 
 /// Models loaded as `wick serve` loads them (the media goldens, through `Model::load`)
 /// take their flash mode from `WICK_CUDA_FLASH`: set to exact once, before this binary's
-/// first CUDA backend starts (every test reaches the GPU through [`gpu`]), so no reader of
-/// the environment races the write.
+/// first CUDA backend starts (every path to one calls this first), so no reader of the
+/// environment in the driver races the write.
 fn exact_flash_for_loaded_models() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| std::env::set_var("WICK_CUDA_FLASH", "exact"));
@@ -897,6 +897,7 @@ fn attention_bound(mode: FlashAttention, kv: KvDtype) -> f32 {
 /// products, as llama.cpp's and FlashAttention's) stays within three times what rounding
 /// the cache to f16 moves the CPU's logits.
 fn long_prompt_matches_the_cpu(what: &str, dir: &std::path::Path, n: usize, seed: u32) {
+    exact_flash_for_loaded_models();
     let ids = some_ids(n, seed);
     let other = some_ids(700, seed + 1);
     // f32 prompt attention on the CPU (on an AVX-512 BF16 or AMX host it would take bf16
