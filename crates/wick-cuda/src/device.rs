@@ -175,6 +175,8 @@ kernels! {
     MoeGroupedF32 => "moe_grouped_f32",
     MoeGroupedF16 => "moe_grouped_f16",
     MoeGroupedBf16 => "moe_grouped_bf16",
+    LayerNorm => "layer_norm",
+    Activation => "activation",
     // deltanet.cu
     DeltaConv => "delta_conv",
     DeltaRecurrent => "delta_recurrent",

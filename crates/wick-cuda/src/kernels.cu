@@ -2012,3 +2012,54 @@ extern "C" __global__ void argmax_finish(const float* part, u32* out, int parts)
     block_argmax(best, bi);
     if (threadIdx.x == 0) out[r] = bi == 0x7fffffff ? 0u : (u32)bi;
 }
+
+// ---------------------------------------------------------------------------------------
+// LayerNorm and an ungated activation (vision towers: Qwen 3.5's, SigLIP; StarCoder 2)
+
+// LayerNorm of each `n`-long group, one block per group: the mean, then the variance of
+// the centred values (two sums, as the host computes them), then (x - mean) / sqrt(var +
+// eps) · w + b (`b` may be null). Each thread keeps up to NORM_CACHE values in registers.
+extern "C" __global__ void layer_norm(const float* __restrict__ x, const float* __restrict__ w,
+                                      const float* __restrict__ b, float* __restrict__ out,
+                                      int n, float eps) {
+    pdl_begin();
+    u64 base = (u64)blockIdx.x * n;
+    float v[NORM_CACHE];
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        v[c] = i < n ? x[base + i] : 0.0f;
+        s += v[c];
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        s += x[base + i];
+    float mean = block_sum(s) / (float)n;
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        float d = v[c] - mean;
+        if (i < n) ss = fmaf(d, d, ss);
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x) {
+        float d = x[base + i] - mean;
+        ss = fmaf(d, d, ss);
+    }
+    float inv = 1.0f / sqrtf(block_sum(ss) / (float)n + eps);
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < n) out[base + i] = (v[c] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        out[base + i] = (x[base + i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+// out = act(x) (kind as `glu`'s: 0 SiLU, 1 GELU tanh).
+extern "C" __global__ void activation(const float* x, float* out, int kind, long long n) {
+    pdl_begin();
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = act(x[i], kind);
+}

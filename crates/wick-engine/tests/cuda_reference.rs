@@ -2,30 +2,36 @@
 //! hf_reference.rs) and against the CPU backend: every position, chunked prefill, batched
 //! sequences of different lengths, greedy decoding long enough that the decode step is
 //! captured as a CUDA graph and replayed, prompts of thousands of tokens on the flash
-//! kernels, and Qwen 3.5's hybrids with their gated DeltaNet on the device. Needs
+//! kernels, Qwen 3.5's hybrids with their gated DeltaNet on the device, and the media
+//! towers (Gemma 3's and Gemma 4's vision, Gemma 4's audio, Qwen-VL's vision with M-RoPE
+//! positions) on the goldens of `hf_*_vision.rs` and `hf_gemma4_audio.rs`. Needs
 //! `--features cuda`; without a GPU (or its driver) every test says it was skipped and
 //! passes. Set `WICK_GOLDENS` to the goldens folder when the test binary runs away from its
 //! checkout.
 #![cfg(feature = "cuda")]
 mod common;
 
-use common::golden::{decoder_from_dir, golden_dir, read_json, TextGolden, TEXT_GOLDENS};
+use common::golden::{decoder_from_dir, floats, golden_dir, read_json, TextGolden, TEXT_GOLDENS};
 use common::logits::{forward_all, forward_batch, greedy_lockstep, pass};
+use common::media::cases::{gemma3_media, gemma4_image_and_clip, gemma4_media, qwen_media};
+use common::media::{audio_media, check_close, MediaGolden, MediaOf, Tolerance};
 use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
 use wick_engine::backend::{
-    Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment,
-    DeltaShape, DeltaState, DeltaStore, Experts, HostWeight, KvLayer,
+    Activation, AttentionParams, AttentionSegment, Backend, BackendKind, DeltaInputs, DeltaParams,
+    DeltaSegment, DeltaShape, DeltaState, DeltaStore, Experts, HostWeight, KvLayer, RopeSpec,
+    RopeStyle,
 };
 use wick_engine::models::decoder::{
     BatchItem, Decoder, LogitsRequest, RowOutput, SequenceCache, Want,
 };
+use wick_engine::LoadOptions;
 use wick_gguf::GgmlType;
 
-/// Every text golden but StarCoder 2's (it needs LayerNorm, which the CUDA backend lacks).
+/// Every text golden (StarCoder 2's with its LayerNorms and ungated GELU MLP too).
 fn variants() -> impl Iterator<Item = &'static str> {
-    TEXT_GOLDENS.into_iter().filter(|v| *v != "starcoder2")
+    TEXT_GOLDENS.into_iter()
 }
 /// Qwen 3.5's tiny hybrids (`scripts/goldens/hf_tiny_qwen35.py`): gated DeltaNet layers
 /// (2 key heads of 16, 4 value heads of 24, a convolution of width 4) around a gated
@@ -36,6 +42,7 @@ const TOLERANCE: f32 = 2e-4;
 /// The GPU's backend, or `None` (the test then passes after saying so) where this machine
 /// has no CUDA device or driver.
 fn gpu() -> Option<CudaBackend> {
+    exact_flash_for_loaded_models();
     // Exact flash attention: the comparisons are against f32 references.
     match CudaBackend::new(0) {
         Ok(b) => Some(b.with_flash(FlashAttention::Exact)),
@@ -45,6 +52,15 @@ fn gpu() -> Option<CudaBackend> {
         }
         Err(e) => panic!("{e}"),
     }
+}
+
+/// Models loaded as `wick serve` loads them (the media goldens, through `Model::load`)
+/// take their flash mode from `WICK_CUDA_FLASH`: set to exact once, before this binary's
+/// first CUDA backend starts (every path to one calls this first), so no reader of the
+/// environment in the driver races the write.
+fn exact_flash_for_loaded_models() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| std::env::set_var("WICK_CUDA_FLASH", "exact"));
 }
 
 fn worst(got: &[f32], want: &[f32]) -> (f32, f32) {
@@ -881,6 +897,7 @@ fn attention_bound(mode: FlashAttention, kv: KvDtype) -> f32 {
 /// products, as llama.cpp's and FlashAttention's) stays within three times what rounding
 /// the cache to f16 moves the CPU's logits.
 fn long_prompt_matches_the_cpu(what: &str, dir: &std::path::Path, n: usize, seed: u32) {
+    exact_flash_for_loaded_models();
     let ids = some_ids(n, seed);
     let other = some_ids(700, seed + 1);
     // f32 prompt attention on the CPU (on an AVX-512 BF16 or AMX host it would take bf16
@@ -1441,4 +1458,282 @@ fn moe_routing_and_experts_match_the_cpu() {
         moe_matches_the_cpu(&cuda, (16, 4, 256, 64), dtype, &[1, 3, 40]);
     }
     moe_matches_the_cpu(&cuda, (5, 2, 100, 36), GgmlType::F32, &[1, 2, 200]);
+}
+
+/// The ops the media towers add (rotary tables of per-axis positions, LayerNorm with and
+/// without a bias, an ungated activation) against the CPU backend's, on `be`: each op's
+/// output on the host.
+fn tower_ops<B: Backend>(be: &B) -> Vec<(String, Vec<f32>)> {
+    let mut outs = Vec::new();
+    // M-RoPE: 40 rows (an image's grid, then text whose three components agree) of 4 heads
+    // of 32, the 16 frequencies split over the axes as Qwen's sections split them.
+    let rows = 40;
+    let positions: Vec<[usize; 3]> = (0..rows)
+        .map(|r| match r {
+            0..=23 => [3, 3 + r / 6, 3 + r % 6],
+            _ => [r - 15, r - 15, r - 15],
+        })
+        .collect();
+    let axes: Vec<u8> = (0..16).map(|i| [0, 1, 1, 2, 2][i % 5]).collect();
+    for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+        let spec = RopeSpec {
+            style,
+            dims: 32,
+            inv_freq: RopeSpec::base_inv_freq(10_000.0, 32),
+            position_scale: 1.0,
+            attention_factor: 1.0,
+        };
+        let table = be.rope_table_axes(&positions, &axes, &spec).unwrap();
+        let x = be
+            .tensor_from_host(noise(rows * 128, 1), rows, 128)
+            .unwrap();
+        let k = be.tensor_from_host(noise(rows * 64, 2), rows, 64).unwrap();
+        let (q, k) = be.rope_qk(&x, 4, &k, 2, &table).unwrap();
+        let one = be.rope(&x, 4, &table).unwrap();
+        for (what, t) in [("rope_qk q", &q), ("rope_qk k", &k), ("rope", &one)] {
+            outs.push((
+                format!("{what} ({style:?}) of M-RoPE positions"),
+                be.rows_to_host(t, &[rows]).unwrap().remove(0),
+            ));
+        }
+    }
+    // LayerNorm over widths a block covers from registers, and past them.
+    for n in [24, 1152, 9000] {
+        let rows = 3;
+        let x: Vec<f32> = noise(rows * n, 3).iter().map(|v| 4.0 * v + 1.5).collect();
+        let x = be.tensor_from_host(x, rows, n).unwrap();
+        let w = be.tensor_from_host(noise(n, 4), 1, n).unwrap();
+        let b = be.tensor_from_host(noise(n, 5), 1, n).unwrap();
+        for bias in [None, Some(&b)] {
+            let y = be.layer_norm(&x, &w, bias, 1e-6).unwrap();
+            outs.push((
+                format!("layer_norm of {n} (bias: {})", bias.is_some()),
+                be.rows_to_host(&y, &[rows]).unwrap().remove(0),
+            ));
+        }
+    }
+    let x: Vec<f32> = noise(5 * 77, 6).iter().map(|v| 6.0 * v).collect();
+    let x = be.tensor_from_host(x, 5, 77).unwrap();
+    for act in [Activation::GeluTanh, Activation::Silu] {
+        let y = be.activation(&x, act).unwrap();
+        outs.push((
+            format!("activation {act:?}"),
+            be.rows_to_host(&y, &[5]).unwrap().remove(0),
+        ));
+    }
+    outs
+}
+
+/// M-RoPE tables, LayerNorm and the ungated activation on the GPU give the CPU backend's
+/// values; a table of per-axis positions whose axes agree is the plain table.
+#[test]
+fn tower_ops_match_the_cpu() {
+    let Some(be) = gpu() else { return };
+    let cpu = CandleBackend::cpu();
+    for ((what, got), (_, want)) in tower_ops(&be).into_iter().zip(tower_ops(&cpu)) {
+        assert_close("tower ops", &what, &got, &want);
+    }
+    let spec = RopeSpec {
+        style: RopeStyle::Neox,
+        dims: 16,
+        inv_freq: RopeSpec::base_inv_freq(1e6, 16),
+        position_scale: 1.0,
+        attention_factor: 1.0,
+    };
+    let positions: Vec<usize> = (100..109).collect();
+    let triples: Vec<[usize; 3]> = positions.iter().map(|&p| [p; 3]).collect();
+    let x = be.tensor_from_host(noise(9 * 32, 7), 9, 32).unwrap();
+    let plain = be.rope(&x, 2, &be.rope_table(&positions, &spec).unwrap());
+    let axes = be.rope(
+        &x,
+        2,
+        &be.rope_table_axes(&triples, &[0, 1, 2, 0, 1, 2, 0, 1], &spec)
+            .unwrap(),
+    );
+    assert_eq!(
+        be.rows_to_host(&plain.unwrap(), &[9]).unwrap(),
+        be.rows_to_host(&axes.unwrap(), &[9]).unwrap(),
+        "M-RoPE table of agreeing axes"
+    );
+    // Bad axes are refused as on the CPU.
+    for axes in [&[0u8; 7][..], &[0, 1, 2, 3, 0, 1, 2, 0]] {
+        let err = be.rope_table_axes(&triples, axes, &spec).err().unwrap();
+        assert!(err.to_string().contains("rotary axes"), "{err}");
+    }
+}
+
+/// A media golden (`tests/common/media.rs`): its name, how its cases' media are built, the
+/// cases compared at every position, the case `generate()` continues (transformers'
+/// greedy continuation) and the text-only case batched beside it.
+struct MediaCheck {
+    golden: &'static str,
+    media_of: MediaOf,
+    cases: &'static [&'static str],
+    greedy: &'static str,
+    text: Option<&'static str>,
+}
+
+/// A vision golden whose greedy case is `one_image`, batched beside `text_only`.
+const fn vision(
+    golden: &'static str,
+    media_of: MediaOf,
+    cases: &'static [&'static str],
+) -> MediaCheck {
+    MediaCheck {
+        golden,
+        media_of,
+        cases,
+        greedy: "one_image",
+        text: Some("text_only"),
+    }
+}
+
+const IMAGE_CASES: &[&str] = &["one_image", "two_images", "text_only"];
+const QWEN_CASES: &[&str] = &[
+    "one_image",
+    "two_images",
+    "text_only",
+    "text_then_images",
+    "image_then_turns",
+];
+
+const MEDIA_GOLDENS: [MediaCheck; 8] = [
+    vision("gemma3_vision", gemma3_media, IMAGE_CASES),
+    vision("gemma4_vision", gemma4_media, IMAGE_CASES),
+    vision("gemma4_vision_bidir", gemma4_media, IMAGE_CASES),
+    MediaCheck {
+        text: None,
+        ..vision("gemma4_vision_clipped", gemma4_media, &["one_image"])
+    },
+    MediaCheck {
+        greedy: "mono",
+        ..vision(
+            "gemma4_audio",
+            audio_media,
+            &["mono", "stereo", "text_only"],
+        )
+    },
+    MediaCheck {
+        greedy: "both",
+        text: None,
+        ..vision("gemma4_audio_vision", gemma4_image_and_clip, &["both"])
+    },
+    vision("qwen35_vision", qwen_media, QWEN_CASES),
+    vision("qwen25_vl", qwen_media, QWEN_CASES),
+];
+
+/// Media golden `c` loaded on the GPU as `wick serve --backend cuda` loads it, held to the
+/// GPU's tolerance; `None` without a GPU. Fails if a tower it has was left out.
+fn cuda_media(c: &MediaCheck) -> Option<MediaGolden> {
+    gpu()?;
+    let options = LoadOptions {
+        backend: BackendKind::Cuda,
+        ..LoadOptions::default()
+    };
+    let g =
+        MediaGolden::open_with(c.golden, c.media_of, &options).within(Tolerance::Scaled(TOLERANCE));
+    let support = g.model.support();
+    for (tower, loaded, why) in [
+        (
+            "vision",
+            g.model.info().media.vision.is_some(),
+            &support.vision,
+        ),
+        (
+            "audio",
+            g.model.info().media.audio.is_some(),
+            &support.audio,
+        ),
+    ] {
+        if let Some(why) = why {
+            assert!(
+                loaded && why.is_ok(),
+                "{}: the {tower} tower was left out on CUDA: {why:?}",
+                c.golden
+            );
+        }
+    }
+    Some(g)
+}
+
+/// Every media golden on the GPU against transformers' logits at every position: in one
+/// pass (an image's tower and its soft tokens' attention on the flash kernels), and in
+/// chunks (each moved so it cuts no media item; chunks of one row are decode steps, whose
+/// M-RoPE tables come from per-axis positions shifted by the images).
+#[test]
+fn media_goldens_match_transformers_in_one_pass_and_in_chunks() {
+    for c in &MEDIA_GOLDENS {
+        let Some(g) = cuda_media(c) else { return };
+        g.chunked_matches(c.cases, &[usize::MAX, 5, 13]);
+        g.chunked_matches(&c.cases[..1], &[1]);
+    }
+}
+
+/// The audio tower's projected rows of both clips, on a model loaded on the GPU.
+#[test]
+fn audio_tower_rows_match_transformers_on_cuda() {
+    let Some(g) = cuda_media(&MEDIA_GOLDENS[4]) else {
+        return;
+    };
+    for (case, clip) in [("mono", "mono16k"), ("stereo", "stereo44k")] {
+        let rows = g.model.media_rows(&g.media(case)).unwrap();
+        assert_eq!(rows.len(), 1, "{case}");
+        check_close(
+            &format!("gemma4_audio {clip} tower rows"),
+            &rows[0],
+            &floats(&g.logits, &format!("{clip}.rows")),
+            Tolerance::Scaled(TOLERANCE),
+            |i| format!("value {i}"),
+        );
+    }
+}
+
+/// An image (or clip) row prefilled in one batch beside a text row: both rows' logits
+/// match transformers', and the two decode a step together.
+#[test]
+fn media_rows_batched_beside_text_rows_match_transformers() {
+    for c in &MEDIA_GOLDENS {
+        let Some(text) = c.text else { continue };
+        let Some(g) = cuda_media(c) else { return };
+        g.batch_beside_text(c.golden, c.greedy, text);
+    }
+}
+
+/// Greedy decoding through `generate()` after a prompt holding an image (or clip), on the
+/// GPU: the CPU backend's tokens for 24 steps (the decode steps of a fixed batch, whose
+/// M-RoPE positions are shifted by the images, replay as graphs), and transformers'
+/// greedy continuation where it has one.
+#[test]
+fn media_greedy_decoding_matches_the_cpu_and_transformers() {
+    const STEPS: usize = 24;
+    for c in &MEDIA_GOLDENS {
+        let Some(cuda) = cuda_media(c) else { return };
+        let cpu = MediaGolden::open(c.golden, c.media_of);
+        let generate = |g: &MediaGolden| {
+            g.model
+                .generate(&g.request(c.greedy, STEPS), |_| {
+                    std::ops::ControlFlow::Continue(())
+                })
+                .unwrap()
+                .tokens
+        };
+        let (got, want) = (generate(&cuda), generate(&cpu));
+        let first = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(
+            got, want,
+            "{} {}: the CPU backend's greedy tokens (first difference at step {first:?})",
+            c.golden, c.greedy
+        );
+        if cuda.reference.get("greedy").is_some() {
+            let reference = cuda.greedy();
+            let n = reference.len().min(STEPS);
+            assert_eq!(
+                got[..n],
+                reference[..n],
+                "{} {}: transformers' greedy continuation",
+                c.golden,
+                c.greedy
+            );
+        }
+    }
 }

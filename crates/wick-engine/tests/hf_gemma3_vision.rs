@@ -4,40 +4,17 @@
 //! cut an image, a batch mixing an image row and a text row, the greedy continuation of
 //! `generate()`, and a prompt cache that never serves one image's KV to another.
 use std::ops::ControlFlow;
-use std::sync::Arc;
 
-use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
+use wick_engine::media::{MediaData, VisionProcessor};
 use wick_engine::scheduler::EngineConfig;
 
 mod common;
-use common::golden::floats;
-use common::media::{spans, MediaGolden};
+use common::media::cases::{gemma3_media, gemma3_pixels as pixels};
+use common::media::MediaGolden;
 use common::serving::reply_and_cached;
 
 fn load() -> MediaGolden {
-    MediaGolden::open("gemma3_vision", media)
-}
-
-/// Image `i` of the committed pixel values (what Gemma3ImageProcessor made of the test
-/// images), with a digest standing in for the server's hash.
-fn pixels(g: &MediaGolden, i: usize) -> ImagePixels {
-    let all = floats(&g.logits, "pixel_values");
-    let n = 3 * 64 * 64;
-    ImagePixels {
-        channels: 3,
-        height: 64,
-        width: 64,
-        data: Arc::from(&all[i * n..(i + 1) * n]),
-    }
-}
-
-/// The case's media spans: image `k` of the case is committed image `k`.
-fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
-    spans(
-        g.case(name),
-        |k| MediaData::Image(pixels(g, k)),
-        |k| 1000 + k as u64,
-    )
+    MediaGolden::open("gemma3_vision", gemma3_media)
 }
 
 #[test]

@@ -5,14 +5,14 @@
 //! text row, the greedy continuation of `generate()`, and (on `gemma4_audio_vision`, the same
 //! model with hf_tiny_gemma4_vision.py's vision tower too) a prompt holding an image and a clip.
 use std::ops::ControlFlow;
-use std::sync::Arc;
 
-use wick_engine::media::{AudioFeatures, ImagePixels, MediaData, MediaSpan};
+use wick_engine::media::MediaData;
 use wick_engine::{LoadOptions, Model};
 
 mod common;
 use common::golden::{floats, golden_dir};
-use common::media::{assert_close, audio_media, spans, MediaGolden};
+use common::media::cases::gemma4_image_and_clip;
+use common::media::{assert_close, audio_media, MediaGolden};
 
 fn load() -> MediaGolden {
     MediaGolden::open("gemma4_audio", audio_media)
@@ -87,35 +87,9 @@ fn greedy_continuation_matches_generate() {
     load().greedy_continuation_matches_generate("mono");
 }
 
-/// `gemma4_audio_vision`'s case `both`: its image, then the 16 kHz mono clip.
-fn image_and_clip(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
-    let shape: Vec<usize> = g.reference["image_shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
-    let frames = g.reference["clip"]["valid_frames"].as_u64().unwrap() as usize;
-    let features = floats(&g.logits, "mono16k.features");
-    let data = |k: usize| match k {
-        0 => MediaData::Image(ImagePixels {
-            channels: shape[0],
-            height: shape[1],
-            width: shape[2],
-            data: Arc::from(floats(&g.logits, "image")),
-        }),
-        _ => MediaData::Audio(AudioFeatures {
-            frames,
-            bins: 128,
-            data: Arc::from(&features[..frames * 128]),
-        }),
-    };
-    spans(g.case(name), data, |k| k as u64 + 1)
-}
-
 #[test]
 fn an_image_and_a_clip_in_one_prompt_match_transformers() {
-    let g = MediaGolden::open("gemma4_audio_vision", image_and_clip);
+    let g = MediaGolden::open("gemma4_audio_vision", gemma4_image_and_clip);
     let media = &g.model.info().media;
     assert!(media.audio.is_some() && media.vision.is_some());
     g.chunked_matches(&["both"], &[usize::MAX, 9]);

@@ -5,15 +5,12 @@
 //! two images, text only through the multimodal checkpoint, chunked prefill whose chunks
 //! would cut an image, a batch mixing an image row and a text row, the greedy continuation
 //! of `generate()`, and a prompt cache that never serves one image's KV to another.
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
-
-use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
+use wick_engine::media::{MediaData, VisionProcessor};
 use wick_engine::scheduler::EngineConfig;
 
 mod common;
-use common::golden::golden_dir;
-use common::media::{spans, MediaGolden};
+use common::media::cases::{gemma4_media, gemma4_pixels as pixels};
+use common::media::MediaGolden;
 use common::serving::reply_and_cached;
 
 const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
@@ -21,81 +18,7 @@ const VARIANTS: [&str; 2] = ["gemma4_vision", "gemma4_vision_bidir"];
 const CLIPPED: &str = "gemma4_vision_clipped";
 
 fn load(variant: &str) -> MediaGolden {
-    MediaGolden::open(variant, media)
-}
-
-/// The bytes of tensor `name` of a safetensors file, read directly (the engine's reader
-/// takes float tensors only; the patch positions are int64).
-fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
-    let bytes = std::fs::read(file).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let offsets = &header[name]["data_offsets"];
-    let (a, b) = (
-        offsets[0].as_u64().unwrap() as usize,
-        offsets[1].as_u64().unwrap() as usize,
-    );
-    bytes[8 + n + a..8 + n + b].to_vec()
-}
-
-/// `(pixel_values, image_position_ids)` as stored with the first variant (every variant
-/// reads them).
-fn stored() -> &'static (Vec<f32>, Vec<i64>) {
-    static STORED: OnceLock<(Vec<f32>, Vec<i64>)> = OnceLock::new();
-    STORED.get_or_init(|| {
-        let file = golden_dir(VARIANTS[0]).join("logits.safetensors");
-        let values = tensor_bytes(&file, "pixel_values")
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let positions = tensor_bytes(&file, "image_position_ids")
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        (values, positions)
-    })
-}
-
-/// Image `i` of the committed pixel values (Gemma4ImageProcessorPil's patches, padded to
-/// its budget) put back together as the `[3, h, w]` image the server hands the engine.
-fn pixels(i: usize) -> ImagePixels {
-    let (values, positions) = stored();
-    let (budget, patch_len) = (630, 192);
-    let p = 8;
-    let pos = &positions[i * budget * 2..(i + 1) * budget * 2];
-    let real: Vec<(usize, usize)> = pos
-        .chunks_exact(2)
-        .take_while(|xy| xy[0] >= 0)
-        .map(|xy| (xy[0] as usize, xy[1] as usize))
-        .collect();
-    let w = (real.iter().map(|r| r.0).max().unwrap() + 1) * p;
-    let h = (real.iter().map(|r| r.1).max().unwrap() + 1) * p;
-    let mut data = vec![0f32; 3 * h * w];
-    for (k, &(gx, gy)) in real.iter().enumerate() {
-        let patch = &values[(i * budget + k) * patch_len..(i * budget + k + 1) * patch_len];
-        for y in 0..p {
-            for x in 0..p {
-                for c in 0..3 {
-                    data[c * h * w + (gy * p + y) * w + gx * p + x] = patch[(y * p + x) * 3 + c];
-                }
-            }
-        }
-    }
-    ImagePixels {
-        channels: 3,
-        height: h,
-        width: w,
-        data: Arc::from(data),
-    }
-}
-
-/// The case's media spans: image `k` of the case is committed image `k`.
-fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
-    spans(
-        g.case(name),
-        |k| MediaData::Image(pixels(k)),
-        |k| 1000 + k as u64,
-    )
+    MediaGolden::open(variant, gemma4_media)
 }
 
 #[test]

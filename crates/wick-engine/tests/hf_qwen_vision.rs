@@ -9,7 +9,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use wick_engine::media::{ImagePixels, MediaData, MediaSpan, VisionProcessor};
+use wick_engine::media::{MediaData, VisionProcessor};
 use wick_engine::models::vision::ImageRows;
 use wick_engine::scheduler::EngineConfig;
 use wick_engine::{LoadOptions, Model};
@@ -18,36 +18,15 @@ mod common;
 #[path = "common/safetensors.rs"]
 mod safetensors;
 use common::golden::{floats, read_json};
-use common::media::{spans, MediaGolden};
+use common::media::cases::qwen_media;
+use common::media::MediaGolden;
 use common::serving::reply_and_cached;
 
 /// Each golden and the text-only golden of the same text architecture.
 const GOLDENS: [(&str, &str); 2] = [("qwen35_vision", "qwen35"), ("qwen25_vl", "qwen2")];
 
 fn load(name: &str) -> MediaGolden {
-    MediaGolden::open(name, media)
-}
-
-/// Committed image `i` as the processor made it (`[3, h, w]`, transformers' patch rows
-/// folded back into the image).
-fn pixels(g: &MediaGolden, i: usize) -> ImagePixels {
-    let meta = &g.reference["images"][i];
-    ImagePixels {
-        channels: 3,
-        height: meta["height"].as_u64().unwrap() as usize,
-        width: meta["width"].as_u64().unwrap() as usize,
-        data: Arc::from(floats(&g.logits, &format!("image_{i}.pixels"))),
-    }
-}
-
-/// The case's media spans: image `k` of the case is the committed image the case names.
-fn media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
-    let images = &g.case(name)["images"];
-    spans(
-        g.case(name),
-        |k| MediaData::Image(pixels(g, images[k].as_u64().unwrap() as usize)),
-        |k| 1000 + k as u64,
-    )
+    MediaGolden::open(name, qwen_media)
 }
 
 /// The case's images as a sequence's cache keeps them (positions and merged grids; the

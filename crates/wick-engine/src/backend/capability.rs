@@ -144,8 +144,11 @@ pub const CPU: Capabilities = Capabilities {
 pub const CUDA: Capabilities = Capabilities {
     backend: "cuda",
     ops: &[
+        Capability::LayerNorm,
+        Capability::Activation,
         Capability::RopeAttentionFactor,
         Capability::AttentionTo,
+        Capability::RopeAxes,
         Capability::HostTensors,
         Capability::SharedKv,
         Capability::RowDeltas,
@@ -340,7 +343,7 @@ mod tests {
     #[test]
     fn a_missing_text_need_refuses_the_model_and_every_part() {
         let needs = [
-            Need::op(Capability::LayerNorm, Part::Text, "the norms"),
+            Need::op(Capability::HalfAdapterFactors, Part::Text, "the layers"),
             Need::op(Capability::AttentionTo, Part::Vision, "the vision tower"),
         ];
         let s = check(&CUDA, "Fake", &needs, [true, false]);
@@ -348,7 +351,7 @@ mod tests {
         assert_eq!(e.part, "the text model");
         assert_eq!(
             e.to_string(),
-            "the cuda backend cannot run the text model of Fake models: the norms needs LayerNorm, which this backend does not implement yet; --backend cpu runs it"
+            "the cuda backend cannot run the text model of Fake models: the layers needs half-precision adapter factors, which this backend does not implement yet; --backend cpu runs it"
         );
         assert_eq!(s.vision, Some(Err(e.clone())));
         assert_eq!(s.audio, None);

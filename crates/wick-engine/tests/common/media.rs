@@ -6,8 +6,8 @@
 //! cases' media are built (the function given to [`MediaGolden::open`]); the passes and
 //! comparisons are these.
 use std::ops::ControlFlow;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use wick_engine::media::{AudioFeatures, ImagePixels, MediaData, MediaSpan};
 use wick_engine::scheduler::{Engine, EngineConfig, EngineHandle};
@@ -21,6 +21,16 @@ use super::serving::reply_and_cached;
 /// Largest difference from transformers' f32 logits the media goldens allow.
 pub const TOLERANCE: f32 = 1e-4;
 
+/// How far from transformers' outputs a backend may be.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tolerance {
+    /// Every value within this (the CPU backend: [`TOLERANCE`]).
+    Absolute(f32),
+    /// Within this times the largest magnitude expected (at least 1): the GPU's, whose
+    /// sums run in another order.
+    Scaled(f32),
+}
+
 /// The media spans of a golden's case, as the server would attach them.
 pub type MediaOf = fn(&MediaGolden, &str) -> Vec<MediaSpan>;
 
@@ -32,6 +42,8 @@ pub struct MediaGolden {
     pub model: Arc<Model>,
     pub reference: serde_json::Value,
     pub logits: SafetensorsWeights,
+    /// How close its logits must be to transformers'.
+    pub tolerance: Tolerance,
     media_of: MediaOf,
 }
 
@@ -39,6 +51,11 @@ impl MediaGolden {
     /// Golden `name`, whose cases' media `media_of` builds.
     pub fn open(name: &str, media_of: MediaOf) -> MediaGolden {
         Self::open_with(name, media_of, &LoadOptions::default())
+    }
+
+    /// The same golden held to `tolerance`.
+    pub fn within(self, tolerance: Tolerance) -> MediaGolden {
+        MediaGolden { tolerance, ..self }
     }
 
     /// Golden `name` with its model loaded with `options` (another backend).
@@ -49,6 +66,7 @@ impl MediaGolden {
             model: Arc::new(Model::load(&dir, options).unwrap()),
             reference: read_json(&dir.join("reference.json")),
             logits: stored_logits(&dir),
+            tolerance: Tolerance::Absolute(TOLERANCE),
             dir,
             media_of,
         }
@@ -100,13 +118,22 @@ impl MediaGolden {
                     usize::MAX => "in one pass".to_string(),
                     _ => format!("in chunks of {chunk}"),
                 };
-                assert_close(
+                self.assert_logits_close(
                     &format!("{} {name} {how}", self.name),
                     &self.chunked(name, chunk),
                     &self.expected(name),
                 );
             }
         }
+    }
+
+    /// Fails unless logits `got` (every position's, one after another) are within the
+    /// golden's tolerance of `want`, naming the position of the largest difference.
+    pub fn assert_logits_close(&self, what: &str, got: &[f32], want: &[f32]) {
+        let vocab = self.model.vocab_size();
+        check_close(what, got, want, self.tolerance, |i| {
+            format!("position {}, logit {}", i / vocab, i % vocab)
+        });
     }
 
     /// Case `name` as a generation request of `max_tokens` (end of sequence ignored).
@@ -183,12 +210,12 @@ impl MediaGolden {
         ];
         let out = model.forward(&mut steps).unwrap();
         let row = |i: usize| &out[i].as_ref().unwrap().data;
-        assert_close(
+        self.assert_logits_close(
             &format!("{what} text row"),
             row(0),
             &self.expected(text_case),
         );
-        assert_close(
+        self.assert_logits_close(
             &format!("{what} media row"),
             row(1),
             &self.expected(media_case),
@@ -346,6 +373,20 @@ pub fn spans(
 /// Fails unless every value of `got` is within [`TOLERANCE`] of `want` (and prints the
 /// largest difference, which the closing notes quote).
 pub fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+    check_close(what, got, want, Tolerance::Absolute(TOLERANCE), |i| {
+        format!("value {i}")
+    });
+}
+
+/// Fails unless every value of `got` is within `tolerance` of `want`; prints the largest
+/// difference and, on failure, where it is (`at` names an index).
+pub fn check_close(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    tolerance: Tolerance,
+    at: impl Fn(usize) -> String,
+) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (i, diff) = got
         .iter()
@@ -353,10 +394,15 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32]) {
         .map(|(a, b)| (a - b).abs())
         .enumerate()
         .fold((0, 0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
-    eprintln!("{what}: max |diff| {diff}");
+    let bound = match tolerance {
+        Tolerance::Absolute(t) => t,
+        Tolerance::Scaled(t) => t * want.iter().fold(1f32, |m, v| m.max(v.abs())),
+    };
+    eprintln!("{what}: max |diff| {diff} (allowed {bound})");
     assert!(
-        diff <= TOLERANCE,
-        "{what}: max |diff| {diff} at {i} ({} vs {})",
+        diff <= bound,
+        "{what}: max |diff| {diff} > {bound} at {} ({} vs {})",
+        at(i),
         got[i],
         want[i]
     );
@@ -379,4 +425,156 @@ pub fn audio_media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
     let case = g.case(name);
     let clip = |_| MediaData::Audio(audio_features(g, case["clip"].as_str().unwrap()));
     spans(case, clip, |_| 7)
+}
+
+/// Each media golden's media, as its cases' spans ([`MediaOf`]).
+pub mod cases {
+    use super::*;
+
+    /// Gemma 3's image `i` of the committed pixel values (what Gemma3ImageProcessor made of
+    /// the test images).
+    pub fn gemma3_pixels(g: &MediaGolden, i: usize) -> ImagePixels {
+        let all = floats(&g.logits, "pixel_values");
+        let n = 3 * 64 * 64;
+        ImagePixels {
+            channels: 3,
+            height: 64,
+            width: 64,
+            data: Arc::from(&all[i * n..(i + 1) * n]),
+        }
+    }
+
+    /// `gemma3_vision`'s cases: image `k` of the case is committed image `k`.
+    pub fn gemma3_media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+        spans(
+            g.case(name),
+            |k| MediaData::Image(gemma3_pixels(g, k)),
+            |k| 1000 + k as u64,
+        )
+    }
+
+    /// The bytes of tensor `name` of a safetensors file, read directly (the engine's reader
+    /// takes float tensors only; Gemma 4's patch positions are int64).
+    fn tensor_bytes(file: &Path, name: &str) -> Vec<u8> {
+        let bytes = std::fs::read(file).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let offsets = &header[name]["data_offsets"];
+        let (a, b) = (
+            offsets[0].as_u64().unwrap() as usize,
+            offsets[1].as_u64().unwrap() as usize,
+        );
+        bytes[8 + n + a..8 + n + b].to_vec()
+    }
+
+    /// `(pixel_values, image_position_ids)` as stored with `gemma4_vision` (every Gemma 4
+    /// vision variant reads them).
+    fn gemma4_stored() -> &'static (Vec<f32>, Vec<i64>) {
+        static STORED: OnceLock<(Vec<f32>, Vec<i64>)> = OnceLock::new();
+        STORED.get_or_init(|| {
+            let file = golden_dir("gemma4_vision").join("logits.safetensors");
+            let values = tensor_bytes(&file, "pixel_values")
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            let positions = tensor_bytes(&file, "image_position_ids")
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (values, positions)
+        })
+    }
+
+    /// Gemma 4's image `i` of the committed pixel values (Gemma4ImageProcessorPil's
+    /// patches, padded to its budget) put back together as the `[3, h, w]` image the server
+    /// hands the engine.
+    pub fn gemma4_pixels(i: usize) -> ImagePixels {
+        let (values, positions) = gemma4_stored();
+        let (budget, patch_len) = (630, 192);
+        let p = 8;
+        let pos = &positions[i * budget * 2..(i + 1) * budget * 2];
+        let real: Vec<(usize, usize)> = pos
+            .chunks_exact(2)
+            .take_while(|xy| xy[0] >= 0)
+            .map(|xy| (xy[0] as usize, xy[1] as usize))
+            .collect();
+        let w = (real.iter().map(|r| r.0).max().unwrap() + 1) * p;
+        let h = (real.iter().map(|r| r.1).max().unwrap() + 1) * p;
+        let mut data = vec![0f32; 3 * h * w];
+        for (k, &(gx, gy)) in real.iter().enumerate() {
+            let patch = &values[(i * budget + k) * patch_len..(i * budget + k + 1) * patch_len];
+            for y in 0..p {
+                for x in 0..p {
+                    for c in 0..3 {
+                        data[c * h * w + (gy * p + y) * w + gx * p + x] =
+                            patch[(y * p + x) * 3 + c];
+                    }
+                }
+            }
+        }
+        ImagePixels {
+            channels: 3,
+            height: h,
+            width: w,
+            data: Arc::from(data),
+        }
+    }
+
+    /// The Gemma 4 vision goldens' cases: image `k` of the case is committed image `k`.
+    pub fn gemma4_media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+        spans(
+            g.case(name),
+            |k| MediaData::Image(gemma4_pixels(k)),
+            |k| 1000 + k as u64,
+        )
+    }
+
+    /// `gemma4_audio_vision`'s case `both`: its image, then the 16 kHz mono clip.
+    pub fn gemma4_image_and_clip(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+        let shape: Vec<usize> = g.reference["image_shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        let frames = g.reference["clip"]["valid_frames"].as_u64().unwrap() as usize;
+        let features = floats(&g.logits, "mono16k.features");
+        let data = |k: usize| match k {
+            0 => MediaData::Image(ImagePixels {
+                channels: shape[0],
+                height: shape[1],
+                width: shape[2],
+                data: Arc::from(floats(&g.logits, "image")),
+            }),
+            _ => MediaData::Audio(AudioFeatures {
+                frames,
+                bins: 128,
+                data: Arc::from(&features[..frames * 128]),
+            }),
+        };
+        spans(g.case(name), data, |k| k as u64 + 1)
+    }
+
+    /// Qwen-VL's committed image `i` as the processor made it (`[3, h, w]`, transformers'
+    /// patch rows folded back into the image).
+    pub fn qwen_pixels(g: &MediaGolden, i: usize) -> ImagePixels {
+        let meta = &g.reference["images"][i];
+        ImagePixels {
+            channels: 3,
+            height: meta["height"].as_u64().unwrap() as usize,
+            width: meta["width"].as_u64().unwrap() as usize,
+            data: Arc::from(floats(&g.logits, &format!("image_{i}.pixels"))),
+        }
+    }
+
+    /// The Qwen-VL goldens' cases: image `k` of the case is the committed image the case
+    /// names.
+    pub fn qwen_media(g: &MediaGolden, name: &str) -> Vec<MediaSpan> {
+        let images = &g.case(name)["images"];
+        spans(
+            g.case(name),
+            |k| MediaData::Image(qwen_pixels(g, images[k].as_u64().unwrap() as usize)),
+            |k| 1000 + k as u64,
+        )
+    }
 }

@@ -1086,6 +1086,42 @@ impl Backend for CudaBackend {
         &crate::backend::capability::CUDA
     }
 
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        let n = weight.len();
+        if n == 0 || !x.len().is_multiple_of(n) || bias.is_some_and(|b| b.len() != n) {
+            return Err(invalid(format!(
+                "layer_norm: {} values in groups of {n} (bias of {})",
+                x.len(),
+                bias.map_or(0, CudaTensor::len)
+            )));
+        }
+        let out = self.tensor(x.rows, x.cols)?;
+        self.launch(
+            Kernel::LayerNorm,
+            ((x.len() / n) as u32, 1, 1),
+            norm_threads(n),
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(weight.ptr()),
+                Arg::Ptr(bias.map_or(0, CudaTensor::ptr)),
+                Arg::Ptr(out.ptr()),
+                Arg::I32(int(n, "norm size")?),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn activation(&self, x: &CudaTensor, act: Activation) -> Result<CudaTensor> {
+        self.elementwise(Kernel::Activation, x, &[Arg::I32(act_kind(act))])
+    }
+
     fn softcap(&self, x: &CudaTensor, cap: f32) -> Result<CudaTensor> {
         self.elementwise(Kernel::Softcap, x, &[Arg::F32(cap)])
     }
@@ -1213,33 +1249,24 @@ impl Backend for CudaBackend {
     }
 
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CudaRope> {
-        let half = spec.dims / 2;
-        if spec.inv_freq.len() != half {
+        self.upload_rope(positions.len(), spec, |r, _| positions[r])
+    }
+
+    fn rope_table_axes(
+        &self,
+        positions: &[[usize; 3]],
+        axes: &[u8],
+        spec: &RopeSpec,
+    ) -> Result<CudaRope> {
+        if axes.len() != spec.inv_freq.len() || axes.iter().any(|&a| a > 2) {
             return Err(invalid(format!(
-                "rope: {} frequencies for {} dimensions",
-                spec.inv_freq.len(),
-                spec.dims
+                "{} rotary axes (each 0..=2) for {} frequencies",
+                axes.len(),
+                spec.inv_freq.len()
             )));
         }
-        let mut cs = vec![0f32; 2 * positions.len() * half];
-        let (cos, sin) = cs.split_at_mut(positions.len() * half);
-        for (r, &p) in positions.iter().enumerate() {
-            let p = p as f64 * spec.position_scale as f64;
-            for (i, &f) in spec.inv_freq.iter().enumerate() {
-                let (s, c) = (p * f as f64).sin_cos();
-                cos[r * half + i] = c as f32 * spec.attention_factor;
-                sin[r * half + i] = s as f32 * spec.attention_factor;
-            }
-        }
-        let buf = self
-            .dev
-            .upload(bytemuck::cast_slice(&cs))
-            .map_err(cuda_err)?;
-        Ok(CudaRope {
-            buf,
-            rows: positions.len(),
-            dims: spec.dims,
-            style: spec.style,
+        self.upload_rope(positions.len(), spec, |r, i| {
+            positions[r][usize::from(axes[i])]
         })
     }
 
@@ -1520,6 +1547,46 @@ impl CudaBackend {
     }
 
     /// Embedding rows of `table` for `n` ids at device address `ids`.
+    /// The rotary table of `rows` rows where frequency `i` of row `r` turns with position
+    /// `position(r, i)`, computed on the host (in f64, as the CPU backend does) and uploaded
+    /// like every step-varying value: a decode step records the same launches whatever
+    /// its positions, so its graph replays.
+    fn upload_rope(
+        &self,
+        rows: usize,
+        spec: &RopeSpec,
+        position: impl Fn(usize, usize) -> usize,
+    ) -> Result<CudaRope> {
+        let half = spec.dims / 2;
+        if spec.inv_freq.len() != half {
+            return Err(invalid(format!(
+                "rope: {} frequencies for {} dimensions",
+                spec.inv_freq.len(),
+                spec.dims
+            )));
+        }
+        let mut cs = vec![0f32; 2 * rows * half];
+        let (cos, sin) = cs.split_at_mut(rows * half);
+        for r in 0..rows {
+            for (i, &f) in spec.inv_freq.iter().enumerate() {
+                let p = position(r, i) as f64 * spec.position_scale as f64;
+                let (s, c) = (p * f as f64).sin_cos();
+                cos[r * half + i] = c as f32 * spec.attention_factor;
+                sin[r * half + i] = s as f32 * spec.attention_factor;
+            }
+        }
+        let buf = self
+            .dev
+            .upload(bytemuck::cast_slice(&cs))
+            .map_err(cuda_err)?;
+        Ok(CudaRope {
+            buf,
+            rows,
+            dims: spec.dims,
+            style: spec.style,
+        })
+    }
+
     fn gather(&self, table: &CudaMatrix, ids: u64, n: usize) -> Result<CudaTensor> {
         let out = self.tensor(n, table.cols)?;
         let k = match table.layout {
