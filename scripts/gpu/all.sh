@@ -9,9 +9,12 @@
 #     tokens; with DELTA_COMPARE=1 also on the CUDA-core DeltaNet state pass);
 #  3. gemma4.sh's bench on Gemma 4 E4B (decode at batch 1 and 8, a 4,096-token prompt);
 #  4. prefill.sh's server part on the 8B: time to first token of an 18.7k-token prompt alone
-#     and beside 4 decoding streams (their gaps), with the default prompt steps and pacing.
+#     and beside 4 decoding streams (their gaps), with the default prompt steps and pacing;
+#  5. the 8B quantized to MLX affine QUANT_BITS (default "4 8"; quantize_mlx.py): decode at
+#     batch 8 and 64 with the tensor-core quantized products and with the dequantize +
+#     cuBLAS path of before (WICK_CUDA_QUANT_MMA=0), same minutes.
 # Each part's results land in $OUT/<part>/ (SKIP_<PART>=1 skips a part: TEST, QWEN, GEMMA,
-# SERVE); the last lines of each are printed.
+# SERVE, QUANT); the last lines of each are printed.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 W=${WICK_GPU_DIR:-/tmp/wick}
@@ -34,7 +37,9 @@ make() {  # DIR SHAPE TOKENIZER [ARGS]
 pids=()
 [ -z "${SKIP_QWEN:-}" ] && { make qwen3.5-4b-bf16 qwen3.5-4b $GD/qwen2 & pids+=($!); }
 [ -z "${SKIP_GEMMA:-}" ] && { make gemma4-e4b-bf16 gemma4-e4b $GD/gemma4_chat & pids+=($!); }
-[ -z "${SKIP_SERVE:-}" ] && { make llama3-8b-bf16-32k llama3-8b $GD/qwen2 --context 32768 & pids+=($!); }
+if [ -z "${SKIP_SERVE:-}" ] || [ -z "${SKIP_QUANT:-}" ]; then
+  make llama3-8b-bf16-32k llama3-8b $GD/qwen2 --context 32768 & pids+=($!)
+fi
 if [ -z "${SKIP_TEST:-}" ]; then
   stamp "cuda_reference"
   WICK_GOLDENS=crates/wick-engine/tests/goldens timeout ${TEST_TIMEOUT:-300} \
@@ -64,5 +69,21 @@ if [ -z "${SKIP_SERVE:-}" ]; then
   OUT=$ROOT/serve SKIP_BENCH=1 SERVE_CONFIGS="${SERVE_CONFIGS:---step-tokens 512}" \
     bash $G/prefill.sh > $ROOT/serve.log 2>&1
   cat $ROOT/serve/ttft.jsonl
+fi
+if [ -z "${SKIP_QUANT:-}" ]; then
+  mkdir -p $ROOT/quant
+  for bits in ${QUANT_BITS:-4 8}; do
+    Q=$W/models/llama3-8b-q$bits
+    stamp "8B, $bits-bit"
+    [ -d $Q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/llama3-8b-bf16-32k $Q \
+      --bits $bits > $ROOT/quant/make-q$bits.log 2>&1
+    for mma in 1 0; do
+      WICK_CUDA_QUANT_MMA=$mma timeout ${BENCH_TIMEOUT:-150} $W/wick bench $Q --backend cuda \
+        --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 2 \
+        --case 512:64:8 --case 512:32:64 --case 2048:1:1 2>>$ROOT/quant/bench.err \
+        | sed -u "s/^{/{\"label\":\"q$bits mma=$mma\",/" | tee -a $ROOT/quant/bench.jsonl \
+        | python3 $G/../bench/summarize_bench.py
+    done
+  done
 fi
 stamp "done"
