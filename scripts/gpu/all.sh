@@ -13,8 +13,10 @@
 #  5. the 8B quantized to MLX affine QUANT_BITS (default "4 8"; quantize_mlx.py): decode at
 #     batch 8 and 64 with the tensor-core quantized products and with the dequantize +
 #     cuBLAS path of before (WICK_CUDA_QUANT_MMA=0), same minutes.
+#  6. unless SKIP_FAMILY_QUANT, 4- and 8-bit affine copies of the Qwen 3.5 and Gemma 4 models
+#     made in this call: decode at batch 1 and 8.
 # Each part's results land in $OUT/<part>/ (SKIP_<PART>=1 skips a part: TEST, QWEN, GEMMA,
-# SERVE, QUANT); the last lines of each are printed.
+# SERVE, QUANT, FAMILY_QUANT); the last lines of each are printed.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 W=${WICK_GPU_DIR:-/tmp/wick}
@@ -69,6 +71,24 @@ if [ -z "${SKIP_SERVE:-}" ]; then
   OUT=$ROOT/serve SKIP_BENCH=1 SERVE_CONFIGS="${SERVE_CONFIGS:---step-tokens 512}" \
     bash $G/prefill.sh > $ROOT/serve.log 2>&1
   cat $ROOT/serve/ttft.jsonl
+fi
+if [ -z "${SKIP_FAMILY_QUANT:-}" ]; then
+  # Issue 46: 4- and 8-bit copies of both families load and run on CUDA.
+  mkdir -p $ROOT/family-quant
+  for m in ${FAMILY_QUANT_MODELS:-qwen3.5-4b-bf16 gemma4-e4b-bf16}; do
+    [ -d $W/models/$m ] || continue
+    for bits in 4 8; do
+      Q=$W/models/${m%-bf16}-q$bits
+      stamp "$m, $bits-bit"
+      [ -d $Q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$m $Q --bits $bits \
+        > $ROOT/family-quant/make-${m}-q$bits.log 2>&1
+      timeout ${BENCH_TIMEOUT:-150} $W/wick bench $Q --backend cuda --synthetic-prompt \
+        --prefill-chunk 0 --json --warmup 1 --runs 2 --case 512:64:1 --case 512:32:8 \
+        2>>$ROOT/family-quant/bench.err | tee -a $ROOT/family-quant/bench.jsonl \
+        | python3 $G/../bench/summarize_bench.py
+      tail -2 $ROOT/family-quant/bench.err
+    done
+  done
 fi
 if [ -z "${SKIP_QUANT:-}" ]; then
   mkdir -p $ROOT/quant
