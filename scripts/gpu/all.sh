@@ -87,6 +87,7 @@ if [ -z "${SKIP_FAMILY_QUANT:-}" ]; then
         2>>$ROOT/family-quant/bench.err | tee -a $ROOT/family-quant/bench.jsonl \
         | python3 $G/../bench/summarize_bench.py
       tail -2 $ROOT/family-quant/bench.err
+      rm -rf $Q  # the machine's disk holds the bf16 models and one copy at a time
     done
   done
 fi
@@ -104,6 +105,7 @@ if [ -z "${SKIP_QUANT:-}" ]; then
         | sed -u "s/^{/{\"label\":\"q$bits mma=$mma\",/" | tee -a $ROOT/quant/bench.jsonl \
         | python3 $G/../bench/summarize_bench.py
     done
+    rm -rf $Q
   done
 fi
 stamp "done"
