@@ -209,7 +209,14 @@ fn parse_hf_key(key: &str) -> Option<(usize, &str, Factor, bool)> {
         "b" => (Factor::B, true),
         _ => return None,
     };
-    let li = module.rfind("layers.")?;
+    let Some(li) = module.rfind("layers.") else {
+        // Gemma 4's per-layer-input projection of the whole model sits outside the layers.
+        let model_level = Target::PleModel.hf_module();
+        let at = module.rfind(model_level)?;
+        let whole =
+            at + model_level.len() == module.len() && (at == 0 || module[..at].ends_with('.'));
+        return whole.then_some((0, model_level, factor, lower));
+    };
     let after = &module[li + "layers.".len()..];
     let (num, inner) = after.split_once('.')?;
     let layer = num.parse().ok()?;
@@ -362,6 +369,46 @@ fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
     out
 }
 
+/// Qwen 3.5's `q_proj` holds, per head, the query rows then the output gate's rows, and
+/// its layers run them as two products: each such delta becomes a [`Target::Q`] delta of
+/// the query rows of `B` and a [`Target::QGate`] delta of the gate rows, `A` shared.
+fn split_query_gate(cfg: &ModelConfig, deltas: Vec<HostDelta>) -> Vec<HostDelta> {
+    if cfg.qwen35.is_none() {
+        return deltas;
+    }
+    let hd = cfg.head_dim;
+    let mut out = Vec::with_capacity(deltas.len() + cfg.num_layers);
+    for d in deltas {
+        if d.target != Target::Q {
+            out.push(d);
+            continue;
+        }
+        let (mut q, mut g) = (Vec::with_capacity(d.b.len() / 2), Vec::new());
+        g.reserve(d.b.len() / 2);
+        for head in d.b.chunks_exact(2 * hd * d.rank) {
+            let (qh, gh) = head.split_at(hd * d.rank);
+            q.extend_from_slice(qh);
+            g.extend_from_slice(gh);
+        }
+        let half = d.out_dim / 2;
+        out.push(HostDelta {
+            target: Target::QGate,
+            b: g,
+            out_dim: half,
+            a: d.a.clone(),
+            ..d
+        });
+        out.push(HostDelta {
+            target: Target::Q,
+            b: q,
+            out_dim: half,
+            ..d
+        });
+    }
+    out.sort_by_key(|d| (d.layer, d.target));
+    out
+}
+
 fn load_safetensors(
     dir: &Path,
     file: &Path,
@@ -395,8 +442,14 @@ fn load_safetensors(
                 "mixes PEFT (lora_A/lora_B) and mlx-lm (lora_a/lora_b) tensor names",
             ));
         }
-        match Target::ALL.iter().find(|t| t.hf_module() == module) {
-            Some(&t) => factors.push((layer, t, factor, name)),
+        match Target::from_hf_module(module) {
+            Some(t) => factors.push((layer, t, factor, name)),
+            None if module.starts_with("experts.") || module == "experts" => {
+                return Err(AdapterError::invalid(
+                    dir,
+                    format!("{name}: LoRA on the mixture-of-experts weights is not supported"),
+                ))
+            }
             None => skipped += 1,
         }
     }
@@ -433,16 +486,6 @@ fn load_safetensors(
                 .ok_or_else(|| AdapterError::invalid(dir, format!("missing tensor {n}")))
         };
         let (aw, bw) = (get(an)?, get(bn)?);
-        let (out_dim, in_dim) = target.base_shape(cfg);
-        let bad_shape = |what: &str, found: &[usize], expected: String| {
-            AdapterError::invalid(
-                dir,
-                format!(
-                    "{what} has shape {found:?} but the base model's layer {layer} {} needs {expected}",
-                    target.hf_module()
-                ),
-            )
-        };
         if layer >= cfg.num_layers {
             return Err(AdapterError::invalid(
                 dir,
@@ -452,6 +495,24 @@ fn load_safetensors(
                 ),
             ));
         }
+        let Some((out_dim, in_dim)) = target.file_shape(cfg, layer) else {
+            return Err(AdapterError::invalid(
+                dir,
+                format!(
+                    "{an} targets {} of layer {layer}, which the base model's layer does not have",
+                    target.hf_module()
+                ),
+            ));
+        };
+        let bad_shape = |what: &str, found: &[usize], expected: String| {
+            AdapterError::invalid(
+                dir,
+                format!(
+                    "{what} has shape {found:?} but the base model's layer {layer} {} needs {expected}",
+                    target.hf_module()
+                ),
+            )
+        };
         if aw.shape.len() != 2 || bw.shape.len() != 2 {
             return Err(AdapterError::invalid(
                 dir,
@@ -487,7 +548,10 @@ fn load_safetensors(
             a = transpose(&a, in_dim, rank);
             b = transpose(&b, rank, out_dim);
         }
-        let module_name = format!("layers.{layer}.{}", target.hf_module());
+        let module_name = match target {
+            Target::PleModel => target.hf_module().to_string(),
+            _ => format!("layers.{layer}.{}", target.hf_module()),
+        };
         let scale = rule.scale(&module_name, rank);
         if let Some(p) = permute {
             match target {
@@ -513,10 +577,16 @@ fn load_safetensors(
             dir,
             format!(
                 "no LoRA tensor targets a projection wick adapts ({})",
-                Target::ALL.map(Target::hf_module).join(", ")
+                Target::EVERY
+                    .iter()
+                    .filter(|&&t| t != Target::QGate)
+                    .map(|t| t.hf_module())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         ));
     }
+    let deltas = split_query_gate(cfg, deltas);
     let base_model = config
         .get("base_model_name_or_path")
         .and_then(Value::as_str)
@@ -574,7 +644,7 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
             skipped += 1;
             continue;
         };
-        let Some(&target) = Target::ALL.iter().find(|t| t.gguf_stem() == module) else {
+        let Some(&target) = Target::ALL.iter().find(|t| t.gguf_stem() == Some(module)) else {
             skipped += 2;
             continue;
         };
@@ -603,7 +673,14 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
             })
         };
         let (aw, bw) = (view(name)?, view(&bn)?);
-        let (out_dim, in_dim) = target.base_shape(cfg);
+        let Some((out_dim, in_dim)) = target.file_shape(cfg, layer) else {
+            return Err(AdapterError::invalid(
+                path,
+                format!(
+                    "{name} targets {module}, which layer {layer} of the base model does not have"
+                ),
+            ));
+        };
         let ok = aw.shape.len() == 2
             && bw.shape.len() == 2
             && aw.shape[1] == in_dim
@@ -645,6 +722,7 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
         ));
     }
     deltas.sort_by_key(|d| (d.layer, d.target));
+    let deltas = split_query_gate(cfg, deltas);
     Ok(HostAdapter {
         path: path.to_path_buf(),
         format: AdapterFormat::Gguf,
