@@ -6,12 +6,15 @@
 //! does not have is refused.
 use std::path::Path;
 
-use wick_engine::adapters::load_host;
+use std::sync::Arc;
+
+use wick_engine::adapters::{load_host, AdapterRegistry};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::Decoder;
+use wick_engine::{LoadOptions, LogitsRequest, Model, RowOutput, StepPlan, StepRow, Want};
 
 mod common;
-use common::golden::TextGolden;
+use common::golden::{golden_dir, goldens, TextGolden};
 use common::hybrid_adapters::{
     all_with, assert_near, mixed_batch, upload, HybridAdapters, MODELS, SELECTIONS,
 };
@@ -41,6 +44,53 @@ fn each_adapter_matches_peft_at_every_position() {
                 &want,
                 TOLERANCE,
             );
+        }
+    }
+}
+
+#[test]
+fn the_engine_mounts_them_and_requests_select_them() {
+    // Through the engine's model (the server's path): mounted by id, selected per row.
+    let g = HybridAdapters::open();
+    let ids = g.ids();
+    for model in MODELS {
+        let m = Model::load(&golden_dir(model), &LoadOptions::default()).unwrap();
+        let registry = AdapterRegistry::default();
+        for sel in ["a", "b"] {
+            let dir = goldens().join("adapters/hybrid").join(model).join(sel);
+            registry
+                .insert(Arc::new(m.load_adapter(sel, &dir).unwrap()))
+                .unwrap();
+        }
+        let info = registry.get("a").unwrap().info().clone();
+        let targeted = g.reference["models"][model]["adapters"]["a"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!(info.mounted_layers >= targeted, "{model}: {info:?}");
+        assert_eq!(info.skipped_tensors, 0, "{model}: {info:?}");
+        let stacks: Vec<_> = ["b", "none", "a"]
+            .iter()
+            .map(|s| registry.resolve(Some(s)).unwrap())
+            .collect();
+        let mut caches: Vec<_> = stacks.iter().map(|_| m.new_cache()).collect();
+        let rows = caches
+            .iter_mut()
+            .zip(&stacks)
+            .map(|(cache, stack)| StepRow {
+                tokens: &ids,
+                cache,
+                want: Want::logits(LogitsRequest::All),
+                adapters: Some(stack),
+            })
+            .collect();
+        let out = m.execute(StepPlan::new(rows)).unwrap();
+        for (sel, o) in ["b", "none", "a"].iter().zip(out) {
+            let RowOutput::Logits(l) = o else {
+                panic!("{model} {sel}: no logits")
+            };
+            let what = format!("{model} {sel} through the engine");
+            assert_near(&what, &l.data, &g.expected(model, sel), TOLERANCE);
         }
     }
 }
