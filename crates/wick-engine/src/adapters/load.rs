@@ -754,6 +754,25 @@ mod tests {
             parse_hf_key("model.layers.11.mlp.up_proj.lora_b"),
             Some((11, "mlp.up_proj", Factor::B, true))
         );
+        assert_eq!(
+            parse_hf_key("base_model.model.model.layers.2.linear_attn.in_proj_qkv.lora_A.weight"),
+            Some((2, "linear_attn.in_proj_qkv", Factor::A, false))
+        );
+        // Gemma 4's per-layer-input projection of the whole model, text-only and
+        // multimodal layouts; a module that merely ends alike is not it.
+        for key in [
+            "base_model.model.model.per_layer_model_projection.lora_B.weight",
+            "base_model.model.model.language_model.per_layer_model_projection.lora_B.weight",
+        ] {
+            assert_eq!(
+                parse_hf_key(key),
+                Some((0, "per_layer_model_projection", Factor::B, false))
+            );
+        }
+        assert_eq!(
+            parse_hf_key("model.not_per_layer_model_projection.lora_B.weight"),
+            None
+        );
         assert_eq!(parse_hf_key("model.embed_tokens.lora_embedding_A"), None);
         assert_eq!(parse_hf_key("lm_head.weight"), None);
     }
