@@ -90,6 +90,9 @@ def save_peft(model, adapter_name: str, out: Path) -> None:
     cfg = json.loads((out / "adapter_config.json").read_text())
     # An absolute path of this machine would make the file differ between runs/machines.
     cfg["base_model_name_or_path"] = "tiny-random-llama"
+    # PEFT keeps target_modules as a set: its order changes from run to run.
+    if isinstance(cfg.get("target_modules"), list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])
     (out / "adapter_config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(tmp)
 
