@@ -197,9 +197,17 @@ enum Factor {
     B,
 }
 
+/// Module paths of the vision and audio towers (Gemma 3/4, Qwen 2.5-VL/3.5): adapters on
+/// them are skipped.
+const TOWERS: [&str; 4] = ["vision_tower.", "audio_tower.", "vision_model.", "visual."];
+
 /// `(layer, module path within the layer, factor, whether the key is mlx-lm's lower-case
 /// form)` of a LoRA tensor name; `None` for names that are not LoRA factors of a layer.
 fn parse_hf_key(key: &str) -> Option<(usize, &str, Factor, bool)> {
+    // A multimodal checkpoint's towers have `layers.N` of their own: never the text's.
+    if TOWERS.iter().any(|t| key.contains(t)) {
+        return None;
+    }
     let at = key.find(".lora_")?;
     let (module, rest) = (&key[..at], &key[at + ".lora_".len()..]);
     let (factor, lower) = match rest.split('.').next()? {
@@ -774,6 +782,18 @@ mod tests {
             None
         );
         assert_eq!(parse_hf_key("model.embed_tokens.lora_embedding_A"), None);
+        assert_eq!(
+            parse_hf_key(
+                "base_model.model.model.audio_tower.layers.0.self_attn.q_proj.lora_A.weight"
+            ),
+            None
+        );
+        assert_eq!(
+            parse_hf_key(
+                "base_model.model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight"
+            ),
+            Some((1, "self_attn.q_proj", Factor::A, false))
+        );
         assert_eq!(parse_hf_key("lm_head.weight"), None);
     }
 
