@@ -14,6 +14,14 @@ and the stacks peft_a+mlx_c and peft_a+peft_b (PEFT with several active adapters
 deltas), plus a 16-token greedy continuation of each. Everything lands in
 crates/wick-engine/tests/goldens/adapters/. The script is deterministic.
 
+The hybrid families get their own goldens in crates/wick-engine/tests/goldens/adapters/hybrid/:
+for each of the tiny Qwen 3.5, Gemma 4 and Gemma 4 MoE (hf_tiny_models.py), adapter `a` (rank 4,
+lora_alpha 8, target_modules="all-linear": the DeltaNet projections, Qwen 3.5's gated q_proj,
+Gemma 4's per-layer-input projections and expert router) and adapter `b` (rank 2, rsLoRA, a few
+targets), with PEFT's logits at every position under none, a and b. Gemma 4's experts are 3-D
+parameters, which all-linear does not reach, so no adapter here targets them. --hybrid writes
+only these.
+
 With --smollm2-out DIR it instead writes a random rank-16 PEFT adapter shaped for
 SmolLM2-135M (30 layers, hidden 576, ffn 1536, 9/3 heads) for the benchmarks (not committed).
 
@@ -82,6 +90,9 @@ def save_peft(model, adapter_name: str, out: Path) -> None:
     cfg = json.loads((out / "adapter_config.json").read_text())
     # An absolute path of this machine would make the file differ between runs/machines.
     cfg["base_model_name_or_path"] = "tiny-random-llama"
+    # PEFT keeps target_modules as a set: its order changes from run to run.
+    if isinstance(cfg.get("target_modules"), list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])
     (out / "adapter_config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
     shutil.rmtree(tmp)
 
@@ -159,9 +170,13 @@ def with_adapters(dirs: list[tuple[str, Path]]):
 
 
 def goldens() -> None:
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    for old in ("peft_a", "peft_b", "mlx_c", "logits.safetensors", "reference.json"):
+        p = OUT / old
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    OUT.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(SEED)
     a = make_peft("peft_a", LoraConfig(r=4, lora_alpha=8, target_modules=ALL_TARGETS, lora_dropout=0.0), SEED + 1)
     b = make_peft(
@@ -214,6 +229,74 @@ def goldens() -> None:
         print(sel, e["max_abs_diff_from_base"], e["greedy"]["len7"][:6])
 
 
+HYBRID_OUT = OUT / "hybrid"
+HYBRID_IDS = [1, 87, 300, 301, 302, 45, 46, 200, 201, 202, 17, 18, 19, 400, 401]
+# Adapter b's targets per model: a few projections of each kind the family adds.
+HYBRID_B_TARGETS = {
+    "qwen35": ["in_proj_qkv", "in_proj_a", "out_proj", "q_proj", "down_proj"],
+    "gemma4": ["q_proj", "v_proj", "per_layer_input_gate", "per_layer_projection", "up_proj"],
+    "gemma4_moe": ["k_proj", "o_proj", "gate_proj", "proj"],
+}
+
+
+def hybrid_base(name: str):
+    model = AutoModelForCausalLM.from_pretrained(
+        ROOT / "crates/wick-engine/tests/goldens/hf" / name, dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    return model
+
+
+def hybrid_goldens() -> None:
+    if HYBRID_OUT.exists():
+        shutil.rmtree(HYBRID_OUT)
+    HYBRID_OUT.mkdir(parents=True)
+    tensors = {}
+    reference = {
+        "torch": torch.__version__,
+        "peft": __import__("peft").__version__,
+        "ids": HYBRID_IDS,
+        "models": {},
+    }
+    for i, (name, b_targets) in enumerate(HYBRID_B_TARGETS.items()):
+        configs = {
+            "a": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0),
+            "b": LoraConfig(r=2, lora_alpha=4, use_rslora=True, target_modules=b_targets, lora_dropout=0.0),
+        }
+        entry = {"adapters": {}, "max_abs_diff_from_base": {}}
+        base_logits = logits_of(hybrid_base(name), HYBRID_IDS)
+        tensors[f"{name}.none.logits"] = base_logits.contiguous()
+        for j, (sel, config) in enumerate(configs.items()):
+            torch.manual_seed(SEED)
+            model = get_peft_model(hybrid_base(name), config)
+            randomize_lora(model, "default", SEED + 10 * i + j)
+            model.eval()
+            out = HYBRID_OUT / name / sel
+            save_peft(model, "default", out)
+            cfg = json.loads((out / "adapter_config.json").read_text())
+            cfg["base_model_name_or_path"] = f"tiny-random-{name}"
+            (out / "adapter_config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+            targeted = sorted(
+                {n.split(".layers.")[-1].split(".", 1)[-1] if ".layers." in n else n.rsplit(".", 1)[-1]
+                 for n, m in model.named_modules() if hasattr(m, "lora_A") and "default" in m.lora_A}
+            )
+            # Reload from the saved files, as wick will.
+            lg = logits_of(with_adapters_on(hybrid_base(name), [(sel, out)]), HYBRID_IDS)
+            tensors[f"{name}.{sel}.logits"] = lg.contiguous()
+            entry["adapters"][sel] = targeted
+            entry["max_abs_diff_from_base"][sel] = float((lg - base_logits).abs().max())
+        reference["models"][name] = entry
+        print(name, entry)
+    save_file(dict(sorted(tensors.items())), HYBRID_OUT / "logits.safetensors")
+    (HYBRID_OUT / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+
+
+def with_adapters_on(base, dirs: list[tuple[str, Path]]):
+    model = PeftModel.from_pretrained(base, dirs[0][1], adapter_name=dirs[0][0])
+    model.eval()
+    return model
+
+
 def smollm2(out: Path, rank: int = 16, seed: int = SEED) -> None:
     """A random PEFT adapter for SmolLM2-135M: 30 layers, hidden 576, ffn 1536, 9/3 heads of 64."""
     h, f, layers, q, kv = 576, 1536, 30, 9 * 64, 3 * 64
@@ -255,10 +338,14 @@ def smollm2(out: Path, rank: int = 16, seed: int = SEED) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smollm2-out", type=Path, help="write a random rank-16 SmolLM2 adapter here instead")
+    ap.add_argument("--hybrid", action="store_true", help="write only the Qwen 3.5 / Gemma 4 goldens")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--seed", type=int, default=SEED)
     args = ap.parse_args()
     if args.smollm2_out:
         smollm2(args.smollm2_out, args.rank, args.seed)
+    elif args.hybrid:
+        hybrid_goldens()
     else:
         goldens()
+        hybrid_goldens()

@@ -2,9 +2,10 @@
 //! hf_reference.rs) and against the CPU backend: every position, chunked prefill, batched
 //! sequences of different lengths, greedy decoding long enough that the decode step is
 //! captured as a CUDA graph and replayed, prompts of thousands of tokens on the flash
-//! kernels, Qwen 3.5's hybrids with their gated DeltaNet on the device, and the media
-//! towers (Gemma 3's and Gemma 4's vision, Gemma 4's audio, Qwen-VL's vision with M-RoPE
-//! positions) on the goldens of `hf_*_vision.rs` and `hf_gemma4_audio.rs`. Needs
+//! kernels, Qwen 3.5's hybrids with their gated DeltaNet on the device, PEFT adapters on
+//! Qwen 3.5 and Gemma 4, and the media towers (Gemma 3's and Gemma 4's vision, Gemma 4's
+//! audio, Qwen-VL's vision with M-RoPE positions) on the goldens of `hf_*_vision.rs` and
+//! `hf_gemma4_audio.rs`. Needs
 //! `--features cuda`; without a GPU (or its driver) every test says it was skipped and
 //! passes. Set `WICK_GOLDENS` to the goldens folder when the test binary runs away from its
 //! checkout.
@@ -12,6 +13,7 @@
 mod common;
 
 use common::golden::{decoder_from_dir, floats, golden_dir, read_json, TextGolden, TEXT_GOLDENS};
+use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MODELS};
 use common::logits::{forward_all, forward_batch, greedy_lockstep, pass};
 use common::media::cases::{gemma3_media, gemma4_image_and_clip, gemma4_media, qwen_media};
 use common::media::{audio_media, check_close, MediaGolden, MediaOf, Tolerance};
@@ -1734,6 +1736,40 @@ fn media_greedy_decoding_matches_the_cpu_and_transformers() {
                 c.golden,
                 c.greedy
             );
+        }
+    }
+}
+
+/// PEFT's all-linear adapters on Qwen 3.5 and Gemma 4 (DeltaNet projections, the gated
+/// q_proj, per-layer-input projections, the router; `goldens/adapters/hybrid`): the GPU's
+/// logits with each adapter equal the CPU backend's and PEFT's at every position, in one
+/// pass and in pieces down to single decode rows, and rows on different adapters and on
+/// the base model in one batch each get their own.
+#[test]
+fn hybrid_adapters_match_the_cpu_and_peft() {
+    let g = HybridAdapters::open();
+    let ids = g.ids();
+    for model in MODELS {
+        let Some(be) = gpu() else { return };
+        let golden = TextGolden::open(model);
+        let cuda = golden.decoder(be);
+        let cpu = golden.decoder(CandleBackend::cpu());
+        let (a, b) = (upload(&cuda, model, "a"), upload(&cuda, model, "b"));
+        let (cpu_a, cpu_b) = (upload(&cpu, model, "a"), upload(&cpu, model, "b"));
+        for (sel, w, cw) in [("a", &a, &cpu_a), ("b", &b, &cpu_b)] {
+            let on_cpu = all_with(&cpu, &ids, &[ids.len()], &[cw]);
+            let want = g.expected(model, sel);
+            for chunks in [&[ids.len()][..], &[4, 1, 1, 6][..]] {
+                let got = all_with(&cuda, &ids, chunks, &[w]);
+                let what = format!("adapter {sel} in chunks {chunks:?}");
+                assert_close(model, &format!("{what} against the cpu"), &got, &on_cpu);
+                assert_close(model, &what, &got, &want);
+            }
+        }
+        let got = mixed_batch(&cuda, &ids, 9, &[vec![&a], Vec::new(), vec![&b]]);
+        for (sel, got) in ["a", "none", "b"].iter().zip(&got) {
+            let what = format!("adapter {sel} in a mixed batch");
+            assert_close(model, &what, got, &g.expected(model, sel));
         }
     }
 }

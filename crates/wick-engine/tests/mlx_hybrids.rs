@@ -3,12 +3,14 @@
 //! f32, against transformers' logits of the tiny goldens (`tests/goldens/hf`) and the CPU
 //! backend: every position in one pass and in chunks, batches of sequences of different
 //! lengths, greedy tokens, DeltaNet states copied, cloned and rebuilt from the host (the
-//! prompt cache's tiers), and Gemma 4's audio rows placed in the pass. Needs
+//! prompt cache's tiers), Gemma 4's audio rows placed in the pass, and PEFT adapters on
+//! both families. Needs
 //! `--features mlx`.
 #![cfg(feature = "mlx")]
 mod common;
 
 use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden, TextGolden};
+use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MODELS};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
 use common::media::{audio_media, MediaGolden};
 use wick_engine::backend::candle::CandleBackend;
@@ -100,6 +102,33 @@ fn logits_match_transformers_and_the_cpu_in_one_pass_and_in_chunks() {
                 &forward_all(&m, &ids, chunks),
                 &g.expected(case),
             );
+        }
+    }
+}
+
+/// PEFT's all-linear adapters of both families (DeltaNet projections, the gated q_proj,
+/// per-layer-input projections, the router): every position, in one pass and in pieces,
+/// and rows on different adapters and on the base model in one batch, against PEFT.
+#[test]
+fn adapters_match_peft() {
+    let g = HybridAdapters::open();
+    let ids = g.ids();
+    for model in MODELS {
+        for be in backends(model) {
+            let m = TextGolden::open(model).decoder(be);
+            let (a, b) = (upload(&m, model, "a"), upload(&m, model, "b"));
+            for (sel, w) in [("a", &a), ("b", &b)] {
+                let want = g.expected(model, sel);
+                let one = all_with(&m, &ids, &[ids.len()], &[w]);
+                assert_close(model, &format!("adapter {sel}"), &one, &want);
+                let pieces = all_with(&m, &ids, &[4, 1, 1, 6], &[w]);
+                assert_close(model, &format!("adapter {sel} in pieces"), &pieces, &want);
+            }
+            let got = mixed_batch(&m, &ids, 9, &[vec![&a], Vec::new(), vec![&b]]);
+            for (sel, got) in ["a", "none", "b"].iter().zip(&got) {
+                let what = format!("adapter {sel} in a mixed batch");
+                assert_close(model, &what, got, &g.expected(model, sel));
+            }
         }
     }
 }

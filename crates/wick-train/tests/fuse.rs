@@ -374,7 +374,7 @@ fn a_gguf_file_fuses_in_its_own_row_order_and_quantized_matrices_become_f16() {
                 v.clone()
             };
             let dims = vec![shape[1] as u64, shape[0] as u64];
-            let gg = format!("blk.{layer}.{}.weight", t.gguf_stem());
+            let gg = format!("blk.{layer}.{}.weight", t.gguf_stem().unwrap());
             if layer == 1 && t == Target::Up {
                 let q8 = quantize_q8_0(&file_v);
                 w.tensor(gg, dims, GgmlType::Q8_0, q8);
@@ -394,7 +394,7 @@ fn a_gguf_file_fuses_in_its_own_row_order_and_quantized_matrices_become_f16() {
     assert_eq!(fused.metadata().get_u64("llama.block_count").unwrap(), 2);
     let base = GgufFile::open(&gguf).unwrap();
     for (layer, t, hf) in &hf_weights {
-        let name = format!("blk.{layer}.{}.weight", t.gguf_stem());
+        let name = format!("blk.{layer}.{}.weight", t.gguf_stem().unwrap());
         let view = fused.tensor(&name).unwrap();
         let weight = HostWeight {
             name: name.clone(),
@@ -475,5 +475,27 @@ fn an_adapter_for_another_base_is_refused_before_writing() {
     let out = dir.path().join("fused");
     let err = fuse(&tiny(), &dir.path().join("adapter"), &out).unwrap_err();
     assert!(err.to_string().contains("shape"), "{err}");
+    assert!(!out.exists());
+}
+
+/// An adapter on the projections the hybrid families add (Qwen 3.5's DeltaNet layers and
+/// gated query) is served beside the base but not folded: `wick fuse` refuses it whole,
+/// naming the projection, and writes nothing.
+#[test]
+fn hybrid_family_projections_are_refused() {
+    let goldens = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wick-engine/tests/goldens");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fused");
+    let err = fuse(
+        &goldens.join("hf/qwen35"),
+        &goldens.join("adapters/hybrid/qwen35/a"),
+        &out,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("folds the seven dense projections only"),
+        "{err}"
+    );
     assert!(!out.exists());
 }

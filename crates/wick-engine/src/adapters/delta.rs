@@ -26,7 +26,7 @@ pub struct LoraPair<B: Backend> {
 
 /// An adapter's deltas on a backend, per layer and [`Target`].
 pub struct LoraWeights<B: Backend> {
-    layers: Vec<[Option<LoraPair<B>>; 7]>,
+    layers: Vec<[Option<LoraPair<B>>; Target::COUNT]>,
 }
 
 fn upload<B: Backend>(
@@ -51,7 +51,7 @@ fn upload<B: Backend>(
 impl<B: Backend> LoraWeights<B> {
     /// Uploads `host`'s deltas for a model of `layers` layers, the factors in `dtype`.
     pub fn upload(be: &B, host: &HostAdapter, layers: usize, dtype: FactorDtype) -> Result<Self> {
-        let mut out: Vec<[Option<LoraPair<B>>; 7]> =
+        let mut out: Vec<[Option<LoraPair<B>>; Target::COUNT]> =
             (0..layers).map(|_| std::array::from_fn(|_| None)).collect();
         for d in &host.deltas {
             let slot = out

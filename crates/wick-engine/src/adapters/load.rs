@@ -197,9 +197,17 @@ enum Factor {
     B,
 }
 
+/// Module paths of the vision and audio towers (Gemma 3/4, Qwen 2.5-VL/3.5): adapters on
+/// them are skipped.
+const TOWERS: [&str; 4] = ["vision_tower.", "audio_tower.", "vision_model.", "visual."];
+
 /// `(layer, module path within the layer, factor, whether the key is mlx-lm's lower-case
 /// form)` of a LoRA tensor name; `None` for names that are not LoRA factors of a layer.
 fn parse_hf_key(key: &str) -> Option<(usize, &str, Factor, bool)> {
+    // A multimodal checkpoint's towers have `layers.N` of their own: never the text's.
+    if TOWERS.iter().any(|t| key.contains(t)) {
+        return None;
+    }
     let at = key.find(".lora_")?;
     let (module, rest) = (&key[..at], &key[at + ".lora_".len()..]);
     let (factor, lower) = match rest.split('.').next()? {
@@ -209,7 +217,14 @@ fn parse_hf_key(key: &str) -> Option<(usize, &str, Factor, bool)> {
         "b" => (Factor::B, true),
         _ => return None,
     };
-    let li = module.rfind("layers.")?;
+    let Some(li) = module.rfind("layers.") else {
+        // Gemma 4's per-layer-input projection of the whole model sits outside the layers.
+        let model_level = Target::PleModel.hf_module();
+        let at = module.rfind(model_level)?;
+        let whole =
+            at + model_level.len() == module.len() && (at == 0 || module[..at].ends_with('.'));
+        return whole.then_some((0, model_level, factor, lower));
+    };
     let after = &module[li + "layers.".len()..];
     let (num, inner) = after.split_once('.')?;
     let layer = num.parse().ok()?;
@@ -362,6 +377,46 @@ fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
     out
 }
 
+/// Qwen 3.5's `q_proj` holds, per head, the query rows then the output gate's rows, and
+/// its layers run them as two products: each such delta becomes a [`Target::Q`] delta of
+/// the query rows of `B` and a [`Target::QGate`] delta of the gate rows, `A` shared.
+fn split_query_gate(cfg: &ModelConfig, deltas: Vec<HostDelta>) -> Vec<HostDelta> {
+    if cfg.qwen35.is_none() {
+        return deltas;
+    }
+    let hd = cfg.head_dim;
+    let mut out = Vec::with_capacity(deltas.len() + cfg.num_layers);
+    for d in deltas {
+        if d.target != Target::Q {
+            out.push(d);
+            continue;
+        }
+        let (mut q, mut g) = (Vec::with_capacity(d.b.len() / 2), Vec::new());
+        g.reserve(d.b.len() / 2);
+        for head in d.b.chunks_exact(2 * hd * d.rank) {
+            let (qh, gh) = head.split_at(hd * d.rank);
+            q.extend_from_slice(qh);
+            g.extend_from_slice(gh);
+        }
+        let half = d.out_dim / 2;
+        out.push(HostDelta {
+            target: Target::QGate,
+            b: g,
+            out_dim: half,
+            a: d.a.clone(),
+            ..d
+        });
+        out.push(HostDelta {
+            target: Target::Q,
+            b: q,
+            out_dim: half,
+            ..d
+        });
+    }
+    out.sort_by_key(|d| (d.layer, d.target));
+    out
+}
+
 fn load_safetensors(
     dir: &Path,
     file: &Path,
@@ -395,8 +450,14 @@ fn load_safetensors(
                 "mixes PEFT (lora_A/lora_B) and mlx-lm (lora_a/lora_b) tensor names",
             ));
         }
-        match Target::ALL.iter().find(|t| t.hf_module() == module) {
-            Some(&t) => factors.push((layer, t, factor, name)),
+        match Target::from_hf_module(module) {
+            Some(t) => factors.push((layer, t, factor, name)),
+            None if module.starts_with("experts.") || module == "experts" => {
+                return Err(AdapterError::invalid(
+                    dir,
+                    format!("{name}: LoRA on the mixture-of-experts weights is not supported"),
+                ))
+            }
             None => skipped += 1,
         }
     }
@@ -433,16 +494,6 @@ fn load_safetensors(
                 .ok_or_else(|| AdapterError::invalid(dir, format!("missing tensor {n}")))
         };
         let (aw, bw) = (get(an)?, get(bn)?);
-        let (out_dim, in_dim) = target.base_shape(cfg);
-        let bad_shape = |what: &str, found: &[usize], expected: String| {
-            AdapterError::invalid(
-                dir,
-                format!(
-                    "{what} has shape {found:?} but the base model's layer {layer} {} needs {expected}",
-                    target.hf_module()
-                ),
-            )
-        };
         if layer >= cfg.num_layers {
             return Err(AdapterError::invalid(
                 dir,
@@ -452,6 +503,24 @@ fn load_safetensors(
                 ),
             ));
         }
+        let Some((out_dim, in_dim)) = target.file_shape(cfg, layer) else {
+            return Err(AdapterError::invalid(
+                dir,
+                format!(
+                    "{an} targets {} of layer {layer}, which the base model's layer does not have",
+                    target.hf_module()
+                ),
+            ));
+        };
+        let bad_shape = |what: &str, found: &[usize], expected: String| {
+            AdapterError::invalid(
+                dir,
+                format!(
+                    "{what} has shape {found:?} but the base model's layer {layer} {} needs {expected}",
+                    target.hf_module()
+                ),
+            )
+        };
         if aw.shape.len() != 2 || bw.shape.len() != 2 {
             return Err(AdapterError::invalid(
                 dir,
@@ -487,7 +556,10 @@ fn load_safetensors(
             a = transpose(&a, in_dim, rank);
             b = transpose(&b, rank, out_dim);
         }
-        let module_name = format!("layers.{layer}.{}", target.hf_module());
+        let module_name = match target {
+            Target::PleModel => target.hf_module().to_string(),
+            _ => format!("layers.{layer}.{}", target.hf_module()),
+        };
         let scale = rule.scale(&module_name, rank);
         if let Some(p) = permute {
             match target {
@@ -513,10 +585,16 @@ fn load_safetensors(
             dir,
             format!(
                 "no LoRA tensor targets a projection wick adapts ({})",
-                Target::ALL.map(Target::hf_module).join(", ")
+                Target::EVERY
+                    .iter()
+                    .filter(|&&t| t != Target::QGate)
+                    .map(|t| t.hf_module())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         ));
     }
+    let deltas = split_query_gate(cfg, deltas);
     let base_model = config
         .get("base_model_name_or_path")
         .and_then(Value::as_str)
@@ -574,7 +652,7 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
             skipped += 1;
             continue;
         };
-        let Some(&target) = Target::ALL.iter().find(|t| t.gguf_stem() == module) else {
+        let Some(&target) = Target::ALL.iter().find(|t| t.gguf_stem() == Some(module)) else {
             skipped += 2;
             continue;
         };
@@ -603,7 +681,14 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
             })
         };
         let (aw, bw) = (view(name)?, view(&bn)?);
-        let (out_dim, in_dim) = target.base_shape(cfg);
+        let Some((out_dim, in_dim)) = target.file_shape(cfg, layer) else {
+            return Err(AdapterError::invalid(
+                path,
+                format!(
+                    "{name} targets {module}, which layer {layer} of the base model does not have"
+                ),
+            ));
+        };
         let ok = aw.shape.len() == 2
             && bw.shape.len() == 2
             && aw.shape[1] == in_dim
@@ -645,6 +730,7 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
         ));
     }
     deltas.sort_by_key(|d| (d.layer, d.target));
+    let deltas = split_query_gate(cfg, deltas);
     Ok(HostAdapter {
         path: path.to_path_buf(),
         format: AdapterFormat::Gguf,
@@ -676,7 +762,38 @@ mod tests {
             parse_hf_key("model.layers.11.mlp.up_proj.lora_b"),
             Some((11, "mlp.up_proj", Factor::B, true))
         );
+        assert_eq!(
+            parse_hf_key("base_model.model.model.layers.2.linear_attn.in_proj_qkv.lora_A.weight"),
+            Some((2, "linear_attn.in_proj_qkv", Factor::A, false))
+        );
+        // Gemma 4's per-layer-input projection of the whole model, text-only and
+        // multimodal layouts; a module that merely ends alike is not it.
+        for key in [
+            "base_model.model.model.per_layer_model_projection.lora_B.weight",
+            "base_model.model.model.language_model.per_layer_model_projection.lora_B.weight",
+        ] {
+            assert_eq!(
+                parse_hf_key(key),
+                Some((0, "per_layer_model_projection", Factor::B, false))
+            );
+        }
+        assert_eq!(
+            parse_hf_key("model.not_per_layer_model_projection.lora_B.weight"),
+            None
+        );
         assert_eq!(parse_hf_key("model.embed_tokens.lora_embedding_A"), None);
+        assert_eq!(
+            parse_hf_key(
+                "base_model.model.model.audio_tower.layers.0.self_attn.q_proj.lora_A.weight"
+            ),
+            None
+        );
+        assert_eq!(
+            parse_hf_key(
+                "base_model.model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight"
+            ),
+            Some((1, "self_attn.q_proj", Factor::A, false))
+        );
         assert_eq!(parse_hf_key("lm_head.weight"), None);
     }
 

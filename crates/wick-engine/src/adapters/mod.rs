@@ -41,10 +41,31 @@ pub enum Target {
     Up,
     /// MLP down projection.
     Down,
+    /// Qwen 3.5's attention output gate: the gate rows of its `q_proj` (which holds, per
+    /// head, the query rows then the gate rows), split off the file's `q_proj` delta.
+    QGate,
+    /// A DeltaNet layer's `linear_attn.in_proj_qkv`.
+    DeltaQkv,
+    /// A DeltaNet layer's `linear_attn.in_proj_z` (the output gate).
+    DeltaZ,
+    /// A DeltaNet layer's `linear_attn.in_proj_b` (the write strength).
+    DeltaB,
+    /// A DeltaNet layer's `linear_attn.in_proj_a` (the decay).
+    DeltaA,
+    /// A DeltaNet layer's `linear_attn.out_proj`.
+    DeltaOut,
+    /// Gemma 4's `per_layer_input_gate`.
+    PleGate,
+    /// Gemma 4's `per_layer_projection`.
+    PleProj,
+    /// Gemma 4's `per_layer_model_projection` (one for the model, kept at layer 0).
+    PleModel,
+    /// Gemma 4's expert router (`router.proj`).
+    Router,
 }
 
 impl Target {
-    /// Every target, in index order.
+    /// The dense decoder's seven targets, in index order (what the trainer adapts).
     pub const ALL: [Target; 7] = [
         Target::Q,
         Target::K,
@@ -55,27 +76,70 @@ impl Target {
         Target::Down,
     ];
 
+    /// Every target, in index order.
+    pub const EVERY: [Target; Target::COUNT] = [
+        Target::Q,
+        Target::K,
+        Target::V,
+        Target::O,
+        Target::Gate,
+        Target::Up,
+        Target::Down,
+        Target::QGate,
+        Target::DeltaQkv,
+        Target::DeltaZ,
+        Target::DeltaB,
+        Target::DeltaA,
+        Target::DeltaOut,
+        Target::PleGate,
+        Target::PleProj,
+        Target::PleModel,
+        Target::Router,
+    ];
+
+    /// How many targets there are (the length of a layer's slot array).
+    pub const COUNT: usize = 17;
+
     /// Index in a layer's slot array.
     pub fn index(self) -> usize {
         self as usize
     }
 
-    /// The Hugging Face module path within a decoder layer.
+    /// The Hugging Face module path within a decoder layer (within the model for
+    /// [`Target::PleModel`]; [`Target::QGate`] comes out of `q_proj`).
     pub fn hf_module(self) -> &'static str {
         match self {
-            Target::Q => "self_attn.q_proj",
+            Target::Q | Target::QGate => "self_attn.q_proj",
             Target::K => "self_attn.k_proj",
             Target::V => "self_attn.v_proj",
             Target::O => "self_attn.o_proj",
             Target::Gate => "mlp.gate_proj",
             Target::Up => "mlp.up_proj",
             Target::Down => "mlp.down_proj",
+            Target::DeltaQkv => "linear_attn.in_proj_qkv",
+            Target::DeltaZ => "linear_attn.in_proj_z",
+            Target::DeltaB => "linear_attn.in_proj_b",
+            Target::DeltaA => "linear_attn.in_proj_a",
+            Target::DeltaOut => "linear_attn.out_proj",
+            Target::PleGate => "per_layer_input_gate",
+            Target::PleProj => "per_layer_projection",
+            Target::PleModel => "per_layer_model_projection",
+            Target::Router => "router.proj",
         }
     }
 
-    /// The GGUF tensor stem within a block (`blk.N.<stem>.weight`).
-    pub fn gguf_stem(self) -> &'static str {
-        match self {
+    /// The target a Hugging Face module path within a layer names.
+    pub fn from_hf_module(module: &str) -> Option<Target> {
+        Target::EVERY
+            .into_iter()
+            .filter(|&t| t != Target::QGate)
+            .find(|t| t.hf_module() == module)
+    }
+
+    /// The GGUF tensor stem within a block (`blk.N.<stem>.weight`) of the dense targets
+    /// (GGUF adapters exist for those only).
+    pub fn gguf_stem(self) -> Option<&'static str> {
+        Some(match self {
             Target::Q => "attn_q",
             Target::K => "attn_k",
             Target::V => "attn_v",
@@ -83,22 +147,75 @@ impl Target {
             Target::Gate => "ffn_gate",
             Target::Up => "ffn_up",
             Target::Down => "ffn_down",
-        }
+            _ => return None,
+        })
     }
 
-    /// `[out, in]` of the base matrix this target sits beside.
+    /// `[out, in]` of the dense decoder's base matrix this target sits beside.
     pub fn base_shape(self, cfg: &crate::config::ModelConfig) -> (usize, usize) {
         let h = cfg.hidden_size;
         let q = cfg.num_heads * cfg.head_dim;
         let kv = cfg.num_kv_heads * cfg.head_dim;
         let f = cfg.intermediate_size;
         match self {
-            Target::Q => (q, h),
+            Target::Q | Target::QGate => (q, h),
             Target::K | Target::V => (kv, h),
             Target::O => (h, q),
             Target::Gate | Target::Up => (f, h),
             Target::Down => (h, f),
+            _ => (0, 0),
         }
+    }
+
+    /// `[out, in]` of the matrix the adapter file holds for this target of `layer` (for
+    /// Qwen 3.5's `q_proj`, the query and gate rows together), or `None` where that layer
+    /// has no such projection.
+    pub fn file_shape(
+        self,
+        cfg: &crate::config::ModelConfig,
+        layer: usize,
+    ) -> Option<(usize, usize)> {
+        let h = cfg.hidden_size;
+        if layer >= cfg.num_layers {
+            return None;
+        }
+        if let Some(q35) = &cfg.qwen35 {
+            let linear = *q35.linear_layers.get(layer)?;
+            let sh = q35.delta;
+            let vd = sh.v_heads * sh.v_dim;
+            return match self {
+                Target::Gate | Target::Up | Target::Down => Some(self.base_shape(cfg)),
+                Target::Q if !linear => Some((2 * cfg.num_heads * cfg.head_dim, h)),
+                Target::K | Target::V | Target::O if !linear => Some(self.base_shape(cfg)),
+                Target::DeltaQkv if linear => Some((sh.conv_dim(), h)),
+                Target::DeltaZ if linear => Some((vd, h)),
+                Target::DeltaB | Target::DeltaA if linear => Some((sh.v_heads, h)),
+                Target::DeltaOut if linear => Some((h, vd)),
+                _ => None,
+            };
+        }
+        if let Some(g) = &cfg.gemma4 {
+            let l = g.layers.get(layer)?;
+            let q = cfg.num_heads * l.head_dim;
+            let kv = l.kv_heads * l.head_dim;
+            let f = l.intermediate;
+            return match self {
+                Target::Q => Some((q, h)),
+                Target::K => Some((kv, h)),
+                Target::V if !l.k_eq_v => Some((kv, h)),
+                Target::O => Some((h, q)),
+                Target::Gate | Target::Up => Some((f, h)),
+                Target::Down => Some((h, f)),
+                Target::PleGate if g.ple_dim > 0 => Some((g.ple_dim, h)),
+                Target::PleProj if g.ple_dim > 0 => Some((h, g.ple_dim)),
+                Target::PleModel if g.ple_dim > 0 && layer == 0 => {
+                    Some((g.layers.len() * g.ple_dim, h))
+                }
+                Target::Router => g.moe.as_ref().map(|m| (m.experts, h)),
+                _ => None,
+            };
+        }
+        Target::ALL.contains(&self).then(|| self.base_shape(cfg))
     }
 }
 

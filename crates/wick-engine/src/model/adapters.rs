@@ -6,7 +6,7 @@ use super::dispatch::{with_decoder, AnyDecoder};
 use super::{Model, ModelFormat};
 use crate::adapters::{
     choose_factor_dtype, load::QkPermutation, validate_id, Adapter, AdapterDtype, AdapterError,
-    AdapterInfo, FactorDtype, LoraOf, LoraWeights,
+    AdapterInfo, FactorDtype, LoraOf, LoraWeights, Target,
 };
 use crate::backend::capability::Capability;
 use crate::backend::RopeStyle;
@@ -63,7 +63,12 @@ impl Model {
             scale: host.scale(),
             size_bytes: host.size_bytes() / 4 * dtype.bytes(),
             factor_dtype: dtype,
-            mounted_layers: host.deltas.len(),
+            // Qwen 3.5's q_proj is one layer of the file, kept as two deltas.
+            mounted_layers: host
+                .deltas
+                .iter()
+                .filter(|d| d.target != Target::QGate)
+                .count(),
             skipped_tensors: host.skipped_tensors,
             base_model: host.base_model.clone(),
             digest,

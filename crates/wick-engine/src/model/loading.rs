@@ -274,8 +274,8 @@ impl Model {
 /// first that the file holds (an affine-quantized, quantized or half-precision one is
 /// [`BasePrecision::Rounded`]); a model without any is taken as exact.
 fn base_precision(weights: &dyn WeightSource) -> BasePrecision {
-    for t in Target::ALL {
-        let name = format!("blk.0.{}.weight", t.gguf_stem());
+    for stem in Target::ALL.iter().filter_map(|t| t.gguf_stem()) {
+        let name = format!("blk.0.{stem}.weight");
         if let Ok(Some(_)) = weights.affine(&name) {
             return BasePrecision::Rounded;
         }

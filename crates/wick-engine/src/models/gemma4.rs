@@ -23,6 +23,7 @@ use std::ops::Range;
 use serde_json::Value;
 use wick_gguf::GgmlType;
 
+use crate::adapters::{LoraBatch, Target};
 use crate::backend::capability::{Capability, Need, Part, Requirement};
 use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, HostWeight, RopeSpec, RopeStyle,
@@ -70,10 +71,10 @@ pub(crate) fn needs(params: &Gemma4Params) -> Vec<Need> {
             "bidirectional image attention on its layers",
         ));
     }
-    needs.push(Need::new(
-        Requirement::NotBuilt("adapter deltas in Gemma 4's layers"),
+    needs.push(Need::op(
+        Capability::RowDeltas,
         Part::Adapters,
-        "its layer stack",
+        "a batch whose sequences use different adapters",
     ));
     needs.push(Need::new(
         Requirement::NotBuilt("trimming caches that layers share"),
@@ -620,7 +621,8 @@ impl<B: Backend> Gemma4Model<B> {
     /// ids; rows `ranges[i]` for `caches[i]`
     /// at `positions`), appending to each cache; returns the residual stream after the
     /// last layer. The soft tokens of a bidirectional media item see each other on the
-    /// sliding layers.
+    /// sliding layers. `lora` adds the adapters' deltas beside every projection (the
+    /// experts' excepted).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_layers(
         &self,
@@ -632,6 +634,7 @@ impl<B: Backend> Gemma4Model<B> {
         caches: &mut [&mut SequenceCache<B>],
         ranges: &[Range<usize>],
         media: Option<&PassMedia>,
+        lora: &LoraBatch<'_, B>,
     ) -> Result<B::Tensor> {
         let eps = cfg.rms_eps;
         let h = cfg.hidden_size;
@@ -656,6 +659,7 @@ impl<B: Backend> Gemma4Model<B> {
                 };
                 let tok = be.scale(&tok, (p.dim as f32).sqrt())?;
                 let proj = be.linear(&x, &p.proj, None)?;
+                let proj = lora.apply(be, 0, Target::PleModel, &x, proj)?;
                 let proj = be.scale(&proj, (h as f32).powf(-0.5))?;
                 let proj = be.rms_norm(&proj, &p.norm, eps)?;
                 let both = be.scale(&be.add(&proj, &tok)?, std::f32::consts::FRAC_1_SQRT_2)?;
@@ -674,6 +678,7 @@ impl<B: Backend> Gemma4Model<B> {
             };
             let hn = be.rms_norm(&x, &layer.attn_norm, eps)?;
             let q = be.linear(&hn, &layer.q, None)?;
+            let q = lora.apply(be, li, Target::Q, &hn, q)?;
             let q = be.rms_norm(&q, &layer.q_norm, eps)?;
             let q = be.rope(&q, a.heads, table)?;
             let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
@@ -689,9 +694,17 @@ impl<B: Backend> Gemma4Model<B> {
             let attn = match &layer.kv {
                 Some(kv) => {
                     let k = be.linear(&hn, &kv.k, None)?;
-                    let v = match &kv.v {
-                        Some(v) => be.linear(&hn, v, None)?,
-                        None => k.clone(),
+                    let (k, v) = match &kv.v {
+                        Some(v) => {
+                            let v = be.linear(&hn, v, None)?;
+                            let [k, v] =
+                                lora.apply_many(be, li, [Target::K, Target::V], &hn, [k, v])?;
+                            (k, v)
+                        }
+                        None => {
+                            let k = lora.apply(be, li, Target::K, &hn, k)?;
+                            (k.clone(), k)
+                        }
                     };
                     let k = be.rms_norm(&k, &kv.k_norm, eps)?;
                     let k = be.rope(&k, a.kv_heads, table)?;
@@ -702,6 +715,7 @@ impl<B: Backend> Gemma4Model<B> {
             };
             drop(segments);
             let o = be.linear(&attn, &layer.o, None)?;
+            let o = lora.apply(be, li, Target::O, &attn, o)?;
             let o = be.rms_norm(&o, &layer.post_attn_norm, eps)?;
             x = be.add(&x, &o)?;
             let hf = be.rms_norm(&x, &layer.ffn_norm, eps)?;
@@ -715,12 +729,16 @@ impl<B: Backend> Gemma4Model<B> {
                     })
                 }
             };
+            let [gate, up] =
+                lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, [gate, up])?;
             let act = be.glu(&gate, &up, cfg.activation)?;
-            let mut m = be.linear(&act, &layer.down, None)?;
+            let m = be.linear(&act, &layer.down, None)?;
+            let mut m = lora.apply(be, li, Target::Down, &act, m)?;
             if let Some(moe) = &layer.moe {
                 let dense = be.rms_norm(&m, &moe.post_dense_norm, eps)?;
                 let r = be.rms_norm(&x, &moe.router_norm, eps)?;
                 let logits = be.linear(&r, &moe.router, None)?;
+                let logits = lora.apply(be, li, Target::Router, &r, logits)?;
                 let e_in = be.rms_norm(&x, &moe.pre_norm, eps)?;
                 let e_out = be.moe(&moe.experts, &e_in, &logits, total)?;
                 let e_out = be.rms_norm(&e_out, &moe.post_norm, eps)?;
@@ -730,8 +748,10 @@ impl<B: Backend> Gemma4Model<B> {
             x = be.add(&x, &m)?;
             if let (Some(g), Some(pl)) = (&layer.ple, per_layer.get(li)) {
                 let gate = be.linear(&x, &g.gate, None)?;
+                let gate = lora.apply(be, li, Target::PleGate, &x, gate)?;
                 let gated = be.glu(&gate, pl, cfg.activation)?;
                 let p = be.linear(&gated, &g.proj, None)?;
+                let p = lora.apply(be, li, Target::PleProj, &gated, p)?;
                 let p = be.rms_norm(&p, &g.norm, eps)?;
                 x = be.add(&x, &p)?;
             }

@@ -12,6 +12,7 @@ use wick_gguf::GgmlType;
 
 use super::deltanet::DeltaParams;
 use super::recurrent::RecurrentCache;
+use crate::adapters::{LoraBatch, Target};
 use crate::backend::capability::{Capability, Need, Part, Requirement};
 use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaSegment,
@@ -38,10 +39,10 @@ pub(crate) fn needs(cfg: &ModelConfig) -> Vec<Need> {
             Part::Text,
             "its full-attention layers' output gate",
         ),
-        Need::new(
-            Requirement::NotBuilt("adapter deltas in Qwen 3.5's layers"),
+        Need::op(
+            Capability::RowDeltas,
             Part::Adapters,
-            "its layer stack",
+            "a batch whose sequences use different adapters",
         ),
         Need::new(
             Requirement::NotBuilt("trimming a recurrent state"),
@@ -184,6 +185,14 @@ fn four<B: Backend>(be: &B, v: Vec<B::Tensor>) -> Result<[B::Tensor; 4]> {
     <[B::Tensor; 4]>::try_from(v).map_err(|v| EngineError::Backend {
         backend: be.name(),
         message: format!("{} products where 4 were asked for", v.len()),
+    })
+}
+
+/// Two products of one input, or the backend's error.
+fn two<B: Backend>(be: &B, v: Vec<B::Tensor>) -> Result<[B::Tensor; 2]> {
+    <[B::Tensor; 2]>::try_from(v).map_err(|v| EngineError::Backend {
+        backend: be.name(),
+        message: format!("{} products where 2 were asked for", v.len()),
     })
 }
 
@@ -531,7 +540,7 @@ impl<B: Backend> Hybrid<B> {
 
     /// Runs the layers over `x` (the embedded new tokens of every sequence, rows
     /// `ranges[i]` for `caches[i]`), appending to each cache; returns the residual stream
-    /// after the last layer.
+    /// after the last layer. `lora` adds the adapters' deltas beside every projection.
     pub(crate) fn run_layers(
         &self,
         be: &B,
@@ -539,6 +548,7 @@ impl<B: Backend> Hybrid<B> {
         caches: &mut [&mut SequenceCache<B>],
         ranges: &[Range<usize>],
         rope: &B::Rope,
+        lora: &LoraBatch<'_, B>,
     ) -> Result<B::Tensor> {
         let eps = self.eps;
         let counts: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
@@ -549,7 +559,7 @@ impl<B: Backend> Hybrid<B> {
                 _ => return Err(EngineError::Cache("cache belongs to another model".into())),
             }
         }
-        for layer in &self.layers {
+        for (li, layer) in self.layers.iter().enumerate() {
             let h = be.rms_norm(&x, &layer.attn_norm, eps)?;
             let o = match &layer.mixer {
                 Mixer::Full {
@@ -560,7 +570,13 @@ impl<B: Backend> Hybrid<B> {
                     attention,
                     kv,
                 } => {
-                    let [qt, gt, kt, vt] = four(be, proj.run(be, &h)?)?;
+                    let [qt, gt, kt, vt] = lora.apply_many(
+                        be,
+                        li,
+                        [Target::Q, Target::QGate, Target::K, Target::V],
+                        &h,
+                        four(be, proj.run(be, &h)?)?,
+                    )?;
                     let (qt, kt) = be.rope_qk(
                         &be.rms_norm(&qt, q_norm, eps)?,
                         attention.heads,
@@ -579,7 +595,7 @@ impl<B: Backend> Hybrid<B> {
                     let attn = be.attention(&qt, &kt, &vt, &mut segments, attention)?;
                     let cols = attention.heads * attention.head_dim;
                     let gated = be.sigmoid_gate(&attn, &gt, (total, cols))?;
-                    be.linear(&gated, o, None)?
+                    lora.apply(be, li, Target::O, &gated, be.linear(&gated, o, None)?)?
                 }
                 Mixer::Linear {
                     proj,
@@ -591,7 +607,18 @@ impl<B: Backend> Hybrid<B> {
                     uploaded,
                     state,
                 } => {
-                    let [qkv, z, b, a] = four(be, proj.run(be, &h)?)?;
+                    let [qkv, z, b, a] = lora.apply_many(
+                        be,
+                        li,
+                        [
+                            Target::DeltaQkv,
+                            Target::DeltaZ,
+                            Target::DeltaB,
+                            Target::DeltaA,
+                        ],
+                        &h,
+                        four(be, proj.run(be, &h)?)?,
+                    )?;
                     let params = DeltaParams {
                         shape: self.delta,
                         conv,
@@ -623,28 +650,31 @@ impl<B: Backend> Hybrid<B> {
                         a: &a,
                     };
                     let mixed = be.delta_net(&params, uploaded.as_ref(), inputs, &mut segments)?;
-                    be.linear(&mixed, out, None)?
+                    let o = be.linear(&mixed, out, None)?;
+                    lora.apply(be, li, Target::DeltaOut, &mixed, o)?
                 }
             };
             let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
             let act = match &layer.mlp {
-                Mlp::Fused { gate_up, width } => {
+                Mlp::Fused { gate_up, width } if lora.is_empty() => {
                     be.linear_glu(&hf, gate_up, *width, Activation::Silu)?
                 }
+                Mlp::Fused { gate_up, width } => {
+                    // Adapters add to the gate and up outputs, so they need them apart.
+                    let both = be.linear(&hf, gate_up, None)?;
+                    let [g, u] = two(be, be.split_columns(&both, &[*width, *width])?)?;
+                    let [g, u] =
+                        lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, [g, u])?;
+                    be.glu(&g, &u, Activation::Silu)?
+                }
                 Mlp::Separate { gate, up } => {
-                    let mut p = be
-                        .linear_many(&hf, &[(gate, None), (up, None)])?
-                        .into_iter();
-                    let (Some(g), Some(u)) = (p.next(), p.next()) else {
-                        return Err(EngineError::Backend {
-                            backend: be.name(),
-                            message: "linear_many returned too few products".into(),
-                        });
-                    };
+                    let gu = two(be, be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
+                    let [g, u] = lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, gu)?;
                     be.glu(&g, &u, Activation::Silu)?
                 }
             };
             let m = be.linear(&act, &layer.down, None)?;
+            let m = lora.apply(be, li, Target::Down, &act, m)?;
             x = be.add(&sum, &m)?;
         }
         for (cache, n) in caches.iter_mut().zip(&counts) {

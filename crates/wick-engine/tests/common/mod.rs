@@ -7,6 +7,8 @@
 pub mod gguf;
 /// Goldens on disk and the text goldens' models.
 pub mod golden;
+/// PEFT adapters on the tiny Qwen 3.5 and Gemma 4 goldens, on any backend.
+pub mod hybrid_adapters;
 /// llama.cpp's greedy goldens of the real GGUF models.
 pub mod llamacpp;
 /// Forward passes, the greedy pick and logit comparisons.

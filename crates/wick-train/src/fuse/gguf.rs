@@ -18,7 +18,7 @@ use wick_engine::weights::HostWeight;
 use wick_engine::EngineError;
 use wick_gguf::{GgmlType, GgufFile, GgufWriter};
 
-use super::{add_delta, refuse, FusedDtype, Written};
+use super::{add_delta, canonical, refuse, FusedDtype, Written};
 use crate::error::{io, Result, TrainError};
 use wick_engine::weights::affine::float_bytes;
 
@@ -42,7 +42,7 @@ pub(super) fn fuse_file(base: &Path, adapter: &Path, tmp: &Path) -> Result<Writt
     let mut changes: HashMap<String, usize> = HashMap::new();
     let mut first_type = None;
     for (i, d) in host.deltas.iter().enumerate() {
-        let name = format!("blk.{}.{}.weight", d.layer, d.target.gguf_stem());
+        let name = canonical(d, base)?;
         let info = file
             .tensors()
             .iter()

@@ -176,6 +176,24 @@ fn add_delta(w: &mut [f32], d: &HostDelta) {
 }
 
 /// A Fuse error about `path`.
+/// The canonical name (`blk.N.<stem>.weight`) of the base matrix `d` adds to; the
+/// projections the hybrid families add (DeltaNet, Qwen 3.5's gated query, Gemma 4's
+/// per-layer inputs and router) are served beside the base but not folded into it yet.
+fn canonical(d: &HostDelta, base: &Path) -> Result<String> {
+    let stem = d.target.gguf_stem().ok_or_else(|| {
+        refuse(
+            base,
+            format!(
+                "the adapter changes layer {} {}: wick fuse folds the seven dense projections \
+                 only (serve the adapter with --adapter instead)",
+                d.layer,
+                d.target.hf_module()
+            ),
+        )
+    })?;
+    Ok(format!("blk.{}.{stem}.weight", d.layer))
+}
+
 fn refuse(path: &Path, reason: impl Into<String>) -> TrainError {
     TrainError::Fuse {
         path: path.to_path_buf(),

@@ -12,7 +12,7 @@ use wick_engine::config::ModelConfig;
 use wick_engine::weights::{AffineWeight, MlxQuantization, SafetensorsWeights, WeightSource};
 use wick_gguf::GgmlType;
 
-use super::{add_delta, refuse, FusedDtype, Written};
+use super::{add_delta, canonical, refuse, FusedDtype, Written};
 use crate::error::{io, Result};
 use wick_engine::weights::affine::float_bytes;
 
@@ -171,7 +171,7 @@ fn write_shard(
 fn plan(named: &dyn WeightSource, host: &HostAdapter, base: &Path) -> Result<Vec<Change>> {
     let mut changes = Vec::with_capacity(host.deltas.len());
     for (i, d) in host.deltas.iter().enumerate() {
-        let canonical = format!("blk.{}.{}.weight", d.layer, d.target.gguf_stem());
+        let canonical = canonical(d, base)?;
         let what = format!("layer {} {}", d.layer, d.target.hf_module());
         let misfit = |shape: String| {
             refuse(
@@ -242,7 +242,7 @@ impl Fuser<'_> {
         }
         let c = &self.changes[i];
         let d = &self.host.deltas[c.delta];
-        let canonical = format!("blk.{}.{}.weight", d.layer, d.target.gguf_stem());
+        let canonical = canonical(d, Path::new(name))?;
         match c.stored {
             Stored::Float(dtype) => {
                 let w = self

@@ -625,7 +625,7 @@ impl<B: Backend> Decoder<B> {
             }
             LayerStack::Hybrid(h) => {
                 let ropes = self.ropes(caches, counts, &positions)?;
-                h.run_layers(be, x, caches, &ranges, &ropes.global)?
+                h.run_layers(be, x, caches, &ranges, &ropes.global, &lora)?
             }
             LayerStack::Gemma4(g) => {
                 let ids = match (&ids, device_ids) {
@@ -637,7 +637,17 @@ impl<B: Backend> Decoder<B> {
                         ))
                     }
                 };
-                g.run_layers(be, cfg, x, ids, &positions, caches, &ranges, media.as_ref())?
+                g.run_layers(
+                    be,
+                    cfg,
+                    x,
+                    ids,
+                    &positions,
+                    caches,
+                    &ranges,
+                    media.as_ref(),
+                    &lora,
+                )?
             }
         };
 
