@@ -77,7 +77,7 @@ if [ -z "${SKIP_FAMILY_QUANT:-}" ]; then
   mkdir -p $ROOT/family-quant
   for m in ${FAMILY_QUANT_MODELS:-qwen3.5-4b-bf16 gemma4-e4b-bf16}; do
     [ -d $W/models/$m ] || continue
-    for bits in 4 8; do
+    for bits in ${FAMILY_QUANT_BITS:-4 8}; do
       Q=$W/models/${m%-bf16}-q$bits
       stamp "$m, $bits-bit"
       [ -d $Q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$m $Q --bits $bits \
