@@ -2094,6 +2094,9 @@ extern "C" __global__ void activation(const float* x, float* out, int kind, long
 // 8-byte fragment load in distinct banks.
 #define QM_STRIDE (QM_SLAB + 4)
 #define QM_SCALE 256.0f
+// Blocks an SM must fit (ptxas keeps the registers to 128 a thread, which the 64-row
+// tiles need without spilling).
+#define QM_MIN_BLOCKS 4
 
 __device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
     u32 d;
@@ -2179,7 +2182,7 @@ __device__ void affine_mma(const float* __restrict__ x, const u8* __restrict__ w
             *(uint2*)&xs[r][c + 4] = hi;
         }
         __syncthreads();
-#pragma unroll 2
+#pragma unroll
         for (int c = 0; c < QM_SLAB; c += CH) {
             int k = k0 + c + QC * t;
             bool live = k < in;
@@ -2276,14 +2279,14 @@ extern "C" __global__ void affine_mma_finish(const float* __restrict__ part,
 }
 
 #define AFFINE_MMA(S, SN, BITS, MT)                                                            \
-    extern "C" __global__ void __launch_bounds__(QM_WARPS * 32)                                \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \
         linear_mma_q##BITS##_##SN##_m##MT(const float* x, const u8* w, const S* scales,         \
                                           const S* biases, const float* bias, float* y,         \
                                           float* part, int rows, int in, int out, int group) {  \
         affine_mma<S, BITS, MT, false>(x, w, scales, biases, bias, y, part, rows, in, out,     \
                                        group);                                                 \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(QM_WARPS * 32)                                \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \
         glu_mma_q##BITS##_##SN##_m##MT(const float* x, const u8* w, const S* scales,            \
                                        const S* biases, float* y, float* part, int rows,        \
                                        int in, int width, int group) {                          \
