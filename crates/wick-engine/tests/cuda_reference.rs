@@ -1737,3 +1737,91 @@ fn media_greedy_decoding_matches_the_cpu_and_transformers() {
         }
     }
 }
+
+/// Affine products of 3 to 256 rows on the device against the CPU backend's product of the
+/// same weights (dequantized to f32, f32 inputs): the tensor-core kernel that dequantizes
+/// in registers (x and weights rounded to f16) and, with it switched off, the bf16 copy for
+/// cuBLAS; plain products with a bias and the fused `[gate; up]` form. 4 and 8 bits, groups
+/// of 32, 64 and 128 with bf16, f16 and f32 scales; inputs that are no multiple of the
+/// kernel's 256-input slabs, with and without the inputs split between blocks; outputs that
+/// are no multiple of its 64-output tiles; rows that fill one tile of 16, 32 or 64 and span
+/// several.
+#[test]
+fn affine_products_of_many_rows_match_the_cpu() {
+    let Some(mma) = gpu().map(|b| b.with_quant_mma(true)) else {
+        return;
+    };
+    let Some(blas) = gpu().map(|b| b.with_quant_mma(false)) else {
+        return;
+    };
+    let cpu = CandleBackend::cpu();
+    let cases = [
+        (4, 32, GgmlType::F16),
+        (8, 32, GgmlType::Bf16),
+        (4, 64, GgmlType::Bf16),
+        (8, 64, GgmlType::F32),
+        (4, 128, GgmlType::F32),
+        (8, 128, GgmlType::F16),
+    ];
+    let mut seed = 100;
+    for (bits, group, side) in cases {
+        // A short row (less than one slab: one slice) and a long one (several slices).
+        for (out, cols) in [(72, 3 * group), (136, 2304 + group)] {
+            seed += 1;
+            let values = noise(out * cols, seed);
+            let bias = noise(out, seed + 1000);
+            let quantized = || {
+                wick_engine::weights::AffineWeight::quantize(
+                    "w",
+                    &values,
+                    (out, cols),
+                    (bits, group),
+                    side,
+                )
+                .unwrap()
+            };
+            let on_cpu = cpu.affine_matrix(quantized()).unwrap();
+            let gpus = [("tensor cores", &mma), ("bf16 copy for cuBLAS", &blas)];
+            let on_gpu = gpus.map(|(what, be)| (what, be, be.affine_matrix(quantized()).unwrap()));
+            for rows in [3, 8, 17, 64, 200] {
+                let x = noise(rows * cols, seed + rows as u64);
+                let (want, want_glu) = {
+                    let xc = cpu.tensor_from_host(x.clone(), rows, cols).unwrap();
+                    let bc = cpu.tensor_from_host(bias.clone(), 1, out).unwrap();
+                    let y = cpu.linear(&xc, &on_cpu, Some(&bc)).unwrap();
+                    let g = cpu
+                        .linear_glu(&xc, &on_cpu, out / 2, Activation::Silu)
+                        .unwrap();
+                    (
+                        cpu.rows_to_host(&y, &[rows]).unwrap().concat(),
+                        cpu.rows_to_host(&g, &[rows]).unwrap().concat(),
+                    )
+                };
+                for (path, be, m) in &on_gpu {
+                    let what = format!(
+                        "{bits}-bit groups of {group} ({side}), {out}x{cols}, {rows} rows, {path}"
+                    );
+                    let xg = be.tensor_from_host(x.clone(), rows, cols).unwrap();
+                    let bg = be.tensor_from_host(bias.clone(), 1, out).unwrap();
+                    let y = be.pass(|| be.linear(&xg, m, Some(&bg))).unwrap();
+                    let g = be
+                        .pass(|| be.linear_glu(&xg, m, out / 2, Activation::Silu))
+                        .unwrap();
+                    for (op, got, want) in [
+                        ("linear + bias", be.rows_to_host(&y, &[rows]).unwrap(), &want),
+                        ("gate/up", be.rows_to_host(&g, &[rows]).unwrap(), &want_glu),
+                    ] {
+                        let got = got.concat();
+                        assert_eq!(got.len(), want.len(), "{what} {op}: output size");
+                        let (w, scale) = worst(&got, want);
+                        eprintln!("{what} {op}: max |diff| {w:.2e} (scale {scale:.1})");
+                        assert!(
+                            w <= 1e-2 * scale,
+                            "{what} {op}: max |diff| {w} > 1e-2 × {scale} against the CPU"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
