@@ -327,8 +327,10 @@ fn wide_model_matches_the_cpu(heads: usize, kv_heads: usize, hd: usize) -> bool 
 /// MLX-quantized matrices (4 and 8 bits, groups of 32 and 64; bf16, f16 or f32 scales, the
 /// last as GGUF blocks re-laid out get them) stay packed on the GPU. Products of one and
 /// two rows run on the quantized kernels, which quantize their inputs to signed bytes (one
-/// scale per 32 inputs at 4 bits, 16 at 8 bits) for byte dot products; longer chunks'
-/// products dequantize to bf16 for cuBLAS (weights and inputs rounded to bf16). Both stay
+/// scale per 32 inputs at 4 bits, 16 at 8 bits) for byte dot products; chunks of 3 to 256
+/// rows on the tensor-core kernel that dequantizes in registers (weights and inputs rounded
+/// to f16; `affine_products_of_many_rows_match_the_cpu` checks it op by op), longer ones
+/// dequantize to bf16 for cuBLAS (weights and inputs rounded to bf16). All stay
 /// within 3% of the logits' scale of the CPU backend (which multiplies the same weights
 /// dequantized to f32 with f32 inputs).
 #[test]
@@ -1808,7 +1810,11 @@ fn affine_products_of_many_rows_match_the_cpu() {
                         .pass(|| be.linear_glu(&xg, m, out / 2, Activation::Silu))
                         .unwrap();
                     for (op, got, want) in [
-                        ("linear + bias", be.rows_to_host(&y, &[rows]).unwrap(), &want),
+                        (
+                            "linear + bias",
+                            be.rows_to_host(&y, &[rows]).unwrap(),
+                            &want,
+                        ),
                         ("gate/up", be.rows_to_host(&g, &[rows]).unwrap(), &want_glu),
                     ] {
                         let got = got.concat();

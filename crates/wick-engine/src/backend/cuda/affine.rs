@@ -387,7 +387,11 @@ impl CudaBackend {
         let slices = mma_slices(col_tiles * row_tiles, self.sms, w.cols);
         // Raw sums go through `part` with several slices, and always for GLU.
         let part = if slices > 1 || glu.is_some() {
-            Some(self.dev.alloc(slices * rows * w.rows * 4).map_err(cuda_err)?)
+            Some(
+                self.dev
+                    .alloc(slices * rows * w.rows * 4)
+                    .map_err(cuda_err)?,
+            )
         } else {
             None
         };
@@ -538,7 +542,10 @@ mod tests {
             let s = mma_slices(blocks, 132, cols);
             let slabs = cols.div_ceil(MMA_SLAB);
             let per = slabs.div_ceil(s);
-            assert!((s - 1) * per < slabs, "{s} slices of {per} of {slabs} slabs: one empty");
+            assert!(
+                (s - 1) * per < slabs,
+                "{s} slices of {per} of {slabs} slabs: one empty"
+            );
         }
         // Enough tiles already: one slice; a row shorter than a slab: one slice.
         assert_eq!(mma_slices(4008, 132, 4096), 1);

@@ -1101,9 +1101,14 @@ impl Backend for CudaBackend {
             Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
                 self.affine_glu_rows(x, gate_up, (bits, group, side), width, kind, &y)
             }
-            Layout::Affine { bits, group, side } => {
-                self.affine_mma(x, gate_up, (bits, group, side), None, Some((width, kind)), &y)
-            }
+            Layout::Affine { bits, group, side } => self.affine_mma(
+                x,
+                gate_up,
+                (bits, group, side),
+                None,
+                Some((width, kind)),
+                &y,
+            ),
         })?;
         Ok(y)
     }
