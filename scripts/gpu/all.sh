@@ -11,8 +11,8 @@
 #  4. prefill.sh's server part on the 8B: time to first token of an 18.7k-token prompt alone
 #     and beside 4 decoding streams (their gaps), with the default prompt steps and pacing;
 #  5. the 8B quantized to MLX affine QUANT_BITS (default "4 8"; quantize_mlx.py): decode at
-#     batch 8 and 64 with the tensor-core quantized products and with the dequantize +
-#     cuBLAS path of before (WICK_CUDA_QUANT_MMA=0), same minutes.
+#     batch 8 and 64 with the tensor-core quantized products (WICK_CUDA_QUANT_MMA=1) and
+#     with the dequantize + cuBLAS path (the default), same minutes.
 #  6. unless SKIP_FAMILY_QUANT, 4- and 8-bit affine copies of the Qwen 3.5 and Gemma 4 models
 #     made in this call: decode at batch 1 and 8.
 # Each part's results land in $OUT/<part>/ (SKIP_<PART>=1 skips a part: TEST, QWEN, GEMMA,

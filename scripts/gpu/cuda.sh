@@ -6,7 +6,9 @@
 #  2. random-weight bf16 models of real shapes (MAKE, made with transformers on the GPU),
 #     and MLX affine 4/8-bit copies of them (QUANT, quantize_mlx.py);
 #  3. `wick bench --backend cuda` on each (CASES), with graphs on and off (GRAPHS), with
-#     programmatic dependent launch on and/or off (PDL: 1 and/or 0; default on), for
+#     programmatic dependent launch on and/or off (PDL: 1 and/or 0; default on), with
+#     quantized batches of 3-256 rows on the tensor-core kernel and/or on the bf16 copy
+#     for cuBLAS (QMMA: 1 and/or 0; default 1), for
 #     each KV cache type (KV: f32 and/or f16), and
 #     PyTorch's eager and CUDA-graph decode of the same model (torch_graph_decode.py)
 #     (unless SKIP_BENCH / SKIP_TORCH);
@@ -55,10 +57,12 @@ for m in ${MODELS:-qwen2.5-0.5b-bf16 llama3-8b-bf16}; do
   for kv in ${KV:-f32}; do
   for g in ${GRAPHS:-1 0}; do
   for pdl in ${PDL:-1}; do
+  for qm in ${QMMA:-1}; do
     args=(); for c in ${CASES:-512:128:1 512:64:8 2048:1:1}; do args+=(--case $c); done
-    WICK_CUDA_GRAPHS=$g WICK_CUDA_PDL=$pdl timeout ${BENCH_TIMEOUT:-240} $W/wick bench $W/models/$m --backend cuda \
+    WICK_CUDA_GRAPHS=$g WICK_CUDA_PDL=$pdl WICK_CUDA_QUANT_MMA=$qm timeout ${BENCH_TIMEOUT:-240} $W/wick bench $W/models/$m --backend cuda \
       --kv-type $kv --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 3 "${args[@]}" \
-      2>>$OUT/bench.err | sed -u "s/^{/{\"graphs\":$g,\"pdl\":$pdl,\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
+      2>>$OUT/bench.err | sed -u "s/^{/{\"graphs\":$g,\"pdl\":$pdl,\"quant_mma\":$qm,\"model_dir\":\"$m\",/" | tee -a $OUT/bench.jsonl
+  done
   done
   done
   done

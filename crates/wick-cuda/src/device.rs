@@ -175,6 +175,43 @@ kernels! {
     MoeGroupedF32 => "moe_grouped_f32",
     MoeGroupedF16 => "moe_grouped_f16",
     MoeGroupedBf16 => "moe_grouped_bf16",
+    LinearMmaQ8Bf16M1 => "linear_mma_q8_bf16_m1",
+    GluMmaQ8Bf16M1 => "glu_mma_q8_bf16_m1",
+    LinearMmaQ8Bf16M2 => "linear_mma_q8_bf16_m2",
+    GluMmaQ8Bf16M2 => "glu_mma_q8_bf16_m2",
+    LinearMmaQ8Bf16M4 => "linear_mma_q8_bf16_m4",
+    GluMmaQ8Bf16M4 => "glu_mma_q8_bf16_m4",
+    LinearMmaQ8F16M1 => "linear_mma_q8_f16_m1",
+    GluMmaQ8F16M1 => "glu_mma_q8_f16_m1",
+    LinearMmaQ8F16M2 => "linear_mma_q8_f16_m2",
+    GluMmaQ8F16M2 => "glu_mma_q8_f16_m2",
+    LinearMmaQ8F16M4 => "linear_mma_q8_f16_m4",
+    GluMmaQ8F16M4 => "glu_mma_q8_f16_m4",
+    LinearMmaQ8F32M1 => "linear_mma_q8_f32_m1",
+    GluMmaQ8F32M1 => "glu_mma_q8_f32_m1",
+    LinearMmaQ8F32M2 => "linear_mma_q8_f32_m2",
+    GluMmaQ8F32M2 => "glu_mma_q8_f32_m2",
+    LinearMmaQ8F32M4 => "linear_mma_q8_f32_m4",
+    GluMmaQ8F32M4 => "glu_mma_q8_f32_m4",
+    LinearMmaQ4Bf16M1 => "linear_mma_q4_bf16_m1",
+    GluMmaQ4Bf16M1 => "glu_mma_q4_bf16_m1",
+    LinearMmaQ4Bf16M2 => "linear_mma_q4_bf16_m2",
+    GluMmaQ4Bf16M2 => "glu_mma_q4_bf16_m2",
+    LinearMmaQ4Bf16M4 => "linear_mma_q4_bf16_m4",
+    GluMmaQ4Bf16M4 => "glu_mma_q4_bf16_m4",
+    LinearMmaQ4F16M1 => "linear_mma_q4_f16_m1",
+    GluMmaQ4F16M1 => "glu_mma_q4_f16_m1",
+    LinearMmaQ4F16M2 => "linear_mma_q4_f16_m2",
+    GluMmaQ4F16M2 => "glu_mma_q4_f16_m2",
+    LinearMmaQ4F16M4 => "linear_mma_q4_f16_m4",
+    GluMmaQ4F16M4 => "glu_mma_q4_f16_m4",
+    LinearMmaQ4F32M1 => "linear_mma_q4_f32_m1",
+    GluMmaQ4F32M1 => "glu_mma_q4_f32_m1",
+    LinearMmaQ4F32M2 => "linear_mma_q4_f32_m2",
+    GluMmaQ4F32M2 => "glu_mma_q4_f32_m2",
+    LinearMmaQ4F32M4 => "linear_mma_q4_f32_m4",
+    GluMmaQ4F32M4 => "glu_mma_q4_f32_m4",
+    AffineMmaFinish => "affine_mma_finish",
     LayerNorm => "layer_norm",
     Activation => "activation",
     // deltanet.cu
@@ -1329,8 +1366,8 @@ mod tests {
     /// SM: with the registers of eight rows in a one-row kernel (255, spilling) the 4-bit
     /// products ran at a quarter of it on the H200. At least three blocks must fit an SM's
     /// registers (the experts' decode mat-vecs too). The attention kernels (every head size
-    /// up to 512), the DeltaNet tensor-core kernels and the other mixture-of-experts kernels
-    /// must not spill either.
+    /// up to 512), the DeltaNet tensor-core kernels, the other mixture-of-experts kernels and
+    /// the affine tensor-core products must not spill either.
     #[test]
     fn products_and_attention_kernels_fit_their_registers_without_spills() {
         // SAFETY: probing whether the library can be opened.
@@ -1341,6 +1378,7 @@ mod tests {
         let mut few_rows = 0;
         let mut attention = 0;
         let mut experts = 0;
+        let mut quantized_mma = 0;
         for (name, regs, spills) in ptxas_report() {
             let moe = name.starts_with("moe_");
             let few = (name.starts_with("linear_") || name.starts_with("glu_") || moe_vec(&name))
@@ -1348,11 +1386,16 @@ mod tests {
             let attends = name.starts_with("attention_f")
                 || name.starts_with("flash_")
                 || name == "delta_chunk_state_tc";
-            if !few && !attends && !moe {
+            let tensor_products = name.contains("_mma_q");
+            if !few && !attends && !moe && !tensor_products {
                 continue;
             }
             eprintln!("{name}: {regs} registers, {spills} bytes spilled");
             assert_eq!(spills, 0, "{name} spills {spills} bytes");
+            if tensor_products {
+                quantized_mma += 1;
+                continue;
+            }
             if moe {
                 experts += 1;
             }
@@ -1374,5 +1417,9 @@ mod tests {
             "attention, flash and DeltaNet tensor-core kernels in the log"
         );
         assert_eq!(experts, 13, "mixture-of-experts kernels in the log");
+        assert_eq!(
+            quantized_mma, 36,
+            "affine tensor-core product kernels in the log"
+        );
     }
 }

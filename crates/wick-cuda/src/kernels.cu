@@ -2063,3 +2063,241 @@ extern "C" __global__ void activation(const float* x, float* out, int kind, long
          i += (long long)gridDim.x * blockDim.x)
         out[i] = act(x[i], kind);
 }
+
+// ---------------------------------------------------------------------------------------
+// Affine products of 3 to 256 rows on the tensor cores, dequantizing in registers
+//
+// `mma.sync` m16n8k16 with f16 inputs and f32 sums. A block of QM_WARPS warps takes a tile
+// of 16·MT rows of x (blockIdx.z) by QM_COLS outputs (blockIdx.x; with GLU, QM_COLS / 2
+// gate rows and their up rows) over one of `gridDim.y` slices of the inputs. Slabs of
+// QM_SLAB inputs of x are rounded to f16 into shared memory, then every warp streams its
+// 16 weight rows over the slab: per mma step each lane dequantizes its own 16-byte loads
+// (one group each) with f16x2 arithmetic into the B fragment, so each weight byte is read
+// once per row tile and never written back.
+//
+// The dot product's order of inputs is free, so each lane takes contiguous packed bytes:
+// lane (g = lane/4, t = lane%4) holds weight row g's values QC·t .. QC·t + QC of a chunk
+// of 4·QC inputs, and its k-slots of step s are those four values that one u32 of packed
+// bytes unpacks into (8 bits: bytes 4s..4s+3 in order; 4 bits: the even or odd nibbles of
+// word s/2). x is stored in that order (4 bits: each 8 inputs as 0,2,4,6,1,3,5,7), so the
+// matching A fragment is one 8-byte shared load per row.
+//
+// x is scaled by 2⁻⁸ and the weights by 2⁸ (exact), so f16 holds activations up to about
+// 1.7·10⁷ and scales down to about 2.4·10⁻¹⁰ stay normal. A product with one slice stores
+// y (+ bias); with more, and always with GLU (the activation inline spills registers), raw
+// sums go to `part[slice][row][col]` and `affine_mma_finish` adds them up.
+
+#define QM_WARPS 4
+#define QM_COLS (QM_WARPS * 16)
+#define QM_SLAB 256
+// Row stride of the shared x tile in halves: 4 halves of padding put the rows of one
+// 8-byte fragment load in distinct banks.
+#define QM_STRIDE (QM_SLAB + 4)
+#define QM_SCALE 256.0f
+// Blocks an SM must fit (ptxas keeps the registers to 128 a thread, which the 64-row
+// tiles need without spilling).
+#define QM_MIN_BLOCKS 4
+
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// Two bytes of `v` (selector `sel` picks them into the low byte of each half) as the f16
+// pair s·q + b (s2, b2: the scale and bias in both halves).
+__device__ __forceinline__ u32 dequant_pair(u32 v, u32 sel, u32 s2, u32 b2) {
+    // 0x64 above a byte is the f16 1024 + q, exactly; less 1024 is q.
+    u32 q = hsub2(__byte_perm(v, 0x64646464u, sel), 0x64006400u);
+    return hfma2(q, s2, b2);
+}
+
+template <typename S, int BITS, int MT, bool GLU>
+__device__ void affine_mma(const float* __restrict__ x, const u8* __restrict__ w,
+                           const S* __restrict__ scales, const S* __restrict__ biases,
+                           const float* __restrict__ bias, float* __restrict__ y,
+                           float* __restrict__ part, int rows, int in, int out, int group) {
+    const int QC = 128 / BITS;  // values per 16-byte load
+    const int CH = 4 * QC;      // inputs per chunk (one load per lane)
+    const int STEPS = QC / 4;   // mma steps per chunk
+    __shared__ __align__(16) u16 xs[16 * MT][QM_STRIDE];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // `out` is the outputs (GLU: the width, units of a gate and an up row).
+    int o = blockIdx.x * (GLU ? QM_COLS / 2 : QM_COLS);
+    int r0 = blockIdx.z * 16 * MT;
+    u64 row_bytes = (u64)in * BITS / 8;
+    int groups = in / group;
+    // This lane's two weight rows (clamped: rows past the end are read, never stored).
+    int wrow[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        int u = GLU ? o + 8 * warp + g : o + 16 * warp + 8 * nt + g;
+        u = min(u, out - 1);
+        wrow[nt] = GLU && nt == 1 ? out + u : u;
+    }
+    int slabs = (in + QM_SLAB - 1) / QM_SLAB;
+    int per = (slabs + gridDim.y - 1) / gridDim.y;
+    int s0 = blockIdx.y * per, s1 = min(slabs, s0 + per);
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    pdl_launch();
+    pdl_wait();
+    for (int sl = s0; sl < s1; sl++) {
+        int k0 = sl * QM_SLAB;
+        __syncthreads();
+        // x's slab as f16 · 2⁻⁸, in the lanes' order (zeros past the rows and inputs).
+        for (int it = threadIdx.x; it < 16 * MT * (QM_SLAB / 8); it += QM_WARPS * 32) {
+            int r = it / (QM_SLAB / 8), c = (it % (QM_SLAB / 8)) * 8;
+            float v[8];
+            if (r0 + r < rows && k0 + c < in) {
+                load8(x + (u64)(r0 + r) * in + k0 + c, v);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = 0.0f;
+            }
+            const float f = 1.0f / QM_SCALE;
+            uint2 lo, hi;
+            if (BITS == 8) {
+                lo.x = pack_f16x2(v[0] * f, v[1] * f);
+                lo.y = pack_f16x2(v[2] * f, v[3] * f);
+                hi.x = pack_f16x2(v[4] * f, v[5] * f);
+                hi.y = pack_f16x2(v[6] * f, v[7] * f);
+            } else {
+                lo.x = pack_f16x2(v[0] * f, v[2] * f);
+                lo.y = pack_f16x2(v[4] * f, v[6] * f);
+                hi.x = pack_f16x2(v[1] * f, v[3] * f);
+                hi.y = pack_f16x2(v[5] * f, v[7] * f);
+            }
+            *(uint2*)&xs[r][c] = lo;
+            *(uint2*)&xs[r][c + 4] = hi;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < QM_SLAB; c += CH) {
+            int k = k0 + c + QC * t;
+            bool live = k < in;
+            uint4 p[2];
+            u32 s2[2], b2[2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                float sc = 0.0f, bi = 0.0f;
+                p[nt].x = p[nt].y = p[nt].z = p[nt].w = 0u;
+                if (live) {
+                    p[nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
+                    u64 gi = (u64)wrow[nt] * groups + k / group;
+                    sc = to_f32(scales[gi]) * QM_SCALE;
+                    bi = to_f32(biases[gi]) * QM_SCALE;
+                }
+                s2[nt] = pack_f16x2(sc, sc);
+                b2[nt] = pack_f16x2(bi, bi);
+            }
+#pragma unroll
+            for (int s = 0; s < STEPS; s++) {
+                u32 bf[2][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    u32 word[4] = {p[nt].x, p[nt].y, p[nt].z, p[nt].w};
+                    u32 v;
+                    if (BITS == 8) {
+                        v = word[s];
+                    } else {
+                        v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
+                    }
+                    bf[nt][0] = dequant_pair(v, 0x4140, s2[nt], b2[nt]);
+                    bf[nt][1] = dequant_pair(v, 0x4342, s2[nt], b2[nt]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    uint2 top = *(const uint2*)&xs[16 * mt + g][c + QC * t + 4 * s];
+                    uint2 bot = *(const uint2*)&xs[16 * mt + g + 8][c + QC * t + 4 * s];
+                    u32 a[4] = {top.x, bot.x, top.y, bot.y};
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
+                }
+            }
+        }
+    }
+    // acc[mt][nt][i]: row 16·mt + g (+8 for i ≥ 2), column 2t + (i & 1) of tile nt.
+    int cols = GLU ? 2 * out : out;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0);
+            if (r >= rows) continue;
+            int col = 2 * t + (i & 1);
+            if (GLU) {
+                int u = o + 8 * warp + col;
+                if (u >= out) continue;
+                float* pr = part + ((u64)blockIdx.y * rows + r) * cols;
+                pr[u] = acc[mt][0][i];
+                pr[out + u] = acc[mt][1][i];
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    int u = o + 16 * warp + 8 * nt + col;
+                    if (u >= out) continue;
+                    if (gridDim.y == 1)
+                        y[(u64)r * out + u] = acc[mt][nt][i] + (bias ? bias[u] : 0.0f);
+                    else
+                        part[((u64)blockIdx.y * rows + r) * cols + u] = acc[mt][nt][i];
+                }
+            }
+        }
+}
+
+// Sums the `slices` partial products of `affine_mma`: y = Σ + bias, or with `glu` ≥ 0 (an
+// activation kind; `out` the width) act(Σ gate)·Σ up.
+extern "C" __global__ void affine_mma_finish(const float* __restrict__ part,
+                                             const float* __restrict__ bias,
+                                             float* __restrict__ y, int rows, int out,
+                                             int slices, int glu) {
+    pdl_begin();
+    int cols = glu >= 0 ? 2 * out : out;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)rows * out;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / out;
+        int u = (int)(i - r * out);
+        float a = 0.0f, b = 0.0f;
+        for (int z = 0; z < slices; z++) {
+            const float* pr = part + ((u64)z * rows + r) * cols;
+            a += pr[u];
+            if (glu >= 0) b += pr[out + u];
+        }
+        y[i] = glu >= 0 ? act(a, glu) * b : a + (bias ? bias[u] : 0.0f);
+    }
+}
+
+#define AFFINE_MMA(S, SN, BITS, MT)                                                            \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \
+        linear_mma_q##BITS##_##SN##_m##MT(const float* x, const u8* w, const S* scales,         \
+                                          const S* biases, const float* bias, float* y,         \
+                                          float* part, int rows, int in, int out, int group) {  \
+        affine_mma<S, BITS, MT, false>(x, w, scales, biases, bias, y, part, rows, in, out,     \
+                                       group);                                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \
+        glu_mma_q##BITS##_##SN##_m##MT(const float* x, const u8* w, const S* scales,            \
+                                       const S* biases, float* y, float* part, int rows,        \
+                                       int in, int width, int group) {                          \
+        affine_mma<S, BITS, MT, true>(x, w, scales, biases, nullptr, y, part, rows, in, width, \
+                                      group);                                                  \
+    }
+#define AFFINE_MMA_SIDES(BITS, MT)                                                             \
+    AFFINE_MMA(Bf16, bf16, BITS, MT) AFFINE_MMA(F16, f16, BITS, MT) AFFINE_MMA(float, f32, BITS, MT)
+AFFINE_MMA_SIDES(8, 1)
+AFFINE_MMA_SIDES(8, 2)
+AFFINE_MMA_SIDES(8, 4)
+AFFINE_MMA_SIDES(4, 1)
+AFFINE_MMA_SIDES(4, 2)
+AFFINE_MMA_SIDES(4, 4)

@@ -329,8 +329,10 @@ fn wide_model_matches_the_cpu(heads: usize, kv_heads: usize, hd: usize) -> bool 
 /// MLX-quantized matrices (4 and 8 bits, groups of 32 and 64; bf16, f16 or f32 scales, the
 /// last as GGUF blocks re-laid out get them) stay packed on the GPU. Products of one and
 /// two rows run on the quantized kernels, which quantize their inputs to signed bytes (one
-/// scale per 32 inputs at 4 bits, 16 at 8 bits) for byte dot products; longer chunks'
-/// products dequantize to bf16 for cuBLAS (weights and inputs rounded to bf16). Both stay
+/// scale per 32 inputs at 4 bits, 16 at 8 bits) for byte dot products; chunks of 3 to 256
+/// rows on the tensor-core kernel that dequantizes in registers (weights and inputs rounded
+/// to f16; `affine_products_of_many_rows_match_the_cpu` checks it op by op), longer ones
+/// dequantize to bf16 for cuBLAS (weights and inputs rounded to bf16). All stay
 /// within 3% of the logits' scale of the CPU backend (which multiplies the same weights
 /// dequantized to f32 with f32 inputs).
 #[test]
@@ -1784,6 +1786,98 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
         for (sel, got) in ["a", "none", "b"].iter().zip(&got) {
             let what = format!("adapter {sel} in a mixed batch");
             assert_close(model, &what, got, &g.expected(model, sel));
+        }
+    }
+}
+
+/// Affine products of 3 to 256 rows on the device against the CPU backend's product of the
+/// same weights (dequantized to f32, f32 inputs): the tensor-core kernel that dequantizes
+/// in registers (x and weights rounded to f16) and, with it switched off, the bf16 copy for
+/// cuBLAS; plain products with a bias and the fused `[gate; up]` form. 4 and 8 bits, groups
+/// of 32, 64 and 128 with bf16, f16 and f32 scales; inputs that are no multiple of the
+/// kernel's 256-input slabs, with and without the inputs split between blocks; outputs that
+/// are no multiple of its 64-output tiles; rows that fill one tile of 16, 32 or 64 and span
+/// several.
+#[test]
+fn affine_products_of_many_rows_match_the_cpu() {
+    let Some(mma) = gpu().map(|b| b.with_quant_mma(true)) else {
+        return;
+    };
+    let Some(blas) = gpu().map(|b| b.with_quant_mma(false)) else {
+        return;
+    };
+    let cpu = CandleBackend::cpu();
+    let cases = [
+        (4, 32, GgmlType::F16),
+        (8, 32, GgmlType::Bf16),
+        (4, 64, GgmlType::Bf16),
+        (8, 64, GgmlType::F32),
+        (4, 128, GgmlType::F32),
+        (8, 128, GgmlType::F16),
+    ];
+    let mut seed = 100;
+    for (bits, group, side) in cases {
+        // A short row (less than one slab: one slice) and a long one (several slices).
+        for (out, cols) in [(72, 3 * group), (136, 2304 + group)] {
+            seed += 1;
+            let values = noise(out * cols, seed);
+            let bias = noise(out, seed + 1000);
+            let quantized = || {
+                wick_engine::weights::AffineWeight::quantize(
+                    "w",
+                    &values,
+                    (out, cols),
+                    (bits, group),
+                    side,
+                )
+                .unwrap()
+            };
+            let on_cpu = cpu.affine_matrix(quantized()).unwrap();
+            let gpus = [("tensor cores", &mma), ("bf16 copy for cuBLAS", &blas)];
+            let on_gpu = gpus.map(|(what, be)| (what, be, be.affine_matrix(quantized()).unwrap()));
+            for rows in [3, 8, 17, 64, 200] {
+                let x = noise(rows * cols, seed + rows as u64);
+                let (want, want_glu) = {
+                    let xc = cpu.tensor_from_host(x.clone(), rows, cols).unwrap();
+                    let bc = cpu.tensor_from_host(bias.clone(), 1, out).unwrap();
+                    let y = cpu.linear(&xc, &on_cpu, Some(&bc)).unwrap();
+                    let g = cpu
+                        .linear_glu(&xc, &on_cpu, out / 2, Activation::Silu)
+                        .unwrap();
+                    (
+                        cpu.rows_to_host(&y, &[rows]).unwrap().concat(),
+                        cpu.rows_to_host(&g, &[rows]).unwrap().concat(),
+                    )
+                };
+                for (path, be, m) in &on_gpu {
+                    let what = format!(
+                        "{bits}-bit groups of {group} ({side}), {out}x{cols}, {rows} rows, {path}"
+                    );
+                    let xg = be.tensor_from_host(x.clone(), rows, cols).unwrap();
+                    let bg = be.tensor_from_host(bias.clone(), 1, out).unwrap();
+                    let y = be.pass(|| be.linear(&xg, m, Some(&bg))).unwrap();
+                    let g = be
+                        .pass(|| be.linear_glu(&xg, m, out / 2, Activation::Silu))
+                        .unwrap();
+                    for (op, got, want) in [
+                        (
+                            "linear + bias",
+                            be.rows_to_host(&y, &[rows]).unwrap(),
+                            &want,
+                        ),
+                        ("gate/up", be.rows_to_host(&g, &[rows]).unwrap(), &want_glu),
+                    ] {
+                        let got = got.concat();
+                        assert_eq!(got.len(), want.len(), "{what} {op}: output size");
+                        let (w, scale) = worst(&got, want);
+                        eprintln!("{what} {op}: max |diff| {w:.2e} (scale {scale:.1})");
+                        assert!(
+                            w <= 1e-2 * scale,
+                            "{what} {op}: max |diff| {w} > 1e-2 × {scale} against the CPU"
+                        );
+                    }
+                }
+            }
         }
     }
 }

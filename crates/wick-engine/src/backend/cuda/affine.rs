@@ -4,8 +4,11 @@
 //! scales and biases kept as f16 where that is exact, else f32).
 //!
 //! Products of few rows (decode) read the packed values once per step through
-//! `linear_q{4,8}_*`; products of many rows (prefill, large batches) dequantize the matrix
-//! to bf16 into a temporary and hand that to cuBLAS, as a bf16 file's weights are.
+//! `linear_q{4,8}_*`; products of up to [`MMA_ROWS`] rows (batched decode, short prompt
+//! chunks) run on the tensor cores through `{linear,glu}_mma_q{4,8}_*`, which dequantize
+//! the packed values in registers; products of more rows (long prompt chunks) dequantize
+//! the matrix to bf16 into a temporary and hand that to cuBLAS, as a bf16 file's weights
+//! are.
 use wick_cuda::{Arg, Buffer, Kernel, WType};
 use wick_gguf::GgmlType;
 
@@ -20,6 +23,33 @@ use crate::Result;
 /// costs less: on the H200 an 8B 4-bit model decoded 8 rows at 232 tok/s on a kernel of
 /// eight-row passes); `WICK_CUDA_QUANT_ROWS` overrides it.
 pub(super) const QUANT_ROWS: usize = 2;
+
+/// Rows up to which a quantized product above [`QUANT_ROWS`] runs on the tensor-core
+/// kernel (it reads the packed weights once per 64 rows; above, one dequantized bf16 copy
+/// serves cuBLAS's whole product).
+pub(super) const MMA_ROWS: usize = 256;
+
+/// Outputs one block of `linear_mma_q*` makes (`QM_COLS` of `kernels.cu`; a `glu_mma_q*`
+/// block makes half as many gate and up pairs).
+const MMA_COLS: usize = 64;
+/// Inputs of one slab of x in shared memory (`QM_SLAB`): the unit the inputs are split in
+/// between blocks.
+const MMA_SLAB: usize = 256;
+/// Most slices the inputs of one product are split into.
+const MMA_MAX_SLICES: usize = 16;
+/// Blocks per SM a tensor-core product aims at (with fewer, too few weight loads are in
+/// flight to reach the memory's bandwidth).
+const MMA_BLOCKS_PER_SM: usize = 4;
+
+/// The slices the inputs of a tensor-core product are split into so that `blocks` tiles
+/// fill `sms` SMs, each slice at least one slab of `cols` inputs and none empty.
+fn mma_slices(blocks: usize, sms: usize, cols: usize) -> usize {
+    let slabs = cols.div_ceil(MMA_SLAB);
+    let want = (MMA_BLOCKS_PER_SM * sms)
+        .div_ceil(blocks.max(1))
+        .clamp(1, MMA_MAX_SLICES.min(slabs));
+    slabs.div_ceil(slabs.div_ceil(want))
+}
 
 /// How a matrix's numbers are stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +119,52 @@ fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
         WType::F32 => 2,
     };
     table[row][col]
+}
+
+/// The tensor-core product kernel for bits, side type, row tile (16, 32 or 64 rows) and
+/// whether it is the fused `[gate; up]` form.
+fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool) -> Kernel {
+    use Kernel::*;
+    let linear: [[[Kernel; 3]; 3]; 2] = [
+        [
+            [LinearMmaQ8Bf16M1, LinearMmaQ8Bf16M2, LinearMmaQ8Bf16M4],
+            [LinearMmaQ8F16M1, LinearMmaQ8F16M2, LinearMmaQ8F16M4],
+            [LinearMmaQ8F32M1, LinearMmaQ8F32M2, LinearMmaQ8F32M4],
+        ],
+        [
+            [LinearMmaQ4Bf16M1, LinearMmaQ4Bf16M2, LinearMmaQ4Bf16M4],
+            [LinearMmaQ4F16M1, LinearMmaQ4F16M2, LinearMmaQ4F16M4],
+            [LinearMmaQ4F32M1, LinearMmaQ4F32M2, LinearMmaQ4F32M4],
+        ],
+    ];
+    let glus: [[[Kernel; 3]; 3]; 2] = [
+        [
+            [GluMmaQ8Bf16M1, GluMmaQ8Bf16M2, GluMmaQ8Bf16M4],
+            [GluMmaQ8F16M1, GluMmaQ8F16M2, GluMmaQ8F16M4],
+            [GluMmaQ8F32M1, GluMmaQ8F32M2, GluMmaQ8F32M4],
+        ],
+        [
+            [GluMmaQ4Bf16M1, GluMmaQ4Bf16M2, GluMmaQ4Bf16M4],
+            [GluMmaQ4F16M1, GluMmaQ4F16M2, GluMmaQ4F16M4],
+            [GluMmaQ4F32M1, GluMmaQ4F32M2, GluMmaQ4F32M4],
+        ],
+    ];
+    let b = usize::from(bits != 8);
+    let s = match side {
+        WType::Bf16 => 0,
+        WType::F16 => 1,
+        WType::F32 => 2,
+    };
+    let t = match tile {
+        16 => 0,
+        32 => 1,
+        _ => 2,
+    };
+    if glu {
+        glus[b][s][t]
+    } else {
+        linear[b][s][t]
+    }
 }
 
 /// Rows of the matrix one block of `linear_q*` / `glu_q*` takes (`AFFINE_ROWS` of
@@ -283,6 +359,87 @@ impl CudaBackend {
         )
     }
 
+    /// `y = x · wᵀ (+ bias)` for an affine `w`, or with `glu` = (width, activation kind)
+    /// `y = act(x · gateᵀ) · (x · upᵀ)` for an affine `[gate; up]` matrix, on the tensor
+    /// cores, inside a pass: row tiles of up to 64 rows, the inputs split into slices (their
+    /// sums added by `affine_mma_finish`) until the blocks fill the SMs.
+    pub(super) fn affine_mma(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        (bits, group, side): (u32, usize, WType),
+        bias: Option<&CudaTensor>,
+        glu: Option<(usize, i32)>,
+        y: &CudaTensor,
+    ) -> Result<()> {
+        let s = sides(w)?;
+        let rows = x.rows;
+        let tile = match rows {
+            0..=16 => 16,
+            17..=32 => 32,
+            _ => 64,
+        };
+        let row_tiles = rows.div_ceil(tile);
+        let (out, col_tiles) = match glu {
+            Some((width, _)) => (width, width.div_ceil(MMA_COLS / 2)),
+            None => (w.rows, w.rows.div_ceil(MMA_COLS)),
+        };
+        let slices = mma_slices(col_tiles * row_tiles, self.sms, w.cols);
+        // Raw sums go through `part` with several slices, and always for GLU.
+        let part = if slices > 1 || glu.is_some() {
+            Some(
+                self.dev
+                    .alloc(slices * rows * w.rows * 4)
+                    .map_err(cuda_err)?,
+            )
+        } else {
+            None
+        };
+        let part_ptr = part.as_ref().map_or(0, |p| p.ptr());
+        let grid = (
+            int(col_tiles, "column tiles")? as u32,
+            slices as u32,
+            int(row_tiles, "row tiles")? as u32,
+        );
+        let kernel = mma_kernel(bits, side, tile, glu.is_some());
+        let head = [
+            Arg::Ptr(x.ptr()),
+            Arg::Ptr(w.buf.ptr()),
+            Arg::Ptr(s.scales.ptr()),
+            Arg::Ptr(s.biases.ptr()),
+        ];
+        let tail = [
+            Arg::I32(int(rows, "rows")?),
+            Arg::I32(int(w.cols, "columns")?),
+            Arg::I32(int(out, "outputs")?),
+            Arg::I32(int(group, "group size")?),
+        ];
+        let mut args = head.to_vec();
+        if glu.is_none() {
+            args.push(Arg::Ptr(bias.map_or(0, |b| b.ptr())));
+        }
+        args.extend([Arg::Ptr(y.ptr()), Arg::Ptr(part_ptr)]);
+        args.extend(tail);
+        self.launch(kernel, grid, 128, &args)?;
+        if part.is_some() {
+            self.launch(
+                Kernel::AffineMmaFinish,
+                (blocks_for(rows * out), 1, 1),
+                256,
+                &[
+                    Arg::Ptr(part_ptr),
+                    Arg::Ptr(bias.map_or(0, |b| b.ptr())),
+                    Arg::Ptr(y.ptr()),
+                    Arg::I32(int(rows, "rows")?),
+                    Arg::I32(int(out, "outputs")?),
+                    Arg::I32(slices as i32),
+                    Arg::I32(glu.map_or(-1, |(_, act)| act)),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
     /// The affine `w` dequantized to bf16 into a temporary, inside a pass.
     pub(super) fn affine_to_bf16(
         &self,
@@ -374,6 +531,27 @@ mod tests {
             let got = side(&scales, i / 32) * q as f32 + side(&biases, i / 32);
             assert_eq!(got, want[i], "value {i}");
         }
+    }
+
+    #[test]
+    fn tensor_core_products_split_their_inputs_until_the_sms_are_full() {
+        // 8 rows of a 4096 x 4096 matrix on 132 SMs: 64 tiles, 16 slabs of inputs; 9
+        // slices wanted make slices of 2 slabs, so 8 of them (none empty).
+        assert_eq!(mma_slices(64, 132, 4096), 8);
+        for (blocks, cols) in [(64, 4096), (7, 14336), (3, 96 * 256 + 32), (128, 14336)] {
+            let s = mma_slices(blocks, 132, cols);
+            let slabs = cols.div_ceil(MMA_SLAB);
+            let per = slabs.div_ceil(s);
+            assert!(
+                (s - 1) * per < slabs,
+                "{s} slices of {per} of {slabs} slabs: one empty"
+            );
+        }
+        // Enough tiles already: one slice; a row shorter than a slab: one slice.
+        assert_eq!(mma_slices(4008, 132, 4096), 1);
+        assert_eq!(mma_slices(1, 132, 96), 1);
+        // Long rows and few tiles: at most MMA_MAX_SLICES.
+        assert!(mma_slices(1, 132, 1 << 20) <= MMA_MAX_SLICES);
     }
 
     #[test]

@@ -115,6 +115,11 @@ pub struct CudaBackend {
     kernel_rows: usize,
     /// Rows up to which quantized products run on wick's own kernel.
     quant_rows: usize,
+    /// Quantized products of more rows, up to [`affine::MMA_ROWS`], run on the tensor-core
+    /// kernel that dequantizes in registers (`WICK_CUDA_QUANT_MMA=1`, compute capability
+    /// 8.0 and later) — off by default until `cuda_reference`'s `affine_*` tests have run
+    /// on a GPU — else the matrix is dequantized to bf16 for cuBLAS.
+    quant_mma: bool,
     /// Streaming multiprocessors of the device.
     sms: usize,
     /// KV caches store f16 (else f32).
@@ -295,10 +300,13 @@ impl CudaBackend {
             .max(1);
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
+        let quant_mma = std::env::var("WICK_CUDA_QUANT_MMA").is_ok_and(|v| v == "1")
+            && dev.compute_capability().0 >= 8;
         Ok(CudaBackend {
             dev,
             kernel_rows,
             quant_rows,
+            quant_mma,
             sms,
             kv_half: false,
             flash: FlashAttention::from_env(),
@@ -312,6 +320,19 @@ impl CudaBackend {
     pub fn with_flash(mut self, mode: FlashAttention) -> Self {
         self.flash = mode;
         self
+    }
+
+    /// Whether quantized products of 3 to 256 rows run on the tensor-core kernel that
+    /// dequantizes in registers (default: off, unless `WICK_CUDA_QUANT_MMA=1`) or dequantize
+    /// the matrix to bf16 for cuBLAS. Ignored (off) before compute capability 8.0.
+    pub fn with_quant_mma(mut self, on: bool) -> Self {
+        self.quant_mma = on && self.dev.compute_capability().0 >= 8;
+        self
+    }
+
+    /// Whether an affine product of `rows` rows runs on the tensor-core kernel.
+    fn affine_mma_rows(&self, rows: usize) -> bool {
+        self.quant_mma && rows > self.quant_rows && rows <= affine::MMA_ROWS
     }
 
     /// The flash kernel segments of many rows attend on, for heads of `hd` dimensions:
@@ -939,6 +960,9 @@ impl Backend for CudaBackend {
             Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
                 self.affine_rows(x, w, (bits, group, side), bias, &y)
             }
+            Layout::Affine { bits, group, side } if self.affine_mma_rows(x.rows) => {
+                self.affine_mma(x, w, (bits, group, side), bias, None, &y)
+            }
             Layout::Affine { bits, group, side } => {
                 let dense = self.affine_to_bf16(w, (bits, group, side))?;
                 self.blas_product(x, dense.ptr(), WType::Bf16, w, bias, &y)
@@ -1041,7 +1065,7 @@ impl Backend for CudaBackend {
         // go to cuBLAS and the GLU kernel.
         let fused = match gate_up.layout {
             Layout::Dense(_) => x.rows <= self.kernel_rows,
-            Layout::Affine { .. } => x.rows <= self.quant_rows,
+            Layout::Affine { .. } => x.rows <= self.quant_rows || self.affine_mma_rows(x.rows),
         };
         if !fused || x.rows == 0 {
             let both = self.linear(x, gate_up, None)?;
@@ -1075,9 +1099,17 @@ impl Backend for CudaBackend {
                     ],
                 )
             }
-            Layout::Affine { bits, group, side } => {
+            Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
                 self.affine_glu_rows(x, gate_up, (bits, group, side), width, kind, &y)
             }
+            Layout::Affine { bits, group, side } => self.affine_mma(
+                x,
+                gate_up,
+                (bits, group, side),
+                None,
+                Some((width, kind)),
+                &y,
+            ),
         })?;
         Ok(y)
     }
