@@ -2,7 +2,8 @@
 """Summarises an Nsight Compute CSV of a greedy decode run (`ncu --csv --metrics
 gpu__time_duration.sum …`, see profile.sh): kernels are cut into steps at each argmax
 kernel (the last kernel of a step: MLX's arg_reduce, wick's CUDA argmax_rows), and for the decode steps (all but the first, the
-prefill) prints kernels per step, GPU time per step, and the kernels that take it."""
+prefill) prints kernels per step, GPU time per step, and the kernels that take it. With
+`--prompt` it prints the same for the first step, the prompt's pass, instead."""
 import collections
 import csv
 import json
@@ -20,7 +21,7 @@ def rows(path):
         yield r["Kernel Name"], float(r["Metric Value"].replace(",", "")) * scale
 
 
-def main(path, label):
+def main(path, label, prompt=False):
     kernels = list(rows(path))
     steps, cur = [], []
     for name, us in kernels:
@@ -30,7 +31,7 @@ def main(path, label):
         if ("arg" in n and "reduce" in n) or n.startswith("argmax_rows"):
             steps.append(cur)
             cur = []
-    decode = steps[1:]  # the first step holds the prompt
+    decode = steps[:1] if prompt else steps[1:]  # the first step holds the prompt
     if not decode:
         print(json.dumps({"label": label, "kernels": len(kernels), "error": "no argmax steps found"}))
         return
@@ -54,4 +55,5 @@ def main(path, label):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--prompt"]
+    main(args[0], args[1] if len(args) > 1 else args[0], prompt="--prompt" in sys.argv)
