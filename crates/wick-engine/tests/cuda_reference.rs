@@ -1626,15 +1626,8 @@ const MEDIA_GOLDENS: [MediaCheck; 8] = [
     vision("qwen25_vl", qwen_media, QWEN_CASES),
 ];
 
-/// Goldens whose towers need ops the CUDA backend implements but does not declare until
-/// these tests have passed on a GPU (`backend/capability.rs`, `CUDA`): while a tower of
-/// theirs is left out, their checks say they were skipped. Empty this list when the
-/// declaration is made.
-const TOWERS_NOT_DECLARED: [&str; 3] = ["gemma3_vision", "qwen35_vision", "qwen25_vl"];
-
 /// Media golden `c` loaded on the GPU as `wick serve --backend cuda` loads it, held to the
-/// GPU's tolerance; `None` without a GPU. Fails if a tower it has was left out (but for
-/// [`TOWERS_NOT_DECLARED`]).
+/// GPU's tolerance; `None` without a GPU. Fails if a tower it has was left out.
 fn cuda_media(c: &MediaCheck) -> Option<MediaGolden> {
     gpu()?;
     let options = LoadOptions {
@@ -1657,13 +1650,6 @@ fn cuda_media(c: &MediaCheck) -> Option<MediaGolden> {
         ),
     ] {
         if let Some(why) = why {
-            if !(loaded && why.is_ok()) && TOWERS_NOT_DECLARED.contains(&c.golden) {
-                eprintln!(
-                    "skipped: {}: its {tower} tower's ops are not declared on CUDA yet: {why:?}",
-                    c.golden
-                );
-                return None;
-            }
             assert!(
                 loaded && why.is_ok(),
                 "{}: the {tower} tower was left out on CUDA: {why:?}",

@@ -141,14 +141,12 @@ pub const CPU: Capabilities = Capabilities {
 };
 
 /// The CUDA backend (`backend/cuda`).
-///
-/// `layer_norm`, `activation` and `rope_table_axes` are implemented on CUDA
-/// (`backend/cuda`) but not declared until `cuda_reference`'s `tower_ops_*`, `media_*` and
-/// StarCoder 2 tests have passed on a GPU: until then StarCoder 2, the Qwen-VL towers and
-/// Gemma 3's SigLIP stay on the CPU backend rather than run on kernels no GPU has checked.
 pub const CUDA: Capabilities = Capabilities {
     backend: "cuda",
     ops: &[
+        Capability::LayerNorm,
+        Capability::Activation,
+        Capability::RopeAxes,
         Capability::RopeAttentionFactor,
         Capability::AttentionTo,
         Capability::HostTensors,
