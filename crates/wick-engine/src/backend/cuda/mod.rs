@@ -116,9 +116,9 @@ pub struct CudaBackend {
     /// Rows up to which quantized products run on wick's own kernel.
     quant_rows: usize,
     /// Quantized products of more rows, up to [`affine::MMA_ROWS`], run on the tensor-core
-    /// kernel that dequantizes in registers (`WICK_CUDA_QUANT_MMA=1`, compute capability
-    /// 8.0 and later) — off by default until `cuda_reference`'s `affine_*` tests have run
-    /// on a GPU — else the matrix is dequantized to bf16 for cuBLAS.
+    /// kernel that dequantizes in registers (compute capability 8.0 and later; the default,
+    /// `WICK_CUDA_QUANT_MMA=0` turns it off), else the matrix is dequantized to bf16 for
+    /// cuBLAS.
     quant_mma: bool,
     /// Streaming multiprocessors of the device.
     sms: usize,
@@ -300,7 +300,7 @@ impl CudaBackend {
             .max(1);
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
-        let quant_mma = std::env::var("WICK_CUDA_QUANT_MMA").is_ok_and(|v| v == "1")
+        let quant_mma = std::env::var("WICK_CUDA_QUANT_MMA").map_or(true, |v| v != "0")
             && dev.compute_capability().0 >= 8;
         Ok(CudaBackend {
             dev,
@@ -323,7 +323,7 @@ impl CudaBackend {
     }
 
     /// Whether quantized products of 3 to 256 rows run on the tensor-core kernel that
-    /// dequantizes in registers (default: off, unless `WICK_CUDA_QUANT_MMA=1`) or dequantize
+    /// dequantizes in registers (default: on, unless `WICK_CUDA_QUANT_MMA=0`) or dequantize
     /// the matrix to bf16 for cuBLAS. Ignored (off) before compute capability 8.0.
     pub fn with_quant_mma(mut self, on: bool) -> Self {
         self.quant_mma = on && self.dev.compute_capability().0 >= 8;
