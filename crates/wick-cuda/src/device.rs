@@ -112,6 +112,8 @@ kernels! {
     AddRmsNorm => "add_rms_norm",
     Rope => "rope",
     RopeQk => "rope_qk",
+    RopeQkv => "rope_qkv",
+    GluSplit => "glu_split",
     GatherRows => "gather_rows",
     CopyCols => "copy_cols",
     ScatterAddRows => "scatter_add_rows",

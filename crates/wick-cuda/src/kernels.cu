@@ -776,14 +776,15 @@ extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float
         out[base + i] = (x[base + i] + y[base + i]) * inv * w[i];
 }
 
-// Value `idx` of row r of x (`heads` heads of `hd`) after rotary embeddings: `cs` holds
-// `rows * half` cosines then as many sines.
-__device__ __forceinline__ float rope_value(const float* x, const float* cs, int rows, int r,
-                                            int heads, int hd, int dims, int neox, int idx) {
+// Value `idx` of row r of x (rows `stride` floats apart, heads of `hd` from the start of
+// each row) after rotary embeddings: `cs` holds `rows * half` cosines then as many sines.
+__device__ __forceinline__ float rope_value_at(const float* x, u64 stride, const float* cs,
+                                               int rows, int r, int hd, int dims, int neox,
+                                               int idx) {
     int half = dims / 2;
     const float* cosr = cs + (u64)r * half;
     const float* sinr = cs + (u64)rows * half + (u64)r * half;
-    const float* xh = x + (u64)r * heads * hd + (idx / hd) * hd;
+    const float* xh = x + (u64)r * stride + (idx / hd) * hd;
     int d = idx % hd;
     if (d >= dims) return xh[d];
     if (neox) {
@@ -794,6 +795,12 @@ __device__ __forceinline__ float rope_value(const float* x, const float* cs, int
     int i = d >> 1;
     float a = xh[2 * i], b = xh[2 * i + 1];
     return (d & 1) == 0 ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+}
+
+// `rope_value_at` of a tensor of `heads` heads of `hd` a row.
+__device__ __forceinline__ float rope_value(const float* x, const float* cs, int rows, int r,
+                                            int heads, int hd, int dims, int neox, int idx) {
+    return rope_value_at(x, (u64)heads * hd, cs, rows, r, hd, dims, neox, idx);
 }
 
 // Rotary embeddings of each row's `heads` heads.
@@ -816,6 +823,39 @@ extern "C" __global__ void rope_qk(const float* q, float* q_out, const float* k,
     } else if (idx < (qh + kh) * hd) {
         idx -= qh * hd;
         k_out[(u64)r * kh * hd + idx] = rope_value(k, cs, rows, r, kh, hd, dims, neox, idx);
+    }
+}
+
+// A fused q/k/v product's rows (`qh` query heads, then `kh` key and `kh` value heads, of
+// `hd` each) split into q and k after rotary embeddings, and v: what `copy_cols` three
+// times and `rope_qk` did, reading each value once.
+extern "C" __global__ void rope_qkv(const float* qkv, float* q_out, float* k_out, float* v_out,
+                                    const float* cs, int rows, int qh, int kh, int hd, int dims,
+                                    int neox) {
+    pdl_begin();
+    int r = blockIdx.x, idx = col();
+    int qn = qh * hd, kn = kh * hd;
+    u64 stride = (u64)qn + 2 * kn;
+    if (idx < qn) {
+        q_out[(u64)r * qn + idx] = rope_value_at(qkv, stride, cs, rows, r, hd, dims, neox, idx);
+    } else if (idx < qn + kn) {
+        idx -= qn;
+        k_out[(u64)r * kn + idx] =
+            rope_value_at(qkv + qn, stride, cs, rows, r, hd, dims, neox, idx);
+    } else if (idx < qn + 2 * kn) {
+        idx -= qn + kn;
+        v_out[(u64)r * kn + idx] = qkv[(u64)r * stride + qn + kn + idx];
+    }
+}
+
+// act(gate) · up of a fused gate/up product's rows (`width` gate columns, then as many up
+// columns): what `copy_cols` twice and `glu` did, reading each value once.
+extern "C" __global__ void glu_split(const float* both, float* out, int width, int kind) {
+    pdl_begin();
+    int c = col();
+    if (c < width) {
+        const float* row = both + (u64)blockIdx.x * 2 * width;
+        out[(u64)blockIdx.x * width + c] = act(row[c], kind) * row[width + c];
     }
 }
 

@@ -1494,7 +1494,21 @@ fn tower_ops<B: Backend>(be: &B) -> Vec<(String, Vec<f32>)> {
         let k = be.tensor_from_host(noise(rows * 64, 2), rows, 64).unwrap();
         let (q, k) = be.rope_qk(&x, 4, &k, 2, &table).unwrap();
         let one = be.rope(&x, 4, &table).unwrap();
-        for (what, t) in [("rope_qk q", &q), ("rope_qk k", &k), ("rope", &one)] {
+        // A fused q/k/v product's split and rotation in one op.
+        let qkv = be
+            .tensor_from_host(noise(rows * 256, 6), rows, 256)
+            .unwrap();
+        let (fq, fk, fv) = be
+            .split_rope_qkv(&qkv, &[128, 64, 64], 4, 2, &table)
+            .unwrap();
+        for (what, t) in [
+            ("rope_qk q", &q),
+            ("rope_qk k", &k),
+            ("rope", &one),
+            ("split_rope_qkv q", &fq),
+            ("split_rope_qkv k", &fk),
+            ("split_rope_qkv v", &fv),
+        ] {
             outs.push((
                 format!("{what} ({style:?}) of M-RoPE positions"),
                 be.rows_to_host(t, &[rows]).unwrap().remove(0),

@@ -602,6 +602,30 @@ pub trait Backend: Send + Sync + 'static {
         Ok((self.rope(q, heads, table)?, self.rope(k, kv_heads, table)?))
     }
 
+    /// A fused q/k/v product's output split into `widths` (queries, keys, values) with
+    /// rotary embeddings on the queries and keys: [`split_columns`](Self::split_columns)
+    /// then [`rope_qk`](Self::rope_qk) unless the backend does it in one pass.
+    fn split_rope_qkv(
+        &self,
+        qkv: &Self::Tensor,
+        widths: &[usize],
+        heads: usize,
+        kv_heads: usize,
+        table: &Self::Rope,
+    ) -> Result<(Self::Tensor, Self::Tensor, Self::Tensor)> {
+        let mut parts = self.split_columns(qkv, widths)?.into_iter();
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(q), Some(k), Some(v), None) => {
+                let (q, k) = self.rope_qk(&q, heads, &k, kv_heads, table)?;
+                Ok((q, k, v))
+            }
+            _ => Err(EngineError::InvalidInput(format!(
+                "split_rope_qkv: {} widths, expected 3",
+                widths.len()
+            ))),
+        }
+    }
+
     /// An empty cache for one layer.
     fn new_kv_layer(
         &self,

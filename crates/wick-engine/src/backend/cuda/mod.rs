@@ -1068,12 +1068,24 @@ impl Backend for CudaBackend {
             Layout::Affine { .. } => x.rows <= self.quant_rows || self.affine_mma_rows(x.rows),
         };
         if !fused || x.rows == 0 {
+            // The product of both halves, then one pass that reads each row's gate and up
+            // columns where they lie.
             let both = self.linear(x, gate_up, None)?;
-            let parts = self.split_columns(&both, &[width, width])?;
-            return match parts.as_slice() {
-                [gate, up] => self.glu(gate, up, act),
-                _ => Err(invalid("linear_glu: split gave no halves".into())),
-            };
+            let y = self.tensor(x.rows, width)?;
+            if x.rows > 0 {
+                self.launch(
+                    Kernel::GluSplit,
+                    (x.rows as u32, col_blocks(width), 1),
+                    256,
+                    &[
+                        Arg::Ptr(both.ptr()),
+                        Arg::Ptr(y.ptr()),
+                        Arg::I32(int(width, "width")?),
+                        Arg::I32(act_kind(act)),
+                    ],
+                )?;
+            }
+            return Ok(y);
         }
         let y = self.tensor(x.rows, width)?;
         let kind = act_kind(act);
@@ -1374,6 +1386,65 @@ impl Backend for CudaBackend {
             ],
         )?;
         Ok((q_out, k_out))
+    }
+
+    fn split_rope_qkv(
+        &self,
+        qkv: &CudaTensor,
+        widths: &[usize],
+        heads: usize,
+        kv_heads: usize,
+        table: &CudaRope,
+    ) -> Result<(CudaTensor, CudaTensor, CudaTensor)> {
+        let hd = widths
+            .first()
+            .and_then(|w| w.checked_div(heads))
+            .unwrap_or(0);
+        let (qn, kn) = (heads * hd, kv_heads * hd);
+        // One row splits into views for free (decode steps keep their launches); shapes
+        // the kernel does not take go the default way.
+        if qkv.rows < 2
+            || hd == 0
+            || kv_heads == 0
+            || widths != [qn, kn, kn]
+            || qkv.cols != qn + 2 * kn
+            || table.rows != qkv.rows
+            || table.dims > hd
+        {
+            let mut parts = self.split_columns(qkv, widths)?.into_iter();
+            return match (parts.next(), parts.next(), parts.next(), parts.next()) {
+                (Some(q), Some(k), Some(v), None) => {
+                    let (q, k) = self.rope_qk(&q, heads, &k, kv_heads, table)?;
+                    Ok((q, k, v))
+                }
+                _ => Err(invalid(format!(
+                    "split_rope_qkv: {} widths, expected 3",
+                    widths.len()
+                ))),
+            };
+        }
+        let q = self.tensor(qkv.rows, qn)?;
+        let k = self.tensor(qkv.rows, kn)?;
+        let v = self.tensor(qkv.rows, kn)?;
+        self.launch(
+            Kernel::RopeQkv,
+            (qkv.rows as u32, col_blocks(qkv.cols), 1),
+            256,
+            &[
+                Arg::Ptr(qkv.ptr()),
+                Arg::Ptr(q.ptr()),
+                Arg::Ptr(k.ptr()),
+                Arg::Ptr(v.ptr()),
+                Arg::Ptr(table.buf.ptr()),
+                Arg::I32(int(qkv.rows, "rows")?),
+                Arg::I32(int(heads, "heads")?),
+                Arg::I32(int(kv_heads, "KV heads")?),
+                Arg::I32(int(hd, "head size")?),
+                Arg::I32(table.dims as i32),
+                Arg::I32(i32::from(table.style == RopeStyle::Neox)),
+            ],
+        )?;
+        Ok((q, k, v))
     }
 
     fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> CudaKvLayer {

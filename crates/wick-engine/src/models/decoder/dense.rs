@@ -305,6 +305,17 @@ impl<B: Backend> DenseLayers<B> {
             None => x.clone(),
         };
         for (li, layer) in self.layers.iter().enumerate() {
+            let table = match (&ropes.local, layer.local_rope) {
+                (Some(local), true) => local,
+                _ => &ropes.global,
+            };
+            // Without adapters or q/k norms between them, the split of a fused product and
+            // the rotary embeddings are one op (one pass on the GPU).
+            let fused_rope = lora.is_empty()
+                && layer.use_rope
+                && layer.q_norm.is_none()
+                && layer.k_norm.is_none();
+            let mut rotated = false;
             let (q, k, v) = match &layer.qkv {
                 QkvProjection::Separate {
                     q,
@@ -323,6 +334,17 @@ impl<B: Backend> DenseLayers<B> {
                         ],
                     )?)?;
                     (q, k, v)
+                }
+                QkvProjection::Fused { qkv, bias, widths } if fused_rope => {
+                    let all = be.linear(&h, qkv, bias.as_ref())?;
+                    rotated = true;
+                    be.split_rope_qkv(
+                        &all,
+                        widths,
+                        layer.attention.heads,
+                        layer.attention.kv_heads,
+                        table,
+                    )?
                 }
                 QkvProjection::Fused { qkv, bias, widths } => {
                     let all = be.linear(&h, qkv, bias.as_ref())?;
@@ -349,11 +371,7 @@ impl<B: Backend> DenseLayers<B> {
             if let Some(w) = &layer.k_norm {
                 k = be.rms_norm(&k, w, cfg.rms_eps)?;
             }
-            let table = match (&ropes.local, layer.local_rope) {
-                (Some(local), true) => local,
-                _ => &ropes.global,
-            };
-            if layer.use_rope {
+            if layer.use_rope && !rotated {
                 (q, k) = be.rope_qk(
                     &q,
                     layer.attention.heads,
