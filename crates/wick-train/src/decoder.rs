@@ -5,7 +5,7 @@
 //! `∂L/∂log p` to the factors' gradients through the backend's tape.
 use rayon::prelude::*;
 use wick_engine::adapters::{LoraWeights, Target};
-use wick_engine::backend::tape::{ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
+use wick_engine::backend::tape::{GradRoot, ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
 
 pub use wick_engine::backend::tape::Dropout;
 
@@ -110,8 +110,8 @@ pub struct Forward {
     pub logp: Vec<f32>,
     /// Softmax of the target rows' logits, `[targets, vocab]`.
     probs: Vec<f32>,
-    /// The target rows' logits on the backend, where the tape starts (`None`: no target).
-    logits: Option<TapeTensor>,
+    /// Where the backward starts: the target rows' logits (`None`: no target).
+    logits: Option<GradRoot>,
 }
 
 /// Training passes over one frozen base.
@@ -231,9 +231,8 @@ impl<'a> TrainDecoder<'a> {
                 logits: None,
             });
         }
-        let logits = self.pass(adapter, batch, &rows, record)?;
+        let (mut probs, logits) = self.pass(adapter, batch, &rows, record)?.into_values();
         let vocab = logits.cols();
-        let mut probs = logits.data().to_vec();
         let logp: Vec<f32> = probs
             .par_chunks_exact_mut(vocab)
             .zip(&batch.targets)

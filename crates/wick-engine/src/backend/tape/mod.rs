@@ -83,6 +83,35 @@ impl TapeTensor {
     pub fn tracked(&self) -> bool {
         self.node.is_some()
     }
+
+    /// The values (moved out where nothing else holds them, else copied) and the handle
+    /// [`TapeBackend::backward`] starts from: a loss computed on the host from a pass's
+    /// logits needs them once, not twice.
+    pub fn into_values(self) -> (Vec<f32>, GradRoot) {
+        let root = GradRoot {
+            node: self.node,
+            len: self.data.len(),
+            cols: self.cols,
+        };
+        let values = Arc::try_unwrap(self.data).unwrap_or_else(|shared| shared.to_vec());
+        (values, root)
+    }
+}
+
+/// Where a backward starts: the output of a recorded pass (see
+/// [`TapeTensor::into_values`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GradRoot {
+    node: Option<usize>,
+    len: usize,
+    cols: usize,
+}
+
+impl GradRoot {
+    /// Columns of the output.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
 }
 
 /// What a matrix holds.
@@ -305,12 +334,12 @@ impl TapeBackend {
 
     /// The gradient of `Σ output ⊙ grad` with respect to every parameter the recorded
     /// pass used, by id; the tape is emptied. `grad` is `[rows, cols]` of `output`.
-    pub fn backward(&self, output: &TapeTensor, grad: Vec<f32>) -> Result<ParamGrads> {
-        if grad.len() != output.data.len() {
+    pub fn backward(&self, output: &GradRoot, grad: Vec<f32>) -> Result<ParamGrads> {
+        if grad.len() != output.len {
             return Err(shape_err(format!(
                 "backward: a gradient of {} values for an output of {}",
                 grad.len(),
-                output.data.len()
+                output.len
             )));
         }
         let nodes = std::mem::take(&mut self.tape().nodes);
