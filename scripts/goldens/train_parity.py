@@ -15,9 +15,21 @@ A's gradient 0), it records:
           tokens (num_items_in_batch), clip_grad_norm_, torch AdamW (weight decay 0.01) with
           LoRA+ param groups (B at 2x the rate), get_cosine_schedule_with_warmup(1 warm-up, 4).
 
+`--family NAME` makes the same goldens on another tiny random model of
+crates/wick-engine/tests/goldens/hf (default llama, into tests/goldens/parity; another family into
+tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwen2's Q/K/V biases,
+qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh) train through
+the engine's decoder. Attention runs as transformers' eager implementation (the soft caps need it).
+
+TRL's ORPO pieces (`get_batch_logps`, `odds_ratio_loss`) are called where trl imports; without it
+they are written out below as TRL 1.16 defines them (reference.json says which:
+"orpo_terms"). The llama goldens were made with TRL itself, and the written-out forms reproduce
+them (run `--family llama --check-llama` to compare).
+
 Run from the repository root with the pinned environment (scripts/goldens/requirements.txt plus
-trl==1.16.0): python scripts/goldens/train_parity.py
+trl==1.16.0): python scripts/goldens/train_parity.py [--family qwen2]
 """
+import argparse
 import json
 import math
 import types
@@ -27,11 +39,15 @@ import torch
 import torch.nn.functional as F
 import transformers
 import peft
-import trl
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, get_cosine_schedule_with_warmup
-from trl.experimental.orpo.orpo_trainer import ORPOTrainer
+
+try:
+    import trl
+    from trl.experimental.orpo.orpo_trainer import ORPOTrainer
+except ImportError:
+    trl = None
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "crates/wick-engine/tests/goldens/hf/llama"
@@ -47,9 +63,32 @@ PAIRS = [
 ]
 
 
+def batch_logps(logits, labels, average):
+    """TRL 1.16's ORPOTrainer.get_batch_logps (decoder-only, label pad -100)."""
+    if trl is not None:
+        return ORPOTrainer.get_batch_logps(logits, labels, average_log_prob=average)
+    labels = labels[:, 1:].clone()
+    logits = logits[:, :-1, :]
+    mask = labels != -100
+    labels[labels == -100] = 0
+    per_token = torch.gather(logits.log_softmax(-1), dim=2, index=labels.unsqueeze(2)).squeeze(2)
+    total = (per_token * mask).sum(-1)
+    return total / mask.sum(-1) if average else total
+
+
+def odds_ratio_losses(chosen, rejected):
+    """TRL 1.16's ORPOTrainer.odds_ratio_loss: beta * logsigmoid(log odds ratio), per pair."""
+    if trl is not None:
+        fake = types.SimpleNamespace(beta=LAMBDA, accelerator=types.SimpleNamespace(device="cpu"))
+        losses, *_ = ORPOTrainer.odds_ratio_loss(fake, chosen, rejected)
+        return losses
+    log_odds = (chosen - rejected) - (torch.log1p(-torch.exp(chosen)) - torch.log1p(-torch.exp(rejected)))
+    return LAMBDA * F.logsigmoid(log_odds)
+
+
 def model_with_lora():
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32, attn_implementation="eager")
     cfg = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
                      init_lora_weights=False, task_type="CAUSAL_LM")
     model = get_peft_model(base, cfg)
@@ -99,7 +138,7 @@ def completion_logps(model, seqs, average):
         labels[i, :p] = -100
         labels[i, len(s):] = -100
     logits = model(input_ids=ids, attention_mask=mask).logits
-    return ORPOTrainer.get_batch_logps(logits, labels, average_log_prob=average), logits, ids, mask
+    return batch_logps(logits, labels, average), logits, ids, mask
 
 
 def pairs_as_seqs():
@@ -115,12 +154,26 @@ def grads_of(model, loss):
 
 
 def main():
+    global BASE, OUT
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--family", default="llama", help="a tiny model of crates/wick-engine/tests/goldens/hf")
+    ap.add_argument("--check-llama", action="store_true",
+                    help="compare with the committed llama goldens instead of writing")
+    args = ap.parse_args()
+    BASE = ROOT / "crates/wick-engine/tests/goldens/hf" / args.family
+    if args.family != "llama":
+        OUT = OUT.with_name(f"parity_{args.family}")
+    if args.check_llama:
+        OUT = Path("/tmp") / "train_parity_check"
     OUT.mkdir(parents=True, exist_ok=True)
     model = model_with_lora()
     init = {k: p.detach().clone() for k, p in lora_params(model).items()}
     save_file({k: v.contiguous() for k, v in init.items()}, OUT / "init.safetensors")
     tensors, ref = {}, {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                    "peft": peft.__version__, "trl": trl.__version__},
+                                    "peft": peft.__version__,
+                                    "trl": trl.__version__ if trl is not None else None},
+                        "family": args.family,
+                        "orpo_terms": "trl" if trl is not None else "written out (TRL 1.16)",
                         "rank": RANK, "alpha": ALPHA, "beta": BETA, "lambda": LAMBDA,
                         "sft": [{"tokens": s, "prompt_len": p} for s, p in SFT],
                         "pairs": [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS]}
@@ -152,38 +205,43 @@ def main():
     labels = torch.where(mask == 1, ids, -100)
     lc = logits[:n_pairs, :-1].reshape(-1, logits.shape[-1])
     nll = F.cross_entropy(lc, labels[:n_pairs, 1:].reshape(-1), ignore_index=-100)
-    fake = types.SimpleNamespace(beta=LAMBDA, accelerator=types.SimpleNamespace(device="cpu"))
-    losses, *_ = ORPOTrainer.odds_ratio_loss(fake, logps[:n_pairs], logps[n_pairs:])
+    losses = odds_ratio_losses(logps[:n_pairs], logps[n_pairs:])
     loss = nll - losses.mean()
     ref["orpo_loss"] = loss.item()
     for k, g in grads_of(model, loss).items():
         tensors[f"orpo.{k}"] = g
 
-    # Three optimizer steps of SFT with accumulation, clipping, LoRA+ and the schedule.
-    lr, clip, wd, ratio, warmup, total_steps = 1e-2, 0.5, 0.01, 2.0, 1, 4
-    params = lora_params(model)
-    groups = [{"params": [p for k, p in params.items() if "lora_A" in k], "lr": lr},
-              {"params": [p for k, p in params.items() if "lora_B" in k], "lr": lr * ratio}]
-    opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
-    sched = get_cosine_schedule_with_warmup(opt, warmup, total_steps)
+    # Three optimizer steps of SFT with accumulation, clipping, LoRA+ and the schedule (the
+    # optimizer does not depend on the family: the llama goldens only).
     norms = []
-    for _ in range(3):
-        opt.zero_grad()
-        n_items = sum(len(s) - max(1, p) for s, p in SFT)
-        for micro in SFT:
-            total, _ = sft_loss_sum(model, [micro])
-            (total / n_items).backward()
-        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
-        opt.step()
-        sched.step()
-    ref["sft3"] = {"lr": lr, "clip": clip, "weight_decay": wd, "lora_plus_ratio": ratio,
-                   "warmup": warmup, "total_steps": total_steps, "grad_norms": norms}
-    for k, p in lora_params(model).items():
-        tensors[f"sft3.{k}"] = p.detach().clone()
+    if args.family == "llama":
+        lr, clip, wd, ratio, warmup, total_steps = 1e-2, 0.5, 0.01, 2.0, 1, 4
+        params = lora_params(model)
+        groups = [{"params": [p for k, p in params.items() if "lora_A" in k], "lr": lr},
+                  {"params": [p for k, p in params.items() if "lora_B" in k], "lr": lr * ratio}]
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+        sched = get_cosine_schedule_with_warmup(opt, warmup, total_steps)
+        for _ in range(3):
+            opt.zero_grad()
+            n_items = sum(len(s) - max(1, p) for s, p in SFT)
+            for micro in SFT:
+                total, _ = sft_loss_sum(model, [micro])
+                (total / n_items).backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item())
+            opt.step()
+            sched.step()
+        ref["sft3"] = {"lr": lr, "clip": clip, "weight_decay": wd, "lora_plus_ratio": ratio,
+                       "warmup": warmup, "total_steps": total_steps, "grad_norms": norms}
+        for k, p in lora_params(model).items():
+            tensors[f"sft3.{k}"] = p.detach().clone()
 
     save_file({k: v.contiguous() for k, v in tensors.items()}, OUT / "reference.safetensors")
     (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
     print(json.dumps({k: ref[k] for k in ("sft_loss", "dpo_loss", "orpo_loss")}), norms)
+    if args.check_llama:
+        want = json.loads((ROOT / "crates/wick-train/tests/goldens/parity/reference.json").read_text())
+        for k in ("sft_loss", "dpo_loss", "orpo_loss"):
+            print(k, ref[k], want[k], abs(ref[k] - want[k]) / abs(want[k]))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-//! wick's LoRA trainer: supervised fine-tuning, DPO and ORPO of a Llama-family base,
-//! f32 on the host, with a hand-written backward over the decoder (see docs/training.md
-//! for why not an autograd library).
+//! wick's LoRA trainer: supervised fine-tuning, DPO and ORPO of the dense families the
+//! engine serves, f32 on the host, through the engine's own decoder on its training
+//! backend (`wick_engine::backend::tape`, which records each pass and has a backward rule
+//! per op; see docs/training.md for why not an autograd library).
 //!
 //! How the parts fit:
-//! - [`base`] reads the frozen base through the engine's config and weight sources;
+//! - [`base`] loads the engine's decoder over the frozen base onto the training backend;
 //! - [`decoder`] runs the training forward and backward over a packed [`decoder::Batch`];
 //! - [`lora`] holds the factors; [`optim`] AdamW, the schedule and clipping;
 //! - [`loss`] turns per-token log-probabilities into SFT, DPO and ORPO losses and their
@@ -21,7 +22,6 @@ pub mod data;
 pub mod decoder;
 mod error;
 pub mod fuse;
-mod linalg;
 pub mod lora;
 pub mod loss;
 pub mod merge;

@@ -191,12 +191,17 @@ impl<'a> Trainer<'a> {
     /// Fresh factors (PEFT's initialization from the seed) over `base`.
     pub fn new(base: &'a BaseWeights, config: TrainConfig) -> Result<Trainer<'a>> {
         config.validate()?;
+        if config.grad_checkpoint {
+            tracing::warn!(
+                "gradient checkpointing is not implemented on the engine's decoder yet: \
+                 every layer's activations are kept"
+            );
+        }
         let params = LoraParams::init(&base.cfg, &config.lora, config.seed);
         let opt = AdamW::new(config.adam, &params);
         Ok(Trainer {
             base,
-            decoder: TrainDecoder::new(base, config.max_seq)
-                .with_checkpointing(config.grad_checkpoint),
+            decoder: TrainDecoder::new(base, config.max_seq),
             config,
             params,
             opt,
@@ -267,7 +272,7 @@ impl<'a> Trainer<'a> {
                     acc.loss -= fwd.logp.iter().map(|&l| f64::from(l)).sum::<f64>() * f64::from(w);
                     if let Some(g) = grads.as_deref_mut() {
                         let dlogp = vec![-w; fwd.logp.len()];
-                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g);
+                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g)?;
                     }
                 }
             }
@@ -299,7 +304,7 @@ impl<'a> Trainer<'a> {
                         dlogp[r.clone()].fill((-t.d_chosen / pairs) as f32);
                     }
                     if let Some(g) = grads.as_deref_mut() {
-                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g);
+                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g)?;
                     }
                 }
             }
@@ -346,7 +351,7 @@ impl<'a> Trainer<'a> {
                         dlogp[r.clone()].fill(dr as f32);
                     }
                     if let Some(g) = grads.as_deref_mut() {
-                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g);
+                        self.decoder.backward(adapter, &batch, fwd, &dlogp, g)?;
                     }
                 }
             }

@@ -160,7 +160,7 @@ fn grads_of(
     let fwd = dec.forward(Some(a), batch).unwrap();
     let dlogp = vec![-1.0f32; fwd.logp.len()];
     let mut grads = params.zeros_like();
-    dec.backward(a, batch, fwd, &dlogp, &mut grads);
+    dec.backward(a, batch, fwd, &dlogp, &mut grads).unwrap();
     grads
 }
 
@@ -219,7 +219,7 @@ fn backward_matches_finite_differences() {
 }
 
 #[test]
-fn dropout_and_checkpointing_keep_the_gradient_exact() {
+fn dropout_keeps_the_gradient_exact() {
     let base = BaseWeights::load(&golden("llama")).unwrap();
     let dec = TrainDecoder::new(&base, 64);
     let lora = LoraConfig {
@@ -237,8 +237,7 @@ fn dropout_and_checkpointing_keep_the_gradient_exact() {
     // It changes the gradient (the branch sees dropped inputs) ...
     let plain = grads_of(&dec, &params, mult, None, &batch);
     assert_ne!(plain, grads);
-    // ... and a recomputing backward draws the same masks: the same numbers to the bit.
-    let ckpt = TrainDecoder::new(&base, 64).with_checkpointing(true);
-    assert_eq!(grads_of(&ckpt, &params, mult, dropout, &batch), grads);
-    assert_eq!(grads_of(&ckpt, &params, mult, None, &batch), plain);
+    // ... and the backward draws the same masks as the forward: the same numbers to the
+    // bit on a second run.
+    assert_eq!(grads_of(&dec, &params, mult, dropout, &batch), grads);
 }

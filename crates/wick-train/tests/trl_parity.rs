@@ -1,7 +1,11 @@
 //! wick-train against transformers + PEFT + TRL on the tiny random Llama
 //! (scripts/goldens/train_parity.py): loss and LoRA gradients of one step of SFT, DPO and
 //! ORPO within 1e-4 relative, and the factors after 3 AdamW steps (gradient accumulation,
-//! clipping, LoRA+, cosine schedule with warm-up) within 1e-4.
+//! clipping, LoRA+, cosine schedule with warm-up) within 1e-4. The same one-step checks on
+//! the tiny Qwen2 (Q/K/V biases), Qwen3 (Q/K norms, head_dim ≠ hidden/heads, tied) and
+//! Gemma 2 (soft caps, sliding window, sandwich norms, GELU-tanh, scaled embeddings),
+//! Gemma 3, Mistral, OLMo 2, Granite and SmolLM 3 (`train_parity.py --family NAME`):
+//! families only the engine's decoder trains.
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -14,12 +18,33 @@ use wick_train::optim::Schedule;
 use wick_train::trainer::{TrainConfig, Trainer};
 
 fn goldens() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/parity")
+    family_goldens("llama")
+}
+
+/// The goldens of `family` (`parity` for the Llama, `parity_<family>` for the others).
+fn family_goldens(family: &str) -> PathBuf {
+    let dir = if family == "llama" {
+        "tests/goldens/parity".to_string()
+    } else {
+        format!("tests/goldens/parity_{family}")
+    };
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(dir)
+}
+
+/// The tiny random model of `family`.
+fn base_dir(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../wick-engine/tests/goldens/hf")
+        .join(family)
 }
 
 fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(goldens().join("reference.json")).unwrap())
-        .unwrap()
+    family_reference("llama")
+}
+
+fn family_reference(family: &str) -> Value {
+    let file = family_goldens(family).join("reference.json");
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -68,6 +93,15 @@ fn pair_examples(r: &Value) -> Vec<Example> {
 }
 
 fn trainer<'a>(base: &'a BaseWeights, r: &Value, method: Method) -> Trainer<'a> {
+    family_trainer("llama", base, r, method)
+}
+
+fn family_trainer<'a>(
+    family: &str,
+    base: &'a BaseWeights,
+    r: &Value,
+    method: Method,
+) -> Trainer<'a> {
     let rank = r["rank"].as_u64().unwrap() as usize;
     let alpha = r["alpha"].as_f64().unwrap() as f32;
     let mut cfg = TrainConfig::defaults(method);
@@ -78,7 +112,8 @@ fn trainer<'a>(base: &'a BaseWeights, r: &Value, method: Method) -> Trainer<'a> 
     };
     cfg.max_seq = 64;
     let mut t = Trainer::new(base, cfg).unwrap();
-    t.params = load_factors(&goldens().join("init.safetensors"), &t.params, "").unwrap();
+    let init = family_goldens(family).join("init.safetensors");
+    t.params = load_factors(&init, &t.params, "").unwrap();
     t
 }
 
@@ -105,10 +140,13 @@ fn assert_params_close(what: &str, got: &LoraParams, want: &LoraParams, tol: f32
 }
 
 fn check_one_step(method: Method, case: &str, examples: Vec<Example>) {
-    let r = reference();
-    let base = BaseWeights::load(&goldens().join("../../../../wick-engine/tests/goldens/hf/llama"))
-        .unwrap();
-    let t = trainer(&base, &r, method);
+    check_family_step("llama", method, case, examples);
+}
+
+fn check_family_step(family: &str, method: Method, case: &str, examples: Vec<Example>) {
+    let r = family_reference(family);
+    let base = BaseWeights::load(&base_dir(family)).unwrap();
+    let t = family_trainer(family, &base, &r, method);
     let micro = vec![examples.iter().collect::<Vec<_>>()];
     let (loss, grads) = t.loss_and_grads(&micro).unwrap();
     let want = r[format!("{case}_loss")].as_f64().unwrap();
@@ -116,9 +154,64 @@ fn check_one_step(method: Method, case: &str, examples: Vec<Example>) {
         ((loss - want) / want).abs() < 1e-4,
         "{case} loss {loss} vs {want}"
     );
-    let file = goldens().join("reference.safetensors");
+    let file = family_goldens(family).join("reference.safetensors");
     let want = load_factors(&file, &grads, &format!("{case}.")).unwrap();
-    assert_params_close(&format!("{case} gradient"), &grads, &want, 1e-4);
+    assert_params_close(&format!("{family} {case} gradient"), &grads, &want, 1e-4);
+}
+
+/// SFT, DPO and ORPO one-step parity on `family`'s tiny model.
+fn check_family(family: &str) {
+    let r = family_reference(family);
+    check_family_step(family, Method::Sft, "sft", sft_examples(&r));
+    let beta = r["beta"].as_f64().unwrap() as f32;
+    check_family_step(family, Method::Dpo { beta }, "dpo", pair_examples(&r));
+    let lambda = r["lambda"].as_f64().unwrap() as f32;
+    check_family_step(family, Method::Orpo { lambda }, "orpo", pair_examples(&r));
+}
+
+#[test]
+fn qwen2_steps_match_trl() {
+    check_family("qwen2");
+}
+
+#[test]
+fn qwen3_steps_match_trl() {
+    check_family("qwen3");
+}
+
+#[test]
+fn gemma2_steps_match_trl() {
+    check_family("gemma2");
+}
+
+/// Local and global rotary bases, (1 + w) Q/K norms, sliding windows.
+#[test]
+fn gemma3_steps_match_trl() {
+    check_family("gemma3");
+}
+
+/// A sliding window on every layer, YaRN (an attention factor on cos/sin).
+#[test]
+fn mistral_steps_match_trl() {
+    check_family("mistral");
+}
+
+/// Norms after attention and the MLP only, Q/K norms over all heads at once.
+#[test]
+fn olmo2_steps_match_trl() {
+    check_family("olmo2");
+}
+
+/// Embedding, residual and attention multipliers, a logit divisor, Llama 3 rotary scaling.
+#[test]
+fn granite_steps_match_trl() {
+    check_family("granite");
+}
+
+/// A layer without rotary embeddings (NoPE).
+#[test]
+fn smollm3_steps_match_trl() {
+    check_family("smollm3");
 }
 
 #[test]
@@ -143,8 +236,7 @@ fn orpo_loss_and_gradients_match_trl() {
 #[test]
 fn three_adamw_steps_match_torch() {
     let r = reference();
-    let base = BaseWeights::load(&goldens().join("../../../../wick-engine/tests/goldens/hf/llama"))
-        .unwrap();
+    let base = BaseWeights::load(&base_dir("llama")).unwrap();
     let mut t = trainer(&base, &r, Method::Sft);
     let s = &r["sft3"];
     let f = |k: &str| s[k].as_f64().unwrap() as f32;

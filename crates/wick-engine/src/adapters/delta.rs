@@ -66,6 +66,18 @@ impl<B: Backend> LoraWeights<B> {
         Ok(LoraWeights { layers: out })
     }
 
+    /// Deltas of matrices already on the backend: `layers[l][target.index()]` holds
+    /// `(A [rank, in], scale · B [out, rank])` (a trainer's parameters, for one).
+    #[allow(clippy::type_complexity)]
+    pub fn from_matrices(layers: Vec<[Option<(B::Matrix, B::Matrix)>; Target::COUNT]>) -> Self {
+        LoraWeights {
+            layers: layers
+                .into_iter()
+                .map(|slots| slots.map(|p| p.map(|(a, b)| LoraPair { a, b })))
+                .collect(),
+        }
+    }
+
     fn pair(&self, layer: usize, t: Target) -> Option<&LoraPair<B>> {
         self.layers.get(layer)?[t.index()].as_ref()
     }

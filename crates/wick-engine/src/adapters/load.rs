@@ -360,7 +360,7 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 
 /// Rows of `b` `[heads * head_dim, rank]` reordered as llama.cpp's converter reorders Q/K
 /// rows for interleaved rope: within each head, row `j * 2 + t` takes row `t * hd/2 + j`.
-fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
+pub fn permute_rows(b: &[f32], heads: usize, rank: usize) -> Vec<f32> {
     let rows = b.len() / rank.max(1);
     let hd = rows / heads.max(1);
     let half = hd / 2;

@@ -179,6 +179,18 @@ pub const MLX: Capabilities = Capabilities {
     itl_factor: Some(2.0),
 };
 
+/// The training backend (`backend/tape`): the ops of the dense decoder, each with a
+/// backward rule. LayerNorm and the ungated MLP (StarCoder 2), host activations (Gemma 4,
+/// Qwen 3.5) and image attention have none yet, so those models are refused at load.
+pub const TRAIN: Capabilities = Capabilities {
+    backend: "train",
+    ops: &[Capability::RopeAttentionFactor, Capability::RowDeltas],
+    max_head_dim: usize::MAX,
+    device_logits: false,
+    lone_prompt_tokens: None,
+    itl_factor: None,
+};
+
 impl BackendKind {
     /// What the backend implements (known without starting it).
     pub fn capabilities(self) -> &'static Capabilities {

@@ -2,7 +2,8 @@
 //!
 //! Architectures in [`crate::models`] call only [`Backend`] methods, so the same decoder
 //! runs on candle (CPU, portable, the default) and on other compute backends (MLX on
-//! GPUs, cargo feature `mlx`). A backend owns its tensor type, its weight-matrix type
+//! GPUs, cargo feature `mlx`; and [`tape`], the training backend that records the ops
+//! of a pass for their gradients). A backend owns its tensor type, its weight-matrix type
 //! (dense or quantized) and its KV-cache storage.
 pub mod candle;
 pub mod capability;
@@ -10,6 +11,7 @@ pub mod capability;
 pub mod cuda;
 #[cfg(feature = "mlx")]
 pub mod mlx;
+pub mod tape;
 
 use std::borrow::Cow;
 use std::ops::Range;

@@ -24,7 +24,7 @@ use wick_engine::adapters::{AdapterFormat, HostDelta};
 use wick_gguf::GgmlType;
 
 use crate::error::{io, Result, TrainError};
-use crate::linalg::{gemm, Layout};
+use wick_engine::backend::tape::products::{gemm, Layout};
 
 /// How the base stored the matrices the adapter changed (the first one's, where they differ).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -54,6 +54,14 @@ pub enum LogitsRequest {
     All,
 }
 
+/// Which rows of a pass get logits: per sequence, by request; or picked rows of the
+/// flattened batch (a training pass's loss rows).
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    Requests(&'a [LogitsRequest]),
+    Rows(&'a [usize]),
+}
+
 /// Where the new tokens of a forward pass come from.
 pub enum Input<'a, B: Backend> {
     /// Ids on the host, flattened over the batch.
@@ -509,7 +517,8 @@ impl<B: Backend> Decoder<B> {
         let counts = vec![1; caches.len()];
         let requests = vec![LogitsRequest::Last; caches.len()];
         self.backend.pass(|| {
-            let (logits, _) = self.run(ids, caches, &counts, &requests, false, &[])?;
+            let (logits, _) =
+                self.run(ids, caches, &counts, Pick::Requests(&requests), false, &[])?;
             let logits = logits.ok_or_else(|| EngineError::InvalidInput("empty batch".into()))?;
             let next = self.backend.argmax(&logits)?;
             self.backend.schedule(&next)?;
@@ -537,10 +546,39 @@ impl<B: Backend> Decoder<B> {
             Input::Host(&ids),
             &mut caches,
             &counts,
-            &requests,
+            Pick::Requests(&requests),
             hidden,
             lora,
         )
+    }
+
+    /// A training pass: each of `seqs` from an empty cache, every sequence with
+    /// `adapters`, returning the logits of `rows` (indices into the sequences' tokens laid
+    /// end to end) as a tensor kept on the backend, for a training backend
+    /// ([`crate::backend::tape::TapeBackend`]) to take their gradient back through the
+    /// pass.
+    pub fn forward_rows(
+        &self,
+        seqs: &[&[u32]],
+        rows: &[usize],
+        adapters: &[&LoraWeights<B>],
+    ) -> Result<B::Tensor> {
+        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied()).collect();
+        let counts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        let mut owned: Vec<SequenceCache<B>> = seqs.iter().map(|_| self.new_cache()).collect();
+        let mut caches: Vec<&mut SequenceCache<B>> = owned.iter_mut().collect();
+        let lora: Vec<Vec<&LoraWeights<B>>> = seqs.iter().map(|_| adapters.to_vec()).collect();
+        let (out, _) = self.backend.pass(|| {
+            self.run(
+                Input::Host(&ids),
+                &mut caches,
+                &counts,
+                Pick::Rows(rows),
+                false,
+                &lora,
+            )
+        })?;
+        out.ok_or_else(|| EngineError::InvalidInput("a training pass picked no row".into()))
     }
 
     /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
@@ -552,7 +590,7 @@ impl<B: Backend> Decoder<B> {
         input: Input<'_, B>,
         caches: &mut [&mut SequenceCache<B>],
         counts: &[usize],
-        requests: &[LogitsRequest],
+        requests: Pick<'_>,
         hidden: bool,
         lora: &[Vec<&LoraWeights<B>>],
     ) -> Result<(Option<B::Tensor>, Vec<usize>)> {
@@ -653,14 +691,27 @@ impl<B: Backend> Decoder<B> {
 
         let mut rows = Vec::new();
         let mut per_item = Vec::with_capacity(caches.len());
-        for (request, r) in requests.iter().zip(&ranges) {
-            let before = rows.len();
-            match request {
-                LogitsRequest::None => {}
-                LogitsRequest::Last => rows.push(r.end - 1),
-                LogitsRequest::All => rows.extend(r.clone()),
+        match requests {
+            Pick::Requests(requests) => {
+                for (request, r) in requests.iter().zip(&ranges) {
+                    let before = rows.len();
+                    match request {
+                        LogitsRequest::None => {}
+                        LogitsRequest::Last => rows.push(r.end - 1),
+                        LogitsRequest::All => rows.extend(r.clone()),
+                    }
+                    per_item.push(rows.len() - before);
+                }
             }
-            per_item.push(rows.len() - before);
+            Pick::Rows(picked) => {
+                if let Some(&bad) = picked.iter().find(|&&r| r >= total) {
+                    return Err(EngineError::InvalidInput(format!(
+                        "row {bad} picked of a pass of {total}"
+                    )));
+                }
+                rows.extend_from_slice(picked);
+                per_item.push(rows.len());
+            }
         }
         if rows.is_empty() {
             return Ok((None, per_item));

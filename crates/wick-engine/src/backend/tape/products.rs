@@ -1,10 +1,12 @@
 //! Dense f32 products on row-major buffers, the three orientations a linear layer's
-//! forward and backward need.
+//! forward and backward need. They run on `gemm` (the f32 kernels the CPU backend's
+//! prefill attention and DeltaNet use): wick-kernels' own products quantize their input
+//! to 8 bits, which a gradient held to PyTorch's within 1e-4 cannot take.
 use gemm::Parallelism;
 
 /// How a matrix operand is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Layout {
+pub enum Layout {
     /// As written: `[rows, cols]`.
     Plain,
     /// Transposed: the buffer is `[cols, rows]`.
@@ -13,7 +15,7 @@ pub(crate) enum Layout {
 
 /// `c = acc·c + alpha · op(a) · op(b)` with `op(a)` `[m, k]`, `op(b)` `[k, n]`, `c` `[m, n]`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub fn gemm(
     m: usize,
     n: usize,
     k: usize,
@@ -78,7 +80,7 @@ pub(crate) fn gemm(
 }
 
 /// `x · wᵀ`: `x` `[m, k]`, `w` `[n, k]` → `[m, n]` (a linear layer's forward).
-pub(crate) fn linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+pub fn linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     let mut y = vec![0.0; m * n];
     gemm(
         m,
@@ -97,7 +99,7 @@ pub(crate) fn linear(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<
 }
 
 /// `out += alpha · dy · w`: `dy` `[m, n]`, `w` `[n, k]` → `[m, k]` (the input gradient).
-pub(crate) fn linear_back_input(
+pub fn linear_back_input(
     dy: &[f32],
     m: usize,
     w: &[f32],
@@ -122,7 +124,7 @@ pub(crate) fn linear_back_input(
 }
 
 /// `out += alpha · dyᵀ · x`: `dy` `[m, n]`, `x` `[m, k]` → `[n, k]` (the weight gradient).
-pub(crate) fn linear_back_weight(
+pub fn linear_back_weight(
     dy: &[f32],
     m: usize,
     n: usize,

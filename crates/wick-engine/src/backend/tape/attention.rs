@@ -1,9 +1,12 @@
-//! Causal grouped-query attention over packed sequences, and its backward. Work is
-//! spread over (sequence, head) pairs; each keeps its `[T, T]` probabilities for the
-//! backward.
+//! Causal grouped-query attention of whole sequences (each from an empty cache) and its
+//! backward. Work is spread over (sequence, head) pairs; each keeps its `[t, t]`
+//! probabilities for the backward.
+use std::ops::Range;
+
 use rayon::prelude::*;
 
-use crate::linalg::{gemm, Layout};
+use super::products::{gemm, Layout};
+use crate::backend::AttentionParams;
 
 /// The attention layer's shape.
 #[derive(Debug, Clone, Copy)]
@@ -14,22 +17,29 @@ pub(crate) struct AttnShape {
     pub scale: f32,
     /// Sliding window (`i − j < w`), `None` for full causal attention.
     pub window: Option<usize>,
+    /// `cap · tanh(s / cap)` on the scaled scores.
+    pub softcap: Option<f32>,
 }
 
 impl AttnShape {
+    pub(crate) fn of(p: &AttentionParams) -> AttnShape {
+        AttnShape {
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            hd: p.head_dim,
+            scale: p.scale,
+            window: p.window,
+            softcap: p.softcap,
+        }
+    }
+
     fn group(&self) -> usize {
         self.heads / self.kv_heads.max(1)
     }
 }
 
 /// Columns `[col, col + hd)` of rows `rows` of a `[_, width]` buffer, contiguous.
-fn gather(
-    x: &[f32],
-    width: usize,
-    rows: std::ops::Range<usize>,
-    col: usize,
-    hd: usize,
-) -> Vec<f32> {
+fn gather(x: &[f32], width: usize, rows: Range<usize>, col: usize, hd: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(rows.len() * hd);
     for r in rows {
         out.extend_from_slice(&x[r * width + col..r * width + col + hd]);
@@ -46,11 +56,38 @@ fn scatter_add(dst: &mut [f32], width: usize, start: usize, col: usize, hd: usiz
     }
 }
 
-/// Row-wise causal softmax of `scores` `[t, t]` in place.
+/// The scaled (and soft-capped) scores `q·kᵀ` of one head, `[t, t]`.
+fn scores(s: AttnShape, qh: &[f32], kh: &[f32], t: usize) -> Vec<f32> {
+    let mut p = vec![0.0; t * t];
+    gemm(
+        t,
+        t,
+        s.hd,
+        qh,
+        Layout::Plain,
+        kh,
+        Layout::Transposed,
+        &mut p,
+        false,
+        s.scale,
+        false,
+    );
+    if let Some(cap) = s.softcap {
+        p.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+    }
+    p
+}
+
+/// The first key row `i` sees.
+fn first_key(i: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (i + 1).saturating_sub(w))
+}
+
+/// Row-wise causal softmax of `p` `[t, t]` in place.
 fn causal_softmax(p: &mut [f32], t: usize, window: Option<usize>) {
     for i in 0..t {
         let row = &mut p[i * t..(i + 1) * t];
-        let lo = window.map_or(0, |w| (i + 1).saturating_sub(w));
+        let lo = first_key(i, window);
         let max = row[lo..=i]
             .iter()
             .copied()
@@ -69,43 +106,30 @@ fn causal_softmax(p: &mut [f32], t: usize, window: Option<usize>) {
     }
 }
 
-/// The attention output `[rows, heads·hd]` and, per sequence, the probabilities of each
+/// The attention output `[rows, heads·hd]` and, per segment, the probabilities of each
 /// head (`[heads][t][t]`).
 pub(crate) fn forward(
     s: AttnShape,
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    starts: &[usize],
+    segments: &[Range<usize>],
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let (qw, kw) = (s.heads * s.hd, s.kv_heads * s.hd);
-    let rows = *starts.last().unwrap_or(&0);
-    let jobs: Vec<(usize, usize)> = (0..starts.len() - 1)
+    let rows = segments.iter().map(|r| r.end).max().unwrap_or(0);
+    let jobs: Vec<(usize, usize)> = (0..segments.len())
         .flat_map(|seq| (0..s.heads).map(move |h| (seq, h)))
         .collect();
     let results: Vec<(Vec<f32>, Vec<f32>)> = jobs
         .par_iter()
         .map(|&(seq, h)| {
-            let (a, b) = (starts[seq], starts[seq + 1]);
-            let t = b - a;
+            let r = segments[seq].clone();
+            let t = r.len();
             let g = h / s.group();
-            let qh = gather(q, qw, a..b, h * s.hd, s.hd);
-            let kh = gather(k, kw, a..b, g * s.hd, s.hd);
-            let vh = gather(v, kw, a..b, g * s.hd, s.hd);
-            let mut p = vec![0.0; t * t];
-            gemm(
-                t,
-                t,
-                s.hd,
-                &qh,
-                Layout::Plain,
-                &kh,
-                Layout::Transposed,
-                &mut p,
-                false,
-                s.scale,
-                false,
-            );
+            let qh = gather(q, qw, r.clone(), h * s.hd, s.hd);
+            let kh = gather(k, kw, r.clone(), g * s.hd, s.hd);
+            let vh = gather(v, kw, r, g * s.hd, s.hd);
+            let mut p = scores(s, &qh, &kh, t);
             causal_softmax(&mut p, t, s.window);
             let mut o = vec![0.0; t * s.hd];
             gemm(
@@ -125,20 +149,20 @@ pub(crate) fn forward(
         })
         .collect();
     let mut out = vec![0.0; rows * qw];
-    let mut probs: Vec<Vec<f32>> = (0..starts.len() - 1)
-        .map(|seq| {
-            let t = starts[seq + 1] - starts[seq];
-            Vec::with_capacity(s.heads * t * t)
-        })
+    let mut probs: Vec<Vec<f32>> = segments
+        .iter()
+        .map(|r| Vec::with_capacity(s.heads * r.len() * r.len()))
         .collect();
     for (&(seq, h), (p, o)) in jobs.iter().zip(results) {
-        scatter_add(&mut out, qw, starts[seq], h * s.hd, s.hd, &o);
+        scatter_add(&mut out, qw, segments[seq].start, h * s.hd, s.hd, &o);
         probs[seq].extend_from_slice(&p);
     }
     (out, probs)
 }
 
-/// Gradients of `q`, `k`, `v` (after rotary) from the output gradient `dout`.
+/// Gradients of `q`, `k`, `v` (as the attention read them) from the output gradient
+/// `dout`, `[rows, heads·hd]`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     s: AttnShape,
     q: &[f32],
@@ -146,29 +170,29 @@ pub(crate) fn backward(
     v: &[f32],
     probs: &[Vec<f32>],
     dout: &[f32],
-    starts: &[usize],
+    segments: &[Range<usize>],
+    rows: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (qw, kw) = (s.heads * s.hd, s.kv_heads * s.hd);
-    let rows = *starts.last().unwrap_or(&0);
-    let jobs: Vec<(usize, usize)> = (0..starts.len() - 1)
+    let jobs: Vec<(usize, usize)> = (0..segments.len())
         .flat_map(|seq| (0..s.kv_heads).map(move |g| (seq, g)))
         .collect();
     type Grads = (Vec<(usize, Vec<f32>)>, Vec<f32>, Vec<f32>);
     let results: Vec<Grads> = jobs
         .par_iter()
         .map(|&(seq, g)| {
-            let (a, b) = (starts[seq], starts[seq + 1]);
-            let t = b - a;
-            let kh = gather(k, kw, a..b, g * s.hd, s.hd);
-            let vh = gather(v, kw, a..b, g * s.hd, s.hd);
+            let r = segments[seq].clone();
+            let t = r.len();
+            let kh = gather(k, kw, r.clone(), g * s.hd, s.hd);
+            let vh = gather(v, kw, r.clone(), g * s.hd, s.hd);
             let mut dk = vec![0.0; t * s.hd];
             let mut dv = vec![0.0; t * s.hd];
             let mut dqs = Vec::with_capacity(s.group());
             let mut dp = vec![0.0; t * t];
             for h in g * s.group()..(g + 1) * s.group() {
                 let p = &probs[seq][h * t * t..(h + 1) * t * t];
-                let qh = gather(q, qw, a..b, h * s.hd, s.hd);
-                let doh = gather(dout, qw, a..b, h * s.hd, s.hd);
+                let qh = gather(q, qw, r.clone(), h * s.hd, s.hd);
+                let doh = gather(dout, qw, r.clone(), h * s.hd, s.hd);
                 // dV += Pᵀ dO; dP = dO Vᵀ.
                 gemm(
                     t,
@@ -196,13 +220,20 @@ pub(crate) fn backward(
                     1.0,
                     false,
                 );
-                // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale.
+                // The capped scores again, for the cap's derivative 1 − tanh².
+                let capped = s.softcap.map(|_| scores(s, &qh, &kh, t));
+                // dS = P ⊙ (dP − rowsum(dP ⊙ P)) · scale (· (1 − tanh²) under a cap).
                 for i in 0..t {
                     let pr = &p[i * t..(i + 1) * t];
                     let dr = &mut dp[i * t..(i + 1) * t];
                     let dot: f32 = pr.iter().zip(dr.iter()).map(|(a, b)| a * b).sum();
-                    for (d, &pv) in dr.iter_mut().zip(pr) {
-                        *d = pv * (*d - dot) * s.scale;
+                    for (j, (d, &pv)) in dr.iter_mut().zip(pr).enumerate() {
+                        let mut ds = pv * (*d - dot) * s.scale;
+                        if let (Some(c), Some(cap)) = (&capped, s.softcap) {
+                            let th = c[i * t + j] / cap;
+                            ds *= 1.0 - th * th;
+                        }
+                        *d = ds;
                     }
                 }
                 let mut dq = vec![0.0; t * s.hd];
@@ -241,7 +272,7 @@ pub(crate) fn backward(
     let mut dk = vec![0.0; rows * kw];
     let mut dv = vec![0.0; rows * kw];
     for (&(seq, g), (dqs, dkh, dvh)) in jobs.iter().zip(results) {
-        let a = starts[seq];
+        let a = segments[seq].start;
         for (h, d) in dqs {
             scatter_add(&mut dq, qw, a, h * s.hd, s.hd, &d);
         }

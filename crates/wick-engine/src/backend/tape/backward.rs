@@ -1,0 +1,345 @@
+//! The tape and the backward rule of each op it records.
+use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::attention::{self, AttnShape};
+use super::dropout::Dropout;
+use super::products::{linear_back_input, linear_back_weight};
+use super::{activate, ParamGrads, Stored, TapeRope};
+use crate::backend::Activation;
+use crate::Result;
+
+/// One recorded op: what its backward needs. Inputs are node ids; `None` where the input
+/// depends on no parameter (no gradient flows there).
+#[derive(Debug)]
+pub(super) enum Op {
+    /// `y = x·Wᵀ (+ bias)`; `x_val` kept where `W` is a parameter (its gradient `dyᵀ·x`).
+    Linear {
+        x: Option<usize>,
+        x_val: Option<Arc<Vec<f32>>>,
+        w: Arc<Stored>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    },
+    Add {
+        a: Option<usize>,
+        b: Option<usize>,
+    },
+    Scale {
+        x: usize,
+        s: f32,
+    },
+    /// RMS norm in groups of `w.len()`; `inv` the reciprocal RMS of each group.
+    RmsNorm {
+        x: usize,
+        x_val: Arc<Vec<f32>>,
+        w: Arc<Vec<f32>>,
+        inv: Vec<f32>,
+    },
+    /// Columns `at..at + width` of an input `cols` wide.
+    Columns {
+        x: usize,
+        cols: usize,
+        at: usize,
+        width: usize,
+    },
+    Glu {
+        gate: Option<usize>,
+        up: Option<usize>,
+        g: Arc<Vec<f32>>,
+        u: Arc<Vec<f32>>,
+        act: Activation,
+    },
+    Softcap {
+        x: usize,
+        y: Arc<Vec<f32>>,
+        cap: f32,
+    },
+    Rope {
+        x: usize,
+        heads: usize,
+        table: Arc<TapeRope>,
+    },
+    Attention {
+        q: Option<usize>,
+        k: Option<usize>,
+        v: Option<usize>,
+        q_val: Arc<Vec<f32>>,
+        k_val: Arc<Vec<f32>>,
+        v_val: Arc<Vec<f32>>,
+        probs: Vec<Vec<f32>>,
+        segments: Vec<Range<usize>>,
+        shape: AttnShape,
+        rows: usize,
+    },
+    SelectRows {
+        x: usize,
+        rows: Vec<usize>,
+        src_len: usize,
+        cols: usize,
+    },
+    AddRows {
+        y: Option<usize>,
+        d: Option<usize>,
+        rows: Vec<usize>,
+        cols: usize,
+    },
+    /// LoRA dropout of a branch input (`[_, width]`).
+    Dropout {
+        x: usize,
+        d: Dropout,
+        layer: usize,
+        slot: usize,
+        width: usize,
+    },
+}
+
+/// A recorded op and the length of its output.
+#[derive(Debug)]
+pub(super) struct Node {
+    pub(super) op: Op,
+    pub(super) len: usize,
+}
+
+/// The ops of the pass being recorded.
+#[derive(Debug)]
+pub(super) struct Tape {
+    pub(super) nodes: Vec<Node>,
+    pub(super) recording: bool,
+}
+
+impl Default for Tape {
+    fn default() -> Self {
+        Tape {
+            nodes: Vec::new(),
+            recording: true,
+        }
+    }
+}
+
+/// RMS norm of each `w.len()`-wide group: `y = x · r · w` with `r = 1/√(mean(x²) + eps)`;
+/// returns `(y, r)`.
+pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    let h = w.len();
+    let mut y = vec![0.0; x.len()];
+    let mut inv = Vec::with_capacity(x.len() / h);
+    for (xr, yr) in x.chunks_exact(h).zip(y.chunks_exact_mut(h)) {
+        let ms: f32 = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+            *o = v * r * g;
+        }
+        inv.push(r);
+    }
+    (y, inv)
+}
+
+/// The input gradient of [`rms_norm`] for output gradient `dy`:
+/// `dx = r·g − x·r³·mean(g·x)` with `g = dy·w`.
+fn rms_norm_back(x: &[f32], w: &[f32], inv: &[f32], dy: &[f32]) -> Vec<f32> {
+    let h = w.len();
+    let mut dx = vec![0.0; x.len()];
+    dx.par_chunks_mut(h * 64)
+        .zip(x.par_chunks(h * 64))
+        .zip(dy.par_chunks(h * 64))
+        .zip(inv.par_chunks(64))
+        .for_each(|(((dxc, xc), dyc), invc)| {
+            for (((dxr, xr), dyr), &r) in dxc
+                .chunks_exact_mut(h)
+                .zip(xc.chunks_exact(h))
+                .zip(dyc.chunks_exact(h))
+                .zip(invc)
+            {
+                let dot: f32 = xr
+                    .iter()
+                    .zip(dyr)
+                    .zip(w)
+                    .map(|((&xv, &d), &g)| xv * d * g)
+                    .sum();
+                let k = r * r * r * dot / h as f32;
+                for (((o, &xv), &d), &g) in dxr.iter_mut().zip(xr).zip(dyr).zip(w) {
+                    *o = r * d * g - xv * k;
+                }
+            }
+        });
+    dx
+}
+
+/// Adds `g` into node `id`'s gradient.
+fn accumulate(grads: &mut [Option<Vec<f32>>], id: usize, g: Vec<f32>) {
+    match &mut grads[id] {
+        Some(acc) => acc.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
+        slot @ None => *slot = Some(g),
+    }
+}
+
+fn add_param(params: &mut ParamGrads, id: usize, g: Vec<f32>) {
+    match params.get_mut(&id) {
+        Some(acc) => acc.iter_mut().zip(&g).for_each(|(a, b)| *a += b),
+        None => {
+            params.insert(id, g);
+        }
+    }
+}
+
+/// Walks `nodes` back from `out` (seeded with `seed`), returning the parameters'
+/// gradients. Each node's saved values are dropped once its rule has run.
+pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<ParamGrads> {
+    let mut grads: Vec<Option<Vec<f32>>> = (0..nodes.len()).map(|_| None).collect();
+    grads[out] = Some(seed);
+    let mut params = ParamGrads::new();
+    nodes.truncate(out + 1);
+    while let Some(node) = nodes.pop() {
+        let id = nodes.len();
+        let Some(g) = grads[id].take() else {
+            continue;
+        };
+        debug_assert_eq!(g.len(), node.len);
+        match node.op {
+            Op::Linear {
+                x,
+                x_val,
+                w,
+                n,
+                inp,
+                out,
+            } => {
+                if let (Stored::Param { id: pid, .. }, Some(xv)) = (&*w, &x_val) {
+                    let mut dw = vec![0.0; out * inp];
+                    linear_back_weight(&g, n, out, xv, inp, &mut dw, 1.0);
+                    add_param(&mut params, *pid, dw);
+                }
+                if let Some(x) = x {
+                    let mut dx = vec![0.0; n * inp];
+                    linear_back_input(&g, n, &w.values()?, out, inp, &mut dx, 1.0);
+                    accumulate(&mut grads, x, dx);
+                }
+            }
+            Op::Add { a, b } => match (a, b) {
+                (Some(a), Some(b)) => {
+                    accumulate(&mut grads, a, g.clone());
+                    accumulate(&mut grads, b, g);
+                }
+                (Some(x), None) | (None, Some(x)) => accumulate(&mut grads, x, g),
+                (None, None) => {}
+            },
+            Op::Scale { x, s } => {
+                let mut g = g;
+                g.iter_mut().for_each(|v| *v *= s);
+                accumulate(&mut grads, x, g);
+            }
+            Op::RmsNorm { x, x_val, w, inv } => {
+                accumulate(&mut grads, x, rms_norm_back(&x_val, &w, &inv, &g));
+            }
+            Op::Columns { x, cols, at, width } => {
+                let rows = g.len() / width.max(1);
+                let mut dx = vec![0.0; rows * cols];
+                for (dst, src) in dx.chunks_exact_mut(cols).zip(g.chunks_exact(width.max(1))) {
+                    dst[at..at + width].copy_from_slice(src);
+                }
+                accumulate(&mut grads, x, dx);
+            }
+            Op::Glu {
+                gate,
+                up,
+                g: gv,
+                u,
+                act,
+            } => {
+                let (dg, du): (Vec<f32>, Vec<f32>) = g
+                    .par_iter()
+                    .zip(gv.par_iter())
+                    .zip(u.par_iter())
+                    .map(|((&d, &gx), &ux)| {
+                        let (a, da) = activate(act, gx);
+                        (d * ux * da, d * a)
+                    })
+                    .unzip();
+                if let Some(gate) = gate {
+                    accumulate(&mut grads, gate, dg);
+                }
+                if let Some(up) = up {
+                    accumulate(&mut grads, up, du);
+                }
+            }
+            Op::Softcap { x, y, cap } => {
+                let dx = g
+                    .iter()
+                    .zip(y.iter())
+                    .map(|(&d, &yv)| {
+                        let t = yv / cap;
+                        d * (1.0 - t * t)
+                    })
+                    .collect();
+                accumulate(&mut grads, x, dx);
+            }
+            Op::Rope { x, heads, table } => {
+                let mut dx = g;
+                table.back.apply(&mut dx, heads);
+                accumulate(&mut grads, x, dx);
+            }
+            Op::Attention {
+                q,
+                k,
+                v,
+                q_val,
+                k_val,
+                v_val,
+                probs,
+                segments,
+                shape,
+                rows,
+            } => {
+                let (dq, dk, dv) =
+                    attention::backward(shape, &q_val, &k_val, &v_val, &probs, &g, &segments, rows);
+                for (node, d) in [(q, dq), (k, dk), (v, dv)] {
+                    if let Some(node) = node {
+                        accumulate(&mut grads, node, d);
+                    }
+                }
+            }
+            Op::SelectRows {
+                x,
+                rows,
+                src_len,
+                cols,
+            } => {
+                let mut dx = vec![0.0; src_len];
+                for (&r, src) in rows.iter().zip(g.chunks_exact(cols.max(1))) {
+                    dx[r * cols..(r + 1) * cols]
+                        .iter_mut()
+                        .zip(src)
+                        .for_each(|(a, b)| *a += b);
+                }
+                accumulate(&mut grads, x, dx);
+            }
+            Op::AddRows { y, d, rows, cols } => {
+                if let Some(d) = d {
+                    let mut dd = Vec::with_capacity(rows.len() * cols);
+                    for &r in &rows {
+                        dd.extend_from_slice(&g[r * cols..(r + 1) * cols]);
+                    }
+                    accumulate(&mut grads, d, dd);
+                }
+                if let Some(y) = y {
+                    accumulate(&mut grads, y, g);
+                }
+            }
+            Op::Dropout {
+                x,
+                d,
+                layer,
+                slot,
+                width,
+            } => {
+                let mut dx = g;
+                d.scale_in_place(&mut dx, width, layer, slot);
+                accumulate(&mut grads, x, dx);
+            }
+        }
+    }
+    Ok(params)
+}

@@ -1,0 +1,1001 @@
+//! The training backend: the [`Backend`] op surface over host f32 tensors, recording a tape
+//! of the ops a pass runs so that the gradient of a scalar of its output can be taken
+//! back through them ([`TapeBackend::backward`]).
+//!
+//! The model code is the serving decoder's (`models::decoder`), unchanged: loaded onto this
+//! backend, a forward pass over whole sequences (each from an empty cache) records every
+//! op whose result depends on a trainable parameter, and the backward walks the tape in
+//! reverse with one rule per op. Trainable parameters are matrices made by
+//! [`TapeBackend::parameter`] (the LoRA factors beside the linear layers, mounted as any
+//! adapter is, through [`crate::adapters::LoraWeights`]); frozen weights get no
+//! gradient, so ops on the frozen path before the first parameter are not recorded at all
+//! and the backward stops at the lowest adapted layer.
+//!
+//! It lives in the engine, next to the other backends, because it is one: the decoder is
+//! generic over [`Backend`], and the op surface (and its capability declaration) is the
+//! engine's to keep in step. The trainer (`wick-train`) keeps data, losses, optimizer and
+//! checkpoints.
+//!
+//! - `backward.rs`: the tape and each op's backward rule;
+//! - `attention.rs`: causal grouped-query attention of whole sequences and its backward;
+//! - `products.rs`: the f32 matrix products;
+//! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again.
+mod attention;
+mod backward;
+mod dropout;
+pub mod products;
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use wick_gguf::GgmlType;
+
+use self::attention::AttnShape;
+use self::backward::{Node, Op, Tape};
+pub use self::dropout::Dropout;
+use crate::backend::candle::CpuRope;
+use crate::backend::{
+    capability, Activation, AttentionParams, AttentionSegment, Backend, DeltaShape, DeltaState,
+    KvLayer, KvLayerSnapshot, LowRankDelta, RopeSpec,
+};
+use crate::kv_pool::BlockLease;
+use crate::weights::{AffineWeight, HostWeight};
+use crate::{EngineError, Result};
+
+/// A host activation `[rows, cols]`, and the tape node that produced it when it depends on
+/// a trainable parameter.
+#[derive(Debug, Clone)]
+pub struct TapeTensor {
+    data: Arc<Vec<f32>>,
+    rows: usize,
+    cols: usize,
+    node: Option<usize>,
+}
+
+impl TapeTensor {
+    fn leaf(data: Vec<f32>, rows: usize, cols: usize) -> Self {
+        TapeTensor {
+            data: Arc::new(data),
+            rows,
+            cols,
+            node: None,
+        }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The values, row-major.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    /// Whether a gradient flows back from this tensor (it depends on a parameter).
+    pub fn tracked(&self) -> bool {
+        self.node.is_some()
+    }
+
+    /// The values (moved out where nothing else holds them, else copied) and the handle
+    /// [`TapeBackend::backward`] starts from: a loss computed on the host from a pass's
+    /// logits needs them once, not twice.
+    pub fn into_values(self) -> (Vec<f32>, GradRoot) {
+        let root = GradRoot {
+            node: self.node,
+            len: self.data.len(),
+            cols: self.cols,
+        };
+        let values = Arc::try_unwrap(self.data).unwrap_or_else(|shared| shared.to_vec());
+        (values, root)
+    }
+}
+
+/// Where a backward starts: the output of a recorded pass (see
+/// [`TapeTensor::into_values`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GradRoot {
+    node: Option<usize>,
+    len: usize,
+    cols: usize,
+}
+
+impl GradRoot {
+    /// Columns of the output.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// What a matrix holds.
+#[derive(Debug)]
+pub(crate) enum Stored {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// A frozen weight kept in its file's encoding (GGUF blocks, f16, bf16), dequantized
+    /// for each product.
+    Host(HostWeight<'static>),
+    /// A frozen MLX affine-quantized weight, dequantized for each product.
+    Affine(AffineWeight<'static>),
+    /// A trainable parameter.
+    Param {
+        /// The caller's id, the key of its gradient.
+        id: usize,
+        values: Vec<f32>,
+        /// `(layer, slot)` of a LoRA `A`, whose input LoRA dropout masks.
+        dropout_site: Option<(usize, usize)>,
+    },
+}
+
+impl Stored {
+    /// The values, dequantized now where the matrix is kept encoded.
+    pub(crate) fn values(&self) -> Result<Cow<'_, [f32]>> {
+        Ok(match self {
+            Stored::F32(v) | Stored::Param { values: v, .. } => Cow::Borrowed(v),
+            Stored::Host(w) => Cow::Owned(w.dequantize()?),
+            Stored::Affine(a) => Cow::Owned(a.dequantize()?),
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Stored::F32(v) | Stored::Param { values: v, .. } => v.len() * 4,
+            Stored::Host(w) => w.bytes.len(),
+            Stored::Affine(a) => a.packed.len() + a.scales.bytes.len() + a.biases.bytes.len(),
+        }
+    }
+}
+
+/// A weight matrix `[rows (out), cols (in)]`, frozen or trainable.
+#[derive(Debug, Clone)]
+pub struct TapeMatrix {
+    stored: Arc<Stored>,
+    rows: usize,
+    cols: usize,
+}
+
+/// Rotary angles of a pass: the forward rotation and its inverse (the backward).
+#[derive(Debug)]
+pub struct TapeRope {
+    fwd: CpuRope,
+    back: CpuRope,
+}
+
+/// A layer's "cache": whole sequences attend within themselves, so it only counts the
+/// tokens a pass appended (the decoder reads positions from it).
+#[derive(Debug)]
+pub struct TapeKvLayer {
+    kv_heads: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    len: usize,
+    lease: Option<BlockLease>,
+}
+
+impl Clone for TapeKvLayer {
+    /// A copy without the pool charge (it holds no blocks).
+    fn clone(&self) -> Self {
+        TapeKvLayer {
+            lease: None,
+            ..*self
+        }
+    }
+}
+
+impl KvLayer for TapeKvLayer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn can_trim_to(&self, len: usize) -> bool {
+        len == 0
+    }
+    fn trim(&mut self, len: usize) -> Result<()> {
+        if len != 0 {
+            return Err(unsupported("trimming a cache"));
+        }
+        self.len = 0;
+        Ok(())
+    }
+    fn byte_size(&self) -> usize {
+        0
+    }
+    fn snapshot(&self) -> KvLayerSnapshot {
+        KvLayerSnapshot {
+            start: self.len,
+            len: self.len,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            window: self.window,
+            keys: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+    fn held_blocks(&self) -> usize {
+        0
+    }
+    fn blocks_after(&self, _tokens: usize) -> usize {
+        0
+    }
+    fn peak_blocks(_tokens: usize, _window: Option<usize>, _chunk: usize) -> usize {
+        0
+    }
+    fn lease(&self) -> Option<&BlockLease> {
+        self.lease.as_ref()
+    }
+    fn lease_mut(&mut self) -> &mut Option<BlockLease> {
+        &mut self.lease
+    }
+}
+
+fn unsupported(what: &str) -> EngineError {
+    EngineError::Backend {
+        backend: "train",
+        message: format!("{what} is not supported by the training backend"),
+    }
+}
+
+fn shape_err(what: String) -> EngineError {
+    EngineError::Backend {
+        backend: "train",
+        message: what,
+    }
+}
+
+/// Whether a weight is the token embedding or the output head, which stay f32 when the
+/// projections are kept encoded (a row gather and the loss rows' logits).
+fn is_embedding_or_head(name: &str) -> bool {
+    ["embed_tokens", "token_embd", "lm_head", "output.weight"]
+        .iter()
+        .any(|n| name.contains(n))
+}
+
+/// The gradient of every parameter a backward reached, by the id it was made with.
+pub type ParamGrads = HashMap<usize, Vec<f32>>;
+
+/// The training backend (see the module documentation).
+#[derive(Debug, Default)]
+pub struct TapeBackend {
+    /// Keep frozen projections in their file's encoding (QLoRA), else f32.
+    keep_stored: bool,
+    tape: Mutex<Tape>,
+    /// The LoRA dropout of the pass being recorded.
+    dropout: Mutex<Option<Dropout>>,
+    /// The encodings the weights came in (`f32`, `Q4_1`, `mlx-affine-4bit` …), for logs.
+    stored_types: Mutex<BTreeSet<String>>,
+}
+
+impl TapeBackend {
+    /// A backend that dequantizes frozen weights to f32 at load (`keep_stored`: keeps the
+    /// projections as the file stores them and dequantizes each for its products).
+    pub fn new(keep_stored: bool) -> Self {
+        TapeBackend {
+            keep_stored,
+            ..Default::default()
+        }
+    }
+
+    fn tape(&self) -> MutexGuard<'_, Tape> {
+        self.tape.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A trainable matrix `[rows, cols]` whose gradient [`TapeBackend::backward`] returns
+    /// under `id`. `dropout_site` `(layer, slot)`: a LoRA `A` whose input gets the pass's
+    /// LoRA dropout ([`TapeBackend::set_dropout`]).
+    pub fn parameter(
+        &self,
+        id: usize,
+        values: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        dropout_site: Option<(usize, usize)>,
+    ) -> Result<TapeMatrix> {
+        if values.len() != rows * cols {
+            return Err(shape_err(format!(
+                "parameter {id}: {} values for {rows}x{cols}",
+                values.len()
+            )));
+        }
+        Ok(TapeMatrix {
+            stored: Arc::new(Stored::Param {
+                id,
+                values,
+                dropout_site,
+            }),
+            rows,
+            cols,
+        })
+    }
+
+    /// Starts a pass: forgets what was recorded, and records the ops that follow (the
+    /// default) or not (a pass whose gradient is not wanted: a reference model, an
+    /// evaluation).
+    pub fn set_recording(&self, on: bool) {
+        let mut tape = self.tape();
+        tape.recording = on;
+        tape.nodes.clear();
+    }
+
+    /// The LoRA dropout of the passes that follow (`None`: off).
+    pub fn set_dropout(&self, d: Option<Dropout>) {
+        *self.dropout.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Forgets the recorded ops.
+    pub fn clear(&self) {
+        self.tape().nodes.clear();
+    }
+
+    /// The gradient of `Σ output ⊙ grad` with respect to every parameter the recorded
+    /// pass used, by id; the tape is emptied. `grad` is `[rows, cols]` of `output`.
+    pub fn backward(&self, output: &GradRoot, grad: Vec<f32>) -> Result<ParamGrads> {
+        if grad.len() != output.len {
+            return Err(shape_err(format!(
+                "backward: a gradient of {} values for an output of {}",
+                grad.len(),
+                output.len
+            )));
+        }
+        let nodes = std::mem::take(&mut self.tape().nodes);
+        match output.node {
+            None => Ok(ParamGrads::new()),
+            Some(id) => backward::run(nodes, id, grad),
+        }
+    }
+
+    /// The encodings the frozen weights came in, joined by `+` (`Q4_1+Q6_K`).
+    pub fn stored_as(&self) -> String {
+        let types = self.stored_types.lock().unwrap_or_else(|e| e.into_inner());
+        types.iter().cloned().collect::<Vec<_>>().join("+")
+    }
+
+    fn note_type(&self, t: String) {
+        self.stored_types
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(t);
+    }
+
+    /// A result tensor: recorded as `op` when `tracked` and the tape records.
+    fn out(
+        &self,
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+        tracked: bool,
+        op: impl FnOnce() -> Op,
+    ) -> TapeTensor {
+        self.out_shared(Arc::new(data), rows, cols, tracked, op)
+    }
+
+    /// [`TapeBackend::out`] of values the op also keeps.
+    fn out_shared(
+        &self,
+        data: Arc<Vec<f32>>,
+        rows: usize,
+        cols: usize,
+        tracked: bool,
+        op: impl FnOnce() -> Op,
+    ) -> TapeTensor {
+        let node = if tracked {
+            let mut tape = self.tape();
+            tape.recording.then(|| {
+                tape.nodes.push(Node {
+                    op: op(),
+                    len: data.len(),
+                });
+                tape.nodes.len() - 1
+            })
+        } else {
+            None
+        };
+        TapeTensor {
+            data,
+            rows,
+            cols,
+            node,
+        }
+    }
+
+    fn frozen(&self, w: HostWeight<'_>) -> Result<TapeMatrix> {
+        let (rows, cols) = match w.shape.as_slice() {
+            [r, c] => (*r, *c),
+            [n] => (1, *n),
+            s => return Err(shape_err(format!("{}: a matrix of shape {s:?}", w.name))),
+        };
+        if w.dtype != GgmlType::F32 && rows > 1 {
+            self.note_type(w.dtype.to_string());
+        }
+        let stored =
+            if self.keep_stored && w.dtype != GgmlType::F32 && !is_embedding_or_head(&w.name) {
+                // Checked once here, so a product's dequantization cannot fail later.
+                w.dequantize()?;
+                Stored::Host(HostWeight {
+                    name: w.name,
+                    dtype: w.dtype,
+                    shape: w.shape,
+                    bytes: Cow::Owned(w.bytes.into_owned()),
+                })
+            } else {
+                let v = w.dequantize()?;
+                if v.len() != rows * cols {
+                    return Err(shape_err(format!(
+                        "{}: {} values for {rows}x{cols}",
+                        w.name,
+                        v.len()
+                    )));
+                }
+                Stored::F32(v)
+            };
+        Ok(TapeMatrix {
+            stored: Arc::new(stored),
+            rows,
+            cols,
+        })
+    }
+
+    /// `x` under the pass's LoRA dropout, where `a` is a LoRA `A` and dropout is on.
+    fn lora_input(&self, x: &TapeTensor, a: &TapeMatrix) -> TapeTensor {
+        let Stored::Param {
+            dropout_site: Some((layer, slot)),
+            ..
+        } = &*a.stored
+        else {
+            return x.clone();
+        };
+        let Some(d) = *self.dropout.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return x.clone();
+        };
+        let out = d.apply(&x.data, x.cols, *layer, *slot);
+        let (layer, slot, width) = (*layer, *slot, x.cols);
+        match x.node {
+            Some(xn) => self.out(out, x.rows, x.cols, true, || Op::Dropout {
+                x: xn,
+                d,
+                layer,
+                slot,
+                width,
+            }),
+            None => TapeTensor::leaf(out, x.rows, x.cols),
+        }
+    }
+
+    fn check_same(op: &str, a: &TapeTensor, b: &TapeTensor) -> Result<()> {
+        if a.rows != b.rows || a.cols != b.cols {
+            return Err(shape_err(format!(
+                "{op}: {}x{} and {}x{}",
+                a.rows, a.cols, b.rows, b.cols
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Activation `act` of `g` and its derivative.
+pub(crate) fn activate(act: Activation, g: f32) -> (f32, f32) {
+    match act {
+        Activation::Silu => {
+            let s = 1.0 / (1.0 + (-g).exp());
+            (g * s, s * (1.0 + g * (1.0 - s)))
+        }
+        Activation::GeluTanh => {
+            const C: f32 = 0.797_884_6; // sqrt(2/π)
+            let inner = C * (g + 0.044_715 * g * g * g);
+            let t = inner.tanh();
+            let d = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * C * (1.0 + 3.0 * 0.044_715 * g * g);
+            (0.5 * g * (1.0 + t), d)
+        }
+    }
+}
+
+impl Backend for TapeBackend {
+    type Tensor = TapeTensor;
+    type Matrix = TapeMatrix;
+    type Rope = Arc<TapeRope>;
+    type KvLayer = TapeKvLayer;
+    type Ids = Vec<u32>;
+    type DeltaState = DeltaState;
+
+    fn name(&self) -> &'static str {
+        "train"
+    }
+
+    fn matrix(&self, w: HostWeight<'_>) -> Result<TapeMatrix> {
+        self.frozen(w)
+    }
+
+    fn affine_matrix(&self, w: AffineWeight<'_>) -> Result<TapeMatrix> {
+        self.note_type(format!("mlx-affine-{}bit", w.bits));
+        let (rows, cols) = (w.rows, w.cols);
+        let stored = if self.keep_stored && !is_embedding_or_head(&w.name) {
+            w.dequantize()?;
+            let owned = |h: HostWeight<'_>| HostWeight {
+                name: h.name,
+                dtype: h.dtype,
+                shape: h.shape,
+                bytes: Cow::Owned(h.bytes.into_owned()),
+            };
+            Stored::Affine(AffineWeight {
+                name: w.name,
+                rows: w.rows,
+                cols: w.cols,
+                bits: w.bits,
+                group_size: w.group_size,
+                packed: Cow::Owned(w.packed.into_owned()),
+                scales: owned(w.scales),
+                biases: owned(w.biases),
+            })
+        } else {
+            Stored::F32(w.dequantize()?)
+        };
+        Ok(TapeMatrix {
+            stored: Arc::new(stored),
+            rows,
+            cols,
+        })
+    }
+
+    fn vector(&self, w: HostWeight<'_>) -> Result<TapeTensor> {
+        let v = w.dequantize()?;
+        let n = v.len();
+        Ok(TapeTensor::leaf(v, 1, n))
+    }
+
+    fn matrix_shape(&self, m: &TapeMatrix) -> (usize, usize) {
+        (m.rows, m.cols)
+    }
+
+    fn matrix_bytes(&self, m: &TapeMatrix) -> usize {
+        m.stored.bytes()
+    }
+
+    fn embed(&self, table: &TapeMatrix, ids: &[u32]) -> Result<TapeTensor> {
+        let values = table.stored.values()?;
+        let h = table.cols;
+        let mut out = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            let id = id as usize;
+            if id >= table.rows {
+                return Err(EngineError::InvalidInput(format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    table.rows
+                )));
+            }
+            out.extend_from_slice(&values[id * h..(id + 1) * h]);
+        }
+        Ok(TapeTensor::leaf(out, ids.len(), h))
+    }
+
+    fn linear(
+        &self,
+        x: &TapeTensor,
+        w: &TapeMatrix,
+        bias: Option<&TapeTensor>,
+    ) -> Result<TapeTensor> {
+        if x.cols != w.cols {
+            return Err(shape_err(format!(
+                "linear: input of {} columns for a {}x{} matrix",
+                x.cols, w.rows, w.cols
+            )));
+        }
+        let (n, out, inp) = (x.rows, w.rows, w.cols);
+        let mut y = products::linear(&x.data, n, &w.stored.values()?, out, inp);
+        if let Some(b) = bias {
+            if b.data.len() != out {
+                return Err(shape_err(format!(
+                    "linear: bias of {} for {out}",
+                    b.data.len()
+                )));
+            }
+            for row in y.chunks_exact_mut(out.max(1)) {
+                row.iter_mut().zip(b.data.iter()).for_each(|(v, b)| *v += b);
+            }
+        }
+        let param = matches!(*w.stored, Stored::Param { .. });
+        Ok(
+            self.out(y, n, out, x.node.is_some() || param, || Op::Linear {
+                x: x.node,
+                x_val: param.then(|| x.data.clone()),
+                w: w.stored.clone(),
+                n,
+                inp,
+                out,
+            }),
+        )
+    }
+
+    fn add(&self, a: &TapeTensor, b: &TapeTensor) -> Result<TapeTensor> {
+        Self::check_same("add", a, b)?;
+        let y: Vec<f32> = a
+            .data
+            .iter()
+            .zip(b.data.iter())
+            .map(|(x, y)| x + y)
+            .collect();
+        let (an, bn) = (a.node, b.node);
+        Ok(
+            self.out(y, a.rows, a.cols, an.is_some() || bn.is_some(), || {
+                Op::Add { a: an, b: bn }
+            }),
+        )
+    }
+
+    fn scale(&self, x: &TapeTensor, s: f32) -> Result<TapeTensor> {
+        let y: Vec<f32> = x.data.iter().map(|v| v * s).collect();
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::Scale { x: xn, s }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
+    fn rms_norm(&self, x: &TapeTensor, weight: &TapeTensor, eps: f32) -> Result<TapeTensor> {
+        let h = weight.data.len();
+        if h == 0 || !x.data.len().is_multiple_of(h) {
+            return Err(shape_err(format!(
+                "rms_norm: {} values in groups of {h}",
+                x.data.len()
+            )));
+        }
+        let (y, inv) = backward::rms_norm(&x.data, &weight.data, eps);
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::RmsNorm {
+                x: xn,
+                x_val: x.data.clone(),
+                w: weight.data.clone(),
+                inv,
+            }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
+    fn split_columns(&self, x: &TapeTensor, widths: &[usize]) -> Result<Vec<TapeTensor>> {
+        let cols = x.cols;
+        if widths.iter().sum::<usize>() != cols {
+            return Err(shape_err(format!(
+                "split of {cols} columns into {widths:?}"
+            )));
+        }
+        let mut at = 0;
+        let mut out = Vec::with_capacity(widths.len());
+        for &width in widths {
+            let mut part = Vec::with_capacity(x.rows * width);
+            for row in x.data.chunks_exact(cols.max(1)) {
+                part.extend_from_slice(&row[at..at + width]);
+            }
+            let t = match x.node {
+                Some(xn) => self.out(part, x.rows, width, true, || Op::Columns {
+                    x: xn,
+                    cols,
+                    at,
+                    width,
+                }),
+                None => TapeTensor::leaf(part, x.rows, width),
+            };
+            out.push(t);
+            at += width;
+        }
+        Ok(out)
+    }
+
+    fn glu(&self, gate: &TapeTensor, up: &TapeTensor, act: Activation) -> Result<TapeTensor> {
+        Self::check_same("glu", gate, up)?;
+        let y: Vec<f32> = gate
+            .data
+            .iter()
+            .zip(up.data.iter())
+            .map(|(&g, &u)| activate(act, g).0 * u)
+            .collect();
+        let (gn, un) = (gate.node, up.node);
+        Ok(self.out(
+            y,
+            gate.rows,
+            gate.cols,
+            gn.is_some() || un.is_some(),
+            || Op::Glu {
+                gate: gn,
+                up: un,
+                g: gate.data.clone(),
+                u: up.data.clone(),
+                act,
+            },
+        ))
+    }
+
+    fn capabilities(&self) -> &'static capability::Capabilities {
+        &capability::TRAIN
+    }
+
+    fn softcap(&self, x: &TapeTensor, cap: f32) -> Result<TapeTensor> {
+        let y: Vec<f32> = x.data.iter().map(|v| cap * (v / cap).tanh()).collect();
+        let y = Arc::new(y);
+        let saved = y.clone();
+        let xn = x.node;
+        Ok(
+            self.out_shared(y, x.rows, x.cols, xn.is_some(), || Op::Softcap {
+                x: xn.unwrap_or_default(),
+                y: saved,
+                cap,
+            }),
+        )
+    }
+
+    fn select_rows(&self, x: &TapeTensor, rows: &[usize]) -> Result<TapeTensor> {
+        let cols = x.cols;
+        let mut out = Vec::with_capacity(rows.len() * cols);
+        for &r in rows {
+            if r >= x.rows {
+                return Err(shape_err(format!("select_rows: row {r} of {}", x.rows)));
+            }
+            out.extend_from_slice(&x.data[r * cols..(r + 1) * cols]);
+        }
+        Ok(match x.node {
+            Some(xn) => self.out(out, rows.len(), cols, true, || Op::SelectRows {
+                x: xn,
+                rows: rows.to_vec(),
+                src_len: x.data.len(),
+                cols,
+            }),
+            None => TapeTensor::leaf(out, rows.len(), cols),
+        })
+    }
+
+    fn rows_to_host(&self, x: &TapeTensor, groups: &[usize]) -> Result<Vec<Vec<f32>>> {
+        let cols = x.cols;
+        let mut at = 0;
+        let mut out = Vec::with_capacity(groups.len());
+        for &g in groups {
+            let end = (at + g) * cols;
+            if end > x.data.len() {
+                return Err(shape_err(format!(
+                    "rows_to_host: {} rows asked of {}",
+                    at + g,
+                    x.rows
+                )));
+            }
+            out.push(x.data[at * cols..end].to_vec());
+            at += g;
+        }
+        Ok(out)
+    }
+
+    fn argmax(&self, logits: &TapeTensor) -> Result<Vec<u32>> {
+        Ok(logits
+            .data
+            .chunks_exact(logits.cols.max(1))
+            .map(|row| {
+                let mut best = 0;
+                for (i, &v) in row.iter().enumerate() {
+                    if v > row[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            })
+            .collect())
+    }
+
+    fn masked_argmax(&self, logits: &TapeTensor, masks: &[Option<Vec<u32>>]) -> Result<Vec<u32>> {
+        let _ = masks;
+        let _ = logits;
+        Err(unsupported("a masked argmax"))
+    }
+
+    fn embed_ids(&self, table: &TapeMatrix, ids: &Vec<u32>) -> Result<TapeTensor> {
+        self.embed(table, ids)
+    }
+
+    fn ids_to_host(&self, ids: &Vec<u32>) -> Result<Vec<u32>> {
+        Ok(ids.clone())
+    }
+
+    fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<Arc<TapeRope>> {
+        let fwd = CpuRope::new(positions, spec);
+        let mut back = fwd.clone();
+        back.sin.iter_mut().for_each(|s| *s = -*s);
+        // The inverse of a scaled rotation (YaRN's attention factor f) is the rotation
+        // by −θ scaled by f as well: the backward of y = f·R(θ)x is f·R(−θ)·dy, the
+        // transpose, which is what the negated sines give.
+        Ok(Arc::new(TapeRope { fwd, back }))
+    }
+
+    fn rope(&self, x: &TapeTensor, heads: usize, table: &Arc<TapeRope>) -> Result<TapeTensor> {
+        let half = table.fwd.dims / 2;
+        if half == 0 || table.fwd.cos.len() / half != x.rows || !x.cols.is_multiple_of(heads.max(1))
+        {
+            return Err(shape_err(format!(
+                "rope: {}x{} in {heads} heads for {} positions",
+                x.rows,
+                x.cols,
+                table.fwd.cos.len() / half.max(1)
+            )));
+        }
+        let mut y = x.data.to_vec();
+        table.fwd.apply(&mut y, heads);
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::Rope {
+                x: xn,
+                heads,
+                table: table.clone(),
+            }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
+    fn new_kv_layer(&self, kv_heads: usize, head_dim: usize, window: Option<usize>) -> TapeKvLayer {
+        TapeKvLayer {
+            kv_heads,
+            head_dim,
+            window,
+            len: 0,
+            lease: None,
+        }
+    }
+
+    fn kv_layer_from_snapshot(&self, s: &KvLayerSnapshot) -> Result<TapeKvLayer> {
+        if s.len != 0 {
+            return Err(unsupported("a cache restored from a snapshot"));
+        }
+        Ok(self.new_kv_layer(s.kv_heads, s.head_dim, s.window))
+    }
+
+    fn new_delta_state(&self, shape: &DeltaShape) -> DeltaState {
+        DeltaState::new(shape)
+    }
+
+    fn delta_state_from_host(&self, _s: DeltaState) -> Result<DeltaState> {
+        Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
+    }
+
+    fn delta_net(
+        &self,
+        _p: &crate::backend::DeltaParams<'_>,
+        _uploaded: Option<&crate::backend::DeltaTensors<TapeTensor>>,
+        _x: crate::backend::DeltaInputs<'_, TapeTensor>,
+        _segments: &mut [crate::backend::DeltaSegment<'_, DeltaState>],
+    ) -> Result<TapeTensor> {
+        Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
+    }
+
+    fn moe(
+        &self,
+        _experts: &crate::backend::Experts<Self>,
+        _x: &TapeTensor,
+        _logits: &TapeTensor,
+        _rows: usize,
+    ) -> Result<TapeTensor> {
+        Err(unsupported("a mixture-of-experts layer"))
+    }
+
+    fn sigmoid_gate(
+        &self,
+        _x: &TapeTensor,
+        _gate: &TapeTensor,
+        _shape: (usize, usize),
+    ) -> Result<TapeTensor> {
+        Err(unsupported("an attention output gate"))
+    }
+
+    fn attention(
+        &self,
+        q: &TapeTensor,
+        k: &TapeTensor,
+        v: &TapeTensor,
+        segments: &mut [AttentionSegment<'_, TapeKvLayer>],
+        params: &AttentionParams,
+    ) -> Result<TapeTensor> {
+        let s = AttnShape::of(params);
+        if q.cols != s.heads * s.hd
+            || k.cols != s.kv_heads * s.hd
+            || v.cols != k.cols
+            || k.rows != q.rows
+            || v.rows != q.rows
+            || s.kv_heads == 0
+            || !s.heads.is_multiple_of(s.kv_heads)
+        {
+            return Err(shape_err(format!(
+                "attention: q {}x{}, k {}x{}, v {}x{} for {} heads, {} kv heads of {}",
+                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, s.heads, s.kv_heads, s.hd
+            )));
+        }
+        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(segments.len());
+        for seg in segments.iter_mut() {
+            if !seg.cache.is_empty() {
+                return Err(unsupported(
+                    "attention over cached tokens (training passes run whole sequences from an empty cache)",
+                ));
+            }
+            if seg.rows.end > q.rows {
+                return Err(shape_err(format!(
+                    "attention: segment rows {:?} of {}",
+                    seg.rows, q.rows
+                )));
+            }
+            seg.cache.len = seg.rows.len();
+            ranges.push(seg.rows.clone());
+        }
+        let (out, probs) = attention::forward(s, &q.data, &k.data, &v.data, &ranges);
+        let (qn, kn, vn) = (q.node, k.node, v.node);
+        let tracked = qn.is_some() || kn.is_some() || vn.is_some();
+        let rows = q.rows;
+        Ok(self.out(out, rows, q.cols, tracked, || Op::Attention {
+            q: qn,
+            k: kn,
+            v: vn,
+            q_val: q.data.clone(),
+            k_val: k.data.clone(),
+            v_val: v.data.clone(),
+            probs,
+            segments: ranges,
+            shape: s,
+            rows,
+        }))
+    }
+
+    fn low_rank_add(
+        &self,
+        x: &TapeTensor,
+        ys: Vec<TapeTensor>,
+        deltas: &[&[LowRankDelta<'_, Self>]],
+    ) -> Result<Vec<TapeTensor>> {
+        ys.into_iter()
+            .zip(deltas)
+            .map(|(mut y, ds)| {
+                for d in ds.iter() {
+                    let xs = if d.all {
+                        x.clone()
+                    } else {
+                        self.select_rows(x, d.rows)?
+                    };
+                    let xs = self.lora_input(&xs, d.a);
+                    let t = self.linear(&xs, d.a, None)?;
+                    let delta = self.linear(&t, d.b, None)?;
+                    y = if d.all {
+                        self.add(&y, &delta)?
+                    } else {
+                        self.add_rows(&y, d.rows, &delta)?
+                    };
+                }
+                Ok(y)
+            })
+            .collect()
+    }
+
+    fn add_rows(&self, y: &TapeTensor, rows: &[usize], d: &TapeTensor) -> Result<TapeTensor> {
+        let cols = y.cols;
+        if d.cols != cols || d.rows != rows.len() {
+            return Err(shape_err(format!(
+                "add_rows: {}x{} at {} rows of width {cols}",
+                d.rows,
+                d.cols,
+                rows.len()
+            )));
+        }
+        let mut out = y.data.to_vec();
+        for (i, &r) in rows.iter().enumerate() {
+            if r >= y.rows {
+                return Err(shape_err(format!("add_rows: row {r} of {}", y.rows)));
+            }
+            out[r * cols..(r + 1) * cols]
+                .iter_mut()
+                .zip(&d.data[i * cols..(i + 1) * cols])
+                .for_each(|(a, b)| *a += b);
+        }
+        let (yn, dn) = (y.node, d.node);
+        Ok(
+            self.out(out, y.rows, cols, yn.is_some() || dn.is_some(), || {
+                Op::AddRows {
+                    y: yn,
+                    d: dn,
+                    rows: rows.to_vec(),
+                    cols,
+                }
+            }),
+        )
+    }
+}

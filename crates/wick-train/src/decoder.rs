@@ -1,0 +1,310 @@
+//! Training passes through the engine's decoder: a packed [`Batch`] runs through
+//! [`wick_engine::models::decoder::Decoder::forward_rows`] on the training backend with
+//! the factors mounted as an adapter (the same `x·A·B` beside each linear layer that
+//! serving runs), the loss rows' log-probabilities come back, and the backward takes
+//! `∂L/∂log p` to the factors' gradients through the backend's tape.
+use rayon::prelude::*;
+use wick_engine::adapters::{LoraWeights, Target};
+use wick_engine::backend::tape::{GradRoot, ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
+
+pub use wick_engine::backend::tape::Dropout;
+
+use crate::base::{unpermute_rows, BaseWeights};
+use crate::error::{Result, TrainError};
+use crate::lora::LoraParams;
+
+/// Sequences packed row after row (each attends only to itself, positions restart at 0),
+/// and the rows whose next-token log-probability the loss reads.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// Every token, sequence after sequence.
+    pub tokens: Vec<u32>,
+    /// Start row of each sequence, plus the total at the end.
+    pub starts: Vec<usize>,
+    /// `(row, label)`: the loss reads `log p(label | tokens up to row)`.
+    pub targets: Vec<(usize, u32)>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch {
+            tokens: Vec::new(),
+            starts: vec![0],
+            targets: Vec::new(),
+        }
+    }
+
+    /// Appends a sequence; `labeled[t]` says whether token `t` is predicted by the loss
+    /// (token 0 never is: nothing precedes it). Returns the index of the new sequence's
+    /// first target.
+    pub fn push(&mut self, tokens: &[u32], labeled: &[bool]) -> usize {
+        let base = self.tokens.len();
+        let first = self.targets.len();
+        self.tokens.extend_from_slice(tokens);
+        for (t, &token) in tokens.iter().enumerate().skip(1) {
+            if labeled.get(t).copied().unwrap_or(false) {
+                self.targets.push((base + t - 1, token));
+            }
+        }
+        self.starts.push(self.tokens.len());
+        first
+    }
+
+    /// Rows in all.
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Sequences.
+    pub fn sequences(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    fn seqs(&self) -> Vec<&[u32]> {
+        self.starts
+            .windows(2)
+            .map(|w| &self.tokens[w[0]..w[1]])
+            .collect()
+    }
+}
+
+/// LoRA factors applied in a pass, with their multiplier `s` and, in training, the
+/// pass's dropout.
+#[derive(Debug, Clone, Copy)]
+pub struct AdapterRef<'a> {
+    /// The factors.
+    pub params: &'a LoraParams,
+    /// `s` of `y = W·x + s·B·A·x`.
+    pub multiplier: f32,
+    /// LoRA dropout on the adapter branch's input (`None`: off, as in evaluation).
+    pub dropout: Option<Dropout>,
+}
+
+impl<'a> AdapterRef<'a> {
+    /// `params` at multiplier `multiplier`, without dropout.
+    pub fn new(params: &'a LoraParams, multiplier: f32) -> AdapterRef<'a> {
+        AdapterRef {
+            params,
+            multiplier,
+            dropout: None,
+        }
+    }
+
+    /// The same adapter with `dropout` on its branch inputs.
+    pub fn with_dropout(self, dropout: Option<Dropout>) -> AdapterRef<'a> {
+        AdapterRef { dropout, ..self }
+    }
+}
+
+/// The parameter ids of the factors of `slot` of `layer` on the backend.
+fn ids(layer: usize, slot: usize) -> (usize, usize) {
+    let site = layer * Target::ALL.len() + slot;
+    (2 * site, 2 * site + 1)
+}
+
+/// The result of a forward pass: `log p(label)` per target, and what the backward needs.
+#[derive(Debug)]
+pub struct Forward {
+    /// Per `Batch::targets` entry.
+    pub logp: Vec<f32>,
+    /// Softmax of the target rows' logits, `[targets, vocab]`.
+    probs: Vec<f32>,
+    /// Where the backward starts: the target rows' logits (`None`: no target).
+    logits: Option<GradRoot>,
+}
+
+/// Training passes over one frozen base.
+#[derive(Debug)]
+pub struct TrainDecoder<'a> {
+    base: &'a BaseWeights,
+    max_len: usize,
+}
+
+impl<'a> TrainDecoder<'a> {
+    /// Passes over `base` for sequences of at most `max_len` tokens.
+    pub fn new(base: &'a BaseWeights, max_len: usize) -> TrainDecoder<'a> {
+        TrainDecoder {
+            base,
+            max_len: max_len.max(1),
+        }
+    }
+
+    /// The longest sequence a pass takes.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    fn backend(&self) -> &TapeBackend {
+        self.base.decoder.backend()
+    }
+
+    fn check(&self, batch: &Batch) -> Result<()> {
+        for w in batch.starts.windows(2) {
+            if w[1] - w[0] > self.max_len {
+                return Err(TrainError::Config(format!(
+                    "a sequence of {} tokens exceeds the trainer's {}",
+                    w[1] - w[0],
+                    self.max_len
+                )));
+            }
+            if w[1] == w[0] {
+                return Err(TrainError::Config("an empty sequence in a batch".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The factors as parameters on the backend, mounted as an adapter: `A`, and
+    /// `s·B` in the base's row order.
+    fn mount(&self, a: AdapterRef<'_>) -> Result<LoraWeights<TapeBackend>> {
+        let be = self.backend();
+        let rank = a.params.rank;
+        let mut layers = Vec::with_capacity(a.params.layers.len());
+        for (l, slots) in a.params.layers.iter().enumerate() {
+            let mut out: [Option<(TapeMatrix, TapeMatrix)>; Target::COUNT] =
+                std::array::from_fn(|_| None);
+            for (slot, pair) in slots.iter().enumerate() {
+                let Some(p) = pair else { continue };
+                let t = Target::ALL[slot];
+                let (ia, ib) = ids(l, slot);
+                let am = be.parameter(ia, p.a.clone(), rank, p.in_dim, Some((l, slot)))?;
+                let mut b = self.base.permute(t, &p.b, rank);
+                b.iter_mut().for_each(|v| *v *= a.multiplier);
+                let bm = be.parameter(ib, b, p.out_dim, rank, None)?;
+                out[t.index()] = Some((am, bm));
+            }
+            layers.push(out);
+        }
+        Ok(LoraWeights::from_matrices(layers))
+    }
+
+    /// The logits of `rows` of `batch`, on the backend.
+    fn pass(
+        &self,
+        adapter: Option<AdapterRef<'_>>,
+        batch: &Batch,
+        rows: &[usize],
+        record: bool,
+    ) -> Result<TapeTensor> {
+        self.check(batch)?;
+        let be = self.backend();
+        be.set_recording(record && adapter.is_some());
+        be.set_dropout(adapter.and_then(|a| a.dropout));
+        let lora = adapter.map(|a| self.mount(a)).transpose()?;
+        let adapters: Vec<&LoraWeights<TapeBackend>> = lora.iter().collect();
+        let out = self
+            .base
+            .decoder
+            .forward_rows(&batch.seqs(), rows, &adapters);
+        be.set_dropout(None);
+        if out.is_err() {
+            be.clear();
+        }
+        Ok(out?)
+    }
+
+    /// Every position's logits, `[rows, vocab]` (for parity tests and evaluation).
+    pub fn logits(&self, adapter: Option<AdapterRef<'_>>, batch: &Batch) -> Result<Vec<f32>> {
+        let rows: Vec<usize> = (0..batch.rows()).collect();
+        let t = self.pass(adapter, batch, &rows, false)?;
+        Ok(t.data().to_vec())
+    }
+
+    /// The forward pass: `log p(label)` of every target, the tape kept for
+    /// [`TrainDecoder::backward`].
+    pub fn forward(&self, adapter: Option<AdapterRef<'_>>, batch: &Batch) -> Result<Forward> {
+        self.forward_recording(adapter, batch, true)
+    }
+
+    fn forward_recording(
+        &self,
+        adapter: Option<AdapterRef<'_>>,
+        batch: &Batch,
+        record: bool,
+    ) -> Result<Forward> {
+        let rows: Vec<usize> = batch.targets.iter().map(|t| t.0).collect();
+        if rows.is_empty() {
+            return Ok(Forward {
+                logp: Vec::new(),
+                probs: Vec::new(),
+                logits: None,
+            });
+        }
+        let (mut probs, logits) = self.pass(adapter, batch, &rows, record)?.into_values();
+        let vocab = logits.cols();
+        let logp: Vec<f32> = probs
+            .par_chunks_exact_mut(vocab)
+            .zip(&batch.targets)
+            .map(|(z, &(_, label))| {
+                let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f64 = z.iter().map(|&v| f64::from((v - max).exp())).sum();
+                let lse = max + sum.ln() as f32;
+                let logp = z[label as usize] - lse;
+                z.iter_mut().for_each(|v| *v = (*v - lse).exp());
+                logp
+            })
+            .collect();
+        Ok(Forward {
+            logp,
+            probs,
+            logits: Some(logits),
+        })
+    }
+
+    /// `log p(label)` of every target without keeping the tape (a reference policy, an
+    /// evaluation).
+    pub fn logp(&self, adapter: Option<AdapterRef<'_>>, batch: &Batch) -> Result<Vec<f32>> {
+        Ok(self.forward_recording(adapter, batch, false)?.logp)
+    }
+
+    /// Adds `∂L/∂(A, B)` into `grads` given `dlogp[i] = ∂L/∂fwd.logp[i]`.
+    pub fn backward(
+        &self,
+        adapter: AdapterRef<'_>,
+        batch: &Batch,
+        fwd: Forward,
+        dlogp: &[f32],
+        grads: &mut LoraParams,
+    ) -> Result<()> {
+        let Forward { probs, logits, .. } = fwd;
+        let Some(logits) = logits else {
+            return Ok(());
+        };
+        let vocab = logits.cols();
+        let mut dz = probs;
+        // ∂log p(label)/∂z = onehot(label) − softmax(z).
+        dz.par_chunks_exact_mut(vocab)
+            .zip(&batch.targets)
+            .zip(dlogp)
+            .for_each(|((z, &(_, label)), &g)| {
+                z.iter_mut().for_each(|p| *p *= -g);
+                z[label as usize] += g;
+            });
+        let found = self.backend().backward(&logits, dz)?;
+        self.collect(adapter, found, grads);
+        Ok(())
+    }
+
+    /// Adds the backend's gradients (of `A` and `s·B` in the base's order) into `grads`.
+    fn collect(&self, adapter: AdapterRef<'_>, mut found: ParamGrads, grads: &mut LoraParams) {
+        let rank = adapter.params.rank;
+        for (l, slots) in grads.layers.iter_mut().enumerate() {
+            for (slot, pair) in slots.iter_mut().enumerate() {
+                let Some(g) = pair else { continue };
+                let (ia, ib) = ids(l, slot);
+                if let Some(da) = found.remove(&ia) {
+                    g.a.iter_mut().zip(&da).for_each(|(x, d)| *x += d);
+                }
+                if let Some(db) = found.remove(&ib) {
+                    let db = match self.base.permuted_heads(Target::ALL[slot]) {
+                        Some(heads) => unpermute_rows(&db, heads, rank),
+                        None => db,
+                    };
+                    let s = adapter.multiplier;
+                    g.b.iter_mut().zip(&db).for_each(|(x, d)| *x += s * d);
+                }
+            }
+        }
+    }
+}
