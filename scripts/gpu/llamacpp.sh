@@ -53,14 +53,19 @@ BATCH_PROMPT=${BATCH_PROMPT:-512}
 REPS=${REPS:-3}
 JOBS=${JOBS:-$(nproc)}
 TARBALL=${LLAMACPP_TARBALL:-carry/llamacpp/llamacpp.tar.xz}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
-  > $OUT/env.txt 2>&1
+# The driver's libcuda.so.1 where the GPU machine keeps it (as the other GPU scripts do).
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+  { command -v nvcc || ls /usr/local/cuda/bin/nvcc; } | head -1 | xargs -r -I{} {} --version | tail -2
+  cmake --version | head -1; } > $OUT/env.txt 2>&1
 
-# 1. the source (a stamp holds the tarball's checksum: a new carry unpacks and builds anew),
-# then the build in the background.
-sum=$( [ -f $TARBALL ] && sha256sum < $TARBALL | cut -c1-16 || cat $LW/built 2>/dev/null )
-if [ -n "$sum" ] && [ "$(cat $LW/built 2>/dev/null)" != "$sum" ]; then
-  rm -rf $L $LW/build $LW/built && tar -C $LW -xJf $TARBALL
+# 1. the source (stamps hold the tarball's checksum: a new carry unpacks and builds anew; a
+# build cut short by the call's time limit goes on where it stopped), then the build in the
+# background.
+sum=$( [ -f $TARBALL ] && sha256sum < $TARBALL | cut -c1-16 || cat $LW/unpacked 2>/dev/null )
+if [ -n "$sum" ] && [ "$(cat $LW/unpacked 2>/dev/null)" != "$sum" ]; then
+  rm -rf $L $LW/build $LW/built $LW/unpacked && tar -C $LW -xJf $TARBALL \
+    && echo "$sum" > $LW/unpacked
 fi
 [ -f $L/CMakeLists.txt ] || { echo "no llama.cpp source in $L: carry $TARBALL"; exit 1; }
 build() {
