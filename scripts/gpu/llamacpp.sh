@@ -122,8 +122,10 @@ for m in $MODELS; do
   [ "${name##*-}" = 32k ] && extra=(--context 32768)
   case $shape in llama*) v=llama-bpe ;; gemma4*) v=gemma-4 ;; *) v=qwen2 ;; esac
   stamp "making $name"
-  timeout ${MAKE_TIMEOUT:-400} python3 $G/make_models.py $d $shape bfloat16 $LW/tok/$v \
-    "${extra[@]}" > $OUT/make-$name.log 2>&1 || { tail -3 $OUT/make-$name.log; rm -rf $d; }
+  rm -rf $d.part  # a model cut short by an earlier call's time limit
+  timeout ${MAKE_TIMEOUT:-400} python3 $G/make_models.py $d.part $shape bfloat16 $LW/tok/$v \
+    "${extra[@]}" > $OUT/make-$name.log 2>&1 && mv $d.part $d \
+    || { tail -3 $OUT/make-$name.log; rm -rf $d.part; }
 done
 
 # 3. conversion to bf16 GGUF, one model after the other (the disk is the limit), while the
