@@ -8,7 +8,10 @@ dtype, with the tokenizer files of TOKENIZER_DIR copied next to them.
     make_models.py OUT_DIR SHAPE DTYPE TOKENIZER_DIR [--seed N] [--vocab N] [--context N]
 
 SHAPE: llama3-8b | qwen2.5-0.5b | qwen3.5-{0.8b,2b,4b} | gemma4-e4b | gemma4-26b-a4b |
-       tiny-llama | tiny-qwen2
+       tiny-llama | tiny-qwen2 | tiny-qwen3.5 | tiny-gemma4 | tiny-gemma4-moe
+TOKENIZER_DIR: any folder of tokenizer files, e.g. one written by vocab_tokenizer.py from
+       llama.cpp's vocab GGUFs (the family's real tokenizer, which llama.cpp's converter
+       needs; see llamacpp.sh)
 DTYPE: bfloat16 | float16 | float32
 """
 import argparse
@@ -20,10 +23,11 @@ import time
 import torch
 import transformers
 
-def qwen35(hidden, inter, layers, heads, kv_heads, k_heads, v_heads):
+def qwen35(hidden, inter, layers, heads, kv_heads, k_heads, v_heads, **extra):
     """A Qwen 3.5 text shape: blocks of three gated-DeltaNet layers and one gated attention
-    layer (heads of 256, a quarter rotated), DeltaNet heads of 128, a convolution of 4."""
-    return dict(
+    layer (heads of 256, a quarter rotated), DeltaNet heads of 128, a convolution of 4
+    (`extra` overrides any of it)."""
+    return dict(dict(
         model_type="qwen3_5_text", hidden_size=hidden, intermediate_size=inter,
         num_hidden_layers=layers,
         layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
@@ -34,14 +38,15 @@ def qwen35(hidden, inter, layers, heads, kv_heads, k_heads, v_heads):
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
                              partial_rotary_factor=0.25, mrope_interleaved=True,
                              mrope_section=[11, 11, 10]),
-    )
+    ), **extra)
 
 
 def gemma4(hidden, inter, layers, heads, kv_heads, **extra):
     """A Gemma 4 text shape (`gemma4_text`): five sliding-window layers (heads of 256) to one
     full-attention layer (heads of 512, proportional rotary over a quarter of them), the
-    last layer full, a 262k vocabulary, a final logit soft cap of 30."""
-    return dict(
+    last layer full, a 262k vocabulary, a final logit soft cap of 30 (`extra` adds to it or
+    overrides it)."""
+    return dict(dict(
         model_type="gemma4_text", hidden_size=hidden, intermediate_size=inter,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         head_dim=256, global_head_dim=512, vocab_size=262144, max_position_embeddings=131072,
@@ -53,8 +58,7 @@ def gemma4(hidden, inter, layers, heads, kv_heads, **extra):
             sliding_attention=dict(rope_type="default", rope_theta=10000.0),
             full_attention=dict(rope_type="proportional", partial_rotary_factor=0.25,
                                 rope_theta=1000000.0)),
-        **extra,
-    )
+    ), **extra)
 
 
 SHAPES = {
@@ -106,6 +110,22 @@ SHAPES = {
         max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=False,
     ),
+    # Tiny shapes of the two families with their real vocabularies (so that the tokenizers
+    # of vocab_tokenizer.py fit them): CPU checks of the llama.cpp conversion.
+    "tiny-qwen3.5": qwen35(64, 128, 4, heads=4, kv_heads=2, k_heads=2, v_heads=4,
+                           head_dim=32, linear_key_head_dim=16, linear_value_head_dim=16,
+                           rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                                partial_rotary_factor=0.25,
+                                                mrope_interleaved=True,
+                                                mrope_section=[2, 1, 1])),
+    "tiny-gemma4": gemma4(64, 128, 8, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
+                          sliding_window=8, hidden_size_per_layer_input=8,
+                          vocab_size_per_layer_input=262144, num_kv_shared_layers=2),
+    "tiny-gemma4-moe": gemma4(64, 128, 6, heads=4, kv_heads=2, head_dim=16,
+                              global_head_dim=32, sliding_window=8,
+                              num_global_key_value_heads=1, attention_k_eq_v=True,
+                              hidden_size_per_layer_input=0, enable_moe_block=True,
+                              num_experts=8, top_k_experts=2, moe_intermediate_size=32),
 }
 
 
