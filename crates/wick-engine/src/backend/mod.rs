@@ -285,6 +285,14 @@ pub trait KvLayer: Clone + Send + Sync {
         self.blocks_after(tokens)
             .saturating_sub(self.charged_blocks())
     }
+    /// Makes room for `tokens` more tokens at once where storage grows by reallocating
+    /// and copying (CUDA), so that a long prompt fed in chunks is not copied into a larger
+    /// buffer every few hundred tokens. Storage of fixed blocks needs nothing (the
+    /// default).
+    fn preallocate(&mut self, tokens: usize) -> Result<()> {
+        let _ = tokens;
+        Ok(())
+    }
     /// Tokens the layer stores once a decode step appended one (after any sliding-window
     /// eviction): what a step that lays rows side by side must make room for.
     fn stored_after_step(&self) -> usize {

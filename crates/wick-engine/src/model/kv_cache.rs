@@ -127,6 +127,26 @@ impl KvCache {
         with_cache!(&self.inner, c => c.layers().iter().map(KvLayer::stored_after_step).collect())
     }
 
+    /// Whether the backend's KV storage grows by reallocating and copying (CUDA), so that
+    /// a prompt's room is best made at once ([`KvCache::preallocate`]).
+    pub fn grows_by_copying(&self) -> bool {
+        match &self.inner {
+            #[cfg(feature = "cuda")]
+            AnyCache::Cuda(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Makes room for `tokens` more tokens in every layer at once
+    /// ([`KvLayer::preallocate`]): what a prompt's first step does with the pool's charge
+    /// for the whole prompt already taken ([`KvCache::reserve`]).
+    pub fn preallocate(&mut self, tokens: usize) -> Result<()> {
+        with_cache!(&mut self.inner, c => c
+            .layers_mut()
+            .iter_mut()
+            .try_for_each(|l| l.preallocate(tokens)))
+    }
+
     /// [`KvCache::reserve`] of one token for a decode step whose participants' layers store
     /// at most `widest[layer]` tokens after it (the element-wise maximum of their
     /// [`KvCache::stored_after_step`]): on a backend that decodes a batch in one buffer per

@@ -278,6 +278,16 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
             tracking,
         }) => {
             seq.cache_mut().attach(&shared.admission.pool);
+            // Room for the whole prompt now, charged and allocated once: on a backend whose
+            // KV grows by copying into larger buffers (CUDA), a long prompt fed in short
+            // paced chunks would otherwise leave the device allocator a buffer of every
+            // size it passed through (tens of GB for an 18k-token prompt of an 8B model).
+            let left = seq.remaining_prompt();
+            if left > 1 && seq.cache().grows_by_copying() && seq.cache_mut().reserve(left) {
+                if let Err(e) = seq.cache_mut().preallocate(left) {
+                    tracing::debug!(request = p.id, "KV preallocation failed: {e}");
+                }
+            }
             if let Some(spec) = shared.config.speculative {
                 if p.request.speculative && model.can_speculate() {
                     // A draft model would read an image's or clip's soft tokens as text

@@ -106,6 +106,20 @@ impl CudaKvLayer {
     /// value addresses and the position the new tokens go to.
     pub(super) fn reserve_append(&mut self, tokens: usize) -> Result<(u64, u64, usize)> {
         let need = self.len + tokens;
+        self.own_room_for(need)?;
+        let s = self
+            .store
+            .as_ref()
+            .ok_or_else(|| EngineError::Cache("CUDA KV storage missing".into()))?;
+        let at = self.len;
+        self.len = need;
+        Ok((s.k.ptr(), s.v.ptr(), at))
+    }
+
+    /// Storage of this layer's own with room for `need` tokens: a larger buffer (or, when
+    /// the storage is shared, a copy of it) that what is kept is copied into, as recorded
+    /// work.
+    fn own_room_for(&mut self, need: usize) -> Result<()> {
         let shared = self
             .store
             .as_ref()
@@ -127,13 +141,7 @@ impl CudaKvLayer {
             self.store = Some(Arc::new(KvStore { k, v, cap }));
             self.settle();
         }
-        let s = self
-            .store
-            .as_ref()
-            .ok_or_else(|| EngineError::Cache("CUDA KV storage missing".into()))?;
-        let at = self.len;
-        self.len = need;
-        Ok((s.k.ptr(), s.v.ptr(), at))
+        Ok(())
     }
 
     /// The key and value addresses and the position of the last `tokens` tokens, which
@@ -243,6 +251,13 @@ impl KvLayer for CudaKvLayer {
 
     fn held_blocks(&self) -> usize {
         blocks_for_tokens(self.cap())
+    }
+
+    fn preallocate(&mut self, tokens: usize) -> Result<()> {
+        if tokens == 0 || self.len + tokens <= self.cap() {
+            return Ok(());
+        }
+        self.own_room_for(self.len + tokens)
     }
 
     fn blocks_after(&self, tokens: usize) -> usize {
