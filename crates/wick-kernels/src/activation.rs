@@ -22,6 +22,19 @@ pub struct QuantizedActivations {
     /// tile's tokens in a row.
     pub(crate) tile_d: Vec<f32>,
     pub(crate) tile_dsum: Vec<f32>,
+    /// Rows whose scales the last [`Self::prepare`] laid out in `tile_d`/`tile_dsum`
+    /// (the buffers may hold more, from an earlier call).
+    pub(crate) tiled_rows: usize,
+}
+
+/// Grows `v` to at least `len` elements, never shrinking it. Calls alternate between
+/// widths (a layer's 896-column inputs, then its 4,864-column one), and a `resize` down
+/// and back up would fill the regrown part with zeros every time — megabytes per call
+/// of a 512-row prompt chunk, all of it overwritten by the quantizer anyway.
+fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
 }
 
 /// Tokens of one tile of [`QuantizedActivations::tile_d`].
@@ -69,14 +82,15 @@ impl QuantizedActivations {
         let nb = cols / 32;
         self.rows = rows;
         self.cols = cols;
-        self.qs.resize(rows * cols, 0);
-        self.d.resize(rows * nb, 0.0);
-        self.sum32.resize(rows * nb, 0);
-        self.dsum.resize(rows * nb, 0.0);
-        self.sum16.resize(rows * nb * 2, 0);
+        grow(&mut self.qs, rows * cols);
+        grow(&mut self.d, rows * nb);
+        grow(&mut self.sum32, rows * nb);
+        grow(&mut self.dsum, rows * nb);
+        grow(&mut self.sum16, rows * nb * 2);
         let tiled_rows = if tiles { rows / TILE * TILE } else { 0 };
-        self.tile_d.resize(tiled_rows * nb, 0.0);
-        self.tile_dsum.resize(tiled_rows * nb, 0.0);
+        self.tiled_rows = tiled_rows;
+        grow(&mut self.tile_d, tiled_rows * nb);
+        grow(&mut self.tile_dsum, tiled_rows * nb);
         ActivationWriter {
             cols,
             qs: self.qs.as_mut_ptr(),

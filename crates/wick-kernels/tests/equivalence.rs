@@ -363,6 +363,56 @@ fn amx_tiles_equal_the_scalar_kernels_bit_for_bit() {
     }
 }
 
+/// One [`QuantizedActivations`] reused across calls of different widths and row counts
+/// (as a layer alternates 896- and 4,864-column inputs; its buffers only grow) gives
+/// each call the bits of fresh buffers, on every kernel family — on AMX machines also
+/// after a wider call left more tile scales than the next one lays out.
+#[test]
+fn reused_activation_buffers_give_the_bits_of_fresh_ones() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(0x5EED);
+    let formats = [WeightFormat::Q8_0, WeightFormat::Q4K];
+    let shapes = [(512, 100), (256, 48), (512, 20), (256, 130), (512, 33)];
+    let matrices: Vec<_> = shapes
+        .iter()
+        .flat_map(|&(cols, _)| formats.map(|f| (f, cols)))
+        .map(|(f, cols)| {
+            let bytes = random_matrix(f, 24, cols, &mut rng);
+            (
+                (f, cols),
+                PackedMatrix::from_ggml(f, 24, cols, &bytes).unwrap(),
+            )
+        })
+        .collect();
+    for isa in Isa::available() {
+        let mut reused = QuantizedActivations::new();
+        for &(cols, n) in &shapes {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.normal_ish()).collect();
+            for ((_, c), w) in matrices.iter().filter(|((_, c), _)| *c == cols) {
+                let run = |act: &mut QuantizedActivations| {
+                    let mut out = vec![f32::NAN; n * w.rows()];
+                    let products = &mut [Product {
+                        weight: w,
+                        out: &mut out,
+                        bias: None,
+                    }];
+                    matmul(&pool, isa, &x, n, products, act).unwrap();
+                    out
+                };
+                let want = run(&mut QuantizedActivations::new());
+                let got = run(&mut reused);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} {:?} {c} columns, {n} rows: reused buffers differ",
+                    w.format()
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn several_matrices_share_one_call() {
     let pool = ThreadPool::new(2);

@@ -80,6 +80,25 @@ struct Scratch {
     sums: Vec<__m512i>,
 }
 
+impl Scratch {
+    /// Grows the buffers to at least these lengths. They never shrink: calls alternate
+    /// between matrices of different widths, and `resize` back up would refill the
+    /// regrown part each time (a memset of 78 KB per unit of a 4,864-column matrix).
+    fn reserve(&mut self, codes: usize, scales: usize, sums: usize) {
+        // SAFETY: all-zero bits are a valid vector of any lane type.
+        let (zi, zf) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        if self.codes.len() < codes {
+            self.codes.resize(codes, zi);
+        }
+        if self.scales.len() < scales {
+            self.scales.resize(scales, zf);
+        }
+        if self.sums.len() < sums {
+            self.sums.resize(sums, zi);
+        }
+    }
+}
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::default();
 }
@@ -239,10 +258,7 @@ unsafe fn run<const BITS: u8, const SC: u8, const Z: i32>(
     } else {
         CONFIG_32.load();
     }
-    s.codes.resize(8 * nb, _mm512_setzero_si512());
-    s.scales.resize(SCALE_VECS * nb, _mm512_setzero_ps());
-    s.sums
-        .resize(RING * 2 * TILE_TOKENS, _mm512_setzero_si512());
+    s.reserve(8 * nb, SCALE_VECS * nb, RING * 2 * TILE_TOKENS);
     let codes = s.codes.as_mut_ptr();
     let scale = s.scales.as_mut_ptr();
     let sums = s.sums.as_mut_ptr();
@@ -303,9 +319,8 @@ pub(super) unsafe fn quantized(
 ) {
     let Some(sch) = w.scheme() else { return };
     // Whole tiles start on a multiple of 16 tokens and need the transposed scales.
-    let nb = w.layout().nb;
     let prepared = tokens.start.is_multiple_of(TILE_TOKENS)
-        && act.tile_d.len() >= (tokens.start + tokens.len()) / TILE_TOKENS * TILE_TOKENS * nb;
+        && act.tiled_rows >= tokens.start + tokens.len() / TILE_TOKENS * TILE_TOKENS;
     if !prepared {
         return avx512::quantized(w, strips, act, tokens, out);
     }
