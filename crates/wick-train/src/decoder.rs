@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 use wick_engine::adapters::{LoraWeights, Target};
 use wick_engine::backend::tape::{GradRoot, ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
+use wick_engine::models::decoder::StagedPass;
 
 pub use wick_engine::backend::tape::Dropout;
 
@@ -103,8 +104,11 @@ fn ids(layer: usize, slot: usize) -> (usize, usize) {
     (2 * site, 2 * site + 1)
 }
 
+/// The id under which the backend returns the gradient of a recomputed layer's input
+/// (no factor has it: factors' ids are `2·site` and `2·site + 1`).
+const LAYER_INPUT: usize = usize::MAX;
+
 /// The result of a forward pass: `log p(label)` per target, and what the backward needs.
-#[derive(Debug)]
 pub struct Forward {
     /// Per `Batch::targets` entry.
     pub logp: Vec<f32>,
@@ -112,6 +116,30 @@ pub struct Forward {
     probs: Vec<f32>,
     /// Where the backward starts: the target rows' logits (`None`: no target).
     logits: Option<GradRoot>,
+    /// A checkpointed pass: the layers' inputs, from which the backward recomputes them.
+    checkpoints: Option<Checkpoints>,
+}
+
+impl std::fmt::Debug for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forward")
+            .field("logp", &self.logp)
+            .field("checkpointed", &self.checkpoints.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a checkpointed forward keeps: the residual stream entering each layer from the
+/// lowest adapted one up (only the head's ops are on the tape), the mounted factors and
+/// the dropout, to run each layer again, recorded, in the backward.
+struct Checkpoints {
+    pass: StagedPass<TapeBackend>,
+    lora: LoraWeights<TapeBackend>,
+    dropout: Option<Dropout>,
+    /// The lowest layer with a factor: nothing below it needs a gradient.
+    first: usize,
+    /// `inputs[i]`: the input of layer `first + i`.
+    inputs: Vec<TapeTensor>,
 }
 
 /// Training passes over one frozen base.
@@ -119,6 +147,9 @@ pub struct Forward {
 pub struct TrainDecoder<'a> {
     base: &'a BaseWeights,
     max_len: usize,
+    /// Gradient checkpointing: a recorded forward keeps each layer's input only, and the
+    /// backward runs each layer again (recording it) one at a time.
+    checkpoint: bool,
 }
 
 impl<'a> TrainDecoder<'a> {
@@ -127,6 +158,17 @@ impl<'a> TrainDecoder<'a> {
         TrainDecoder {
             base,
             max_len: max_len.max(1),
+            checkpoint: false,
+        }
+    }
+
+    /// The same passes with gradient checkpointing on or off: the same gradients, the
+    /// peak memory of one layer's activations plus every layer's input, for one more
+    /// forward through the adapted layers.
+    pub fn with_checkpointing(self, on: bool) -> TrainDecoder<'a> {
+        TrainDecoder {
+            checkpoint: on,
+            ..self
         }
     }
 
@@ -229,9 +271,17 @@ impl<'a> TrainDecoder<'a> {
                 logp: Vec::new(),
                 probs: Vec::new(),
                 logits: None,
+                checkpoints: None,
             });
         }
-        let (mut probs, logits) = self.pass(adapter, batch, &rows, record)?.into_values();
+        let (out, checkpoints) = match adapter {
+            Some(a) if record && self.checkpoint => {
+                let (out, ck) = self.checkpointed_pass(a, batch, &rows)?;
+                (out, Some(ck))
+            }
+            _ => (self.pass(adapter, batch, &rows, record)?, None),
+        };
+        let (mut probs, logits) = out.into_values();
         let vocab = logits.cols();
         let logp: Vec<f32> = probs
             .par_chunks_exact_mut(vocab)
@@ -249,7 +299,118 @@ impl<'a> TrainDecoder<'a> {
             logp,
             probs,
             logits: Some(logits),
+            checkpoints,
         })
+    }
+
+    /// A checkpointed forward: the layers run unrecorded, one at a time, each one's input
+    /// kept from the lowest adapted layer up; only the head is recorded, from the last
+    /// layer's output as a tracked input.
+    fn checkpointed_pass(
+        &self,
+        adapter: AdapterRef<'_>,
+        batch: &Batch,
+        rows: &[usize],
+    ) -> Result<(TapeTensor, Checkpoints)> {
+        self.check(batch)?;
+        let be = self.backend();
+        let decoder = &self.base.decoder;
+        let layers = decoder.num_layers();
+        let first = adapter
+            .params
+            .layers
+            .iter()
+            .position(|slots| slots.iter().any(Option::is_some))
+            .unwrap_or(layers)
+            .min(layers);
+        let lora = self.mount(adapter)?;
+        be.set_recording(false);
+        be.set_dropout(adapter.dropout);
+        let run = || -> Result<(TapeTensor, StagedPass<TapeBackend>, Vec<TapeTensor>)> {
+            let mut pass = decoder.staged_pass(&batch.seqs())?;
+            let mut x = decoder.staged_embed(&pass)?;
+            if first > 0 {
+                x = decoder.staged_layers(&mut pass, x, 0..first, &[&lora])?;
+            }
+            let mut inputs = Vec::with_capacity(layers - first);
+            for l in first..layers {
+                inputs.push(x.clone());
+                x = decoder.staged_layers(&mut pass, x, l..l + 1, &[&lora])?;
+            }
+            be.set_recording(true);
+            let x = be.tracked_input(x, LAYER_INPUT);
+            let logits = decoder.staged_head(&pass, &x, rows)?;
+            Ok((logits, pass, inputs))
+        };
+        let out = run();
+        be.set_dropout(None);
+        if out.is_err() {
+            be.clear();
+        }
+        let (logits, pass, inputs) = out?;
+        Ok((
+            logits,
+            Checkpoints {
+                pass,
+                lora,
+                dropout: adapter.dropout,
+                first,
+                inputs,
+            },
+        ))
+    }
+
+    /// The backward of a checkpointed pass below its head: from the gradient `dx` of the
+    /// last layer's output, each layer from the top down is run again from its saved
+    /// input, recorded, and taken back, its factors' gradients collected and its input's
+    /// gradient passed to the layer below. One layer's tape is alive at a time.
+    fn checkpointed_backward(
+        &self,
+        adapter: AdapterRef<'_>,
+        ck: Checkpoints,
+        mut dx: Vec<f32>,
+        grads: &mut LoraParams,
+    ) -> Result<()> {
+        let be = self.backend();
+        let decoder = &self.base.decoder;
+        let Checkpoints {
+            mut pass,
+            lora,
+            dropout,
+            first,
+            mut inputs,
+        } = ck;
+        be.set_dropout(dropout);
+        let mut run = || -> Result<()> {
+            while let Some(x) = inputs.pop() {
+                let l = first + inputs.len();
+                be.set_recording(true);
+                // The lowest adapted layer's input needs no gradient.
+                let width = x.data().len();
+                let x = if l > first {
+                    be.tracked_input(x, LAYER_INPUT)
+                } else {
+                    x
+                };
+                let y = decoder.staged_layers(&mut pass, x, l..l + 1, &[&lora])?;
+                let root = y.grad_root();
+                drop(y);
+                let mut found = be.backward(&root, std::mem::take(&mut dx))?;
+                if l > first {
+                    dx = found
+                        .remove(&LAYER_INPUT)
+                        .unwrap_or_else(|| vec![0.0; width]);
+                }
+                self.collect(adapter, found, grads);
+            }
+            Ok(())
+        };
+        let out = run();
+        be.set_dropout(None);
+        if out.is_err() {
+            be.clear();
+        }
+        out
     }
 
     /// `log p(label)` of every target without keeping the tape (a reference policy, an
@@ -267,7 +428,12 @@ impl<'a> TrainDecoder<'a> {
         dlogp: &[f32],
         grads: &mut LoraParams,
     ) -> Result<()> {
-        let Forward { probs, logits, .. } = fwd;
+        let Forward {
+            probs,
+            logits,
+            checkpoints,
+            ..
+        } = fwd;
         let Some(logits) = logits else {
             return Ok(());
         };
@@ -281,9 +447,13 @@ impl<'a> TrainDecoder<'a> {
                 z.iter_mut().for_each(|p| *p *= -g);
                 z[label as usize] += g;
             });
-        let found = self.backend().backward(&logits, dz)?;
+        let mut found = self.backend().backward(&logits, dz)?;
+        let below = found.remove(&LAYER_INPUT);
         self.collect(adapter, found, grads);
-        Ok(())
+        match (checkpoints, below) {
+            (Some(ck), Some(dx)) => self.checkpointed_backward(adapter, ck, dx, grads),
+            _ => Ok(()),
+        }
     }
 
     /// Adds the backend's gradients (of `A` and `s·B` in the base's order) into `grads`.

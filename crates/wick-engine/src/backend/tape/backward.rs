@@ -87,6 +87,10 @@ pub(super) enum Op {
         rows: Vec<usize>,
         cols: usize,
     },
+    /// The input of a recorded span, whose gradient is returned under `id`.
+    Input {
+        id: usize,
+    },
     /// LoRA dropout of a branch input (`[_, width]`).
     Dropout {
         x: usize,
@@ -109,6 +113,8 @@ pub(super) struct Node {
 pub(super) struct Tape {
     pub(super) nodes: Vec<Node>,
     pub(super) recording: bool,
+    /// The most nodes held at once since it was last read.
+    pub(super) peak: usize,
 }
 
 impl Default for Tape {
@@ -116,6 +122,7 @@ impl Default for Tape {
         Tape {
             nodes: Vec::new(),
             recording: true,
+            peak: 0,
         }
     }
 }
@@ -328,6 +335,7 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                     accumulate(&mut grads, y, g);
                 }
             }
+            Op::Input { id } => add_param(&mut params, id, g),
             Op::Dropout {
                 x,
                 d,
