@@ -3,7 +3,7 @@
 //! a = √5, i.e. U(±1/√in); B zero).
 use rand::{Rng, SeedableRng};
 use wick_engine::adapters::Target;
-use wick_engine::config::ModelConfig;
+use wick_engine::config::{Arch, ModelConfig};
 
 use crate::error::{Result, TrainError};
 
@@ -114,6 +114,9 @@ impl LoraPair {
 pub struct LoraParams {
     /// Rank.
     pub rank: usize,
+    /// The base's architecture, which names the modules in adapter files
+    /// ([`Target::hf_module_of`]).
+    pub arch: Arch,
     /// Per layer, per [`Target`] slot.
     pub layers: Vec<[Option<LoraPair>; 7]>,
 }
@@ -126,7 +129,10 @@ impl LoraParams {
             .map(|l| {
                 std::array::from_fn(|slot| {
                     let t = Target::ALL[slot];
-                    (l >= first && lora.targets.contains(&t)).then(|| {
+                    // A target the layer does not have (a gate in an ungated MLP) is
+                    // skipped, as PEFT skips a name it does not find.
+                    let present = t.file_shape(cfg, l).is_some();
+                    (l >= first && present && lora.targets.contains(&t)).then(|| {
                         let (out, inp) = t.base_shape(cfg);
                         LoraPair::zeros(inp, out, lora.rank)
                     })
@@ -135,6 +141,7 @@ impl LoraParams {
             .collect();
         LoraParams {
             rank: lora.rank,
+            arch: cfg.arch,
             layers,
         }
     }
@@ -251,5 +258,15 @@ pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
 
 /// The PEFT module name of a target (`q_proj`).
 pub fn peft_name(t: Target) -> &'static str {
-    t.hf_module().rsplit('.').next().unwrap_or("")
+    last_part(t.hf_module())
+}
+
+/// The PEFT module name of a target in `arch`'s checkpoints (`q_proj`, StarCoder 2's
+/// `c_fc`).
+pub fn peft_name_of(t: Target, arch: Arch) -> &'static str {
+    last_part(t.hf_module_of(arch))
+}
+
+fn last_part(module: &str) -> &str {
+    module.rsplit('.').next().unwrap_or("")
 }

@@ -130,10 +130,26 @@ impl Target {
 
     /// The target a Hugging Face module path within a layer names.
     pub fn from_hf_module(module: &str) -> Option<Target> {
-        Target::EVERY
-            .into_iter()
-            .filter(|&t| t != Target::QGate)
-            .find(|t| t.hf_module() == module)
+        match module {
+            // StarCoder 2's MLP.
+            "mlp.c_fc" => Some(Target::Up),
+            "mlp.c_proj" => Some(Target::Down),
+            _ => Target::EVERY
+                .into_iter()
+                .filter(|&t| t != Target::QGate)
+                .find(|t| t.hf_module() == module),
+        }
+    }
+
+    /// The module path of this target in `arch`'s Hugging Face checkpoints (and so in
+    /// its PEFT and mlx-lm adapters): [`Target::hf_module`], but StarCoder 2 names its
+    /// ungated MLP `c_fc` (in) and `c_proj` (out).
+    pub fn hf_module_of(self, arch: crate::config::Arch) -> &'static str {
+        match (arch, self) {
+            (crate::config::Arch::Starcoder2, Target::Up) => "mlp.c_fc",
+            (crate::config::Arch::Starcoder2, Target::Down) => "mlp.c_proj",
+            _ => self.hf_module(),
+        }
     }
 
     /// The GGUF tensor stem within a block (`blk.N.<stem>.weight`) of the dense targets
@@ -214,6 +230,9 @@ impl Target {
                 Target::Router => g.moe.as_ref().map(|m| (m.experts, h)),
                 _ => None,
             };
+        }
+        if self == Target::Gate && cfg.features.mlp == crate::config::MlpKind::Plain {
+            return None;
         }
         Target::ALL.contains(&self).then(|| self.base_shape(cfg))
     }

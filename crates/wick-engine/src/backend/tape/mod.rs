@@ -679,6 +679,45 @@ impl Backend for TapeBackend {
         })
     }
 
+    fn layer_norm(
+        &self,
+        x: &TapeTensor,
+        weight: &TapeTensor,
+        bias: Option<&TapeTensor>,
+        eps: f32,
+    ) -> Result<TapeTensor> {
+        let h = weight.data.len();
+        if h == 0 || !x.cols.is_multiple_of(h) || bias.is_some_and(|b| b.data.len() != h) {
+            return Err(shape_err(format!(
+                "layer_norm: {} columns with a weight of {h}",
+                x.cols
+            )));
+        }
+        let (y, stats) =
+            backward::layer_norm(&x.data, &weight.data, bias.map(|b| b.data.as_slice()), eps);
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::LayerNorm {
+                x: xn,
+                x_val: x.data.clone(),
+                w: weight.data.clone(),
+                stats,
+            }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
+    fn activation(&self, x: &TapeTensor, act: Activation) -> Result<TapeTensor> {
+        let y: Vec<f32> = x.data.iter().map(|&v| activate(act, v).0).collect();
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::Activation {
+                x: xn,
+                x_val: x.data.clone(),
+                act,
+            }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
     fn split_columns(&self, x: &TapeTensor, widths: &[usize]) -> Result<Vec<TapeTensor>> {
         let cols = x.cols;
         if widths.iter().sum::<usize>() != cols {
