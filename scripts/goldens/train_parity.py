@@ -19,7 +19,8 @@ A's gradient 0), it records:
 crates/wick-engine/tests/goldens/hf (default llama, into tests/goldens/parity; another family into
 tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwen2's Q/K/V biases,
 qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh, starcoder2's
-LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj) train through
+LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj; phi3's and
+glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module) train through
 the engine's decoder. Attention runs as transformers' eager implementation (the soft caps need it).
 
 TRL's ORPO pieces (`get_batch_logps`, `odds_ratio_loss`) are called where trl imports; without it
@@ -56,7 +57,10 @@ OUT = ROOT / "crates/wick-train/tests/goldens/parity"
 RANK, ALPHA, BETA, LAMBDA = 4, 8.0, 0.1, 0.1
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Families whose checkpoints name the projections otherwise: StarCoder 2's ungated MLP.
-FAMILY_TARGETS = {"starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]}
+# Phi-3 and GLM-4 hold Q/K/V or gate/up fused, one LoRA pair per fused module.
+FAMILY_TARGETS = {"starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"],
+                  "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+                  "glm4": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]}
 
 # (tokens, prompt_len): the loss reads tokens[max(1, prompt_len):].
 SFT = [([1, 17, 250, 3, 99, 411, 7, 7, 128, 500, 64, 2], 5), ([1, 300, 42, 8, 77, 19, 250, 31, 2], 3)]

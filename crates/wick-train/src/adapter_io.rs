@@ -136,10 +136,9 @@ pub fn peft_config(
 ) -> Value {
     let first = lora.first_layer(layers);
     let arch = params.arch;
-    let targets: Vec<Target> = lora
-        .targets
-        .iter()
-        .copied()
+    // The modules the factors adapt, each once (a fused module under its first part).
+    let targets: Vec<Target> = Target::ALL
+        .into_iter()
         .filter(|&t| params.iter().any(|(_, pt, _)| pt == t))
         .collect();
     let layers_to_transform: Value = if first == 0 {

@@ -12,7 +12,7 @@ pub use wick_engine::backend::tape::Dropout;
 
 use crate::base::{unpermute_rows, BaseWeights};
 use crate::error::{Result, TrainError};
-use crate::lora::LoraParams;
+use crate::lora::{rows_of, LoraParams};
 
 /// Sequences packed row after row (each attends only to itself, positions restart at 0),
 /// and the rows whose next-token log-probability the loss reads.
@@ -197,6 +197,16 @@ impl<'a> TrainDecoder<'a> {
         Ok(())
     }
 
+    /// The targets the pair in `t`'s slot adapts, with their rows of its `B`: `t` alone,
+    /// or the parts of the fused module it stands for.
+    fn parts(&self, t: Target) -> Vec<(Target, std::ops::Range<usize>)> {
+        let cfg = &self.base.cfg;
+        match t.fused_group(cfg.arch) {
+            Some(group) => group.iter().map(|&p| (p, rows_of(cfg, p).1)).collect(),
+            None => vec![(t, 0..t.base_shape(cfg).0)],
+        }
+    }
+
     /// The factors as parameters on the backend, mounted as an adapter: `A`, and
     /// `s·B` in the base's row order.
     fn mount(&self, a: AdapterRef<'_>) -> Result<LoraWeights<TapeBackend>> {
@@ -208,13 +218,19 @@ impl<'a> TrainDecoder<'a> {
                 std::array::from_fn(|_| None);
             for (slot, pair) in slots.iter().enumerate() {
                 let Some(p) = pair else { continue };
-                let t = Target::ALL[slot];
-                let (ia, ib) = ids(l, slot);
+                let (ia, _) = ids(l, slot);
                 let am = be.parameter(ia, p.a.clone(), rank, p.in_dim, Some((l, slot)))?;
-                let mut b = self.base.permute(t, &p.b, rank);
-                b.iter_mut().for_each(|v| *v *= a.multiplier);
-                let bm = be.parameter(ib, b, p.out_dim, rank, None)?;
-                out[t.index()] = Some((am, bm));
+                // Each part of a fused module gets its rows of B (a parameter of its own
+                // slot) beside the shared A, whose gradient sums over the parts.
+                for (t, rows) in self.parts(Target::ALL[slot]) {
+                    let mut b =
+                        self.base
+                            .permute(t, &p.b[rows.start * rank..rows.end * rank], rank);
+                    b.iter_mut().for_each(|v| *v *= a.multiplier);
+                    let (_, ib) = ids(l, t.index());
+                    let bm = be.parameter(ib, b, rows.len(), rank, None)?;
+                    out[t.index()] = Some((am.clone(), bm));
+                }
             }
             layers.push(out);
         }
@@ -462,17 +478,24 @@ impl<'a> TrainDecoder<'a> {
         for (l, slots) in grads.layers.iter_mut().enumerate() {
             for (slot, pair) in slots.iter_mut().enumerate() {
                 let Some(g) = pair else { continue };
-                let (ia, ib) = ids(l, slot);
+                let (ia, _) = ids(l, slot);
                 if let Some(da) = found.remove(&ia) {
                     g.a.iter_mut().zip(&da).for_each(|(x, d)| *x += d);
                 }
-                if let Some(db) = found.remove(&ib) {
-                    let db = match self.base.permuted_heads(Target::ALL[slot]) {
+                for (t, rows) in self.parts(Target::ALL[slot]) {
+                    let (_, ib) = ids(l, t.index());
+                    let Some(db) = found.remove(&ib) else {
+                        continue;
+                    };
+                    let db = match self.base.permuted_heads(t) {
                         Some(heads) => unpermute_rows(&db, heads, rank),
                         None => db,
                     };
                     let s = adapter.multiplier;
-                    g.b.iter_mut().zip(&db).for_each(|(x, d)| *x += s * d);
+                    g.b[rows.start * rank..rows.end * rank]
+                        .iter_mut()
+                        .zip(&db)
+                        .for_each(|(x, d)| *x += s * d);
                 }
             }
         }

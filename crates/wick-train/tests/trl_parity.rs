@@ -4,7 +4,8 @@
 //! clipping, LoRA+, cosine schedule with warm-up) within 1e-4. The same one-step checks on
 //! the tiny Qwen2 (Q/K/V biases), Qwen3 (Q/K norms, head_dim ≠ hidden/heads, tied) and
 //! Gemma 2 (soft caps, sliding window, sandwich norms, GELU-tanh, scaled embeddings),
-//! Gemma 3, Mistral, OLMo 2, Granite, SmolLM 3 and StarCoder 2 (`train_parity.py --family NAME`):
+//! Gemma 3, Mistral, OLMo 2, Granite, SmolLM 3, StarCoder 2, Phi-3 and GLM-4 (fused
+//! `qkv_proj` / `gate_up_proj`, one pair each) (`train_parity.py --family NAME`):
 //! families only the engine's decoder trains.
 use std::path::{Path, PathBuf};
 
@@ -270,4 +271,17 @@ fn three_adamw_steps_match_torch() {
 #[test]
 fn starcoder2_steps_match_trl() {
     check_family("starcoder2");
+}
+
+/// Q/K/V and gate/up fused in the checkpoint: PEFT adapts `qkv_proj` and `gate_up_proj`
+/// as one pair each, whose A the parts share (its gradient sums theirs); LongRoPE.
+#[test]
+fn phi3_steps_match_trl() {
+    check_family("phi3");
+}
+
+/// gate/up fused, separate Q/K/V with biases, sandwich norms, partial rotary.
+#[test]
+fn glm4_steps_match_trl() {
+    check_family("glm4");
 }
