@@ -18,7 +18,9 @@ A's gradient 0), it records:
 `--family NAME` makes the same goldens on another tiny random model of
 crates/wick-engine/tests/goldens/hf (default llama, into tests/goldens/parity; another family into
 tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwen2's Q/K/V biases,
-qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh) train through
+qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh, starcoder2's
+LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj; phi3's and
+glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module) train through
 the engine's decoder. Attention runs as transformers' eager implementation (the soft caps need it).
 
 TRL's ORPO pieces (`get_batch_logps`, `odds_ratio_loss`) are called where trl imports; without it
@@ -54,6 +56,11 @@ BASE = ROOT / "crates/wick-engine/tests/goldens/hf/llama"
 OUT = ROOT / "crates/wick-train/tests/goldens/parity"
 RANK, ALPHA, BETA, LAMBDA = 4, 8.0, 0.1, 0.1
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Families whose checkpoints name the projections otherwise: StarCoder 2's ungated MLP.
+# Phi-3 and GLM-4 hold Q/K/V or gate/up fused, one LoRA pair per fused module.
+FAMILY_TARGETS = {"starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"],
+                  "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+                  "glm4": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]}
 
 # (tokens, prompt_len): the loss reads tokens[max(1, prompt_len):].
 SFT = [([1, 17, 250, 3, 99, 411, 7, 7, 128, 500, 64, 2], 5), ([1, 300, 42, 8, 77, 19, 250, 31, 2], 3)]
@@ -86,10 +93,11 @@ def odds_ratio_losses(chosen, rejected):
     return LAMBDA * F.logsigmoid(log_odds)
 
 
-def model_with_lora():
+def model_with_lora(family):
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(BASE, dtype=torch.float32, attn_implementation="eager")
-    cfg = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS,
+    cfg = LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                     target_modules=FAMILY_TARGETS.get(family, TARGETS),
                      init_lora_weights=False, task_type="CAUSAL_LM")
     model = get_peft_model(base, cfg)
     # init_lora_weights=False leaves B random too; scale both to keep the logits moderate.
@@ -166,7 +174,7 @@ def main():
     if args.check_llama:
         OUT = Path("/tmp") / "train_parity_check"
     OUT.mkdir(parents=True, exist_ok=True)
-    model = model_with_lora()
+    model = model_with_lora(args.family)
     init = {k: p.detach().clone() for k, p in lora_params(model).items()}
     save_file({k: v.contiguous() for k, v in init.items()}, OUT / "init.safetensors")
     tensors, ref = {}, {"versions": {"torch": torch.__version__, "transformers": transformers.__version__,

@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use wick_engine::adapters::Target;
+use wick_engine::config::Arch;
 use wick_engine::weights::SafetensorsWeights;
 use wick_gguf::GgmlType;
 
 use crate::error::{io, Result, TrainError};
-use crate::lora::{peft_name, LoraConfig, LoraParams};
+use crate::lora::{peft_name, peft_name_of, LoraConfig, LoraParams};
 use crate::optim::AdamW;
 
 /// The weights file of a PEFT adapter.
@@ -27,10 +28,10 @@ pub const CONFIG_FILE: &str = "adapter_config.json";
 const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 const STATE_FILE: &str = "trainer_state.json";
 
-fn peft_key(layer: usize, t: Target, factor: &str) -> String {
+fn peft_key(arch: Arch, layer: usize, t: Target, factor: &str) -> String {
     format!(
         "base_model.model.model.layers.{layer}.{}.lora_{factor}.weight",
-        t.hf_module()
+        t.hf_module_of(arch)
     )
 }
 
@@ -79,12 +80,12 @@ fn factor_tensors<'a>(
     let mut out = Vec::new();
     for (l, t, p) in params.iter() {
         out.push((
-            format!("{prefix}{}", peft_key(l, t, "A")),
+            format!("{prefix}{}", peft_key(params.arch, l, t, "A")),
             vec![r, p.in_dim],
             &p.a[..],
         ));
         out.push((
-            format!("{prefix}{}", peft_key(l, t, "B")),
+            format!("{prefix}{}", peft_key(params.arch, l, t, "B")),
             vec![p.out_dim, r],
             &p.b[..],
         ));
@@ -108,7 +109,7 @@ fn mlx_tensors(params: &LoraParams) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let r = params.rank;
     let mut out = Vec::new();
     for (l, t, p) in params.iter() {
-        let module = format!("model.layers.{l}.{}", t.hf_module());
+        let module = format!("model.layers.{l}.{}", t.hf_module_of(params.arch));
         out.push((
             format!("{module}.lora_a"),
             vec![p.in_dim, r],
@@ -123,11 +124,23 @@ fn mlx_tensors(params: &LoraParams) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     out
 }
 
-/// The `adapter_config.json` of `lora` on a model of `layers` layers: PEFT's keys
-/// (`r`, `lora_alpha`, `use_rslora`, `layers_to_transform`, …) and mlx-lm's
-/// (`fine_tune_type`, `num_layers`, `lora_parameters` with the absolute scale).
-pub fn peft_config(lora: &LoraConfig, layers: usize, base_model: &str) -> Value {
+/// The `adapter_config.json` of `lora` (its factors `params`) on a model of `layers`
+/// layers: PEFT's keys (`r`, `lora_alpha`, `use_rslora`, `layers_to_transform`, …) and
+/// mlx-lm's (`fine_tune_type`, `num_layers`, `lora_parameters` with the absolute scale).
+/// The modules are named as the base's architecture names them, those it has.
+pub fn peft_config(
+    lora: &LoraConfig,
+    params: &LoraParams,
+    layers: usize,
+    base_model: &str,
+) -> Value {
     let first = lora.first_layer(layers);
+    let arch = params.arch;
+    // The modules the factors adapt, each once (a fused module under its first part).
+    let targets: Vec<Target> = Target::ALL
+        .into_iter()
+        .filter(|&t| params.iter().any(|(_, pt, _)| pt == t))
+        .collect();
     let layers_to_transform: Value = if first == 0 {
         Value::Null
     } else {
@@ -140,7 +153,7 @@ pub fn peft_config(lora: &LoraConfig, layers: usize, base_model: &str) -> Value 
         "r": lora.rank,
         "lora_alpha": lora.alpha(),
         "lora_dropout": lora.dropout,
-        "target_modules": lora.targets.iter().map(|&t| peft_name(t)).collect::<Vec<_>>(),
+        "target_modules": targets.iter().map(|&t| peft_name_of(t, arch)).collect::<Vec<_>>(),
         "use_rslora": lora.rs_lora,
         "use_dora": false,
         "bias": "none",
@@ -157,7 +170,7 @@ pub fn peft_config(lora: &LoraConfig, layers: usize, base_model: &str) -> Value 
             "rank": lora.rank,
             "scale": lora.multiplier(),
             "dropout": lora.dropout,
-            "keys": lora.targets.iter().map(|&t| t.hf_module()).collect::<Vec<_>>(),
+            "keys": targets.iter().map(|&t| t.hf_module_of(arch)).collect::<Vec<_>>(),
         },
     })
 }
@@ -176,8 +189,8 @@ pub fn save_adapter(
     write_atomic(&dir.join(WEIGHTS_FILE), &weights)?;
     let weights = safetensors_bytes(&mlx_tensors(params));
     write_atomic(&dir.join(MLX_WEIGHTS_FILE), &weights)?;
-    let config =
-        serde_json::to_string_pretty(&peft_config(lora, layers, base_model)).unwrap_or_default();
+    let config = serde_json::to_string_pretty(&peft_config(lora, params, layers, base_model))
+        .unwrap_or_default();
     write_atomic(&dir.join(CONFIG_FILE), config.as_bytes())
 }
 
@@ -260,7 +273,7 @@ fn fill(dst: &mut LoraParams, tensors: &Tensors, prefix: &str, path: &Path) -> R
         path: path.to_path_buf(),
         reason,
     };
-    let rank = dst.rank;
+    let (rank, arch) = (dst.rank, dst.arch);
     for (l, slots) in dst.layers.iter_mut().enumerate() {
         for (i, slot) in slots.iter_mut().enumerate() {
             let Some(p) = slot else { continue };
@@ -269,7 +282,7 @@ fn fill(dst: &mut LoraParams, tensors: &Tensors, prefix: &str, path: &Path) -> R
                 ("A", &mut p.a, vec![rank, p.in_dim]),
                 ("B", &mut p.b, vec![p.out_dim, rank]),
             ] {
-                let key = format!("{prefix}{}", peft_key(l, t, factor));
+                let key = format!("{prefix}{}", peft_key(arch, l, t, factor));
                 let (s, v) = tensors
                     .get(&key)
                     .ok_or_else(|| bad(format!("no tensor {key}")))?;

@@ -15,7 +15,7 @@ use serde_json::Value;
 use wick_engine::adapters::permute_rows;
 use wick_engine::backend::tape::TapeBackend;
 use wick_engine::backend::RopeStyle;
-use wick_engine::config::{MlpKind, ModelConfig};
+use wick_engine::config::ModelConfig;
 use wick_engine::models::decoder::Decoder;
 use wick_engine::weights::{GgufWeights, MlxQuantization, SafetensorsWeights, WeightSource};
 use wick_gguf::GgufFile;
@@ -106,7 +106,7 @@ impl BaseWeights {
         permuted: bool,
         mode: BaseMode,
     ) -> Result<BaseWeights> {
-        check_supported(&cfg, src)?;
+        check_supported(&cfg)?;
         let keep_stored = mode == BaseMode::KeepStored;
         let decoder = Decoder::load(TapeBackend::new(keep_stored), cfg.clone(), src)?;
         let mut stored_as = decoder.backend().stored_as();
@@ -163,31 +163,14 @@ impl BaseWeights {
 }
 
 /// Refuses what training through the engine's decoder does not cover yet: the layer stacks
-/// whose ops have no backward on the training backend (Gemma 4, Qwen 3.5, StarCoder 2's
-/// LayerNorm and ungated MLP), and bases that store Q/K/V or gate/up fused (Phi-3,
-/// GLM-4), whose adapters PEFT names `qkv_proj` / `gate_up_proj`, a layout the adapter
-/// writer does not have.
-fn check_supported(cfg: &ModelConfig, src: &dyn WeightSource) -> Result<()> {
+/// whose ops have no backward on the training backend (Gemma 4, Qwen 3.5).
+fn check_supported(cfg: &ModelConfig) -> Result<()> {
     let name = cfg.arch.name();
     if cfg.gemma4.is_some() || cfg.qwen35.is_some() {
         return Err(TrainError::Unsupported(format!(
             "architecture {name}: its layers have no backward on the training backend yet \
              (the dense families train)"
         )));
-    }
-    if cfg.features.mlp == MlpKind::Plain {
-        return Err(TrainError::Unsupported(format!(
-            "architecture {name}: LayerNorm and an ungated MLP have no backward on the \
-             training backend yet"
-        )));
-    }
-    for fused in ["blk.0.attn_qkv.weight", "blk.0.ffn_gate_up.weight"] {
-        if src.contains(fused) {
-            return Err(TrainError::Unsupported(format!(
-                "architecture {name} stores its projections fused ({fused}); adapters for \
-                 fused qkv_proj / gate_up_proj are not written yet"
-            )));
-        }
     }
     Ok(())
 }

@@ -6,12 +6,13 @@
 use rayon::prelude::*;
 use wick_engine::adapters::{LoraWeights, Target};
 use wick_engine::backend::tape::{GradRoot, ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
+use wick_engine::models::decoder::StagedPass;
 
 pub use wick_engine::backend::tape::Dropout;
 
 use crate::base::{unpermute_rows, BaseWeights};
 use crate::error::{Result, TrainError};
-use crate::lora::LoraParams;
+use crate::lora::{rows_of, LoraParams};
 
 /// Sequences packed row after row (each attends only to itself, positions restart at 0),
 /// and the rows whose next-token log-probability the loss reads.
@@ -103,8 +104,11 @@ fn ids(layer: usize, slot: usize) -> (usize, usize) {
     (2 * site, 2 * site + 1)
 }
 
+/// The id under which the backend returns the gradient of a recomputed layer's input
+/// (no factor has it: factors' ids are `2·site` and `2·site + 1`).
+const LAYER_INPUT: usize = usize::MAX;
+
 /// The result of a forward pass: `log p(label)` per target, and what the backward needs.
-#[derive(Debug)]
 pub struct Forward {
     /// Per `Batch::targets` entry.
     pub logp: Vec<f32>,
@@ -112,6 +116,30 @@ pub struct Forward {
     probs: Vec<f32>,
     /// Where the backward starts: the target rows' logits (`None`: no target).
     logits: Option<GradRoot>,
+    /// A checkpointed pass: the layers' inputs, from which the backward recomputes them.
+    checkpoints: Option<Checkpoints>,
+}
+
+impl std::fmt::Debug for Forward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forward")
+            .field("logp", &self.logp)
+            .field("checkpointed", &self.checkpoints.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a checkpointed forward keeps: the residual stream entering each layer from the
+/// lowest adapted one up (only the head's ops are on the tape), the mounted factors and
+/// the dropout, to run each layer again, recorded, in the backward.
+struct Checkpoints {
+    pass: StagedPass<TapeBackend>,
+    lora: LoraWeights<TapeBackend>,
+    dropout: Option<Dropout>,
+    /// The lowest layer with a factor: nothing below it needs a gradient.
+    first: usize,
+    /// `inputs[i]`: the input of layer `first + i`.
+    inputs: Vec<TapeTensor>,
 }
 
 /// Training passes over one frozen base.
@@ -119,6 +147,9 @@ pub struct Forward {
 pub struct TrainDecoder<'a> {
     base: &'a BaseWeights,
     max_len: usize,
+    /// Gradient checkpointing: a recorded forward keeps each layer's input only, and the
+    /// backward runs each layer again (recording it) one at a time.
+    checkpoint: bool,
 }
 
 impl<'a> TrainDecoder<'a> {
@@ -127,6 +158,17 @@ impl<'a> TrainDecoder<'a> {
         TrainDecoder {
             base,
             max_len: max_len.max(1),
+            checkpoint: false,
+        }
+    }
+
+    /// The same passes with gradient checkpointing on or off: the same gradients, the
+    /// peak memory of one layer's activations plus every layer's input, for one more
+    /// forward through the adapted layers.
+    pub fn with_checkpointing(self, on: bool) -> TrainDecoder<'a> {
+        TrainDecoder {
+            checkpoint: on,
+            ..self
         }
     }
 
@@ -155,6 +197,16 @@ impl<'a> TrainDecoder<'a> {
         Ok(())
     }
 
+    /// The targets the pair in `t`'s slot adapts, with their rows of its `B`: `t` alone,
+    /// or the parts of the fused module it stands for.
+    fn parts(&self, t: Target) -> Vec<(Target, std::ops::Range<usize>)> {
+        let cfg = &self.base.cfg;
+        match t.fused_group(cfg.arch) {
+            Some(group) => group.iter().map(|&p| (p, rows_of(cfg, p).1)).collect(),
+            None => vec![(t, 0..t.base_shape(cfg).0)],
+        }
+    }
+
     /// The factors as parameters on the backend, mounted as an adapter: `A`, and
     /// `s·B` in the base's row order.
     fn mount(&self, a: AdapterRef<'_>) -> Result<LoraWeights<TapeBackend>> {
@@ -166,13 +218,19 @@ impl<'a> TrainDecoder<'a> {
                 std::array::from_fn(|_| None);
             for (slot, pair) in slots.iter().enumerate() {
                 let Some(p) = pair else { continue };
-                let t = Target::ALL[slot];
-                let (ia, ib) = ids(l, slot);
+                let (ia, _) = ids(l, slot);
                 let am = be.parameter(ia, p.a.clone(), rank, p.in_dim, Some((l, slot)))?;
-                let mut b = self.base.permute(t, &p.b, rank);
-                b.iter_mut().for_each(|v| *v *= a.multiplier);
-                let bm = be.parameter(ib, b, p.out_dim, rank, None)?;
-                out[t.index()] = Some((am, bm));
+                // Each part of a fused module gets its rows of B (a parameter of its own
+                // slot) beside the shared A, whose gradient sums over the parts.
+                for (t, rows) in self.parts(Target::ALL[slot]) {
+                    let mut b =
+                        self.base
+                            .permute(t, &p.b[rows.start * rank..rows.end * rank], rank);
+                    b.iter_mut().for_each(|v| *v *= a.multiplier);
+                    let (_, ib) = ids(l, t.index());
+                    let bm = be.parameter(ib, b, rows.len(), rank, None)?;
+                    out[t.index()] = Some((am.clone(), bm));
+                }
             }
             layers.push(out);
         }
@@ -229,9 +287,17 @@ impl<'a> TrainDecoder<'a> {
                 logp: Vec::new(),
                 probs: Vec::new(),
                 logits: None,
+                checkpoints: None,
             });
         }
-        let (mut probs, logits) = self.pass(adapter, batch, &rows, record)?.into_values();
+        let (out, checkpoints) = match adapter {
+            Some(a) if record && self.checkpoint => {
+                let (out, ck) = self.checkpointed_pass(a, batch, &rows)?;
+                (out, Some(ck))
+            }
+            _ => (self.pass(adapter, batch, &rows, record)?, None),
+        };
+        let (mut probs, logits) = out.into_values();
         let vocab = logits.cols();
         let logp: Vec<f32> = probs
             .par_chunks_exact_mut(vocab)
@@ -249,7 +315,118 @@ impl<'a> TrainDecoder<'a> {
             logp,
             probs,
             logits: Some(logits),
+            checkpoints,
         })
+    }
+
+    /// A checkpointed forward: the layers run unrecorded, one at a time, each one's input
+    /// kept from the lowest adapted layer up; only the head is recorded, from the last
+    /// layer's output as a tracked input.
+    fn checkpointed_pass(
+        &self,
+        adapter: AdapterRef<'_>,
+        batch: &Batch,
+        rows: &[usize],
+    ) -> Result<(TapeTensor, Checkpoints)> {
+        self.check(batch)?;
+        let be = self.backend();
+        let decoder = &self.base.decoder;
+        let layers = decoder.num_layers();
+        let first = adapter
+            .params
+            .layers
+            .iter()
+            .position(|slots| slots.iter().any(Option::is_some))
+            .unwrap_or(layers)
+            .min(layers);
+        let lora = self.mount(adapter)?;
+        be.set_recording(false);
+        be.set_dropout(adapter.dropout);
+        let run = || -> Result<(TapeTensor, StagedPass<TapeBackend>, Vec<TapeTensor>)> {
+            let mut pass = decoder.staged_pass(&batch.seqs())?;
+            let mut x = decoder.staged_embed(&pass)?;
+            if first > 0 {
+                x = decoder.staged_layers(&mut pass, x, 0..first, &[&lora])?;
+            }
+            let mut inputs = Vec::with_capacity(layers - first);
+            for l in first..layers {
+                inputs.push(x.clone());
+                x = decoder.staged_layers(&mut pass, x, l..l + 1, &[&lora])?;
+            }
+            be.set_recording(true);
+            let x = be.tracked_input(x, LAYER_INPUT);
+            let logits = decoder.staged_head(&pass, &x, rows)?;
+            Ok((logits, pass, inputs))
+        };
+        let out = run();
+        be.set_dropout(None);
+        if out.is_err() {
+            be.clear();
+        }
+        let (logits, pass, inputs) = out?;
+        Ok((
+            logits,
+            Checkpoints {
+                pass,
+                lora,
+                dropout: adapter.dropout,
+                first,
+                inputs,
+            },
+        ))
+    }
+
+    /// The backward of a checkpointed pass below its head: from the gradient `dx` of the
+    /// last layer's output, each layer from the top down is run again from its saved
+    /// input, recorded, and taken back, its factors' gradients collected and its input's
+    /// gradient passed to the layer below. One layer's tape is alive at a time.
+    fn checkpointed_backward(
+        &self,
+        adapter: AdapterRef<'_>,
+        ck: Checkpoints,
+        mut dx: Vec<f32>,
+        grads: &mut LoraParams,
+    ) -> Result<()> {
+        let be = self.backend();
+        let decoder = &self.base.decoder;
+        let Checkpoints {
+            mut pass,
+            lora,
+            dropout,
+            first,
+            mut inputs,
+        } = ck;
+        be.set_dropout(dropout);
+        let mut run = || -> Result<()> {
+            while let Some(x) = inputs.pop() {
+                let l = first + inputs.len();
+                be.set_recording(true);
+                // The lowest adapted layer's input needs no gradient.
+                let width = x.data().len();
+                let x = if l > first {
+                    be.tracked_input(x, LAYER_INPUT)
+                } else {
+                    x
+                };
+                let y = decoder.staged_layers(&mut pass, x, l..l + 1, &[&lora])?;
+                let root = y.grad_root();
+                drop(y);
+                let mut found = be.backward(&root, std::mem::take(&mut dx))?;
+                if l > first {
+                    dx = found
+                        .remove(&LAYER_INPUT)
+                        .unwrap_or_else(|| vec![0.0; width]);
+                }
+                self.collect(adapter, found, grads);
+            }
+            Ok(())
+        };
+        let out = run();
+        be.set_dropout(None);
+        if out.is_err() {
+            be.clear();
+        }
+        out
     }
 
     /// `log p(label)` of every target without keeping the tape (a reference policy, an
@@ -267,7 +444,12 @@ impl<'a> TrainDecoder<'a> {
         dlogp: &[f32],
         grads: &mut LoraParams,
     ) -> Result<()> {
-        let Forward { probs, logits, .. } = fwd;
+        let Forward {
+            probs,
+            logits,
+            checkpoints,
+            ..
+        } = fwd;
         let Some(logits) = logits else {
             return Ok(());
         };
@@ -281,9 +463,13 @@ impl<'a> TrainDecoder<'a> {
                 z.iter_mut().for_each(|p| *p *= -g);
                 z[label as usize] += g;
             });
-        let found = self.backend().backward(&logits, dz)?;
+        let mut found = self.backend().backward(&logits, dz)?;
+        let below = found.remove(&LAYER_INPUT);
         self.collect(adapter, found, grads);
-        Ok(())
+        match (checkpoints, below) {
+            (Some(ck), Some(dx)) => self.checkpointed_backward(adapter, ck, dx, grads),
+            _ => Ok(()),
+        }
     }
 
     /// Adds the backend's gradients (of `A` and `s·B` in the base's order) into `grads`.
@@ -292,17 +478,24 @@ impl<'a> TrainDecoder<'a> {
         for (l, slots) in grads.layers.iter_mut().enumerate() {
             for (slot, pair) in slots.iter_mut().enumerate() {
                 let Some(g) = pair else { continue };
-                let (ia, ib) = ids(l, slot);
+                let (ia, _) = ids(l, slot);
                 if let Some(da) = found.remove(&ia) {
                     g.a.iter_mut().zip(&da).for_each(|(x, d)| *x += d);
                 }
-                if let Some(db) = found.remove(&ib) {
-                    let db = match self.base.permuted_heads(Target::ALL[slot]) {
+                for (t, rows) in self.parts(Target::ALL[slot]) {
+                    let (_, ib) = ids(l, t.index());
+                    let Some(db) = found.remove(&ib) else {
+                        continue;
+                    };
+                    let db = match self.base.permuted_heads(t) {
                         Some(heads) => unpermute_rows(&db, heads, rank),
                         None => db,
                     };
                     let s = adapter.multiplier;
-                    g.b.iter_mut().zip(&db).for_each(|(x, d)| *x += s * d);
+                    g.b[rows.start * rank..rows.end * rank]
+                        .iter_mut()
+                        .zip(&db)
+                        .for_each(|(x, d)| *x += s * d);
                 }
             }
         }

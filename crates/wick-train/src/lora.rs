@@ -3,7 +3,7 @@
 //! a = √5, i.e. U(±1/√in); B zero).
 use rand::{Rng, SeedableRng};
 use wick_engine::adapters::Target;
-use wick_engine::config::ModelConfig;
+use wick_engine::config::{Arch, ModelConfig};
 
 use crate::error::{Result, TrainError};
 
@@ -114,8 +114,33 @@ impl LoraPair {
 pub struct LoraParams {
     /// Rank.
     pub rank: usize,
-    /// Per layer, per [`Target`] slot.
+    /// The base's architecture, which names the modules in adapter files
+    /// ([`Target::hf_module_of`]).
+    pub arch: Arch,
+    /// Per layer, per [`Target`] slot. A module the base holds fused (Phi-3's
+    /// `qkv_proj`, see [`Target::fused_group`]) is one pair in its first part's slot,
+    /// `B`'s rows the parts' in order, as PEFT adapts it; the other parts' slots are
+    /// empty.
     pub layers: Vec<[Option<LoraPair>; 7]>,
+}
+
+/// Where `t`'s rows are in a model of `cfg`'s factors: the slot holding them (its fused
+/// module's first part, or itself) and the rows of that pair's `B`.
+pub fn rows_of(cfg: &ModelConfig, t: Target) -> (Target, std::ops::Range<usize>) {
+    match t.fused_group(cfg.arch) {
+        Some(group) => {
+            let mut at = 0;
+            for &p in group {
+                let rows = p.base_shape(cfg).0;
+                if p == t {
+                    return (group[0], at..at + rows);
+                }
+                at += rows;
+            }
+            (t, 0..t.base_shape(cfg).0)
+        }
+        None => (t, 0..t.base_shape(cfg).0),
+    }
 }
 
 impl LoraParams {
@@ -126,15 +151,22 @@ impl LoraParams {
             .map(|l| {
                 std::array::from_fn(|slot| {
                     let t = Target::ALL[slot];
-                    (l >= first && lora.targets.contains(&t)).then(|| {
-                        let (out, inp) = t.base_shape(cfg);
-                        LoraPair::zeros(inp, out, lora.rank)
+                    // A target the layer does not have (a gate in an ungated MLP) is
+                    // skipped, as PEFT skips a name it does not find; a fused module is
+                    // adapted whole when any of its parts is asked for.
+                    let parts = t.fused_group(cfg.arch).unwrap_or(std::slice::from_ref(&t));
+                    let present = t.file_shape(cfg, l).is_some();
+                    let asked = parts.iter().any(|p| lora.targets.contains(p));
+                    (l >= first && present && parts[0] == t && asked).then(|| {
+                        let out = parts.iter().map(|p| p.base_shape(cfg).0).sum();
+                        LoraPair::zeros(t.base_shape(cfg).1, out, lora.rank)
                     })
                 })
             })
             .collect();
         LoraParams {
             rank: lora.rank,
+            arch: cfg.arch,
             layers,
         }
     }
@@ -251,5 +283,15 @@ pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
 
 /// The PEFT module name of a target (`q_proj`).
 pub fn peft_name(t: Target) -> &'static str {
-    t.hf_module().rsplit('.').next().unwrap_or("")
+    last_part(t.hf_module())
+}
+
+/// The PEFT module name of a target in `arch`'s checkpoints (`q_proj`, StarCoder 2's
+/// `c_fc`).
+pub fn peft_name_of(t: Target, arch: Arch) -> &'static str {
+    last_part(t.hf_module_of(arch))
+}
+
+fn last_part(module: &str) -> &str {
+    module.rsplit('.').next().unwrap_or("")
 }

@@ -12,7 +12,7 @@ use wick_engine::config::ModelConfig;
 
 use crate::adapter_io::save_adapter;
 use crate::error::{io, Result, TrainError};
-use crate::lora::{LoraConfig, LoraParams};
+use crate::lora::{rows_of, LoraConfig, LoraParams};
 
 /// What a merge made.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,16 +141,41 @@ pub fn merge(
             [Some(_), None] => stats.only_a += 1,
             _ => stats.only_b += 1,
         }
-        let pair = params.layers[layer][target.index()]
-            .as_mut()
-            .expect("the grid covers every module either adapter changes");
+        // A part of a fused module (Phi-3's q of qkv_proj) is rows of its module's pair.
+        let (holder, rows) = rows_of(cfg, target);
+        let Some(pair) = params.layers[layer][holder.index()].as_mut() else {
+            return Err(TrainError::Config(format!(
+                "layer {layer} {} has no place in the merged adapter",
+                target.hf_module()
+            )));
+        };
+        if rows.len() != parts.iter().flatten().map(|d| d.out_dim).max().unwrap_or(0) {
+            return Err(TrainError::Config(format!(
+                "layer {layer} {}: {} rows, the base has {}",
+                target.hf_module(),
+                parts.iter().flatten().map(|d| d.out_dim).max().unwrap_or(0),
+                rows.len()
+            )));
+        }
         let mut offset = 0;
         for (delta, w) in parts.into_iter().zip(weights) {
             let Some(d) = delta else { continue };
             // A's rows `offset..offset + r`; B's columns the same, B already holding s.
-            pair.a[offset * d.in_dim..(offset + d.rank) * d.in_dim].copy_from_slice(&d.a);
+            // The parts of a fused module share their A: the first part writes it, and
+            // parts with another A cannot be one module.
+            let a_rows = &mut pair.a[offset * d.in_dim..(offset + d.rank) * d.in_dim];
+            if holder != target && a_rows.iter().any(|&v| v != 0.0) && a_rows != &d.a[..] {
+                return Err(TrainError::Config(format!(
+                    "layer {layer} {}: the parts of {} have different A factors, which one \
+                     fused module cannot hold",
+                    target.hf_module(),
+                    target.hf_module_of(cfg.arch)
+                )));
+            }
+            a_rows.copy_from_slice(&d.a);
             for o in 0..d.out_dim {
                 let src = &d.b[o * d.rank..(o + 1) * d.rank];
+                let o = rows.start + o;
                 let dst = &mut pair.b[o * rank + offset..o * rank + offset + d.rank];
                 for (x, y) in dst.iter_mut().zip(src) {
                     *x = w * y;

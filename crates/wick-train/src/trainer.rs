@@ -191,17 +191,12 @@ impl<'a> Trainer<'a> {
     /// Fresh factors (PEFT's initialization from the seed) over `base`.
     pub fn new(base: &'a BaseWeights, config: TrainConfig) -> Result<Trainer<'a>> {
         config.validate()?;
-        if config.grad_checkpoint {
-            tracing::warn!(
-                "gradient checkpointing is not implemented on the engine's decoder yet: \
-                 every layer's activations are kept"
-            );
-        }
         let params = LoraParams::init(&base.cfg, &config.lora, config.seed);
         let opt = AdamW::new(config.adam, &params);
         Ok(Trainer {
             base,
-            decoder: TrainDecoder::new(base, config.max_seq),
+            decoder: TrainDecoder::new(base, config.max_seq)
+                .with_checkpointing(config.grad_checkpoint),
             config,
             params,
             opt,

@@ -4,7 +4,8 @@
 //! clipping, LoRA+, cosine schedule with warm-up) within 1e-4. The same one-step checks on
 //! the tiny Qwen2 (Q/K/V biases), Qwen3 (Q/K norms, head_dim ≠ hidden/heads, tied) and
 //! Gemma 2 (soft caps, sliding window, sandwich norms, GELU-tanh, scaled embeddings),
-//! Gemma 3, Mistral, OLMo 2, Granite and SmolLM 3 (`train_parity.py --family NAME`):
+//! Gemma 3, Mistral, OLMo 2, Granite, SmolLM 3, StarCoder 2, Phi-3 and GLM-4 (fused
+//! `qkv_proj` / `gate_up_proj`, one pair each) (`train_parity.py --family NAME`):
 //! families only the engine's decoder trains.
 use std::path::{Path, PathBuf};
 
@@ -263,4 +264,24 @@ fn three_adamw_steps_match_torch() {
     let file = goldens().join("reference.safetensors");
     let want = load_factors(&file, &t.params, "sft3.").unwrap();
     assert_params_close("after 3 steps", &t.params, &want, 1e-4);
+}
+
+/// LayerNorm with biases, an ungated GELU-tanh MLP whose modules PEFT names `c_fc` and
+/// `c_proj`, biases on every projection.
+#[test]
+fn starcoder2_steps_match_trl() {
+    check_family("starcoder2");
+}
+
+/// Q/K/V and gate/up fused in the checkpoint: PEFT adapts `qkv_proj` and `gate_up_proj`
+/// as one pair each, whose A the parts share (its gradient sums theirs); LongRoPE.
+#[test]
+fn phi3_steps_match_trl() {
+    check_family("phi3");
+}
+
+/// gate/up fused, separate Q/K/V with biases, sandwich norms, partial rotary.
+#[test]
+fn glm4_steps_match_trl() {
+    check_family("glm4");
 }

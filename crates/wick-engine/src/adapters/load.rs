@@ -437,6 +437,8 @@ fn load_safetensors(
     }
     // The factor layout is the format: PEFT's `lora_A`/`lora_B`, mlx-lm's `lora_a`/`lora_b`.
     let mut factors: Vec<(usize, Target, Factor, &str)> = Vec::new();
+    // `(layer, first part)` of the fused modules among them.
+    let mut fused = std::collections::BTreeSet::new();
     let mut skipped = 0;
     let mut lower_seen = None;
     for name in &names {
@@ -452,6 +454,15 @@ fn load_safetensors(
         }
         match Target::from_hf_module(module) {
             Some(t) => factors.push((layer, t, factor, name)),
+            // A fused module (Phi-3's qkv_proj, gate_up_proj) stands under its first part
+            // until its B is split below.
+            None if Target::fused_module(module).is_some() => {
+                let parts = Target::fused_module(module).unwrap_or_default();
+                if let Some(&t) = parts.first() {
+                    fused.insert((layer, t));
+                    factors.push((layer, t, factor, name));
+                }
+            }
             None if module.starts_with("experts.") || module == "experts" => {
                 return Err(AdapterError::invalid(
                     dir,
@@ -503,15 +514,36 @@ fn load_safetensors(
                 ),
             ));
         }
-        let Some((out_dim, in_dim)) = target.file_shape(cfg, layer) else {
-            return Err(AdapterError::invalid(
-                dir,
-                format!(
-                    "{an} targets {} of layer {layer}, which the base model's layer does not have",
-                    target.hf_module()
-                ),
-            ));
+        // The targets the module holds: one, or a fused module's parts.
+        let parts: &[Target] = if fused.contains(&(layer, target)) {
+            target.fused_group(cfg.arch).ok_or_else(|| {
+                AdapterError::invalid(
+                    dir,
+                    format!(
+                        "{an} is a fused module, which {} models do not have",
+                        cfg.arch
+                    ),
+                )
+            })?
+        } else {
+            std::slice::from_ref(&target)
         };
+        let mut part_rows = Vec::with_capacity(parts.len());
+        let mut in_dim = 0;
+        for &t in parts {
+            let Some((o, i)) = t.file_shape(cfg, layer) else {
+                return Err(AdapterError::invalid(
+                    dir,
+                    format!(
+                        "{an} targets {} of layer {layer}, which the base model's layer does not have",
+                        t.hf_module()
+                    ),
+                ));
+            };
+            part_rows.push(o);
+            in_dim = i;
+        }
+        let out_dim: usize = part_rows.iter().sum();
         let bad_shape = |what: &str, found: &[usize], expected: String| {
             AdapterError::invalid(
                 dir,
@@ -558,28 +590,35 @@ fn load_safetensors(
         }
         let module_name = match target {
             Target::PleModel => target.hf_module().to_string(),
-            _ => format!("layers.{layer}.{}", target.hf_module()),
+            _ => format!("layers.{layer}.{}", target.hf_module_of(cfg.arch)),
         };
         let scale = rule.scale(&module_name, rank);
-        if let Some(p) = permute {
-            match target {
-                Target::Q => b = permute_rows(&b, p.heads, rank),
-                Target::K => b = permute_rows(&b, p.kv_heads, rank),
-                _ => {}
-            }
-        }
         b.iter_mut().for_each(|v| *v *= scale);
-        deltas.push(HostDelta {
-            layer,
-            target,
-            rank,
-            scale,
-            a,
-            b,
-            in_dim,
-            out_dim,
-        });
+        // A fused module's B rows split over its parts, which share A.
+        let mut at = 0;
+        for (&part, &rows) in parts.iter().zip(&part_rows) {
+            let mut b = b[at * rank..(at + rows) * rank].to_vec();
+            at += rows;
+            if let Some(p) = permute {
+                match part {
+                    Target::Q => b = permute_rows(&b, p.heads, rank),
+                    Target::K => b = permute_rows(&b, p.kv_heads, rank),
+                    _ => {}
+                }
+            }
+            deltas.push(HostDelta {
+                layer,
+                target: part,
+                rank,
+                scale,
+                a: a.clone(),
+                b,
+                in_dim,
+                out_dim: rows,
+            });
+        }
     }
+    deltas.sort_by_key(|d| (d.layer, d.target));
     if deltas.is_empty() {
         return Err(AdapterError::invalid(
             dir,

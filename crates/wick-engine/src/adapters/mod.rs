@@ -64,6 +64,11 @@ pub enum Target {
     Router,
 }
 
+/// The parts of a fused `qkv_proj`, in its rows' order.
+const QKV: [Target; 3] = [Target::Q, Target::K, Target::V];
+/// The parts of a fused `gate_up_proj`, in its rows' order.
+const GATE_UP: [Target; 2] = [Target::Gate, Target::Up];
+
 impl Target {
     /// The dense decoder's seven targets, in index order (what the trainer adapts).
     pub const ALL: [Target; 7] = [
@@ -130,10 +135,51 @@ impl Target {
 
     /// The target a Hugging Face module path within a layer names.
     pub fn from_hf_module(module: &str) -> Option<Target> {
-        Target::EVERY
-            .into_iter()
-            .filter(|&t| t != Target::QGate)
-            .find(|t| t.hf_module() == module)
+        match module {
+            // StarCoder 2's MLP.
+            "mlp.c_fc" => Some(Target::Up),
+            "mlp.c_proj" => Some(Target::Down),
+            _ => Target::EVERY
+                .into_iter()
+                .filter(|&t| t != Target::QGate)
+                .find(|t| t.hf_module() == module),
+        }
+    }
+
+    /// The module path of this target in `arch`'s Hugging Face checkpoints (and so in
+    /// its PEFT and mlx-lm adapters): [`Target::hf_module`], but StarCoder 2 names its
+    /// ungated MLP `c_fc` (in) and `c_proj` (out).
+    pub fn hf_module_of(self, arch: crate::config::Arch) -> &'static str {
+        use crate::config::Arch;
+        match (arch, self) {
+            (Arch::Starcoder2, Target::Up) => "mlp.c_fc",
+            (Arch::Starcoder2, Target::Down) => "mlp.c_proj",
+            (Arch::Phi3, Target::Q | Target::K | Target::V) => "self_attn.qkv_proj",
+            (Arch::Phi3 | Arch::Glm4, Target::Gate | Target::Up) => "mlp.gate_up_proj",
+            _ => self.hf_module(),
+        }
+    }
+
+    /// The targets that one module of `arch`'s checkpoints holds fused, in the order of
+    /// its rows: Phi-3's `qkv_proj` (Q, K, V) and `gate_up_proj` (gate, up), GLM-4's
+    /// `gate_up_proj`. A PEFT adapter has one `A` and one `B` for such a module: the
+    /// parts share `A`, and `B`'s rows split over them. `None`: a module of its own.
+    pub fn fused_group(self, arch: crate::config::Arch) -> Option<&'static [Target]> {
+        use crate::config::Arch;
+        match (arch, self) {
+            (Arch::Phi3, Target::Q | Target::K | Target::V) => Some(&QKV),
+            (Arch::Phi3 | Arch::Glm4, Target::Gate | Target::Up) => Some(&GATE_UP),
+            _ => None,
+        }
+    }
+
+    /// The parts of a fused module path (`self_attn.qkv_proj`, `mlp.gate_up_proj`).
+    pub fn fused_module(module: &str) -> Option<&'static [Target]> {
+        match module {
+            "self_attn.qkv_proj" => Some(&QKV),
+            "mlp.gate_up_proj" => Some(&GATE_UP),
+            _ => None,
+        }
     }
 
     /// The GGUF tensor stem within a block (`blk.N.<stem>.weight`) of the dense targets
@@ -214,6 +260,9 @@ impl Target {
                 Target::Router => g.moe.as_ref().map(|m| (m.experts, h)),
                 _ => None,
             };
+        }
+        if self == Target::Gate && cfg.features.mlp == crate::config::MlpKind::Plain {
+            return None;
         }
         Target::ALL.contains(&self).then(|| self.base_shape(cfg))
     }

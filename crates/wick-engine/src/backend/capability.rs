@@ -180,11 +180,17 @@ pub const MLX: Capabilities = Capabilities {
 };
 
 /// The training backend (`backend/tape`): the ops of the dense decoder, each with a
-/// backward rule. LayerNorm and the ungated MLP (StarCoder 2), host activations (Gemma 4,
-/// Qwen 3.5) and image attention have none yet, so those models are refused at load.
+/// backward rule, LayerNorm and the ungated MLP (StarCoder 2) included. Host activations
+/// (Gemma 4, Qwen 3.5) and image attention have none yet, so those models are refused at
+/// load.
 pub const TRAIN: Capabilities = Capabilities {
     backend: "train",
-    ops: &[Capability::RopeAttentionFactor, Capability::RowDeltas],
+    ops: &[
+        Capability::LayerNorm,
+        Capability::Activation,
+        Capability::RopeAttentionFactor,
+        Capability::RowDeltas,
+    ],
     max_head_dim: usize::MAX,
     device_logits: false,
     lone_prompt_tokens: None,

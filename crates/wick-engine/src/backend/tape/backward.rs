@@ -39,6 +39,20 @@ pub(super) enum Op {
         w: Arc<Vec<f32>>,
         inv: Vec<f32>,
     },
+    /// LayerNorm in groups of `w.len()` (its bias, frozen, has no backward part);
+    /// `stats` the mean and reciprocal standard deviation of each group.
+    LayerNorm {
+        x: usize,
+        x_val: Arc<Vec<f32>>,
+        w: Arc<Vec<f32>>,
+        stats: Vec<(f32, f32)>,
+    },
+    /// An activation outside a gated MLP, of the input values `x_val`.
+    Activation {
+        x: usize,
+        x_val: Arc<Vec<f32>>,
+        act: Activation,
+    },
     /// Columns `at..at + width` of an input `cols` wide.
     Columns {
         x: usize,
@@ -87,6 +101,10 @@ pub(super) enum Op {
         rows: Vec<usize>,
         cols: usize,
     },
+    /// The input of a recorded span, whose gradient is returned under `id`.
+    Input {
+        id: usize,
+    },
     /// LoRA dropout of a branch input (`[_, width]`).
     Dropout {
         x: usize,
@@ -109,6 +127,8 @@ pub(super) struct Node {
 pub(super) struct Tape {
     pub(super) nodes: Vec<Node>,
     pub(super) recording: bool,
+    /// The most nodes held at once since it was last read.
+    pub(super) peak: usize,
 }
 
 impl Default for Tape {
@@ -116,6 +136,7 @@ impl Default for Tape {
         Tape {
             nodes: Vec::new(),
             recording: true,
+            peak: 0,
         }
     }
 }
@@ -163,6 +184,60 @@ fn rms_norm_back(x: &[f32], w: &[f32], inv: &[f32], dy: &[f32]) -> Vec<f32> {
                 for (((o, &xv), &d), &g) in dxr.iter_mut().zip(xr).zip(dyr).zip(w) {
                     *o = r * d * g - xv * k;
                 }
+            }
+        });
+    dx
+}
+
+/// LayerNorm of each `w.len()`-wide group: `y = (x − μ)·r·w + b` with
+/// `r = 1/√(var(x) + eps)`, the statistics in f64 as the CPU backend takes them; returns
+/// `(y, [(μ, r)])`.
+pub(super) fn layer_norm(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    eps: f32,
+) -> (Vec<f32>, Vec<(f32, f32)>) {
+    let h = w.len();
+    let mut y = vec![0.0; x.len()];
+    let mut stats = Vec::with_capacity(x.len() / h);
+    for (xr, yr) in x.chunks_exact(h).zip(y.chunks_exact_mut(h)) {
+        let mean = xr.iter().map(|&v| f64::from(v)).sum::<f64>() / h as f64;
+        let var = xr
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / h as f64;
+        let r = 1.0 / (var + f64::from(eps)).sqrt();
+        for (i, (o, &v)) in yr.iter_mut().zip(xr).enumerate() {
+            let bias = b.map_or(0.0, |b| f64::from(b[i]));
+            *o = ((f64::from(v) - mean) * r * f64::from(w[i]) + bias) as f32;
+        }
+        stats.push((mean as f32, r as f32));
+    }
+    (y, stats)
+}
+
+/// The input gradient of [`layer_norm`] for output gradient `dy`, with `x̂ = (x − μ)·r`
+/// and `g = dy·w`: `dx = r·(g − mean(g) − x̂·mean(g·x̂))`.
+fn layer_norm_back(x: &[f32], w: &[f32], stats: &[(f32, f32)], dy: &[f32]) -> Vec<f32> {
+    let h = w.len();
+    let mut dx = vec![0.0; x.len()];
+    dx.par_chunks_mut(h)
+        .zip(x.par_chunks(h))
+        .zip(dy.par_chunks(h))
+        .zip(stats.par_iter())
+        .for_each(|(((dxr, xr), dyr), &(mean, r))| {
+            let (mut sum_g, mut sum_gx) = (0.0f32, 0.0f32);
+            for ((&xv, &d), &wv) in xr.iter().zip(dyr).zip(w) {
+                let g = d * wv;
+                sum_g += g;
+                sum_gx += g * (xv - mean) * r;
+            }
+            let (mg, mgx) = (sum_g / h as f32, sum_gx / h as f32);
+            for (((o, &xv), &d), &wv) in dxr.iter_mut().zip(xr).zip(dyr).zip(w) {
+                let xhat = (xv - mean) * r;
+                *o = r * (d * wv - mg - xhat * mgx);
             }
         });
     dx
@@ -233,6 +308,17 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
             }
             Op::RmsNorm { x, x_val, w, inv } => {
                 accumulate(&mut grads, x, rms_norm_back(&x_val, &w, &inv, &g));
+            }
+            Op::LayerNorm { x, x_val, w, stats } => {
+                accumulate(&mut grads, x, layer_norm_back(&x_val, &w, &stats, &g));
+            }
+            Op::Activation { x, x_val, act } => {
+                let dx = g
+                    .par_iter()
+                    .zip(x_val.par_iter())
+                    .map(|(&d, &v)| d * activate(act, v).1)
+                    .collect();
+                accumulate(&mut grads, x, dx);
             }
             Op::Columns { x, cols, at, width } => {
                 let rows = g.len() / width.max(1);
@@ -328,6 +414,7 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                     accumulate(&mut grads, y, g);
                 }
             }
+            Op::Input { id } => add_param(&mut params, id, g),
             Op::Dropout {
                 x,
                 d,

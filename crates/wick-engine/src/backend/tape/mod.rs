@@ -84,6 +84,15 @@ impl TapeTensor {
         self.node.is_some()
     }
 
+    /// Where a backward from this tensor starts (see [`TapeBackend::backward`]).
+    pub fn grad_root(&self) -> GradRoot {
+        GradRoot {
+            node: self.node,
+            len: self.data.len(),
+            cols: self.cols,
+        }
+    }
+
     /// The values (moved out where nothing else holds them, else copied) and the handle
     /// [`TapeBackend::backward`] starts from: a loss computed on the host from a pass's
     /// logits needs them once, not twice.
@@ -322,9 +331,24 @@ impl TapeBackend {
         tape.nodes.clear();
     }
 
+    /// `x` as the input of a recorded span whose gradient the backward returns under `id`
+    /// beside the parameters' (pick an id no parameter has): gradient checkpointing
+    /// re-runs a layer from its saved input and carries that gradient down to the layer
+    /// below. Untracked (as `x` is) when the tape does not record.
+    pub fn tracked_input(&self, x: TapeTensor, id: usize) -> TapeTensor {
+        let (rows, cols) = (x.rows, x.cols);
+        self.out_shared(x.data, rows, cols, true, || Op::Input { id })
+    }
+
     /// The LoRA dropout of the passes that follow (`None`: off).
     pub fn set_dropout(&self, d: Option<Dropout>) {
         *self.dropout.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// The most ops the tape held at once since the last call (how much a pass kept
+    /// for its backward: gradient checkpointing holds one layer's).
+    pub fn take_peak_ops(&self) -> usize {
+        std::mem::take(&mut self.tape().peak)
     }
 
     /// Forgets the recorded ops.
@@ -390,6 +414,7 @@ impl TapeBackend {
                     op: op(),
                     len: data.len(),
                 });
+                tape.peak = tape.peak.max(tape.nodes.len());
                 tape.nodes.len() - 1
             })
         } else {
@@ -649,6 +674,45 @@ impl Backend for TapeBackend {
                 x_val: x.data.clone(),
                 w: weight.data.clone(),
                 inv,
+            }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
+    fn layer_norm(
+        &self,
+        x: &TapeTensor,
+        weight: &TapeTensor,
+        bias: Option<&TapeTensor>,
+        eps: f32,
+    ) -> Result<TapeTensor> {
+        let h = weight.data.len();
+        if h == 0 || !x.cols.is_multiple_of(h) || bias.is_some_and(|b| b.data.len() != h) {
+            return Err(shape_err(format!(
+                "layer_norm: {} columns with a weight of {h}",
+                x.cols
+            )));
+        }
+        let (y, stats) =
+            backward::layer_norm(&x.data, &weight.data, bias.map(|b| b.data.as_slice()), eps);
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::LayerNorm {
+                x: xn,
+                x_val: x.data.clone(),
+                w: weight.data.clone(),
+                stats,
+            }),
+            None => TapeTensor::leaf(y, x.rows, x.cols),
+        })
+    }
+
+    fn activation(&self, x: &TapeTensor, act: Activation) -> Result<TapeTensor> {
+        let y: Vec<f32> = x.data.iter().map(|&v| activate(act, v).0).collect();
+        Ok(match x.node {
+            Some(xn) => self.out(y, x.rows, x.cols, true, || Op::Activation {
+                x: xn,
+                x_val: x.data.clone(),
+                act,
             }),
             None => TapeTensor::leaf(y, x.rows, x.cols),
         })

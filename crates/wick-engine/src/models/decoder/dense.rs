@@ -274,6 +274,10 @@ impl<B: Backend> DenseLayers<B> {
     }
 
     /// `(kv_heads, head_dim, window)` of each layer cache of a sequence.
+    pub(crate) fn len(&self) -> usize {
+        self.layers.len()
+    }
+
     pub(crate) fn cache_layout(&self) -> Vec<(usize, usize, Option<usize>)> {
         self.layers
             .iter()
@@ -298,13 +302,20 @@ impl<B: Backend> DenseLayers<B> {
         ranges: &[Range<usize>],
         media_ends: Option<&[usize]>,
         lora: &LoraBatch<'_, B>,
+        span: Range<usize>,
     ) -> Result<B::Tensor> {
         let residual = cfg.features.residual_multiplier;
-        let mut h = match self.layers.first().and_then(|l| l.attn_norm.as_ref()) {
+        let Some(layers) = self.layers.get(span.clone()) else {
+            return Err(EngineError::InvalidInput(format!(
+                "layers {span:?} of a model of {}",
+                self.layers.len()
+            )));
+        };
+        let mut h = match layers.first().and_then(|l| l.attn_norm.as_ref()) {
             Some(norm) => norm.apply(be, cfg, &x)?,
             None => x.clone(),
         };
-        for (li, layer) in self.layers.iter().enumerate() {
+        for (li, layer) in layers.iter().enumerate().map(|(i, l)| (span.start + i, l)) {
             let table = match (&ropes.local, layer.local_rope) {
                 (Some(local), true) => local,
                 _ => &ropes.global,
@@ -448,7 +459,9 @@ impl<B: Backend> DenseLayers<B> {
             if let Some(r) = residual {
                 m = be.scale(&m, r)?;
             }
-            match self.layers.get(li + 1) {
+            // The span's last layer leaves the sum: a span that follows normalizes it
+            // itself (the same values as the fused add-and-norm).
+            match layers.get(li + 1 - span.start) {
                 Some(next) => {
                     let (sum, hn) = add_norm(be, cfg, &x, &m, next.attn_norm.as_ref())?;
                     x = sum;

@@ -34,7 +34,7 @@ use self::towers::Towers;
 use self::vocab_mask::VocabMask;
 use crate::adapters::{LoraBatch, LoraWeights};
 use crate::backend::capability::{self, Support};
-use crate::backend::{Backend, KvLayerSnapshot, RopeSpec};
+use crate::backend::{Backend, KvLayer, KvLayerSnapshot, RopeSpec};
 use crate::config::ModelConfig;
 use crate::models::gemma4::{Gemma4Model, TokenIds};
 use crate::models::qwen35::Hybrid;
@@ -133,6 +133,22 @@ pub(crate) enum LayerStack<B: Backend> {
     Gemma4(Gemma4Model<B>),
     /// Qwen 3.5: gated DeltaNet layers between full-attention layers.
     Hybrid(Hybrid<B>),
+}
+
+/// The per-pass state of a training pass run in stages ([`Decoder::staged_pass`]): the
+/// sequences' tokens, their (empty) caches, row ranges and rotary tables.
+pub struct StagedPass<B: Backend> {
+    ids: Vec<u32>,
+    caches: Vec<SequenceCache<B>>,
+    ranges: Vec<Range<usize>>,
+    ropes: Ropes<B>,
+}
+
+impl<B: Backend> StagedPass<B> {
+    /// Rows of the pass (every token of every sequence).
+    pub fn rows(&self) -> usize {
+        self.ids.len()
+    }
 }
 
 /// A loaded decoder-only transformer.
@@ -581,6 +597,129 @@ impl<B: Backend> Decoder<B> {
         out.ok_or_else(|| EngineError::InvalidInput("a training pass picked no row".into()))
     }
 
+    /// A training pass cut at layer boundaries, for gradient checkpointing: what
+    /// [`Decoder::forward_rows`] runs in one call, in stages a trainer can repeat —
+    /// [`Decoder::staged_embed`], [`Decoder::staged_layers`] over any span of layers (a
+    /// span's input is the residual stream its first layer reads) and
+    /// [`Decoder::staged_head`]. Running every layer in one span gives what
+    /// `forward_rows` gives; a span ends on the residual sum, and the next span
+    /// normalizes it, so cutting the stack changes no value. Dense stacks only.
+    pub fn staged_pass(&self, seqs: &[&[u32]]) -> Result<StagedPass<B>> {
+        let LayerStack::Dense(_) = &self.stack else {
+            return Err(EngineError::InvalidInput(format!(
+                "a staged training pass runs dense layer stacks, not {}'s",
+                self.cfg.arch
+            )));
+        };
+        let counts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+        if counts.contains(&0) {
+            return Err(EngineError::InvalidInput(
+                "a sequence in the batch has no new tokens".into(),
+            ));
+        }
+        let mut caches: Vec<SequenceCache<B>> = seqs.iter().map(|_| self.new_cache()).collect();
+        let mut ranges = Vec::with_capacity(seqs.len());
+        let mut positions = Vec::new();
+        let mut total = 0;
+        for &n in &counts {
+            ranges.push(total..total + n);
+            total += n;
+            positions.extend(0..n);
+        }
+        let ropes = {
+            let refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+            self.ropes(&refs, &counts, &positions)?
+        };
+        Ok(StagedPass {
+            ids: seqs.iter().flat_map(|s| s.iter().copied()).collect(),
+            caches,
+            ranges,
+            ropes,
+        })
+    }
+
+    /// The layers of the stack.
+    pub fn num_layers(&self) -> usize {
+        match &self.stack {
+            LayerStack::Dense(d) => d.len(),
+            _ => self.cfg.num_layers,
+        }
+    }
+
+    /// The embedded tokens of a staged pass, the first span's input.
+    pub fn staged_embed(&self, pass: &StagedPass<B>) -> Result<B::Tensor> {
+        let total = pass.ids.len();
+        Ok(self.embed_rows(Input::Host(&pass.ids), None, total)?.0)
+    }
+
+    /// Layers `span` of a staged pass from their input `x` (every sequence with
+    /// `adapters`), returning the residual stream after the span's last layer.
+    pub fn staged_layers(
+        &self,
+        pass: &mut StagedPass<B>,
+        x: B::Tensor,
+        span: Range<usize>,
+        adapters: &[&LoraWeights<B>],
+    ) -> Result<B::Tensor> {
+        let LayerStack::Dense(d) = &self.stack else {
+            return Err(EngineError::InvalidInput(format!(
+                "a staged training pass runs dense layer stacks, not {}'s",
+                self.cfg.arch
+            )));
+        };
+        if !adapters.is_empty() {
+            if let Err(e) = &self.support.adapters {
+                return Err(EngineError::Unsupported(e.clone()));
+            }
+        }
+        let lora: Vec<Vec<&LoraWeights<B>>> =
+            pass.ranges.iter().map(|_| adapters.to_vec()).collect();
+        let lora = LoraBatch::new(&lora, &pass.ranges);
+        // A span run again (a checkpointed layer recomputed in the backward) starts from
+        // empty caches, as it did the first time.
+        for cache in &mut pass.caches {
+            for layer in cache.layers_mut().get_mut(span.clone()).unwrap_or_default() {
+                layer.trim(0)?;
+            }
+        }
+        let mut caches: Vec<&mut SequenceCache<B>> = pass.caches.iter_mut().collect();
+        let (be, cfg) = (&self.backend, &self.cfg);
+        be.pass(|| {
+            d.run(
+                be,
+                cfg,
+                &pass.ropes,
+                x,
+                &mut caches,
+                &pass.ranges,
+                None,
+                &lora,
+                span,
+            )
+        })
+    }
+
+    /// The logits of `rows` (of the sequences laid end to end) of the last span's output.
+    pub fn staged_head(
+        &self,
+        pass: &StagedPass<B>,
+        x: &B::Tensor,
+        rows: &[usize],
+    ) -> Result<B::Tensor> {
+        let total = pass.rows();
+        if rows.is_empty() {
+            return Err(EngineError::InvalidInput(
+                "a training pass picked no row".into(),
+            ));
+        }
+        if let Some(&bad) = rows.iter().find(|&&r| r >= total) {
+            return Err(EngineError::InvalidInput(format!(
+                "row {bad} picked of a pass of {total}"
+            )));
+        }
+        self.backend.pass(|| self.head(x, rows, false))
+    }
+
     /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
     /// returning the logits rows `requests` ask for — or the final-normed hidden states
     /// with `hidden` — (`None` when none is asked) and how many rows belong to each
@@ -659,7 +798,7 @@ impl<B: Backend> Decoder<B> {
                     .as_ref()
                     .filter(|_| !self.towers.causal_images())
                     .map(|m| m.ends.as_slice());
-                d.run(be, cfg, &ropes, x, caches, &ranges, ends, &lora)?
+                d.run(be, cfg, &ropes, x, caches, &ranges, ends, &lora, 0..d.len())?
             }
             LayerStack::Hybrid(h) => {
                 let ropes = self.ropes(caches, counts, &positions)?;
@@ -716,10 +855,18 @@ impl<B: Backend> Decoder<B> {
         if rows.is_empty() {
             return Ok((None, per_item));
         }
-        let x = be.select_rows(&x, &rows)?;
+        Ok((Some(self.head(&x, &rows, hidden)?), per_item))
+    }
+
+    /// The final norm of `rows` of the stack's output `x` and, unless `hidden`, their
+    /// logits.
+    fn head(&self, x: &B::Tensor, rows: &[usize], hidden: bool) -> Result<B::Tensor> {
+        let be = &self.backend;
+        let cfg = &self.cfg;
+        let x = be.select_rows(x, rows)?;
         let x = self.norm.apply(be, cfg, &x)?;
         if hidden {
-            return Ok((Some(x), per_item));
+            return Ok(x);
         }
         let head = self.output.as_ref().unwrap_or(&self.embed);
         let mut logits = be.linear(&x, head, self.vocab_mask.as_ref().map(VocabMask::bias))?;
@@ -729,7 +876,7 @@ impl<B: Backend> Decoder<B> {
         if let Some(cap) = cfg.final_softcap {
             logits = be.softcap(&logits, cap)?;
         }
-        Ok((Some(logits), per_item))
+        Ok(logits)
     }
 
     /// The embedded new tokens `[total, hidden]`: scaled as the family scales them, each
