@@ -623,17 +623,7 @@ pub trait Backend: Send + Sync + 'static {
         kv_heads: usize,
         table: &Self::Rope,
     ) -> Result<(Self::Tensor, Self::Tensor, Self::Tensor)> {
-        let mut parts = self.split_columns(qkv, widths)?.into_iter();
-        match (parts.next(), parts.next(), parts.next(), parts.next()) {
-            (Some(q), Some(k), Some(v), None) => {
-                let (q, k) = self.rope_qk(&q, heads, &k, kv_heads, table)?;
-                Ok((q, k, v))
-            }
-            _ => Err(EngineError::InvalidInput(format!(
-                "split_rope_qkv: {} widths, expected 3",
-                widths.len()
-            ))),
-        }
+        split_then_rope_qk(self, qkv, widths, heads, kv_heads, table)
     }
 
     /// An empty cache for one layer.
@@ -836,6 +826,29 @@ pub trait Backend: Send + Sync + 'static {
             backend: self.name(),
             message: "this backend cannot add a delta to some rows of a batch".into(),
         })
+    }
+}
+
+/// [`Backend::split_rope_qkv`] as [`Backend::split_columns`] then [`Backend::rope_qk`] (the
+/// default, and any backend's way for shapes its own kernel does not take).
+pub fn split_then_rope_qk<B: Backend + ?Sized>(
+    be: &B,
+    qkv: &B::Tensor,
+    widths: &[usize],
+    heads: usize,
+    kv_heads: usize,
+    table: &B::Rope,
+) -> Result<(B::Tensor, B::Tensor, B::Tensor)> {
+    let mut parts = be.split_columns(qkv, widths)?.into_iter();
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(q), Some(k), Some(v), None) => {
+            let (q, k) = be.rope_qk(&q, heads, &k, kv_heads, table)?;
+            Ok((q, k, v))
+        }
+        _ => Err(EngineError::InvalidInput(format!(
+            "split_rope_qkv: {} widths, expected 3",
+            widths.len()
+        ))),
     }
 }
 

@@ -1411,17 +1411,7 @@ impl Backend for CudaBackend {
             || table.rows != qkv.rows
             || table.dims > hd
         {
-            let mut parts = self.split_columns(qkv, widths)?.into_iter();
-            return match (parts.next(), parts.next(), parts.next(), parts.next()) {
-                (Some(q), Some(k), Some(v), None) => {
-                    let (q, k) = self.rope_qk(&q, heads, &k, kv_heads, table)?;
-                    Ok((q, k, v))
-                }
-                _ => Err(invalid(format!(
-                    "split_rope_qkv: {} widths, expected 3",
-                    widths.len()
-                ))),
-            };
+            return crate::backend::split_then_rope_qk(self, qkv, widths, heads, kv_heads, table);
         }
         let q = self.tensor(qkv.rows, qn)?;
         let k = self.tensor(qkv.rows, kn)?;
