@@ -282,8 +282,13 @@ fn start(model: &Model, shared: &Shared, p: Pending, b: &mut Batch) {
             // KV grows by copying into larger buffers (CUDA), a long prompt fed in short
             // paced chunks would otherwise leave the device allocator a buffer of every
             // size it passed through (tens of GB for an 18k-token prompt of an 8B model).
+            // `WICK_KV_PREALLOCATE=0` turns this off (to measure what it saves).
             let left = seq.remaining_prompt();
-            if left > 1 && seq.cache().grows_by_copying() && seq.cache_mut().reserve(left) {
+            if left > 1
+                && seq.cache().grows_by_copying()
+                && preallocate_prompts()
+                && seq.cache_mut().reserve(left)
+            {
                 if let Err(e) = seq.cache_mut().preallocate(left) {
                     tracing::debug!(request = p.id, "KV preallocation failed: {e}");
                 }
@@ -958,4 +963,11 @@ fn run_step(model: &Model, shared: &Shared, b: &mut Batch) {
         }
         complete(shared, a);
     }
+}
+
+/// Whether a prompt's KV room is made at once on backends that grow it by copying (on unless
+/// `WICK_KV_PREALLOCATE=0`, read once).
+fn preallocate_prompts() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WICK_KV_PREALLOCATE").map_or(true, |v| v != "0"))
 }
