@@ -3,15 +3,15 @@
 # three calls back to back on one machine (each under the 10-minute call limit; the machine
 # keeps /tmp/wick between them). STAGE picks the call:
 #  1. the llama.cpp build (in the background, niced) while serve_ab.sh checks the KV
-#     preallocation (two builds of `wick serve --backend cuda`, TTFT of an 18.7k prompt alone
-#     and beside 4 streams); then the Qwen 3.5 4B and Gemma 4 E4B shapes are made with their
+#     preallocation (`wick serve --backend cuda` with and without it: TTFT of an 18.7k prompt
+#     alone and beside 4 streams); then the Qwen 3.5 4B and Gemma 4 E4B shapes are made with their
 #     families' real tokenizers, and all three models are converted to bf16 GGUFs.
 #  2. llama.cpp: llama-bench and llama-batched-bench on the three bf16 GGUFs, and on the 8B's
 #     Q8_0 and Q4_K_M copies (kept for stage 3).
 #  3. wick on the same models and the same 8B GGUFs: prompts of 512 to 16,384 tokens, decode at
 #     batch 1, 8 and 64 after 512 tokens (llama-batched-bench's shape); then MLX affine 4/8-bit
 #     copies of both families (all.sh's FAMILY_QUANT part).
-# Carry: carry/cuda/{wick,wick_prev,cuda_reference}.xz, carry/llamacpp/llamacpp.tar.xz.
+# Carry: carry/cuda/wick.xz and cuda_reference.xz; stage 1 also carry/llamacpp (the source).
 # Results under $OUT (stage 1: serve/, llamacpp-build/, llamacpp/; 2: llamacpp/, llamacpp-8b/;
 # 3: wick.jsonl, family-quant/), steps.log with each step's time.
 set -uo pipefail
