@@ -7,7 +7,9 @@ mod common;
 use common::golden::{golden_dir, CpuGolden};
 use common::logits::{assert_near, forward_all, greedy_decode, model_pass, pass};
 use common::serving::{assert_replies, pool, run_alone};
+use wick_engine::backend::candle::KvDtype;
 use wick_engine::models::decoder::LogitsRequest;
+use wick_engine::{LoadOptions, Model};
 
 const VARIANTS: [&str; 2] = ["qwen35", "qwen35_tied"];
 
@@ -105,7 +107,6 @@ fn the_recurrent_cache_is_reused_only_at_its_exact_boundary() {
 fn the_ssd_tier_stores_recurrent_state_and_serves_only_exact_boundaries() {
     use wick_cache::ssd::{SsdConfig, SsdTier};
     use wick_cache::{CacheValue, ValueLoader};
-    use wick_engine::{LoadOptions, Model};
 
     let model = Model::load(&golden_dir("qwen35"), &LoadOptions::default()).unwrap();
     let g = load("qwen35");
@@ -202,4 +203,28 @@ fn batched_and_preempted_rows_equal_single_runs() {
     );
     assert_eq!(stats.kv_pool.used_blocks, 0, "blocks leaked: {stats:?}");
     assert!(engine.shutdown(Duration::from_secs(5)));
+}
+
+/// The golden converted by llama.cpp's `convert_hf_to_gguf.py` (scripts/goldens/gguf_qwen35.py)
+/// holds the same numbers in llama.cpp's layout — value heads tiled, `-exp(A_log)`, `1 + w`
+/// norms, renamed DeltaNet tensors: loaded from it, every position matches transformers as
+/// the safetensors directory does.
+#[test]
+fn a_llama_cpp_gguf_of_the_golden_matches_transformers() {
+    let g = load("qwen35");
+    let path = common::golden::goldens().join("gguf/qwen35-f32.gguf");
+    let opts = LoadOptions {
+        kv_dtype: Some(KvDtype::F32),
+        ..LoadOptions::default()
+    };
+    let model = Model::load(&path, &opts).unwrap();
+    assert!(model.config().qwen35.is_some());
+    for case in ["len1", "len7", "len40", "len150"] {
+        let ids = g.case_ids(case);
+        let mut cache = model.new_cache();
+        let got = model_pass(&model, &ids, &mut cache, LogitsRequest::All)
+            .unwrap()
+            .data;
+        assert_near("qwen35 gguf", case, &got, &g.expected(case));
+    }
 }

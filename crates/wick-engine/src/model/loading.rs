@@ -110,9 +110,18 @@ impl Model {
             .opt_str("tokenizer.chat_template")?
             .map(str::to_string);
         // GGUF scales are exact in f32 (see backend::mlx).
-        let weights = GgufWeights::new(&file);
-        let base = base_precision(&weights);
-        let decoder = load_decoder(backend, cfg, &weights, (MlxDtype::F32, base), kv)?;
+        let file_weights = GgufWeights::new(&file);
+        // Qwen 3.5 files hold some tensors in llama.cpp's own layout (models::qwen35_gguf).
+        let qwen35 = cfg
+            .qwen35
+            .as_ref()
+            .map(|q| crate::models::Qwen35Gguf::new(&file_weights, q.delta));
+        let weights: &dyn WeightSource = match &qwen35 {
+            Some(view) => view,
+            None => &file_weights,
+        };
+        let base = base_precision(weights);
+        let decoder = load_decoder(backend, cfg, weights, (MlxDtype::F32, base), kv)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())

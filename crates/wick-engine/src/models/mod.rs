@@ -16,6 +16,7 @@ pub mod mrope;
 mod qwen2;
 mod qwen3;
 pub mod qwen35;
+mod qwen35_gguf;
 pub mod recurrent;
 pub mod vision;
 
@@ -26,6 +27,8 @@ use crate::backend::capability::Need;
 pub use crate::config::Arch;
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::{EngineError, Result};
+
+pub(crate) use qwen35_gguf::Qwen35Gguf;
 
 /// What a model configured as `cfg` needs of its backend beyond the core ops: its layer
 /// stack's needs (each family declares them beside its layers) and its towers'.
@@ -46,7 +49,7 @@ impl Arch {
             Arch::Qwen2 => qwen2::from_gguf(keys, source),
             Arch::Qwen3 => qwen3::from_gguf(keys, source),
             Arch::Gemma3 => gemma3::from_gguf(keys, source),
-            Arch::Qwen35 => qwen35::from_gguf(keys, source),
+            Arch::Qwen35 => qwen35_gguf::from_gguf(keys, source),
             Arch::Gemma4 => gemma4::from_gguf(keys, source),
             other => Err(EngineError::Config {
                 source_name: source.to_string(),

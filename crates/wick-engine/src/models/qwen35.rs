@@ -19,7 +19,7 @@ use crate::backend::{
     DeltaTensors, HostWeight,
 };
 use crate::config::qwen35::{DeltaShape, Qwen35Config};
-use crate::config::{GgufKeys, HfKeys, ModelConfig};
+use crate::config::{HfKeys, ModelConfig};
 use crate::models::decoder::cache::SequenceCache;
 use crate::models::{llama, Arch};
 use crate::weights::WeightSource;
@@ -50,15 +50,6 @@ pub(crate) fn needs(cfg: &ModelConfig) -> Vec<Need> {
             "its DeltaNet layers",
         ),
     ]
-}
-
-pub(super) fn from_gguf(_keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
-    Err(EngineError::Config {
-        source_name: source.to_string(),
-        reason: "Qwen 3.5 (qwen35) GGUF files are not supported yet; load the Hugging Face \
-                 safetensors directory instead"
-            .into(),
-    })
 }
 
 pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
@@ -293,7 +284,7 @@ impl<B: Backend> Loader<'_, B> {
         if squeeze(&w.shape) != squeeze(shape) {
             return Err(self.shape_error(name, shape, &w.shape));
         }
-        w.float_values(name)
+        w.dequantize()
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
@@ -326,8 +317,8 @@ impl<B: Backend> Loader<'_, B> {
     }
 
     /// The query and output-gate halves of `attn_q.weight` (per head, the query rows then
-    /// the gate's), each `[heads * hd, cols]`: in the file's type where that is a dense
-    /// float type, else dequantized to f32.
+    /// the gate's), each `[heads * hd, cols]`: in the file's type (whole rows move, so GGUF
+    /// quantized blocks too), or dequantized to f32 from an MLX affine matrix.
     fn query_and_gate(
         &mut self,
         name: &str,
@@ -338,36 +329,33 @@ impl<B: Backend> Loader<'_, B> {
         let q_dim = heads * hd;
         if self.src.affine(name)?.is_none() {
             let w = self.src.get(name)?.ok_or_else(|| self.missing(name))?;
-            let size = match w.dtype {
-                GgmlType::F32 => Some(4),
-                GgmlType::F16 | GgmlType::Bf16 => Some(2),
-                _ => None,
+            let row = w.dtype.bytes_for(cols as u64).map(|b| b as usize);
+            let Some(row) = row.filter(|&r| w.bytes.len() == 2 * q_dim * r) else {
+                return Err(self.shape_error(name, &[2 * q_dim, cols], &w.shape));
             };
-            if let Some(size) = size {
-                if w.shape != [2 * q_dim, cols] || w.bytes.len() != 2 * q_dim * cols * size {
-                    return Err(self.shape_error(name, &[2 * q_dim, cols], &w.shape));
-                }
-                let (mut q, mut g) = (
-                    Vec::with_capacity(q_dim * cols * size),
-                    Vec::with_capacity(q_dim * cols * size),
-                );
-                for head in w.bytes.chunks_exact(2 * hd * cols * size) {
-                    let (qh, gh) = head.split_at(hd * cols * size);
-                    q.extend_from_slice(qh);
-                    g.extend_from_slice(gh);
-                }
-                let mut half = |bytes: Vec<u8>| -> Result<B::Matrix> {
-                    let m = self.backend.matrix(HostWeight {
-                        name: name.to_string(),
-                        dtype: w.dtype,
-                        shape: vec![q_dim, cols],
-                        bytes: Cow::Owned(bytes),
-                    })?;
-                    self.bytes += self.backend.matrix_bytes(&m);
-                    Ok(m)
-                };
-                return Ok((half(q)?, half(g)?));
+            if w.shape != [2 * q_dim, cols] {
+                return Err(self.shape_error(name, &[2 * q_dim, cols], &w.shape));
             }
+            let (mut q, mut g) = (
+                Vec::with_capacity(q_dim * row),
+                Vec::with_capacity(q_dim * row),
+            );
+            for head in w.bytes.chunks_exact(2 * hd * row) {
+                let (qh, gh) = head.split_at(hd * row);
+                q.extend_from_slice(qh);
+                g.extend_from_slice(gh);
+            }
+            let mut half = |bytes: Vec<u8>| -> Result<B::Matrix> {
+                let m = self.backend.matrix(HostWeight {
+                    name: name.to_string(),
+                    dtype: w.dtype,
+                    shape: vec![q_dim, cols],
+                    bytes: Cow::Owned(bytes),
+                })?;
+                self.bytes += self.backend.matrix_bytes(&m);
+                Ok(m)
+            };
+            return Ok((half(q)?, half(g)?));
         }
         let both = self.floats(name, &[2 * q_dim, cols])?;
         let (mut qw, mut gw) = (
