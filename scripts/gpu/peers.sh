@@ -6,9 +6,9 @@
 #     preallocation (`wick serve --backend cuda` with and without it: TTFT of an 18.7k prompt
 #     alone and beside 4 streams); then the Qwen 3.5 4B and Gemma 4 E4B shapes are made with their
 #     families' real tokenizers, and all three models are converted to bf16 GGUFs.
-#  2. llama.cpp: llama-bench and llama-batched-bench on the three bf16 GGUFs, and on the 8B's
-#     Q8_0 and Q4_K_M copies (kept for stage 3).
-#  3. wick on the same models and the same 8B GGUFs: prompts of 512 to 16,384 tokens, decode at
+#  2. llama.cpp: llama-bench and llama-batched-bench on the three bf16 GGUFs, and on the Q8_0
+#     and Q4_K_M copies of the 8B and of Qwen 3.5 (kept for stage 3).
+#  3. wick on the same models and the same quantized GGUFs: prompts of 512 to 16,384 tokens, decode at
 #     batch 1, 8 and 64 after 512 tokens (llama-batched-bench's shape); then MLX affine 4/8-bit
 #     copies of both families (all.sh's FAMILY_QUANT part).
 # Carry: carry/cuda/wick.xz and cuda_reference.xz; stage 1 also carry/llamacpp (the source).
@@ -65,9 +65,12 @@ case ${STAGE:?set STAGE to 1, 2 or 3} in
   ls -la $GGUF_DIR
   ;;
 2)
-  stamp "llama.cpp on $FAMILIES"
-  MODELS="$FAMILIES" OUT=$OUT/llamacpp bash $G/llamacpp.sh > $OUT/llamacpp.log 2>&1
-  tail -12 $OUT/llamacpp.log
+  stamp "llama.cpp on $FAMILIES (and Qwen 3.5's Q8_0 and Q4_K_M copies, kept for stage 3)"
+  MODELS=${FAMILIES%% *} QUANTS="Q8_0 Q4_K_M" KEEP_GGUF=1 OUT=$OUT/llamacpp-qwen \
+    bash $G/llamacpp.sh > $OUT/llamacpp-qwen.log 2>&1
+  tail -8 $OUT/llamacpp-qwen.log
+  MODELS=${FAMILIES#* } OUT=$OUT/llamacpp bash $G/llamacpp.sh > $OUT/llamacpp.log 2>&1
+  tail -6 $OUT/llamacpp.log
   stamp "llama.cpp on $LLAMA: bf16, Q8_0, Q4_K_M"
   MODELS=$LLAMA QUANTS="Q8_0 Q4_K_M" KEEP_GGUF=1 PROMPTS=512,2048,8192,16384 \
     OUT=$OUT/llamacpp-8b bash $G/llamacpp.sh > $OUT/llamacpp-8b.log 2>&1
@@ -92,6 +95,8 @@ case ${STAGE:?set STAGE to 1, 2 or 3} in
   for q in q8_0 q4_k_m; do
     g=$GGUF_DIR/$LLAMA-$q.gguf
     [ -s $g ] && bench llama3-8b-$q $g $decode 512:1:1 2048:1:1 8192:1:1 16384:1:1
+    g=$GGUF_DIR/qwen3.5-4b-bf16-$q.gguf
+    [ -s $g ] && bench qwen3.5-4b-$q $g $decode 512:1:1 2048:1:1 8192:1:1
   done
   stamp "MLX affine copies of both families"
   OUT=$OUT SKIP_TEST=1 SKIP_QWEN=1 SKIP_GEMMA=1 SKIP_SERVE=1 SKIP_QUANT=1 \
