@@ -82,7 +82,7 @@ run scripts/goldens/hf_tiny_models.py
 run scripts/goldens/rope_scalings.py
 run scripts/goldens/hf_tiny_gemma4.py
 run scripts/goldens/hf_tiny_qwen35.py
-run scripts/goldens/gguf_qwen35.py
+run scripts/goldens/gguf_tiny.py
 run scripts/goldens/hf_tiny_gemma3_vision.py
 # The Qwen vision goldens reuse gemma3_vision's test PNGs: after it.
 run scripts/goldens/hf_tiny_qwen35_vision.py

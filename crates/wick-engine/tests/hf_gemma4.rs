@@ -161,3 +161,49 @@ fn lockstep_decoding_with_backend_ids_matches_host_ids() {
     }
     assert_eq!(got[0], want, "transformers' continuation");
 }
+
+/// The goldens converted by llama.cpp's `convert_hf_to_gguf.py` (scripts/goldens/gguf_tiny.py):
+/// per-layer arrays in the metadata, the full layers' proportional rotation as `rope_freqs`
+/// divisors, `attention_k_eq_v` as layers without `attn_v` (the MoE variant), experts and PLE
+/// under llama.cpp's names. Loaded from them, every position matches transformers as the
+/// safetensors directory does.
+#[test]
+fn llama_cpp_ggufs_of_the_goldens_match_transformers() {
+    use wick_engine::backend::candle::KvDtype;
+    use wick_engine::{LoadOptions, Model};
+    for variant in VARIANTS {
+        let g = CpuGolden::load(variant);
+        let path = common::golden::goldens().join(format!("gguf/{variant}-f32.gguf"));
+        let opts = LoadOptions {
+            kv_dtype: Some(KvDtype::F32),
+            ..LoadOptions::default()
+        };
+        let model = Model::load(&path, &opts).unwrap();
+        // The same layout as config.json gives (the PLE table's rows matter only with PLE).
+        let (mut got, want) = (
+            model.config().gemma4.clone().unwrap(),
+            g.model.config().gemma4.clone().unwrap(),
+        );
+        if got.ple_dim == 0 {
+            got.ple_vocab = want.ple_vocab;
+        }
+        assert_eq!(got, want, "{variant}");
+        for case in ["len1", "len7", "len40"] {
+            let ids = g.case_ids(case);
+            let got = common::logits::model_pass(
+                &model,
+                &ids,
+                &mut model.new_cache(),
+                LogitsRequest::All,
+            )
+            .unwrap()
+            .data;
+            assert_near(
+                variant,
+                &format!("{case} from GGUF"),
+                &got,
+                &g.expected(case),
+            );
+        }
+    }
+}

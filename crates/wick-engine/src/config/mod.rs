@@ -445,6 +445,43 @@ impl GgufKeys<'_> {
     pub fn opt_str(&self, key: &str) -> Result<Option<&str>> {
         Ok(self.meta.opt_str(&format!("{}.{key}", self.arch))?)
     }
+    /// A count stored as one number or as an array of them (one per layer).
+    pub fn usizes(&self, key: &str) -> Result<Option<Vec<usize>>> {
+        let full = format!("{}.{key}", self.arch);
+        let bad = || EngineError::Config {
+            source_name: self.meta.path().display().to_string(),
+            reason: format!("'{full}' must be a count or an array of counts"),
+        };
+        match self.meta.get(&full) {
+            None => Ok(None),
+            Some(v) => match v.as_array() {
+                Some(items) => items
+                    .iter()
+                    .map(|x| x.as_u64().map(|x| x as usize).ok_or_else(bad))
+                    .collect::<Result<Vec<_>>>()
+                    .map(Some),
+                None => v.as_u64().map(|x| Some(vec![x as usize])).ok_or_else(bad),
+            },
+        }
+    }
+    /// An array of booleans (one per layer).
+    pub fn bools(&self, key: &str) -> Result<Option<Vec<bool>>> {
+        let full = format!("{}.{key}", self.arch);
+        let bad = || EngineError::Config {
+            source_name: self.meta.path().display().to_string(),
+            reason: format!("'{full}' must be an array of booleans"),
+        };
+        match self.meta.get(&full) {
+            None => Ok(None),
+            Some(v) => v
+                .as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|b| b.as_bool().ok_or_else(bad))
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+        }
+    }
 }
 
 /// Typed reads of `config.json` fields with errors naming the file.

@@ -103,7 +103,7 @@ impl Model {
     fn load_gguf(path: &Path, backend: BackendKind, kv: KvDtype) -> Result<Model> {
         let file = GgufFile::open(path)?;
         let source = path.display().to_string();
-        let cfg = ModelConfig::from_gguf(file.metadata(), &source)?;
+        let mut cfg = ModelConfig::from_gguf(file.metadata(), &source)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
         let template_source = file
             .metadata()
@@ -111,6 +111,7 @@ impl Model {
             .map(str::to_string);
         // GGUF scales are exact in f32 (see backend::mlx).
         let file_weights = GgufWeights::new(&file);
+        crate::models::gemma4::complete_from_gguf(&mut cfg, &file_weights)?;
         // Qwen 3.5 files hold some tensors in llama.cpp's own layout (models::qwen35_gguf).
         let qwen35 = cfg
             .qwen35

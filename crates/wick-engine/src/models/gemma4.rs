@@ -35,6 +35,7 @@ use crate::models::decoder::loader::Loader;
 use crate::models::moe::Experts;
 use crate::models::vision::PassMedia;
 use crate::models::{llama, Arch};
+use crate::weights::WeightSource;
 use crate::{EngineError, Result};
 
 /// The most experts a layer may have.
@@ -91,12 +92,167 @@ fn config_error(source: &str, reason: String) -> EngineError {
     }
 }
 
-pub(super) fn from_gguf(_keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
-    Err(config_error(
-        source,
-        "Gemma 4 GGUF files are not supported yet; load the Hugging Face safetensors directory"
-            .into(),
-    ))
+/// The configuration of a `gemma4` GGUF file as llama.cpp's converter writes it: per-layer
+/// arrays for the sliding pattern, key/value heads and MLP sizes, the head sizes of each kind,
+/// and the KV-shared layer count. Two facts live in tensors instead and are read at load
+/// ([`complete_from_gguf`]): the full layers' proportional rotation (`rope_freqs`) and which
+/// layers take their values from the key projection (no `attn_v`).
+pub(super) fn from_gguf(keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig> {
+    let src = source;
+    let mut cfg = llama::base_from_gguf(keys, Arch::Gemma4, RopeStyle::Neox, 1_000_000.0)?;
+    cfg.activation = Activation::GeluTanh;
+    cfg.scale_embeddings = true;
+    cfg.sandwich_norms = true;
+    cfg.norm_weight_offset = false;
+    cfg.attn_scale = 1.0;
+    cfg.final_softcap = keys
+        .opt_f64("final_logit_softcapping")?
+        .filter(|&v| v > 0.0)
+        .map(|v| v as f32);
+    let (n, heads) = (cfg.num_layers, cfg.num_heads);
+    let mut sliding = match keys.bools("attention.sliding_window_pattern")? {
+        Some(p) if p.len() == n => p,
+        Some(p) => {
+            return Err(config_error(
+                src,
+                format!("{} sliding_window_pattern entries for {n} layers", p.len()),
+            ))
+        }
+        None => (0..n).map(|i| (i + 1) % 6 != 0).collect(),
+    };
+    // transformers forces the last layer to full attention.
+    if let Some(last) = sliding.last_mut() {
+        *last = false;
+    }
+    let per_layer = |key: &str, default: usize| -> Result<Vec<usize>> {
+        match keys.usizes(key)? {
+            None => Ok(vec![default; n]),
+            Some(v) if v.len() == 1 => Ok(vec![v[0]; n]),
+            Some(v) if v.len() == n => Ok(v),
+            Some(v) => Err(config_error(
+                src,
+                format!("{} values of '{key}' for {n} layers", v.len()),
+            )),
+        }
+    };
+    let kv = per_layer("attention.head_count_kv", heads)?;
+    let ff = per_layer("feed_forward_length", cfg.intermediate_size)?;
+    let hd_full = keys.usize("attention.key_length")?;
+    let hd_swa = keys
+        .opt_usize("attention.key_length_swa")?
+        .unwrap_or(hd_full);
+    let dims: Vec<_> = (0..n)
+        .map(|i| (if sliding[i] { hd_swa } else { hd_full }, kv[i]))
+        .collect();
+    let shared = keys.opt_usize("attention.shared_kv_layers")?.unwrap_or(0);
+    let layers = layer_specs(src, heads, &sliding, &dims, shared, &[], |i, _| ff[i])?;
+    let ple_dim = keys
+        .opt_usize("embedding_length_per_layer_input")?
+        .unwrap_or(0);
+    if ple_dim > MAX_DIM {
+        return Err(config_error(
+            src,
+            format!("per-layer input size {ple_dim} is out of range"),
+        ));
+    }
+    let moe = match keys.opt_usize("expert_count")?.filter(|&e| e > 0) {
+        Some(experts) => {
+            let top_k = keys.usize("expert_used_count")?;
+            let intermediate = keys.usize("expert_feed_forward_length")?;
+            if experts > MAX_EXPERTS
+                || top_k == 0
+                || top_k > experts
+                || intermediate == 0
+                || intermediate > MAX_DIM
+            {
+                return Err(config_error(
+                    src,
+                    format!(
+                        "{experts} experts, top {top_k}, inner size {intermediate} are out of range"
+                    ),
+                ));
+            }
+            Some(MoeShape {
+                experts,
+                top_k,
+                intermediate,
+            })
+        }
+        None => None,
+    };
+    let theta = |key: &str, default: f64| -> Result<f64> {
+        let t = keys.opt_f64(key)?.unwrap_or(default);
+        if t.is_finite() && t > 0.0 {
+            Ok(t)
+        } else {
+            Err(config_error(src, format!("'{key}' {t} is out of range")))
+        }
+    };
+    let rot_swa = keys
+        .opt_usize("rope.dimension_count_swa")?
+        .unwrap_or(hd_swa);
+    let rope_sliding = proportional_rope(
+        hd_swa,
+        theta("rope.freq_base_swa", 10_000.0)?,
+        rot_swa.min(hd_swa) as f64 / hd_swa as f64,
+        1.0,
+    );
+    let rope_full = proportional_rope(hd_full, theta("rope.freq_base", 1_000_000.0)?, 1.0, 1.0);
+    let pad_id = keys
+        .meta
+        .opt_u64("tokenizer.ggml.padding_token_id")?
+        .map_or(0, |v| v as u32);
+    let window = keys.opt_usize("attention.sliding_window")?.unwrap_or(512);
+    let ple_vocab = cfg.vocab_size;
+    finish(
+        &mut cfg,
+        window,
+        Gemma4Params {
+            layers,
+            ple_dim,
+            ple_vocab,
+            moe,
+            pad_id,
+            rope_sliding,
+            rope_full,
+            bidirectional_vision: false,
+            vision: None,
+        },
+    );
+    Ok(cfg)
+}
+
+/// What a `gemma4` GGUF keeps in tensors rather than metadata, read into `cfg`: the full
+/// layers' rotation, whose per-angle divisors `rope_freqs` holds (llama.cpp's way of writing
+/// the proportional rotation: 1 for the turning angles, 1e30 for the still ones), and which
+/// layers have no `attn_v` (their values are the key projection, as llama.cpp reads them).
+pub(crate) fn complete_from_gguf(cfg: &mut ModelConfig, src: &dyn WeightSource) -> Result<()> {
+    let Some(params) = cfg.gemma4.as_deref_mut() else {
+        return Ok(());
+    };
+    if let Some(w) = src.get("rope_freqs.weight")? {
+        let divisors = w.float_values("rope_freqs")?;
+        let rope = &mut params.rope_full;
+        if divisors.len() != rope.inv_freq.len() || divisors.iter().any(|d| d.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)) {
+            return Err(config_error(
+                &src.source_name(),
+                format!(
+                    "rope_freqs holds {} positive divisors where the full layers turn {} angles",
+                    divisors.len(),
+                    rope.inv_freq.len()
+                ),
+            ));
+        }
+        for (f, d) in rope.inv_freq.iter_mut().zip(divisors) {
+            *f = if d >= 1e20 { 0.0 } else { *f / d };
+        }
+    }
+    for (i, l) in params.layers.iter_mut().enumerate() {
+        if l.kv_source.is_none() {
+            l.k_eq_v = !src.contains(&format!("blk.{i}.attn_v.weight"));
+        }
+    }
+    Ok(())
 }
 
 /// The rotary inverse frequencies of one layer kind: `rope_parameters[kind]` with
@@ -132,6 +288,12 @@ fn rope_spec(keys: &HfKeys<'_>, kind: &str, head_dim: usize, theta: f64) -> Resu
             format!("rope parameters of {kind} layers are out of range (theta {theta}, factor {factor}, partial_rotary_factor {fraction})"),
         ));
     }
+    Ok(proportional_rope(head_dim, theta, fraction, factor))
+}
+
+/// Neox rotation over the whole head whose first `fraction` of the `head_dim / 2` angles turn
+/// (`theta^(-2i/head_dim) / factor`) and the rest stay 0.
+fn proportional_rope(head_dim: usize, theta: f64, fraction: f64, factor: f64) -> RopeSpec {
     let angles = ((fraction * head_dim as f64) as usize / 2).min(head_dim / 2);
     let inv_freq = (0..head_dim / 2)
         .map(|i| {
@@ -142,13 +304,94 @@ fn rope_spec(keys: &HfKeys<'_>, kind: &str, head_dim: usize, theta: f64) -> Resu
             }
         })
         .collect();
-    Ok(RopeSpec {
+    RopeSpec {
         style: RopeStyle::Neox,
         dims: head_dim,
         inv_freq,
         position_scale: 1.0,
         attention_factor: 1.0,
-    })
+    }
+}
+
+/// Each layer's shape from its kind, head size and key/value heads: checked against `heads`,
+/// the last `shared` layers reading the K/V of the last earlier layer of their kind (with its
+/// layout), and `intermediate(layer, kv_shared)` as the MLP's inner size.
+fn layer_specs(
+    src: &str,
+    heads: usize,
+    sliding: &[bool],
+    dims: &[(usize, usize)],
+    shared: usize,
+    k_eq_v: &[bool],
+    intermediate: impl Fn(usize, bool) -> usize,
+) -> Result<Vec<Gemma4Layer>> {
+    let n = sliding.len();
+    if shared >= n {
+        return Err(config_error(
+            src,
+            format!("{shared} KV-shared layers leave none of the {n} layers to compute K/V"),
+        ));
+    }
+    let first_shared = n - shared;
+    let mut layers = Vec::with_capacity(n);
+    for (i, (&is_sliding, &(hd, kvh))) in sliding.iter().zip(dims).enumerate() {
+        if hd == 0
+            || !hd.is_multiple_of(2)
+            || hd > MAX_DIM
+            || kvh == 0
+            || !heads.is_multiple_of(kvh)
+        {
+            return Err(config_error(
+                src,
+                format!(
+                    "layer {i}: head_dim {hd} and {kvh} key/value heads do not fit {heads} heads"
+                ),
+            ));
+        }
+        let kv_source = if i >= first_shared {
+            let source = (0..first_shared).rev().find(|&j| sliding[j] == is_sliding);
+            Some(source.ok_or_else(|| {
+                config_error(
+                    src,
+                    format!("KV-shared layer {i} has no earlier layer of its kind to share with"),
+                )
+            })?)
+        } else {
+            None
+        };
+        let inner = intermediate(i, kv_source.is_some());
+        if inner == 0 || inner > 1 << 20 {
+            return Err(config_error(
+                src,
+                format!("layer {i}: MLP inner size {inner} is out of range"),
+            ));
+        }
+        layers.push(Gemma4Layer {
+            sliding: is_sliding,
+            head_dim: hd,
+            kv_heads: kvh,
+            kv_source,
+            k_eq_v: k_eq_v.get(i).copied().unwrap_or(false),
+            intermediate: inner,
+        });
+    }
+    // KV-shared layers attend with their producer's K/V layout.
+    for i in 0..n {
+        if let Some(s) = layers[i].kv_source {
+            let (hd, kvh) = (layers[s].head_dim, layers[s].kv_heads);
+            if layers[i].head_dim != hd {
+                return Err(config_error(
+                    src,
+                    format!(
+                        "KV-shared layer {i} has head_dim {} but its source layer {s} has {hd}",
+                        layers[i].head_dim
+                    ),
+                ));
+            }
+            layers[i].kv_heads = kvh;
+        }
+    }
+    Ok(layers)
 }
 
 pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
@@ -229,15 +472,8 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
     let global_head_dim = keys.opt_usize("global_head_dim")?.unwrap_or(512);
     let global_kv = keys.opt_usize("num_global_key_value_heads")?;
     let shared = keys.opt_usize("num_kv_shared_layers")?.unwrap_or(0);
-    if shared >= n {
-        return Err(config_error(
-            src,
-            format!("num_kv_shared_layers {shared} leaves none of the {n} layers to compute K/V"),
-        ));
-    }
-    let first_shared = n - shared;
     let double_wide = keys.opt_bool("use_double_wide_mlp")?.unwrap_or(false);
-    let mut layers = Vec::with_capacity(n);
+    let mut dims = Vec::with_capacity(n);
     for (i, &is_sliding) in sliding.iter().enumerate() {
         let (mut hd, mut kvh) = (head_dim, kv_heads);
         match &per_layer {
@@ -266,61 +502,19 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
             }
             None => {}
         }
-        if hd == 0
-            || !hd.is_multiple_of(2)
-            || hd > MAX_DIM
-            || kvh == 0
-            || !heads.is_multiple_of(kvh)
-        {
-            return Err(config_error(
-                src,
-                format!(
-                    "layer {i}: head_dim {hd} and {kvh} key/value heads do not fit {heads} heads"
-                ),
-            ));
-        }
-        let kv_source = if i >= first_shared {
-            let source = (0..first_shared).rev().find(|&j| sliding[j] == is_sliding);
-            Some(source.ok_or_else(|| {
-                config_error(
-                    src,
-                    format!("KV-shared layer {i} has no earlier layer of its kind to share with"),
-                )
-            })?)
-        } else {
-            None
-        };
-        let intermediate = cfg.intermediate_size
-            * if double_wide && kv_source.is_some() {
-                2
-            } else {
-                1
-            };
-        layers.push(Gemma4Layer {
-            sliding: is_sliding,
-            head_dim: hd,
-            kv_heads: kvh,
-            kv_source,
-            k_eq_v: k_eq_v && !is_sliding,
-            intermediate,
-        });
+        dims.push((hd, kvh));
     }
-    // KV-shared layers attend with their producer's K/V layout.
-    for i in 0..n {
-        if let Some(s) = layers[i].kv_source {
-            let (hd, kvh) = (layers[s].head_dim, layers[s].kv_heads);
-            if layers[i].head_dim != hd {
-                return Err(config_error(
-                    src,
-                    format!(
-                        "KV-shared layer {i} has head_dim {} but its source layer {s} has {hd}",
-                        layers[i].head_dim
-                    ),
-                ));
-            }
-            layers[i].kv_heads = kvh;
-        }
-    }
+    let base = cfg.intermediate_size;
+    let k_eq_v: Vec<bool> = sliding.iter().map(|&sl| k_eq_v && !sl).collect();
+    let layers = layer_specs(
+        src,
+        heads,
+        &sliding,
+        &dims,
+        shared,
+        &k_eq_v,
+        |_, kv_shared| base * if double_wide && kv_shared { 2 } else { 1 },
+    )?;
     let ple_dim = keys
         .opt_usize("hidden_size_per_layer_input")?
         .unwrap_or(256);
@@ -369,24 +563,37 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
         .map_or(head_dim, |l| l.head_dim);
     let rope_sliding = rope_spec(keys, "sliding_attention", hd_sliding, 10_000.0)?;
     let rope_full = rope_spec(keys, "full_attention", hd_full, 1_000_000.0)?;
-    cfg.layer_windows = layers.iter().map(|l| l.sliding.then_some(window)).collect();
-    // The common fields describe the largest layer, so that sizes derived from them (the KV
-    // pool's block, memory estimates) are upper bounds.
-    cfg.head_dim = layers.iter().map(|l| l.head_dim).max().unwrap_or(head_dim);
-    cfg.num_kv_heads = layers.iter().map(|l| l.kv_heads).max().unwrap_or(kv_heads);
-    cfg.rotary_dims = cfg.head_dim;
-    cfg.gemma4 = Some(Box::new(Gemma4Params {
-        layers,
-        ple_dim,
-        ple_vocab,
-        moe,
-        pad_id: keys.ids("pad_token_id").first().copied().unwrap_or(0),
-        rope_sliding,
-        rope_full,
-        bidirectional_vision,
-        vision: None,
-    }));
+    finish(
+        &mut cfg,
+        window,
+        Gemma4Params {
+            layers,
+            ple_dim,
+            ple_vocab,
+            moe,
+            pad_id: keys.ids("pad_token_id").first().copied().unwrap_or(0),
+            rope_sliding,
+            rope_full,
+            bidirectional_vision,
+            vision: None,
+        },
+    );
     Ok(cfg)
+}
+
+/// Sets `cfg`'s common fields from Gemma 4's own: they describe the largest layer, so that
+/// sizes derived from them (the KV pool's block, memory estimates) are upper bounds.
+fn finish(cfg: &mut ModelConfig, window: usize, params: Gemma4Params) {
+    let layers = &params.layers;
+    cfg.layer_windows = layers.iter().map(|l| l.sliding.then_some(window)).collect();
+    if let Some(hd) = layers.iter().map(|l| l.head_dim).max() {
+        cfg.head_dim = hd;
+    }
+    if let Some(kvh) = layers.iter().map(|l| l.kv_heads).max() {
+        cfg.num_kv_heads = kvh;
+    }
+    cfg.rotary_dims = cfg.head_dim;
+    cfg.gemma4 = Some(Box::new(params));
 }
 
 /// A layer's K/V projections (absent on KV-shared layers).

@@ -4,6 +4,11 @@ use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeConfig, RopeScaling};
 use crate::models::Arch;
 use crate::Result;
 
+/// The largest of a per-layer array (or the one value).
+fn max_of(v: Option<Vec<usize>>) -> Option<usize> {
+    v.and_then(|v| v.into_iter().max())
+}
+
 /// The fields every llama.cpp decoder architecture stores the same way.
 pub(super) fn base_from_gguf(
     keys: &GgufKeys<'_>,
@@ -35,10 +40,14 @@ pub(super) fn base_from_gguf(
         arch,
         vocab_size: vocab,
         hidden_size: hidden,
-        intermediate_size: keys.usize("feed_forward_length")?,
+        // Per-layer arrays (Gemma 4) give their largest value; the family reads the rest.
+        intermediate_size: match max_of(keys.usizes("feed_forward_length")?) {
+            Some(v) => v,
+            None => keys.usize("feed_forward_length")?, // the missing key's own error
+        },
         num_layers: layers,
         num_heads: heads,
-        num_kv_heads: keys.opt_usize("attention.head_count_kv")?.unwrap_or(heads),
+        num_kv_heads: max_of(keys.usizes("attention.head_count_kv")?).unwrap_or(heads),
         head_dim,
         rms_eps: keys
             .opt_f64("attention.layer_norm_rms_epsilon")?
