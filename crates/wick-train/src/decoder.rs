@@ -304,11 +304,17 @@ impl<'a> TrainDecoder<'a> {
             .zip(&batch.targets)
             .map(|(z, &(_, label))| {
                 let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f64 = z.iter().map(|&v| f64::from((v - max).exp())).sum();
-                let lse = max + sum.ln() as f32;
-                let logp = z[label as usize] - lse;
-                z.iter_mut().for_each(|v| *v = (*v - lse).exp());
-                logp
+                let logit = z[label as usize];
+                // One exponential per logit: exp(z − max), summed, then divided by the
+                // sum: half the exponentials of the vocabulary-wide softmax.
+                let mut sum = 0.0f64;
+                for v in z.iter_mut() {
+                    *v = (*v - max).exp();
+                    sum += f64::from(*v);
+                }
+                let inv = (1.0 / sum) as f32;
+                z.iter_mut().for_each(|v| *v *= inv);
+                logit - (max + sum.ln() as f32)
             })
             .collect();
         Ok(Forward {

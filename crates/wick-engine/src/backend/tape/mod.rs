@@ -491,6 +491,45 @@ impl TapeBackend {
         }
     }
 
+    /// `y + x·wᵀ`, the product accumulated into `y`'s values (in place where nothing
+    /// else holds them): a LoRA branch's `B` product added to the base output without a
+    /// buffer for the product and a pass to add it.
+    fn linear_add(&self, y: TapeTensor, x: &TapeTensor, w: &TapeMatrix) -> Result<TapeTensor> {
+        if x.cols != w.cols || y.cols != w.rows || y.rows != x.rows {
+            return Err(shape_err(format!(
+                "linear_add: {}x{} plus {}x{} times a {}x{} matrix transposed",
+                y.rows, y.cols, x.rows, x.cols, w.rows, w.cols
+            )));
+        }
+        let (n, out, inp) = (x.rows, w.rows, w.cols);
+        let yn = y.node;
+        let mut values = Arc::try_unwrap(y.data).unwrap_or_else(|shared| shared.to_vec());
+        products::gemm(
+            n,
+            out,
+            inp,
+            &x.data,
+            products::Layout::Plain,
+            &w.stored.values()?,
+            products::Layout::Transposed,
+            &mut values,
+            true,
+            1.0,
+            true,
+        );
+        let param = matches!(*w.stored, Stored::Param { .. });
+        let tracked = yn.is_some() || x.node.is_some() || param;
+        Ok(self.out(values, n, out, tracked, || Op::LinearAdd {
+            y: yn,
+            x: x.node,
+            x_val: param.then(|| x.data.clone()),
+            w: w.stored.clone(),
+            n,
+            inp,
+            out,
+        }))
+    }
+
     fn check_same(op: &str, a: &TapeTensor, b: &TapeTensor) -> Result<()> {
         if a.rows != b.rows || a.cols != b.cols {
             return Err(shape_err(format!(
@@ -1018,10 +1057,10 @@ impl Backend for TapeBackend {
                     };
                     let xs = self.lora_input(&xs, d.a);
                     let t = self.linear(&xs, d.a, None)?;
-                    let delta = self.linear(&t, d.b, None)?;
                     y = if d.all {
-                        self.add(&y, &delta)?
+                        self.linear_add(y, &t, d.b)?
                     } else {
+                        let delta = self.linear(&t, d.b, None)?;
                         self.add_rows(&y, d.rows, &delta)?
                     };
                 }
