@@ -112,6 +112,14 @@ pub(super) enum Op {
         rows: Vec<usize>,
         cols: usize,
     },
+    /// `log p(label)` of each row of `x` through the output head
+    /// ([`super::TapeBackend::label_log_probs`]); `dx` `[rows, cols]` holds each
+    /// log-probability's gradient with respect to its row.
+    LabelLogProb {
+        x: usize,
+        dx: Vec<f32>,
+        cols: usize,
+    },
     /// The input of a recorded span, whose gradient is returned under `id`.
     Input {
         id: usize,
@@ -481,6 +489,12 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                 if let Some(y) = y {
                     accumulate(&mut grads, y, g);
                 }
+            }
+            Op::LabelLogProb { x, mut dx, cols } => {
+                dx.par_chunks_mut(cols.max(1))
+                    .zip(g.par_iter())
+                    .for_each(|(row, &d)| row.iter_mut().for_each(|v| *v *= d));
+                accumulate(&mut grads, x, dx);
             }
             Op::Input { id } => add_param(&mut params, id, g),
             Op::Dropout {

@@ -19,10 +19,12 @@
 //! - `backward.rs`: the tape and each op's backward rule;
 //! - `attention.rs`: causal grouped-query attention of whole sequences and its backward;
 //! - `products.rs`: the f32 matrix products;
-//! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again.
+//! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again;
+//! - `head.rs`: the loss rows' log-probabilities through the output head, in row chunks.
 mod attention;
 mod backward;
 mod dropout;
+mod head;
 pub mod products;
 
 use std::borrow::Cow;
@@ -371,6 +373,66 @@ impl TapeBackend {
             None => Ok(ParamGrads::new()),
             Some(id) => backward::run(nodes, id, grad),
         }
+    }
+
+    /// `log p(labels[i])` of each row of `x`, the final-normed hidden states of the loss
+    /// rows, under the output head `softcap(multiplier · (x·wᵀ + bias))`
+    /// ([`crate::models::decoder::Decoder::output_head`]), as `[rows, 1]`. The head's
+    /// product, log-softmax and each row's gradient run in chunks of rows, so the
+    /// `[rows, vocab]` logits are never held at once; recorded (the gradient of each
+    /// log-probability with respect to its row kept for the backward) when `x` is.
+    pub fn label_log_probs(
+        &self,
+        x: &TapeTensor,
+        w: &TapeMatrix,
+        bias: Option<&TapeTensor>,
+        multiplier: Option<f32>,
+        softcap: Option<f32>,
+        labels: &[u32],
+    ) -> Result<TapeTensor> {
+        if x.cols != w.cols || labels.len() != x.rows {
+            return Err(shape_err(format!(
+                "label_log_probs: {}x{} hidden states with {} labels for a {}x{} head",
+                x.rows,
+                x.cols,
+                labels.len(),
+                w.rows,
+                w.cols
+            )));
+        }
+        if let Some(&bad) = labels.iter().find(|&&l| l as usize >= w.rows) {
+            return Err(EngineError::InvalidInput(format!(
+                "label {bad} is outside the vocabulary of {}",
+                w.rows
+            )));
+        }
+        if let Some(b) = bias.filter(|b| b.data.len() != w.rows) {
+            return Err(shape_err(format!(
+                "label_log_probs: a bias of {} for {} logits",
+                b.data.len(),
+                w.rows
+            )));
+        }
+        let grad = x.node.is_some() && self.tape().recording;
+        let values = w.stored.values()?;
+        let spec = head::Head {
+            w: &values,
+            vocab: w.rows,
+            hidden: w.cols,
+            bias: bias.map(|b| b.data.as_slice()),
+            multiplier,
+            softcap,
+        };
+        let (logp, dx) = head::label_log_probs(spec, &x.data, labels, grad);
+        let n = x.rows;
+        Ok(match (x.node, dx) {
+            (Some(xn), Some(dx)) => self.out(logp, n, 1, true, || Op::LabelLogProb {
+                x: xn,
+                dx,
+                cols: w.cols,
+            }),
+            _ => TapeTensor::leaf(logp, n, 1),
+        })
     }
 
     /// The encodings the frozen weights came in, joined by `+` (`Q4_1+Q6_K`).
