@@ -21,7 +21,8 @@ gives each step's end time), PyTorch's from a clock around each step. Peak memor
 process's maximum resident set size (wait4's ru_maxrss: the whole run, load included).
 
 Rounds alternate the two sides A B A B, every shape in every round, each run a fresh
-process. Before each run the script waits until the machine is quiet (no cargo/rustc/linker
+process; `--baseline OTHER_WICK` adds a third side, another wick build, to every round
+(A A' B), so two builds are compared with each other and with PyTorch in the same minutes. Before each run the script waits until the machine is quiet (no cargo/rustc/linker
 process, other CPU use under --max-busy cores over a 3 s sample); during each run it
 records the CPU time used by everything but the run (`others`, in cores); a run during
 which others used more than --max-busy cores is done again (--attempts in all, the least
@@ -204,10 +205,10 @@ def make_data(work: Path, seq: int, rows: int) -> Path:
     return d
 
 
-def wick_side(args, model_dir, data, batch, seq):
+def wick_side(args, model_dir, data, batch, seq, binary=None):
     out_dir = args.work / f"wick-out-{batch}x{seq}"
     env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads), WICK_THREADS=str(args.threads))
-    cmd = [str(args.wick), "train", str(model_dir), "--data", str(data), "--method", "sft",
+    cmd = [str(binary or args.wick), "train", str(model_dir), "--data", str(data), "--method", "sft",
            "--adapter", str(out_dir), "--iters", str(args.steps), "--batch", str(batch), "--seq", str(seq),
            "--rank", str(RANK), "--scale", str(SCALE), "--lr", str(LR), "--weight-decay", str(WEIGHT_DECAY),
            "--grad-clip", str(GRAD_CLIP), "--schedule", "cosine", "--warmup", "0", "--threads", str(args.threads)]
@@ -253,6 +254,9 @@ def main():
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="an f32 Hugging Face folder to train instead (default: WORK/smollm2-135m-f32)")
     ap.add_argument("--wick", type=Path, default=ROOT / "target/release/wick")
+    ap.add_argument("--baseline", type=Path, action="append", default=[],
+                    help="another wick binary run in every round beside --wick (an A/B of two builds in the "
+                         "same minutes); its side is named after its file; may be repeated")
     ap.add_argument("--python", default=sys.executable, help="python with torch, transformers and peft")
     ap.add_argument("--work", type=Path, default=ROOT / "target/bench-train")
     ap.add_argument("--shapes", default="4x256,1x512", help="BATCHxSEQ,…")
@@ -269,8 +273,9 @@ def main():
     if args.steps <= args.warmup:
         sys.exit("--steps must be larger than --warmup")
     args.work.mkdir(parents=True, exist_ok=True)
-    if not args.wick.exists():
-        sys.exit(f"{args.wick} is missing: cargo build --release -p wick")
+    for b in [args.wick, *args.baseline]:
+        if not b.exists():
+            sys.exit(f"{b} is missing: cargo build --release -p wick")
 
     model_dir = args.model_dir or args.work / "smollm2-135m-f32"
     if not (model_dir / "config.json").exists():
@@ -287,7 +292,9 @@ def main():
     runs = []
     for rnd in range(1, args.rounds + 1):
         for batch, seq in shapes:
-            for side, fn in (("wick", wick_side), ("torch", torch_side)):
+            sides = [("wick", wick_side)]
+            sides += [(b.name, lambda *a, b=b: wick_side(*a, binary=b)) for b in args.baseline]
+            for side, fn in sides + [("torch", torch_side)]:
                 r = None
                 for attempt in range(1, args.attempts + 1):
                     quiet = wait_quiet(args.max_busy, args.max_wait)
@@ -303,7 +310,7 @@ def main():
                 r.pop("stdout", None)
                 r.update(round=rnd, side=side, batch=batch, seq=seq, load=os.getloadavg()[0])
                 runs.append(r)
-                print(f"round {rnd} {batch}x{seq} {side:5}: {r['tokens_per_s']:7.1f} tok/s, "
+                print(f"round {rnd} {batch}x{seq} {side:>5}: {r['tokens_per_s']:7.1f} tok/s, "
                       f"peak RSS {r['peak_rss'] / 1e9:.2f} GB, wall {r['wall_s']:.1f} s, "
                       f"CPU {r['cpu_s'] / r['wall_s']:.2f} cores ({r['sys_s'] / r['cpu_s']:.0%} system), others {r['others_cores']:.2f} cores, "
                       f"loss {r['loss'][0]:.3f} → {r['loss'][-1]:.3f}", flush=True)
@@ -318,6 +325,15 @@ def main():
         print(f"| {batch} × {seq} | {med(w, 'tokens_per_s'):.1f} | {med(t, 'tokens_per_s'):.1f} | "
               f"**{statistics.median(ratios):.2f}×** ({min(ratios):.2f}–{max(ratios):.2f}) | "
               f"{max(r['peak_rss'] for r in w) / 1e9:.2f} GB | {max(r['peak_rss'] for r in t) / 1e9:.2f} GB |")
+    for base in args.baseline:
+        for batch, seq in shapes:
+            sel = lambda side: [r for r in runs if r["side"] == side and r["batch"] == batch and r["seq"] == seq]
+            w, b, t = sel("wick"), sel(base.name), sel("torch")
+            vs_torch = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(b, t)]
+            vs_base = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(w, b)]
+            print(f"{base.name} {batch} × {seq}: {statistics.median(r['tokens_per_s'] for r in b):.1f} tok/s, "
+                  f"{statistics.median(vs_torch):.2f}× PyTorch ({min(vs_torch):.2f}–{max(vs_torch):.2f}); "
+                  f"wick / {base.name} {statistics.median(vs_base):.2f}× ({min(vs_base):.2f}–{max(vs_base):.2f})")
     torch_version = next((r["torch"] for r in runs if "torch" in r), "?")
     print(f"\n{cpu}; {args.threads} threads; torch {torch_version}; "
           f"others' CPU during runs {min(r['others_cores'] for r in runs):.2f}–"

@@ -3,7 +3,6 @@
 //! the factors mounted as an adapter (the same `x·A·B` beside each linear layer that
 //! serving runs), the loss rows' log-probabilities come back, and the backward takes
 //! `∂L/∂log p` to the factors' gradients through the backend's tape.
-use rayon::prelude::*;
 use wick_engine::adapters::{LoraWeights, Target};
 use wick_engine::backend::tape::{GradRoot, ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
 use wick_engine::models::decoder::StagedPass;
@@ -112,10 +111,9 @@ const LAYER_INPUT: usize = usize::MAX;
 pub struct Forward {
     /// Per `Batch::targets` entry.
     pub logp: Vec<f32>,
-    /// Softmax of the target rows' logits, `[targets, vocab]`.
-    probs: Vec<f32>,
-    /// Where the backward starts: the target rows' logits (`None`: no target).
-    logits: Option<GradRoot>,
+    /// Where the backward starts: the targets' log-probabilities, whose gradient with
+    /// respect to their rows' hidden states the tape keeps (`None`: no target).
+    root: Option<GradRoot>,
     /// A checkpointed pass: the layers' inputs, from which the backward recomputes them.
     checkpoints: Option<Checkpoints>,
 }
@@ -237,13 +235,15 @@ impl<'a> TrainDecoder<'a> {
         Ok(LoraWeights::from_matrices(layers))
     }
 
-    /// The logits of `rows` of `batch`, on the backend.
+    /// The logits of `rows` of `batch` on the backend, or with `hidden` the final-normed
+    /// hidden states the output head takes.
     fn pass(
         &self,
         adapter: Option<AdapterRef<'_>>,
         batch: &Batch,
         rows: &[usize],
         record: bool,
+        hidden: bool,
     ) -> Result<TapeTensor> {
         self.check(batch)?;
         let be = self.backend();
@@ -251,10 +251,12 @@ impl<'a> TrainDecoder<'a> {
         be.set_dropout(adapter.and_then(|a| a.dropout));
         let lora = adapter.map(|a| self.mount(a)).transpose()?;
         let adapters: Vec<&LoraWeights<TapeBackend>> = lora.iter().collect();
-        let out = self
-            .base
-            .decoder
-            .forward_rows(&batch.seqs(), rows, &adapters);
+        let decoder = &self.base.decoder;
+        let out = if hidden {
+            decoder.forward_hidden_rows(&batch.seqs(), rows, &adapters)
+        } else {
+            decoder.forward_rows(&batch.seqs(), rows, &adapters)
+        };
         be.set_dropout(None);
         if out.is_err() {
             be.clear();
@@ -265,7 +267,7 @@ impl<'a> TrainDecoder<'a> {
     /// Every position's logits, `[rows, vocab]` (for parity tests and evaluation).
     pub fn logits(&self, adapter: Option<AdapterRef<'_>>, batch: &Batch) -> Result<Vec<f32>> {
         let rows: Vec<usize> = (0..batch.rows()).collect();
-        let t = self.pass(adapter, batch, &rows, false)?;
+        let t = self.pass(adapter, batch, &rows, false, false)?;
         Ok(t.data().to_vec())
     }
 
@@ -285,43 +287,43 @@ impl<'a> TrainDecoder<'a> {
         if rows.is_empty() {
             return Ok(Forward {
                 logp: Vec::new(),
-                probs: Vec::new(),
-                logits: None,
+                root: None,
                 checkpoints: None,
             });
         }
-        let (out, checkpoints) = match adapter {
+        let (hidden, checkpoints) = match adapter {
             Some(a) if record && self.checkpoint => {
                 let (out, ck) = self.checkpointed_pass(a, batch, &rows)?;
                 (out, Some(ck))
             }
-            _ => (self.pass(adapter, batch, &rows, record)?, None),
+            _ => (self.pass(adapter, batch, &rows, record, true)?, None),
         };
-        let (mut probs, logits) = out.into_values();
-        let vocab = logits.cols();
-        let logp: Vec<f32> = probs
-            .par_chunks_exact_mut(vocab)
-            .zip(&batch.targets)
-            .map(|(z, &(_, label))| {
-                let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f64 = z.iter().map(|&v| f64::from((v - max).exp())).sum();
-                let lse = max + sum.ln() as f32;
-                let logp = z[label as usize] - lse;
-                z.iter_mut().for_each(|v| *v = (*v - lse).exp());
-                logp
-            })
-            .collect();
+        // The head's product, log-softmax and each target's gradient in chunks of rows:
+        // the targets' logits, `[targets, vocab]`, are never held at once.
+        let labels: Vec<u32> = batch.targets.iter().map(|t| t.1).collect();
+        let head = self.base.decoder.output_head();
+        let be = self.backend();
+        let out = be.label_log_probs(
+            &hidden,
+            head.matrix,
+            head.bias,
+            head.multiplier,
+            head.softcap,
+            &labels,
+        );
+        if out.is_err() {
+            be.clear();
+        }
+        let (logp, root) = out?.into_values();
         Ok(Forward {
             logp,
-            probs,
-            logits: Some(logits),
+            root: Some(root),
             checkpoints,
         })
     }
-
     /// A checkpointed forward: the layers run unrecorded, one at a time, each one's input
-    /// kept from the lowest adapted layer up; only the head is recorded, from the last
-    /// layer's output as a tracked input.
+    /// kept from the lowest adapted layer up; only the final norm of the target rows is
+    /// recorded (the head follows), from the last layer's output as a tracked input.
     fn checkpointed_pass(
         &self,
         adapter: AdapterRef<'_>,
@@ -355,17 +357,17 @@ impl<'a> TrainDecoder<'a> {
             }
             be.set_recording(true);
             let x = be.tracked_input(x, LAYER_INPUT);
-            let logits = decoder.staged_head(&pass, &x, rows)?;
-            Ok((logits, pass, inputs))
+            let hidden = decoder.staged_hidden(&pass, &x, rows)?;
+            Ok((hidden, pass, inputs))
         };
         let out = run();
         be.set_dropout(None);
         if out.is_err() {
             be.clear();
         }
-        let (logits, pass, inputs) = out?;
+        let (hidden, pass, inputs) = out?;
         Ok((
-            logits,
+            hidden,
             Checkpoints {
                 pass,
                 lora,
@@ -445,25 +447,19 @@ impl<'a> TrainDecoder<'a> {
         grads: &mut LoraParams,
     ) -> Result<()> {
         let Forward {
-            probs,
-            logits,
-            checkpoints,
-            ..
+            root, checkpoints, ..
         } = fwd;
-        let Some(logits) = logits else {
+        let Some(root) = root else {
             return Ok(());
         };
-        let vocab = logits.cols();
-        let mut dz = probs;
-        // ∂log p(label)/∂z = onehot(label) − softmax(z).
-        dz.par_chunks_exact_mut(vocab)
-            .zip(&batch.targets)
-            .zip(dlogp)
-            .for_each(|((z, &(_, label)), &g)| {
-                z.iter_mut().for_each(|p| *p *= -g);
-                z[label as usize] += g;
-            });
-        let mut found = self.backend().backward(&logits, dz)?;
+        if dlogp.len() != batch.targets.len() {
+            return Err(TrainError::Config(format!(
+                "{} log-probability gradients for {} targets",
+                dlogp.len(),
+                batch.targets.len()
+            )));
+        }
+        let mut found = self.backend().backward(&root, dlogp.to_vec())?;
         let below = found.remove(&LAYER_INPUT);
         self.collect(adapter, found, grads);
         match (checkpoints, below) {

@@ -28,6 +28,17 @@ pub(super) enum Op {
         a: Option<usize>,
         b: Option<usize>,
     },
+    /// `y + x·Wᵀ` (a LoRA branch's `B` product added to the base output): a [`Op::Linear`]
+    /// whose output gradient also flows to `y` unchanged.
+    LinearAdd {
+        y: Option<usize>,
+        x: Option<usize>,
+        x_val: Option<Arc<Vec<f32>>>,
+        w: Arc<Stored>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    },
     Scale {
         x: usize,
         s: f32,
@@ -99,6 +110,14 @@ pub(super) enum Op {
         y: Option<usize>,
         d: Option<usize>,
         rows: Vec<usize>,
+        cols: usize,
+    },
+    /// `log p(label)` of each row of `x` through the output head
+    /// ([`super::TapeBackend::label_log_probs`]); `dx` `[rows, cols]` holds each
+    /// log-probability's gradient with respect to its row.
+    LabelLogProb {
+        x: usize,
+        dx: Vec<f32>,
         cols: usize,
     },
     /// The input of a recorded span, whose gradient is returned under `id`.
@@ -260,6 +279,40 @@ fn add_param(params: &mut ParamGrads, id: usize, g: Vec<f32>) {
     }
 }
 
+/// The backward of `x·Wᵀ` for output gradient `g`: `W`'s gradient where it is a
+/// parameter (from the saved input `x_val`), and `x`'s, into its gradient where another
+/// consumer started it (no buffer to zero and add afterwards).
+#[allow(clippy::too_many_arguments)]
+fn linear_back(
+    grads: &mut [Option<Vec<f32>>],
+    params: &mut ParamGrads,
+    g: &[f32],
+    x: Option<usize>,
+    x_val: Option<&Vec<f32>>,
+    w: &Stored,
+    n: usize,
+    inp: usize,
+    out: usize,
+) -> Result<()> {
+    if let (Stored::Param { id: pid, .. }, Some(xv)) = (w, x_val) {
+        let mut dw = vec![0.0; out * inp];
+        linear_back_weight(g, n, out, xv, inp, &mut dw, 1.0);
+        add_param(params, *pid, dw);
+    }
+    if let Some(x) = x {
+        let w = w.values()?;
+        match &mut grads[x] {
+            Some(acc) => linear_back_input(g, n, &w, out, inp, acc, 1.0),
+            slot @ None => {
+                let mut dx = vec![0.0; n * inp];
+                linear_back_input(g, n, &w, out, inp, &mut dx, 1.0);
+                *slot = Some(dx);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Walks `nodes` back from `out` (seeded with `seed`), returning the parameters'
 /// gradients. Each node's saved values are dropped once its rule has run.
 pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<ParamGrads> {
@@ -281,16 +334,39 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                 n,
                 inp,
                 out,
+            } => linear_back(
+                &mut grads,
+                &mut params,
+                &g,
+                x,
+                x_val.as_deref(),
+                &w,
+                n,
+                inp,
+                out,
+            )?,
+            Op::LinearAdd {
+                y,
+                x,
+                x_val,
+                w,
+                n,
+                inp,
+                out,
             } => {
-                if let (Stored::Param { id: pid, .. }, Some(xv)) = (&*w, &x_val) {
-                    let mut dw = vec![0.0; out * inp];
-                    linear_back_weight(&g, n, out, xv, inp, &mut dw, 1.0);
-                    add_param(&mut params, *pid, dw);
-                }
-                if let Some(x) = x {
-                    let mut dx = vec![0.0; n * inp];
-                    linear_back_input(&g, n, &w.values()?, out, inp, &mut dx, 1.0);
-                    accumulate(&mut grads, x, dx);
+                linear_back(
+                    &mut grads,
+                    &mut params,
+                    &g,
+                    x,
+                    x_val.as_deref(),
+                    &w,
+                    n,
+                    inp,
+                    out,
+                )?;
+                if let Some(y) = y {
+                    accumulate(&mut grads, y, g);
                 }
             }
             Op::Add { a, b } => match (a, b) {
@@ -413,6 +489,12 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                 if let Some(y) = y {
                     accumulate(&mut grads, y, g);
                 }
+            }
+            Op::LabelLogProb { x, mut dx, cols } => {
+                dx.par_chunks_mut(cols.max(1))
+                    .zip(g.par_iter())
+                    .for_each(|(row, &d)| row.iter_mut().for_each(|v| *v *= d));
+                accumulate(&mut grads, x, dx);
             }
             Op::Input { id } => add_param(&mut params, id, g),
             Op::Dropout {

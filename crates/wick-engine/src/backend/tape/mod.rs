@@ -19,10 +19,12 @@
 //! - `backward.rs`: the tape and each op's backward rule;
 //! - `attention.rs`: causal grouped-query attention of whole sequences and its backward;
 //! - `products.rs`: the f32 matrix products;
-//! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again.
+//! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again;
+//! - `head.rs`: the loss rows' log-probabilities through the output head, in row chunks.
 mod attention;
 mod backward;
 mod dropout;
+mod head;
 pub mod products;
 
 use std::borrow::Cow;
@@ -373,6 +375,66 @@ impl TapeBackend {
         }
     }
 
+    /// `log p(labels[i])` of each row of `x`, the final-normed hidden states of the loss
+    /// rows, under the output head `softcap(multiplier · (x·wᵀ + bias))`
+    /// ([`crate::models::decoder::Decoder::output_head`]), as `[rows, 1]`. The head's
+    /// product, log-softmax and each row's gradient run in chunks of rows, so the
+    /// `[rows, vocab]` logits are never held at once; recorded (the gradient of each
+    /// log-probability with respect to its row kept for the backward) when `x` is.
+    pub fn label_log_probs(
+        &self,
+        x: &TapeTensor,
+        w: &TapeMatrix,
+        bias: Option<&TapeTensor>,
+        multiplier: Option<f32>,
+        softcap: Option<f32>,
+        labels: &[u32],
+    ) -> Result<TapeTensor> {
+        if x.cols != w.cols || labels.len() != x.rows {
+            return Err(shape_err(format!(
+                "label_log_probs: {}x{} hidden states with {} labels for a {}x{} head",
+                x.rows,
+                x.cols,
+                labels.len(),
+                w.rows,
+                w.cols
+            )));
+        }
+        if let Some(&bad) = labels.iter().find(|&&l| l as usize >= w.rows) {
+            return Err(EngineError::InvalidInput(format!(
+                "label {bad} is outside the vocabulary of {}",
+                w.rows
+            )));
+        }
+        if let Some(b) = bias.filter(|b| b.data.len() != w.rows) {
+            return Err(shape_err(format!(
+                "label_log_probs: a bias of {} for {} logits",
+                b.data.len(),
+                w.rows
+            )));
+        }
+        let grad = x.node.is_some() && self.tape().recording;
+        let values = w.stored.values()?;
+        let spec = head::Head {
+            w: &values,
+            vocab: w.rows,
+            hidden: w.cols,
+            bias: bias.map(|b| b.data.as_slice()),
+            multiplier,
+            softcap,
+        };
+        let (logp, dx) = head::label_log_probs(spec, &x.data, labels, grad);
+        let n = x.rows;
+        Ok(match (x.node, dx) {
+            (Some(xn), Some(dx)) => self.out(logp, n, 1, true, || Op::LabelLogProb {
+                x: xn,
+                dx,
+                cols: w.cols,
+            }),
+            _ => TapeTensor::leaf(logp, n, 1),
+        })
+    }
+
     /// The encodings the frozen weights came in, joined by `+` (`Q4_1+Q6_K`).
     pub fn stored_as(&self) -> String {
         let types = self.stored_types.lock().unwrap_or_else(|e| e.into_inner());
@@ -489,6 +551,45 @@ impl TapeBackend {
             }),
             None => TapeTensor::leaf(out, x.rows, x.cols),
         }
+    }
+
+    /// `y + x·wᵀ`, the product accumulated into `y`'s values (in place where nothing
+    /// else holds them): a LoRA branch's `B` product added to the base output without a
+    /// buffer for the product and a pass to add it.
+    fn linear_add(&self, y: TapeTensor, x: &TapeTensor, w: &TapeMatrix) -> Result<TapeTensor> {
+        if x.cols != w.cols || y.cols != w.rows || y.rows != x.rows {
+            return Err(shape_err(format!(
+                "linear_add: {}x{} plus {}x{} times a {}x{} matrix transposed",
+                y.rows, y.cols, x.rows, x.cols, w.rows, w.cols
+            )));
+        }
+        let (n, out, inp) = (x.rows, w.rows, w.cols);
+        let yn = y.node;
+        let mut values = Arc::try_unwrap(y.data).unwrap_or_else(|shared| shared.to_vec());
+        products::gemm(
+            n,
+            out,
+            inp,
+            &x.data,
+            products::Layout::Plain,
+            &w.stored.values()?,
+            products::Layout::Transposed,
+            &mut values,
+            true,
+            1.0,
+            true,
+        );
+        let param = matches!(*w.stored, Stored::Param { .. });
+        let tracked = yn.is_some() || x.node.is_some() || param;
+        Ok(self.out(values, n, out, tracked, || Op::LinearAdd {
+            y: yn,
+            x: x.node,
+            x_val: param.then(|| x.data.clone()),
+            w: w.stored.clone(),
+            n,
+            inp,
+            out,
+        }))
     }
 
     fn check_same(op: &str, a: &TapeTensor, b: &TapeTensor) -> Result<()> {
@@ -1018,10 +1119,10 @@ impl Backend for TapeBackend {
                     };
                     let xs = self.lora_input(&xs, d.a);
                     let t = self.linear(&xs, d.a, None)?;
-                    let delta = self.linear(&t, d.b, None)?;
                     y = if d.all {
-                        self.add(&y, &delta)?
+                        self.linear_add(y, &t, d.b)?
                     } else {
+                        let delta = self.linear(&t, d.b, None)?;
                         self.add_rows(&y, d.rows, &delta)?
                     };
                 }

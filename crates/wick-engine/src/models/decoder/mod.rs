@@ -135,6 +135,19 @@ pub(crate) enum LayerStack<B: Backend> {
     Hybrid(Hybrid<B>),
 }
 
+/// The output head of a decoder ([`Decoder::output_head`]): logits are
+/// `softcap(multiplier · (x·Wᵀ + bias))` of the final-normed hidden states `x`.
+pub struct OutputHead<'a, B: Backend> {
+    /// `W`, `[vocab, hidden]` (the tied embedding where the head is tied).
+    pub matrix: &'a B::Matrix,
+    /// `[vocab]`: 0 for the tokenizer's ids, `-inf` for padded rows of the head.
+    pub bias: Option<&'a B::Tensor>,
+    /// The family's logit multiplier.
+    pub multiplier: Option<f32>,
+    /// The final soft cap.
+    pub softcap: Option<f32>,
+}
+
 /// The per-pass state of a training pass run in stages ([`Decoder::staged_pass`]): the
 /// sequences' tokens, their (empty) caches, row ranges and rotary tables.
 pub struct StagedPass<B: Backend> {
@@ -579,6 +592,40 @@ impl<B: Backend> Decoder<B> {
         rows: &[usize],
         adapters: &[&LoraWeights<B>],
     ) -> Result<B::Tensor> {
+        self.training_pass(seqs, rows, adapters, false)
+    }
+
+    /// [`Decoder::forward_rows`] stopped before the output head: the final-normed hidden
+    /// states of `rows`, which [`Decoder::output_head`] maps to logits. A trainer takes
+    /// the loss rows through the head in chunks of rows rather than holding all their
+    /// logits (`[rows, vocab]`) at once.
+    pub fn forward_hidden_rows(
+        &self,
+        seqs: &[&[u32]],
+        rows: &[usize],
+        adapters: &[&LoraWeights<B>],
+    ) -> Result<B::Tensor> {
+        self.training_pass(seqs, rows, adapters, true)
+    }
+
+    /// The output head: logits are `softcap(multiplier · (x·Wᵀ + bias))` of the final-normed
+    /// hidden states `x`, each step where the family has it.
+    pub fn output_head(&self) -> OutputHead<'_, B> {
+        OutputHead {
+            matrix: self.output.as_ref().unwrap_or(&self.embed),
+            bias: self.vocab_mask.as_ref().map(VocabMask::bias),
+            multiplier: self.cfg.features.logit_multiplier,
+            softcap: self.cfg.final_softcap,
+        }
+    }
+
+    fn training_pass(
+        &self,
+        seqs: &[&[u32]],
+        rows: &[usize],
+        adapters: &[&LoraWeights<B>],
+        hidden: bool,
+    ) -> Result<B::Tensor> {
         let ids: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied()).collect();
         let counts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
         let mut owned: Vec<SequenceCache<B>> = seqs.iter().map(|_| self.new_cache()).collect();
@@ -590,7 +637,7 @@ impl<B: Backend> Decoder<B> {
                 &mut caches,
                 &counts,
                 Pick::Rows(rows),
-                false,
+                hidden,
                 &lora,
             )
         })?;
@@ -706,6 +753,27 @@ impl<B: Backend> Decoder<B> {
         x: &B::Tensor,
         rows: &[usize],
     ) -> Result<B::Tensor> {
+        self.staged_rows(pass, x, rows, false)
+    }
+
+    /// The final-normed hidden states of `rows` of the last span's output (the input of
+    /// [`Decoder::output_head`]).
+    pub fn staged_hidden(
+        &self,
+        pass: &StagedPass<B>,
+        x: &B::Tensor,
+        rows: &[usize],
+    ) -> Result<B::Tensor> {
+        self.staged_rows(pass, x, rows, true)
+    }
+
+    fn staged_rows(
+        &self,
+        pass: &StagedPass<B>,
+        x: &B::Tensor,
+        rows: &[usize],
+        hidden: bool,
+    ) -> Result<B::Tensor> {
         let total = pass.rows();
         if rows.is_empty() {
             return Err(EngineError::InvalidInput(
@@ -717,7 +785,7 @@ impl<B: Backend> Decoder<B> {
                 "row {bad} picked of a pass of {total}"
             )));
         }
-        self.backend.pass(|| self.head(x, rows, false))
+        self.backend.pass(|| self.head(x, rows, hidden))
     }
 
     /// The forward pass: `counts[i]` new tokens of `caches[i]` (flattened in `input`),
