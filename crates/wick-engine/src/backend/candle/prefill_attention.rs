@@ -407,6 +407,9 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
     }
     let lo = bounds.iter().map(|b| b.0).min().unwrap_or(0);
     let hi = bounds.iter().map(|b| b.1).max().unwrap_or(0);
+    // Tiles within `last_first .. first_end` are seen whole by every row.
+    let last_first = bounds.iter().map(|b| b.0).max().unwrap_or(0);
+    let first_end = bounds.iter().map(|b| b.1).min().unwrap_or(0);
     // Tiles from the last key back, so the diagonal tile ends where the rows' keys do
     // and the masked triangle it computes in vain is only as wide as the block (for the
     // bf16 products, tiles of whole packed groups, their padding masked like any key
@@ -456,8 +459,9 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
             Tiles::Bf16(packed, bf) => {
                 // Only the columns each band of 16 rows sees, on AMX: the causal triangle's
                 // masked blocks (and those before a sliding window) are never computed.
+                // (No bands: every row sees every column.)
                 s.bands.clear();
-                if bf.tiled() {
+                if bf.tiled() && !(last_first <= t0 && t1 <= first_end) {
                     s.bands
                         .extend((0..m / 16).map(|i| band_columns(&bounds, group, i, (t0, t1))));
                 }

@@ -507,7 +507,28 @@ unsafe fn exp16(p: *const f32, live: __mmask16, shift: __m512) -> (__m512, __m51
     for &c in EXP2[..6].iter().rev() {
         y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
     }
-    (_mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, k)), x)
+    (_mm512_maskz_scalef_ps(live, y, k), x)
+}
+
+/// 32 scores at `src` (the lanes `l0` of the first sixteen, `l1` of the second) into 16
+/// probability pairs at `dst`, their sum and maximum into `sum` and `top`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pairs_chunk(
+    src: *const f32,
+    dst: *mut __m512i,
+    (l0, l1): (__mmask16, __mmask16),
+    shift: __m512,
+    (sum, top): (&mut __m512, &mut __m512),
+) {
+    let (y0, x0) = exp16(src, l0, shift);
+    let (y1, x1) = exp16(src.add(16), l1, shift);
+    *top = _mm512_mask_max_ps(*top, l0, *top, x0);
+    *top = _mm512_mask_max_ps(*top, l1, *top, x1);
+    *sum = _mm512_add_ps(*sum, _mm512_add_ps(y0, y1));
+    // Positions `0 .. 16` in the low half, in order.
+    let h = _mm512_cvtne2ps_pbh(y1, y0);
+    _mm512_storeu_si512(dst.cast(), std::mem::transmute::<__m512bh, __m512i>(h));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -528,18 +549,15 @@ unsafe fn exp_pairs_avx512(
             _mm512_storeu_si512(dst.add(c).cast(), _mm512_setzero_si512());
             continue;
         }
-        let (l0, l1) = (lanes_in(j, (a, b)), lanes_in(j + 16, (a, b)));
-        let (y0, x0) = exp16(row.as_ptr().add(j), l0, m);
-        let (y1, x1) = exp16(row.as_ptr().add(j + 16), l1, m);
-        top = _mm512_mask_max_ps(top, l0, top, x0);
-        top = _mm512_mask_max_ps(top, l1, top, x1);
-        sum = _mm512_add_ps(sum, _mm512_add_ps(y0, y1));
-        // Positions `j .. j + 16` in the low half, in order: pairs `j / 2 ..`.
-        let h = _mm512_cvtne2ps_pbh(y1, y0);
-        _mm512_storeu_si512(
-            dst.add(c).cast(),
-            std::mem::transmute::<__m512bh, __m512i>(h),
-        );
+        // Chunks inside the keys (all but the edges) with constant masks, which the
+        // compiler drops.
+        let (src, to) = (row.as_ptr().add(j), dst.add(c));
+        if a <= j && j + 32 <= b {
+            pairs_chunk(src, to, (!0, !0), m, (&mut sum, &mut top));
+        } else {
+            let lanes = (lanes_in(j, (a, b)), lanes_in(j + 16, (a, b)));
+            pairs_chunk(src, to, lanes, m, (&mut sum, &mut top));
+        }
     }
     (_mm512_reduce_add_ps(sum), _mm512_reduce_max_ps(top))
 }
