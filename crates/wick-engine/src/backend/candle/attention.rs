@@ -1279,7 +1279,7 @@ pub(super) mod tests {
                                     let got = f64::from(out.data()[i * q_w + h * hd + d]);
                                     let off = (got - want).abs();
                                     // (NaN included.)
-                                    if !(off <= worst) {
+                                    if off.is_nan() || off > worst {
                                         worst = off;
                                     }
                                 }

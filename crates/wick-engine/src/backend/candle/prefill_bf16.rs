@@ -453,7 +453,10 @@ fn by_bands(
             j += 1;
         }
         assert!(
-            cols.0 <= cols.1 && cols.1 <= n && cols.0 % 32 == 0 && cols.1 % 32 == 0,
+            cols.0 <= cols.1
+                && cols.1 <= n
+                && cols.0.is_multiple_of(32)
+                && cols.1.is_multiple_of(32),
             "band columns {cols:?} of {n}"
         );
         if cols.0 < cols.1 {
