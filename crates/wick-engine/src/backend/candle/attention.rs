@@ -1150,6 +1150,153 @@ pub(super) mod tests {
         }
     }
 
+    /// The bf16 products' attention (on AMX tiles where the CPU has them, and on AVX-512
+    /// BF16 alone) with its fused softmax — masking, exponential, sum and rounding in one
+    /// pass, masked blocks skipped, a row's shift raised only when a score passes it by
+    /// far — against a plain f64 softmax over the same rounded operands: queries scaled
+    /// and rounded to bf16, keys and values centred on their mean over the call's
+    /// positions and rounded. Only the probabilities' own rounding to bf16 (at most 2⁻⁸ of
+    /// each) is left, so no output may be further off than 2⁻⁸ of the largest centred
+    /// value, plus f32 sums. Shapes: grouped query heads of 64 and 128 dimensions, sliding
+    /// windows that begin inside the key tiles and the bands of rows, a first chunk and
+    /// one after it, and keys whose scores pass every earlier row maximum by far (the
+    /// last shape). Soft-capped models keep the f32 products (the test above covers them).
+    #[test]
+    fn long_prompt_bf16_softmax_matches_the_rounded_reference() {
+        let mut families = vec![Isa::Avx512Vnni];
+        if wick_kernels::amx::support().is_ok() {
+            families.push(Isa::Amx);
+        } else {
+            eprintln!("AMX tile products skipped: the CPU cannot run tiles");
+        }
+        if super::Bf16Products::detect(Isa::Avx512Vnni).is_none() {
+            eprintln!("skipped: the CPU has no AVX-512 BF16");
+            return;
+        }
+        let bf = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
+        let split = prefill_attention::MIN_KEYS;
+        let n = split + 2 * prefill_attention::MIN_ROWS + 5;
+        for isa in families {
+            let be = CandleBackend::cpu()
+                .with_isa(isa)
+                .with_kv_dtype(KvDtype::F32)
+                .with_bf16_prompt_attention(true);
+            for (heads, kv_heads, hd, window, loud) in [
+                (14, 2, 64, None, false),
+                (8, 2, 128, Some(300), false),
+                (4, 4, 64, Some(1001), true),
+            ] {
+                let p = params(heads, kv_heads, hd, window, None);
+                let group = heads / kv_heads;
+                let (q_w, kv_w) = (heads * hd, kv_heads * hd);
+                // Queries share a part on their first 8 dimensions, which the loud keys
+                // meet with a large one: their scores pass the others by about 120, past
+                // where `exp` of the difference overflows f32.
+                let q: Vec<f32> = noise(17, n * q_w)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| 1.5 * x + if loud && i % hd < 8 { 1.0 } else { 0.0 })
+                    .collect();
+                // A bias on some dimensions, as models with biased key projections have.
+                let k: Vec<f32> = noise(18, n * kv_w)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| {
+                        let (t, d) = (i / kv_w, i % hd);
+                        let bias = if d < 4 { 20.0 } else { 0.0 };
+                        let shout = if loud && d < 8 && t % 509 == 7 {
+                            120.0
+                        } else {
+                            0.0
+                        };
+                        3.0 * x + bias + shout
+                    })
+                    .collect();
+                let v = noise(19, n * kv_w);
+                let tensor =
+                    |x: &[f32], w: usize| HostTensor::from_vec(x.to_vec(), x.len() / w, w).unwrap();
+                let mut cache = be.new_kv_layer(kv_heads, hd, window);
+                let (mut worst, mut bound) = (0f64, 0f64);
+                for span in [0..split, split..n] {
+                    let out = be
+                        .attention(
+                            &tensor(&q[span.start * q_w..span.end * q_w], q_w),
+                            &tensor(&k[span.start * kv_w..span.end * kv_w], kv_w),
+                            &tensor(&v[span.start * kv_w..span.end * kv_w], kv_w),
+                            &mut [AttentionSegment {
+                                rows: 0..span.len(),
+                                cache: &mut cache,
+                            }],
+                            &p,
+                        )
+                        .unwrap();
+                    // The call's keys: from the first row's first one.
+                    let first = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let from = first(span.start);
+                    for kvh in 0..kv_heads {
+                        // Centred on the mean over the call's keys, rounded: `[t − from][d]`.
+                        let centred = |x: &[f32]| -> (Vec<f64>, Vec<f32>) {
+                            let at = |t: usize, d: usize| x[t * kv_w + kvh * hd + d];
+                            let mean: Vec<f32> = (0..hd)
+                                .map(|d| {
+                                    let s: f64 =
+                                        (from..span.end).map(|t| f64::from(at(t, d))).sum();
+                                    (s / (span.end - from) as f64) as f32
+                                })
+                                .collect();
+                            let c = (from..span.end)
+                                .flat_map(|t| (0..hd).map(move |d| (t, d)))
+                                .map(|(t, d)| bf(at(t, d) - mean[d]))
+                                .collect();
+                            (c, mean)
+                        };
+                        let ((kc, _), (vc, vm)) = (centred(&k), centred(&v));
+                        let largest = vc.iter().fold(0f64, |m, x| m.max(x.abs()));
+                        bound = bound.max(largest / 256.0 + 1e-4);
+                        for (i, pos) in span.clone().enumerate() {
+                            for h in kvh * group..(kvh + 1) * group {
+                                let qr: Vec<f64> = q[pos * q_w + h * hd..][..hd]
+                                    .iter()
+                                    .map(|&x| bf(x * p.scale))
+                                    .collect();
+                                let keys = first(pos) - from..pos + 1 - from;
+                                let scores: Vec<f64> = keys
+                                    .clone()
+                                    .map(|t| qr.iter().zip(&kc[t * hd..]).map(|(a, b)| a * b).sum())
+                                    .collect();
+                                let max = scores.iter().copied().fold(f64::MIN, f64::max);
+                                let mut acc = vec![0f64; hd];
+                                let mut sum = 0f64;
+                                for (t, s) in keys.zip(&scores) {
+                                    let w = (s - max).exp();
+                                    sum += w;
+                                    for (a, x) in acc.iter_mut().zip(&vc[t * hd..(t + 1) * hd]) {
+                                        *a += w * x;
+                                    }
+                                }
+                                for d in 0..hd {
+                                    let want = acc[d] / sum + f64::from(vm[d]);
+                                    let got = f64::from(out.data()[i * q_w + h * hd + d]);
+                                    let off = (got - want).abs();
+                                    // (NaN included.)
+                                    if off.is_nan() || off > worst {
+                                        worst = off;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                assert!(
+                    worst <= bound,
+                    "{isa:?} {heads}/{kv_heads} heads of {hd}, window {window:?}: {worst} from \
+                     the rounded reference (bound {bound})"
+                );
+                eprintln!("{isa:?} {heads}/{kv_heads}x{hd} window {window:?}: {worst:.2e} (bound {bound:.2e})");
+            }
+        }
+    }
+
     /// Decode rows that see more than [`SPLIT_KEYS`] keys are cut into pieces and merged:
     /// they match the f64 reference (with and without a window whose start falls inside a
     /// piece), and a row gives the same bits alone and beside another sequence's row.

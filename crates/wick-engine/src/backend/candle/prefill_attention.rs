@@ -321,6 +321,8 @@ struct Scratch {
     q_pairs: Vec<u32>,
     p_pairs: Vec<u32>,
     scores: Vec<f32>,
+    /// Each 16-row band's columns of the current tile (AMX only).
+    bands: Vec<(usize, usize)>,
     acc: Vec<f32>,
     max: Vec<f32>,
     sum: Vec<f32>,
@@ -367,9 +369,9 @@ fn attend_block_avx512(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scra
 }
 
 /// The work of [`attend_block`]: the query heads stacked (matrix row `i * group + g`, the
-/// scale folded in unless scores are soft-capped), then per tile of keys `S = Q·Kᵀ`, each
-/// row's scores outside its keys zeroed and the rest turned into `exp(s − running max)`
-/// with the running sum and the accumulator rescaled when the maximum grows, and
+/// scale folded in unless scores are soft-capped), then per tile of keys `S = Q·Kᵀ`, the
+/// softmax of each row's scores within its keys ([`softmax_f32`], [`softmax_bf16`]) with
+/// the running sum and the accumulator rescaled when the row's shift grows, and
 /// `O += P·V`; finally each row divided by its sum.
 #[inline(always)]
 fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch) {
@@ -405,6 +407,9 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
     }
     let lo = bounds.iter().map(|b| b.0).min().unwrap_or(0);
     let hi = bounds.iter().map(|b| b.1).max().unwrap_or(0);
+    // Tiles within `last_first .. first_end` are seen whole by every row.
+    let last_first = bounds.iter().map(|b| b.0).max().unwrap_or(0);
+    let first_end = bounds.iter().map(|b| b.1).min().unwrap_or(0);
     // Tiles from the last key back, so the diagonal tile ends where the rows' keys do
     // and the masked triangle it computes in vain is only as wide as the block (for the
     // bf16 products, tiles of whole packed groups, their padding masked like any key
@@ -429,50 +434,20 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
                 // S = Q · Kᵀ: the keys `[position][dim]` read as a `dim × position` matrix.
                 let keys = &kv.keys[(t0 - kv.base) * hd..(t1 - kv.base) * hd];
                 matmul((m, n, hd), scores, false, (&s.q, hd, 1), (keys, 1, hd));
-            }
-            Tiles::Bf16(packed, bf) => bf.scores(&s.q_pairs, m, packed, (t0, t1), scores),
-        }
-        for (i, &(from, to)) in bounds.iter().enumerate() {
-            let (a, b) = (from.clamp(t0, t1) - t0, to.clamp(t0, t1) - t0);
-            for g in 0..group {
-                let mi = i * group + g;
-                let row = &mut scores[mi * n..(mi + 1) * n];
-                row[..a.min(b)].fill(0.0);
-                row[b.max(a)..].fill(0.0);
-                if a >= b {
-                    continue;
-                }
-                let live = &mut row[a..b];
-                if let Some(cap) = p.softcap {
-                    for x in live.iter_mut() {
-                        *x = cap * (*x * p.scale / cap).tanh();
-                    }
-                }
-                let new_max = s.max[mi].max(max_of(live));
-                let carry = (s.max[mi] - new_max).exp();
-                s.max[mi] = new_max;
-                let tile_sum = match kv {
-                    Tiles::F32(_) => {
-                        for x in live.iter_mut() {
-                            *x -= new_max;
-                        }
-                        exp_in_place(live);
-                        lane_sum(live)
-                    }
-                    Tiles::Bf16(_, bf) => bf.exp_sum(live, new_max),
-                };
-                s.sum[mi] = s.sum[mi] * carry + tile_sum;
-                if carry != 1.0 {
-                    for x in &mut s.acc[mi * hd..(mi + 1) * hd] {
-                        *x *= carry;
-                    }
-                }
-            }
-        }
-        // O += P · V.
-        match kv {
-            Tiles::F32(kv) => {
+                softmax_f32(
+                    &bounds,
+                    group,
+                    (t0, t1),
+                    p,
+                    Running {
+                        max: &mut s.max,
+                        sum: &mut s.sum,
+                        acc: &mut s.acc,
+                    },
+                    scores,
+                );
                 let values = &kv.values[(t0 - kv.base) * hd..(t1 - kv.base) * hd];
+                // O += P · V.
                 matmul(
                     (m, hd, n),
                     &mut s.acc,
@@ -482,8 +457,33 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
                 );
             }
             Tiles::Bf16(packed, bf) => {
-                bf.pairs(scores, &mut s.p_pairs);
-                bf.accumulate(&s.p_pairs, m, packed, (t0, t1), &mut s.acc);
+                // Only the columns each band of 16 rows sees, on AMX: the causal triangle's
+                // masked blocks (and those before a sliding window) are never computed.
+                // (No bands: every row sees every column.)
+                s.bands.clear();
+                if bf.tiled() && !(last_first <= t0 && t1 <= first_end) {
+                    s.bands
+                        .extend((0..m / 16).map(|i| band_columns(&bounds, group, i, (t0, t1))));
+                }
+                bf.scores(&s.q_pairs, m, packed, (t0, t1), &s.bands, scores);
+                if s.p_pairs.len() < m * n / 2 {
+                    s.p_pairs.resize(m * n / 2, 0);
+                }
+                let probs = &mut s.p_pairs[..m * n / 2];
+                softmax_bf16(
+                    *bf,
+                    &bounds,
+                    group,
+                    (t0, t1),
+                    Running {
+                        max: &mut s.max,
+                        sum: &mut s.sum,
+                        acc: &mut s.acc,
+                    },
+                    scores,
+                    probs,
+                );
+                bf.accumulate(probs, m, packed, (t0, t1), &s.bands, &mut s.acc);
             }
         }
         t1 = t0;
@@ -506,6 +506,147 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
                 *o += c;
             }
         }
+    }
+}
+
+/// Row `mi`'s keys within the tile `t0 .. t1`, relative to `t0` (empty where it sees
+/// none of them).
+fn live_keys(
+    bounds: &[(usize, usize)],
+    group: usize,
+    mi: usize,
+    (t0, t1): (usize, usize),
+) -> (usize, usize) {
+    let (from, to) = bounds[mi / group];
+    let (a, b) = (from.clamp(t0, t1) - t0, to.clamp(t0, t1) - t0);
+    (a, b.max(a))
+}
+
+/// The columns of the tile `t0 .. t1` that band `i` (rows `16 i .. 16 i + 16`) sees, out
+/// to multiples of 32; `(0, 0)` when it sees none. A band's rows are consecutive
+/// positions, whose keys overlap or touch, so the band sees one span.
+fn band_columns(
+    bounds: &[(usize, usize)],
+    group: usize,
+    i: usize,
+    (t0, t1): (usize, usize),
+) -> (usize, usize) {
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for mi in 16 * i..16 * (i + 1) {
+        let (a, b) = live_keys(bounds, group, mi, (t0, t1));
+        if a < b {
+            lo = lo.min(a);
+            hi = hi.max(b);
+        }
+    }
+    if lo >= hi {
+        return (0, 0);
+    }
+    (lo / 32 * 32, hi.next_multiple_of(32).min(t1 - t0))
+}
+
+/// A unit's running softmax state, borrowed from its [`Scratch`].
+struct Running<'a> {
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+    acc: &'a mut [f32],
+}
+
+impl Running<'_> {
+    /// Row `mi`'s probabilities are now relative to `shift` (at least its old maximum):
+    /// its sum and accumulator are rescaled, then `tile_sum` added.
+    fn carry(&mut self, mi: usize, hd: usize, shift: f32, tile_sum: f32) {
+        let old = self.max[mi];
+        if shift != old {
+            self.max[mi] = shift;
+            // Nothing accumulated yet while the old maximum is −∞.
+            if old != f32::NEG_INFINITY {
+                let carry = (old - shift).exp();
+                self.sum[mi] *= carry;
+                for x in &mut self.acc[mi * hd..(mi + 1) * hd] {
+                    *x *= carry;
+                }
+            }
+        }
+        self.sum[mi] += tile_sum;
+    }
+}
+
+/// The f32 products' softmax of one tile: each row's scores outside its keys zeroed, the
+/// rest (soft-capped where the model says) turned into `exp(s − running max)`.
+#[inline(always)]
+fn softmax_f32(
+    bounds: &[(usize, usize)],
+    group: usize,
+    tile: (usize, usize),
+    p: &AttentionParams,
+    mut run: Running<'_>,
+    scores: &mut [f32],
+) {
+    let n = tile.1 - tile.0;
+    for (mi, row) in scores.chunks_exact_mut(n).enumerate() {
+        let (a, b) = live_keys(bounds, group, mi, tile);
+        row[..a].fill(0.0);
+        row[b..].fill(0.0);
+        if a == b {
+            continue;
+        }
+        let live = &mut row[a..b];
+        if let Some(cap) = p.softcap {
+            for x in live.iter_mut() {
+                *x = cap * (*x * p.scale / cap).tanh();
+            }
+        }
+        let new_max = run.max[mi].max(max_of(live));
+        for x in live.iter_mut() {
+            *x -= new_max;
+        }
+        exp_in_place(live);
+        run.carry(mi, p.head_dim, new_max, lane_sum(live));
+    }
+}
+
+/// How far past a row's shift a tile's scores may go before the row is redone with a
+/// larger one: probabilities up to `e^16` (sums of them stay far inside f32).
+const SHIFT_SLACK: f32 = 16.0;
+
+/// The bf16 products' softmax of one tile in one pass per row: masking, exponential, sum
+/// and rounding to bf16 pairs (`probs`, `[row][n / 2]`) together
+/// ([`Bf16Products::exp_pairs`]). A row's first tile shifts by its maximum; later tiles
+/// keep the running shift unless a score passes it by more than [`SHIFT_SLACK`], so the
+/// maximum costs no pass of its own (the rare row that passes is redone).
+#[inline(always)]
+fn softmax_bf16(
+    bf: Bf16Products,
+    bounds: &[(usize, usize)],
+    group: usize,
+    tile: (usize, usize),
+    mut run: Running<'_>,
+    scores: &[f32],
+    probs: &mut [u32],
+) {
+    let n = tile.1 - tile.0;
+    let hd = run.acc.len() / run.max.len();
+    for (mi, (row, out)) in scores
+        .chunks_exact(n)
+        .zip(probs.chunks_exact_mut(n / 2))
+        .enumerate()
+    {
+        let (a, b) = live_keys(bounds, group, mi, tile);
+        if a == b {
+            out.fill(0);
+            continue;
+        }
+        let mut shift = run.max[mi];
+        if shift == f32::NEG_INFINITY {
+            shift = max_of(&row[a..b]);
+        }
+        let (mut sum, top) = bf.exp_pairs(row, (a, b), shift, out);
+        if top > shift + SHIFT_SLACK {
+            shift = top;
+            sum = bf.exp_pairs(row, (a, b), shift, out).0;
+        }
+        run.carry(mi, hd, shift, sum);
     }
 }
 

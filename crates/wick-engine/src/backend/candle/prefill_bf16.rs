@@ -236,16 +236,36 @@ impl PackedPiece<'_> {
 }
 
 impl Bf16Products {
-    /// Replaces each score `x` of `row` with `exp(x − max)` and returns their sum. The
-    /// results are rounded to bf16 for the `P·V` product, so a polynomial good to about
-    /// 2e-7 relative (far below bf16's 4e-3) replaces the exactly rounded exponential of
-    /// the f32 path. `max` must be at least every score.
-    pub(crate) fn exp_sum(self, row: &mut [f32], max: f32) -> f32 {
+    /// One row of a tile's softmax in one pass over its scores: `out[i]` becomes the pair
+    /// of probabilities `exp(row[2i] − shift)`, `exp(row[2i + 1] − shift)` rounded to bf16
+    /// (the left operand of [`accumulate`](Self::accumulate)), zero outside the row's
+    /// keys `live = (a, b)`; returns their sum (of the unrounded values) and the largest
+    /// score in `a .. b`. Scores outside `a .. b` are not read. `row.len()` must be a
+    /// multiple of 32 and `out` hold `row.len() / 2` pairs.
+    ///
+    /// The results are rounded to bf16 for the `P·V` product, so a polynomial good to
+    /// about 2e-7 relative (far below bf16's 4e-3) replaces the exactly rounded
+    /// exponential of the f32 path. Where a score exceeds `shift` by more than about 88
+    /// the sum is infinite: callers redo such a row with a larger shift.
+    pub(crate) fn exp_pairs(
+        self,
+        row: &[f32],
+        live: (usize, usize),
+        shift: f32,
+        out: &mut [u32],
+    ) -> (f32, f32) {
+        assert!(
+            row.len().is_multiple_of(32) && out.len() == row.len() / 2,
+            "probability pairs of {} scores into {}",
+            row.len(),
+            out.len()
+        );
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the proof says the CPU has AVX-512F; the loop reads and writes `row`'s
-        // own elements only (the tail masked).
+        // SAFETY: the proof says the CPU has AVX-512F/BW and BF16; the loop reads `row`
+        // and writes `out` in whole chunks of 32 scores (16 pairs), which the assertion
+        // keeps in bounds.
         unsafe {
-            exp_sum_avx512(row, max)
+            exp_pairs_avx512(row, live, shift, out)
         }
         #[cfg(not(target_arch = "x86_64"))]
         match self.proof {}
@@ -278,15 +298,25 @@ impl Bf16Products {
         match self.proof {}
     }
 
+    /// Whether whole tiles of 16 rows run on AMX (and so [`scores`](Self::scores) and
+    /// [`accumulate`](Self::accumulate) heed their `bands`).
+    pub(crate) fn tiled(self) -> bool {
+        self.tiles
+    }
+
     /// `scores (m × n) = Q · Kᵀ` for key positions `t0 .. t1` of `kv` (both multiples of
     /// [`ALIGN`] from its base; `n = t1 − t0`), `q` the `m` query rows as
-    /// [`pairs`](Self::pairs).
+    /// [`pairs`](Self::pairs). On AMX, the rows of band `i` (rows `16 i .. 16 i + 16`,
+    /// one entry of `bands` each, or none at all for every column) get only the columns
+    /// `bands[i]` (multiples of 32; `(0, 0)` for none); the rest of their scores are
+    /// left as they were.
     pub(crate) fn scores(
         self,
         q: &[u32],
         m: usize,
         kv: &PackedKv,
         (t0, t1): (usize, usize),
+        bands: &[(usize, usize)],
         scores: &mut [f32],
     ) {
         let half = kv.hd / 2;
@@ -301,51 +331,50 @@ impl Bf16Products {
             "buffers too small"
         );
         let keys = &kv.keys[a * half..b * half];
-        // Whole tiles of rows on AMX (`n` and `hd` are multiples of 64).
-        let tiled = if self.tiles {
-            let rows = m / 16 * 16;
-            let a = Bf16Rows {
-                data: q,
-                stride: half,
-            };
-            let b = Bf16Columns {
-                data: keys,
-                pair_stride: KEYS,
-                group: half * KEYS,
-            };
-            match amx::bf16_product((rows, n, kv.hd), a, b, scores, n, false) {
-                Ok(()) => rows,
-                Err(_) => 0,
-            }
-        } else {
-            0
-        };
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the proof says the CPU has the instructions; the assertions above keep
         // every access in bounds (each micro-tile reads `rows × half` query pairs and
         // `GROUPS` whole groups, and writes `rows × GROUPS × KEYS` scores).
-        unsafe {
-            scores_avx512(
-                &q[tiled * half..],
-                m - tiled,
-                half,
-                keys,
-                n,
-                &mut scores[tiled * n..],
-            )
-        }
+        let avx512 = |r0: usize, rows: usize, scores: &mut [f32]| unsafe {
+            scores_avx512(&q[r0 * half..], rows, half, keys, n, &mut scores[r0 * n..])
+        };
         #[cfg(not(target_arch = "x86_64"))]
-        match self.proof {}
+        let avx512 = |_: usize, _: usize, _: &mut [f32]| match self.proof {};
+        // Whole tiles of rows on AMX (`n` and `hd` are multiples of 64), band by band.
+        let tiled = if self.tiles {
+            let each = |r0: usize, rows: usize, (c0, c1): (usize, usize), scores: &mut [f32]| {
+                let a = Bf16Rows {
+                    data: &q[r0 * half..],
+                    stride: half,
+                };
+                let b = Bf16Columns {
+                    data: &keys[c0 * half..],
+                    pair_stride: KEYS,
+                    group: half * KEYS,
+                };
+                let c = &mut scores[r0 * n + c0..];
+                if amx::bf16_product((rows, c1 - c0, kv.hd), a, b, c, n, false).is_err() {
+                    avx512(r0, rows, scores);
+                }
+            };
+            by_bands(m, n, bands, |r0, rows, cols| each(r0, rows, cols, scores))
+        } else {
+            0
+        };
+        avx512(tiled, m - tiled, scores);
     }
 
     /// `acc (m × hd) += P · V` for key positions `t0 .. t1` of `kv`, `p` the [`pairs`]
-    /// (Self::pairs) of `m` rows of `t1 − t0` probabilities.
+    /// (Self::pairs) of `m` rows of `t1 − t0` probabilities. On AMX, band `i` of rows
+    /// reads only the columns `bands[i]` of its probabilities (the others must be zero),
+    /// as in [`scores`](Self::scores).
     pub(crate) fn accumulate(
         self,
         p: &[u32],
         m: usize,
         kv: &PackedKv,
         (t0, t1): (usize, usize),
+        bands: &[(usize, usize)],
         acc: &mut [f32],
     ) {
         let hd = kv.hd;
@@ -360,39 +389,82 @@ impl Bf16Products {
             "buffers too small"
         );
         let values = &kv.values[a / 2 * hd..b / 2 * hd];
-        let tiled = if self.tiles {
-            let rows = m / 16 * 16;
-            let a = Bf16Rows {
-                data: p,
-                stride: pairs,
-            };
-            let b = Bf16Columns {
-                data: values,
-                pair_stride: hd,
-                group: KEYS,
-            };
-            match amx::bf16_product((rows, hd, 2 * pairs), a, b, acc, hd, true) {
-                Ok(()) => rows,
-                Err(_) => 0,
-            }
-        } else {
-            0
-        };
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `scores`.
-        unsafe {
+        let avx512 = |r0: usize, rows: usize, acc: &mut [f32]| unsafe {
             accumulate_avx512(
-                &p[tiled * pairs..],
-                m - tiled,
+                &p[r0 * pairs..],
+                rows,
                 pairs,
                 values,
                 hd,
-                &mut acc[tiled * hd..],
+                &mut acc[r0 * hd..],
             )
-        }
+        };
         #[cfg(not(target_arch = "x86_64"))]
-        match self.proof {}
+        let avx512 = |_: usize, _: usize, _: &mut [f32]| match self.proof {};
+        let tiled = if self.tiles {
+            let each = |r0: usize, rows: usize, (c0, c1): (usize, usize), acc: &mut [f32]| {
+                let a = Bf16Rows {
+                    data: &p[r0 * pairs + c0 / 2..],
+                    stride: pairs,
+                };
+                let b = Bf16Columns {
+                    data: &values[c0 / 2 * hd..],
+                    pair_stride: hd,
+                    group: KEYS,
+                };
+                let c = &mut acc[r0 * hd..];
+                if amx::bf16_product((rows, hd, c1 - c0), a, b, c, hd, true).is_err() {
+                    avx512(r0, rows, acc);
+                }
+            };
+            by_bands(m, 2 * pairs, bands, |r0, rows, cols| {
+                each(r0, rows, cols, acc)
+            })
+        } else {
+            0
+        };
+        avx512(tiled, m - tiled, acc);
     }
+}
+
+/// Runs `f(first row, rows, columns)` over the whole 16-row bands of `m` rows, merging
+/// neighbours that share their columns and skipping bands without any: `bands` gives
+/// each band's columns, or is empty for all `n` columns everywhere. Returns the rows
+/// covered (the rest go to the AVX-512 kernels).
+fn by_bands(
+    m: usize,
+    n: usize,
+    bands: &[(usize, usize)],
+    mut f: impl FnMut(usize, usize, (usize, usize)),
+) -> usize {
+    let whole = m / 16;
+    if bands.is_empty() {
+        f(0, whole * 16, (0, n));
+        return whole * 16;
+    }
+    assert_eq!(bands.len(), whole, "one column range per band of 16 rows");
+    let mut i = 0;
+    while i < whole {
+        let cols = bands[i];
+        let mut j = i + 1;
+        while j < whole && bands[j] == cols {
+            j += 1;
+        }
+        assert!(
+            cols.0 <= cols.1
+                && cols.1 <= n
+                && cols.0.is_multiple_of(32)
+                && cols.1.is_multiple_of(32),
+            "band columns {cols:?} of {n}"
+        );
+        if cols.0 < cols.1 {
+            f(16 * i, 16 * (j - i), cols);
+        }
+        i = j;
+    }
+    whole * 16
 }
 
 /// `2^f` for `|f| ≤ 1/2`: the Taylor coefficients of `e^(f·ln 2)` to degree 6 (the
@@ -408,31 +480,89 @@ const EXP2: [f32; 7] = [
     0.000_154_035_3,
 ];
 
+/// The lanes of the sixteen positions `j .. j + 16` that lie in `a .. b`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn exp_sum_avx512(row: &mut [f32], max: f32) -> f32 {
-    let log2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
-    let m = _mm512_set1_ps(max);
-    let mut sum = _mm512_setzero_ps();
-    for chunk in row.chunks_mut(16) {
-        let n = chunk.len();
-        let live: __mmask16 = if n == 16 { !0 } else { (1u16 << n) - 1 };
-        let p = chunk.as_mut_ptr();
-        // exp(x − max) = 2^t, t = (x − max)·log2 e ≤ 0, split as 2^k · 2^f with k the
-        // nearest integer; `scalef` applies 2^k and goes to zero far below (x = −∞ too).
-        let t = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, p), m), log2e);
-        let t = _mm512_max_ps(t, _mm512_set1_ps(-200.0));
-        let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
-        let f = _mm512_sub_ps(t, k);
-        let mut y = _mm512_set1_ps(EXP2[6]);
-        for &c in EXP2[..6].iter().rev() {
-            y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
-        }
-        let y = _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, k));
-        _mm512_mask_storeu_ps(p, live, y);
-        sum = _mm512_add_ps(sum, y);
+#[inline(always)]
+fn lanes_in(j: usize, (a, b): (usize, usize)) -> __mmask16 {
+    let below = |x: usize| -> u32 {
+        let k = x.saturating_sub(j).min(16);
+        ((1u64 << k) - 1) as u32
+    };
+    (below(b) & !below(a)) as __mmask16
+}
+
+/// `exp(x − shift)` of the lanes of `live` at `p` (zero in the others), and the scores
+/// themselves (zero in the others).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn exp16(p: *const f32, live: __mmask16, shift: __m512) -> (__m512, __m512) {
+    let x = _mm512_maskz_loadu_ps(live, p);
+    // exp(x − shift) = 2^t, t = (x − shift)·log2 e, split as 2^k · 2^f with k the nearest
+    // integer; `scalef` applies 2^k and goes to zero far below.
+    let t = _mm512_mul_ps(
+        _mm512_sub_ps(x, shift),
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    );
+    let t = _mm512_max_ps(t, _mm512_set1_ps(-200.0));
+    let k = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+    let f = _mm512_sub_ps(t, k);
+    let mut y = _mm512_set1_ps(EXP2[6]);
+    for &c in EXP2[..6].iter().rev() {
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(c));
     }
-    _mm512_reduce_add_ps(sum)
+    (_mm512_maskz_scalef_ps(live, y, k), x)
+}
+
+/// 32 scores at `src` (the lanes `l0` of the first sixteen, `l1` of the second) into 16
+/// probability pairs at `dst`, their sum and maximum into `sum` and `top`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn pairs_chunk(
+    src: *const f32,
+    dst: *mut __m512i,
+    (l0, l1): (__mmask16, __mmask16),
+    shift: __m512,
+    (sum, top): (&mut __m512, &mut __m512),
+) {
+    let (y0, x0) = exp16(src, l0, shift);
+    let (y1, x1) = exp16(src.add(16), l1, shift);
+    *top = _mm512_mask_max_ps(*top, l0, *top, x0);
+    *top = _mm512_mask_max_ps(*top, l1, *top, x1);
+    *sum = _mm512_add_ps(*sum, _mm512_add_ps(y0, y1));
+    // Positions `0 .. 16` in the low half, in order.
+    let h = _mm512_cvtne2ps_pbh(y1, y0);
+    _mm512_storeu_si512(dst.cast(), std::mem::transmute::<__m512bh, __m512i>(h));
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn exp_pairs_avx512(
+    row: &[f32],
+    (a, b): (usize, usize),
+    shift: f32,
+    out: &mut [u32],
+) -> (f32, f32) {
+    let m = _mm512_set1_ps(shift);
+    let mut sum = _mm512_setzero_ps();
+    let mut top = _mm512_set1_ps(f32::NEG_INFINITY);
+    let dst = out.as_mut_ptr().cast::<__m512i>();
+    for c in 0..row.len() / 32 {
+        let j = 32 * c;
+        if j + 32 <= a || j >= b {
+            _mm512_storeu_si512(dst.add(c).cast(), _mm512_setzero_si512());
+            continue;
+        }
+        // Chunks inside the keys (all but the edges) with constant masks, which the
+        // compiler drops.
+        let (src, to) = (row.as_ptr().add(j), dst.add(c));
+        if a <= j && j + 32 <= b {
+            pairs_chunk(src, to, (!0, !0), m, (&mut sum, &mut top));
+        } else {
+            let lanes = (lanes_in(j, (a, b)), lanes_in(j + 16, (a, b)));
+            pairs_chunk(src, to, lanes, m, (&mut sum, &mut top));
+        }
+    }
+    (_mm512_reduce_add_ps(sum), _mm512_reduce_max_ps(top))
 }
 
 /// Sixteen floats at a time with `vcvtneps2bf16` (round to nearest even), the tail one
@@ -610,30 +740,66 @@ mod tests {
     use super::*;
     use crate::backend::candle::attention::tests::noise;
 
-    /// The polynomial exponential against f64's, on scores spread far below the maximum.
+    /// The fused softmax pass against f64's exponential: zero pairs outside the row's
+    /// keys (which it must not read: they hold NaN here), inside them `exp(x − shift)`
+    /// rounded to bf16, for shifts at and below the maximum and key ranges that start and
+    /// end inside and on the edges of 32-score chunks; the sum of the unrounded values
+    /// and the largest live score.
     #[test]
-    fn exp_sum_is_close_to_the_exponential() {
+    fn exp_pairs_is_close_to_the_exponential() {
         let Some(bf) = Bf16Products::detect(Isa::Avx512Vnni) else {
+            eprintln!("skipped: the CPU has no AVX-512 BF16");
             return;
         };
-        let mut row: Vec<f32> = noise(6, 1001).iter().map(|x| 60.0 * x).collect();
-        row.push(f32::NEG_INFINITY);
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        let shifts: Vec<f64> = row.iter().map(|&x| f64::from(x) - f64::from(max)).collect();
-        let want: Vec<f64> = shifts.iter().map(|d| d.exp()).collect();
-        let sum = bf.exp_sum(&mut row, max);
-        // The polynomial's 1.3e-7, and the f32 rounding of `(x − max)·log2 e`, which
-        // grows with the distance from the maximum.
-        for ((&got, &w), d) in row.iter().zip(&want).zip(&shifts) {
-            if w == 0.0 {
-                assert_eq!(got, 0.0);
-                continue;
+        let mut scores: Vec<f32> = noise(6, 1024).iter().map(|x| 60.0 * x).collect();
+        scores[500] = f32::NEG_INFINITY;
+        for live in [
+            (0, 1024),
+            (0, 1),
+            (37, 500),
+            (64, 96),
+            (100, 1023),
+            (513, 514),
+        ] {
+            let mut row = vec![f32::NAN; 1024];
+            row[live.0..live.1].copy_from_slice(&scores[live.0..live.1]);
+            let max = row[live.0..live.1]
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            for shift in [max, max - 9.5] {
+                let mut out = vec![u32::MAX; 512];
+                let (sum, top) = bf.exp_pairs(&row, live, shift, &mut out);
+                assert_eq!(top, max, "{live:?}");
+                let mut total = 0f64;
+                for (i, &x) in row.iter().enumerate() {
+                    let half = (out[i / 2] >> (16 * (i % 2))) as u16;
+                    let got = f64::from(bf16::from_bits(half).to_f32());
+                    if !(live.0..live.1).contains(&i) {
+                        assert_eq!(half, 0, "{live:?}: position {i} outside the keys");
+                        continue;
+                    }
+                    let d = f64::from(x) - f64::from(shift);
+                    let w = d.exp();
+                    total += w;
+                    if w == 0.0 {
+                        assert_eq!(got, 0.0, "{live:?}: position {i}");
+                        continue;
+                    }
+                    // bf16's half unit in the last place (2⁻⁸ of the value at most), the
+                    // polynomial's 1.3e-7 and the f32 rounding of `(x − shift)·log2 e`,
+                    // which grows with the distance.
+                    let bound = (2f64.powi(-8) + 3e-7 + 1e-7 * d.abs()) * w + 1e-30;
+                    assert!(
+                        (got - w).abs() <= bound,
+                        "{live:?} shift {shift}: position {i}: {got} vs {w}"
+                    );
+                }
+                assert!(
+                    (f64::from(sum) - total).abs() <= 1e-6 * total,
+                    "{live:?}: sum {sum} vs {total}"
+                );
             }
-            let bound = (3e-7 + 1e-7 * d.abs()) * w + 1e-30;
-            assert!((f64::from(got) - w).abs() <= bound, "{got} vs {w}");
         }
-        let total: f64 = want.iter().sum();
-        assert!((f64::from(sum) - total).abs() <= 1e-6 * total);
     }
 
     /// Both products against f64 sums of the same bf16-rounded operands (exact but for
@@ -678,7 +844,7 @@ mod tests {
             let scaled: Vec<f32> = q.iter().map(|x| x * 0.5).collect();
             bf.pairs(&scaled, &mut qp);
             let mut scores = vec![0f32; m * n];
-            bf.scores(&qp, m, &kv, (t0, t1), &mut scores);
+            bf.scores(&qp, m, &kv, (t0, t1), &[], &mut scores);
             for r in 0..m {
                 for p in 0..n {
                     let want: f64 = (0..hd)
@@ -703,7 +869,7 @@ mod tests {
             bf.pairs(&probs, &mut pp);
             let start = noise(5, m * hd);
             let mut acc = start.clone();
-            bf.accumulate(&pp, m, &kv, (t0, t1), &mut acc);
+            bf.accumulate(&pp, m, &kv, (t0, t1), &[], &mut acc);
             let vm = &kv.value_mean;
             for r in 0..m {
                 for d in 0..hd {
