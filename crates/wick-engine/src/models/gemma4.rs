@@ -233,7 +233,11 @@ pub(crate) fn complete_from_gguf(cfg: &mut ModelConfig, src: &dyn WeightSource) 
     if let Some(w) = src.get("rope_freqs.weight")? {
         let divisors = w.float_values("rope_freqs")?;
         let rope = &mut params.rope_full;
-        if divisors.len() != rope.inv_freq.len() || divisors.iter().any(|d| d.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)) {
+        if divisors.len() != rope.inv_freq.len()
+            || divisors
+                .iter()
+                .any(|d| d.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater))
+        {
             return Err(config_error(
                 &src.source_name(),
                 format!(
