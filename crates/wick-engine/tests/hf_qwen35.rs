@@ -228,3 +228,50 @@ fn a_llama_cpp_gguf_of_the_golden_matches_transformers() {
         assert_near("qwen35 gguf", case, &got, &g.expected(case));
     }
 }
+
+/// A file converted with its multi-token-prediction block counts it in `block_count` and
+/// says so in `nextn_predict_layers` (llama.cpp's converter without `--no-mtp`): wick decodes
+/// with the model's layers alone, to the same logits.
+#[test]
+fn a_gguf_counting_a_prediction_block_decodes_with_the_models_layers() {
+    use wick_gguf::{GgufFile, GgufWriter, MetadataValue as V};
+    let g = load("qwen35");
+    let file = GgufFile::open(common::golden::goldens().join("gguf/qwen35-f32.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata().entries() {
+        let v = match k.as_str() {
+            "qwen35.block_count" => V::U32(5),
+            "qwen35.attention.recurrent_layers" => {
+                let mut layers = v.as_array().unwrap().to_vec();
+                layers.push(V::Bool(false));
+                V::Array(layers)
+            }
+            _ => v.clone(),
+        };
+        w.metadata(k.clone(), v);
+    }
+    w.metadata("qwen35.nextn_predict_layers", V::U32(1));
+    for t in file.tensors() {
+        let data = file.tensor(&t.name).unwrap().data.to_vec();
+        w.tensor(t.name.clone(), t.dims.clone(), t.dtype, data);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("qwen35-mtp.gguf");
+    std::fs::write(&path, w.to_bytes()).unwrap();
+    let opts = LoadOptions {
+        kv_dtype: Some(KvDtype::F32),
+        ..LoadOptions::default()
+    };
+    let model = Model::load(&path, &opts).unwrap();
+    assert_eq!(model.config().num_layers, 4);
+    let ids = g.case_ids("len40");
+    let got = model_pass(&model, &ids, &mut model.new_cache(), LogitsRequest::All)
+        .unwrap()
+        .data;
+    assert_near(
+        "qwen35 gguf with a prediction block",
+        "len40",
+        &got,
+        &g.expected("len40"),
+    );
+}

@@ -35,9 +35,20 @@ pub(super) fn from_gguf(keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig
     // The file's norms hold `1 + w`; `Qwen35Gguf` hands `w` back so the loaders' offset
     // applies to both formats alike.
     cfg.norm_weight_offset = true;
+    // Multi-token-prediction blocks come after the model's layers and count in
+    // `block_count` (`nextn_predict_layers` of them): wick decodes without them.
+    let mtp = keys.opt_usize("nextn_predict_layers")?.unwrap_or(0);
+    if mtp >= cfg.num_layers {
+        return Err(bad(format!(
+            "{mtp} prediction blocks of {} blocks leave no layers",
+            cfg.num_layers
+        )));
+    }
+    cfg.num_layers -= mtp;
+    cfg.layer_windows.truncate(cfg.num_layers);
     let layers = cfg.num_layers;
     let key = |k: &str| format!("{}.{k}", keys.arch);
-    let linear_layers: Vec<bool> = match keys.meta.get(&key("attention.recurrent_layers")) {
+    let mut linear_layers: Vec<bool> = match keys.meta.get(&key("attention.recurrent_layers")) {
         Some(v) => v
             .as_array()
             .ok_or_else(|| bad("'attention.recurrent_layers' must be an array".into()))?
@@ -55,6 +66,9 @@ pub(super) fn from_gguf(keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig
             (0..layers).map(|i| (i + 1) % every != 0).collect()
         }
     };
+    if linear_layers.len() == layers + mtp {
+        linear_layers.truncate(layers);
+    }
     if linear_layers.len() != layers {
         return Err(bad(format!(
             "{} recurrent_layers entries for {layers} layers",
