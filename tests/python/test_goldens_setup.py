@@ -15,6 +15,9 @@ DISTRIBUTIONS = {
     "jinja2": "jinja2",
     "librosa": "librosa",
     "llama_cpp": "llama-cpp-python",
+    # llama.cpp's converter package, as vendored in the pinned llama-cpp-python's sdist
+    # (gguf_tiny.py unpacks it from there).
+    "conversion": "llama-cpp-python",
     "numpy": "numpy",
     "peft": "peft",
     "safetensors": "safetensors",
