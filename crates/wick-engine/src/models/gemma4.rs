@@ -159,24 +159,7 @@ pub(super) fn from_gguf(keys: &GgufKeys<'_>, source: &str) -> Result<ModelConfig
         Some(experts) => {
             let top_k = keys.usize("expert_used_count")?;
             let intermediate = keys.usize("expert_feed_forward_length")?;
-            if experts > MAX_EXPERTS
-                || top_k == 0
-                || top_k > experts
-                || intermediate == 0
-                || intermediate > MAX_DIM
-            {
-                return Err(config_error(
-                    src,
-                    format!(
-                        "{experts} experts, top {top_k}, inner size {intermediate} are out of range"
-                    ),
-                ));
-            }
-            Some(MoeShape {
-                experts,
-                top_k,
-                intermediate,
-            })
+            Some(moe_shape(src, experts, top_k, intermediate)?)
         }
         None => None,
     };
@@ -315,6 +298,27 @@ fn proportional_rope(head_dim: usize, theta: f64, fraction: f64, factor: f64) ->
         position_scale: 1.0,
         attention_factor: 1.0,
     }
+}
+
+/// The experts' shape, each count checked against the supported range.
+fn moe_shape(src: &str, experts: usize, top_k: usize, intermediate: usize) -> Result<MoeShape> {
+    if experts == 0
+        || experts > MAX_EXPERTS
+        || top_k == 0
+        || top_k > experts
+        || intermediate == 0
+        || intermediate > MAX_DIM
+    {
+        return Err(config_error(
+            src,
+            format!("{experts} experts, top {top_k}, inner size {intermediate} are out of range"),
+        ));
+    }
+    Ok(MoeShape {
+        experts,
+        top_k,
+        intermediate,
+    })
 }
 
 /// Each layer's shape from its kind, head size and key/value heads: checked against `heads`,
@@ -535,25 +539,7 @@ pub(super) fn from_hf(keys: &HfKeys<'_>) -> Result<ModelConfig> {
         let experts = keys.usize("num_experts")?;
         let top_k = keys.usize("top_k_experts")?;
         let intermediate = keys.usize("moe_intermediate_size")?;
-        if experts == 0
-            || experts > MAX_EXPERTS
-            || top_k == 0
-            || top_k > experts
-            || intermediate == 0
-            || intermediate > MAX_DIM
-        {
-            return Err(config_error(
-                src,
-                format!(
-                    "{experts} experts, top {top_k}, inner size {intermediate} are out of range"
-                ),
-            ));
-        }
-        Some(MoeShape {
-            experts,
-            top_k,
-            intermediate,
-        })
+        Some(moe_shape(src, experts, top_k, intermediate)?)
     } else {
         None
     };
