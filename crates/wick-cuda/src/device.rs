@@ -48,9 +48,13 @@ macro_rules! kernels {
             }
 
             /// Whether the kernel takes its shared memory at launch (the flash-attention
-            /// kernels: more than the 48 KB a block gets without asking).
+            /// kernels and the quantized tensor-core products' double-buffered x: more than
+            /// the 48 KB a block gets without asking).
             pub fn dynamic_shared(self) -> bool {
-                self.name().starts_with("flash_")
+                let name = self.name();
+                name.starts_with("flash_")
+                    || name.starts_with("linear_mmx_")
+                    || name.starts_with("glu_mmx_")
             }
         }
     };
@@ -214,6 +218,43 @@ kernels! {
     LinearMmaQ4F32M4 => "linear_mma_q4_f32_m4",
     GluMmaQ4F32M4 => "glu_mma_q4_f32_m4",
     AffineMmaFinish => "affine_mma_finish",
+    LinearMmxQ8Bf16M1 => "linear_mmx_q8_bf16_m1",
+    GluMmxQ8Bf16M1 => "glu_mmx_q8_bf16_m1",
+    LinearMmxQ8Bf16M2 => "linear_mmx_q8_bf16_m2",
+    GluMmxQ8Bf16M2 => "glu_mmx_q8_bf16_m2",
+    LinearMmxQ8Bf16M4 => "linear_mmx_q8_bf16_m4",
+    GluMmxQ8Bf16M4 => "glu_mmx_q8_bf16_m4",
+    LinearMmxQ8F16M1 => "linear_mmx_q8_f16_m1",
+    GluMmxQ8F16M1 => "glu_mmx_q8_f16_m1",
+    LinearMmxQ8F16M2 => "linear_mmx_q8_f16_m2",
+    GluMmxQ8F16M2 => "glu_mmx_q8_f16_m2",
+    LinearMmxQ8F16M4 => "linear_mmx_q8_f16_m4",
+    GluMmxQ8F16M4 => "glu_mmx_q8_f16_m4",
+    LinearMmxQ8F32M1 => "linear_mmx_q8_f32_m1",
+    GluMmxQ8F32M1 => "glu_mmx_q8_f32_m1",
+    LinearMmxQ8F32M2 => "linear_mmx_q8_f32_m2",
+    GluMmxQ8F32M2 => "glu_mmx_q8_f32_m2",
+    LinearMmxQ8F32M4 => "linear_mmx_q8_f32_m4",
+    GluMmxQ8F32M4 => "glu_mmx_q8_f32_m4",
+    LinearMmxQ4Bf16M1 => "linear_mmx_q4_bf16_m1",
+    GluMmxQ4Bf16M1 => "glu_mmx_q4_bf16_m1",
+    LinearMmxQ4Bf16M2 => "linear_mmx_q4_bf16_m2",
+    GluMmxQ4Bf16M2 => "glu_mmx_q4_bf16_m2",
+    LinearMmxQ4Bf16M4 => "linear_mmx_q4_bf16_m4",
+    GluMmxQ4Bf16M4 => "glu_mmx_q4_bf16_m4",
+    LinearMmxQ4F16M1 => "linear_mmx_q4_f16_m1",
+    GluMmxQ4F16M1 => "glu_mmx_q4_f16_m1",
+    LinearMmxQ4F16M2 => "linear_mmx_q4_f16_m2",
+    GluMmxQ4F16M2 => "glu_mmx_q4_f16_m2",
+    LinearMmxQ4F16M4 => "linear_mmx_q4_f16_m4",
+    GluMmxQ4F16M4 => "glu_mmx_q4_f16_m4",
+    LinearMmxQ4F32M1 => "linear_mmx_q4_f32_m1",
+    GluMmxQ4F32M1 => "glu_mmx_q4_f32_m1",
+    LinearMmxQ4F32M2 => "linear_mmx_q4_f32_m2",
+    GluMmxQ4F32M2 => "glu_mmx_q4_f32_m2",
+    LinearMmxQ4F32M4 => "linear_mmx_q4_f32_m4",
+    GluMmxQ4F32M4 => "glu_mmx_q4_f32_m4",
+    AffineMmxX => "affine_mmx_x",
     LayerNorm => "layer_norm",
     Activation => "activation",
     // deltanet.cu
@@ -1388,7 +1429,7 @@ mod tests {
             let attends = name.starts_with("attention_f")
                 || name.starts_with("flash_")
                 || name == "delta_chunk_state_tc";
-            let tensor_products = name.contains("_mma_q");
+            let tensor_products = name.contains("_mma_q") || name.contains("_mmx_q");
             if !few && !attends && !moe && !tensor_products {
                 continue;
             }
@@ -1420,7 +1461,7 @@ mod tests {
         );
         assert_eq!(experts, 13, "mixture-of-experts kernels in the log");
         assert_eq!(
-            quantized_mma, 36,
+            quantized_mma, 72,
             "affine tensor-core product kernels in the log"
         );
     }

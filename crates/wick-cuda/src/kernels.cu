@@ -2318,6 +2318,228 @@ extern "C" __global__ void affine_mma_finish(const float* __restrict__ part,
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// The same products with x rounded once (`affine_mmx_*`, the default)
+//
+// `affine_mma` rounds x's slabs to f16 in every block, from f32: each block of QM_COLS
+// outputs reads the whole tile of x again, at 4 bytes a value, while the weights it reads
+// are 1 byte (8 bits) or half a byte a value; for the fused gate/up matrix of an 8B model at
+// 64 rows that is about 4 times the weights' bytes, read between two barriers while no
+// weight load is in flight. Here `affine_mmx_x` rounds x once per product into the lanes'
+// order (f16 · 2⁻⁸, rows and inputs padded with zeros), and a block of QX_WARPS warps
+// (twice the outputs, so each x byte serves twice the weights) copies its slabs into two
+// shared-memory buffers by `cp.async` while the slab before is multiplied; each slab's
+// weight loads are issued before the block waits for its x. The arithmetic per product is
+// that of `affine_mma`, so the results are the same bits.
+
+#define QX_WARPS 8
+#define QX_COLS (QX_WARPS * 16)
+// Blocks an SM must fit (ptxas keeps the registers to 128 a thread).
+#define QX_MIN_BLOCKS 2
+
+// x (rows × in, f32) rounded for `affine_mmx_*`: `rows_pad` rows of `in_pad` halves.
+extern "C" __global__ void affine_mmx_x(const float* __restrict__ x, u16* __restrict__ xh,
+                                        int rows, int in, int rows_pad, int in_pad, int bits) {
+    pdl_begin();
+    int per = in_pad / 8;
+    for (long long it = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+         it < (long long)rows_pad * per; it += (long long)gridDim.x * blockDim.x) {
+        int r = (int)(it / per), c = (int)(it - (long long)r * per) * 8;
+        float v[8];
+        if (r < rows && c < in) {
+            load8(x + (u64)r * in + c, v);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = 0.0f;
+        }
+        const float f = 1.0f / QM_SCALE;
+        uint4 o;
+        if (bits == 8) {
+            o.x = pack_f16x2(v[0] * f, v[1] * f);
+            o.y = pack_f16x2(v[2] * f, v[3] * f);
+            o.z = pack_f16x2(v[4] * f, v[5] * f);
+            o.w = pack_f16x2(v[6] * f, v[7] * f);
+        } else {
+            o.x = pack_f16x2(v[0] * f, v[2] * f);
+            o.y = pack_f16x2(v[4] * f, v[6] * f);
+            o.z = pack_f16x2(v[1] * f, v[3] * f);
+            o.w = pack_f16x2(v[5] * f, v[7] * f);
+        }
+        *(uint4*)(xh + (u64)r * in_pad + c) = o;
+    }
+}
+
+// 8 bytes from global to shared memory, asynchronously (rows of the x tile are 8-byte
+// aligned: QM_STRIDE keeps the fragment loads free of bank conflicts).
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// Slab `sl` of the block's TR rows of rounded x into `dst` (one commit group).
+template <int TR>
+__device__ __forceinline__ void mmx_stage(u16* dst, const u16* __restrict__ xt, int in_pad,
+                                          int sl) {
+    const u16* src = xt + (u64)sl * QM_SLAB;
+    for (int it = threadIdx.x; it < TR * (QM_SLAB / 4); it += QX_WARPS * 32) {
+        int r = it / (QM_SLAB / 4), c = (it % (QM_SLAB / 4)) * 4;
+        cp_async8(smem_u32(dst + r * QM_STRIDE + c), src + (u64)r * in_pad + c);
+    }
+    cp_async_commit();
+}
+
+template <typename S, int BITS, int MT, bool GLU>
+__device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
+                           const S* __restrict__ scales, const S* __restrict__ biases,
+                           const float* __restrict__ bias, float* __restrict__ y,
+                           float* __restrict__ part, int rows, int in, int out, int group) {
+    const int QC = 128 / BITS;  // values per 16-byte load
+    const int CH = 4 * QC;      // inputs per chunk (one load per lane)
+    const int STEPS = QC / 4;   // mma steps per chunk
+    const int CHUNKS = QM_SLAB / CH;
+    const int TR = 16 * MT;     // rows of the tile
+    extern __shared__ __align__(16) u16 xsh[];  // [2][TR][QM_STRIDE]
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int o = blockIdx.x * (GLU ? QX_COLS / 2 : QX_COLS);
+    int r0 = blockIdx.z * TR;
+    u64 row_bytes = (u64)in * BITS / 8;
+    int groups = in / group;
+    int slabs = (in + QM_SLAB - 1) / QM_SLAB;
+    int in_pad = slabs * QM_SLAB;
+    int wrow[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        int u = GLU ? o + 8 * warp + g : o + 16 * warp + 8 * nt + g;
+        u = min(u, out - 1);
+        wrow[nt] = GLU && nt == 1 ? out + u : u;
+    }
+    int per = (slabs + gridDim.y - 1) / gridDim.y;
+    int s0 = blockIdx.y * per, s1 = min(slabs, s0 + per);
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    const u16* xt = xh + (u64)r0 * in_pad;
+    pdl_launch();
+    pdl_wait();
+    if (s0 < s1) mmx_stage<TR>(xsh, xt, in_pad, s0);
+    for (int sl = s0; sl < s1; sl++) {
+        int k0 = sl * QM_SLAB, buf = (sl - s0) & 1;
+        // The slab's weights first: their loads fly while its x arrives.
+        uint4 p[CHUNKS][2];
+        u32 s2[CHUNKS][2], b2[CHUNKS][2];
+#pragma unroll
+        for (int ch = 0; ch < CHUNKS; ch++) {
+            int k = k0 + ch * CH + QC * t;
+            bool live = k < in;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                float sc = 0.0f, bi = 0.0f;
+                p[ch][nt].x = p[ch][nt].y = p[ch][nt].z = p[ch][nt].w = 0u;
+                if (live) {
+                    p[ch][nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
+                    u64 gi = (u64)wrow[nt] * groups + k / group;
+                    sc = to_f32(scales[gi]) * QM_SCALE;
+                    bi = to_f32(biases[gi]) * QM_SCALE;
+                }
+                s2[ch][nt] = pack_f16x2(sc, sc);
+                b2[ch][nt] = pack_f16x2(bi, bi);
+            }
+        }
+        // Every warp is done with the other buffer; the next slab goes there.
+        __syncthreads();
+        if (sl + 1 < s1) {
+            mmx_stage<TR>(xsh + (buf ^ 1) * TR * QM_STRIDE, xt, in_pad, sl + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const u16* xs = xsh + buf * TR * QM_STRIDE;
+#pragma unroll
+        for (int ch = 0; ch < CHUNKS; ch++) {
+            int c = ch * CH;
+#pragma unroll
+            for (int s = 0; s < STEPS; s++) {
+                u32 bf[2][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    u32 word[4] = {p[ch][nt].x, p[ch][nt].y, p[ch][nt].z, p[ch][nt].w};
+                    u32 v;
+                    if (BITS == 8) {
+                        v = word[s];
+                    } else {
+                        v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
+                    }
+                    bf[nt][0] = dequant_pair(v, 0x4140, s2[ch][nt], b2[ch][nt]);
+                    bf[nt][1] = dequant_pair(v, 0x4342, s2[ch][nt], b2[ch][nt]);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int col = c + QC * t + 4 * s;
+                    uint2 top = *(const uint2*)&xs[(16 * mt + g) * QM_STRIDE + col];
+                    uint2 bot = *(const uint2*)&xs[(16 * mt + g + 8) * QM_STRIDE + col];
+                    u32 a[4] = {top.x, bot.x, top.y, bot.y};
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
+                }
+            }
+        }
+    }
+    int cols = GLU ? 2 * out : out;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + 16 * mt + g + (i >= 2 ? 8 : 0);
+            if (r >= rows) continue;
+            int col = 2 * t + (i & 1);
+            if (GLU) {
+                int u = o + 8 * warp + col;
+                if (u >= out) continue;
+                float* pr = part + ((u64)blockIdx.y * rows + r) * cols;
+                pr[u] = acc[mt][0][i];
+                pr[out + u] = acc[mt][1][i];
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    int u = o + 16 * warp + 8 * nt + col;
+                    if (u >= out) continue;
+                    if (gridDim.y == 1)
+                        y[(u64)r * out + u] = acc[mt][nt][i] + (bias ? bias[u] : 0.0f);
+                    else
+                        part[((u64)blockIdx.y * rows + r) * cols + u] = acc[mt][nt][i];
+                }
+            }
+        }
+}
+
+#define AFFINE_MMX(S, SN, BITS, MT)                                                            \
+    extern "C" __global__ void __launch_bounds__(QX_WARPS * 32, QX_MIN_BLOCKS)                 \
+        linear_mmx_q##BITS##_##SN##_m##MT(const u16* xh, const u8* w, const S* scales,          \
+                                          const S* biases, const float* bias, float* y,         \
+                                          float* part, int rows, int in, int out, int group) {  \
+        affine_mmx<S, BITS, MT, false>(xh, w, scales, biases, bias, y, part, rows, in, out,    \
+                                       group);                                                 \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QX_WARPS * 32, QX_MIN_BLOCKS)                 \
+        glu_mmx_q##BITS##_##SN##_m##MT(const u16* xh, const u8* w, const S* scales,             \
+                                       const S* biases, float* y, float* part, int rows,        \
+                                       int in, int width, int group) {                          \
+        affine_mmx<S, BITS, MT, true>(xh, w, scales, biases, nullptr, y, part, rows, in, width, \
+                                      group);                                                  \
+    }
+#define AFFINE_MMX_SIDES(BITS, MT)                                                             \
+    AFFINE_MMX(Bf16, bf16, BITS, MT) AFFINE_MMX(F16, f16, BITS, MT) AFFINE_MMX(float, f32, BITS, MT)
+AFFINE_MMX_SIDES(8, 1)
+AFFINE_MMX_SIDES(8, 2)
+AFFINE_MMX_SIDES(8, 4)
+AFFINE_MMX_SIDES(4, 1)
+AFFINE_MMX_SIDES(4, 2)
+AFFINE_MMX_SIDES(4, 4)
+
 #define AFFINE_MMA(S, SN, BITS, MT)                                                            \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \
         linear_mma_q##BITS##_##SN##_m##MT(const float* x, const u8* w, const S* scales,         \

@@ -1792,7 +1792,8 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
 
 /// Affine products of 3 to 256 rows on the device against the CPU backend's product of the
 /// same weights (dequantized to f32, f32 inputs): the tensor-core kernel that dequantizes
-/// in registers (x and weights rounded to f16) and, with it switched off, the bf16 copy for
+/// in registers (x and weights rounded to f16; x rounded once per product, and by every
+/// block as before) and, with it switched off, the bf16 copy for
 /// cuBLAS; plain products with a bias and the fused `[gate; up]` form. 4 and 8 bits, groups
 /// of 32, 64 and 128 with bf16, f16 and f32 scales; inputs that are no multiple of the
 /// kernel's 256-input slabs, with and without the inputs split between blocks; outputs that
@@ -1801,6 +1802,10 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
 #[test]
 fn affine_products_of_many_rows_match_the_cpu() {
     let Some(mma) = gpu().map(|b| b.with_quant_mma(true)) else {
+        return;
+    };
+    let Some(per_block) = gpu().map(|b| b.with_quant_mma(true).with_quant_mma_rounding_once(false))
+    else {
         return;
     };
     let Some(blas) = gpu().map(|b| b.with_quant_mma(false)) else {
@@ -1833,7 +1838,11 @@ fn affine_products_of_many_rows_match_the_cpu() {
                 .unwrap()
             };
             let on_cpu = cpu.affine_matrix(quantized()).unwrap();
-            let gpus = [("tensor cores", &mma), ("bf16 copy for cuBLAS", &blas)];
+            let gpus = [
+                ("tensor cores", &mma),
+                ("tensor cores, x rounded per block", &per_block),
+                ("bf16 copy for cuBLAS", &blas),
+            ];
             let on_gpu = gpus.map(|(what, be)| (what, be, be.affine_matrix(quantized()).unwrap()));
             for rows in [3, 8, 17, 64, 200] {
                 let x = noise(rows * cols, seed + rows as u64);

@@ -32,20 +32,27 @@ pub(super) const MMA_ROWS: usize = 256;
 /// Outputs one block of `linear_mma_q*` makes (`QM_COLS` of `kernels.cu`; a `glu_mma_q*`
 /// block makes half as many gate and up pairs).
 const MMA_COLS: usize = 64;
+/// Outputs one block of `linear_mmx_q*` makes (`QX_COLS`).
+const MMX_COLS: usize = 128;
 /// Inputs of one slab of x in shared memory (`QM_SLAB`): the unit the inputs are split in
 /// between blocks.
 const MMA_SLAB: usize = 256;
 /// Most slices the inputs of one product are split into.
 const MMA_MAX_SLICES: usize = 16;
 /// Blocks per SM a tensor-core product aims at (with fewer, too few weight loads are in
-/// flight to reach the memory's bandwidth).
+/// flight to reach the memory's bandwidth): four of `affine_mma`'s 4 warps, two of
+/// `affine_mmx`'s 8 (`QM_MIN_BLOCKS`, `QX_MIN_BLOCKS`).
 const MMA_BLOCKS_PER_SM: usize = 4;
+const MMX_BLOCKS_PER_SM: usize = 2;
+/// Padding of the x tile's rows in shared memory, in halves (`QM_STRIDE - QM_SLAB`).
+const MMA_PAD: usize = 4;
 
 /// The slices the inputs of a tensor-core product are split into so that `blocks` tiles
-/// fill `sms` SMs, each slice at least one slab of `cols` inputs and none empty.
-fn mma_slices(blocks: usize, sms: usize, cols: usize) -> usize {
+/// fill `sms` SMs (`per_sm` blocks each), each slice at least one slab of `cols` inputs
+/// and none empty.
+fn mma_slices(blocks: usize, sms: usize, per_sm: usize, cols: usize) -> usize {
     let slabs = cols.div_ceil(MMA_SLAB);
-    let want = (MMA_BLOCKS_PER_SM * sms)
+    let want = (per_sm * sms)
         .div_ceil(blocks.max(1))
         .clamp(1, MMA_MAX_SLICES.min(slabs));
     slabs.div_ceil(slabs.div_ceil(want))
@@ -121,11 +128,13 @@ fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
     table[row][col]
 }
 
-/// The tensor-core product kernel for bits, side type, row tile (16, 32 or 64 rows) and
-/// whether it is the fused `[gate; up]` form.
-fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool) -> Kernel {
+/// The tensor-core product kernel for bits, side type, row tile (16, 32 or 64 rows),
+/// whether it is the fused `[gate; up]` form, and whether it reads x rounded once
+/// (`*_mmx_*`) or rounds it itself (`*_mma_*`).
+fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, once: bool) -> Kernel {
     use Kernel::*;
-    let linear: [[[Kernel; 3]; 3]; 2] = [
+    type Table = [[[Kernel; 3]; 3]; 2];
+    const LINEAR: Table = [
         [
             [LinearMmaQ8Bf16M1, LinearMmaQ8Bf16M2, LinearMmaQ8Bf16M4],
             [LinearMmaQ8F16M1, LinearMmaQ8F16M2, LinearMmaQ8F16M4],
@@ -137,7 +146,7 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool) -> Kernel {
             [LinearMmaQ4F32M1, LinearMmaQ4F32M2, LinearMmaQ4F32M4],
         ],
     ];
-    let glus: [[[Kernel; 3]; 3]; 2] = [
+    const GLU: Table = [
         [
             [GluMmaQ8Bf16M1, GluMmaQ8Bf16M2, GluMmaQ8Bf16M4],
             [GluMmaQ8F16M1, GluMmaQ8F16M2, GluMmaQ8F16M4],
@@ -147,6 +156,30 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool) -> Kernel {
             [GluMmaQ4Bf16M1, GluMmaQ4Bf16M2, GluMmaQ4Bf16M4],
             [GluMmaQ4F16M1, GluMmaQ4F16M2, GluMmaQ4F16M4],
             [GluMmaQ4F32M1, GluMmaQ4F32M2, GluMmaQ4F32M4],
+        ],
+    ];
+    const LINEAR_ONCE: Table = [
+        [
+            [LinearMmxQ8Bf16M1, LinearMmxQ8Bf16M2, LinearMmxQ8Bf16M4],
+            [LinearMmxQ8F16M1, LinearMmxQ8F16M2, LinearMmxQ8F16M4],
+            [LinearMmxQ8F32M1, LinearMmxQ8F32M2, LinearMmxQ8F32M4],
+        ],
+        [
+            [LinearMmxQ4Bf16M1, LinearMmxQ4Bf16M2, LinearMmxQ4Bf16M4],
+            [LinearMmxQ4F16M1, LinearMmxQ4F16M2, LinearMmxQ4F16M4],
+            [LinearMmxQ4F32M1, LinearMmxQ4F32M2, LinearMmxQ4F32M4],
+        ],
+    ];
+    const GLU_ONCE: Table = [
+        [
+            [GluMmxQ8Bf16M1, GluMmxQ8Bf16M2, GluMmxQ8Bf16M4],
+            [GluMmxQ8F16M1, GluMmxQ8F16M2, GluMmxQ8F16M4],
+            [GluMmxQ8F32M1, GluMmxQ8F32M2, GluMmxQ8F32M4],
+        ],
+        [
+            [GluMmxQ4Bf16M1, GluMmxQ4Bf16M2, GluMmxQ4Bf16M4],
+            [GluMmxQ4F16M1, GluMmxQ4F16M2, GluMmxQ4F16M4],
+            [GluMmxQ4F32M1, GluMmxQ4F32M2, GluMmxQ4F32M4],
         ],
     ];
     let b = usize::from(bits != 8);
@@ -160,11 +193,13 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool) -> Kernel {
         32 => 1,
         _ => 2,
     };
-    if glu {
-        glus[b][s][t]
-    } else {
-        linear[b][s][t]
-    }
+    let table = match (glu, once) {
+        (false, false) => &LINEAR,
+        (true, false) => &GLU,
+        (false, true) => &LINEAR_ONCE,
+        (true, true) => &GLU_ONCE,
+    };
+    table[b][s][t]
 }
 
 /// Rows of the matrix one block of `linear_q*` / `glu_q*` takes (`AFFINE_ROWS` of
@@ -380,11 +415,17 @@ impl CudaBackend {
             _ => 64,
         };
         let row_tiles = rows.div_ceil(tile);
-        let (out, col_tiles) = match glu {
-            Some((width, _)) => (width, width.div_ceil(MMA_COLS / 2)),
-            None => (w.rows, w.rows.div_ceil(MMA_COLS)),
+        let once = self.quant_mma_once;
+        let (cols_per_block, per_sm) = if once {
+            (MMX_COLS, MMX_BLOCKS_PER_SM)
+        } else {
+            (MMA_COLS, MMA_BLOCKS_PER_SM)
         };
-        let slices = mma_slices(col_tiles * row_tiles, self.sms, w.cols);
+        let (out, col_tiles) = match glu {
+            Some((width, _)) => (width, width.div_ceil(cols_per_block / 2)),
+            None => (w.rows, w.rows.div_ceil(cols_per_block)),
+        };
+        let slices = mma_slices(col_tiles * row_tiles, self.sms, per_sm, w.cols);
         // Raw sums go through `part` with several slices, and always for GLU.
         let part = if slices > 1 || glu.is_some() {
             Some(
@@ -401,9 +442,31 @@ impl CudaBackend {
             slices as u32,
             int(row_tiles, "row tiles")? as u32,
         );
-        let kernel = mma_kernel(bits, side, tile, glu.is_some());
+        let kernel = mma_kernel(bits, side, tile, glu.is_some(), once);
+        // x rounded to f16 once, in the lanes' order, padded to whole tiles and slabs.
+        let rounded = if once {
+            let (rows_pad, in_pad) = (row_tiles * tile, w.cols.div_ceil(MMA_SLAB) * MMA_SLAB);
+            let xh = self.dev.alloc(rows_pad * in_pad * 2).map_err(cuda_err)?;
+            self.launch(
+                Kernel::AffineMmxX,
+                (blocks_for(rows_pad * in_pad / 8), 1, 1),
+                256,
+                &[
+                    Arg::Ptr(x.ptr()),
+                    Arg::Ptr(xh.ptr()),
+                    Arg::I32(int(rows, "rows")?),
+                    Arg::I32(int(w.cols, "columns")?),
+                    Arg::I32(int(rows_pad, "rows")?),
+                    Arg::I32(int(in_pad, "columns")?),
+                    Arg::I32(bits as i32),
+                ],
+            )?;
+            Some(xh)
+        } else {
+            None
+        };
         let head = [
-            Arg::Ptr(x.ptr()),
+            Arg::Ptr(rounded.as_ref().map_or(x.ptr(), |xh| xh.ptr())),
             Arg::Ptr(w.buf.ptr()),
             Arg::Ptr(s.scales.ptr()),
             Arg::Ptr(s.biases.ptr()),
@@ -420,7 +483,15 @@ impl CudaBackend {
         }
         args.extend([Arg::Ptr(y.ptr()), Arg::Ptr(part_ptr)]);
         args.extend(tail);
-        self.launch(kernel, grid, 128, &args)?;
+        if once {
+            // Two buffers of the tile's rows of one slab (`affine_mmx`'s `xsh`).
+            let shared = 2 * tile * (MMA_SLAB + MMA_PAD) * 2;
+            self.dev
+                .launch_shared(kernel, grid, 256, shared, &args)
+                .map_err(cuda_err)?;
+        } else {
+            self.launch(kernel, grid, 128, &args)?;
+        }
         if part.is_some() {
             self.launch(
                 Kernel::AffineMmaFinish,
@@ -537,9 +608,9 @@ mod tests {
     fn tensor_core_products_split_their_inputs_until_the_sms_are_full() {
         // 8 rows of a 4096 x 4096 matrix on 132 SMs: 64 tiles, 16 slabs of inputs; 9
         // slices wanted make slices of 2 slabs, so 8 of them (none empty).
-        assert_eq!(mma_slices(64, 132, 4096), 8);
+        assert_eq!(mma_slices(64, 132, MMA_BLOCKS_PER_SM, 4096), 8);
         for (blocks, cols) in [(64, 4096), (7, 14336), (3, 96 * 256 + 32), (128, 14336)] {
-            let s = mma_slices(blocks, 132, cols);
+            let s = mma_slices(blocks, 132, MMA_BLOCKS_PER_SM, cols);
             let slabs = cols.div_ceil(MMA_SLAB);
             let per = slabs.div_ceil(s);
             assert!(
@@ -548,10 +619,10 @@ mod tests {
             );
         }
         // Enough tiles already: one slice; a row shorter than a slab: one slice.
-        assert_eq!(mma_slices(4008, 132, 4096), 1);
-        assert_eq!(mma_slices(1, 132, 96), 1);
+        assert_eq!(mma_slices(4008, 132, MMA_BLOCKS_PER_SM, 4096), 1);
+        assert_eq!(mma_slices(1, 132, MMA_BLOCKS_PER_SM, 96), 1);
         // Long rows and few tiles: at most MMA_MAX_SLICES.
-        assert!(mma_slices(1, 132, 1 << 20) <= MMA_MAX_SLICES);
+        assert!(mma_slices(1, 132, MMA_BLOCKS_PER_SM, 1 << 20) <= MMA_MAX_SLICES);
     }
 
     #[test]

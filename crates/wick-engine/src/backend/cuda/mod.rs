@@ -120,6 +120,10 @@ pub struct CudaBackend {
     /// `WICK_CUDA_QUANT_MMA=0` turns it off), else the matrix is dequantized to bf16 for
     /// cuBLAS.
     quant_mma: bool,
+    /// The tensor-core quantized products round x to f16 once per product
+    /// (`affine_mmx_*`, the default) rather than in every block that reads it
+    /// (`affine_mma_*`, `WICK_CUDA_QUANT_MMA=per-block`, kept for comparison).
+    quant_mma_once: bool,
     /// Streaming multiprocessors of the device.
     sms: usize,
     /// KV caches store f16 (else f32).
@@ -300,13 +304,15 @@ impl CudaBackend {
             .max(1);
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
-        let quant_mma = std::env::var("WICK_CUDA_QUANT_MMA").map_or(true, |v| v != "0")
-            && dev.compute_capability().0 >= 8;
+        let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
+        let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
+        let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
         Ok(CudaBackend {
             dev,
             kernel_rows,
             quant_rows,
             quant_mma,
+            quant_mma_once,
             sms,
             kv_half: false,
             flash: FlashAttention::from_env(),
@@ -327,6 +333,14 @@ impl CudaBackend {
     /// the matrix to bf16 for cuBLAS. Ignored (off) before compute capability 8.0.
     pub fn with_quant_mma(mut self, on: bool) -> Self {
         self.quant_mma = on && self.dev.compute_capability().0 >= 8;
+        self
+    }
+
+    /// Whether the tensor-core quantized products round x to f16 once per product (the
+    /// default) or in every block that reads it (the kernel before, for comparison;
+    /// `WICK_CUDA_QUANT_MMA=per-block`).
+    pub fn with_quant_mma_rounding_once(mut self, once: bool) -> Self {
+        self.quant_mma_once = once;
         self
     }
 
