@@ -20,8 +20,10 @@ crates/wick-engine/tests/goldens/hf (default llama, into tests/goldens/parity; a
 tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwen2's Q/K/V biases,
 qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh, starcoder2's
 LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj; phi3's and
-glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module) train through
-the engine's decoder. Attention runs as transformers' eager implementation (the soft caps need it).
+glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module; gemma4's per-layer
+inputs and KV-shared layers, which have no k_proj / v_proj) train through the engine's decoder.
+For the families of STEP_FAMILIES (gemma4) it also records the logits of the SFT sequences
+after one AdamW step of each objective from the initial factors ({case}_step_logits). Attention runs as transformers' eager implementation (the soft caps need it).
 
 TRL's ORPO pieces (`get_batch_logps`, `odds_ratio_loss`) are called where trl imports; without it
 they are written out below as TRL 1.16 defines them (reference.json says which:
