@@ -43,6 +43,7 @@ use crate::backend::{
     KvLayer, KvLayerSnapshot, LowRankDelta, RopeSpec,
 };
 use crate::kv_pool::BlockLease;
+use crate::models::moe::Routing;
 use crate::weights::{AffineWeight, HostWeight};
 use crate::{EngineError, Result};
 
@@ -654,6 +655,68 @@ impl TapeBackend {
         }))
     }
 
+    /// The routing weights `[rows, k]` of `routing` as a function of the router's
+    /// `logits` (recorded where they are tracked).
+    fn route_weights(&self, logits: &TapeTensor, routing: &Routing, scale: &[f32]) -> TapeTensor {
+        let (rows, k) = (routing.rows(), routing.top_k);
+        let w = routing.weights.clone();
+        match logits.node {
+            Some(ln) => {
+                let n = logits.cols;
+                let mut probs = logits.data.to_vec();
+                for row in probs.chunks_exact_mut(n.max(1)) {
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for p in row.iter_mut() {
+                        *p = (*p - max).exp();
+                        sum += *p;
+                    }
+                    row.iter_mut().for_each(|p| *p /= sum);
+                }
+                self.out(w, rows, k, true, || Op::RouteWeights {
+                    logits: ln,
+                    probs,
+                    experts: routing.experts.clone(),
+                    scale: scale.to_vec(),
+                    n,
+                    k,
+                })
+            }
+            None => TapeTensor::leaf(w, rows, k),
+        }
+    }
+
+    /// Row `i` of `y` times value `slots[i]` of `w` (an expert's outputs times their
+    /// routing weights).
+    fn weighted_rows(&self, y: &TapeTensor, w: &TapeTensor, slots: &[usize]) -> Result<TapeTensor> {
+        if slots.len() != y.rows || slots.iter().any(|&s| s >= w.data.len()) {
+            return Err(shape_err(format!(
+                "weighted_rows: {} rows, {} weights for {} slots",
+                y.rows,
+                w.data.len(),
+                slots.len()
+            )));
+        }
+        let cols = y.cols;
+        let mut out = y.data.to_vec();
+        for (row, &s) in out.chunks_exact_mut(cols.max(1)).zip(slots) {
+            row.iter_mut().for_each(|v| *v *= w.data[s]);
+        }
+        let (yn, wn) = (y.node, w.node);
+        Ok(
+            self.out(out, y.rows, cols, yn.is_some() || wn.is_some(), || {
+                Op::WeightedRows {
+                    y: yn,
+                    w: wn,
+                    y_val: y.data.clone(),
+                    w_val: w.data.clone(),
+                    slots: slots.to_vec(),
+                    cols,
+                }
+            }),
+        )
+    }
+
     fn check_same(op: &str, a: &TapeTensor, b: &TapeTensor) -> Result<()> {
         if a.rows != b.rows || a.cols != b.cols {
             return Err(shape_err(format!(
@@ -1090,14 +1153,44 @@ impl Backend for TapeBackend {
         Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
     }
 
+    /// The experts on the host's routing, recorded: the routing weights as a function of
+    /// the router's logits (softmax, the top `k` renormalised, times each expert's scale;
+    /// which experts are picked is piecewise constant and carries no gradient), and each
+    /// expert's gated MLP on the rows routed to it through the recorded ops, weighted and
+    /// added at those rows.
     fn moe(
         &self,
-        _experts: &crate::backend::Experts<Self>,
-        _x: &TapeTensor,
-        _logits: &TapeTensor,
-        _rows: usize,
+        experts: &crate::backend::Experts<Self>,
+        x: &TapeTensor,
+        logits: &TapeTensor,
+        rows: usize,
     ) -> Result<TapeTensor> {
-        Err(unsupported("a mixture-of-experts layer"))
+        let (n, k, h) = (experts.len(), experts.top_k(), experts.hidden());
+        if logits.rows != rows || logits.cols != n || x.rows != rows || x.cols != h {
+            return Err(shape_err(format!(
+                "moe: x {}x{}, logits {}x{} for {rows} rows, {n} experts of width {h}",
+                x.rows, x.cols, logits.rows, logits.cols
+            )));
+        }
+        let scale = experts.per_expert_scale();
+        let routing = Routing::softmax_top_k(&logits.data, n, k, scale)?;
+        experts.check(&routing)?;
+        let weights = self.route_weights(logits, &routing, scale);
+        let mut out = TapeTensor::leaf(vec![0.0; rows * h], rows, h);
+        for e in 0..n {
+            let slots: Vec<usize> = (0..routing.experts.len())
+                .filter(|&s| routing.experts[s] == e)
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let picked: Vec<usize> = slots.iter().map(|&s| s / k).collect();
+            let xs = self.select_rows(x, &picked)?;
+            let y = experts.expert_output(self, &xs, e)?;
+            let y = self.weighted_rows(&y, &weights, &slots)?;
+            out = self.add_rows(&out, &picked, &y)?;
+        }
+        Ok(out)
     }
 
     fn sigmoid_gate(
