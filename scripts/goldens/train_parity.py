@@ -21,9 +21,11 @@ tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwe
 qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh, starcoder2's
 LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj; phi3's and
 glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module; gemma4's per-layer
-inputs and KV-shared layers, which have no k_proj / v_proj) train through the engine's decoder.
-For the families of STEP_FAMILIES (gemma4) it also records the logits of the SFT sequences
-after one AdamW step of each objective from the initial factors ({case}_step_logits). Attention runs as transformers' eager implementation (the soft caps need it).
+inputs and KV-shared layers, which have no k_proj / v_proj; gemma4_moe's routed experts) train
+through the engine's decoder. For the families of STEP_FAMILIES (gemma4, gemma4_moe) it also
+records the logits of the SFT sequences after one AdamW step of each objective from the initial
+factors ({case}_step_logits). Attention runs as transformers' eager implementation (the soft
+caps need it).
 
 TRL's ORPO pieces (`get_batch_logps`, `odds_ratio_loss`) are called where trl imports; without it
 they are written out below as TRL 1.16 defines them (reference.json says which:
@@ -59,7 +61,7 @@ OUT = ROOT / "crates/wick-train/tests/goldens/parity"
 RANK, ALPHA, BETA, LAMBDA = 4, 8.0, 0.1, 0.1
 # Families whose goldens also hold the logits after one AdamW step of each objective, at this
 # rate (weight decay 0.01, no clipping).
-STEP_FAMILIES, STEP_LR = {"gemma4"}, 1e-4
+STEP_FAMILIES, STEP_LR = {"gemma4", "gemma4_moe"}, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Families whose checkpoints name the projections otherwise: StarCoder 2's ungated MLP.
 # Phi-3 and GLM-4 hold Q/K/V or gate/up fused, one LoRA pair per fused module.

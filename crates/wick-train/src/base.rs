@@ -163,20 +163,13 @@ impl BaseWeights {
 }
 
 /// Refuses what training through the engine's decoder does not cover yet: Qwen 3.5, whose
-/// DeltaNet layers have no backward on the training backend, and a Gemma 4 with experts,
-/// whose routing has none either.
+/// DeltaNet layers have no backward on the training backend.
 fn check_supported(cfg: &ModelConfig) -> Result<()> {
-    let name = cfg.arch.name();
     if cfg.qwen35.is_some() {
         return Err(TrainError::Unsupported(format!(
-            "architecture {name}: its DeltaNet layers have no backward on the training \
-             backend yet (the dense families and Gemma 4 train)"
-        )));
-    }
-    if cfg.gemma4.as_ref().is_some_and(|g| g.moe.is_some()) {
-        return Err(TrainError::Unsupported(format!(
-            "architecture {name} with experts: the expert routing has no backward on the \
-             training backend yet (the dense families and dense Gemma 4 train)"
+            "architecture {}: its DeltaNet layers have no backward on the training backend \
+             yet (the dense families and Gemma 4 train)",
+            cfg.arch.name()
         )));
     }
     Ok(())

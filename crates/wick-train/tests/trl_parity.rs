@@ -304,7 +304,15 @@ fn gemma4_steps_match_trl() {
 /// parity above keep the logits within 1e-4 while the step still moves them by 0.1 or more.
 #[test]
 fn gemma4_updated_adapter_logits_match_torch() {
-    let family = "gemma4";
+    check_updated_logits("gemma4");
+}
+
+#[test]
+fn gemma4_moe_updated_adapter_logits_match_torch() {
+    check_updated_logits("gemma4_moe");
+}
+
+fn check_updated_logits(family: &str) {
     let r = family_reference(family);
     let base = BaseWeights::load(&base_dir(family)).unwrap();
     let step = &r["step"];
@@ -371,4 +379,12 @@ fn gemma4_updated_adapter_logits_match_torch() {
             "{case}: logits after one step off by {worst}"
         );
     }
+}
+
+/// Gemma 4's experts beside the dense MLP: the router's logits take the gradient of the
+/// routing weights (softmax, top 2 renormalised, per-expert scales), the frozen experts
+/// pass theirs to the layer's input; full layers use the key projection as values.
+#[test]
+fn gemma4_moe_steps_match_trl() {
+    check_family("gemma4_moe");
 }
