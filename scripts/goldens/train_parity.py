@@ -20,8 +20,12 @@ crates/wick-engine/tests/goldens/hf (default llama, into tests/goldens/parity; a
 tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwen2's Q/K/V biases,
 qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh, starcoder2's
 LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj; phi3's and
-glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module) train through
-the engine's decoder. Attention runs as transformers' eager implementation (the soft caps need it).
+glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module; gemma4's per-layer
+inputs and KV-shared layers, which have no k_proj / v_proj; gemma4_moe's routed experts) train
+through the engine's decoder. For the families of STEP_FAMILIES (gemma4, gemma4_moe) it also
+records the logits of the SFT sequences after one AdamW step of each objective from the initial
+factors ({case}_step_logits). Attention runs as transformers' eager implementation (the soft
+caps need it).
 
 TRL's ORPO pieces (`get_batch_logps`, `odds_ratio_loss`) are called where trl imports; without it
 they are written out below as TRL 1.16 defines them (reference.json says which:
@@ -55,6 +59,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "crates/wick-engine/tests/goldens/hf/llama"
 OUT = ROOT / "crates/wick-train/tests/goldens/parity"
 RANK, ALPHA, BETA, LAMBDA = 4, 8.0, 0.1, 0.1
+# Families whose goldens also hold the logits after one AdamW step of each objective, at this
+# rate (weight decay 0.01, no clipping).
+STEP_FAMILIES, STEP_LR = {"gemma4", "gemma4_moe"}, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Families whose checkpoints name the projections otherwise: StarCoder 2's ungated MLP.
 # Phi-3 and GLM-4 hold Q/K/V or gate/up fused, one LoRA pair per fused module.
@@ -161,6 +168,38 @@ def grads_of(model, loss):
     return {k: p.grad.detach().clone() for k, p in lora_params(model).items()}
 
 
+def sft_loss(model):
+    total, n = sft_loss_sum(model, SFT)
+    return total / n
+
+
+def dpo_loss(model):
+    """DPO (sigmoid): TRL's per-sequence -logsigmoid(beta * delta), delta of summed log-ratios;
+    and the pairs' accuracy."""
+    seqs = pairs_as_seqs()
+    n_pairs = len(PAIRS)
+    logps, *_ = completion_logps(model, seqs, average=False)
+    with model.disable_adapter(), torch.no_grad():
+        ref_logps, *_ = completion_logps(model, seqs, average=False)
+    pc, pr = logps[:n_pairs], logps[n_pairs:]
+    rc, rr = ref_logps[:n_pairs], ref_logps[n_pairs:]
+    delta = (pc - rc) - (pr - rr)
+    accuracy = (BETA * (pc - rc) > BETA * (pr - rr)).float().mean().item()
+    return (-F.logsigmoid(BETA * delta)).mean(), accuracy
+
+
+def orpo_loss(model):
+    """ORPO: TRL's chosen NLL (full chosen sequence, padding masked) and its odds_ratio_loss."""
+    seqs = pairs_as_seqs()
+    n_pairs = len(PAIRS)
+    logps, logits, ids, mask = completion_logps(model, seqs, average=True)
+    labels = torch.where(mask == 1, ids, -100)
+    lc = logits[:n_pairs, :-1].reshape(-1, logits.shape[-1])
+    nll = F.cross_entropy(lc, labels[:n_pairs, 1:].reshape(-1), ignore_index=-100)
+    losses = odds_ratio_losses(logps[:n_pairs], logps[n_pairs:])
+    return nll - losses.mean()
+
+
 def main():
     global BASE, OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -187,37 +226,42 @@ def main():
                         "pairs": [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS]}
 
     # SFT: the mean over the batch's completion tokens.
-    total, n = sft_loss_sum(model, SFT)
-    loss = total / n
+    loss = sft_loss(model)
     ref["sft_loss"] = loss.item()
     for k, g in grads_of(model, loss).items():
         tensors[f"sft.{k}"] = g
 
-    # DPO (sigmoid): TRL's per-sequence -logsigmoid(beta * delta), delta of summed log-ratios.
-    seqs = pairs_as_seqs()
-    n_pairs = len(PAIRS)
-    logps, *_ = completion_logps(model, seqs, average=False)
-    with model.disable_adapter(), torch.no_grad():
-        ref_logps, *_ = completion_logps(model, seqs, average=False)
-    pc, pr = logps[:n_pairs], logps[n_pairs:]
-    rc, rr = ref_logps[:n_pairs], ref_logps[n_pairs:]
-    delta = (pc - rc) - (pr - rr)
-    loss = (-F.logsigmoid(BETA * delta)).mean()
+    loss, ref["dpo_accuracy"] = dpo_loss(model)
     ref["dpo_loss"] = loss.item()
-    ref["dpo_accuracy"] = (BETA * (pc - rc) > BETA * (pr - rr)).float().mean().item()
     for k, g in grads_of(model, loss).items():
         tensors[f"dpo.{k}"] = g
 
-    # ORPO: TRL's chosen NLL (full chosen sequence, padding masked) and its odds_ratio_loss.
-    logps, logits, ids, mask = completion_logps(model, seqs, average=True)
-    labels = torch.where(mask == 1, ids, -100)
-    lc = logits[:n_pairs, :-1].reshape(-1, logits.shape[-1])
-    nll = F.cross_entropy(lc, labels[:n_pairs, 1:].reshape(-1), ignore_index=-100)
-    losses = odds_ratio_losses(logps[:n_pairs], logps[n_pairs:])
-    loss = nll - losses.mean()
+    loss = orpo_loss(model)
     ref["orpo_loss"] = loss.item()
     for k, g in grads_of(model, loss).items():
         tensors[f"orpo.{k}"] = g
+
+    # The updated adapter: from the initial factors, one AdamW step on each objective, then
+    # the logits of the SFT sequences (each alone, rows after rows) under the new factors.
+    if args.family in STEP_FAMILIES:
+        ref["step"] = {"lr": STEP_LR, "weight_decay": 0.01}
+        for case, objective in (("sft", sft_loss), ("dpo", lambda m: dpo_loss(m)[0]),
+                                ("orpo", orpo_loss)):
+            with torch.no_grad():
+                for k, p in lora_params(model).items():
+                    p.copy_(init[k])
+            params = list(lora_params(model).values())
+            opt = torch.optim.AdamW(params, lr=STEP_LR, betas=(0.9, 0.999), eps=1e-8,
+                                    weight_decay=0.01)
+            opt.zero_grad()
+            objective(model).backward()
+            opt.step()
+            with torch.no_grad():
+                rows = [model(input_ids=torch.tensor([s])).logits[0] for s, _ in SFT]
+            tensors[f"{case}_step_logits"] = torch.cat(rows)
+        with torch.no_grad():
+            for k, p in lora_params(model).items():
+                p.copy_(init[k])
 
     # Three optimizer steps of SFT with accumulation, clipping, LoRA+ and the schedule (the
     # optimizer does not depend on the family: the llama goldens only).

@@ -195,13 +195,16 @@ impl<'a> TrainDecoder<'a> {
         Ok(())
     }
 
-    /// The targets the pair in `t`'s slot adapts, with their rows of its `B`: `t` alone,
-    /// or the parts of the fused module it stands for.
-    fn parts(&self, t: Target) -> Vec<(Target, std::ops::Range<usize>)> {
+    /// The targets the pair in `t`'s slot of `layer` adapts, with their rows of its `B`:
+    /// `t` alone, or the parts of the fused module it stands for.
+    fn parts(&self, layer: usize, t: Target) -> Vec<(Target, std::ops::Range<usize>)> {
         let cfg = &self.base.cfg;
         match t.fused_group(cfg.arch) {
-            Some(group) => group.iter().map(|&p| (p, rows_of(cfg, p).1)).collect(),
-            None => vec![(t, 0..t.base_shape(cfg).0)],
+            Some(group) => group
+                .iter()
+                .map(|&p| (p, rows_of(cfg, layer, p).1))
+                .collect(),
+            None => vec![(t, rows_of(cfg, layer, t).1)],
         }
     }
 
@@ -220,7 +223,7 @@ impl<'a> TrainDecoder<'a> {
                 let am = be.parameter(ia, p.a.clone(), rank, p.in_dim, Some((l, slot)))?;
                 // Each part of a fused module gets its rows of B (a parameter of its own
                 // slot) beside the shared A, whose gradient sums over the parts.
-                for (t, rows) in self.parts(Target::ALL[slot]) {
+                for (t, rows) in self.parts(l, Target::ALL[slot]) {
                     let mut b =
                         self.base
                             .permute(t, &p.b[rows.start * rank..rows.end * rank], rank);
@@ -478,7 +481,7 @@ impl<'a> TrainDecoder<'a> {
                 if let Some(da) = found.remove(&ia) {
                     g.a.iter_mut().zip(&da).for_each(|(x, d)| *x += d);
                 }
-                for (t, rows) in self.parts(Target::ALL[slot]) {
+                for (t, rows) in self.parts(l, Target::ALL[slot]) {
                     let (_, ib) = ids(l, t.index());
                     let Some(db) = found.remove(&ib) else {
                         continue;

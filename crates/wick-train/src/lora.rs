@@ -124,22 +124,29 @@ pub struct LoraParams {
     pub layers: Vec<[Option<LoraPair>; 7]>,
 }
 
-/// Where `t`'s rows are in a model of `cfg`'s factors: the slot holding them (its fused
-/// module's first part, or itself) and the rows of that pair's `B`.
-pub fn rows_of(cfg: &ModelConfig, t: Target) -> (Target, std::ops::Range<usize>) {
+/// `[out, in]` of the base matrix `t` sits beside in `layer` of a model of `cfg` (its
+/// own head size and MLP width in a Gemma 4 layer).
+pub fn shape_of(cfg: &ModelConfig, layer: usize, t: Target) -> (usize, usize) {
+    t.file_shape(cfg, layer)
+        .unwrap_or_else(|| t.base_shape(cfg))
+}
+
+/// Where `t`'s rows are in `layer` of a model of `cfg`'s factors: the slot holding them
+/// (its fused module's first part, or itself) and the rows of that pair's `B`.
+pub fn rows_of(cfg: &ModelConfig, layer: usize, t: Target) -> (Target, std::ops::Range<usize>) {
     match t.fused_group(cfg.arch) {
         Some(group) => {
             let mut at = 0;
             for &p in group {
-                let rows = p.base_shape(cfg).0;
+                let rows = shape_of(cfg, layer, p).0;
                 if p == t {
                     return (group[0], at..at + rows);
                 }
                 at += rows;
             }
-            (t, 0..t.base_shape(cfg).0)
+            (t, 0..shape_of(cfg, layer, t).0)
         }
-        None => (t, 0..t.base_shape(cfg).0),
+        None => (t, 0..shape_of(cfg, layer, t).0),
     }
 }
 
@@ -158,8 +165,8 @@ impl LoraParams {
                     let present = t.file_shape(cfg, l).is_some();
                     let asked = parts.iter().any(|p| lora.targets.contains(p));
                     (l >= first && present && parts[0] == t && asked).then(|| {
-                        let out = parts.iter().map(|p| p.base_shape(cfg).0).sum();
-                        LoraPair::zeros(t.base_shape(cfg).1, out, lora.rank)
+                        let out = parts.iter().map(|&p| shape_of(cfg, l, p).0).sum();
+                        LoraPair::zeros(shape_of(cfg, l, t).1, out, lora.rank)
                     })
                 })
             })

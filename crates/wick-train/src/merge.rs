@@ -142,7 +142,7 @@ pub fn merge(
             _ => stats.only_b += 1,
         }
         // A part of a fused module (Phi-3's q of qkv_proj) is rows of its module's pair.
-        let (holder, rows) = rows_of(cfg, target);
+        let (holder, rows) = rows_of(cfg, layer, target);
         let Some(pair) = params.layers[layer][holder.index()].as_mut() else {
             return Err(TrainError::Config(format!(
                 "layer {layer} {} has no place in the merged adapter",

@@ -71,7 +71,14 @@ fn assert_close(what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn training_logits_match_the_engine() {
-    for name in ["llama", "llama_tied", "starcoder2", "phi3", "glm4"] {
+    for name in [
+        "llama",
+        "llama_tied",
+        "starcoder2",
+        "phi3",
+        "glm4",
+        "gemma4",
+    ] {
         let dir = golden(name);
         let base = BaseWeights::load(&dir).unwrap();
         let model = Model::load(&dir, &LoadOptions::default()).unwrap();

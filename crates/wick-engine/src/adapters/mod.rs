@@ -247,8 +247,9 @@ impl Target {
             let f = l.intermediate;
             return match self {
                 Target::Q => Some((q, h)),
-                Target::K => Some((kv, h)),
-                Target::V if !l.k_eq_v => Some((kv, h)),
+                // KV-shared layers have no K/V projections of their own.
+                Target::K if l.kv_source.is_none() => Some((kv, h)),
+                Target::V if l.kv_source.is_none() && !l.k_eq_v => Some((kv, h)),
                 Target::O => Some((h, q)),
                 Target::Gate | Target::Up => Some((f, h)),
                 Target::Down => Some((h, f)),

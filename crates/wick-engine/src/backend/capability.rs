@@ -180,9 +180,10 @@ pub const MLX: Capabilities = Capabilities {
 };
 
 /// The training backend (`backend/tape`): the ops of the dense decoder, each with a
-/// backward rule, LayerNorm and the ungated MLP (StarCoder 2) included. Host activations
-/// (Gemma 4, Qwen 3.5) and image attention have none yet, so those models are refused at
-/// load.
+/// backward rule, LayerNorm and the ungated MLP (StarCoder 2) included, and Gemma 4's:
+/// layers reading an earlier layer's keys and values, and the experts routed on the host
+/// (its values are host memory). Qwen 3.5's DeltaNet and image attention have no backward
+/// yet: those ops return an error naming them.
 pub const TRAIN: Capabilities = Capabilities {
     backend: "train",
     ops: &[
@@ -190,6 +191,8 @@ pub const TRAIN: Capabilities = Capabilities {
         Capability::Activation,
         Capability::RopeAttentionFactor,
         Capability::RowDeltas,
+        Capability::SharedKv,
+        Capability::HostTensors,
     ],
     max_head_dim: usize::MAX,
     device_logits: false,

@@ -264,7 +264,7 @@ impl<B: Backend> Experts<B> {
         self.forward_grouped(be, x, &routing)
     }
 
-    fn check(&self, routing: &Routing) -> Result<()> {
+    pub(crate) fn check(&self, routing: &Routing) -> Result<()> {
         if self.gate_up.len() != self.n_experts {
             return Err(EngineError::Backend {
                 backend: "moe",
@@ -283,6 +283,12 @@ impl<B: Backend> Experts<B> {
 
     /// One expert on the rows `x` `[m, hidden]`, to the host.
     fn expert(&self, be: &B, x: &B::Tensor, e: usize, m: usize) -> Result<Vec<f32>> {
+        let y = self.expert_output(be, x, e)?;
+        Ok(be.rows_to_host(&y, &[m])?.pop().unwrap_or_default())
+    }
+
+    /// One expert on the rows `x` `[m, hidden]`, `[m, hidden]` on the backend.
+    pub(crate) fn expert_output(&self, be: &B, x: &B::Tensor, e: usize) -> Result<B::Tensor> {
         let i = self.intermediate;
         let both = be.linear(x, &self.gate_up[e], None)?;
         let parts = be.split_columns(&both, &[i, i])?;
@@ -293,8 +299,7 @@ impl<B: Backend> Experts<B> {
             });
         };
         let act = be.glu(gate, up, self.activation)?;
-        let y = be.linear(&act, &self.down[e], None)?;
-        Ok(be.rows_to_host(&y, &[m])?.pop().unwrap_or_default())
+        be.linear(&act, &self.down[e], None)
     }
 
     /// The weighted sum of each row's experts, `[rows, hidden]`: every expert gathers the

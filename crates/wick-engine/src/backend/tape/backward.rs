@@ -120,6 +120,26 @@ pub(super) enum Op {
         dx: Vec<f32>,
         cols: usize,
     },
+    /// Mixture-of-experts routing weights `[rows, k]` from the router's logits
+    /// `[rows, n]`: `w = scale[e]·p[e] / Σ_top p`, `p` the softmax (`probs`), `experts`
+    /// the picked expert of each slot.
+    RouteWeights {
+        logits: usize,
+        probs: Vec<f32>,
+        experts: Vec<usize>,
+        scale: Vec<f32>,
+        n: usize,
+        k: usize,
+    },
+    /// Row `i` of `y` times value `slots[i]` of `w`.
+    WeightedRows {
+        y: Option<usize>,
+        w: Option<usize>,
+        y_val: Arc<Vec<f32>>,
+        w_val: Arc<Vec<f32>>,
+        slots: Vec<usize>,
+        cols: usize,
+    },
     /// The input of a recorded span, whose gradient is returned under `id`.
     Input {
         id: usize,
@@ -260,6 +280,45 @@ fn layer_norm_back(x: &[f32], w: &[f32], stats: &[(f32, f32)], dy: &[f32]) -> Ve
             }
         });
     dx
+}
+
+/// The logits' gradient of the routing weights `w_j = scale[e_j]·p[e_j] / S`, `S` the sum
+/// of the picked experts' probabilities, for the weights' gradient `dw` `[rows, k]`: to the
+/// probabilities `dp[e_j] = dw_j·scale[e_j]/S − Σ_i dw_i·scale[e_i]·p[e_i] / S²` (0 for the
+/// experts not picked), then through the softmax `dl = p ⊙ (dp − Σ p·dp)`.
+fn route_weights_back(
+    probs: &[f32],
+    experts: &[usize],
+    scale: &[f32],
+    n: usize,
+    k: usize,
+    dw: &[f32],
+) -> Vec<f32> {
+    let mut dl = vec![0.0; probs.len()];
+    let mut dp = vec![0.0f32; n];
+    for (((p, e), d), out) in probs
+        .chunks_exact(n.max(1))
+        .zip(experts.chunks_exact(k.max(1)))
+        .zip(dw.chunks_exact(k.max(1)))
+        .zip(dl.chunks_exact_mut(n.max(1)))
+    {
+        let s: f32 = e.iter().map(|&j| p[j]).sum();
+        let mixed: f32 = e
+            .iter()
+            .zip(d)
+            .map(|(&j, &dj)| dj * scale[j] * p[j])
+            .sum::<f32>()
+            / (s * s);
+        dp.fill(0.0);
+        for (&j, &dj) in e.iter().zip(d) {
+            dp[j] += dj * scale[j] / s - mixed;
+        }
+        let dot: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+        for ((o, &pv), &dv) in out.iter_mut().zip(p).zip(&dp) {
+            *o = pv * (dv - dot);
+        }
+    }
+    dl
 }
 
 /// Adds `g` into node `id`'s gradient.
@@ -496,6 +555,48 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                     .for_each(|(row, &d)| row.iter_mut().for_each(|v| *v *= d));
                 accumulate(&mut grads, x, dx);
             }
+            Op::RouteWeights {
+                logits,
+                probs,
+                experts,
+                scale,
+                n,
+                k,
+            } => {
+                accumulate(
+                    &mut grads,
+                    logits,
+                    route_weights_back(&probs, &experts, &scale, n, k, &g),
+                );
+            }
+            Op::WeightedRows {
+                y,
+                w,
+                y_val,
+                w_val,
+                slots,
+                cols,
+            } => {
+                let rows = g.chunks_exact(cols.max(1));
+                if let Some(w) = w {
+                    let mut dw = vec![0.0; w_val.len()];
+                    for ((gr, yr), &s) in rows
+                        .clone()
+                        .zip(y_val.chunks_exact(cols.max(1)))
+                        .zip(&slots)
+                    {
+                        dw[s] += gr.iter().zip(yr).map(|(a, b)| a * b).sum::<f32>();
+                    }
+                    accumulate(&mut grads, w, dw);
+                }
+                if let Some(y) = y {
+                    let mut dy = Vec::with_capacity(g.len());
+                    for (gr, &s) in rows.zip(&slots) {
+                        dy.extend(gr.iter().map(|v| v * w_val[s]));
+                    }
+                    accumulate(&mut grads, y, dy);
+                }
+            }
             Op::Input { id } => add_param(&mut params, id, g),
             Op::Dropout {
                 x,
@@ -511,4 +612,51 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
         }
     }
     Ok(params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::moe::Routing;
+
+    /// The routing weights' logit gradient against central differences of
+    /// `Σ dw ⊙ w(logits)` (the picked experts held, as a small step keeps them).
+    #[test]
+    fn route_weights_back_matches_finite_differences() {
+        let (n, k) = (5, 2);
+        let logits = [0.3f32, -1.2, 0.9, 0.1, 0.5, -0.4, 1.1, 0.2, -0.7, 0.6];
+        let scale = [1.0f32, 0.7, 1.3, 0.9, 1.1];
+        let dw = [0.8f32, -0.5, 0.3, 1.2];
+        let routing = Routing::softmax_top_k(&logits, n, k, &scale).unwrap();
+        let f = |l: &[f32]| -> f64 {
+            let p = Routing::softmax_top_k(l, n, k, &scale).unwrap();
+            assert_eq!(p.experts, routing.experts);
+            p.weights
+                .iter()
+                .zip(&dw)
+                .map(|(&w, &d)| f64::from(w) * f64::from(d))
+                .sum()
+        };
+        let mut probs = logits.to_vec();
+        for row in probs.chunks_exact_mut(n) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter_mut().for_each(|v| *v = (*v - max).exp());
+            let sum: f32 = row.iter().sum();
+            row.iter_mut().for_each(|v| *v /= sum);
+        }
+        let got = route_weights_back(&probs, &routing.experts, &scale, n, k, &dw);
+        for i in 0..logits.len() {
+            let eps = 1e-3f32;
+            let mut up = logits;
+            up[i] += eps;
+            let mut down = logits;
+            down[i] -= eps;
+            let numeric = (f(&up) - f(&down)) / (2.0 * f64::from(eps));
+            assert!(
+                (numeric - f64::from(got[i])).abs() < 1e-3,
+                "logit {i}: numeric {numeric} analytic {}",
+                got[i]
+            );
+        }
+    }
 }

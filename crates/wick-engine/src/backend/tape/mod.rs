@@ -43,6 +43,7 @@ use crate::backend::{
     KvLayer, KvLayerSnapshot, LowRankDelta, RopeSpec,
 };
 use crate::kv_pool::BlockLease;
+use crate::models::moe::Routing;
 use crate::weights::{AffineWeight, HostWeight};
 use crate::{EngineError, Result};
 
@@ -179,21 +180,34 @@ pub struct TapeRope {
     back: CpuRope,
 }
 
-/// A layer's "cache": whole sequences attend within themselves, so it only counts the
-/// tokens a pass appended (the decoder reads positions from it).
+/// A layer's "cache": whole sequences attend within themselves, so it counts the tokens a
+/// pass appended (the decoder reads positions from it) and, where later layers read this
+/// layer's keys and values (Gemma 4's KV sharing), holds them as the pass computed them,
+/// tape nodes included, so the readers' gradients flow back to the producing layer.
 #[derive(Debug)]
 pub struct TapeKvLayer {
     kv_heads: usize,
     head_dim: usize,
     window: Option<usize>,
     len: usize,
+    shared: Option<SharedKv>,
     lease: Option<BlockLease>,
+}
+
+/// The keys and values of a pass kept for the layers that share them: the whole batch's,
+/// and the rows of this cache's sequence.
+#[derive(Debug, Clone)]
+struct SharedKv {
+    k: TapeTensor,
+    v: TapeTensor,
+    rows: Range<usize>,
 }
 
 impl Clone for TapeKvLayer {
     /// A copy without the pool charge (it holds no blocks).
     fn clone(&self) -> Self {
         TapeKvLayer {
+            shared: self.shared.clone(),
             lease: None,
             ..*self
         }
@@ -212,6 +226,7 @@ impl KvLayer for TapeKvLayer {
             return Err(unsupported("trimming a cache"));
         }
         self.len = 0;
+        self.shared = None;
         Ok(())
     }
     fn byte_size(&self) -> usize {
@@ -590,6 +605,116 @@ impl TapeBackend {
             inp,
             out,
         }))
+    }
+
+    /// Causal attention of `q` to `k`, `v` within each sequence's rows `ranges`,
+    /// recorded where any of them is tracked.
+    fn attend(
+        &self,
+        q: &TapeTensor,
+        k: &TapeTensor,
+        v: &TapeTensor,
+        ranges: Vec<Range<usize>>,
+        params: &AttentionParams,
+    ) -> Result<TapeTensor> {
+        let s = AttnShape::of(params);
+        if q.cols != s.heads * s.hd
+            || k.cols != s.kv_heads * s.hd
+            || v.cols != k.cols
+            || k.rows != q.rows
+            || v.rows != q.rows
+            || s.kv_heads == 0
+            || !s.heads.is_multiple_of(s.kv_heads)
+        {
+            return Err(shape_err(format!(
+                "attention: q {}x{}, k {}x{}, v {}x{} for {} heads, {} kv heads of {}",
+                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, s.heads, s.kv_heads, s.hd
+            )));
+        }
+        if let Some(r) = ranges.iter().find(|r| r.end > q.rows) {
+            return Err(shape_err(format!(
+                "attention: segment rows {r:?} of {}",
+                q.rows
+            )));
+        }
+        let (out, probs) = attention::forward(s, &q.data, &k.data, &v.data, &ranges);
+        let (qn, kn, vn) = (q.node, k.node, v.node);
+        let tracked = qn.is_some() || kn.is_some() || vn.is_some();
+        let rows = q.rows;
+        Ok(self.out(out, rows, q.cols, tracked, || Op::Attention {
+            q: qn,
+            k: kn,
+            v: vn,
+            q_val: q.data.clone(),
+            k_val: k.data.clone(),
+            v_val: v.data.clone(),
+            probs,
+            segments: ranges,
+            shape: s,
+            rows,
+        }))
+    }
+
+    /// The routing weights `[rows, k]` of `routing` as a function of the router's
+    /// `logits` (recorded where they are tracked).
+    fn route_weights(&self, logits: &TapeTensor, routing: &Routing, scale: &[f32]) -> TapeTensor {
+        let (rows, k) = (routing.rows(), routing.top_k);
+        let w = routing.weights.clone();
+        match logits.node {
+            Some(ln) => {
+                let n = logits.cols;
+                let mut probs = logits.data.to_vec();
+                for row in probs.chunks_exact_mut(n.max(1)) {
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f32;
+                    for p in row.iter_mut() {
+                        *p = (*p - max).exp();
+                        sum += *p;
+                    }
+                    row.iter_mut().for_each(|p| *p /= sum);
+                }
+                self.out(w, rows, k, true, || Op::RouteWeights {
+                    logits: ln,
+                    probs,
+                    experts: routing.experts.clone(),
+                    scale: scale.to_vec(),
+                    n,
+                    k,
+                })
+            }
+            None => TapeTensor::leaf(w, rows, k),
+        }
+    }
+
+    /// Row `i` of `y` times value `slots[i]` of `w` (an expert's outputs times their
+    /// routing weights).
+    fn weighted_rows(&self, y: &TapeTensor, w: &TapeTensor, slots: &[usize]) -> Result<TapeTensor> {
+        if slots.len() != y.rows || slots.iter().any(|&s| s >= w.data.len()) {
+            return Err(shape_err(format!(
+                "weighted_rows: {} rows, {} weights for {} slots",
+                y.rows,
+                w.data.len(),
+                slots.len()
+            )));
+        }
+        let cols = y.cols;
+        let mut out = y.data.to_vec();
+        for (row, &s) in out.chunks_exact_mut(cols.max(1)).zip(slots) {
+            row.iter_mut().for_each(|v| *v *= w.data[s]);
+        }
+        let (yn, wn) = (y.node, w.node);
+        Ok(
+            self.out(out, y.rows, cols, yn.is_some() || wn.is_some(), || {
+                Op::WeightedRows {
+                    y: yn,
+                    w: wn,
+                    y_val: y.data.clone(),
+                    w_val: w.data.clone(),
+                    slots: slots.to_vec(),
+                    cols,
+                }
+            }),
+        )
     }
 
     fn check_same(op: &str, a: &TapeTensor, b: &TapeTensor) -> Result<()> {
@@ -998,6 +1123,7 @@ impl Backend for TapeBackend {
             head_dim,
             window,
             len: 0,
+            shared: None,
             lease: None,
         }
     }
@@ -1027,14 +1153,44 @@ impl Backend for TapeBackend {
         Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
     }
 
+    /// The experts on the host's routing, recorded: the routing weights as a function of
+    /// the router's logits (softmax, the top `k` renormalised, times each expert's scale;
+    /// which experts are picked is piecewise constant and carries no gradient), and each
+    /// expert's gated MLP on the rows routed to it through the recorded ops, weighted and
+    /// added at those rows.
     fn moe(
         &self,
-        _experts: &crate::backend::Experts<Self>,
-        _x: &TapeTensor,
-        _logits: &TapeTensor,
-        _rows: usize,
+        experts: &crate::backend::Experts<Self>,
+        x: &TapeTensor,
+        logits: &TapeTensor,
+        rows: usize,
     ) -> Result<TapeTensor> {
-        Err(unsupported("a mixture-of-experts layer"))
+        let (n, k, h) = (experts.len(), experts.top_k(), experts.hidden());
+        if logits.rows != rows || logits.cols != n || x.rows != rows || x.cols != h {
+            return Err(shape_err(format!(
+                "moe: x {}x{}, logits {}x{} for {rows} rows, {n} experts of width {h}",
+                x.rows, x.cols, logits.rows, logits.cols
+            )));
+        }
+        let scale = experts.per_expert_scale();
+        let routing = Routing::softmax_top_k(&logits.data, n, k, scale)?;
+        experts.check(&routing)?;
+        let weights = self.route_weights(logits, &routing, scale);
+        let mut out = TapeTensor::leaf(vec![0.0; rows * h], rows, h);
+        for e in 0..n {
+            let slots: Vec<usize> = (0..routing.experts.len())
+                .filter(|&s| routing.experts[s] == e)
+                .collect();
+            if slots.is_empty() {
+                continue;
+            }
+            let picked: Vec<usize> = slots.iter().map(|&s| s / k).collect();
+            let xs = self.select_rows(x, &picked)?;
+            let y = experts.expert_output(self, &xs, e)?;
+            let y = self.weighted_rows(&y, &weights, &slots)?;
+            out = self.add_rows(&out, &picked, &y)?;
+        }
+        Ok(out)
     }
 
     fn sigmoid_gate(
@@ -1054,52 +1210,86 @@ impl Backend for TapeBackend {
         segments: &mut [AttentionSegment<'_, TapeKvLayer>],
         params: &AttentionParams,
     ) -> Result<TapeTensor> {
-        let s = AttnShape::of(params);
-        if q.cols != s.heads * s.hd
-            || k.cols != s.kv_heads * s.hd
-            || v.cols != k.cols
-            || k.rows != q.rows
-            || v.rows != q.rows
-            || s.kv_heads == 0
-            || !s.heads.is_multiple_of(s.kv_heads)
-        {
-            return Err(shape_err(format!(
-                "attention: q {}x{}, k {}x{}, v {}x{} for {} heads, {} kv heads of {}",
-                q.rows, q.cols, k.rows, k.cols, v.rows, v.cols, s.heads, s.kv_heads, s.hd
-            )));
-        }
         let mut ranges: Vec<Range<usize>> = Vec::with_capacity(segments.len());
-        for seg in segments.iter_mut() {
+        for seg in segments.iter() {
             if !seg.cache.is_empty() {
                 return Err(unsupported(
                     "attention over cached tokens (training passes run whole sequences from an empty cache)",
                 ));
             }
-            if seg.rows.end > q.rows {
-                return Err(shape_err(format!(
-                    "attention: segment rows {:?} of {}",
-                    seg.rows, q.rows
-                )));
-            }
-            seg.cache.len = seg.rows.len();
             ranges.push(seg.rows.clone());
         }
-        let (out, probs) = attention::forward(s, &q.data, &k.data, &v.data, &ranges);
-        let (qn, kn, vn) = (q.node, k.node, v.node);
-        let tracked = qn.is_some() || kn.is_some() || vn.is_some();
-        let rows = q.rows;
-        Ok(self.out(out, rows, q.cols, tracked, || Op::Attention {
-            q: qn,
-            k: kn,
-            v: vn,
-            q_val: q.data.clone(),
-            k_val: k.data.clone(),
-            v_val: v.data.clone(),
-            probs,
-            segments: ranges,
-            shape: s,
-            rows,
-        }))
+        let out = self.attend(q, k, v, ranges, params)?;
+        for seg in segments.iter_mut() {
+            seg.cache.len = seg.rows.len();
+        }
+        Ok(out)
+    }
+
+    /// Attention whose keys and values may come from an earlier layer of the pass (Gemma
+    /// 4's KV sharing): a producing layer read later (`evict` false) keeps its `k` and `v`
+    /// in the cache, tape nodes and all, and a reading layer (`new_kv` `None`) attends to
+    /// them, so its gradient reaches the producer's projections through them.
+    fn attention_shared(
+        &self,
+        q: &TapeTensor,
+        new_kv: Option<(&TapeTensor, &TapeTensor)>,
+        segments: &mut [AttentionSegment<'_, TapeKvLayer>],
+        params: &AttentionParams,
+        evict: bool,
+        ends: Option<&[usize]>,
+    ) -> Result<TapeTensor> {
+        if ends.is_some() {
+            return Err(unsupported("bidirectional attention over media"));
+        }
+        if let Some((k, v)) = new_kv {
+            let out = self.attention(q, k, v, segments, params)?;
+            if !evict {
+                for seg in segments.iter_mut() {
+                    seg.cache.shared = Some(SharedKv {
+                        k: k.clone(),
+                        v: v.clone(),
+                        rows: seg.rows.clone(),
+                    });
+                }
+            }
+            return Ok(out);
+        }
+        let mut kv: Option<(TapeTensor, TapeTensor)> = None;
+        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(segments.len());
+        for seg in segments.iter() {
+            let Some(s) = &seg.cache.shared else {
+                return Err(unsupported(
+                    "a layer reading a shared cache that holds no keys of this pass",
+                ));
+            };
+            if s.rows != seg.rows || seg.cache.len != seg.rows.len() {
+                return Err(shape_err(format!(
+                    "attention: rows {:?} read a shared cache of rows {:?}",
+                    seg.rows, s.rows
+                )));
+            }
+            match &kv {
+                None => kv = Some((s.k.clone(), s.v.clone())),
+                Some((k, _)) if Arc::ptr_eq(&k.data, &s.k.data) => {}
+                Some(_) => {
+                    return Err(unsupported(
+                        "sequences of one pass reading keys of different passes",
+                    ))
+                }
+            }
+            ranges.push(seg.rows.clone());
+        }
+        let Some((k, v)) = kv else {
+            return Err(shape_err("attention over no sequence".into()));
+        };
+        let out = self.attend(q, &k, &v, ranges, params)?;
+        if evict {
+            for seg in segments.iter_mut() {
+                seg.cache.shared = None;
+            }
+        }
+        Ok(out)
     }
 
     fn low_rank_add(
@@ -1162,5 +1352,167 @@ impl Backend for TapeBackend {
                 }
             }),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROWS: usize = 7;
+    const IN: usize = 6;
+    const HD: usize = 4;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                s as f32 / u32::MAX as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// Two layers of one pass, the second attending to the first's keys and values (a
+    /// KV-shared Gemma 4 layer), over two packed sequences with a sliding window:
+    /// `Σ r ⊙ (attn₁ + attn₂)` and the gradients of the four projections (K, V and each
+    /// layer's Q). `second`: whether the reading layer runs at all.
+    fn shared_pass(
+        be: &TapeBackend,
+        w: &[Vec<f32>; 4],
+        r: &[f32],
+        second: bool,
+    ) -> (f64, ParamGrads) {
+        let params = AttentionParams {
+            heads: 2,
+            kv_heads: 1,
+            head_dim: HD,
+            scale: 0.5,
+            window: Some(3),
+            softcap: None,
+        };
+        let shapes = [(HD, 0), (HD, 1), (2 * HD, 2), (2 * HD, 3)];
+        let m: Vec<TapeMatrix> = shapes
+            .iter()
+            .map(|&(rows, id)| be.parameter(id, w[id].clone(), rows, IN, None).unwrap())
+            .collect();
+        be.set_recording(true);
+        let x = TapeTensor::leaf(values(ROWS * IN, 1), ROWS, IN);
+        let ones = TapeTensor::leaf(vec![1.0; HD], 1, HD);
+        let (mut c0, mut c1) = (
+            be.new_kv_layer(1, HD, Some(3)),
+            be.new_kv_layer(1, HD, Some(3)),
+        );
+        let k = be.linear(&x, &m[0], None).unwrap();
+        let v = be.linear(&x, &m[1], None).unwrap();
+        let v = be.rms_norm(&v, &ones, 1e-6).unwrap();
+        let mut y = {
+            let mut segs = [
+                AttentionSegment {
+                    rows: 0..4,
+                    cache: &mut c0,
+                },
+                AttentionSegment {
+                    rows: 4..ROWS,
+                    cache: &mut c1,
+                },
+            ];
+            let q = be.linear(&x, &m[2], None).unwrap();
+            be.attention_shared(&q, Some((&k, &v)), &mut segs, &params, !second, None)
+                .unwrap()
+        };
+        if second {
+            let mut segs = [
+                AttentionSegment {
+                    rows: 0..4,
+                    cache: &mut c0,
+                },
+                AttentionSegment {
+                    rows: 4..ROWS,
+                    cache: &mut c1,
+                },
+            ];
+            let q = be.linear(&x, &m[3], None).unwrap();
+            let a = be
+                .attention_shared(&q, None, &mut segs, &params, true, None)
+                .unwrap();
+            y = be.add(&y, &a).unwrap();
+        }
+        // The last reader let the keys go.
+        assert!(c0.shared.is_none() && c1.shared.is_none());
+        let loss = y
+            .data()
+            .iter()
+            .zip(r)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let grads = be.backward(&y.grad_root(), r.to_vec()).unwrap();
+        (loss, grads)
+    }
+
+    /// The gradient through keys and values a later layer reads against central
+    /// differences, and the reading layer's share of it is there.
+    #[test]
+    fn shared_keys_and_values_carry_the_readers_gradient() {
+        let be = TapeBackend::new(false);
+        let w: [Vec<f32>; 4] = [
+            values(HD * IN, 2),
+            values(HD * IN, 3),
+            values(2 * HD * IN, 4),
+            values(2 * HD * IN, 5),
+        ];
+        let r = values(ROWS * 2 * HD, 6);
+        let (_, grads) = shared_pass(&be, &w, &r, true);
+        for id in 0..4 {
+            let g = &grads[&id];
+            for idx in [0, 5, 13, 20] {
+                let eps = 1e-3f32;
+                let bump = |d: f32| {
+                    let mut w = w.clone();
+                    w[id][idx] += d;
+                    shared_pass(&be, &w, &r, true).0
+                };
+                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
+                let analytic = f64::from(g[idx]);
+                assert!(
+                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
+                    "parameter {id}[{idx}]: numeric {numeric} analytic {analytic}"
+                );
+            }
+        }
+        let (_, alone) = shared_pass(&be, &w, &r, false);
+        for id in [0, 1] {
+            let diff = grads[&id]
+                .iter()
+                .zip(&alone[&id])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(diff > 1e-3, "the reader adds only {diff} to parameter {id}");
+        }
+    }
+
+    /// A layer reading a shared cache nothing filled is refused, not attended to nothing.
+    #[test]
+    fn reading_an_unfilled_shared_cache_is_an_error() {
+        let be = TapeBackend::new(false);
+        let params = AttentionParams {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: HD,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
+        let q = TapeTensor::leaf(values(3 * HD, 9), 3, HD);
+        let mut c = be.new_kv_layer(1, HD, None);
+        let mut segs = [AttentionSegment {
+            rows: 0..3,
+            cache: &mut c,
+        }];
+        assert!(be
+            .attention_shared(&q, None, &mut segs, &params, true, None)
+            .is_err());
     }
 }
