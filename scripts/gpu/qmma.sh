@@ -6,7 +6,8 @@
 #     (make_models.py, the real Llama 3 tokenizer), its bf16 GGUF and llama-quantize's Q8_0
 #     and Q4_K_M copies (llamacpp.sh PREPARE_ONLY=1, then llama-quantize); meanwhile the
 #     whole cuda_reference suite, and with PROFILE=1 the Gemma 4 E4B shape's decode kernel by
-#     kernel under Nsight Compute (graphs off; kernel_profile.py sums it per step).
+#     kernel under Nsight Compute (graphs off; kernel_profile.py sums it per step) and its
+#     wick bench (decode at 1 and 8 streams, a 4,096-token prompt).
 #  2. llama-batched-bench (512-token prompts, 128 tokens each at 1, 8 and 64 streams) and
 #     llama-bench (512-token prompt) on the two GGUFs, then wick bench on the same files
 #     with each variant of VARIANTS: `once` (x rounded to f16 once per product, the default),
@@ -70,6 +71,13 @@ case ${STAGE:?set STAGE to 1 or 2} in
         > $OUT/ncu-gemma4.csv 2>>$OUT/ncu.err
       python3 $G/kernel_profile.py $OUT/ncu-gemma4.csv gemma4-e4b | tee $OUT/ncu-gemma4.json
       xz -T0 $OUT/ncu-gemma4.csv
+    fi
+    if [ -d $d ]; then
+      stamp "wick bench gemma4-e4b"
+      timeout 200 $W/wick bench $d --backend cuda --synthetic-prompt --prefill-chunk 0 --json \
+        --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 --case 4096:1:1 2>>$OUT/wick.err \
+        | sed -u 's/^{/{"label":"gemma4-e4b-bf16",/' | tee -a $OUT/wick-gemma4.jsonl \
+        | python3 $G/../bench/summarize_bench.py
     fi
   fi
   stamp "waiting for llama.cpp"

@@ -32,6 +32,7 @@ use crate::config::gemma4::{Gemma4Layer, Gemma4Params, MoeShape};
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::models::decoder::cache::SequenceCache;
 use crate::models::decoder::loader::Loader;
+use crate::models::mlp::GateUp;
 use crate::models::moe::Experts;
 use crate::models::vision::PassMedia;
 use crate::models::{llama, Arch};
@@ -622,8 +623,7 @@ struct Layer<B: Backend> {
     o: B::Matrix,
     post_attn_norm: B::Tensor,
     ffn_norm: B::Tensor,
-    gate: B::Matrix,
-    up: B::Matrix,
+    gate_up: GateUp<B>,
     down: B::Matrix,
     post_ffw_norm: B::Tensor,
     moe: Option<MoeBlock<B>>,
@@ -754,6 +754,9 @@ impl<B: Backend> Gemma4Model<B> {
                 }
                 None => 1.0,
             };
+            let gate = ld.matrix(&name("ffn_gate.weight"), f, h)?;
+            let up = ld.matrix(&name("ffn_up.weight"), f, h)?;
+            let gate_up = GateUp::new(ld.backend, gate, up, f)?;
             layers.push(Layer {
                 attn_norm: ld.required_norm(&name("attn_norm.weight"), h)?,
                 q: ld.matrix(&name("attn_q.weight"), q_dim, h)?,
@@ -762,8 +765,7 @@ impl<B: Backend> Gemma4Model<B> {
                 o: ld.matrix(&name("attn_output.weight"), h, q_dim)?,
                 post_attn_norm: ld.required_norm(&name("post_attention_norm.weight"), h)?,
                 ffn_norm: ld.required_norm(&name("ffn_norm.weight"), h)?,
-                gate: ld.matrix(&name("ffn_gate.weight"), f, h)?,
-                up: ld.matrix(&name("ffn_up.weight"), f, h)?,
+                gate_up,
                 down: ld.matrix(&name("ffn_down.weight"), h, f)?,
                 post_ffw_norm: ld.required_norm(&name("post_ffw_norm.weight"), h)?,
                 moe,
@@ -877,7 +879,6 @@ impl<B: Backend> Gemma4Model<B> {
             let q = be.linear(&hn, &layer.q, None)?;
             let q = lora.apply(be, li, Target::Q, &hn, q)?;
             let q = be.rms_norm(&q, &layer.q_norm, eps)?;
-            let q = be.rope(&q, a.heads, table)?;
             let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                 .iter_mut()
                 .zip(ranges)
@@ -904,31 +905,22 @@ impl<B: Backend> Gemma4Model<B> {
                         }
                     };
                     let k = be.rms_norm(&k, &kv.k_norm, eps)?;
-                    let k = be.rope(&k, a.kv_heads, table)?;
+                    let (q, k) = be.rope_qk(&q, a.heads, &k, a.kv_heads, table)?;
                     let v = be.rms_norm(&v, &kv.v_norm, eps)?;
                     be.attention_shared(&q, Some((&k, &v)), &mut segments, a, layer.evict, ends)?
                 }
-                None => be.attention_shared(&q, None, &mut segments, a, layer.evict, ends)?,
+                None => {
+                    let q = be.rope(&q, a.heads, table)?;
+                    be.attention_shared(&q, None, &mut segments, a, layer.evict, ends)?
+                }
             };
             drop(segments);
             let o = be.linear(&attn, &layer.o, None)?;
             let o = lora.apply(be, li, Target::O, &attn, o)?;
             let o = be.rms_norm(&o, &layer.post_attn_norm, eps)?;
-            x = be.add(&x, &o)?;
-            let hf = be.rms_norm(&x, &layer.ffn_norm, eps)?;
-            let mut gu = be.linear_many(&hf, &[(&layer.gate, None), (&layer.up, None)])?;
-            let (up, gate) = match (gu.pop(), gu.pop()) {
-                (Some(up), Some(gate)) => (up, gate),
-                _ => {
-                    return Err(EngineError::Backend {
-                        backend: be.name(),
-                        message: "linear_many returned too few products".into(),
-                    })
-                }
-            };
-            let [gate, up] =
-                lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, [gate, up])?;
-            let act = be.glu(&gate, &up, cfg.activation)?;
+            let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
+            x = sum;
+            let act = layer.gate_up.apply(be, lora, li, &hf, cfg.activation)?;
             let m = be.linear(&act, &layer.down, None)?;
             let mut m = lora.apply(be, li, Target::Down, &act, m)?;
             if let Some(moe) = &layer.moe {

@@ -11,6 +11,7 @@ mod gemma3;
 pub mod gemma4;
 pub mod greedy;
 mod llama;
+mod mlp;
 pub mod moe;
 pub mod mrope;
 mod qwen2;

@@ -21,6 +21,7 @@ use crate::backend::{
 use crate::config::qwen35::{DeltaShape, Qwen35Config};
 use crate::config::{HfKeys, ModelConfig};
 use crate::models::decoder::cache::SequenceCache;
+use crate::models::mlp::GateUp;
 use crate::models::{llama, Arch};
 use crate::weights::WeightSource;
 use crate::{EngineError, Result};
@@ -179,21 +180,6 @@ fn four<B: Backend>(be: &B, v: Vec<B::Tensor>) -> Result<[B::Tensor; 4]> {
     })
 }
 
-/// Two products of one input, or the backend's error.
-fn two<B: Backend>(be: &B, v: Vec<B::Tensor>) -> Result<[B::Tensor; 2]> {
-    <[B::Tensor; 2]>::try_from(v).map_err(|v| EngineError::Backend {
-        backend: be.name(),
-        message: format!("{} products where 2 were asked for", v.len()),
-    })
-}
-
-/// The gated MLP: `down(silu(gate) · up)`, with gate and up as one matrix where the
-/// backend prefers it.
-enum Mlp<B: Backend> {
-    Fused { gate_up: B::Matrix, width: usize },
-    Separate { gate: B::Matrix, up: B::Matrix },
-}
-
 /// The token mixer of one layer.
 enum Mixer<B: Backend> {
     Full {
@@ -225,7 +211,7 @@ struct HybridLayer<B: Backend> {
     attn_norm: B::Tensor,
     mixer: Mixer<B>,
     ffn_norm: B::Tensor,
-    mlp: Mlp<B>,
+    mlp: GateUp<B>,
     down: B::Matrix,
 }
 
@@ -477,14 +463,7 @@ impl<B: Backend> Hybrid<B> {
             let ffn_norm = ld.norm(&n("ffn_norm.weight"), h)?;
             let gate = ld.matrix(&n("ffn_gate.weight"), f, h)?;
             let up = ld.matrix(&n("ffn_up.weight"), f, h)?;
-            let mlp = if backend.can_fuse(&[&gate, &up]) {
-                Mlp::Fused {
-                    gate_up: backend.fuse_matrices(vec![gate, up])?,
-                    width: f,
-                }
-            } else {
-                Mlp::Separate { gate, up }
-            };
+            let mlp = GateUp::new(backend, gate, up, f)?;
             layers.push(HybridLayer {
                 attn_norm,
                 mixer,
@@ -643,24 +622,7 @@ impl<B: Backend> Hybrid<B> {
                 }
             };
             let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
-            let act = match &layer.mlp {
-                Mlp::Fused { gate_up, width } if lora.is_empty() => {
-                    be.linear_glu(&hf, gate_up, *width, Activation::Silu)?
-                }
-                Mlp::Fused { gate_up, width } => {
-                    // Adapters add to the gate and up outputs, so they need them apart.
-                    let both = be.linear(&hf, gate_up, None)?;
-                    let [g, u] = two(be, be.split_columns(&both, &[*width, *width])?)?;
-                    let [g, u] =
-                        lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, [g, u])?;
-                    be.glu(&g, &u, Activation::Silu)?
-                }
-                Mlp::Separate { gate, up } => {
-                    let gu = two(be, be.linear_many(&hf, &[(gate, None), (up, None)])?)?;
-                    let [g, u] = lora.apply_many(be, li, [Target::Gate, Target::Up], &hf, gu)?;
-                    be.glu(&g, &u, Activation::Silu)?
-                }
-            };
+            let act = layer.mlp.apply(be, lora, li, &hf, Activation::Silu)?;
             let m = be.linear(&act, &layer.down, None)?;
             let m = lora.apply(be, li, Target::Down, &act, m)?;
             x = be.add(&sum, &m)?;
