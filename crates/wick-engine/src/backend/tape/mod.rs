@@ -18,11 +18,13 @@
 //!
 //! - `backward.rs`: the tape and each op's backward rule;
 //! - `attention.rs`: causal grouped-query attention of whole sequences and its backward;
+//! - `deltanet.rs`: Qwen 3.5's gated DeltaNet mixer over whole sequences and its backward;
 //! - `products.rs`: the f32 matrix products;
 //! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again;
 //! - `head.rs`: the loss rows' log-probabilities through the output head, in row chunks.
 mod attention;
 mod backward;
+mod deltanet;
 mod dropout;
 mod head;
 pub mod products;
@@ -1139,18 +1141,93 @@ impl Backend for TapeBackend {
         DeltaState::new(shape)
     }
 
-    fn delta_state_from_host(&self, _s: DeltaState) -> Result<DeltaState> {
-        Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<DeltaState> {
+        Ok(s)
     }
 
+    /// The mixer of each sequence from its own state ([`deltanet`]), recorded where any
+    /// of the four projections is tracked; each state moves past the sequence's rows.
     fn delta_net(
         &self,
-        _p: &crate::backend::DeltaParams<'_>,
+        p: &crate::backend::DeltaParams<'_>,
         _uploaded: Option<&crate::backend::DeltaTensors<TapeTensor>>,
-        _x: crate::backend::DeltaInputs<'_, TapeTensor>,
-        _segments: &mut [crate::backend::DeltaSegment<'_, DeltaState>],
+        x: crate::backend::DeltaInputs<'_, TapeTensor>,
+        segments: &mut [crate::backend::DeltaSegment<'_, DeltaState>],
     ) -> Result<TapeTensor> {
-        Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
+        let sh = p.shape;
+        let (cd, vd, vh) = (sh.conv_dim(), sh.v_heads * sh.v_dim, sh.v_heads);
+        let n = x.qkv.rows;
+        let ok = |t: &TapeTensor, cols: usize| t.rows == n && t.cols == cols;
+        if !(ok(x.qkv, cd) && ok(x.z, vd) && ok(x.b, vh) && ok(x.a, vh))
+            || sh.k_heads == 0
+            || !sh.v_heads.is_multiple_of(sh.k_heads)
+            || sh.conv_kernel == 0
+            || p.conv.len() != cd * sh.conv_kernel
+            || p.neg_a.len() != vh
+            || p.dt_bias.len() != vh
+            || p.norm.len() != sh.v_dim
+        {
+            return Err(shape_err(format!(
+                "delta_net: qkv {}x{}, z {}x{}, b {}x{}, a {}x{} for {sh:?}",
+                x.qkv.rows, x.qkv.cols, x.z.rows, x.z.cols, x.b.rows, x.b.cols, x.a.rows, x.a.cols
+            )));
+        }
+        let mixer = deltanet::Mixer::of(p);
+        let inputs = deltanet::Inputs {
+            qkv: &x.qkv.data,
+            z: &x.z.data,
+            b: &x.b.data,
+            a: &x.a.data,
+        };
+        let mut out = Vec::with_capacity(n * vd);
+        let mut recorded = Vec::with_capacity(segments.len());
+        let mut at = 0;
+        for seg in segments.iter_mut() {
+            if seg.rows.start != at || seg.rows.end > n {
+                return Err(shape_err(format!(
+                    "delta_net: segment rows {:?} after row {at} of {n}",
+                    seg.rows
+                )));
+            }
+            at = seg.rows.end;
+            let st = &mut *seg.state;
+            if st.conv.len() != sh.conv_state_len() || st.ssm.len() != sh.ssm_state_len() {
+                return Err(shape_err(format!(
+                    "delta_net: a state of {} + {} values for {sh:?}",
+                    st.conv.len(),
+                    st.ssm.len()
+                )));
+            }
+            let nonzero = |v: &Vec<f32>| v.iter().any(|&x| x != 0.0).then(|| v.clone());
+            let start = deltanet::Segment {
+                rows: seg.rows.clone(),
+                conv: nonzero(&st.conv),
+                ssm: nonzero(&st.ssm),
+            };
+            let (o, conv, ssm) = deltanet::forward(&mixer, inputs, &start);
+            out.extend(o);
+            st.conv = conv;
+            st.ssm = ssm;
+            recorded.push(start);
+        }
+        if at != n {
+            return Err(shape_err(format!(
+                "delta_net: segments cover {at} of {n} rows"
+            )));
+        }
+        let nodes = [x.qkv.node, x.z.node, x.b.node, x.a.node];
+        let tracked = nodes.iter().any(Option::is_some);
+        Ok(self.out(out, n, vd, tracked, || Op::DeltaNet {
+            inputs: nodes,
+            vals: [
+                x.qkv.data.clone(),
+                x.z.data.clone(),
+                x.b.data.clone(),
+                x.a.data.clone(),
+            ],
+            mixer: Box::new(mixer),
+            segments: recorded,
+        }))
     }
 
     /// The experts on the host's routing, recorded: the routing weights as a function of
@@ -1195,11 +1272,33 @@ impl Backend for TapeBackend {
 
     fn sigmoid_gate(
         &self,
-        _x: &TapeTensor,
-        _gate: &TapeTensor,
-        _shape: (usize, usize),
+        x: &TapeTensor,
+        gate: &TapeTensor,
+        shape: (usize, usize),
     ) -> Result<TapeTensor> {
-        Err(unsupported("an attention output gate"))
+        let (rows, cols) = shape;
+        if x.rows != rows || x.cols != cols {
+            return Err(shape_err(format!(
+                "sigmoid_gate: {}x{} for {rows}x{cols}",
+                x.rows, x.cols
+            )));
+        }
+        Self::check_same("sigmoid_gate", x, gate)?;
+        let y: Vec<f32> = x
+            .data
+            .iter()
+            .zip(gate.data.iter())
+            .map(|(&v, &g)| v / (1.0 + (-g).exp()))
+            .collect();
+        let (xn, gn) = (x.node, gate.node);
+        Ok(self.out(y, rows, cols, xn.is_some() || gn.is_some(), || {
+            Op::SigmoidGate {
+                x: xn,
+                gate: gn,
+                x_val: x.data.clone(),
+                gate_val: gate.data.clone(),
+            }
+        }))
     }
 
     fn attention(
@@ -1490,6 +1589,49 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
             assert!(diff > 1e-3, "the reader adds only {diff} to parameter {id}");
+        }
+    }
+
+    /// `Σ r ⊙ (x·P₀ᵀ · σ(x·P₁ᵀ))` (an attention output gate): both projections'
+    /// gradients against central differences.
+    #[test]
+    fn sigmoid_gate_backward_matches_finite_differences() {
+        let be = TapeBackend::new(false);
+        let x = TapeTensor::leaf(values(ROWS * IN, 21), ROWS, IN);
+        let r = values(ROWS * HD, 22);
+        let w = [values(HD * IN, 23), values(HD * IN, 24)];
+        let run = |w: &[Vec<f32>; 2]| -> (f64, ParamGrads) {
+            be.set_recording(true);
+            let m: Vec<TapeMatrix> = (0..2)
+                .map(|id| be.parameter(id, w[id].clone(), HD, IN, None).unwrap())
+                .collect();
+            let a = be.linear(&x, &m[0], None).unwrap();
+            let g = be.linear(&x, &m[1], None).unwrap();
+            let y = be.sigmoid_gate(&a, &g, (ROWS, HD)).unwrap();
+            let loss = y
+                .data()
+                .iter()
+                .zip(&r)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            (loss, be.backward(&y.grad_root(), r.clone()).unwrap())
+        };
+        let (_, grads) = run(&w);
+        for id in 0..2 {
+            for idx in [0, 7, 13, HD * IN - 1] {
+                let eps = 1e-3f32;
+                let bump = |d: f32| {
+                    let mut w = w.clone();
+                    w[id][idx] += d;
+                    run(&w).0
+                };
+                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
+                let analytic = f64::from(grads[&id][idx]);
+                assert!(
+                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
+                    "parameter {id}[{idx}]: numeric {numeric} analytic {analytic}"
+                );
+            }
         }
     }
 
