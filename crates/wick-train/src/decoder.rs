@@ -11,7 +11,7 @@ pub use wick_engine::backend::tape::Dropout;
 
 use crate::base::{unpermute_rows, BaseWeights};
 use crate::error::{Result, TrainError};
-use crate::lora::{rows_of, LoraParams};
+use crate::lora::{parts_of, LoraParams};
 
 /// Sequences packed row after row (each attends only to itself, positions restart at 0),
 /// and the rows whose next-token log-probability the loss reads.
@@ -99,8 +99,16 @@ impl<'a> AdapterRef<'a> {
 
 /// The parameter ids of the factors of `slot` of `layer` on the backend.
 fn ids(layer: usize, slot: usize) -> (usize, usize) {
-    let site = layer * Target::ALL.len() + slot;
+    let site = layer * Target::COUNT + slot;
     (2 * site, 2 * site + 1)
+}
+
+/// Rows `rows` of `b` `[_, rank]`, in that order.
+fn gather_rows(b: &[f32], rows: &[usize], rank: usize) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|&r| &b[r * rank..(r + 1) * rank])
+        .copied()
+        .collect()
 }
 
 /// The id under which the backend returns the gradient of a recomputed layer's input
@@ -195,19 +203,6 @@ impl<'a> TrainDecoder<'a> {
         Ok(())
     }
 
-    /// The targets the pair in `t`'s slot of `layer` adapts, with their rows of its `B`:
-    /// `t` alone, or the parts of the fused module it stands for.
-    fn parts(&self, layer: usize, t: Target) -> Vec<(Target, std::ops::Range<usize>)> {
-        let cfg = &self.base.cfg;
-        match t.fused_group(cfg.arch) {
-            Some(group) => group
-                .iter()
-                .map(|&p| (p, rows_of(cfg, layer, p).1))
-                .collect(),
-            None => vec![(t, rows_of(cfg, layer, t).1)],
-        }
-    }
-
     /// The factors as parameters on the backend, mounted as an adapter: `A`, and
     /// `s·B` in the base's row order.
     fn mount(&self, a: AdapterRef<'_>) -> Result<LoraWeights<TapeBackend>> {
@@ -223,10 +218,8 @@ impl<'a> TrainDecoder<'a> {
                 let am = be.parameter(ia, p.a.clone(), rank, p.in_dim, Some((l, slot)))?;
                 // Each part of a fused module gets its rows of B (a parameter of its own
                 // slot) beside the shared A, whose gradient sums over the parts.
-                for (t, rows) in self.parts(l, Target::ALL[slot]) {
-                    let mut b =
-                        self.base
-                            .permute(t, &p.b[rows.start * rank..rows.end * rank], rank);
+                for (t, rows) in parts_of(&self.base.cfg, l, Target::EVERY[slot]) {
+                    let mut b = self.base.permute(t, &gather_rows(&p.b, &rows, rank), rank);
                     b.iter_mut().for_each(|v| *v *= a.multiplier);
                     let (_, ib) = ids(l, t.index());
                     let bm = be.parameter(ib, b, rows.len(), rank, None)?;
@@ -481,7 +474,7 @@ impl<'a> TrainDecoder<'a> {
                 if let Some(da) = found.remove(&ia) {
                     g.a.iter_mut().zip(&da).for_each(|(x, d)| *x += d);
                 }
-                for (t, rows) in self.parts(l, Target::ALL[slot]) {
+                for (t, rows) in parts_of(&self.base.cfg, l, Target::EVERY[slot]) {
                     let (_, ib) = ids(l, t.index());
                     let Some(db) = found.remove(&ib) else {
                         continue;
@@ -491,10 +484,12 @@ impl<'a> TrainDecoder<'a> {
                         None => db,
                     };
                     let s = adapter.multiplier;
-                    g.b[rows.start * rank..rows.end * rank]
-                        .iter_mut()
-                        .zip(&db)
-                        .for_each(|(x, d)| *x += s * d);
+                    for (&r, d) in rows.iter().zip(db.chunks_exact(rank)) {
+                        g.b[r * rank..(r + 1) * rank]
+                            .iter_mut()
+                            .zip(d)
+                            .for_each(|(x, d)| *x += s * d);
+                    }
                 }
             }
         }
