@@ -360,7 +360,12 @@ mod tests {
     fn deltanet_projections_are_target_names() {
         assert_eq!(
             parse_targets("out_proj, in_proj_qkv,q,in_proj_b").unwrap(),
-            vec![Target::Q, Target::DeltaQkv, Target::DeltaB, Target::DeltaOut]
+            vec![
+                Target::Q,
+                Target::DeltaQkv,
+                Target::DeltaB,
+                Target::DeltaOut
+            ]
         );
         assert_eq!(parse_targets("all").unwrap(), TRAINED.to_vec());
         for t in TRAINED {

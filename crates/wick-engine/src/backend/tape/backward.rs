@@ -389,13 +389,18 @@ fn linear_back(
     Ok(())
 }
 
-/// Walks `nodes` back from `out` (seeded with `seed`), returning the parameters'
-/// gradients. Each node's saved values are dropped once its rule has run.
-pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<ParamGrads> {
+/// Walks `nodes` back from the outputs of `seeds` (each node with its gradient; a node
+/// seeded twice gets the sum), returning the parameters' gradients. Each node's saved
+/// values are dropped once its rule has run.
+pub(super) fn run(mut nodes: Vec<Node>, seeds: Vec<(usize, Vec<f32>)>) -> Result<ParamGrads> {
     let mut grads: Vec<Option<Vec<f32>>> = (0..nodes.len()).map(|_| None).collect();
-    grads[out] = Some(seed);
+    let mut last = 0;
+    for (out, seed) in seeds {
+        last = last.max(out + 1);
+        accumulate(&mut grads, out, seed);
+    }
     let mut params = ParamGrads::new();
-    nodes.truncate(out + 1);
+    nodes.truncate(last);
     while let Some(node) = nodes.pop() {
         let id = nodes.len();
         let Some(g) = grads[id].take() else {

@@ -45,6 +45,7 @@ use crate::backend::{
     KvLayer, KvLayerSnapshot, LowRankDelta, RopeSpec,
 };
 use crate::kv_pool::BlockLease;
+use crate::models::decoder::StagedPass;
 use crate::models::moe::Routing;
 use crate::weights::{AffineWeight, HostWeight};
 use crate::{EngineError, Result};
@@ -284,6 +285,34 @@ fn is_embedding_or_head(name: &str) -> bool {
         .any(|n| name.contains(n))
 }
 
+impl StagedPass<TapeBackend> {
+    /// The keys and values cache entry `slot` holds for the layers that read them (Gemma
+    /// 4's KV sharing; the batch's, as the producing layer made them), or `None`.
+    pub fn shared_kv(&self, slot: usize) -> Option<(TapeTensor, TapeTensor)> {
+        let s = self.caches.first()?.layers().get(slot)?.shared.as_ref()?;
+        Some((s.k.clone(), s.v.clone()))
+    }
+
+    /// Makes cache entry `slot` of every sequence hold `k` and `v` (the batch's, as
+    /// [`StagedPass::shared_kv`] gave them) for the layers that read them: a reading
+    /// layer run again in the backward, from the saved values or tracked copies of them.
+    pub fn set_shared_kv(&mut self, slot: usize, k: &TapeTensor, v: &TapeTensor) -> Result<()> {
+        for (cache, rows) in self.caches.iter_mut().zip(&self.ranges) {
+            let layer = cache
+                .layers_mut()
+                .get_mut(slot)
+                .ok_or_else(|| shape_err(format!("no cache entry {slot}")))?;
+            layer.len = rows.len();
+            layer.shared = Some(SharedKv {
+                k: k.clone(),
+                v: v.clone(),
+                rows: rows.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The gradient of every parameter a backward reached, by the id it was made with.
 pub type ParamGrads = HashMap<usize, Vec<f32>>;
 
@@ -378,18 +407,37 @@ impl TapeBackend {
     /// The gradient of `Σ output ⊙ grad` with respect to every parameter the recorded
     /// pass used, by id; the tape is emptied. `grad` is `[rows, cols]` of `output`.
     pub fn backward(&self, output: &GradRoot, grad: Vec<f32>) -> Result<ParamGrads> {
-        if grad.len() != output.len {
-            return Err(shape_err(format!(
-                "backward: a gradient of {} values for an output of {}",
-                grad.len(),
-                output.len
-            )));
+        self.backward_from(vec![(*output, grad)])
+    }
+
+    /// [`TapeBackend::backward`] of `Σᵢ outputᵢ ⊙ gradᵢ` over several outputs of the
+    /// recorded pass (a recomputed layer's output and the keys and values it shares with
+    /// the layers above, whose gradients those layers gave); the tape is emptied.
+    pub fn backward_from(&self, roots: Vec<(GradRoot, Vec<f32>)>) -> Result<ParamGrads> {
+        for (output, grad) in &roots {
+            if grad.len() != output.len {
+                return Err(shape_err(format!(
+                    "backward: a gradient of {} values for an output of {}",
+                    grad.len(),
+                    output.len
+                )));
+            }
         }
         let nodes = std::mem::take(&mut self.tape().nodes);
-        match output.node {
-            None => Ok(ParamGrads::new()),
-            Some(id) => backward::run(nodes, id, grad),
+        let seeds: Vec<(usize, Vec<f32>)> = roots
+            .into_iter()
+            .filter_map(|(output, grad)| output.node.map(|n| (n, grad)))
+            .collect();
+        if seeds.is_empty() {
+            return Ok(ParamGrads::new());
         }
+        if let Some(&(bad, _)) = seeds.iter().find(|(n, _)| *n >= nodes.len()) {
+            return Err(shape_err(format!(
+                "backward: node {bad} of a tape of {}",
+                nodes.len()
+            )));
+        }
+        backward::run(nodes, seeds)
     }
 
     /// `log p(labels[i])` of each row of `x`, the final-normed hidden states of the loss
