@@ -282,11 +282,18 @@ fn dropout_keeps_the_gradient_exact() {
 /// Gradient checkpointing runs each layer again in the backward from its saved input:
 /// the same ops on the same values, so the same gradients to the bit — with dropout (the
 /// recomputed layer draws the same masks), on families whose layers carry Q/K norms,
-/// sandwich norms and soft caps, and when only the top layers are adapted (the layers
-/// below are run once and never again).
+/// sandwich norms and soft caps, on Qwen 3.5 (each DeltaNet layer run again from a zero
+/// state, its projections adapted too), and when only the top layers are adapted (the
+/// layers below are run once and never again).
 #[test]
 fn checkpointing_gives_the_same_gradients() {
-    for (name, num_layers) in [("llama", None), ("llama", Some(1)), ("gemma2", None)] {
+    for (name, num_layers) in [
+        ("llama", None),
+        ("llama", Some(1)),
+        ("gemma2", None),
+        ("qwen35", None),
+        ("qwen35", Some(2)),
+    ] {
         let base = BaseWeights::load(&golden(name)).unwrap();
         let plain = TrainDecoder::new(&base, 64);
         let ckpt = TrainDecoder::new(&base, 64).with_checkpointing(true);
@@ -294,6 +301,7 @@ fn checkpointing_gives_the_same_gradients() {
             rank: 2,
             scale: 1.5,
             num_layers,
+            targets: TRAINED.to_vec(),
             ..LoraConfig::default()
         };
         let params = random_factors(&base, &lora, 7);

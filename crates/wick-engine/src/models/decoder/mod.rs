@@ -164,6 +164,8 @@ enum Stage<B: Backend> {
     Dense(Ropes<B>),
     /// Gemma 4's per-layer inputs and rotary tables.
     Gemma4(Prelude<B>),
+    /// Qwen 3.5's rotary tables.
+    Hybrid(Ropes<B>),
 }
 
 impl<B: Backend> StagedPass<B> {
@@ -659,9 +661,10 @@ impl<B: Backend> Decoder<B> {
     /// span's input is the residual stream its first layer reads) and
     /// [`Decoder::staged_head`]. Running every layer in one span gives what
     /// `forward_rows` gives; a span ends on the residual sum, and the next span
-    /// normalizes it, so cutting the stack changes no value. Dense stacks and Gemma 4
-    /// (whose per-layer inputs are computed here, once, with `adapters`; an adapter of
-    /// its per-layer model projection is refused, as its gradient would not reach it).
+    /// normalizes it, so cutting the stack changes no value. Every stack: dense, Qwen 3.5
+    /// and Gemma 4 (whose per-layer inputs are computed here, once, with `adapters`; an
+    /// adapter of its per-layer model projection is refused, as its gradient would not
+    /// reach it).
     pub fn staged_pass(
         &self,
         seqs: &[&[u32]],
@@ -706,10 +709,8 @@ impl<B: Backend> Decoder<B> {
                 })?)
             }
             LayerStack::Hybrid(_) => {
-                return Err(EngineError::InvalidInput(format!(
-                    "a staged training pass runs dense and Gemma 4 layer stacks, not {}'s",
-                    self.cfg.arch
-                )))
+                let refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+                Stage::Hybrid(self.ropes(&refs, &counts, &positions)?)
             }
         };
         Ok(StagedPass {
@@ -775,6 +776,10 @@ impl<B: Backend> Decoder<B> {
             None => span.clone().collect(),
         };
         for cache in &mut pass.caches {
+            if let LayerStack::Hybrid(h) = &self.stack {
+                h.reset_span(&self.backend, cache, span.clone())?;
+                continue;
+            }
             for &slot in &own {
                 if let Some(layer) = cache.layers_mut().get_mut(slot) {
                     layer.trim(0)?;
@@ -797,6 +802,9 @@ impl<B: Backend> Decoder<B> {
                     span,
                 )
             }),
+            (LayerStack::Hybrid(h), Stage::Hybrid(ropes)) => {
+                be.pass(|| h.run_span(be, x, &mut caches, &pass.ranges, &ropes.global, &lora, span))
+            }
             (LayerStack::Gemma4(g), Stage::Gemma4(prelude)) => be.pass(|| {
                 g.run_span(
                     be,
@@ -810,10 +818,9 @@ impl<B: Backend> Decoder<B> {
                     span,
                 )
             }),
-            _ => Err(EngineError::InvalidInput(format!(
-                "a staged training pass runs dense and Gemma 4 layer stacks, not {}'s",
-                self.cfg.arch
-            ))),
+            _ => Err(EngineError::InvalidInput(
+                "a staged pass of another model".into(),
+            )),
         }
     }
 
