@@ -21,8 +21,10 @@ tests/goldens/parity_NAME): the families the old Llama-only trainer refused (qwe
 qwen3's Q/K norms, gemma2's soft caps, sliding window, sandwich norms and GELU-tanh, starcoder2's
 LayerNorm with biases and ungated GELU MLP, whose modules PEFT names c_fc / c_proj; phi3's and
 glm4's fused qkv_proj / gate_up_proj, one LoRA pair per fused module; gemma4's per-layer
-inputs and KV-shared layers, which have no k_proj / v_proj; gemma4_moe's routed experts) train
-through the engine's decoder. For the families of STEP_FAMILIES (gemma4, gemma4_moe) it also
+inputs and KV-shared layers, which have no k_proj / v_proj; gemma4_moe's routed experts; qwen35's
+gated DeltaNet layers, whose in_proj_qkv / in_proj_z / in_proj_b / in_proj_a / out_proj are adapted
+too, and whose q_proj holds the attention output gate's rows) train through the engine's decoder.
+For the families of STEP_FAMILIES (gemma4, gemma4_moe, qwen35) it also
 records the logits of the SFT sequences after one AdamW step of each objective from the initial
 factors ({case}_step_logits). Attention runs as transformers' eager implementation (the soft
 caps need it).
@@ -61,13 +63,17 @@ OUT = ROOT / "crates/wick-train/tests/goldens/parity"
 RANK, ALPHA, BETA, LAMBDA = 4, 8.0, 0.1, 0.1
 # Families whose goldens also hold the logits after one AdamW step of each objective, at this
 # rate (weight decay 0.01, no clipping).
-STEP_FAMILIES, STEP_LR = {"gemma4", "gemma4_moe"}, 1e-4
+STEP_FAMILIES, STEP_LR = {"gemma4", "gemma4_moe", "qwen35"}, 1e-4
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Families whose checkpoints name the projections otherwise: StarCoder 2's ungated MLP.
 # Phi-3 and GLM-4 hold Q/K/V or gate/up fused, one LoRA pair per fused module.
 FAMILY_TARGETS = {"starcoder2": ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"],
                   "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
-                  "glm4": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"]}
+                  "glm4": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"],
+                  # PEFT 0.21 has no default for qwen3_5; every linear layer, the DeltaNet
+                  # projections included (wick's --target-modules all).
+                  "qwen35": TARGETS + ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
+                                       "out_proj"]}
 
 # (tokens, prompt_len): the loss reads tokens[max(1, prompt_len):].
 SFT = [([1, 17, 250, 3, 99, 411, 7, 7, 128, 500, 64, 2], 5), ([1, 300, 42, 8, 77, 19, 250, 31, 2], 3)]
@@ -220,6 +226,7 @@ def main():
                                     "peft": peft.__version__,
                                     "trl": trl.__version__ if trl is not None else None},
                         "family": args.family,
+                        "target_modules": FAMILY_TARGETS.get(args.family, TARGETS),
                         "orpo_terms": "trl" if trl is not None else "written out (TRL 1.16)",
                         "rank": RANK, "alpha": ALPHA, "beta": BETA, "lambda": LAMBDA,
                         "sft": [{"tokens": s, "prompt_len": p} for s, p in SFT],

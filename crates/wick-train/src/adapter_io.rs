@@ -137,7 +137,7 @@ pub fn peft_config(
     let first = lora.first_layer(layers);
     let arch = params.arch;
     // The modules the factors adapt, each once (a fused module under its first part).
-    let targets: Vec<Target> = Target::ALL
+    let targets: Vec<Target> = Target::EVERY
         .into_iter()
         .filter(|&t| params.iter().any(|(_, pt, _)| pt == t))
         .collect();
@@ -277,7 +277,7 @@ fn fill(dst: &mut LoraParams, tensors: &Tensors, prefix: &str, path: &Path) -> R
     for (l, slots) in dst.layers.iter_mut().enumerate() {
         for (i, slot) in slots.iter_mut().enumerate() {
             let Some(p) = slot else { continue };
-            let t = Target::ALL[i];
+            let t = Target::EVERY[i];
             for (factor, values, shape) in [
                 ("A", &mut p.a, vec![rank, p.in_dim]),
                 ("B", &mut p.b, vec![p.out_dim, rank]),

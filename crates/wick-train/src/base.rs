@@ -106,7 +106,6 @@ impl BaseWeights {
         permuted: bool,
         mode: BaseMode,
     ) -> Result<BaseWeights> {
-        check_supported(&cfg)?;
         let keep_stored = mode == BaseMode::KeepStored;
         let decoder = Decoder::load(TapeBackend::new(keep_stored), cfg.clone(), src)?;
         let mut stored_as = decoder.backend().stored_as();
@@ -160,19 +159,6 @@ impl BaseWeights {
             None => b.to_vec(),
         }
     }
-}
-
-/// Refuses what training through the engine's decoder does not cover yet: Qwen 3.5, whose
-/// DeltaNet layers have no backward on the training backend.
-fn check_supported(cfg: &ModelConfig) -> Result<()> {
-    if cfg.qwen35.is_some() {
-        return Err(TrainError::Unsupported(format!(
-            "architecture {}: its DeltaNet layers have no backward on the training backend \
-             yet (the dense families and Gemma 4 train)",
-            cfg.arch.name()
-        )));
-    }
-    Ok(())
 }
 
 /// Undoes llama.cpp's Q/K row permutation: within each head, file row `2j + t` is

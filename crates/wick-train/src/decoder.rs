@@ -3,6 +3,8 @@
 //! the factors mounted as an adapter (the same `x·A·B` beside each linear layer that
 //! serving runs), the loss rows' log-probabilities come back, and the backward takes
 //! `∂L/∂log p` to the factors' gradients through the backend's tape.
+use std::collections::HashMap;
+
 use wick_engine::adapters::{LoraWeights, Target};
 use wick_engine::backend::tape::{GradRoot, ParamGrads, TapeBackend, TapeMatrix, TapeTensor};
 use wick_engine::models::decoder::StagedPass;
@@ -11,7 +13,7 @@ pub use wick_engine::backend::tape::Dropout;
 
 use crate::base::{unpermute_rows, BaseWeights};
 use crate::error::{Result, TrainError};
-use crate::lora::{rows_of, LoraParams};
+use crate::lora::{parts_of, LoraParams};
 
 /// Sequences packed row after row (each attends only to itself, positions restart at 0),
 /// and the rows whose next-token log-probability the loss reads.
@@ -99,8 +101,16 @@ impl<'a> AdapterRef<'a> {
 
 /// The parameter ids of the factors of `slot` of `layer` on the backend.
 fn ids(layer: usize, slot: usize) -> (usize, usize) {
-    let site = layer * Target::ALL.len() + slot;
+    let site = layer * Target::COUNT + slot;
     (2 * site, 2 * site + 1)
+}
+
+/// Rows `rows` of `b` `[_, rank]`, in that order.
+fn gather_rows(b: &[f32], rows: &[usize], rank: usize) -> Vec<f32> {
+    rows.iter()
+        .flat_map(|&r| &b[r * rank..(r + 1) * rank])
+        .copied()
+        .collect()
 }
 
 /// The id under which the backend returns the gradient of a recomputed layer's input
@@ -127,13 +137,25 @@ impl std::fmt::Debug for Forward {
     }
 }
 
+/// The ids under which the backend returns the gradients of the keys (`which` 0) and values
+/// (1) of cache entry `slot` that a recomputed KV-shared layer read (below
+/// [`LAYER_INPUT`], far above any factor's).
+fn shared_kv_id(slot: usize, which: usize) -> usize {
+    LAYER_INPUT - 1 - 2 * slot - which
+}
+
 /// What a checkpointed forward keeps: the residual stream entering each layer from the
 /// lowest adapted one up (only the head's ops are on the tape), the mounted factors and
-/// the dropout, to run each layer again, recorded, in the backward.
+/// the dropout, to run each layer again, recorded, in the backward; and for Gemma 4 the
+/// keys and values each producing layer shares with the layers above it.
 struct Checkpoints {
     pass: StagedPass<TapeBackend>,
     lora: LoraWeights<TapeBackend>,
     dropout: Option<Dropout>,
+    /// Each layer's cache entry and whether it reads another layer's (Gemma 4).
+    kv_slots: Option<Vec<(usize, bool)>>,
+    /// The keys and values of each shared cache entry, as the forward made them.
+    shared: HashMap<usize, (TapeTensor, TapeTensor)>,
     /// The lowest layer with a factor: nothing below it needs a gradient.
     first: usize,
     /// `inputs[i]`: the input of layer `first + i`.
@@ -195,19 +217,6 @@ impl<'a> TrainDecoder<'a> {
         Ok(())
     }
 
-    /// The targets the pair in `t`'s slot of `layer` adapts, with their rows of its `B`:
-    /// `t` alone, or the parts of the fused module it stands for.
-    fn parts(&self, layer: usize, t: Target) -> Vec<(Target, std::ops::Range<usize>)> {
-        let cfg = &self.base.cfg;
-        match t.fused_group(cfg.arch) {
-            Some(group) => group
-                .iter()
-                .map(|&p| (p, rows_of(cfg, layer, p).1))
-                .collect(),
-            None => vec![(t, rows_of(cfg, layer, t).1)],
-        }
-    }
-
     /// The factors as parameters on the backend, mounted as an adapter: `A`, and
     /// `s·B` in the base's row order.
     fn mount(&self, a: AdapterRef<'_>) -> Result<LoraWeights<TapeBackend>> {
@@ -223,10 +232,8 @@ impl<'a> TrainDecoder<'a> {
                 let am = be.parameter(ia, p.a.clone(), rank, p.in_dim, Some((l, slot)))?;
                 // Each part of a fused module gets its rows of B (a parameter of its own
                 // slot) beside the shared A, whose gradient sums over the parts.
-                for (t, rows) in self.parts(l, Target::ALL[slot]) {
-                    let mut b =
-                        self.base
-                            .permute(t, &p.b[rows.start * rank..rows.end * rank], rank);
+                for (t, rows) in parts_of(&self.base.cfg, l, Target::EVERY[slot]) {
+                    let mut b = self.base.permute(t, &gather_rows(&p.b, &rows, rank), rank);
                     b.iter_mut().for_each(|v| *v *= a.multiplier);
                     let (_, ib) = ids(l, t.index());
                     let bm = be.parameter(ib, b, rows.len(), rank, None)?;
@@ -345,36 +352,54 @@ impl<'a> TrainDecoder<'a> {
             .unwrap_or(layers)
             .min(layers);
         let lora = self.mount(adapter)?;
+        let kv_slots = decoder.kv_slots();
         be.set_recording(false);
         be.set_dropout(adapter.dropout);
-        let run = || -> Result<(TapeTensor, StagedPass<TapeBackend>, Vec<TapeTensor>)> {
-            let mut pass = decoder.staged_pass(&batch.seqs())?;
+        // The keys and values a span's producing layers left for the layers above it.
+        let keep_shared =
+            |pass: &StagedPass<TapeBackend>,
+             span: std::ops::Range<usize>,
+             shared: &mut HashMap<usize, (TapeTensor, TapeTensor)>| {
+                let Some(slots) = &kv_slots else { return };
+                for &(slot, reads) in slots.get(span).unwrap_or_default() {
+                    if let (false, Some(kv)) = (reads, pass.shared_kv(slot)) {
+                        shared.insert(slot, kv);
+                    }
+                }
+            };
+        let run = || -> Result<(TapeTensor, StagedPass<TapeBackend>, Vec<TapeTensor>, _)> {
+            let mut shared = HashMap::new();
+            let mut pass = decoder.staged_pass(&batch.seqs(), &[&lora])?;
             let mut x = decoder.staged_embed(&pass)?;
             if first > 0 {
                 x = decoder.staged_layers(&mut pass, x, 0..first, &[&lora])?;
+                keep_shared(&pass, 0..first, &mut shared);
             }
             let mut inputs = Vec::with_capacity(layers - first);
             for l in first..layers {
                 inputs.push(x.clone());
                 x = decoder.staged_layers(&mut pass, x, l..l + 1, &[&lora])?;
+                keep_shared(&pass, l..l + 1, &mut shared);
             }
             be.set_recording(true);
             let x = be.tracked_input(x, LAYER_INPUT);
             let hidden = decoder.staged_hidden(&pass, &x, rows)?;
-            Ok((hidden, pass, inputs))
+            Ok((hidden, pass, inputs, shared))
         };
         let out = run();
         be.set_dropout(None);
         if out.is_err() {
             be.clear();
         }
-        let (hidden, pass, inputs) = out?;
+        let (hidden, pass, inputs, shared) = out?;
         Ok((
             hidden,
             Checkpoints {
                 pass,
                 lora,
                 dropout: adapter.dropout,
+                kv_slots,
+                shared,
                 first,
                 inputs,
             },
@@ -384,7 +409,10 @@ impl<'a> TrainDecoder<'a> {
     /// The backward of a checkpointed pass below its head: from the gradient `dx` of the
     /// last layer's output, each layer from the top down is run again from its saved
     /// input, recorded, and taken back, its factors' gradients collected and its input's
-    /// gradient passed to the layer below. One layer's tape is alive at a time.
+    /// gradient passed to the layer below. One layer's tape is alive at a time. A layer
+    /// reading an earlier layer's keys and values (Gemma 4) reads the saved ones as
+    /// tracked inputs; their gradients, summed over the readers, are taken back with the
+    /// producing layer's output gradient when that layer is run again.
     fn checkpointed_backward(
         &self,
         adapter: AdapterRef<'_>,
@@ -398,9 +426,16 @@ impl<'a> TrainDecoder<'a> {
             mut pass,
             lora,
             dropout,
+            kv_slots,
+            shared,
             first,
             mut inputs,
         } = ck;
+        let slots = kv_slots.unwrap_or_default();
+        // The layer making the keys and values of each shared cache entry.
+        let producer = |slot: usize| slots.iter().position(|&s| s == (slot, false));
+        // The readers' gradients of each entry's keys and values, summed.
+        let mut from_readers: HashMap<usize, [Vec<f32>; 2]> = HashMap::new();
         be.set_dropout(dropout);
         let mut run = || -> Result<()> {
             while let Some(x) = inputs.pop() {
@@ -413,14 +448,55 @@ impl<'a> TrainDecoder<'a> {
                 } else {
                     x
                 };
+                let mut read = None;
+                if let Some(&(slot, true)) = slots.get(l) {
+                    let (k, v) = shared.get(&slot).ok_or_else(|| {
+                        TrainError::Config(format!(
+                            "layer {l} reads keys and values no layer below it left"
+                        ))
+                    })?;
+                    if producer(slot).is_some_and(|p| p >= first) {
+                        let k = be.tracked_input(k.clone(), shared_kv_id(slot, 0));
+                        let v = be.tracked_input(v.clone(), shared_kv_id(slot, 1));
+                        pass.set_shared_kv(slot, &k, &v)?;
+                        read = Some(slot);
+                    } else {
+                        pass.set_shared_kv(slot, k, v)?;
+                    }
+                }
                 let y = decoder.staged_layers(&mut pass, x, l..l + 1, &[&lora])?;
-                let root = y.grad_root();
+                let mut roots = vec![(y.grad_root(), std::mem::take(&mut dx))];
                 drop(y);
-                let mut found = be.backward(&root, std::mem::take(&mut dx))?;
+                if let Some(&(slot, false)) = slots.get(l) {
+                    if let Some([dk, dv]) = from_readers.remove(&slot) {
+                        let (k, v) = pass.shared_kv(slot).ok_or_else(|| {
+                            TrainError::Config(format!("layer {l} kept no keys for its readers"))
+                        })?;
+                        roots.push((k.grad_root(), dk));
+                        roots.push((v.grad_root(), dv));
+                    }
+                }
+                let mut found = be.backward_from(roots)?;
                 if l > first {
                     dx = found
                         .remove(&LAYER_INPUT)
                         .unwrap_or_else(|| vec![0.0; width]);
+                }
+                if let Some(slot) = read {
+                    for which in 0..2 {
+                        let Some(g) = found.remove(&shared_kv_id(slot, which)) else {
+                            continue;
+                        };
+                        match from_readers.get_mut(&slot) {
+                            Some(acc) => acc[which].iter_mut().zip(&g).for_each(|(a, b)| *a += b),
+                            None => {
+                                let len = g.len();
+                                let mut both = [vec![0.0; len], vec![0.0; len]];
+                                both[which] = g;
+                                from_readers.insert(slot, both);
+                            }
+                        }
+                    }
                 }
                 self.collect(adapter, found, grads);
             }
@@ -481,7 +557,7 @@ impl<'a> TrainDecoder<'a> {
                 if let Some(da) = found.remove(&ia) {
                     g.a.iter_mut().zip(&da).for_each(|(x, d)| *x += d);
                 }
-                for (t, rows) in self.parts(l, Target::ALL[slot]) {
+                for (t, rows) in parts_of(&self.base.cfg, l, Target::EVERY[slot]) {
                     let (_, ib) = ids(l, t.index());
                     let Some(db) = found.remove(&ib) else {
                         continue;
@@ -491,10 +567,12 @@ impl<'a> TrainDecoder<'a> {
                         None => db,
                     };
                     let s = adapter.multiplier;
-                    g.b[rows.start * rank..rows.end * rank]
-                        .iter_mut()
-                        .zip(&db)
-                        .for_each(|(x, d)| *x += s * d);
+                    for (&r, d) in rows.iter().zip(db.chunks_exact(rank)) {
+                        g.b[r * rank..(r + 1) * rank]
+                            .iter_mut()
+                            .zip(d)
+                            .for_each(|(x, d)| *x += s * d);
+                    }
                 }
             }
         }

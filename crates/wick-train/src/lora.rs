@@ -17,7 +17,7 @@ pub struct LoraConfig {
     pub scale: f32,
     /// rsLoRA: `s = alpha / √r`.
     pub rs_lora: bool,
-    /// Projections adapted, in [`Target::ALL`] order.
+    /// Projections adapted, in [`Target`] order.
     pub targets: Vec<Target>,
     /// Adapt only the last N layers (`None`: all).
     pub num_layers: Option<usize>,
@@ -117,11 +117,12 @@ pub struct LoraParams {
     /// The base's architecture, which names the modules in adapter files
     /// ([`Target::hf_module_of`]).
     pub arch: Arch,
-    /// Per layer, per [`Target`] slot. A module the base holds fused (Phi-3's
-    /// `qkv_proj`, see [`Target::fused_group`]) is one pair in its first part's slot,
-    /// `B`'s rows the parts' in order, as PEFT adapts it; the other parts' slots are
-    /// empty.
-    pub layers: Vec<[Option<LoraPair>; 7]>,
+    /// Per layer, per [`Target`] slot ([`Target::index`]). A module the base holds
+    /// fused (Phi-3's `qkv_proj`, see [`Target::fused_group`]) is one pair in its first
+    /// part's slot, `B`'s rows the parts' in order, as PEFT adapts it; the other parts'
+    /// slots are empty. Qwen 3.5's `q_proj` is one pair in [`Target::Q`]'s slot whose `B`
+    /// holds, per head, the query rows then the output gate's ([`parts_of`]).
+    pub layers: Vec<[Option<LoraPair>; Target::COUNT]>,
 }
 
 /// `[out, in]` of the base matrix `t` sits beside in `layer` of a model of `cfg` (its
@@ -150,6 +151,45 @@ pub fn rows_of(cfg: &ModelConfig, layer: usize, t: Target) -> (Target, std::ops:
     }
 }
 
+/// The targets the trainer adapts: the dense decoder's seven and Qwen 3.5's DeltaNet
+/// projections (in its DeltaNet layers).
+pub const TRAINED: [Target; 12] = [
+    Target::Q,
+    Target::K,
+    Target::V,
+    Target::O,
+    Target::Gate,
+    Target::Up,
+    Target::Down,
+    Target::DeltaQkv,
+    Target::DeltaZ,
+    Target::DeltaB,
+    Target::DeltaA,
+    Target::DeltaOut,
+];
+
+/// The projections the pair in `t`'s slot of `layer` adapts, with their rows of its `B`:
+/// `t` alone, the parts of the fused module it stands for, or Qwen 3.5's `q_proj` (per
+/// head, the query rows then the output gate's: [`Target::Q`] and [`Target::QGate`]).
+pub fn parts_of(cfg: &ModelConfig, layer: usize, t: Target) -> Vec<(Target, Vec<usize>)> {
+    if cfg.qwen35.is_some() && t == Target::Q {
+        let hd = cfg.head_dim;
+        let rows = |first: usize| -> Vec<usize> {
+            (0..cfg.num_heads)
+                .flat_map(|h| (0..hd).map(move |i| 2 * h * hd + first + i))
+                .collect()
+        };
+        return vec![(Target::Q, rows(0)), (Target::QGate, rows(hd))];
+    }
+    match t.fused_group(cfg.arch) {
+        Some(group) => group
+            .iter()
+            .map(|&p| (p, rows_of(cfg, layer, p).1.collect()))
+            .collect(),
+        None => vec![(t, rows_of(cfg, layer, t).1.collect())],
+    }
+}
+
 impl LoraParams {
     /// Zero factors in the shapes `lora` asks for on a model of `cfg`'s shape.
     pub fn zeros(cfg: &ModelConfig, lora: &LoraConfig) -> LoraParams {
@@ -157,14 +197,15 @@ impl LoraParams {
         let layers = (0..cfg.num_layers)
             .map(|l| {
                 std::array::from_fn(|slot| {
-                    let t = Target::ALL[slot];
+                    let t = Target::EVERY[slot];
                     // A target the layer does not have (a gate in an ungated MLP) is
                     // skipped, as PEFT skips a name it does not find; a fused module is
                     // adapted whole when any of its parts is asked for.
                     let parts = t.fused_group(cfg.arch).unwrap_or(std::slice::from_ref(&t));
                     let present = t.file_shape(cfg, l).is_some();
                     let asked = parts.iter().any(|p| lora.targets.contains(p));
-                    (l >= first && present && parts[0] == t && asked).then(|| {
+                    let trained = TRAINED.contains(&t);
+                    (l >= first && present && parts[0] == t && asked && trained).then(|| {
                         let out = parts.iter().map(|&p| shape_of(cfg, l, p).0).sum();
                         LoraPair::zeros(shape_of(cfg, l, t).1, out, lora.rank)
                     })
@@ -207,7 +248,7 @@ impl LoraParams {
             slots
                 .iter()
                 .enumerate()
-                .filter_map(move |(s, p)| p.as_ref().map(|p| (l, Target::ALL[s], p)))
+                .filter_map(move |(s, p)| p.as_ref().map(|p| (l, Target::EVERY[s], p)))
         })
     }
 
@@ -258,12 +299,14 @@ impl LoraParams {
     }
 }
 
-/// Parses `--target-modules` (`q_proj,v_proj` or `q,v`; `all` for every projection).
+/// Parses `--target-modules` (`q_proj,v_proj` or `q,v`; Qwen 3.5's DeltaNet projections
+/// `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, `out_proj`; `all` for every
+/// projection).
 pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
     let mut out = Vec::new();
     for name in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if name == "all" || name == "all-linear" {
-            return Ok(Target::ALL.to_vec());
+            return Ok(TRAINED.to_vec());
         }
         let stem = name.strip_suffix("_proj").unwrap_or(name);
         let t = match stem {
@@ -274,10 +317,16 @@ pub fn parse_targets(spec: &str) -> Result<Vec<Target>> {
             "gate" => Target::Gate,
             "up" => Target::Up,
             "down" => Target::Down,
+            "in_proj_qkv" => Target::DeltaQkv,
+            "in_proj_z" => Target::DeltaZ,
+            "in_proj_b" => Target::DeltaB,
+            "in_proj_a" => Target::DeltaA,
+            "out" => Target::DeltaOut,
             _ => {
                 return Err(TrainError::Config(format!(
-                "unknown target module '{name}' (use q,k,v,o,gate,up,down with or without _proj)"
-            )))
+                    "unknown target module '{name}' (use q,k,v,o,gate,up,down with or without \
+                 _proj, or Qwen 3.5's in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj)"
+                )))
             }
         };
         if !out.contains(&t) {
@@ -301,4 +350,27 @@ pub fn peft_name_of(t: Target, arch: Arch) -> &'static str {
 
 fn last_part(module: &str) -> &str {
     module.rsplit('.').next().unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deltanet_projections_are_target_names() {
+        assert_eq!(
+            parse_targets("out_proj, in_proj_qkv,q,in_proj_b").unwrap(),
+            vec![
+                Target::Q,
+                Target::DeltaQkv,
+                Target::DeltaB,
+                Target::DeltaOut
+            ]
+        );
+        assert_eq!(parse_targets("all").unwrap(), TRAINED.to_vec());
+        for t in TRAINED {
+            assert_eq!(parse_targets(peft_name(t)).unwrap(), vec![t]);
+        }
+        assert!(parse_targets("in_proj").is_err());
+    }
 }

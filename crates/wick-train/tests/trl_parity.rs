@@ -6,7 +6,8 @@
 //! Gemma 2 (soft caps, sliding window, sandwich norms, GELU-tanh, scaled embeddings),
 //! Gemma 3, Mistral, OLMo 2, Granite, SmolLM 3, StarCoder 2, Phi-3 and GLM-4 (fused
 //! `qkv_proj` / `gate_up_proj`, one pair each) and Gemma 4 (per-layer inputs, KV shared
-//! between layers; also the logits after one AdamW step of each objective)
+//! between layers; also the logits after one AdamW step of each objective) and Qwen 3.5
+//! (gated DeltaNet layers; the same)
 //! (`train_parity.py --family NAME`): families only the engine's decoder trains.
 use std::path::{Path, PathBuf};
 
@@ -16,7 +17,7 @@ use wick_train::adapter_io::load_factors;
 use wick_train::base::BaseWeights;
 use wick_train::data::{Example, Sequence};
 use wick_train::decoder::{AdapterRef, Batch, TrainDecoder};
-use wick_train::lora::{LoraConfig, LoraParams};
+use wick_train::lora::{parse_targets, LoraConfig, LoraParams};
 use wick_train::loss::Method;
 use wick_train::optim::Schedule;
 use wick_train::trainer::{TrainConfig, Trainer};
@@ -114,6 +115,11 @@ fn family_trainer<'a>(
         scale: alpha / rank as f32,
         ..LoraConfig::default()
     };
+    // The goldens adapt what PEFT's config names: the seven projections, and for Qwen 3.5
+    // its DeltaNet projections too.
+    if family == "qwen35" {
+        cfg.lora.targets = parse_targets("all").unwrap();
+    }
     cfg.max_seq = 64;
     let mut t = Trainer::new(base, cfg).unwrap();
     let init = family_goldens(family).join("init.safetensors");
@@ -389,11 +395,15 @@ fn gemma4_moe_steps_match_trl() {
     check_family("gemma4_moe");
 }
 
-/// Qwen 3.5's DeltaNet layers have no backward: its base is refused, saying so.
+/// Qwen 3.5: gated DeltaNet layers (convolution, l2-normed queries and keys, the gated
+/// delta rule, the gated RMS norm) around a full-attention layer with an output gate (its
+/// rows inside `q_proj`), every linear layer adapted, the DeltaNet projections included.
 #[test]
-fn qwen35_is_refused_with_its_reason() {
-    let err = BaseWeights::load(&base_dir("qwen35"))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("DeltaNet"), "{err}");
+fn qwen35_steps_match_trl() {
+    check_family("qwen35");
+}
+
+#[test]
+fn qwen35_updated_adapter_logits_match_torch() {
+    check_updated_logits("qwen35");
 }

@@ -78,6 +78,11 @@ impl<B: Backend> LoraWeights<B> {
         }
     }
 
+    /// Whether `layer` has a delta beside `t`.
+    pub fn has(&self, layer: usize, t: Target) -> bool {
+        self.pair(layer, t).is_some()
+    }
+
     fn pair(&self, layer: usize, t: Target) -> Option<&LoraPair<B>> {
         self.layers.get(layer)?[t.index()].as_ref()
     }

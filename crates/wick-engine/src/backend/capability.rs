@@ -182,8 +182,8 @@ pub const MLX: Capabilities = Capabilities {
 /// The training backend (`backend/tape`): the ops of the dense decoder, each with a
 /// backward rule, LayerNorm and the ungated MLP (StarCoder 2) included, and Gemma 4's:
 /// layers reading an earlier layer's keys and values, and the experts routed on the host
-/// (its values are host memory). Qwen 3.5's DeltaNet and image attention have no backward
-/// yet: those ops return an error naming them.
+/// (its values are host memory), and Qwen 3.5's: the gated DeltaNet mixer and the attention
+/// output gate. Image attention has no backward yet: it returns an error naming it.
 pub const TRAIN: Capabilities = Capabilities {
     backend: "train",
     ops: &[
@@ -193,6 +193,8 @@ pub const TRAIN: Capabilities = Capabilities {
         Capability::RowDeltas,
         Capability::SharedKv,
         Capability::HostTensors,
+        Capability::DeltaNet,
+        Capability::SigmoidGate,
     ],
     max_head_dim: usize::MAX,
     device_logits: false,

@@ -646,6 +646,15 @@ struct Ple<B: Backend> {
     vocab: usize,
 }
 
+/// What every layer of a Gemma 4 pass reads besides the residual stream
+/// ([`Gemma4Model::prelude`]).
+pub(crate) struct Prelude<B: Backend> {
+    /// Each layer's per-layer input (none without them).
+    per_layer: Vec<B::Tensor>,
+    rope_sliding: B::Rope,
+    rope_full: B::Rope,
+}
+
 /// The ids of a pass's new tokens, for the per-layer inputs.
 pub(crate) enum TokenIds<'a, B: Backend> {
     /// On the host, soft tokens standing for the pad token.
@@ -827,7 +836,7 @@ impl<B: Backend> Gemma4Model<B> {
         &self,
         be: &B,
         cfg: &ModelConfig,
-        mut x: B::Tensor,
+        x: B::Tensor,
         ids: TokenIds<'_, B>,
         positions: &[usize],
         caches: &mut [&mut SequenceCache<B>],
@@ -835,9 +844,24 @@ impl<B: Backend> Gemma4Model<B> {
         media: Option<&PassMedia>,
         lora: &LoraBatch<'_, B>,
     ) -> Result<B::Tensor> {
+        let prelude = self.prelude(be, cfg, &x, ids, positions, lora)?;
+        let span = 0..self.layers.len();
+        self.run_span(be, cfg, &prelude, x, caches, ranges, media, lora, span)
+    }
+
+    /// What every layer of a pass reads besides the residual stream: the per-layer inputs
+    /// (from the embedded tokens `x` and their `ids`) and the rotary tables of `positions`.
+    pub(crate) fn prelude(
+        &self,
+        be: &B,
+        cfg: &ModelConfig,
+        x: &B::Tensor,
+        ids: TokenIds<'_, B>,
+        positions: &[usize],
+        lora: &LoraBatch<'_, B>,
+    ) -> Result<Prelude<B>> {
         let eps = cfg.rms_eps;
         let h = cfg.hidden_size;
-        let total: usize = ranges.iter().map(|r| r.len()).sum();
         let per_layer = match &self.ple {
             Some(p) => {
                 let tok = match ids {
@@ -857,8 +881,8 @@ impl<B: Backend> Gemma4Model<B> {
                     TokenIds::Backend(ids) => be.embed_ids(&p.table, ids)?,
                 };
                 let tok = be.scale(&tok, (p.dim as f32).sqrt())?;
-                let proj = be.linear(&x, &p.proj, None)?;
-                let proj = lora.apply(be, 0, Target::PleModel, &x, proj)?;
+                let proj = be.linear(x, &p.proj, None)?;
+                let proj = lora.apply(be, 0, Target::PleModel, x, proj)?;
                 let proj = be.scale(&proj, (h as f32).powf(-0.5))?;
                 let proj = be.rms_norm(&proj, &p.norm, eps)?;
                 let both = be.scale(&be.add(&proj, &tok)?, std::f32::consts::FRAC_1_SQRT_2)?;
@@ -866,14 +890,56 @@ impl<B: Backend> Gemma4Model<B> {
             }
             None => Vec::new(),
         };
-        let rope_sliding = be.rope_table(positions, &self.params.rope_sliding)?;
-        let rope_full = be.rope_table(positions, &self.params.rope_full)?;
-        for (li, layer) in self.layers.iter().enumerate() {
+        Ok(Prelude {
+            per_layer,
+            rope_sliding: be.rope_table(positions, &self.params.rope_sliding)?,
+            rope_full: be.rope_table(positions, &self.params.rope_full)?,
+        })
+    }
+
+    /// Each layer's cache entry, and whether it reads an earlier layer's keys and values
+    /// (a KV-shared layer) instead of appending its own.
+    pub(crate) fn kv_slots(&self) -> Vec<(usize, bool)> {
+        self.layers
+            .iter()
+            .map(|l| (l.slot, l.kv.is_none()))
+            .collect()
+    }
+
+    /// Layers `span` of a pass whose [`Prelude`] is `prelude`, from their input `x` (see
+    /// [`Gemma4Model::run_layers`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_span(
+        &self,
+        be: &B,
+        cfg: &ModelConfig,
+        prelude: &Prelude<B>,
+        mut x: B::Tensor,
+        caches: &mut [&mut SequenceCache<B>],
+        ranges: &[Range<usize>],
+        media: Option<&PassMedia>,
+        lora: &LoraBatch<'_, B>,
+        span: Range<usize>,
+    ) -> Result<B::Tensor> {
+        let eps = cfg.rms_eps;
+        let total: usize = ranges.iter().map(|r| r.len()).sum();
+        let Prelude {
+            per_layer,
+            rope_sliding,
+            rope_full,
+        } = prelude;
+        let layers = self.layers.get(span.clone()).ok_or_else(|| {
+            EngineError::InvalidInput(format!(
+                "layers {span:?} of a model of {}",
+                self.layers.len()
+            ))
+        })?;
+        for (li, layer) in span.zip(layers) {
             let a = &layer.attention;
             let table = if layer.sliding {
-                &rope_sliding
+                rope_sliding
             } else {
-                &rope_full
+                rope_full
             };
             let hn = be.rms_norm(&x, &layer.attn_norm, eps)?;
             let q = be.linear(&hn, &layer.q, None)?;

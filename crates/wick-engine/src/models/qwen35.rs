@@ -16,7 +16,7 @@ use crate::adapters::{LoraBatch, Target};
 use crate::backend::capability::{Capability, Need, Part, Requirement};
 use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaSegment,
-    DeltaTensors, HostWeight,
+    DeltaTensors, HostWeight, KvLayer,
 };
 use crate::config::qwen35::{DeltaShape, Qwen35Config};
 use crate::config::{HfKeys, ModelConfig};
@@ -511,22 +511,79 @@ impl<B: Backend> Hybrid<B> {
     pub(crate) fn run_layers(
         &self,
         be: &B,
-        mut x: B::Tensor,
+        x: B::Tensor,
         caches: &mut [&mut SequenceCache<B>],
         ranges: &[Range<usize>],
         rope: &B::Rope,
         lora: &LoraBatch<'_, B>,
     ) -> Result<B::Tensor> {
-        let eps = self.eps;
         let counts: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
-        let total: usize = counts.iter().sum();
         for cache in caches.iter() {
             match cache.recurrent() {
                 Some(r) if r.len == cache.len() && r.layers.len() == self.linear => {}
                 _ => return Err(EngineError::Cache("cache belongs to another model".into())),
             }
         }
-        for (li, layer) in self.layers.iter().enumerate() {
+        let x = self.run_span(be, x, caches, ranges, rope, lora, 0..self.layers.len())?;
+        for (cache, n) in caches.iter_mut().zip(&counts) {
+            if let Some(r) = cache.recurrent_mut() {
+                r.len += n;
+            }
+        }
+        Ok(x)
+    }
+
+    /// Empties what layers `span` keep in `cache` (their keys and values, their recurrent
+    /// states), so that a span run again (a checkpointed layer recomputed in a training
+    /// backward) starts where it did the first time: a training pass's empty cache.
+    pub(crate) fn reset_span(
+        &self,
+        be: &B,
+        cache: &mut SequenceCache<B>,
+        span: Range<usize>,
+    ) -> Result<()> {
+        for layer in self.layers.get(span).unwrap_or_default() {
+            match &layer.mixer {
+                Mixer::Full { kv, .. } => {
+                    if let Some(l) = cache.layers_mut().get_mut(*kv) {
+                        l.trim(0)?;
+                    }
+                }
+                Mixer::Linear { state, .. } => {
+                    if let Some(st) = cache
+                        .recurrent_mut()
+                        .and_then(|rc| rc.layers.get_mut(*state))
+                    {
+                        *st = be.new_delta_state(&self.delta);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Layers `span` over `x` (see [`Hybrid::run_layers`]), the caches' token counts left
+    /// as they are.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_span(
+        &self,
+        be: &B,
+        mut x: B::Tensor,
+        caches: &mut [&mut SequenceCache<B>],
+        ranges: &[Range<usize>],
+        rope: &B::Rope,
+        lora: &LoraBatch<'_, B>,
+        span: Range<usize>,
+    ) -> Result<B::Tensor> {
+        let eps = self.eps;
+        let total: usize = ranges.iter().map(|r| r.len()).sum();
+        let layers = self.layers.get(span.clone()).ok_or_else(|| {
+            EngineError::InvalidInput(format!(
+                "layers {span:?} of a model of {}",
+                self.layers.len()
+            ))
+        })?;
+        for (li, layer) in span.zip(layers) {
             let h = be.rms_norm(&x, &layer.attn_norm, eps)?;
             let o = match &layer.mixer {
                 Mixer::Full {
@@ -626,11 +683,6 @@ impl<B: Backend> Hybrid<B> {
             let m = be.linear(&act, &layer.down, None)?;
             let m = lora.apply(be, li, Target::Down, &act, m)?;
             x = be.add(&sum, &m)?;
-        }
-        for (cache, n) in caches.iter_mut().zip(&counts) {
-            if let Some(r) = cache.recurrent_mut() {
-                r.len += n;
-            }
         }
         Ok(x)
     }

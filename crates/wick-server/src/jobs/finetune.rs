@@ -213,6 +213,15 @@ const TARGETS: [&str; 7] = [
     "down_proj",
 ];
 
+/// Qwen 3.5's DeltaNet projections: adapted when named (`wick train --target-modules`).
+const DELTANET_TARGETS: [&str; 5] = [
+    "in_proj_qkv",
+    "in_proj_z",
+    "in_proj_b",
+    "in_proj_a",
+    "out_proj",
+];
+
 fn positive<T: PartialOrd + Default + Copy + std::fmt::Display>(
     field: &str,
     v: Option<T>,
@@ -328,10 +337,14 @@ impl FinetuneSubmit {
             .map(|m| m.joined())
             .unwrap_or_else(|| TARGETS.join(","));
         for t in target_modules.split(',').map(str::trim) {
-            if !TARGETS.contains(&t) {
+            if !TARGETS.contains(&t) && !DELTANET_TARGETS.contains(&t) {
                 return Err(ApiError::field(
                     "target_modules",
-                    format!("'{t}': expected some of {}", TARGETS.join(", ")),
+                    format!(
+                        "'{t}': expected some of {} (Qwen 3.5 also {})",
+                        TARGETS.join(", "),
+                        DELTANET_TARGETS.join(", ")
+                    ),
                 ));
             }
         }
@@ -591,5 +604,13 @@ mod tests {
         assert_eq!(at("--save-every"), "5");
         assert_eq!(at("--lora-dropout"), "0.05");
         assert!(args.contains(&"--grad-checkpoint".to_string()));
+        // Qwen 3.5's DeltaNet projections are names the trainer takes.
+        let c = submit(base(
+            json!({"target_modules": ["q_proj", "in_proj_qkv", "out_proj"]}),
+        ))
+        .unwrap();
+        let args = c.trainer_args();
+        let at = |f: &str| args[args.iter().position(|a| a == f).unwrap() + 1].clone();
+        assert_eq!(at("--target-modules"), "q_proj,in_proj_qkv,out_proj");
     }
 }

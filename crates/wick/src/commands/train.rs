@@ -98,7 +98,8 @@ pub struct TrainArgs {
     /// Adapt only the last N layers (-1: all).
     #[arg(long, default_value_t = -1, allow_hyphen_values = true)]
     pub num_layers: i64,
-    /// Projections to adapt (comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj).
+    /// Projections to adapt (comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj;
+    /// Qwen 3.5's DeltaNet layers also in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj; `all`).
     #[arg(
         long,
         default_value = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::attention::{self, AttnShape};
+use super::deltanet::{self, Mixer, Segment};
 use super::dropout::Dropout;
 use super::products::{linear_back_input, linear_back_weight};
 use super::{activate, ParamGrads, Stored, TapeRope};
@@ -139,6 +140,22 @@ pub(super) enum Op {
         w_val: Arc<Vec<f32>>,
         slots: Vec<usize>,
         cols: usize,
+    },
+    /// A gated DeltaNet layer's mixer ([`deltanet`]) of the projections `qkv`, `z`, `b`
+    /// and `a` (their values in `vals`, that order), each sequence of `segments` from its
+    /// starting state.
+    DeltaNet {
+        inputs: [Option<usize>; 4],
+        vals: [Arc<Vec<f32>>; 4],
+        mixer: Box<Mixer>,
+        segments: Vec<Segment>,
+    },
+    /// `x · σ(gate)` elementwise.
+    SigmoidGate {
+        x: Option<usize>,
+        gate: Option<usize>,
+        x_val: Arc<Vec<f32>>,
+        gate_val: Arc<Vec<f32>>,
     },
     /// The input of a recorded span, whose gradient is returned under `id`.
     Input {
@@ -372,13 +389,18 @@ fn linear_back(
     Ok(())
 }
 
-/// Walks `nodes` back from `out` (seeded with `seed`), returning the parameters'
-/// gradients. Each node's saved values are dropped once its rule has run.
-pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<ParamGrads> {
+/// Walks `nodes` back from the outputs of `seeds` (each node with its gradient; a node
+/// seeded twice gets the sum), returning the parameters' gradients. Each node's saved
+/// values are dropped once its rule has run.
+pub(super) fn run(mut nodes: Vec<Node>, seeds: Vec<(usize, Vec<f32>)>) -> Result<ParamGrads> {
     let mut grads: Vec<Option<Vec<f32>>> = (0..nodes.len()).map(|_| None).collect();
-    grads[out] = Some(seed);
+    let mut last = 0;
+    for (out, seed) in seeds {
+        last = last.max(out + 1);
+        accumulate(&mut grads, out, seed);
+    }
     let mut params = ParamGrads::new();
-    nodes.truncate(out + 1);
+    nodes.truncate(last);
     while let Some(node) = nodes.pop() {
         let id = nodes.len();
         let Some(g) = grads[id].take() else {
@@ -595,6 +617,43 @@ pub(super) fn run(mut nodes: Vec<Node>, out: usize, seed: Vec<f32>) -> Result<Pa
                         dy.extend(gr.iter().map(|v| v * w_val[s]));
                     }
                     accumulate(&mut grads, y, dy);
+                }
+            }
+            Op::DeltaNet {
+                inputs,
+                vals,
+                mixer,
+                segments,
+            } => {
+                let [qkv, z, b, a] = &vals;
+                let x = deltanet::Inputs { qkv, z, b, a };
+                let grads_in = deltanet::backward(&mixer, x, &segments, &g);
+                for (node, d) in inputs.into_iter().zip(grads_in) {
+                    if let Some(node) = node {
+                        accumulate(&mut grads, node, d);
+                    }
+                }
+            }
+            Op::SigmoidGate {
+                x,
+                gate,
+                x_val,
+                gate_val,
+            } => {
+                let (dx, dgate): (Vec<f32>, Vec<f32>) = g
+                    .par_iter()
+                    .zip(x_val.par_iter())
+                    .zip(gate_val.par_iter())
+                    .map(|((&d, &xv), &gv)| {
+                        let s = 1.0 / (1.0 + (-gv).exp());
+                        (d * s, d * xv * s * (1.0 - s))
+                    })
+                    .unzip();
+                if let Some(x) = x {
+                    accumulate(&mut grads, x, dx);
+                }
+                if let Some(gate) = gate {
+                    accumulate(&mut grads, gate, dgate);
                 }
             }
             Op::Input { id } => add_param(&mut params, id, g),

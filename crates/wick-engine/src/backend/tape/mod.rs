@@ -18,11 +18,13 @@
 //!
 //! - `backward.rs`: the tape and each op's backward rule;
 //! - `attention.rs`: causal grouped-query attention of whole sequences and its backward;
+//! - `deltanet.rs`: Qwen 3.5's gated DeltaNet mixer over whole sequences and its backward;
 //! - `products.rs`: the f32 matrix products;
 //! - `dropout.rs`: LoRA dropout masks drawn from a key, so the backward draws them again;
 //! - `head.rs`: the loss rows' log-probabilities through the output head, in row chunks.
 mod attention;
 mod backward;
+mod deltanet;
 mod dropout;
 mod head;
 pub mod products;
@@ -43,6 +45,7 @@ use crate::backend::{
     KvLayer, KvLayerSnapshot, LowRankDelta, RopeSpec,
 };
 use crate::kv_pool::BlockLease;
+use crate::models::decoder::StagedPass;
 use crate::models::moe::Routing;
 use crate::weights::{AffineWeight, HostWeight};
 use crate::{EngineError, Result};
@@ -282,6 +285,34 @@ fn is_embedding_or_head(name: &str) -> bool {
         .any(|n| name.contains(n))
 }
 
+impl StagedPass<TapeBackend> {
+    /// The keys and values cache entry `slot` holds for the layers that read them (Gemma
+    /// 4's KV sharing; the batch's, as the producing layer made them), or `None`.
+    pub fn shared_kv(&self, slot: usize) -> Option<(TapeTensor, TapeTensor)> {
+        let s = self.caches.first()?.layers().get(slot)?.shared.as_ref()?;
+        Some((s.k.clone(), s.v.clone()))
+    }
+
+    /// Makes cache entry `slot` of every sequence hold `k` and `v` (the batch's, as
+    /// [`StagedPass::shared_kv`] gave them) for the layers that read them: a reading
+    /// layer run again in the backward, from the saved values or tracked copies of them.
+    pub fn set_shared_kv(&mut self, slot: usize, k: &TapeTensor, v: &TapeTensor) -> Result<()> {
+        for (cache, rows) in self.caches.iter_mut().zip(&self.ranges) {
+            let layer = cache
+                .layers_mut()
+                .get_mut(slot)
+                .ok_or_else(|| shape_err(format!("no cache entry {slot}")))?;
+            layer.len = rows.len();
+            layer.shared = Some(SharedKv {
+                k: k.clone(),
+                v: v.clone(),
+                rows: rows.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The gradient of every parameter a backward reached, by the id it was made with.
 pub type ParamGrads = HashMap<usize, Vec<f32>>;
 
@@ -376,18 +407,37 @@ impl TapeBackend {
     /// The gradient of `Σ output ⊙ grad` with respect to every parameter the recorded
     /// pass used, by id; the tape is emptied. `grad` is `[rows, cols]` of `output`.
     pub fn backward(&self, output: &GradRoot, grad: Vec<f32>) -> Result<ParamGrads> {
-        if grad.len() != output.len {
-            return Err(shape_err(format!(
-                "backward: a gradient of {} values for an output of {}",
-                grad.len(),
-                output.len
-            )));
+        self.backward_from(vec![(*output, grad)])
+    }
+
+    /// [`TapeBackend::backward`] of `Σᵢ outputᵢ ⊙ gradᵢ` over several outputs of the
+    /// recorded pass (a recomputed layer's output and the keys and values it shares with
+    /// the layers above, whose gradients those layers gave); the tape is emptied.
+    pub fn backward_from(&self, roots: Vec<(GradRoot, Vec<f32>)>) -> Result<ParamGrads> {
+        for (output, grad) in &roots {
+            if grad.len() != output.len {
+                return Err(shape_err(format!(
+                    "backward: a gradient of {} values for an output of {}",
+                    grad.len(),
+                    output.len
+                )));
+            }
         }
         let nodes = std::mem::take(&mut self.tape().nodes);
-        match output.node {
-            None => Ok(ParamGrads::new()),
-            Some(id) => backward::run(nodes, id, grad),
+        let seeds: Vec<(usize, Vec<f32>)> = roots
+            .into_iter()
+            .filter_map(|(output, grad)| output.node.map(|n| (n, grad)))
+            .collect();
+        if seeds.is_empty() {
+            return Ok(ParamGrads::new());
         }
+        if let Some(&(bad, _)) = seeds.iter().find(|(n, _)| *n >= nodes.len()) {
+            return Err(shape_err(format!(
+                "backward: node {bad} of a tape of {}",
+                nodes.len()
+            )));
+        }
+        backward::run(nodes, seeds)
     }
 
     /// `log p(labels[i])` of each row of `x`, the final-normed hidden states of the loss
@@ -1139,18 +1189,93 @@ impl Backend for TapeBackend {
         DeltaState::new(shape)
     }
 
-    fn delta_state_from_host(&self, _s: DeltaState) -> Result<DeltaState> {
-        Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
+    fn delta_state_from_host(&self, s: DeltaState) -> Result<DeltaState> {
+        Ok(s)
     }
 
+    /// The mixer of each sequence from its own state ([`deltanet`]), recorded where any
+    /// of the four projections is tracked; each state moves past the sequence's rows.
     fn delta_net(
         &self,
-        _p: &crate::backend::DeltaParams<'_>,
+        p: &crate::backend::DeltaParams<'_>,
         _uploaded: Option<&crate::backend::DeltaTensors<TapeTensor>>,
-        _x: crate::backend::DeltaInputs<'_, TapeTensor>,
-        _segments: &mut [crate::backend::DeltaSegment<'_, DeltaState>],
+        x: crate::backend::DeltaInputs<'_, TapeTensor>,
+        segments: &mut [crate::backend::DeltaSegment<'_, DeltaState>],
     ) -> Result<TapeTensor> {
-        Err(unsupported("a DeltaNet layer (Qwen 3.5)"))
+        let sh = p.shape;
+        let (cd, vd, vh) = (sh.conv_dim(), sh.v_heads * sh.v_dim, sh.v_heads);
+        let n = x.qkv.rows;
+        let ok = |t: &TapeTensor, cols: usize| t.rows == n && t.cols == cols;
+        if !(ok(x.qkv, cd) && ok(x.z, vd) && ok(x.b, vh) && ok(x.a, vh))
+            || sh.k_heads == 0
+            || !sh.v_heads.is_multiple_of(sh.k_heads)
+            || sh.conv_kernel == 0
+            || p.conv.len() != cd * sh.conv_kernel
+            || p.neg_a.len() != vh
+            || p.dt_bias.len() != vh
+            || p.norm.len() != sh.v_dim
+        {
+            return Err(shape_err(format!(
+                "delta_net: qkv {}x{}, z {}x{}, b {}x{}, a {}x{} for {sh:?}",
+                x.qkv.rows, x.qkv.cols, x.z.rows, x.z.cols, x.b.rows, x.b.cols, x.a.rows, x.a.cols
+            )));
+        }
+        let mixer = deltanet::Mixer::of(p);
+        let inputs = deltanet::Inputs {
+            qkv: &x.qkv.data,
+            z: &x.z.data,
+            b: &x.b.data,
+            a: &x.a.data,
+        };
+        let mut out = Vec::with_capacity(n * vd);
+        let mut recorded = Vec::with_capacity(segments.len());
+        let mut at = 0;
+        for seg in segments.iter_mut() {
+            if seg.rows.start != at || seg.rows.end > n {
+                return Err(shape_err(format!(
+                    "delta_net: segment rows {:?} after row {at} of {n}",
+                    seg.rows
+                )));
+            }
+            at = seg.rows.end;
+            let st = &mut *seg.state;
+            if st.conv.len() != sh.conv_state_len() || st.ssm.len() != sh.ssm_state_len() {
+                return Err(shape_err(format!(
+                    "delta_net: a state of {} + {} values for {sh:?}",
+                    st.conv.len(),
+                    st.ssm.len()
+                )));
+            }
+            let nonzero = |v: &Vec<f32>| v.iter().any(|&x| x != 0.0).then(|| v.clone());
+            let start = deltanet::Segment {
+                rows: seg.rows.clone(),
+                conv: nonzero(&st.conv),
+                ssm: nonzero(&st.ssm),
+            };
+            let (o, conv, ssm) = deltanet::forward(&mixer, inputs, &start);
+            out.extend(o);
+            st.conv = conv;
+            st.ssm = ssm;
+            recorded.push(start);
+        }
+        if at != n {
+            return Err(shape_err(format!(
+                "delta_net: segments cover {at} of {n} rows"
+            )));
+        }
+        let nodes = [x.qkv.node, x.z.node, x.b.node, x.a.node];
+        let tracked = nodes.iter().any(Option::is_some);
+        Ok(self.out(out, n, vd, tracked, || Op::DeltaNet {
+            inputs: nodes,
+            vals: [
+                x.qkv.data.clone(),
+                x.z.data.clone(),
+                x.b.data.clone(),
+                x.a.data.clone(),
+            ],
+            mixer: Box::new(mixer),
+            segments: recorded,
+        }))
     }
 
     /// The experts on the host's routing, recorded: the routing weights as a function of
@@ -1195,11 +1320,33 @@ impl Backend for TapeBackend {
 
     fn sigmoid_gate(
         &self,
-        _x: &TapeTensor,
-        _gate: &TapeTensor,
-        _shape: (usize, usize),
+        x: &TapeTensor,
+        gate: &TapeTensor,
+        shape: (usize, usize),
     ) -> Result<TapeTensor> {
-        Err(unsupported("an attention output gate"))
+        let (rows, cols) = shape;
+        if x.rows != rows || x.cols != cols {
+            return Err(shape_err(format!(
+                "sigmoid_gate: {}x{} for {rows}x{cols}",
+                x.rows, x.cols
+            )));
+        }
+        Self::check_same("sigmoid_gate", x, gate)?;
+        let y: Vec<f32> = x
+            .data
+            .iter()
+            .zip(gate.data.iter())
+            .map(|(&v, &g)| v / (1.0 + (-g).exp()))
+            .collect();
+        let (xn, gn) = (x.node, gate.node);
+        Ok(self.out(y, rows, cols, xn.is_some() || gn.is_some(), || {
+            Op::SigmoidGate {
+                x: xn,
+                gate: gn,
+                x_val: x.data.clone(),
+                gate_val: gate.data.clone(),
+            }
+        }))
     }
 
     fn attention(
@@ -1490,6 +1637,49 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
             assert!(diff > 1e-3, "the reader adds only {diff} to parameter {id}");
+        }
+    }
+
+    /// `Σ r ⊙ (x·P₀ᵀ · σ(x·P₁ᵀ))` (an attention output gate): both projections'
+    /// gradients against central differences.
+    #[test]
+    fn sigmoid_gate_backward_matches_finite_differences() {
+        let be = TapeBackend::new(false);
+        let x = TapeTensor::leaf(values(ROWS * IN, 21), ROWS, IN);
+        let r = values(ROWS * HD, 22);
+        let w = [values(HD * IN, 23), values(HD * IN, 24)];
+        let run = |w: &[Vec<f32>; 2]| -> (f64, ParamGrads) {
+            be.set_recording(true);
+            let m: Vec<TapeMatrix> = (0..2)
+                .map(|id| be.parameter(id, w[id].clone(), HD, IN, None).unwrap())
+                .collect();
+            let a = be.linear(&x, &m[0], None).unwrap();
+            let g = be.linear(&x, &m[1], None).unwrap();
+            let y = be.sigmoid_gate(&a, &g, (ROWS, HD)).unwrap();
+            let loss = y
+                .data()
+                .iter()
+                .zip(&r)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            (loss, be.backward(&y.grad_root(), r.clone()).unwrap())
+        };
+        let (_, grads) = run(&w);
+        for id in 0..2 {
+            for idx in [0, 7, 13, HD * IN - 1] {
+                let eps = 1e-3f32;
+                let bump = |d: f32| {
+                    let mut w = w.clone();
+                    w[id][idx] += d;
+                    run(&w).0
+                };
+                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
+                let analytic = f64::from(grads[&id][idx]);
+                assert!(
+                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
+                    "parameter {id}[{idx}]: numeric {numeric} analytic {analytic}"
+                );
+            }
         }
     }
 

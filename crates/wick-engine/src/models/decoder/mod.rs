@@ -32,11 +32,11 @@ use self::dense::{DenseLayers, Ropes};
 use self::execute::Route;
 use self::towers::Towers;
 use self::vocab_mask::VocabMask;
-use crate::adapters::{LoraBatch, LoraWeights};
+use crate::adapters::{LoraBatch, LoraWeights, Target};
 use crate::backend::capability::{self, Support};
 use crate::backend::{Backend, KvLayer, KvLayerSnapshot, RopeSpec};
 use crate::config::ModelConfig;
-use crate::models::gemma4::{Gemma4Model, TokenIds};
+use crate::models::gemma4::{Gemma4Model, Prelude, TokenIds};
 use crate::models::qwen35::Hybrid;
 use crate::models::recurrent::RecurrentSnapshot;
 use crate::models::vision::{ImageRows, PassMedia};
@@ -149,12 +149,23 @@ pub struct OutputHead<'a, B: Backend> {
 }
 
 /// The per-pass state of a training pass run in stages ([`Decoder::staged_pass`]): the
-/// sequences' tokens, their (empty) caches, row ranges and rotary tables.
+/// sequences' tokens, their (empty) caches, row ranges and what every layer reads besides
+/// the residual stream.
 pub struct StagedPass<B: Backend> {
     ids: Vec<u32>,
-    caches: Vec<SequenceCache<B>>,
-    ranges: Vec<Range<usize>>,
-    ropes: Ropes<B>,
+    pub(crate) caches: Vec<SequenceCache<B>>,
+    pub(crate) ranges: Vec<Range<usize>>,
+    stage: Stage<B>,
+}
+
+/// What the layers of a staged pass read besides the residual stream.
+enum Stage<B: Backend> {
+    /// A dense stack's rotary tables.
+    Dense(Ropes<B>),
+    /// Gemma 4's per-layer inputs and rotary tables.
+    Gemma4(Prelude<B>),
+    /// Qwen 3.5's rotary tables.
+    Hybrid(Ropes<B>),
 }
 
 impl<B: Backend> StagedPass<B> {
@@ -650,14 +661,15 @@ impl<B: Backend> Decoder<B> {
     /// span's input is the residual stream its first layer reads) and
     /// [`Decoder::staged_head`]. Running every layer in one span gives what
     /// `forward_rows` gives; a span ends on the residual sum, and the next span
-    /// normalizes it, so cutting the stack changes no value. Dense stacks only.
-    pub fn staged_pass(&self, seqs: &[&[u32]]) -> Result<StagedPass<B>> {
-        let LayerStack::Dense(_) = &self.stack else {
-            return Err(EngineError::InvalidInput(format!(
-                "a staged training pass runs dense layer stacks, not {}'s",
-                self.cfg.arch
-            )));
-        };
+    /// normalizes it, so cutting the stack changes no value. Every stack: dense, Qwen 3.5
+    /// and Gemma 4 (whose per-layer inputs are computed here, once, with `adapters`; an
+    /// adapter of its per-layer model projection is refused, as its gradient would not
+    /// reach it).
+    pub fn staged_pass(
+        &self,
+        seqs: &[&[u32]],
+        adapters: &[&LoraWeights<B>],
+    ) -> Result<StagedPass<B>> {
         let counts: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
         if counts.contains(&0) {
             return Err(EngineError::InvalidInput(
@@ -673,16 +685,50 @@ impl<B: Backend> Decoder<B> {
             total += n;
             positions.extend(0..n);
         }
-        let ropes = {
-            let refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
-            self.ropes(&refs, &counts, &positions)?
+        let ids: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied()).collect();
+        let stage = match &self.stack {
+            LayerStack::Dense(_) => {
+                let refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+                Stage::Dense(self.ropes(&refs, &counts, &positions)?)
+            }
+            LayerStack::Gemma4(g) => {
+                if adapters.iter().any(|a| a.has(0, Target::PleModel)) {
+                    return Err(EngineError::InvalidInput(
+                        "a staged training pass of an adapter of Gemma 4's per-layer model \
+                         projection (its gradient would not reach it)"
+                            .into(),
+                    ));
+                }
+                let x = self.embed_rows(Input::Host(&ids), None, total)?.0;
+                let lora: Vec<Vec<&LoraWeights<B>>> =
+                    ranges.iter().map(|_| adapters.to_vec()).collect();
+                let lora = LoraBatch::new(&lora, &ranges);
+                let be = &self.backend;
+                Stage::Gemma4(be.pass(|| {
+                    g.prelude(be, &self.cfg, &x, TokenIds::Host(&ids), &positions, &lora)
+                })?)
+            }
+            LayerStack::Hybrid(_) => {
+                let refs: Vec<&mut SequenceCache<B>> = caches.iter_mut().collect();
+                Stage::Hybrid(self.ropes(&refs, &counts, &positions)?)
+            }
         };
         Ok(StagedPass {
-            ids: seqs.iter().flat_map(|s| s.iter().copied()).collect(),
+            ids,
             caches,
             ranges,
-            ropes,
+            stage,
         })
+    }
+
+    /// Each layer's cache entry, and whether it reads an earlier layer's keys and values
+    /// instead of appending its own (Gemma 4's KV-shared layers); `None` for a model whose
+    /// layers each have their own.
+    pub fn kv_slots(&self) -> Option<Vec<(usize, bool)>> {
+        match &self.stack {
+            LayerStack::Gemma4(g) => Some(g.kv_slots()),
+            _ => None,
+        }
     }
 
     /// The layers of the stack.
@@ -708,12 +754,6 @@ impl<B: Backend> Decoder<B> {
         span: Range<usize>,
         adapters: &[&LoraWeights<B>],
     ) -> Result<B::Tensor> {
-        let LayerStack::Dense(d) = &self.stack else {
-            return Err(EngineError::InvalidInput(format!(
-                "a staged training pass runs dense layer stacks, not {}'s",
-                self.cfg.arch
-            )));
-        };
         if !adapters.is_empty() {
             if let Err(e) = &self.support.adapters {
                 return Err(EngineError::Unsupported(e.clone()));
@@ -723,27 +763,65 @@ impl<B: Backend> Decoder<B> {
             pass.ranges.iter().map(|_| adapters.to_vec()).collect();
         let lora = LoraBatch::new(&lora, &pass.ranges);
         // A span run again (a checkpointed layer recomputed in the backward) starts from
-        // empty caches, as it did the first time.
+        // empty caches, as it did the first time: the entries its layers append to (a
+        // Gemma 4 layer reading an earlier layer's keys leaves them as they are).
+        let own: Vec<usize> = match self.kv_slots() {
+            Some(slots) => slots
+                .get(span.clone())
+                .unwrap_or_default()
+                .iter()
+                .filter(|(_, reads)| !reads)
+                .map(|&(slot, _)| slot)
+                .collect(),
+            None => span.clone().collect(),
+        };
         for cache in &mut pass.caches {
-            for layer in cache.layers_mut().get_mut(span.clone()).unwrap_or_default() {
-                layer.trim(0)?;
+            if let LayerStack::Hybrid(h) = &self.stack {
+                h.reset_span(&self.backend, cache, span.clone())?;
+                continue;
+            }
+            for &slot in &own {
+                if let Some(layer) = cache.layers_mut().get_mut(slot) {
+                    layer.trim(0)?;
+                }
             }
         }
         let mut caches: Vec<&mut SequenceCache<B>> = pass.caches.iter_mut().collect();
         let (be, cfg) = (&self.backend, &self.cfg);
-        be.pass(|| {
-            d.run(
-                be,
-                cfg,
-                &pass.ropes,
-                x,
-                &mut caches,
-                &pass.ranges,
-                None,
-                &lora,
-                span,
-            )
-        })
+        match (&self.stack, &pass.stage) {
+            (LayerStack::Dense(d), Stage::Dense(ropes)) => be.pass(|| {
+                d.run(
+                    be,
+                    cfg,
+                    ropes,
+                    x,
+                    &mut caches,
+                    &pass.ranges,
+                    None,
+                    &lora,
+                    span,
+                )
+            }),
+            (LayerStack::Hybrid(h), Stage::Hybrid(ropes)) => {
+                be.pass(|| h.run_span(be, x, &mut caches, &pass.ranges, &ropes.global, &lora, span))
+            }
+            (LayerStack::Gemma4(g), Stage::Gemma4(prelude)) => be.pass(|| {
+                g.run_span(
+                    be,
+                    cfg,
+                    prelude,
+                    x,
+                    &mut caches,
+                    &pass.ranges,
+                    None,
+                    &lora,
+                    span,
+                )
+            }),
+            _ => Err(EngineError::InvalidInput(
+                "a staged pass of another model".into(),
+            )),
+        }
     }
 
     /// The logits of `rows` (of the sequences laid end to end) of the last span's output.
