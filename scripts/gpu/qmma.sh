@@ -13,6 +13,8 @@
 #     with each variant of VARIANTS: `once` (x rounded to f16 once per product, the default),
 #     `per-block` (x rounded by every block, the kernel before) and `blas` (the matrix
 #     dequantized to bf16 for cuBLAS).
+#  quick: one call without llama.cpp (when device time is short): the reference suite, the
+#     8B's MLX affine 8- and 4-bit copies with each variant, and Gemma 4 E4B's bench.
 # Carry: carry/cuda/wick.xz and cuda_reference.xz; stage 1 also carry/llamacpp (the source).
 # Results under $OUT: steps.log, test.log, llamacpp/ (its logs and results), wick.jsonl,
 # ncu-*.json.
@@ -36,7 +38,7 @@ for f in wick cuda_reference; do
 done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > $OUT/env.txt 2>&1
 
-case ${STAGE:?set STAGE to 1 or 2} in
+case ${STAGE:?set STAGE to 1, 2 or quick} in
 1)
   stamp "llama.cpp build, $M, its GGUFs (background; GGUFs in $GGUF_DIR)"
   ( MODELS=$M PREPARE_ONLY=1 OUT=$OUT/llamacpp JOBS=${JOBS:-14} nice -n 19 bash $G/llamacpp.sh \
@@ -112,6 +114,47 @@ case ${STAGE:?set STAGE to 1 or 2} in
       tail -2 $OUT/wick.err
     done
   done
+  ;;
+quick)
+  # One call, no llama.cpp: the tests, the 8B's MLX affine 8- and 4-bit copies (groups of 32,
+  # as GGUF's Q8_0 and Q4_K re-lay out) with each variant, and Gemma 4 E4B's bench.
+  stamp "cuda_reference"
+  WICK_GOLDENS=crates/wick-engine/tests/goldens timeout 300 $W/cuda_reference --test-threads 1 \
+    > $OUT/test.log 2>&1
+  echo "test rc=$?" >> $OUT/test.log
+  grep -E "FAILED|^test result|rc=|panicked" $OUT/test.log | tail -20
+  mkdir -p $LW && tar -C $LW -xJf carry/llamacpp/llamacpp.tar.xz
+  for v in llama-bpe gemma-4; do
+    [ -f $LW/tok/$v/tokenizer.json ] || PYTHONPATH=$LW/llama.cpp/gguf-py python3 \
+      $G/vocab_tokenizer.py $LW/llama.cpp/models/ggml-vocab-$v.gguf $LW/tok/$v > /dev/null 2>&1
+  done
+  for m in $M:llama3-8b:llama-bpe gemma4-e4b-bf16:gemma4-e4b:gemma-4; do
+    IFS=: read -r name shape v <<< "$m"
+    d=$W/models/$name
+    [ -d $d ] && continue
+    stamp "making $name"
+    timeout 300 python3 $G/make_models.py $d.part $shape bfloat16 $LW/tok/$v \
+      > $OUT/make-$name.log 2>&1 && mv $d.part $d || tail -3 $OUT/make-$name.log
+  done
+  for bits in 8 4; do
+    q=$W/models/$M-q$bits
+    [ -d $q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$M $q --bits $bits --group 32 \
+      > $OUT/quantize-q$bits.log 2>&1 || tail -3 $OUT/quantize-q$bits.log
+    for v in ${VARIANTS:-once per-block}; do
+      case $v in once) e= ;; per-block) e=per-block ;; blas) e=0 ;; esac
+      stamp "wick bench q$bits $v"
+      WICK_CUDA_QUANT_MMA=$e timeout ${BENCH_TIMEOUT:-150} $W/wick bench $q --backend cuda \
+        --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 2 \
+        --case 512:64:1 --case 512:64:8 --case 512:32:64 --case 512:16:16 2>>$OUT/wick.err \
+        | sed -u "s/^{/{\"type\":\"mlx-q$bits\",\"variant\":\"$v\",/" \
+        | tee -a $OUT/wick.jsonl | python3 $G/../bench/summarize_bench.py
+    done
+  done
+  stamp "wick bench gemma4-e4b"
+  timeout 200 $W/wick bench $W/models/gemma4-e4b-bf16 --backend cuda --synthetic-prompt \
+    --prefill-chunk 0 --json --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 \
+    --case 4096:1:1 2>>$OUT/wick.err | sed -u 's/^{/{"label":"gemma4-e4b-bf16",/' \
+    | tee -a $OUT/wick-gemma4.jsonl | python3 $G/../bench/summarize_bench.py
   ;;
 esac
 stamp "done"
