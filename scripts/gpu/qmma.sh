@@ -118,24 +118,33 @@ case ${STAGE:?set STAGE to 1, 2 or quick} in
 quick)
   # One call, no llama.cpp: the tests, the 8B's MLX affine 8- and 4-bit copies (groups of 32,
   # as GGUF's Q8_0 and Q4_K re-lay out) with each variant, and Gemma 4 E4B's bench.
-  stamp "cuda_reference"
-  WICK_GOLDENS=crates/wick-engine/tests/goldens timeout 300 $W/cuda_reference --test-threads 1 \
-    > $OUT/test.log 2>&1
-  echo "test rc=$?" >> $OUT/test.log
-  grep -E "FAILED|^test result|rc=|panicked" $OUT/test.log | tail -20
   mkdir -p $LW && tar -C $LW -xJf carry/llamacpp/llamacpp.tar.xz
   for v in llama-bpe gemma-4; do
     [ -f $LW/tok/$v/tokenizer.json ] || PYTHONPATH=$LW/llama.cpp/gguf-py python3 \
       $G/vocab_tokenizer.py $LW/llama.cpp/models/ggml-vocab-$v.gguf $LW/tok/$v > /dev/null 2>&1
   done
+  # The models are made (on the GPU) while the tests run.
+  pids=()
   for m in $M:llama3-8b:llama-bpe gemma4-e4b-bf16:gemma4-e4b:gemma-4; do
     IFS=: read -r name shape v <<< "$m"
     d=$W/models/$name
     [ -d $d ] && continue
     stamp "making $name"
-    timeout 300 python3 $G/make_models.py $d.part $shape bfloat16 $LW/tok/$v \
-      > $OUT/make-$name.log 2>&1 && mv $d.part $d || tail -3 $OUT/make-$name.log
+    ( timeout 300 python3 $G/make_models.py $d.part $shape bfloat16 $LW/tok/$v \
+        > $OUT/make-$name.log 2>&1 && mv $d.part $d || tail -3 $OUT/make-$name.log ) &
+    pids+=($!)
   done
+  stamp "cuda_reference"
+  WICK_GOLDENS=crates/wick-engine/tests/goldens timeout 300 $W/cuda_reference --test-threads 1 \
+    > $OUT/test.log 2>&1
+  echo "test rc=$?" >> $OUT/test.log
+  grep -E "FAILED|^test result|rc=|panicked" $OUT/test.log | tail -20
+  for p in "${pids[@]}"; do wait $p; done
+  stamp "wick bench gemma4-e4b"
+  timeout 200 $W/wick bench $W/models/gemma4-e4b-bf16 --backend cuda --synthetic-prompt \
+    --prefill-chunk 0 --json --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 \
+    --case 4096:1:1 2>>$OUT/wick.err | sed -u 's/^{/{"label":"gemma4-e4b-bf16",/' \
+    | tee -a $OUT/wick-gemma4.jsonl | python3 $G/../bench/summarize_bench.py
   for bits in 8 4; do
     q=$W/models/$M-q$bits
     [ -d $q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$M $q --bits $bits --group 32 \
@@ -145,16 +154,11 @@ quick)
       stamp "wick bench q$bits $v"
       WICK_CUDA_QUANT_MMA=$e timeout ${BENCH_TIMEOUT:-150} $W/wick bench $q --backend cuda \
         --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 2 \
-        --case 512:64:1 --case 512:64:8 --case 512:32:64 --case 512:16:16 2>>$OUT/wick.err \
+        --case 512:64:8 --case 512:32:64 --case 512:16:16 2>>$OUT/wick.err \
         | sed -u "s/^{/{\"type\":\"mlx-q$bits\",\"variant\":\"$v\",/" \
         | tee -a $OUT/wick.jsonl | python3 $G/../bench/summarize_bench.py
     done
   done
-  stamp "wick bench gemma4-e4b"
-  timeout 200 $W/wick bench $W/models/gemma4-e4b-bf16 --backend cuda --synthetic-prompt \
-    --prefill-chunk 0 --json --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 \
-    --case 4096:1:1 2>>$OUT/wick.err | sed -u 's/^{/{"label":"gemma4-e4b-bf16",/' \
-    | tee -a $OUT/wick-gemma4.jsonl | python3 $G/../bench/summarize_bench.py
   ;;
 esac
 stamp "done"
