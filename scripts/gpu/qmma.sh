@@ -14,7 +14,8 @@
 #     `per-block` (x rounded by every block, the kernel before) and `blas` (the matrix
 #     dequantized to bf16 for cuBLAS).
 #  quick: one call without llama.cpp (when device time is short): the reference suite, the
-#     8B's MLX affine 8- and 4-bit copies with each variant, and Gemma 4 E4B's bench.
+#     8B's MLX affine 8- and 4-bit copies (BITS, default "8 4") with each variant, and
+#     Gemma 4 E4B's bench.
 # Carry: carry/cuda/wick.xz and cuda_reference.xz; stage 1 also carry/llamacpp (the source).
 # Results under $OUT: steps.log, test.log, llamacpp/ (its logs and results), wick.jsonl,
 # ncu-*.json.
@@ -145,7 +146,7 @@ quick)
     --prefill-chunk 0 --json --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 \
     --case 4096:1:1 2>>$OUT/wick.err | sed -u 's/^{/{"label":"gemma4-e4b-bf16",/' \
     | tee -a $OUT/wick-gemma4.jsonl | python3 $G/../bench/summarize_bench.py
-  for bits in 8 4; do
+  for bits in ${BITS:-8 4}; do
     q=$W/models/$M-q$bits
     [ -d $q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$M $q --bits $bits --group 32 \
       > $OUT/quantize-q$bits.log 2>&1 || tail -3 $OUT/quantize-q$bits.log
