@@ -15,7 +15,7 @@
 #     dequantized to bf16 for cuBLAS).
 #  quick: one call without llama.cpp (when device time is short): the reference suite, the
 #     8B's MLX affine 8- and 4-bit copies (BITS, default "8 4") with each variant, and
-#     Gemma 4 E4B's bench.
+#     Gemma 4 E4B's bench (SKIP_GEMMA=1 leaves it out).
 # Carry: carry/cuda/wick.xz and cuda_reference.xz; stage 1 also carry/llamacpp (the source).
 # Results under $OUT: steps.log, test.log, llamacpp/ (its logs and results), wick.jsonl,
 # ncu-*.json.
@@ -126,7 +126,9 @@ quick)
   done
   # The models are made (on the GPU) while the tests run.
   pids=()
-  for m in $M:llama3-8b:llama-bpe gemma4-e4b-bf16:gemma4-e4b:gemma-4; do
+  models=$M:llama3-8b:llama-bpe
+  [ -n "${SKIP_GEMMA:-}" ] || models+=" gemma4-e4b-bf16:gemma4-e4b:gemma-4"
+  for m in $models; do
     IFS=: read -r name shape v <<< "$m"
     d=$W/models/$name
     [ -d $d ] && continue
@@ -141,8 +143,8 @@ quick)
   echo "test rc=$?" >> $OUT/test.log
   grep -E "FAILED|^test result|rc=|panicked" $OUT/test.log | tail -20
   for p in "${pids[@]}"; do wait $p; done
-  stamp "wick bench gemma4-e4b"
-  timeout 200 $W/wick bench $W/models/gemma4-e4b-bf16 --backend cuda --synthetic-prompt \
+  [ -n "${SKIP_GEMMA:-}" ] || stamp "wick bench gemma4-e4b"
+  [ -n "${SKIP_GEMMA:-}" ] || timeout 200 $W/wick bench $W/models/gemma4-e4b-bf16 --backend cuda --synthetic-prompt \
     --prefill-chunk 0 --json --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 \
     --case 4096:1:1 2>>$OUT/wick.err | sed -u 's/^{/{"label":"gemma4-e4b-bf16",/' \
     | tee -a $OUT/wick-gemma4.jsonl | python3 $G/../bench/summarize_bench.py
