@@ -10,9 +10,9 @@
 #     wick bench (decode at 1 and 8 streams, a 4,096-token prompt).
 #  2. llama-batched-bench (512-token prompts, 128 tokens each at 1, 8 and 64 streams) and
 #     llama-bench (512-token prompt) on the two GGUFs, then wick bench on the same files
-#     with each variant of VARIANTS: `once` (x rounded to f16 once per product, the default),
-#     `per-block` (x rounded by every block, the kernel before) and `blas` (the matrix
-#     dequantized to bf16 for cuBLAS).
+#     with each variant of VARIANTS: `once` (x rounded to f16 once per product,
+#     WICK_CUDA_QUANT_MMA=once), `per-block` (x rounded by every block, the default) and
+#     `blas` (the matrix dequantized to bf16 for cuBLAS).
 #  quick: one call without llama.cpp (when device time is short): the reference suite, the
 #     8B's MLX affine 8- and 4-bit copies (BITS, default "8 4") with each variant, and
 #     Gemma 4 E4B's bench (SKIP_GEMMA=1 leaves it out).
@@ -105,7 +105,7 @@ case ${STAGE:?set STAGE to 1, 2 or quick} in
     g=$GGUF_DIR/$M-$q.gguf
     [ -s $g ] || continue
     for v in ${VARIANTS:-once per-block}; do
-      case $v in once) e= ;; per-block) e=per-block ;; blas) e=0 ;; esac
+      case $v in once) e=once ;; per-block) e= ;; blas) e=0 ;; esac
       stamp "wick bench $q $v"
       WICK_CUDA_QUANT_MMA=$e timeout ${BENCH_TIMEOUT:-200} $W/wick bench $g --backend cuda \
         --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 2 \
@@ -153,7 +153,7 @@ quick)
     [ -d $q ] || timeout 300 python3 $G/quantize_mlx.py $W/models/$M $q --bits $bits --group 32 \
       > $OUT/quantize-q$bits.log 2>&1 || tail -3 $OUT/quantize-q$bits.log
     for v in ${VARIANTS:-once per-block}; do
-      case $v in once) e= ;; per-block) e=per-block ;; blas) e=0 ;; esac
+      case $v in once) e=once ;; per-block) e= ;; blas) e=0 ;; esac
       stamp "wick bench q$bits $v"
       WICK_CUDA_QUANT_MMA=$e timeout ${BENCH_TIMEOUT:-150} $W/wick bench $q --backend cuda \
         --synthetic-prompt --prefill-chunk 0 --json --warmup 1 --runs 2 \

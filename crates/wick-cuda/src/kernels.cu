@@ -2319,7 +2319,7 @@ extern "C" __global__ void affine_mma_finish(const float* __restrict__ part,
 }
 
 // ---------------------------------------------------------------------------------------
-// The same products with x rounded once (`affine_mmx_*`, the default)
+// The same products with x rounded once (`affine_mmx_*`, `WICK_CUDA_QUANT_MMA=once`)
 //
 // `affine_mma` rounds x's slabs to f16 in every block, from f32: each block of QM_COLS
 // outputs reads the whole tile of x again, at 4 bytes a value, while the weights it reads
@@ -2329,8 +2329,9 @@ extern "C" __global__ void affine_mma_finish(const float* __restrict__ part,
 // order (f16 · 2⁻⁸, rows and inputs padded with zeros), and a block of QX_WARPS warps
 // (twice the outputs, so each x byte serves twice the weights) copies its slabs into two
 // shared-memory buffers by `cp.async` while the slab before is multiplied; each slab's
-// weight loads are issued before the block waits for its x. The arithmetic per product is
-// that of `affine_mma`, so the results are the same bits.
+// weight loads are issued before the block waits for its x. Each product rounds and
+// multiplies as `affine_mma` does; only the number of input slices whose sums are added
+// (and so the order of that addition) may differ.
 
 #define QX_WARPS 8
 #define QX_COLS (QX_WARPS * 16)

@@ -121,8 +121,8 @@ pub struct CudaBackend {
     /// cuBLAS.
     quant_mma: bool,
     /// The tensor-core quantized products round x to f16 once per product
-    /// (`affine_mmx_*`, the default) rather than in every block that reads it
-    /// (`affine_mma_*`, `WICK_CUDA_QUANT_MMA=per-block`, kept for comparison).
+    /// (`affine_mmx_*`, `WICK_CUDA_QUANT_MMA=once`) rather than in every block that reads
+    /// it (`affine_mma_*`, the default until the new kernel is measured on a GPU).
     quant_mma_once: bool,
     /// Streaming multiprocessors of the device.
     sms: usize,
@@ -306,7 +306,7 @@ impl CudaBackend {
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
-        let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
+        let quant_mma_once = quant_mma_env.as_deref() == Some("once");
         Ok(CudaBackend {
             dev,
             kernel_rows,
@@ -336,9 +336,8 @@ impl CudaBackend {
         self
     }
 
-    /// Whether the tensor-core quantized products round x to f16 once per product (the
-    /// default) or in every block that reads it (the kernel before, for comparison;
-    /// `WICK_CUDA_QUANT_MMA=per-block`).
+    /// Whether the tensor-core quantized products round x to f16 once per product
+    /// (`WICK_CUDA_QUANT_MMA=once`) or in every block that reads it (the default).
     pub fn with_quant_mma_rounding_once(mut self, once: bool) -> Self {
         self.quant_mma_once = once;
         self
