@@ -1801,8 +1801,7 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
 /// several.
 #[test]
 fn affine_products_of_many_rows_match_the_cpu() {
-    let Some(mma) = gpu().map(|b| b.with_quant_mma(true).with_quant_mma_rounding_once(true))
-    else {
+    let Some(mma) = gpu().map(|b| b.with_quant_mma(true).with_quant_mma_rounding_once(true)) else {
         return;
     };
     let Some(per_block) = gpu().map(|b| b.with_quant_mma(true).with_quant_mma_rounding_once(false))
