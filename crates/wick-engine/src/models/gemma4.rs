@@ -928,12 +928,7 @@ impl<B: Backend> Gemma4Model<B> {
             rope_sliding,
             rope_full,
         } = prelude;
-        let layers = self.layers.get(span.clone()).ok_or_else(|| {
-            EngineError::InvalidInput(format!(
-                "layers {span:?} of a model of {}",
-                self.layers.len()
-            ))
-        })?;
+        let layers = crate::models::layer_span(&self.layers, &span)?;
         for (li, layer) in span.zip(layers) {
             let a = &layer.attention;
             let table = if layer.sliding {

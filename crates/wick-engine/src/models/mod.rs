@@ -29,6 +29,14 @@ pub use crate::config::Arch;
 use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::{EngineError, Result};
 
+/// Layers `span` of a model's `layers` (a staged training pass runs a few at a time), or
+/// an error naming the span the model lacks.
+pub(crate) fn layer_span<'a, T>(layers: &'a [T], span: &std::ops::Range<usize>) -> Result<&'a [T]> {
+    layers.get(span.clone()).ok_or_else(|| {
+        EngineError::InvalidInput(format!("layers {span:?} of a model of {}", layers.len()))
+    })
+}
+
 pub(crate) use qwen35_gguf::Qwen35Gguf;
 
 /// What a model configured as `cfg` needs of its backend beyond the core ops: its layer

@@ -577,12 +577,7 @@ impl<B: Backend> Hybrid<B> {
     ) -> Result<B::Tensor> {
         let eps = self.eps;
         let total: usize = ranges.iter().map(|r| r.len()).sum();
-        let layers = self.layers.get(span.clone()).ok_or_else(|| {
-            EngineError::InvalidInput(format!(
-                "layers {span:?} of a model of {}",
-                self.layers.len()
-            ))
-        })?;
+        let layers = crate::models::layer_span(&self.layers, &span)?;
         for (li, layer) in span.zip(layers) {
             let h = be.rms_norm(&x, &layer.attn_norm, eps)?;
             let o = match &layer.mixer {

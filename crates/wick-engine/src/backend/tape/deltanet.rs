@@ -568,6 +568,7 @@ pub(super) fn backward_in_spans(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::tape::tests::values;
     use crate::models::deltanet::{mix, DeltaState, Form};
 
     const SHAPE: DeltaShape = DeltaShape {
@@ -577,18 +578,6 @@ mod tests {
         v_dim: 4,
         conv_kernel: 3,
     };
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                s as f32 / u32::MAX as f32 - 0.5
-            })
-            .collect()
-    }
 
     fn mixer() -> Mixer {
         let sh = SHAPE;

@@ -1510,7 +1510,8 @@ mod tests {
     const IN: usize = 6;
     const HD: usize = 4;
 
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// `n` pseudo-random values in [-0.5, 0.5) from `seed` (xorshift).
+    pub(super) fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9e37_79b9) | 1;
         (0..n)
             .map(|_| {

@@ -305,12 +305,7 @@ impl<B: Backend> DenseLayers<B> {
         span: Range<usize>,
     ) -> Result<B::Tensor> {
         let residual = cfg.features.residual_multiplier;
-        let Some(layers) = self.layers.get(span.clone()) else {
-            return Err(EngineError::InvalidInput(format!(
-                "layers {span:?} of a model of {}",
-                self.layers.len()
-            )));
-        };
+        let layers = crate::models::layer_span(&self.layers, &span)?;
         let mut h = match layers.first().and_then(|l| l.attn_norm.as_ref()) {
             Some(norm) => norm.apply(be, cfg, &x)?,
             None => x.clone(),
