@@ -15,7 +15,7 @@
 #     `blas` (the matrix dequantized to bf16 for cuBLAS).
 #  quick: one call without llama.cpp (when device time is short): the reference suite, the
 #     8B's MLX affine 8- and 4-bit copies (BITS, default "8 4") with each variant, and
-#     Gemma 4 E4B's bench (SKIP_GEMMA=1 leaves it out).
+#     Gemma 4 E4B's bench (SKIP_GEMMA=1 leaves it out; PROFILE=1 adds its kernel profile).
 # Carry: carry/cuda/wick.xz and cuda_reference.xz; stage 1 also carry/llamacpp (the source).
 # Results under $OUT: steps.log, test.log, llamacpp/ (its logs and results), wick.jsonl,
 # ncu-*.json.
@@ -38,6 +38,22 @@ for f in wick cuda_reference; do
   [ -f carry/cuda/$f.xz ] && xz -dc carry/cuda/$f.xz > $W/$f && chmod +x $W/$f
 done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > $OUT/env.txt 2>&1
+
+# Gemma 4 E4B's decode kernel by kernel under Nsight Compute (graphs off), summed per step.
+gemma_profile() {
+  local d=$W/models/gemma4-e4b-bf16
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -d $d ] && [ -n "$NCU" ]; then
+    stamp "Nsight Compute: gemma4-e4b decode"
+    WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-240} $NCU --clock-control none \
+      --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      --launch-count ${NCU_KERNELS:-12000} $W/wick bench $d --backend cuda \
+      --synthetic-prompt --prefill-chunk 0 --json --warmup 0 --runs 1 --case 64:12:1 \
+      > $OUT/ncu-gemma4.csv 2>>$OUT/ncu.err
+    python3 $G/kernel_profile.py $OUT/ncu-gemma4.csv gemma4-e4b | tee $OUT/ncu-gemma4.json
+    xz -T0 $OUT/ncu-gemma4.csv
+  fi
+}
 
 case ${STAGE:?set STAGE to 1, 2 or quick} in
 1)
@@ -64,17 +80,7 @@ case ${STAGE:?set STAGE to 1, 2 or quick} in
       timeout 300 python3 $G/make_models.py $d.part gemma4-e4b bfloat16 $LW/tok/gemma-4 \
         > $OUT/make-gemma4.log 2>&1 && mv $d.part $d || tail -3 $OUT/make-gemma4.log
     fi
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-    if [ -d $d ] && [ -n "$NCU" ]; then
-      stamp "Nsight Compute: gemma4-e4b decode"
-      WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-240} $NCU --clock-control none \
-        --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
-        --launch-count ${NCU_KERNELS:-12000} $W/wick bench $d --backend cuda \
-        --synthetic-prompt --prefill-chunk 0 --json --warmup 0 --runs 1 --case 64:12:1 \
-        > $OUT/ncu-gemma4.csv 2>>$OUT/ncu.err
-      python3 $G/kernel_profile.py $OUT/ncu-gemma4.csv gemma4-e4b | tee $OUT/ncu-gemma4.json
-      xz -T0 $OUT/ncu-gemma4.csv
-    fi
+    gemma_profile
     if [ -d $d ]; then
       stamp "wick bench gemma4-e4b"
       timeout 200 $W/wick bench $d --backend cuda --synthetic-prompt --prefill-chunk 0 --json \
@@ -143,6 +149,7 @@ quick)
   echo "test rc=$?" >> $OUT/test.log
   grep -E "FAILED|^test result|rc=|panicked" $OUT/test.log | tail -20
   for p in "${pids[@]}"; do wait $p; done
+  [ -z "${PROFILE:-}" ] || [ -n "${SKIP_GEMMA:-}" ] || gemma_profile
   [ -n "${SKIP_GEMMA:-}" ] || stamp "wick bench gemma4-e4b"
   [ -n "${SKIP_GEMMA:-}" ] || timeout 200 $W/wick bench $W/models/gemma4-e4b-bf16 --backend cuda --synthetic-prompt \
     --prefill-chunk 0 --json --warmup 1 --runs 3 --case 512:128:1 --case 512:64:8 \
