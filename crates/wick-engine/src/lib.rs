@@ -54,7 +54,7 @@ mod model;
 pub use backend::BackendKind;
 pub use generation::{
     FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, Sequence, SequenceStep,
-    TokenEvent, Usage,
+    TokenEvent, Usage, DEFAULT_PREFILL_CHUNK,
 };
 pub use model::{
     DeviceMemory, GenerationDefaults, KvCache, LoadOptions, Model, ModelFormat, ModelInfo, Step,

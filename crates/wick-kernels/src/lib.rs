@@ -33,6 +33,7 @@
 #![allow(clippy::needless_range_loop)]
 
 mod activation;
+mod aligned;
 pub mod amx;
 pub mod elementwise;
 mod error;
@@ -47,6 +48,7 @@ mod pool;
 pub mod reference;
 
 pub use activation::QuantizedActivations;
+pub use aligned::{LineBuf, Plain};
 pub use error::{KernelError, Result};
 pub use format::WeightFormat;
 pub use isa::Isa;

@@ -6,7 +6,7 @@ mod text;
 
 pub use request::{
     CachePoint, FinishReason, GenerationOutput, GenerationRequest, PromptLogprob, TokenEvent,
-    Usage, PROMPT_SCORE_CHUNK,
+    Usage, DEFAULT_PREFILL_CHUNK, PROMPT_SCORE_CHUNK,
 };
 pub use sequence::{DraftOutput, Sequence, SequenceStep};
 pub use text::TextStream;

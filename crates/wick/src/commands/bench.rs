@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
-use wick_engine::{BackendKind, GenerationRequest, LoadOptions, Model};
+use wick_engine::{BackendKind, GenerationRequest, LoadOptions, Model, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -74,11 +74,12 @@ pub struct BenchArgs {
     /// same ids scripts/gpu/mlx_lm_bench.py feeds mlx-lm).
     #[arg(long)]
     synthetic_prompt: bool,
-    /// Prompt rows per forward pass, as `wick serve` feeds a prompt in chunks of its
-    /// --step-tokens (and llama.cpp in its batch of 512); 0 feeds the whole prompt in one
-    /// pass.
-    #[arg(long, default_value_t = 512)]
-    prefill_chunk: usize,
+    /// Prompt rows per forward pass; 0 feeds the whole prompt in one pass. Default: what
+    /// `wick serve` feeds a lone prompt with its default --step-tokens (512): the
+    /// backend's longer chunks where it prefers them (2,048 on the CPU, 8,192 on CUDA),
+    /// else 512.
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
 }
 
 /// Prompt lengths of `--long-prompts`: a chat turn, then what coding agents send (Codex's
@@ -197,8 +198,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         let lockstep = case.batch > 1 || backend != BackendKind::Candle;
         let chunk = match args.prefill_chunk {
-            0 => case.prompt.max(1),
-            n => n,
+            Some(0) => case.prompt.max(1),
+            Some(n) => n,
+            None => model
+                .lone_prompt_tokens()
+                .map_or(DEFAULT_PREFILL_CHUNK, |n| n.max(DEFAULT_PREFILL_CHUNK)),
         };
         let mut pp = Vec::new();
         let mut tg = Vec::new();

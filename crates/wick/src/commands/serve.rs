@@ -108,7 +108,7 @@ pub struct ServeArgs {
     step_tokens: usize,
     /// Tokens a step carries when it holds prompt chunks only (no stream decoding): a
     /// lone long prompt goes through in few large chunks. Default: 8192 on CUDA, 2048 on
-    /// MLX (never under --step-tokens), --step-tokens on the CPU.
+    /// MLX and the CPU (never under --step-tokens).
     #[arg(long, env = "WICK_PROMPT_STEP_TOKENS")]
     prompt_step_tokens: Option<usize>,
     /// While a prompt arrives, the streams already decoding wait at most this many times

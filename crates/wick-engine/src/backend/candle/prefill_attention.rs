@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use half::f16;
-use wick_kernels::ThreadPool;
+use wick_kernels::{LineBuf, ThreadPool};
 
 use super::attention::{lane_sum, max_of, Kernel, RowSource};
 use super::block_pool::{KvDtype, KvNumber, BLOCK_TOKENS};
@@ -313,17 +313,18 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
-/// Scratch of one thread, kept across its units.
+/// Scratch of one thread, kept across its units. The tile products' operands and
+/// results start on cache lines ([`LineBuf`]).
 #[derive(Default)]
 struct Scratch {
     q: Vec<f32>,
     /// The queries and a tile's probabilities as bf16 pairs (bf16 products only).
-    q_pairs: Vec<u32>,
-    p_pairs: Vec<u32>,
-    scores: Vec<f32>,
+    q_pairs: LineBuf<u32>,
+    p_pairs: LineBuf<u32>,
+    scores: LineBuf<f32>,
     /// Each 16-row band's columns of the current tile (AMX only).
     bands: Vec<(usize, usize)>,
-    acc: Vec<f32>,
+    acc: LineBuf<f32>,
     max: Vec<f32>,
     sum: Vec<f32>,
 }
@@ -396,15 +397,12 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
         let at = kvh * group * hd;
         s.q.extend(row[at..at + group * hd].iter().map(|&x| x * q_scale));
     }
-    s.acc.clear();
-    s.acc.resize(m * hd, 0.0);
+    s.acc.fill_zero(m * hd);
     s.max.clear();
     s.max.resize(m, f32::NEG_INFINITY);
     s.sum.clear();
     s.sum.resize(m, 0.0);
-    if s.scores.len() < m * KEY_TILE {
-        s.scores.resize(m * KEY_TILE, 0.0);
-    }
+    s.scores.grow(m * KEY_TILE);
     let lo = bounds.iter().map(|b| b.0).min().unwrap_or(0);
     let hi = bounds.iter().map(|b| b.1).max().unwrap_or(0);
     // Tiles within `last_first .. first_end` are seen whole by every row.
@@ -466,9 +464,7 @@ fn attend_block_on(job: Block<'_, '_, '_>, p: &AttentionParams, s: &mut Scratch)
                         .extend((0..m / 16).map(|i| band_columns(&bounds, group, i, (t0, t1))));
                 }
                 bf.scores(&s.q_pairs, m, packed, (t0, t1), &s.bands, scores);
-                if s.p_pairs.len() < m * n / 2 {
-                    s.p_pairs.resize(m * n / 2, 0);
-                }
+                s.p_pairs.grow(m * n / 2);
                 let probs = &mut s.p_pairs[..m * n / 2];
                 softmax_bf16(
                     *bf,
