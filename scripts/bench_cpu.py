@@ -15,7 +15,8 @@ Lengths run in the order given, each a fresh process per side, so the first leng
 reference the "pp vs first length" column divides by, measured in the same round.
 
 Each round runs, for every model, `wick bench MODEL --runs 1 --json` (a fresh process;
-it feeds the prompt in chunks of 512, as `wick serve` does) and then llama.cpp in a fresh
+it feeds the prompt as `wick serve` feeds a lone prompt: on the CPU in chunks of 2,048, of
+512 before 2026-12-07) and then llama.cpp in a fresh
 process (`Llama(path, n_threads=T, n_batch=512)`; the prompt is one `eval()` of N tokens,
 which llama.cpp runs in batches of 512; decode is G single-token `eval()`s on top of it).
 Both see the same prompt text ("The quick brown fox jumps over the lazy dog. " repeated,

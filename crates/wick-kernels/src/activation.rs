@@ -4,7 +4,7 @@
 //! Each block of 32 floats becomes 32 signed bytes `q = round(x · 127 / max|x|)` (ties to
 //! even) with scale `d = max|x| / 127`, plus the sums the zero points and mins of the
 //! weight formats need: `Σq` over each half and the whole block, and `d · Σq`.
-use crate::{Isa, KernelError, LineBuf, Result};
+use crate::{Isa, KernelError, Result};
 
 /// Reusable buffers of quantized activations (`rows × cols`, `cols` a multiple of 32).
 /// Growing only, so a decode loop allocates nothing after its first step.
@@ -12,9 +12,7 @@ use crate::{Isa, KernelError, LineBuf, Result};
 pub struct QuantizedActivations {
     rows: usize,
     cols: usize,
-    /// On a cache line, so AMX tile loads of its rows (32 bytes of a block each) never
-    /// straddle two ([`LineBuf`]).
-    pub(crate) qs: LineBuf<i8>,
+    pub(crate) qs: Vec<i8>,
     pub(crate) d: Vec<f32>,
     pub(crate) sum32: Vec<i32>,
     pub(crate) dsum: Vec<f32>,
@@ -84,7 +82,7 @@ impl QuantizedActivations {
         let nb = cols / 32;
         self.rows = rows;
         self.cols = cols;
-        self.qs.grow(rows * cols);
+        grow(&mut self.qs, rows * cols);
         grow(&mut self.d, rows * nb);
         grow(&mut self.sum32, rows * nb);
         grow(&mut self.dsum, rows * nb);
