@@ -209,10 +209,12 @@ impl Model {
         self.capabilities().device_logits
     }
 
-    /// Tokens a step of prompt chunks alone carries unless configured otherwise (the
-    /// backend's preference; `None`: the step budget).
-    pub fn lone_prompt_tokens(&self) -> Option<usize> {
-        self.capabilities().lone_prompt_tokens
+    /// Tokens a step of prompt chunks alone carries unless configured otherwise: the
+    /// backend's preference, never under `step_budget` (the step budget where it has none).
+    pub fn lone_prompt_tokens(&self, step_budget: usize) -> usize {
+        self.capabilities()
+            .lone_prompt_tokens
+            .map_or(step_budget, |n| n.max(step_budget))
     }
 
     /// The default bound on decoding rows' inter-token gap while a prompt arrives, as a

@@ -700,13 +700,9 @@ fn kept_drafts(running: &[Active]) -> usize {
 /// Tokens a step of prompt chunks alone carries: as configured, else the backend's
 /// preference (never under the step budget), else the step budget.
 fn lone_prompt_tokens(model: &Model, config: &EngineConfig) -> usize {
-    config.prompt_step_tokens.unwrap_or_else(|| {
-        model
-            .lone_prompt_tokens()
-            .map_or(config.step_token_budget, |n| {
-                n.max(config.step_token_budget)
-            })
-    })
+    config
+        .prompt_step_tokens
+        .unwrap_or_else(|| model.lone_prompt_tokens(config.step_token_budget))
 }
 
 /// The bound on decoding rows' inter-token gap while prompts arrive: as configured (0 is

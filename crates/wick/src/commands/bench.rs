@@ -200,9 +200,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let chunk = match args.prefill_chunk {
             Some(0) => case.prompt.max(1),
             Some(n) => n,
-            None => model
-                .lone_prompt_tokens()
-                .map_or(DEFAULT_PREFILL_CHUNK, |n| n.max(DEFAULT_PREFILL_CHUNK)),
+            None => model.lone_prompt_tokens(DEFAULT_PREFILL_CHUNK),
         };
         let mut pp = Vec::new();
         let mut tg = Vec::new();
