@@ -202,15 +202,19 @@ impl Default for Tape {
 pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
     let h = w.len();
     let mut y = vec![0.0; x.len()];
-    let mut inv = Vec::with_capacity(x.len() / h);
-    for (xr, yr) in x.chunks_exact(h).zip(y.chunks_exact_mut(h)) {
-        let ms: f32 = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
-            *o = v * r * g;
-        }
-        inv.push(r);
-    }
+    let inv = y
+        .par_chunks_mut(h)
+        .zip(x.par_chunks(h))
+        .with_min_len(16)
+        .map(|(yr, xr)| {
+            let ms: f32 = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
+            let r = 1.0 / (ms + eps).sqrt();
+            for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+                *o = v * r * g;
+            }
+            r
+        })
+        .collect();
     (y, inv)
 }
 

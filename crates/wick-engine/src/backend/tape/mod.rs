@@ -34,6 +34,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rayon::prelude::*;
 use wick_gguf::GgmlType;
 
 use self::attention::AttnShape;
@@ -778,6 +779,37 @@ impl TapeBackend {
     }
 }
 
+/// Element-wise ops on fewer values than this run on the calling thread; larger ones (a
+/// pass's MLP activations are rows × intermediate values) are split over the rayon pool,
+/// as the backward's rules are, so the pool's threads do not wait on the forward's serial
+/// steps. Each value is computed the same way either way.
+const PARALLEL_VALUES: usize = 1 << 14;
+
+/// `f` of each value of `x`.
+fn map_values(x: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
+    if x.len() < PARALLEL_VALUES {
+        x.iter().map(|&v| f(v)).collect()
+    } else {
+        x.par_iter()
+            .with_min_len(PARALLEL_VALUES / 4)
+            .map(|&v| f(v))
+            .collect()
+    }
+}
+
+/// `f` of each pair of values of `a` and `b` (the same length).
+fn zip_values(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Vec<f32> {
+    if a.len() < PARALLEL_VALUES {
+        a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+    } else {
+        a.par_iter()
+            .zip(b.par_iter())
+            .with_min_len(PARALLEL_VALUES / 4)
+            .map(|(&x, &y)| f(x, y))
+            .collect()
+    }
+}
+
 /// Activation `act` of `g` and its derivative.
 pub(crate) fn activate(act: Activation, g: f32) -> (f32, f32) {
     match act {
@@ -913,12 +945,7 @@ impl Backend for TapeBackend {
 
     fn add(&self, a: &TapeTensor, b: &TapeTensor) -> Result<TapeTensor> {
         Self::check_same("add", a, b)?;
-        let y: Vec<f32> = a
-            .data
-            .iter()
-            .zip(b.data.iter())
-            .map(|(x, y)| x + y)
-            .collect();
+        let y = zip_values(&a.data, &b.data, |x, y| x + y);
         let (an, bn) = (a.node, b.node);
         Ok(
             self.out(y, a.rows, a.cols, an.is_some() || bn.is_some(), || {
@@ -928,7 +955,7 @@ impl Backend for TapeBackend {
     }
 
     fn scale(&self, x: &TapeTensor, s: f32) -> Result<TapeTensor> {
-        let y: Vec<f32> = x.data.iter().map(|v| v * s).collect();
+        let y = map_values(&x.data, |v| v * s);
         Ok(match x.node {
             Some(xn) => self.out(y, x.rows, x.cols, true, || Op::Scale { x: xn, s }),
             None => TapeTensor::leaf(y, x.rows, x.cols),
@@ -983,7 +1010,7 @@ impl Backend for TapeBackend {
     }
 
     fn activation(&self, x: &TapeTensor, act: Activation) -> Result<TapeTensor> {
-        let y: Vec<f32> = x.data.iter().map(|&v| activate(act, v).0).collect();
+        let y = map_values(&x.data, |v| activate(act, v).0);
         Ok(match x.node {
             Some(xn) => self.out(y, x.rows, x.cols, true, || Op::Activation {
                 x: xn,
@@ -1025,12 +1052,7 @@ impl Backend for TapeBackend {
 
     fn glu(&self, gate: &TapeTensor, up: &TapeTensor, act: Activation) -> Result<TapeTensor> {
         Self::check_same("glu", gate, up)?;
-        let y: Vec<f32> = gate
-            .data
-            .iter()
-            .zip(up.data.iter())
-            .map(|(&g, &u)| activate(act, g).0 * u)
-            .collect();
+        let y = zip_values(&gate.data, &up.data, |g, u| activate(act, g).0 * u);
         let (gn, un) = (gate.node, up.node);
         Ok(self.out(
             y,
@@ -1052,8 +1074,7 @@ impl Backend for TapeBackend {
     }
 
     fn softcap(&self, x: &TapeTensor, cap: f32) -> Result<TapeTensor> {
-        let y: Vec<f32> = x.data.iter().map(|v| cap * (v / cap).tanh()).collect();
-        let y = Arc::new(y);
+        let y = Arc::new(map_values(&x.data, |v| cap * (v / cap).tanh()));
         let saved = y.clone();
         let xn = x.node;
         Ok(
