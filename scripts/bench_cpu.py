@@ -16,9 +16,9 @@ reference the "pp vs first length" column divides by, measured in the same round
 
 Each round runs, for every model, `wick bench MODEL --runs 1 --json` (a fresh process;
 it feeds the prompt as `wick serve` feeds a lone prompt: on the CPU in chunks of 2,048, of
-512 before 2026-12-07) and then llama.cpp in a fresh
-process (`Llama(path, n_threads=T, n_batch=512)`; the prompt is one `eval()` of N tokens,
-which llama.cpp runs in batches of 512; decode is G single-token `eval()`s on top of it).
+512 before 2026-12-07) and then llama.cpp in a fresh process (`Llama(path, n_threads=T,
+n_batch=512)`; the prompt is one `eval()` of N tokens, which llama.cpp runs in batches of
+512; decode is G single-token `eval()`s on top of it).
 Both see the same prompt text ("The quick brown fox jumps over the lazy dog. " repeated,
 cut to N tokens). llama.cpp runs with flash attention off and on, the better of each figure kept.
 The table shows medians over rounds and the median of the per-round
