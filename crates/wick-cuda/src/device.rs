@@ -85,6 +85,12 @@ kernels! {
     LinearQ4F16R2 => "linear_q4_f16_r2",
     LinearQ4F32R1 => "linear_q4_f32_r1",
     LinearQ4F32R2 => "linear_q4_f32_r2",
+    LinearManyF32R1 => "linear_many_f32_r1",
+    LinearManyF32R2 => "linear_many_f32_r2",
+    LinearManyF16R1 => "linear_many_f16_r1",
+    LinearManyF16R2 => "linear_many_f16_r2",
+    LinearManyBf16R1 => "linear_many_bf16_r1",
+    LinearManyBf16R2 => "linear_many_bf16_r2",
     GluBlockF32R1 => "glu_block_f32_r1",
     GluBlockF32R2 => "glu_block_f32_r2",
     GluBlockF16R1 => "glu_block_f16_r1",
@@ -114,6 +120,8 @@ kernels! {
     Glu => "glu",
     RmsNorm => "rms_norm",
     AddRmsNorm => "add_rms_norm",
+    AddPostNorm => "add_post_norm",
+    NormRopeHeads => "norm_rope_heads",
     Rope => "rope",
     RopeQk => "rope_qk",
     RopeQkv => "rope_qkv",
@@ -1454,7 +1462,7 @@ mod tests {
             );
             few_rows += 1;
         }
-        assert_eq!(few_rows, 42, "one- and two-row product kernels in the log");
+        assert_eq!(few_rows, 48, "one- and two-row product kernels in the log");
         assert_eq!(
             attention, 31,
             "attention, flash and DeltaNet tensor-core kernels in the log"

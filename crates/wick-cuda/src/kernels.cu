@@ -452,11 +452,13 @@ struct DensePass {
     }
 };
 
+// Outputs o and o + 1 of y = x·wᵀ (+ bias) for `rows` rows of x.
 template <typename T, int MAXR>
-__device__ void linear_block(const float* __restrict__ x, const T* __restrict__ w,
-                             const float* __restrict__ bias, float* __restrict__ y, int rows,
-                             int in, int out) {
-    int o = 2 * blockIdx.x;
+__device__ __forceinline__ void linear_block_at(const float* __restrict__ x,
+                                                const T* __restrict__ w,
+                                                const float* __restrict__ bias,
+                                                float* __restrict__ y, int rows, int in, int out,
+                                                int o) {
     if (o >= out) return;
     pdl_launch();
     const T* w0 = w + (u64)o * in;
@@ -464,6 +466,31 @@ __device__ void linear_block(const float* __restrict__ x, const T* __restrict__ 
     Outputs dst(y, bias, out, o);
     DensePass<T> pass = {x, w0, dst.second ? w0 + in : w0, in, dst};
     row_passes<MAXR>(rows, pass);
+}
+
+template <typename T, int MAXR>
+__device__ void linear_block(const float* __restrict__ x, const T* __restrict__ w,
+                             const float* __restrict__ bias, float* __restrict__ y, int rows,
+                             int in, int out) {
+    linear_block_at<T, MAXR>(x, w, bias, y, rows, in, out, 2 * blockIdx.x);
+}
+
+// Up to three matrices (`out2` may be 0) multiplying the same rows of x, such as a layer's
+// query, key and value projections, in one launch: the blocks of each matrix follow those
+// of the one before, so the small ones share the card with the big one.
+template <typename T, int MAXR>
+__device__ void linear_many(const float* __restrict__ x, const T* __restrict__ w0,
+                            const T* __restrict__ w1, const T* __restrict__ w2,
+                            float* __restrict__ y0, float* __restrict__ y1,
+                            float* __restrict__ y2, int rows, int in, int out0, int out1,
+                            int out2) {
+    int b = blockIdx.x, n0 = (out0 + 1) / 2, n1 = (out1 + 1) / 2;
+    if (b >= n0 + n1)
+        linear_block_at<T, MAXR>(x, w2, nullptr, y2, rows, in, out2, 2 * (b - n0 - n1));
+    else if (b >= n0)
+        linear_block_at<T, MAXR>(x, w1, nullptr, y1, rows, in, out1, 2 * (b - n0));
+    else
+        linear_block_at<T, MAXR>(x, w0, nullptr, y0, rows, in, out0, 2 * b);
 }
 
 // y[r, i] = act(gate_i · x[r]) · (up_i · x[r]) for a fused `[gate; up]` matrix (`width`
@@ -492,9 +519,16 @@ __device__ void glu_block(const float* __restrict__ x, const T* __restrict__ w,
         const float* x, const T* w, float* y, int rows, int in, int width, int act_kind) {     \
         glu_block<T, R>(x, w, y, rows, in, width, act_kind);                                   \
     }
+#define MANY_ENTRY(T, TN, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) linear_many_##TN##_r##R(         \
+        const float* x, const T* w0, const T* w1, const T* w2, float* y0, float* y1,           \
+        float* y2, int rows, int in, int out0, int out1, int out2) {                           \
+        linear_many<T, R>(x, w0, w1, w2, y0, y1, y2, rows, in, out0, out1, out2);              \
+    }
 #define BLOCK_ENTRIES(T, TN)                                                                   \
     BLOCK_ENTRY(T, TN, 1) BLOCK_ENTRY(T, TN, 2) BLOCK_ENTRY(T, TN, 4) BLOCK_ENTRY(T, TN, 8)    \
-    GLU_BLOCK_ENTRY(T, TN, 1) GLU_BLOCK_ENTRY(T, TN, 2)
+    GLU_BLOCK_ENTRY(T, TN, 1) GLU_BLOCK_ENTRY(T, TN, 2) MANY_ENTRY(T, TN, 1)                   \
+    MANY_ENTRY(T, TN, 2)
 BLOCK_ENTRIES(float, f32)
 BLOCK_ENTRIES(F16, f16)
 BLOCK_ENTRIES(Bf16, bf16)
@@ -774,6 +808,119 @@ extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float
     }
     for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
         out[base + i] = (x[base + i] + y[base + i]) * inv * w[i];
+}
+
+// s = (x + rms_norm(y) · post) · scale per `n`-long group (a sandwich-normed block's output
+// joining the residual stream), and with `next` also out = rms_norm(s) · next (the next
+// block's input norm): what `rms_norm`, `add`, `scale` and `rms_norm` did, with the same
+// roundings (no contraction into fused multiply-adds), in one launch.
+extern "C" __global__ void add_post_norm(const float* __restrict__ x, const float* __restrict__ y,
+                                         const float* __restrict__ post,
+                                         const float* __restrict__ next, float* __restrict__ sum,
+                                         float* __restrict__ out, int n, float eps, float scale) {
+    pdl_begin();
+    u64 base = (u64)blockIdx.x * n;
+    float v[NORM_CACHE];
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        v[c] = i < n ? y[base + i] : 0.0f;
+        ss = fmaf(v[c], v[c], ss);
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        ss = fmaf(y[base + i], y[base + i], ss);
+    ss = block_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    float ss2 = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < n) {
+            float t = __fadd_rn(x[base + i], __fmul_rn(__fmul_rn(v[c], inv), post[i]));
+            if (scale != 1.0f) t = __fmul_rn(t, scale);
+            v[c] = t;
+            sum[base + i] = t;
+            ss2 = fmaf(t, t, ss2);
+        }
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x) {
+        float t = __fadd_rn(x[base + i], __fmul_rn(__fmul_rn(y[base + i], inv), post[i]));
+        if (scale != 1.0f) t = __fmul_rn(t, scale);
+        sum[base + i] = t;
+        ss2 = fmaf(t, t, ss2);
+    }
+    if (next == nullptr) return;  // the same for every thread of the block
+    ss2 = block_sum(ss2);
+    float inv2 = 1.0f / sqrtf(ss2 / (float)n + eps);
+#pragma unroll
+    for (int c = 0; c < NORM_CACHE; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < n) out[base + i] = v[c] * inv2 * next[i];
+    }
+    for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
+        out[base + i] = sum[base + i] * inv2 * next[i];
+}
+
+#define HEAD_MAX 1024
+
+// Per-head RMS norms, then rotary embeddings: block (r, h) takes head h of row r among the
+// queries' `qh` heads, then the keys' `kn` and the values' `vn` (norm only; either count may
+// be 0), each head of `hd` values normalized by its own weights (`qw`, `kw`, `vw`: one
+// head's). What `rms_norm` (one block per head, one value a thread) and `rope_qk` did,
+// with the same roundings, in one launch; `cs` as in `rope`.
+extern "C" __global__ void norm_rope_heads(const float* __restrict__ q,
+                                           const float* __restrict__ qw, float* __restrict__ q_out,
+                                           const float* __restrict__ k,
+                                           const float* __restrict__ kw, float* __restrict__ k_out,
+                                           const float* __restrict__ v,
+                                           const float* __restrict__ vw, float* __restrict__ v_out,
+                                           const float* __restrict__ cs, int rows, int qh, int kn,
+                                           int vn, int hd, int dims, int neox, float eps) {
+    pdl_begin();
+    __shared__ float head[HEAD_MAX];
+    int r = blockIdx.x, h = blockIdx.y;
+    const float* src = q;
+    const float* w = qw;
+    float* dst = q_out;
+    int heads = qh;
+    bool rotate = true;
+    if (h >= qh + kn) {
+        h -= qh + kn;
+        src = v, w = vw, dst = v_out, heads = vn, rotate = false;
+    } else if (h >= qh) {
+        h -= qh;
+        src = k, w = kw, dst = k_out, heads = kn;
+    }
+    u64 off = ((u64)r * heads + h) * hd;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float t = src[off + i];
+        head[i] = t;
+        ss = fmaf(t, t, ss);
+    }
+    ss = block_sum(ss);  // its barriers also publish `head`
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    int half = dims / 2;
+    const float* cosr = cs + (u64)r * half;
+    const float* sinr = cs + (u64)rows * half + (u64)r * half;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        if (!rotate || d >= dims) {
+            dst[off + d] = head[d] * inv * w[d];
+            continue;
+        }
+        int i, lo, hi;
+        bool first;
+        if (neox) {
+            i = d < half ? d : d - half;
+            lo = i, hi = i + half, first = d < half;
+        } else {
+            i = d >> 1;
+            lo = 2 * i, hi = 2 * i + 1, first = (d & 1) == 0;
+        }
+        float a = head[lo] * inv * w[lo], b = head[hi] * inv * w[hi];
+        dst[off + d] = first ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+    }
 }
 
 // Value `idx` of row r of x (rows `stride` floats apart, heads of `hd` from the start of

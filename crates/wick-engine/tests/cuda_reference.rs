@@ -1580,6 +1580,132 @@ fn tower_ops_match_the_cpu() {
     }
 }
 
+/// The fused norm ops of a decoder layer on `be`: per-head q/k(/v) norms with the rotation
+/// (`norm_rope_qkv`: head sizes 64, 256 and 512, both rotation styles, a partial rotation,
+/// with and without keys and values) and a post-norm joining the residual with the next
+/// norm (`add_post_norm`: widths a block holds in registers and past them, scaled or not).
+fn norm_ops<B: Backend>(be: &B) -> Vec<(String, Vec<f32>)> {
+    let mut outs = Vec::new();
+    let rows = 3;
+    let positions: Vec<usize> = vec![0, 17, 4_000];
+    for (hd, dims, style) in [
+        (64, 64, RopeStyle::Neox),
+        (64, 16, RopeStyle::Interleaved),
+        (256, 256, RopeStyle::Neox),
+        (512, 128, RopeStyle::Neox),
+    ] {
+        let spec = RopeSpec {
+            style,
+            dims,
+            inv_freq: RopeSpec::base_inv_freq(10_000.0, dims),
+            position_scale: 1.0,
+            attention_factor: 1.0,
+        };
+        let table = be.rope_table(&positions, &spec).unwrap();
+        let (heads, kv_heads) = (4, 2);
+        let tensor = |n: usize, seed: u64, cols: usize| {
+            let x: Vec<f32> = noise(n, seed).iter().map(|v| 3.0 * v + 0.5).collect();
+            be.tensor_from_host(x, n / cols, cols).unwrap()
+        };
+        let q = tensor(rows * heads * hd, 11, heads * hd);
+        let k = tensor(rows * kv_heads * hd, 12, kv_heads * hd);
+        let v = tensor(rows * kv_heads * hd, 13, kv_heads * hd);
+        let (qw, kw, vw) = (tensor(hd, 14, hd), tensor(hd, 15, hd), tensor(hd, 16, hd));
+        let cases = [
+            ("q, k and v", Some((&k, &kw)), Some((&v, &vw))),
+            ("q and k", Some((&k, &kw)), None),
+            ("q alone", None, None),
+        ];
+        for (what, kk, vv) in cases {
+            let out = be
+                .norm_rope_qkv((&q, &qw), kk, vv, heads, kv_heads, &table, 1e-6)
+                .unwrap();
+            for (part, t) in [
+                ("q", Some(&out.q)),
+                ("k", out.k.as_ref()),
+                ("v", out.v.as_ref()),
+            ] {
+                if let Some(t) = t {
+                    outs.push((
+                        format!(
+                            "norm_rope_qkv {what}: {part} (head {hd}, {dims} rotated, {style:?})"
+                        ),
+                        be.rows_to_host(t, &[rows]).unwrap().remove(0),
+                    ));
+                }
+            }
+        }
+    }
+    // Two or three matrices multiplying one or two rows (one launch on the GPU), of each
+    // dense type, odd output counts among them.
+    for dtype in [GgmlType::F32, GgmlType::Bf16] {
+        let cols = 136;
+        let shapes = [96, 33, 33];
+        let ms: Vec<B::Matrix> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &out)| {
+                let values = noise(out * cols, 30 + i as u64);
+                let w = expert_weight("w", [1, out, cols], &values, dtype);
+                let w = HostWeight {
+                    shape: vec![out, cols],
+                    ..w
+                };
+                be.matrix(w).unwrap()
+            })
+            .collect();
+        for (n, xrows) in [(3, 1), (3, 2), (2, 1), (2, 2)] {
+            let x = be
+                .tensor_from_host(noise(xrows * cols, 40), xrows, cols)
+                .unwrap();
+            let ws: Vec<_> = ms.iter().take(n).map(|m| (m, None)).collect();
+            let ys = be.pass(|| be.linear_many(&x, &ws)).unwrap();
+            assert_eq!(ys.len(), n);
+            for (i, y) in ys.iter().enumerate() {
+                outs.push((
+                    format!("linear_many of {n} ({dtype:?}, {xrows} rows): product {i}"),
+                    be.rows_to_host(y, &[xrows]).unwrap().remove(0),
+                ));
+            }
+        }
+    }
+    for n in [24, 2560, 9000] {
+        let x = be.tensor_from_host(noise(rows * n, 21), rows, n).unwrap();
+        let y: Vec<f32> = noise(rows * n, 22).iter().map(|v| 5.0 * v - 1.0).collect();
+        let y = be.tensor_from_host(y, rows, n).unwrap();
+        let post = be.tensor_from_host(noise(n, 23), 1, n).unwrap();
+        let next = be.tensor_from_host(noise(n, 24), 1, n).unwrap();
+        for (scale, with_next) in [(1.0, true), (1.0, false), (0.625, true)] {
+            let (sum, normed) = be
+                .add_post_norm(&x, &y, &post, 1e-6, scale, with_next.then_some(&next))
+                .unwrap();
+            assert_eq!(normed.is_some(), with_next);
+            for (part, t) in [("sum", Some(&sum)), ("next norm", normed.as_ref())] {
+                if let Some(t) = t {
+                    outs.push((
+                        format!("add_post_norm of {n} (scale {scale}): {part}"),
+                        be.rows_to_host(t, &[rows]).unwrap().remove(0),
+                    ));
+                }
+            }
+        }
+    }
+    outs
+}
+
+/// The fused norm kernels give the CPU backend's values (which runs them as separate norms,
+/// rotations and adds).
+#[test]
+fn fused_norm_ops_match_the_cpu() {
+    let Some(be) = gpu() else { return };
+    let cpu = CandleBackend::cpu();
+    let (got, want) = (norm_ops(&be), norm_ops(&cpu));
+    assert_eq!(got.len(), want.len());
+    for ((what, got), (_, want)) in got.into_iter().zip(want) {
+        assert_close("norm ops", &what, &got, &want);
+    }
+}
+
 /// A media golden (`tests/common/media.rs`): its name, how its cases' media are built, the
 /// cases compared at every position, the case `generate()` continues (transformers'
 /// greedy continuation) and the text-only case batched beside it.

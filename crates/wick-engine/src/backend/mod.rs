@@ -143,6 +143,44 @@ pub struct AttentionParams {
     pub softcap: Option<f32>,
 }
 
+/// What [`Backend::norm_rope_qkv`] returns: the rotated queries, and the keys and values
+/// where they were given.
+#[derive(Debug, Clone)]
+pub struct NormedHeads<T> {
+    /// Normalized and rotated queries.
+    pub q: T,
+    /// Normalized and rotated keys.
+    pub k: Option<T>,
+    /// Normalized values.
+    pub v: Option<T>,
+}
+
+/// [`Backend::norm_rope_qkv`] as separate norms and rotations (its default, and a fused
+/// backend's way for shapes its kernel does not take).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn norm_rope_qkv_apart<B: Backend + ?Sized>(
+    be: &B,
+    q: (&B::Tensor, &B::Tensor),
+    k: Option<(&B::Tensor, &B::Tensor)>,
+    v: Option<(&B::Tensor, &B::Tensor)>,
+    heads: usize,
+    kv_heads: usize,
+    table: &B::Rope,
+    eps: f32,
+) -> Result<NormedHeads<B::Tensor>> {
+    let qn = be.rms_norm(q.0, q.1, eps)?;
+    let (q, k) = match k {
+        Some((k, w)) => {
+            let kn = be.rms_norm(k, w, eps)?;
+            let (q, k) = be.rope_qk(&qn, heads, &kn, kv_heads, table)?;
+            (q, Some(k))
+        }
+        None => (be.rope(&qn, heads, table)?, None),
+    };
+    let v = v.map(|(v, w)| be.rms_norm(v, w, eps)).transpose()?;
+    Ok(NormedHeads { q, k, v })
+}
+
 /// One sequence's slice of a flattened batch, with that sequence's cache for the layer.
 pub struct AttentionSegment<'a, L> {
     /// Rows of the flattened batch that belong to this sequence.
@@ -480,6 +518,30 @@ pub trait Backend: Send + Sync + 'static {
         let normed = self.rms_norm(&sum, weight, eps)?;
         Ok((sum, normed))
     }
+    /// `s = (x + rms_norm(y) · post) · scale`, and with `next` also `rms_norm(s) · next`:
+    /// a sandwich-normed block's output joining the residual stream (Gemma 2–4's post-norms)
+    /// and the next block's input norm, which a backend may do in one launch.
+    fn add_post_norm(
+        &self,
+        x: &Self::Tensor,
+        y: &Self::Tensor,
+        post: &Self::Tensor,
+        eps: f32,
+        scale: f32,
+        next: Option<&Self::Tensor>,
+    ) -> Result<(Self::Tensor, Option<Self::Tensor>)> {
+        let y = self.rms_norm(y, post, eps)?;
+        if let (Some(w), true) = (next, scale == 1.0) {
+            let (sum, normed) = self.add_rms_norm(x, &y, w, eps)?;
+            return Ok((sum, Some(normed)));
+        }
+        let mut sum = self.add(x, &y)?;
+        if scale != 1.0 {
+            sum = self.scale(&sum, scale)?;
+        }
+        let normed = next.map(|w| self.rms_norm(&sum, w, eps)).transpose()?;
+        Ok((sum, normed))
+    }
     /// Whether `parts` (matrices that multiply the same input) should be joined into one
     /// matrix of stacked rows by [`Backend::fuse_matrices`]: one bigger product instead of
     /// several small ones. Backends where that does not pay say no (the default).
@@ -610,6 +672,24 @@ pub trait Backend: Send + Sync + 'static {
         table: &Self::Rope,
     ) -> Result<(Self::Tensor, Self::Tensor)> {
         Ok((self.rope(q, heads, table)?, self.rope(k, kv_heads, table)?))
+    }
+    /// Per-head RMS norms (each weight one head long) of a layer's queries and keys, each
+    /// followed by rotary embeddings, and of its values where `v` is given (Gemma 4
+    /// normalizes them too, unrotated): [`Backend::rms_norm`] then [`Backend::rope_qk`], which
+    /// a backend may do in one launch. Without `k` (a layer reading an earlier layer's keys)
+    /// the queries alone are rotated.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_qkv(
+        &self,
+        q: (&Self::Tensor, &Self::Tensor),
+        k: Option<(&Self::Tensor, &Self::Tensor)>,
+        v: Option<(&Self::Tensor, &Self::Tensor)>,
+        heads: usize,
+        kv_heads: usize,
+        table: &Self::Rope,
+        eps: f32,
+    ) -> Result<NormedHeads<Self::Tensor>> {
+        norm_rope_qkv_apart(self, q, k, v, heads, kv_heads, table, eps)
     }
 
     /// A fused q/k/v product's output split into `widths` (queries, keys, values) with

@@ -929,17 +929,53 @@ impl<B: Backend> Gemma4Model<B> {
             rope_full,
         } = prelude;
         let layers = crate::models::layer_span(&self.layers, &span)?;
-        for (li, layer) in span.zip(layers) {
+        // A layer's last residual add also makes the next layer's input norm.
+        let mut normed_input: Option<B::Tensor> = None;
+        for (i, (li, layer)) in span.zip(layers).enumerate() {
             let a = &layer.attention;
             let table = if layer.sliding {
                 rope_sliding
             } else {
                 rope_full
             };
-            let hn = be.rms_norm(&x, &layer.attn_norm, eps)?;
-            let q = be.linear(&hn, &layer.q, None)?;
+            let hn = match normed_input.take() {
+                Some(hn) => hn,
+                None => be.rms_norm(&x, &layer.attn_norm, eps)?,
+            };
+            // The layer's own projections (queries, and keys and values unless it reads an
+            // earlier layer's) multiply the same rows: one launch where the backend can.
+            let mut ws = vec![(&layer.q, None)];
+            if let Some(kv) = &layer.kv {
+                ws.push((&kv.k, None));
+                ws.extend(kv.v.as_ref().map(|v| (v, None)));
+            }
+            let mut outs = be.linear_many(&hn, &ws)?.into_iter();
+            let mut next_out = || {
+                outs.next().ok_or_else(|| EngineError::Backend {
+                    backend: be.name(),
+                    message: "linear_many returned too few products".into(),
+                })
+            };
+            let q = next_out()?;
             let q = lora.apply(be, li, Target::Q, &hn, q)?;
-            let q = be.rms_norm(&q, &layer.q_norm, eps)?;
+            let kv = match &layer.kv {
+                Some(kv) => {
+                    let k = next_out()?;
+                    Some(match &kv.v {
+                        Some(_) => {
+                            let v = next_out()?;
+                            let [k, v] =
+                                lora.apply_many(be, li, [Target::K, Target::V], &hn, [k, v])?;
+                            (kv, k, v)
+                        }
+                        None => {
+                            let k = lora.apply(be, li, Target::K, &hn, k)?;
+                            (kv, k.clone(), k)
+                        }
+                    })
+                }
+                None => None,
+            };
             let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                 .iter_mut()
                 .zip(ranges)
@@ -950,36 +986,54 @@ impl<B: Backend> Gemma4Model<B> {
                 .collect();
             // Bidirectional media blocks exist on sliding layers only.
             let ends = media.filter(|_| layer.sliding).map(|m| m.ends.as_slice());
-            let attn = match &layer.kv {
-                Some(kv) => {
-                    let k = be.linear(&hn, &kv.k, None)?;
-                    let (k, v) = match &kv.v {
-                        Some(v) => {
-                            let v = be.linear(&hn, v, None)?;
-                            let [k, v] =
-                                lora.apply_many(be, li, [Target::K, Target::V], &hn, [k, v])?;
-                            (k, v)
-                        }
-                        None => {
-                            let k = lora.apply(be, li, Target::K, &hn, k)?;
-                            (k.clone(), k)
-                        }
+            let q_norm = (&q, &layer.q_norm);
+            let attn = match kv {
+                Some((kv, k, v)) => {
+                    let heads = be.norm_rope_qkv(
+                        q_norm,
+                        Some((&k, &kv.k_norm)),
+                        Some((&v, &kv.v_norm)),
+                        a.heads,
+                        a.kv_heads,
+                        table,
+                        eps,
+                    )?;
+                    let (Some(k), Some(v)) = (&heads.k, &heads.v) else {
+                        return Err(EngineError::Backend {
+                            backend: be.name(),
+                            message: "norm_rope_qkv returned no keys or values".into(),
+                        });
                     };
-                    let k = be.rms_norm(&k, &kv.k_norm, eps)?;
-                    let (q, k) = be.rope_qk(&q, a.heads, &k, a.kv_heads, table)?;
-                    let v = be.rms_norm(&v, &kv.v_norm, eps)?;
-                    be.attention_shared(&q, Some((&k, &v)), &mut segments, a, layer.evict, ends)?
+                    be.attention_shared(
+                        &heads.q,
+                        Some((k, v)),
+                        &mut segments,
+                        a,
+                        layer.evict,
+                        ends,
+                    )?
                 }
                 None => {
-                    let q = be.rope(&q, a.heads, table)?;
-                    be.attention_shared(&q, None, &mut segments, a, layer.evict, ends)?
+                    let heads =
+                        be.norm_rope_qkv(q_norm, None, None, a.heads, a.kv_heads, table, eps)?;
+                    be.attention_shared(&heads.q, None, &mut segments, a, layer.evict, ends)?
                 }
             };
             drop(segments);
             let o = be.linear(&attn, &layer.o, None)?;
             let o = lora.apply(be, li, Target::O, &attn, o)?;
-            let o = be.rms_norm(&o, &layer.post_attn_norm, eps)?;
-            let (sum, hf) = be.add_rms_norm(&x, &o, &layer.ffn_norm, eps)?;
+            let (sum, hf) = be.add_post_norm(
+                &x,
+                &o,
+                &layer.post_attn_norm,
+                eps,
+                1.0,
+                Some(&layer.ffn_norm),
+            )?;
+            let hf = hf.ok_or_else(|| EngineError::Backend {
+                backend: be.name(),
+                message: "add_post_norm returned no norm".into(),
+            })?;
             x = sum;
             let act = layer.gate_up.apply(be, lora, li, &hf, cfg.activation)?;
             let m = be.linear(&act, &layer.down, None)?;
@@ -994,20 +1048,21 @@ impl<B: Backend> Gemma4Model<B> {
                 let e_out = be.rms_norm(&e_out, &moe.post_norm, eps)?;
                 m = be.add(&dense, &e_out)?;
             }
-            let m = be.rms_norm(&m, &layer.post_ffw_norm, eps)?;
-            x = be.add(&x, &m)?;
-            if let (Some(g), Some(pl)) = (&layer.ple, per_layer.get(li)) {
-                let gate = be.linear(&x, &g.gate, None)?;
-                let gate = lora.apply(be, li, Target::PleGate, &x, gate)?;
-                let gated = be.glu(&gate, pl, cfg.activation)?;
-                let p = be.linear(&gated, &g.proj, None)?;
-                let p = lora.apply(be, li, Target::PleProj, &gated, p)?;
-                let p = be.rms_norm(&p, &g.norm, eps)?;
-                x = be.add(&x, &p)?;
-            }
-            if layer.scalar != 1.0 {
-                x = be.scale(&x, layer.scalar)?;
-            }
+            let next = layers.get(i + 1).map(|l| &l.attn_norm);
+            let (sum, hn) = match (&layer.ple, per_layer.get(li)) {
+                (Some(g), Some(pl)) => {
+                    (x, _) = be.add_post_norm(&x, &m, &layer.post_ffw_norm, eps, 1.0, None)?;
+                    let gate = be.linear(&x, &g.gate, None)?;
+                    let gate = lora.apply(be, li, Target::PleGate, &x, gate)?;
+                    let gated = be.glu(&gate, pl, cfg.activation)?;
+                    let p = be.linear(&gated, &g.proj, None)?;
+                    let p = lora.apply(be, li, Target::PleProj, &gated, p)?;
+                    be.add_post_norm(&x, &p, &g.norm, eps, layer.scalar, next)?
+                }
+                _ => be.add_post_norm(&x, &m, &layer.post_ffw_norm, eps, layer.scalar, next)?,
+            };
+            x = sum;
+            normed_input = hn;
         }
 
         Ok(x)

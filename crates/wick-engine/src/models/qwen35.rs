@@ -578,8 +578,13 @@ impl<B: Backend> Hybrid<B> {
         let eps = self.eps;
         let total: usize = ranges.iter().map(|r| r.len()).sum();
         let layers = crate::models::layer_span(&self.layers, &span)?;
-        for (li, layer) in span.zip(layers) {
-            let h = be.rms_norm(&x, &layer.attn_norm, eps)?;
+        // A layer's last residual add also makes the next layer's input norm.
+        let mut normed_input: Option<B::Tensor> = None;
+        for (i, (li, layer)) in span.zip(layers).enumerate() {
+            let h = match normed_input.take() {
+                Some(h) => h,
+                None => be.rms_norm(&x, &layer.attn_norm, eps)?,
+            };
             let o = match &layer.mixer {
                 Mixer::Full {
                     proj,
@@ -596,13 +601,20 @@ impl<B: Backend> Hybrid<B> {
                         &h,
                         four(be, proj.run(be, &h)?)?,
                     )?;
-                    let (qt, kt) = be.rope_qk(
-                        &be.rms_norm(&qt, q_norm, eps)?,
+                    let heads = be.norm_rope_qkv(
+                        (&qt, q_norm),
+                        Some((&kt, k_norm)),
+                        None,
                         attention.heads,
-                        &be.rms_norm(&kt, k_norm, eps)?,
                         attention.kv_heads,
                         rope,
+                        eps,
                     )?;
+                    let qt = heads.q;
+                    let kt = heads.k.ok_or_else(|| EngineError::Backend {
+                        backend: be.name(),
+                        message: "norm_rope_qkv returned no keys".into(),
+                    })?;
                     let mut segments: Vec<AttentionSegment<'_, B::KvLayer>> = caches
                         .iter_mut()
                         .zip(ranges)
@@ -677,7 +689,14 @@ impl<B: Backend> Hybrid<B> {
             let act = layer.mlp.apply(be, lora, li, &hf, Activation::Silu)?;
             let m = be.linear(&act, &layer.down, None)?;
             let m = lora.apply(be, li, Target::Down, &act, m)?;
-            x = be.add(&sum, &m)?;
+            match layers.get(i + 1) {
+                Some(next) => {
+                    let (sum, h) = be.add_rms_norm(&sum, &m, &next.attn_norm, eps)?;
+                    x = sum;
+                    normed_input = Some(h);
+                }
+                None => x = be.add(&sum, &m)?,
+            }
         }
         Ok(x)
     }

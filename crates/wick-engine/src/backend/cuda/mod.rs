@@ -27,7 +27,7 @@ pub use kv::CudaKvLayer;
 use crate::backend::candle::KvDtype;
 use crate::backend::{
     Activation, AttentionParams, AttentionSegment, Backend, DeltaInputs, DeltaParams, DeltaSegment,
-    DeltaShape, DeltaState, DeltaTensors, HostWeight, RopeSpec, RopeStyle,
+    DeltaShape, DeltaState, DeltaTensors, HostWeight, NormedHeads, RopeSpec, RopeStyle,
 };
 use crate::weights::affine::from_gguf_blocks;
 use crate::weights::AffineWeight;
@@ -920,6 +920,56 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn linear_many(
+        &self,
+        x: &CudaTensor,
+        ws: &[(&CudaMatrix, Option<&CudaTensor>)],
+    ) -> Result<Vec<CudaTensor>> {
+        // Two or three dense matrices of one type without biases, multiplying a row or two
+        // (a decode step's query, key and value projections): one launch.
+        let wtype = match ws.first() {
+            Some((w, _)) => match w.layout {
+                Layout::Dense(t) => Some(t),
+                Layout::Affine { .. } => None,
+            },
+            None => None,
+        };
+        let one_launch = (2..=3).contains(&ws.len())
+            && (1..=self.kernel_rows.min(2)).contains(&x.rows)
+            && ws.iter().all(|(w, b)| {
+                b.is_none()
+                    && w.cols == x.cols
+                    && matches!(w.layout, Layout::Dense(t) if Some(t) == wtype)
+            });
+        let Some(wtype) = wtype.filter(|_| one_launch) else {
+            return ws.iter().map(|&(w, b)| self.linear(x, w, b)).collect();
+        };
+        let ys = ws
+            .iter()
+            .map(|(w, _)| self.tensor(x.rows, w.rows))
+            .collect::<Result<Vec<_>>>()?;
+        let part = |i: usize| ws.get(i).zip(ys.get(i));
+        let mut args = vec![Arg::Ptr(x.ptr())];
+        args.extend((0..3).map(|i| Arg::Ptr(part(i).map_or(0, |(w, _)| w.0.buf.ptr()))));
+        args.extend((0..3).map(|i| Arg::Ptr(part(i).map_or(0, |(_, y)| y.ptr()))));
+        args.push(Arg::I32(int(x.rows, "rows")?));
+        args.push(Arg::I32(int(x.cols, "columns")?));
+        for i in 0..3 {
+            args.push(Arg::I32(int(
+                part(i).map_or(0, |(w, _)| w.0.rows),
+                "outputs",
+            )?));
+        }
+        let blocks: usize = ws.iter().map(|(w, _)| w.rows.div_ceil(2)).sum();
+        use Kernel::*;
+        let kernel = [
+            [LinearManyF32R1, LinearManyF16R1, LinearManyBf16R1],
+            [LinearManyF32R2, LinearManyF16R2, LinearManyBf16R2],
+        ][x.rows - 1][dense_column(wtype)];
+        self.op(|| self.launch(kernel, (blocks as u32, 1, 1), ROW_BLOCK_THREADS, &args))?;
+        Ok(ys)
+    }
+
     fn linear(
         &self,
         x: &CudaTensor,
@@ -1007,6 +1057,44 @@ impl Backend for CudaBackend {
             (Some(sum), out) => Ok((sum, out)),
             (None, _) => Err(invalid("add_rms_norm: no sum".into())),
         }
+    }
+
+    fn add_post_norm(
+        &self,
+        x: &CudaTensor,
+        y: &CudaTensor,
+        post: &CudaTensor,
+        eps: f32,
+        scale: f32,
+        next: Option<&CudaTensor>,
+    ) -> Result<(CudaTensor, Option<CudaTensor>)> {
+        let n = post.len();
+        if n == 0 || !x.len().is_multiple_of(n) || next.is_some_and(|w| w.len() != n) {
+            return Err(invalid(format!(
+                "add_post_norm: {} values in groups of {n}",
+                x.len()
+            )));
+        }
+        self.same_shape("add_post_norm", x, y)?;
+        let sum = self.tensor(x.rows, x.cols)?;
+        let out = next.map(|_| self.tensor(x.rows, x.cols)).transpose()?;
+        self.launch(
+            Kernel::AddPostNorm,
+            ((x.len() / n) as u32, 1, 1),
+            norm_threads(n),
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(y.ptr()),
+                Arg::Ptr(post.ptr()),
+                Arg::Ptr(next.map_or(0, |w| w.ptr())),
+                Arg::Ptr(sum.ptr()),
+                Arg::Ptr(out.as_ref().map_or(0, |o| o.ptr())),
+                Arg::I32(int(n, "norm size")?),
+                Arg::F32(eps),
+                Arg::F32(scale),
+            ],
+        )?;
+        Ok((sum, out))
     }
 
     fn split_columns(&self, x: &CudaTensor, widths: &[usize]) -> Result<Vec<CudaTensor>> {
@@ -1399,6 +1487,74 @@ impl Backend for CudaBackend {
             ],
         )?;
         Ok((q_out, k_out))
+    }
+
+    fn norm_rope_qkv(
+        &self,
+        q: (&CudaTensor, &CudaTensor),
+        k: Option<(&CudaTensor, &CudaTensor)>,
+        v: Option<(&CudaTensor, &CudaTensor)>,
+        heads: usize,
+        kv_heads: usize,
+        table: &CudaRope,
+        eps: f32,
+    ) -> Result<NormedHeads<CudaTensor>> {
+        let rows = q.0.rows;
+        let hd = q.0.cols.checked_div(heads).unwrap_or(0);
+        let fits = |t: Option<(&CudaTensor, &CudaTensor)>| {
+            t.is_none_or(|(t, w)| t.rows == rows && t.cols == kv_heads * hd && w.len() == hd)
+        };
+        // One block a head, one thread a value, the head staged in shared memory.
+        if heads == 0
+            || hd == 0
+            || hd > 1024
+            || q.0.cols != heads * hd
+            || q.1.len() != hd
+            || table.rows != rows
+            || table.dims > hd
+            || !fits(k)
+            || !fits(v)
+        {
+            return crate::backend::norm_rope_qkv_apart(self, q, k, v, heads, kv_heads, table, eps);
+        }
+        let q_out = self.tensor(rows, q.0.cols)?;
+        let k_out = k.map(|(t, _)| self.tensor(rows, t.cols)).transpose()?;
+        let v_out = v.map(|(t, _)| self.tensor(rows, t.cols)).transpose()?;
+        let (kn, vn) = (
+            k.map_or(0, |_| kv_heads) as u32,
+            v.map_or(0, |_| kv_heads) as u32,
+        );
+        let ptr = |t: Option<&CudaTensor>| Arg::Ptr(t.map_or(0, |t| t.ptr()));
+        self.launch(
+            Kernel::NormRopeHeads,
+            (rows as u32, heads as u32 + kn + vn, 1),
+            norm_threads(hd),
+            &[
+                Arg::Ptr(q.0.ptr()),
+                Arg::Ptr(q.1.ptr()),
+                Arg::Ptr(q_out.ptr()),
+                ptr(k.map(|t| t.0)),
+                ptr(k.map(|t| t.1)),
+                ptr(k_out.as_ref()),
+                ptr(v.map(|t| t.0)),
+                ptr(v.map(|t| t.1)),
+                ptr(v_out.as_ref()),
+                Arg::Ptr(table.buf.ptr()),
+                Arg::I32(int(rows, "rows")?),
+                Arg::I32(heads as i32),
+                Arg::I32(kn as i32),
+                Arg::I32(vn as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(table.dims as i32),
+                Arg::I32(i32::from(table.style == RopeStyle::Neox)),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(NormedHeads {
+            q: q_out,
+            k: k_out,
+            v: v_out,
+        })
     }
 
     fn split_rope_qkv(

@@ -371,11 +371,33 @@ impl<B: Backend> DenseLayers<B> {
             } else {
                 lora.apply_many(be, li, [Target::Q, Target::K, Target::V], &h, [q, k, v])?
             };
-            if let Some(w) = &layer.q_norm {
-                q = be.rms_norm(&q, w, cfg.rms_eps)?;
-            }
-            if let Some(w) = &layer.k_norm {
-                k = be.rms_norm(&k, w, cfg.rms_eps)?;
+            match (&layer.q_norm, &layer.k_norm) {
+                // Per-head q/k norms and the rotation (Qwen 3, Gemma 3): one launch on a GPU.
+                (Some(qw), Some(kw)) if layer.use_rope && !rotated => {
+                    let heads = be.norm_rope_qkv(
+                        (&q, qw),
+                        Some((&k, kw)),
+                        None,
+                        layer.attention.heads,
+                        layer.attention.kv_heads,
+                        table,
+                        cfg.rms_eps,
+                    )?;
+                    q = heads.q;
+                    k = heads.k.ok_or_else(|| EngineError::Backend {
+                        backend: be.name(),
+                        message: "norm_rope_qkv returned no keys".into(),
+                    })?;
+                    rotated = true;
+                }
+                (q_norm, k_norm) => {
+                    if let Some(w) = q_norm {
+                        q = be.rms_norm(&q, w, cfg.rms_eps)?;
+                    }
+                    if let Some(w) = k_norm {
+                        k = be.rms_norm(&k, w, cfg.rms_eps)?;
+                    }
+                }
             }
             if layer.use_rope && !rotated {
                 (q, k) = be.rope_qk(
@@ -400,13 +422,14 @@ impl<B: Backend> DenseLayers<B> {
             };
             let mut o = be.linear(&attn, &layer.o, layer.o_bias.as_ref())?;
             o = lora.apply(be, li, Target::O, &attn, o)?;
-            if let Some(w) = &layer.post_attn_norm {
-                o = w.apply(be, cfg, &o)?;
-            }
-            if let Some(r) = residual {
-                o = be.scale(&o, r)?;
-            }
-            let (sum, hf) = add_norm(be, cfg, &x, &o, layer.ffn_norm.as_ref())?;
+            let (sum, hf) = post_norm_add(
+                be,
+                cfg,
+                &x,
+                o,
+                layer.post_attn_norm.as_ref(),
+                layer.ffn_norm.as_ref(),
+            )?;
             x = sum;
             let act = match &layer.gate_up {
                 GateUpProjection::Separate { gate, up } => {
@@ -448,25 +471,66 @@ impl<B: Backend> DenseLayers<B> {
             };
             let mut m = be.linear(&act, &layer.down, layer.down_bias.as_ref())?;
             m = lora.apply(be, li, Target::Down, &act, m)?;
-            if let Some(w) = &layer.post_ffw_norm {
-                m = w.apply(be, cfg, &m)?;
-            }
-            if let Some(r) = residual {
-                m = be.scale(&m, r)?;
-            }
             // The span's last layer leaves the sum: a span that follows normalizes it
             // itself (the same values as the fused add-and-norm).
             match layers.get(li + 1 - span.start) {
                 Some(next) => {
-                    let (sum, hn) = add_norm(be, cfg, &x, &m, next.attn_norm.as_ref())?;
+                    let (sum, hn) = post_norm_add(
+                        be,
+                        cfg,
+                        &x,
+                        m,
+                        layer.post_ffw_norm.as_ref(),
+                        next.attn_norm.as_ref(),
+                    )?;
                     x = sum;
                     h = hn;
                 }
-                None => x = be.add(&x, &m)?,
+                None => {
+                    if let Some(w) = &layer.post_ffw_norm {
+                        m = w.apply(be, cfg, &m)?;
+                    }
+                    if let Some(r) = residual {
+                        m = be.scale(&m, r)?;
+                    }
+                    x = be.add(&x, &m)?;
+                }
             }
         }
         Ok(x)
     }
+}
+
+/// A sublayer's output `y` joining the residual stream `x` — through its post-norm where it
+/// has one (Gemma 2/3's sandwich norms) and scaled by the residual multiplier where the
+/// model has one — and the next sublayer's input norm of the sum: `(sum, norm(sum))`.
+fn post_norm_add<B: Backend>(
+    be: &B,
+    cfg: &ModelConfig,
+    x: &B::Tensor,
+    mut y: B::Tensor,
+    post: Option<&Norm<B>>,
+    next: Option<&Norm<B>>,
+) -> Result<(B::Tensor, B::Tensor)> {
+    let residual = cfg.features.residual_multiplier;
+    if let (Some(post), Some(next), NormKind::Rms, None) = (post, next, cfg.features.norm, residual)
+    {
+        // One launch on a GPU.
+        let (sum, normed) =
+            be.add_post_norm(x, &y, &post.weight, cfg.rms_eps, 1.0, Some(&next.weight))?;
+        let normed = normed.ok_or_else(|| EngineError::Backend {
+            backend: be.name(),
+            message: "add_post_norm returned no norm".into(),
+        })?;
+        return Ok((sum, normed));
+    }
+    if let Some(w) = post {
+        y = w.apply(be, cfg, &y)?;
+    }
+    if let Some(r) = residual {
+        y = be.scale(&y, r)?;
+    }
+    add_norm(be, cfg, x, &y, next)
 }
 
 /// `(x + y, norm(x + y))`, the sum itself where the next sublayer has no input norm.

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# H200/H100: one call that checks and measures a change to the CUDA decode step (issue 46)
+# against the build before it, in the same minutes. Carry: carry/cuda/wick.xz (this build),
+# carry/cuda/wick_prev.xz (the build before) and carry/cuda/cuda_reference.xz, built here
+# with `--features cuda` (docs/gpu.md).
+#  1. the whole `cuda_reference` suite (unless SKIP_TEST), while random-weight bf16 models of
+#     SHAPES (make_models.py) are made with transformers on the GPU;
+#  2. for each shape, prompt_ab.sh with both builds, ROUNDS interleaved rounds of CASES
+#     (decode after 512 tokens at batch 1 and 8, a 4,096-token prompt);
+#  3. unless SKIP_NCU, one decode step of this build under Nsight Compute (graphs off) on
+#     the first shape, summed kernel by kernel (kernel_profile.py).
+# Results under $OUT: test.log, <shape>/ab.jsonl and its table, kernels.json, steps.log.
+set -uo pipefail
+G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+W=${WICK_GPU_DIR:-/tmp/wick}
+mkdir -p $W/models $OUT
+SP=${TORCH_NVIDIA_DIR:-$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')}
+export LD_LIBRARY_PATH=$SP/cu13/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export WICK_HOME=$W
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.log; }
+for f in wick wick_prev cuda_reference; do
+  xz -dc carry/cuda/$f.xz > $W/$f && chmod +x $W/$f
+done
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > $OUT/env.txt 2>&1
+SHAPES=${SHAPES:-gemma4-e4b qwen3.5-4b}
+tokenizer() {
+  case $1 in
+    gemma4*) echo crates/wick-engine/tests/goldens/hf/gemma4_chat ;;
+    *) echo crates/wick-engine/tests/goldens/hf/qwen2 ;;
+  esac
+}
+(
+  for s in $SHAPES; do
+    [ -d $W/models/$s-bf16 ] || timeout ${MAKE_TIMEOUT:-240} python3 $G/make_models.py \
+      $W/models/$s-bf16 $s bfloat16 $(tokenizer $s) > $OUT/make-$s.log 2>&1
+  done
+) &
+MAKE_PID=$!
+if [ -z "${SKIP_TEST:-}" ]; then
+  stamp "cuda_reference"
+  WICK_GOLDENS=crates/wick-engine/tests/goldens timeout ${TEST_TIMEOUT:-240} \
+    $W/cuda_reference --test-threads 1 --nocapture ${TEST_FILTER:-} > $OUT/test.log 2>&1
+  echo "test rc=$?" >> $OUT/test.log
+  grep -E "^test |rc=|test result|panicked" $OUT/test.log | tail -40
+fi
+stamp "waiting for the models"
+wait $MAKE_PID
+for s in $SHAPES; do
+  [ -d $W/models/$s-bf16 ] || { stamp "no model $s"; tail -3 $OUT/make-$s.log; continue; }
+  stamp "A/B on $s"
+  OUT=$OUT/$s MODEL=$s-bf16 ROUNDS=${ROUNDS:-2} BENCH_TIMEOUT=${BENCH_TIMEOUT:-90} \
+    CASES=${CASES:-512:128:1 512:64:8 4096:1:1} VARIANTS="prev=wick_prev new=wick" \
+    bash $G/prompt_ab.sh | tee $OUT/$s.md
+done
+first=${SHAPES%% *}
+if [ -z "${SKIP_NCU:-}" ] && [ -d $W/models/$first-bf16 ]; then
+  stamp "ncu on $first"
+  WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --print-units base --launch-count 2500 \
+    $W/wick bench $W/models/$first-bf16 --backend cuda --synthetic-prompt --json --warmup 0 \
+    --runs 1 --case 16:4:1 > $OUT/ncu.csv 2> $OUT/ncu.err
+  python3 $G/kernel_profile.py $OUT/ncu.csv $first > $OUT/kernels.json 2>> $OUT/ncu.err
+  head -c 1500 $OUT/kernels.json
+  rm -f $OUT/ncu.csv
+fi
+stamp "done"
