@@ -16,7 +16,13 @@ use wick_train::fuse::{fuse, FusedDtype};
 use wick_train::lora::{LoraConfig, LoraParams};
 
 fn tiny() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../wick-engine/tests/goldens/hf/llama")
+    tiny_of("llama")
+}
+
+fn tiny_of(golden: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../wick-engine/tests/goldens/hf")
+        .join(golden)
 }
 
 fn config(dir: &Path) -> ModelConfig {
@@ -173,6 +179,58 @@ fn an_f32_folder_fuses_to_w_plus_sba_and_keeps_the_rest() {
         .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
         .collect();
     assert!(hidden.is_empty(), "temporary folders left: {hidden:?}");
+}
+
+/// Phi-3 stores `qkv_proj` and `gate_up_proj` fused, and PEFT adapts each as one module
+/// (one `A`, one `B` whose rows are the parts'): the adapter folds into the fused matrices
+/// whole, queries, keys and values (gate, up) each at their rows, as `W + s·B·A` of the
+/// module.
+#[test]
+fn fused_modules_fold_into_a_base_that_stores_them_fused() {
+    let dir = tempfile::tempdir().unwrap();
+    let base_dir = tiny_of("phi3");
+    let cfg = config(&base_dir);
+    let params = adapter(&dir.path().join("adapter"), &cfg);
+    let out = dir.path().join("fused");
+    let report = fuse(&base_dir, &dir.path().join("adapter"), &out).unwrap();
+    assert_eq!(
+        report.modules, 4,
+        "qkv_proj, o_proj, gate_up_proj, down_proj"
+    );
+    let base = SafetensorsWeights::open(&base_dir).unwrap();
+    let fused = SafetensorsWeights::open(&out).unwrap();
+    let modules = [
+        (Target::Q, "self_attn.qkv_proj"),
+        (Target::O, "self_attn.o_proj"),
+        (Target::Gate, "mlp.gate_up_proj"),
+        (Target::Down, "mlp.down_proj"),
+    ];
+    let mut seen = 0;
+    for name in base.names() {
+        let changed = modules
+            .iter()
+            .find(|(_, m)| name == format!("model.layers.1.{m}.weight"));
+        let got = floats(&fused, name);
+        match changed {
+            Some(&(t, _)) => {
+                seen += 1;
+                let want = expected(&floats(&base, name), &params, 1, t);
+                assert_eq!(got.len(), want.len(), "{name}");
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{name}: {g} vs {w}"
+                    );
+                }
+            }
+            None => assert_eq!(
+                base.raw(name).unwrap().bytes,
+                fused.raw(name).unwrap().bytes,
+                "{name} changed"
+            ),
+        }
+    }
+    assert_eq!(seen, 4);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use wick_engine::weights::HostWeight;
 use wick_engine::EngineError;
 use wick_gguf::{GgmlType, GgufFile, GgufWriter};
 
-use super::{add_delta, canonical, refuse, FusedDtype, Written};
+use super::{add_delta, site, FusedDtype, Written};
 use crate::error::{io, Result, TrainError};
 use wick_engine::weights::affine::float_bytes;
 
@@ -38,29 +38,22 @@ pub(super) fn fuse_file(base: &Path, adapter: &Path, tmp: &Path) -> Result<Writt
         kv_heads: cfg.num_kv_heads,
     });
     let host = load_host(adapter, &cfg, permute)?;
-    // Tensor name → delta, every shape checked before anything is written.
-    let mut changes: HashMap<String, usize> = HashMap::new();
+    // Tensor name → its deltas and their first rows, every shape checked before anything
+    // is written.
+    let mut changes: HashMap<String, Vec<(usize, usize)>> = HashMap::new();
     let mut first_type = None;
     for (i, d) in host.deltas.iter().enumerate() {
-        let name = canonical(d, base)?;
-        let info = file
-            .tensors()
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| refuse(base, format!("the base has no tensor {name}")))?;
-        if info.shape() != [d.out_dim, d.in_dim] {
-            return Err(refuse(
-                base,
-                format!(
-                    "{name} is {:?} but the adapter's delta is [{}, {}]",
-                    info.shape(),
-                    d.out_dim,
-                    d.in_dim
-                ),
-            ));
+        let at = site(d, base, |name| {
+            Ok(file
+                .tensors()
+                .iter()
+                .find(|t| t.name == name)
+                .and_then(|t| t.shape().try_into().ok()))
+        })?;
+        if let Some(t) = file.tensors().iter().find(|t| t.name == at.tensor) {
+            first_type.get_or_insert(t.dtype);
         }
-        first_type.get_or_insert(info.dtype);
-        changes.insert(name, i);
+        changes.entry(at.tensor).or_default().push((i, at.row));
     }
     let mut writer = GgufWriter::new();
     for (key, value) in file.metadata().entries() {
@@ -84,7 +77,7 @@ pub(super) fn fuse_file(base: &Path, adapter: &Path, tmp: &Path) -> Result<Writt
     let name = format!("{stem}-fused.gguf");
     let out = tmp.join(&name);
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(&out).map_err(io(&out))?);
-    let fused = |t: &wick_gguf::TensorInfo, delta: usize| -> Result<Vec<u8>> {
+    let fused = |t: &wick_gguf::TensorInfo, deltas: &[(usize, usize)]| -> Result<Vec<u8>> {
         let view = file.tensor(&t.name).map_err(EngineError::from)?;
         let weight = HostWeight {
             name: t.name.clone(),
@@ -93,7 +86,9 @@ pub(super) fn fuse_file(base: &Path, adapter: &Path, tmp: &Path) -> Result<Writt
             bytes: Cow::Borrowed(view.data),
         };
         let mut values = weight.dequantize()?;
-        add_delta(&mut values, &host.deltas[delta]);
+        for &(d, row) in deltas {
+            add_delta(&mut values, &host.deltas[d], row)?;
+        }
         Ok(float_bytes(&values, fused_type(t.dtype)))
     };
     let tensors = file.tensors();
@@ -101,7 +96,7 @@ pub(super) fn fuse_file(base: &Path, adapter: &Path, tmp: &Path) -> Result<Writt
         .write_streaming(&mut w, |i| {
             let t = &tensors[i];
             match changes.get(&t.name) {
-                Some(&delta) => fused(t, delta)
+                Some(deltas) => fused(t, deltas)
                     .map(Cow::Owned)
                     .map_err(std::io::Error::other),
                 None => file

@@ -20,7 +20,7 @@ mod safetensors;
 
 use std::path::{Path, PathBuf};
 
-use wick_engine::adapters::{AdapterFormat, HostDelta};
+use wick_engine::adapters::{AdapterFormat, HostDelta, Target};
 use wick_gguf::GgmlType;
 
 use crate::error::{io, Result, TrainError};
@@ -158,8 +158,21 @@ pub(crate) fn temporary_beside(path: &Path) -> PathBuf {
     tmp
 }
 
-/// `w += B·A` for one delta (`B` already holds the scale), `w` row-major `[out, in]`.
-fn add_delta(w: &mut [f32], d: &HostDelta) {
+/// `w[row..row + out] += B·A` for one delta (`B` already holds the scale), `w` row-major
+/// with the delta's input width: the whole matrix of a projection stored on its own, or
+/// the delta's rows of a fused one ([`Site::row`]).
+fn add_delta(w: &mut [f32], d: &HostDelta, row: usize) -> Result<()> {
+    let rows = w
+        .get_mut(row * d.in_dim..(row + d.out_dim) * d.in_dim)
+        .ok_or_else(|| TrainError::Fuse {
+            path: PathBuf::new(),
+            reason: format!(
+                "layer {} {}: rows {row}..{} are past the base matrix",
+                d.layer,
+                d.target.hf_module(),
+                row + d.out_dim
+            ),
+        })?;
     gemm(
         d.out_dim,
         d.in_dim,
@@ -168,11 +181,80 @@ fn add_delta(w: &mut [f32], d: &HostDelta) {
         Layout::Plain,
         &d.a,
         Layout::Plain,
-        w,
+        rows,
         true,
         1.0,
         true,
     );
+    Ok(())
+}
+
+/// Where a delta lands in the base: the tensor's canonical name and the first of its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Site {
+    tensor: String,
+    row: usize,
+}
+
+/// Finds delta `d`'s matrix in the base through `shape_of` (a canonical name's `[rows,
+/// cols]`, `None` where the base has no such matrix) and checks its shape. A projection the
+/// base stores on its own takes the whole matrix; one the base stores fused (Phi-3's
+/// `qkv_proj` and `gate_up_proj`, GLM-4's `gate_up_proj`: queries, keys, values or gate, up
+/// stacked in that order) takes its rows of it, as PEFT's adapter of the fused module
+/// holds them.
+fn site(
+    d: &HostDelta,
+    base: &Path,
+    shape_of: impl Fn(&str) -> Result<Option<[usize; 2]>>,
+) -> Result<Site> {
+    let what = format!("layer {} {}", d.layer, d.target.hf_module());
+    let misfit = |shape: [usize; 2], of: &str| {
+        refuse(
+            base,
+            format!(
+                "{what} is {shape:?}{of} in the base but the adapter's delta is [{}, {}]",
+                d.out_dim, d.in_dim
+            ),
+        )
+    };
+    let plain = canonical(d, base)?;
+    if let Some(shape) = shape_of(&plain)? {
+        if shape != [d.out_dim, d.in_dim] {
+            return Err(misfit(shape, ""));
+        }
+        return Ok(Site {
+            tensor: plain,
+            row: 0,
+        });
+    }
+    let fused = match d.target {
+        Target::Q | Target::K | Target::V => Some("attn_qkv"),
+        Target::Gate | Target::Up => Some("ffn_gate_up"),
+        _ => None,
+    };
+    let fused = fused.map(|stem| format!("blk.{}.{stem}.weight", d.layer));
+    let Some((tensor, [rows, cols])) = fused
+        .map(|name| Ok::<_, TrainError>(shape_of(&name)?.map(|shape| (name, shape))))
+        .transpose()?
+        .flatten()
+    else {
+        return Err(refuse(base, format!("the base has no weight for {what}")));
+    };
+    let out = d.out_dim;
+    // Queries and gates come first; keys, then values (as wide as the keys), and ups (as
+    // wide as the gates) end the matrix.
+    let row = match d.target {
+        Target::Q => (rows > out).then_some(0),
+        Target::K => rows.checked_sub(2 * out),
+        Target::V | Target::Up => rows.checked_sub(out),
+        _ => (rows == 2 * out).then_some(0),
+    };
+    match row {
+        Some(row) if cols == d.in_dim && (d.target != Target::Up || rows == 2 * out) => {
+            Ok(Site { tensor, row })
+        }
+        _ => Err(misfit([rows, cols], " (fused)")),
+    }
 }
 
 /// A Fuse error about `path`.

@@ -12,7 +12,7 @@ use wick_engine::config::ModelConfig;
 use wick_engine::weights::{AffineWeight, MlxQuantization, SafetensorsWeights, WeightSource};
 use wick_gguf::GgmlType;
 
-use super::{add_delta, canonical, refuse, FusedDtype, Written};
+use super::{add_delta, refuse, site, FusedDtype, Written};
 use crate::error::{io, Result};
 use wick_engine::weights::affine::float_bytes;
 
@@ -28,16 +28,19 @@ enum Stored {
     },
 }
 
-/// One projection to rewrite: its tensor (or, quantized, its module's three tensors) and
-/// the delta to add.
+/// One matrix to rewrite: its tensor (or, quantized, its module's three tensors) and the
+/// deltas to add (one, or one per part of a fused module).
 struct Change {
     /// The weight tensor's name in the files.
     tensor: String,
+    /// Its canonical name (`blk.3.attn_q.weight`).
+    canonical: String,
     /// The module path (`model.layers.3.self_attn.q_proj`): the affine side tensors'
     /// prefix.
     module: String,
     stored: Stored,
-    delta: usize,
+    /// Each delta and the first row it adds to.
+    deltas: Vec<(usize, usize)>,
 }
 
 pub(super) fn fuse_folder(base: &Path, adapter: &Path, tmp: &Path) -> Result<Written> {
@@ -169,59 +172,43 @@ fn write_shard(
 
 /// Finds each delta's tensor and checks its shape, before anything is allocated or written.
 fn plan(named: &dyn WeightSource, host: &HostAdapter, base: &Path) -> Result<Vec<Change>> {
-    let mut changes = Vec::with_capacity(host.deltas.len());
+    let mut changes: Vec<Change> = Vec::with_capacity(host.deltas.len());
     for (i, d) in host.deltas.iter().enumerate() {
-        let canonical = canonical(d, base)?;
-        let what = format!("layer {} {}", d.layer, d.target.hf_module());
-        let misfit = |shape: String| {
-            refuse(
-                base,
-                format!(
-                    "{what} is {shape} in the base but the adapter's delta is [{}, {}]",
-                    d.out_dim, d.in_dim
-                ),
-            )
-        };
-        if let Some(a) = named.affine(&canonical)? {
-            if (a.rows, a.cols) != (d.out_dim, d.in_dim) {
-                return Err(misfit(format!("[{}, {}]", a.rows, a.cols)));
-            }
-            let module = a
-                .name
-                .strip_suffix(".weight")
-                .unwrap_or(&a.name)
-                .to_string();
-            changes.push(Change {
+        let at = site(d, base, |name| {
+            Ok(match named.affine(name)? {
+                Some(a) => Some([a.rows, a.cols]),
+                None => named.get(name)?.and_then(|w| w.shape.try_into().ok()),
+            })
+        })?;
+        if let Some(c) = changes.iter_mut().find(|c| c.canonical == at.tensor) {
+            c.deltas.push((i, at.row));
+            continue;
+        }
+        let module_of = |name: &str| name.strip_suffix(".weight").unwrap_or(name).to_string();
+        let change = if let Some(a) = named.affine(&at.tensor)? {
+            Change {
                 tensor: a.name.clone(),
-                module,
+                canonical: at.tensor,
+                module: module_of(&a.name),
                 stored: Stored::Affine {
                     bits: a.bits,
                     group_size: a.group_size,
                     side: a.scales.dtype,
                 },
-                delta: i,
-            });
-        } else if let Some(w) = named.get(&canonical)? {
-            if w.shape != [d.out_dim, d.in_dim] {
-                return Err(misfit(format!("{:?}", w.shape)));
+                deltas: vec![(i, at.row)],
             }
-            let module = w
-                .name
-                .strip_suffix(".weight")
-                .unwrap_or(&w.name)
-                .to_string();
-            changes.push(Change {
+        } else if let Some(w) = named.get(&at.tensor)? {
+            Change {
                 tensor: w.name.clone(),
-                module,
+                canonical: at.tensor,
+                module: module_of(&w.name),
                 stored: Stored::Float(w.dtype),
-                delta: i,
-            });
+                deltas: vec![(i, at.row)],
+            }
         } else {
-            return Err(refuse(
-                base,
-                format!("the base has no weight for {what} (a fused projection?)"),
-            ));
-        }
+            return Err(refuse(base, format!("{} left the base", at.tensor)));
+        };
+        changes.push(change);
     }
     Ok(changes)
 }
@@ -241,16 +228,19 @@ impl Fuser<'_> {
             return Ok(b);
         }
         let c = &self.changes[i];
-        let d = &self.host.deltas[c.delta];
-        let canonical = canonical(d, Path::new(name))?;
+        let add = |values: &mut [f32]| {
+            c.deltas
+                .iter()
+                .try_for_each(|&(d, row)| add_delta(values, &self.host.deltas[d], row))
+        };
         match c.stored {
             Stored::Float(dtype) => {
                 let w = self
                     .named
-                    .get(&canonical)?
+                    .get(&c.canonical)?
                     .ok_or_else(|| refuse(Path::new(name), "left the base while fusing"))?;
                 let mut values = w.dequantize()?;
-                add_delta(&mut values, d);
+                add(&mut values)?;
                 Ok(float_bytes(&values, dtype))
             }
             Stored::Affine {
@@ -260,10 +250,10 @@ impl Fuser<'_> {
             } => {
                 let a = self
                     .named
-                    .affine(&canonical)?
+                    .affine(&c.canonical)?
                     .ok_or_else(|| refuse(Path::new(name), "left the base while fusing"))?;
                 let mut values = a.dequantize()?;
-                add_delta(&mut values, d);
+                add(&mut values)?;
                 let q = AffineWeight::quantize(
                     &a.name,
                     &values,
