@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # H200/H100: one call that checks and measures a change to the CUDA decode step (issue 46)
 # against the build before it, in the same minutes. Carry: carry/cuda/wick.xz (this build),
-# carry/cuda/wick_prev.xz (the build before) and carry/cuda/cuda_reference.xz, built here
-# with `--features cuda` (docs/gpu.md).
+# carry/cuda/cuda_reference.xz and, optionally, carry/cuda/wick_prev.xz (the build before),
+# built here with `--features cuda` (docs/gpu.md). Without wick_prev the A/B is this build
+# with and without its decode fusions (`WICK_CUDA_DECODE_FUSIONS=0`); VARIANTS overrides
+# either (prompt_ab.sh's syntax).
 #  1. the whole `cuda_reference` suite (unless SKIP_TEST), while random-weight bf16 models of
 #     SHAPES (make_models.py) are made with transformers on the GPU;
 #  2. for each shape, prompt_ab.sh with both builds, ROUNDS interleaved rounds of CASES
 #     (decode after 512 tokens at batch 1 and 8, a 4,096-token prompt);
-#  3. unless SKIP_NCU, one decode step of this build under Nsight Compute (graphs off) on
-#     the first shape, summed kernel by kernel (kernel_profile.py).
+#  3. unless SKIP_NCU, right after the first shape's A/B, one decode step of this build
+#     under Nsight Compute (graphs off), summed kernel by kernel (kernel_profile.py).
 # Results under $OUT: test.log, <shape>/ab.jsonl and its table, kernels.json, steps.log.
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,9 +21,12 @@ export LD_LIBRARY_PATH=$SP/cu13/lib:/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export WICK_HOME=$W
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $OUT/steps.log; }
-for f in wick wick_prev cuda_reference; do
-  xz -dc carry/cuda/$f.xz > $W/$f && chmod +x $W/$f
+for x in carry/cuda/*.xz; do
+  f=$(basename $x .xz)
+  xz -dc $x > $W/$f && chmod +x $W/$f
 done
+if [ -f $W/wick_prev ]; then AB=${VARIANTS:-prev=wick_prev new=wick}
+else AB=${VARIANTS:-unfused=wick,WICK_CUDA_DECODE_FUSIONS=0 fused=wick}; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv > $OUT/env.txt 2>&1
 SHAPES=${SHAPES:-gemma4-e4b qwen3.5-4b}
 tokenizer() {
@@ -34,6 +39,7 @@ tokenizer() {
   for s in $SHAPES; do
     [ -d $W/models/$s-bf16 ] || timeout ${MAKE_TIMEOUT:-240} python3 $G/make_models.py \
       $W/models/$s-bf16 $s bfloat16 $(tokenizer $s) > $OUT/make-$s.log 2>&1
+    touch $W/models/.made-$s
   done
 ) &
 MAKE_PID=$!
@@ -44,24 +50,26 @@ if [ -z "${SKIP_TEST:-}" ]; then
   echo "test rc=$?" >> $OUT/test.log
   grep -E "^test |rc=|test result|panicked" $OUT/test.log | tail -40
 fi
-stamp "waiting for the models"
-wait $MAKE_PID
+profile() {  # one decode step of this build under Nsight Compute, kernel by kernel
+  stamp "ncu on $1"
+  WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --print-units base --launch-count 2500 \
+    $W/wick bench $W/models/$1-bf16 --backend cuda --synthetic-prompt --json --warmup 0 \
+    --runs 1 --case 16:4:1 > $OUT/ncu.csv 2> $OUT/ncu.err
+  python3 $G/kernel_profile.py $OUT/ncu.csv $1 > $OUT/kernels.json 2>> $OUT/ncu.err
+  head -c 1500 $OUT/kernels.json
+  rm -f $OUT/ncu.csv
+}
+first=${SHAPES%% *}
 for s in $SHAPES; do
+  stamp "waiting for $s"  # each shape's A/B starts as soon as its model is made
+  while [ ! -e $W/models/.made-$s ] && kill -0 $MAKE_PID 2>/dev/null; do sleep 2; done
   [ -d $W/models/$s-bf16 ] || { stamp "no model $s"; tail -3 $OUT/make-$s.log; continue; }
   stamp "A/B on $s"
   OUT=$OUT/$s MODEL=$s-bf16 ROUNDS=${ROUNDS:-2} BENCH_TIMEOUT=${BENCH_TIMEOUT:-90} \
-    CASES=${CASES:-512:128:1 512:64:8 4096:1:1} VARIANTS="prev=wick_prev new=wick" \
+    CASES=${CASES:-512:128:1 512:64:8 4096:1:1} VARIANTS="$AB" \
     bash $G/prompt_ab.sh | tee $OUT/$s.md
+  # The profile follows the first shape's A/B, so a short call still gets both.
+  [ "$s" = "$first" ] && [ -z "${SKIP_NCU:-}" ] && profile $s
 done
-first=${SHAPES%% *}
-if [ -z "${SKIP_NCU:-}" ] && [ -d $W/models/$first-bf16 ]; then
-  stamp "ncu on $first"
-  WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none \
-    --metrics gpu__time_duration.sum --csv --print-units base --launch-count 2500 \
-    $W/wick bench $W/models/$first-bf16 --backend cuda --synthetic-prompt --json --warmup 0 \
-    --runs 1 --case 16:4:1 > $OUT/ncu.csv 2> $OUT/ncu.err
-  python3 $G/kernel_profile.py $OUT/ncu.csv $first > $OUT/kernels.json 2>> $OUT/ncu.err
-  head -c 1500 $OUT/kernels.json
-  rm -f $OUT/ncu.csv
-fi
 stamp "done"

@@ -181,6 +181,30 @@ pub(crate) fn norm_rope_qkv_apart<B: Backend + ?Sized>(
     Ok(NormedHeads { q, k, v })
 }
 
+/// [`Backend::add_post_norm`] as separate ops: the post-norm, then the residual add with
+/// the next input norm (one op where `scale` is 1), else add, scale and norm.
+pub(crate) fn add_post_norm_apart<B: Backend + ?Sized>(
+    be: &B,
+    x: &B::Tensor,
+    y: &B::Tensor,
+    post: &B::Tensor,
+    eps: f32,
+    scale: f32,
+    next: Option<&B::Tensor>,
+) -> Result<(B::Tensor, Option<B::Tensor>)> {
+    let y = be.rms_norm(y, post, eps)?;
+    if let (Some(w), true) = (next, scale == 1.0) {
+        let (sum, normed) = be.add_rms_norm(x, &y, w, eps)?;
+        return Ok((sum, Some(normed)));
+    }
+    let mut sum = be.add(x, &y)?;
+    if scale != 1.0 {
+        sum = be.scale(&sum, scale)?;
+    }
+    let normed = next.map(|w| be.rms_norm(&sum, w, eps)).transpose()?;
+    Ok((sum, normed))
+}
+
 /// One sequence's slice of a flattened batch, with that sequence's cache for the layer.
 pub struct AttentionSegment<'a, L> {
     /// Rows of the flattened batch that belong to this sequence.
@@ -530,17 +554,7 @@ pub trait Backend: Send + Sync + 'static {
         scale: f32,
         next: Option<&Self::Tensor>,
     ) -> Result<(Self::Tensor, Option<Self::Tensor>)> {
-        let y = self.rms_norm(y, post, eps)?;
-        if let (Some(w), true) = (next, scale == 1.0) {
-            let (sum, normed) = self.add_rms_norm(x, &y, w, eps)?;
-            return Ok((sum, Some(normed)));
-        }
-        let mut sum = self.add(x, &y)?;
-        if scale != 1.0 {
-            sum = self.scale(&sum, scale)?;
-        }
-        let normed = next.map(|w| self.rms_norm(&sum, w, eps)).transpose()?;
-        Ok((sum, normed))
+        add_post_norm_apart(self, x, y, post, eps, scale, next)
     }
     /// Whether `parts` (matrices that multiply the same input) should be joined into one
     /// matrix of stacked rows by [`Backend::fuse_matrices`]: one bigger product instead of

@@ -138,6 +138,11 @@ pub struct CudaBackend {
     /// The chunked form's state pass runs on the tensor cores (else on the CUDA cores;
     /// `WICK_CUDA_DELTA_MMA=0`).
     delta_mma: bool,
+    /// A decode step's q/k/v products in one launch, per-head norms with the rotation and
+    /// post-norms with the residual add (`linear_many`, `norm_rope_qkv`, `add_post_norm`);
+    /// `WICK_CUDA_DECODE_FUSIONS=0` runs their unfused compositions instead, for A/B runs
+    /// and as a way around a suspect kernel.
+    decode_fusions: bool,
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
@@ -304,6 +309,8 @@ impl CudaBackend {
             .max(1);
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
+        let decode_fusions =
+            std::env::var("WICK_CUDA_DECODE_FUSIONS").map_or(true, |v| v != "0");
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_once = quant_mma_env.as_deref() == Some("once");
@@ -319,6 +326,7 @@ impl CudaBackend {
             flash_rows,
             delta_chunked,
             delta_mma,
+            decode_fusions,
         })
     }
 
@@ -934,7 +942,8 @@ impl Backend for CudaBackend {
             },
             None => None,
         };
-        let one_launch = (2..=3).contains(&ws.len())
+        let one_launch = self.decode_fusions
+            && (2..=3).contains(&ws.len())
             && (1..=self.kernel_rows.min(2)).contains(&x.rows)
             && ws.iter().all(|(w, b)| {
                 b.is_none()
@@ -1068,6 +1077,9 @@ impl Backend for CudaBackend {
         scale: f32,
         next: Option<&CudaTensor>,
     ) -> Result<(CudaTensor, Option<CudaTensor>)> {
+        if !self.decode_fusions {
+            return crate::backend::add_post_norm_apart(self, x, y, post, eps, scale, next);
+        }
         let n = post.len();
         if n == 0 || !x.len().is_multiple_of(n) || next.is_some_and(|w| w.len() != n) {
             return Err(invalid(format!(
@@ -1505,7 +1517,8 @@ impl Backend for CudaBackend {
             t.is_none_or(|(t, w)| t.rows == rows && t.cols == kv_heads * hd && w.len() == hd)
         };
         // One block a head, one thread a value, the head staged in shared memory.
-        if heads == 0
+        if !self.decode_fusions
+            || heads == 0
             || hd == 0
             || hd > 1024
             || q.0.cols != heads * hd
