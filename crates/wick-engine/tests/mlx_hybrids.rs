@@ -1,17 +1,18 @@
 //! Qwen 3.5 (gated DeltaNet hybrids) and Gemma 4 (text, MoE: KV sharing, per-layer inputs,
-//! proportional rotary, soft caps, expert routing) on the MLX backend, on MLX's CPU device in
-//! f32, against transformers' logits of the tiny goldens (`tests/goldens/hf`) and the CPU
-//! backend: every position in one pass and in chunks, batches of sequences of different
-//! lengths, greedy tokens, DeltaNet states copied, cloned and rebuilt from the host (the
-//! prompt cache's tiers), Gemma 4's audio rows placed in the pass, and PEFT adapters on
-//! both families. Needs
-//! `--features mlx`.
+//! proportional rotary, soft caps, expert routing; images), and the dense families whose
+//! rotary scales its cosines and sines (Mistral, Phi-3), on the MLX backend, on MLX's CPU
+//! device in f32, against transformers' logits of the tiny goldens (`tests/goldens/hf`) and
+//! the CPU backend: every position in one pass and in chunks, batches of sequences of
+//! different lengths, greedy tokens, DeltaNet states copied, cloned and rebuilt from the
+//! host (the prompt cache's tiers), Gemma 4's audio rows and images placed in the pass, and
+//! PEFT adapters on both families. Needs `--features mlx`.
 #![cfg(feature = "mlx")]
 mod common;
 
 use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden, TextGolden};
 use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MODELS};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
+use common::media::cases::gemma4_media;
 use common::media::{audio_media, MediaGolden};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::backend::mlx::{DeltaNetPlace, Dtype, MlxBackend, MlxDevice};
@@ -103,6 +104,26 @@ fn logits_match_transformers_and_the_cpu_in_one_pass_and_in_chunks() {
                 &g.expected(case),
             );
         }
+    }
+}
+
+/// The dense families whose rotary scales its cosines and sines (Mistral's YaRN, Phi-3's
+/// LongRoPE over half of each head): every position in one pass, and in uneven pieces
+/// then single tokens (Mistral's sliding window of 8 dropping keys), against transformers.
+#[test]
+fn scaled_rotary_families_match_transformers() {
+    for variant in ["mistral", "phi3"] {
+        let g = TextGolden::open(variant);
+        let m = g.decoder(mlx());
+        for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
+            let ids = g.case_ids(case);
+            let got = forward_all(&m, &ids, &[ids.len()]);
+            assert_close(variant, case, &got, &g.expected(case));
+        }
+        let ids = g.case_ids("len40");
+        let chunks = [5, 3, 9, 1, 1, 1, 20];
+        let got = forward_all(&m, &ids, &chunks);
+        assert_close(variant, "len40 in pieces", &got, &g.expected("len40"));
     }
 }
 
@@ -250,6 +271,24 @@ fn gemma4_audio_rows_enter_the_pass_as_transformers_places_them() {
     assert!(g.model.info().media.audio.is_some());
     g.chunked_matches(&["mono", "text_only"], &[usize::MAX, 7]);
     g.greedy_continuation_matches_generate("mono");
+}
+
+/// Gemma 4's vision encoder on MLX (each image's patches attending both ways, `attention_to`),
+/// its soft tokens placed in the prompt, with the text model's image blocks seeing each other
+/// both ways where the configuration says so (`gemma4_vision_bidir`): transformers' logits
+/// in one pass and in chunks moved off the images, and `generate()`'s greedy continuation.
+#[test]
+fn gemma4_images_enter_the_pass_as_transformers_places_them() {
+    let options = LoadOptions {
+        backend: BackendKind::Mlx,
+        ..LoadOptions::default()
+    };
+    for variant in ["gemma4_vision", "gemma4_vision_bidir"] {
+        let g = MediaGolden::open_with(variant, gemma4_media, &options);
+        assert!(g.model.info().media.vision.is_some(), "{variant}");
+        g.chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX, 5]);
+        g.greedy_continuation_matches_generate("one_image");
+    }
 }
 
 /// A DeltaNet state after 100 tokens, rebuilt from its host copy (the prompt cache's SSD

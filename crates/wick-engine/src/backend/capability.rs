@@ -170,6 +170,8 @@ pub const CUDA: Capabilities = Capabilities {
 pub const MLX: Capabilities = Capabilities {
     backend: "mlx",
     ops: &[
+        Capability::RopeAttentionFactor,
+        Capability::AttentionTo,
         Capability::HostTensors,
         Capability::SharedKv,
         Capability::RowDeltas,

@@ -541,6 +541,30 @@ impl Backend for MlxBackend {
         attention::attend(&self.stream, q, k, v, segments, params, Reach::CAUSAL)
     }
 
+    fn attention_to(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        segments: &mut [AttentionSegment<'_, MlxKvLayer>],
+        params: &AttentionParams,
+        ends: &[usize],
+    ) -> Result<Array> {
+        let rows = q.shape().first().copied().unwrap_or(0) as usize;
+        if ends.len() != rows {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!("attention_to got {} key ends for {rows} rows", ends.len()),
+            });
+        }
+        // The masked path of `attend`: the rows of an image see each other both ways.
+        let reach = Reach {
+            evict: true,
+            ends: Some(ends),
+        };
+        attention::attend(&self.stream, q, k, v, segments, params, reach)
+    }
+
     fn attention_shared(
         &self,
         q: &Array,

@@ -17,6 +17,8 @@ pub struct MlxRope {
     dims: usize,
     traditional: bool,
     scale: f32,
+    /// Cosines and sines are multiplied by this (YaRN, LongRoPE; 1 otherwise).
+    attention_factor: f32,
 }
 
 impl MlxRope {
@@ -30,6 +32,7 @@ impl MlxRope {
             dims: spec.dims,
             traditional: spec.style == RopeStyle::Interleaved,
             scale: spec.position_scale,
+            attention_factor: spec.attention_factor,
         })
     }
 
@@ -52,7 +55,28 @@ impl MlxRope {
                 Some(&self.periods),
             )
             .map_err(mlx_err)?;
+        let y = self.attention_scaled(s, y, head_dim)?;
         s.reshape(&y, &[self.rows as i32, cols as i32])
             .map_err(mlx_err)
+    }
+
+    /// `y` `[n, heads, 1, head_dim]` with its rotated dimensions times the attention factor:
+    /// `fast::rope` has no factor, and `factor · (x cos + x' sin)` is the same rotation with
+    /// its cosines and sines scaled.
+    fn attention_scaled(&self, s: &Stream, y: Array, head_dim: usize) -> Result<Array> {
+        let f = self.attention_factor;
+        if f == 1.0 {
+            return Ok(y);
+        }
+        if self.dims >= head_dim {
+            return s.scale(&y, f).map_err(mlx_err);
+        }
+        // Partial rotary: the dimensions past `dims` pass through unscaled.
+        let factors: Vec<f32> = (0..head_dim)
+            .map(|i| if i < self.dims { f } else { 1.0 })
+            .collect();
+        let factors = Array::from_slice(&factors, &[head_dim as i32]).map_err(mlx_err)?;
+        let factors = s.astype(&factors, y.dtype()).map_err(mlx_err)?;
+        s.multiply(&y, &factors).map_err(mlx_err)
     }
 }
