@@ -11,7 +11,8 @@
 #     (decode after 512 tokens at batch 1 and 8, a 4,096-token prompt);
 #  3. unless SKIP_NCU, right after the first shape's A/B, one decode step of this build
 #     under Nsight Compute (graphs off), summed kernel by kernel (kernel_profile.py).
-# Results under $OUT: test.log, <shape>/ab.jsonl and its table, kernels.json, steps.log.
+# Results under $OUT: test.log, <shape>.md (the A/B tables), kernels.json, steps.log, env.txt
+# and details.tgz (each shape's ab.jsonl and stderr, the model makers' logs).
 set -uo pipefail
 G=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 W=${WICK_GPU_DIR:-/tmp/wick}
@@ -73,3 +74,7 @@ for s in $SHAPES; do
   [ "$s" = "$first" ] && [ -z "${SKIP_NCU:-}" ] && profile $s
 done
 stamp "done"
+# The device tool returns at most 8 files: the per-run logs and JSON lines go in one archive.
+( cd $OUT && tar czf details.tgz --remove-files $(ls -d */ make-*.log ncu.err 2>/dev/null) )
+# Last, so the end of the output (what the device tool shows) always holds the verdict.
+[ -f $OUT/test.log ] && grep -E "^test result|panicked|FAILED|rc=" $OUT/test.log

@@ -309,8 +309,7 @@ impl CudaBackend {
             .max(1);
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
-        let decode_fusions =
-            std::env::var("WICK_CUDA_DECODE_FUSIONS").map_or(true, |v| v != "0");
+        let decode_fusions = std::env::var("WICK_CUDA_DECODE_FUSIONS").map_or(true, |v| v != "0");
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_once = quant_mma_env.as_deref() == Some("once");
