@@ -1,6 +1,6 @@
 //! Qwen 3.5 (gated DeltaNet hybrids) and Gemma 4 (text, MoE: KV sharing, per-layer inputs,
-//! proportional rotary, soft caps, expert routing; images), and the dense families whose
-//! rotary scales its cosines and sines (Mistral, Phi-3), on the MLX backend, on MLX's CPU
+//! proportional rotary, soft caps, expert routing; images), Gemma 3's images and the dense
+//! families of optional ops (Mistral, Phi-3, StarCoder 2), on the MLX backend, on MLX's CPU
 //! device in f32, against transformers' logits of the tiny goldens (`tests/goldens/hf`) and
 //! the CPU backend: every position in one pass and in chunks, batches of sequences of
 //! different lengths, greedy tokens, DeltaNet states copied, cloned and rebuilt from the
@@ -12,8 +12,8 @@ mod common;
 use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden, TextGolden};
 use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MODELS};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
-use common::media::cases::gemma4_media;
-use common::media::{audio_media, MediaGolden};
+use common::media::cases::{gemma3_media, gemma4_media};
+use common::media::{audio_media, MediaGolden, MediaOf};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::backend::mlx::{DeltaNetPlace, Dtype, MlxBackend, MlxDevice};
 use wick_engine::backend::BackendKind;
@@ -107,12 +107,13 @@ fn logits_match_transformers_and_the_cpu_in_one_pass_and_in_chunks() {
     }
 }
 
-/// The dense families whose rotary scales its cosines and sines (Mistral's YaRN, Phi-3's
-/// LongRoPE over half of each head): every position in one pass, and in uneven pieces
+/// The dense families that need MLX's optional ops: rotary that scales its cosines and
+/// sines (Mistral's YaRN, Phi-3's LongRoPE over half of each head), LayerNorm with biases
+/// and an ungated GELU MLP (StarCoder 2). Every position in one pass, and in uneven pieces
 /// then single tokens (Mistral's sliding window of 8 dropping keys), against transformers.
 #[test]
-fn scaled_rotary_families_match_transformers() {
-    for variant in ["mistral", "phi3"] {
+fn dense_families_of_optional_ops_match_transformers() {
+    for variant in ["mistral", "phi3", "starcoder2"] {
         let g = TextGolden::open(variant);
         let m = g.decoder(mlx());
         for case in ["len1", "len7", "len40", "pair_a", "pair_b"] {
@@ -273,18 +274,24 @@ fn gemma4_audio_rows_enter_the_pass_as_transformers_places_them() {
     g.greedy_continuation_matches_generate("mono");
 }
 
-/// Gemma 4's vision encoder on MLX (each image's patches attending both ways, `attention_to`),
-/// its soft tokens placed in the prompt, with the text model's image blocks seeing each other
-/// both ways where the configuration says so (`gemma4_vision_bidir`): transformers' logits
-/// in one pass and in chunks moved off the images, and `generate()`'s greedy continuation.
+/// Gemma 3's SigLIP (LayerNorms, a GELU MLP, an image's patches attending both ways) and
+/// Gemma 4's vision encoder (`attention_to`) on MLX, their soft tokens placed in the prompt,
+/// with the text model's image blocks seeing each other both ways where the configuration
+/// says so (`gemma4_vision_bidir`): transformers' logits in one pass and in chunks moved
+/// off the images, and `generate()`'s greedy continuation.
 #[test]
-fn gemma4_images_enter_the_pass_as_transformers_places_them() {
+fn images_enter_the_pass_as_transformers_places_them() {
     let options = LoadOptions {
         backend: BackendKind::Mlx,
         ..LoadOptions::default()
     };
-    for variant in ["gemma4_vision", "gemma4_vision_bidir"] {
-        let g = MediaGolden::open_with(variant, gemma4_media, &options);
+    let goldens: [(&str, MediaOf); 3] = [
+        ("gemma3_vision", gemma3_media),
+        ("gemma4_vision", gemma4_media),
+        ("gemma4_vision_bidir", gemma4_media),
+    ];
+    for (variant, media_of) in goldens {
+        let g = MediaGolden::open_with(variant, media_of, &options);
         assert!(g.model.info().media.vision.is_some(), "{variant}");
         g.chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX, 5]);
         g.greedy_continuation_matches_generate("one_image");

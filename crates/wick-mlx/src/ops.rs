@@ -227,6 +227,19 @@ impl Stream {
         })
     }
 
+    /// `act(x)` elementwise (an ungated MLP's activation), fused into one kernel by
+    /// `mx::compile`.
+    pub fn activation(&self, x: &Array, act: GluActivation) -> Result<Array> {
+        let code = match act {
+            GluActivation::Silu => 0,
+            GluActivation::GeluTanh => 1,
+        };
+        // SAFETY: live handle.
+        make("activation", |o| unsafe {
+            ffi::wm_activation(x.raw, code, self.raw, o)
+        })
+    }
+
     /// `x · sigmoid(gate)` elementwise, the sigmoid in f32, the result in `x`'s dtype.
     pub fn sigmoid_gate(&self, x: &Array, gate: &Array) -> Result<Array> {
         // SAFETY: live handles.
@@ -363,6 +376,22 @@ impl Stream {
         // SAFETY: live handles.
         make("rms_norm", |o| unsafe {
             ffi::wm_rms_norm(x.raw, weight.raw, eps, self.raw, o)
+        })
+    }
+
+    /// LayerNorm over the last axis: `(x - mean) / sqrt(var + eps)`, times `weight`, plus
+    /// `bias` (MLX's fused kernel; either may be absent).
+    pub fn layer_norm(
+        &self,
+        x: &Array,
+        weight: Option<&Array>,
+        bias: Option<&Array>,
+        eps: f32,
+    ) -> Result<Array> {
+        let raw = |a: Option<&Array>| a.map_or(std::ptr::null_mut(), |a| a.raw);
+        // SAFETY: live handles or null, which the shim reads as absent.
+        make("layer_norm", |o| unsafe {
+            ffi::wm_layer_norm(x.raw, raw(weight), raw(bias), eps, self.raw, o)
         })
     }
 

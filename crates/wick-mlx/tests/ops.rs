@@ -94,6 +94,46 @@ fn glu_matches_its_formula() {
 }
 
 #[test]
+fn activation_and_layer_norm_match_their_formulas() {
+    let s = cpu();
+    let x = values(96, 4);
+    let xa = Array::from_slice(&x, &[4, 24]).unwrap();
+    let got = |a: Array| a.to_vec::<f32>().unwrap();
+    let silu = got(s.activation(&xa, GluActivation::Silu).unwrap());
+    let want: Vec<f32> = x.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+    assert!(max_diff(&silu, &want) < 1e-6);
+    let gelu = got(s.activation(&xa, GluActivation::GeluTanh).unwrap());
+    let c = (2.0 / std::f32::consts::PI).sqrt();
+    let want: Vec<f32> = x
+        .iter()
+        .map(|&v| 0.5 * v * (1.0 + (c * (v + 0.044715 * v * v * v)).tanh()))
+        .collect();
+    assert!(max_diff(&gelu, &want) < 1e-6);
+
+    let (w, b) = (values(24, 5), values(24, 6));
+    let wa = Array::from_slice(&w, &[24]).unwrap();
+    let ba = Array::from_slice(&b, &[24]).unwrap();
+    let eps = 1e-5;
+    let normed = |with_bias: bool| -> Vec<f32> {
+        x.chunks(24)
+            .flat_map(|row| {
+                let mean = row.iter().sum::<f32>() / 24.0;
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / 24.0;
+                let inv = 1.0 / (var + eps).sqrt();
+                row.iter()
+                    .enumerate()
+                    .map(|(i, v)| (v - mean) * inv * w[i] + if with_bias { b[i] } else { 0.0 })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let with_bias = got(s.layer_norm(&xa, Some(&wa), Some(&ba), eps).unwrap());
+    assert!(max_diff(&with_bias, &normed(true)) < 1e-5);
+    let without = got(s.layer_norm(&xa, Some(&wa), None, eps).unwrap());
+    assert!(max_diff(&without, &normed(false)) < 1e-5);
+}
+
+#[test]
 fn quantized_matmul_matches_dequantized_product() {
     let s = cpu();
     let (out, inp) = (8, 128);

@@ -170,6 +170,8 @@ pub const CUDA: Capabilities = Capabilities {
 pub const MLX: Capabilities = Capabilities {
     backend: "mlx",
     ops: &[
+        Capability::LayerNorm,
+        Capability::Activation,
         Capability::RopeAttentionFactor,
         Capability::AttentionTo,
         Capability::HostTensors,

@@ -136,6 +136,7 @@ extern "C" {
         s: wm_stream,
         out: *mut wm_array,
     ) -> c_int;
+    pub fn wm_activation(x: wm_array, act: i32, s: wm_stream, out: *mut wm_array) -> c_int;
     pub fn wm_sigmoid_gate(x: wm_array, gate: wm_array, s: wm_stream, out: *mut wm_array) -> c_int;
     #[allow(clippy::too_many_arguments)]
     pub fn wm_gated_delta(
@@ -200,6 +201,14 @@ extern "C" {
     pub fn wm_rms_norm(
         x: wm_array,
         weight: wm_array,
+        eps: f32,
+        s: wm_stream,
+        out: *mut wm_array,
+    ) -> c_int;
+    pub fn wm_layer_norm(
+        x: wm_array,
+        weight: wm_array,
+        bias: wm_array,
         eps: f32,
         s: wm_stream,
         out: *mut wm_array,

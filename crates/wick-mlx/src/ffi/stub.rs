@@ -175,6 +175,19 @@ pub unsafe fn wm_glu(
 ) -> c_int {
     -1
 }
+pub unsafe fn wm_activation(_x: wm_array, _act: i32, _s: wm_stream, _out: *mut wm_array) -> c_int {
+    -1
+}
+pub unsafe fn wm_layer_norm(
+    _x: wm_array,
+    _weight: wm_array,
+    _bias: wm_array,
+    _eps: f32,
+    _s: wm_stream,
+    _out: *mut wm_array,
+) -> c_int {
+    -1
+}
 pub unsafe fn wm_quantized_matmul(
     _x: wm_array,
     _w: wm_array,

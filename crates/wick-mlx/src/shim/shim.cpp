@@ -94,20 +94,29 @@ int guarded(F&& f) {
   return -1;
 }
 
-std::vector<mx::array> silu_mul(const std::vector<mx::array>& in) {
-  const auto& g = in[0];
-  return {mx::multiply(mx::multiply(g, mx::sigmoid(g)), in[1])};
-}
+mx::array silu(const mx::array& x) { return mx::multiply(x, mx::sigmoid(x)); }
 
-std::vector<mx::array> gelu_tanh_mul(const std::vector<mx::array>& in) {
-  const auto& x = in[0];
-  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+mx::array gelu_tanh(const mx::array& x) {
   auto c = mx::array(std::sqrt(2.0f / static_cast<float>(M_PI)), x.dtype());
   auto inner = mx::multiply(c, mx::add(x, mx::multiply(mx::array(0.044715f, x.dtype()),
                                                        mx::multiply(x, mx::multiply(x, x)))));
-  auto g = mx::multiply(mx::multiply(mx::array(0.5f, x.dtype()), x),
-                        mx::add(mx::array(1.0f, x.dtype()), mx::tanh(inner)));
-  return {mx::multiply(g, in[1])};
+  return mx::multiply(mx::multiply(mx::array(0.5f, x.dtype()), x),
+                      mx::add(mx::array(1.0f, x.dtype()), mx::tanh(inner)));
+}
+
+std::vector<mx::array> silu_mul(const std::vector<mx::array>& in) {
+  return {mx::multiply(silu(in[0]), in[1])};
+}
+
+std::vector<mx::array> gelu_tanh_mul(const std::vector<mx::array>& in) {
+  return {mx::multiply(gelu_tanh(in[0]), in[1])};
+}
+
+std::vector<mx::array> silu_of(const std::vector<mx::array>& in) { return {silu(in[0])}; }
+
+std::vector<mx::array> gelu_tanh_of(const std::vector<mx::array>& in) {
+  return {gelu_tanh(in[0])};
 }
 
 // Custom CUDA kernels (JIT-compiled by MLX through NVRTC on first use; GPU only).
@@ -572,6 +581,16 @@ int wm_glu(wm_array gate, wm_array up, int32_t act, wm_stream s, wm_array* out) 
   });
 }
 
+int wm_activation(wm_array x, int32_t act, wm_stream s, wm_array* out) {
+  return guarded([&] {
+    static auto silu = mx::compile(silu_of, /* shapeless = */ true);
+    static auto gelu = mx::compile(gelu_tanh_of, /* shapeless = */ true);
+    mx::set_default_stream(stream(s));
+    auto& f = act == 0 ? silu : gelu;
+    *out = wrap(f({x->a})[0]);
+  });
+}
+
 int wm_gemv(wm_array x, wm_array w, wm_stream s, wm_array* out) {
   return guarded([&] {
     const auto& xa = x->a;
@@ -645,6 +664,15 @@ int wm_dequantize(wm_array w, wm_array scales, wm_array biases, int32_t group_si
 
 int wm_rms_norm(wm_array x, wm_array weight, float eps, wm_stream s, wm_array* out) {
   return guarded([&] { *out = wrap(mx::fast::rms_norm(x->a, weight->a, eps, stream(s))); });
+}
+
+int wm_layer_norm(wm_array x, wm_array weight, wm_array bias, float eps, wm_stream s,
+                  wm_array* out) {
+  return guarded([&] {
+    std::optional<mx::array> w = weight ? std::optional<mx::array>(weight->a) : std::nullopt;
+    std::optional<mx::array> b = bias ? std::optional<mx::array>(bias->a) : std::nullopt;
+    *out = wrap(mx::fast::layer_norm(x->a, w, b, eps, stream(s)));
+  });
 }
 
 int wm_rope(wm_array x, int32_t dims, int32_t traditional, float base, float scale,

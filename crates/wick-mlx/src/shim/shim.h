@@ -88,6 +88,8 @@ int wm_softmax(wm_array a, int32_t axis, wm_stream s, wm_array* out);
 int wm_where(wm_array cond, wm_array a, wm_array b, wm_stream s, wm_array* out);
 // act(gate) * up, fused by mx::compile. act: 0 = silu, 1 = gelu (tanh approximation).
 int wm_glu(wm_array gate, wm_array up, int32_t act, wm_stream s, wm_array* out);
+// act(x) elementwise (act as in wm_glu), compiled into one kernel.
+int wm_activation(wm_array x, int32_t act, wm_stream s, wm_array* out);
 
 // x * sigmoid(gate), the sigmoid in float32 (an attention output gate).
 int wm_sigmoid_gate(wm_array x, wm_array gate, wm_stream s, wm_array* out);
@@ -119,6 +121,9 @@ int wm_dequantize(wm_array w, wm_array scales, wm_array biases, int32_t group_si
 
 // mlx::core::fast.
 int wm_rms_norm(wm_array x, wm_array weight, float eps, wm_stream s, wm_array* out);
+// weight and bias may be null (then 1 and 0).
+int wm_layer_norm(wm_array x, wm_array weight, wm_array bias, float eps, wm_stream s,
+                  wm_array* out);
 // offset: when `offsets` is null, the integer `offset`; else a per-batch int32 array.
 // freqs may be null (then `base` is used).
 int wm_rope(wm_array x, int32_t dims, int32_t traditional, float base, float scale,

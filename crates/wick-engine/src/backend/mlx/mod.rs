@@ -375,6 +375,40 @@ impl Backend for MlxBackend {
         self.stream.softcap(x, cap).map_err(mlx_err)
     }
 
+    fn layer_norm(
+        &self,
+        x: &Array,
+        weight: &Array,
+        bias: Option<&Array>,
+        eps: f32,
+    ) -> Result<Array> {
+        let s = &self.stream;
+        let n = weight.size() as i32;
+        let cols = Self::cols(x);
+        if n == 0 || cols % n != 0 || bias.is_some_and(|b| b.size() as i32 != n) {
+            return Err(EngineError::Backend {
+                backend: "mlx",
+                message: format!("layer_norm of {cols} columns with a weight of {n}"),
+            });
+        }
+        if cols == n {
+            return s.layer_norm(x, Some(weight), bias, eps).map_err(mlx_err);
+        }
+        // Groups of `n` within each row, as rms_norm does.
+        let rows = x.shape()[0];
+        let g = s.reshape(x, &[rows, cols / n, n]).map_err(mlx_err)?;
+        let y = s.layer_norm(&g, Some(weight), bias, eps).map_err(mlx_err)?;
+        s.reshape(&y, &[rows, cols]).map_err(mlx_err)
+    }
+
+    fn activation(&self, x: &Array, act: Activation) -> Result<Array> {
+        let act = match act {
+            Activation::Silu => GluActivation::Silu,
+            Activation::GeluTanh => GluActivation::GeluTanh,
+        };
+        self.stream.activation(x, act).map_err(mlx_err)
+    }
+
     fn select_rows(&self, x: &Array, rows: &[usize]) -> Result<Array> {
         let n = x.shape()[0] as usize;
         if rows.len() == n && rows.iter().enumerate().all(|(i, &r)| i == r) {
