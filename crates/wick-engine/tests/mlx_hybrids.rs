@@ -1,6 +1,6 @@
 //! Qwen 3.5 (gated DeltaNet hybrids) and Gemma 4 (text, MoE: KV sharing, per-layer inputs,
-//! proportional rotary, soft caps, expert routing; images), Gemma 3's images and the dense
-//! families of optional ops (Mistral, Phi-3, StarCoder 2), on the MLX backend, on MLX's CPU
+//! proportional rotary, soft caps, expert routing; images), the other vision towers and the
+//! dense families of optional ops (Mistral, Phi-3, StarCoder 2), on the MLX backend, on MLX's CPU
 //! device in f32, against transformers' logits of the tiny goldens (`tests/goldens/hf`) and
 //! the CPU backend: every position in one pass and in chunks, batches of sequences of
 //! different lengths, greedy tokens, DeltaNet states copied, cloned and rebuilt from the
@@ -12,7 +12,7 @@ mod common;
 use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden, TextGolden};
 use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MODELS};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
-use common::media::cases::{gemma3_media, gemma4_media};
+use common::media::cases::{gemma3_media, gemma4_media, qwen_media};
 use common::media::{audio_media, MediaGolden, MediaOf};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::backend::mlx::{DeltaNetPlace, Dtype, MlxBackend, MlxDevice};
@@ -274,26 +274,35 @@ fn gemma4_audio_rows_enter_the_pass_as_transformers_places_them() {
     g.greedy_continuation_matches_generate("mono");
 }
 
-/// Gemma 3's SigLIP (LayerNorms, a GELU MLP, an image's patches attending both ways) and
-/// Gemma 4's vision encoder (`attention_to`) on MLX, their soft tokens placed in the prompt,
-/// with the text model's image blocks seeing each other both ways where the configuration
-/// says so (`gemma4_vision_bidir`): transformers' logits in one pass and in chunks moved
-/// off the images, and `generate()`'s greedy continuation.
+/// The vision towers on MLX — Gemma 3's SigLIP (LayerNorms, a GELU MLP, an image's patches
+/// attending both ways), Gemma 4's encoder (`attention_to`), the Qwen-VL towers of Qwen 3.5
+/// and Qwen2.5-VL (2-D rotary from host tables) — their soft tokens placed in the prompt,
+/// with Gemma 4's image blocks seeing each other both ways where the configuration says so
+/// (`gemma4_vision_bidir`) and Qwen's text rotating with M-RoPE positions: transformers'
+/// logits in one pass and in chunks moved off the images, and `generate()`'s greedy
+/// continuation.
 #[test]
 fn images_enter_the_pass_as_transformers_places_them() {
     let options = LoadOptions {
         backend: BackendKind::Mlx,
         ..LoadOptions::default()
     };
-    let goldens: [(&str, MediaOf); 3] = [
+    let goldens: [(&str, MediaOf); 5] = [
         ("gemma3_vision", gemma3_media),
         ("gemma4_vision", gemma4_media),
         ("gemma4_vision_bidir", gemma4_media),
+        ("qwen35_vision", qwen_media),
+        ("qwen25_vl", qwen_media),
     ];
     for (variant, media_of) in goldens {
         let g = MediaGolden::open_with(variant, media_of, &options);
         assert!(g.model.info().media.vision.is_some(), "{variant}");
-        g.chunked_matches(&["one_image", "two_images", "text_only"], &[usize::MAX, 5]);
+        let mut cases = vec!["one_image", "two_images", "text_only"];
+        if variant.starts_with("qwen") {
+            // M-RoPE positions after images, and turns after an image.
+            cases.extend(["text_then_images", "image_then_turns"]);
+        }
+        g.chunked_matches(&cases, &[usize::MAX, 5]);
         g.greedy_continuation_matches_generate("one_image");
     }
 }

@@ -174,6 +174,7 @@ pub const MLX: Capabilities = Capabilities {
         Capability::Activation,
         Capability::RopeAttentionFactor,
         Capability::AttentionTo,
+        Capability::RopeAxes,
         Capability::HostTensors,
         Capability::SharedKv,
         Capability::RowDeltas,

@@ -504,6 +504,15 @@ impl Backend for MlxBackend {
         MlxRope::new(positions, spec)
     }
 
+    fn rope_table_axes(
+        &self,
+        positions: &[[usize; 3]],
+        axes: &[u8],
+        spec: &RopeSpec,
+    ) -> Result<MlxRope> {
+        MlxRope::with_axes(positions, axes, spec)
+    }
+
     fn rope(&self, x: &Array, heads: usize, table: &MlxRope) -> Result<Array> {
         table.apply(&self.stream, x, heads)
     }
