@@ -230,6 +230,18 @@ impl MlxBackend {
     }
 }
 
+/// One key end per query row, or an error naming `op`.
+fn check_ends(op: &str, q: &Array, ends: Option<&[usize]>) -> Result<()> {
+    let rows = q.shape().first().copied().unwrap_or(0) as usize;
+    match ends {
+        Some(e) if e.len() != rows => Err(EngineError::Backend {
+            backend: "mlx",
+            message: format!("{op} got {} key ends for {rows} rows", e.len()),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Backend for MlxBackend {
     type Tensor = Array;
     type Matrix = MlxMatrix;
@@ -593,13 +605,7 @@ impl Backend for MlxBackend {
         params: &AttentionParams,
         ends: &[usize],
     ) -> Result<Array> {
-        let rows = q.shape().first().copied().unwrap_or(0) as usize;
-        if ends.len() != rows {
-            return Err(EngineError::Backend {
-                backend: "mlx",
-                message: format!("attention_to got {} key ends for {rows} rows", ends.len()),
-            });
-        }
+        check_ends("attention_to", q, Some(ends))?;
         // The masked path of `attend`: the rows of an image see each other both ways.
         let reach = Reach {
             evict: true,
@@ -617,16 +623,7 @@ impl Backend for MlxBackend {
         evict: bool,
         ends: Option<&[usize]>,
     ) -> Result<Array> {
-        let rows = q.shape().first().copied().unwrap_or(0) as usize;
-        if ends.is_some_and(|e| e.len() != rows) {
-            return Err(EngineError::Backend {
-                backend: "mlx",
-                message: format!(
-                    "attention_shared got {} key ends for {rows} rows",
-                    ends.map_or(0, <[usize]>::len)
-                ),
-            });
-        }
+        check_ends("attention_shared", q, ends)?;
         let reach = Reach { evict, ends };
         let s = &self.stream;
         match new_kv {

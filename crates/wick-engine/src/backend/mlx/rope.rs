@@ -6,6 +6,7 @@
 use wick_mlx::{Array, RopeOffset, Stream};
 
 use super::mlx_err;
+use crate::backend::candle::CpuRope;
 use crate::backend::{RopeSpec, RopeStyle};
 use crate::{EngineError, Result};
 
@@ -78,17 +79,9 @@ impl MlxRope {
                     .into(),
             });
         }
+        // The CPU backend's tables, computed the same way on every backend.
+        let CpuRope { cos, sin, .. } = CpuRope::with_axes(positions, axes, spec);
         let rows = positions.len();
-        let mut cos = Vec::with_capacity(rows * half);
-        let mut sin = Vec::with_capacity(rows * half);
-        for p in positions {
-            for (&f, &a) in spec.inv_freq.iter().zip(axes) {
-                let t = p[usize::from(a)] as f64 * f64::from(spec.position_scale);
-                let (s, c) = (t * f64::from(f)).sin_cos();
-                cos.push(c as f32 * spec.attention_factor);
-                sin.push(s as f32 * spec.attention_factor);
-            }
-        }
         let neg_sin: Vec<f32> = sin.iter().map(|s| -s).collect();
         let shape = [rows as i32, 1, half as i32];
         let table = |v: &[f32]| Array::from_slice(v, &shape).map_err(mlx_err);
