@@ -10,7 +10,8 @@
 #  2. for each shape, prompt_ab.sh with both builds, ROUNDS interleaved rounds of CASES
 #     (decode after 512 tokens at batch 1 and 8, a 4,096-token prompt);
 #  3. unless SKIP_NCU, right after the first shape's A/B, one decode step of this build
-#     under Nsight Compute (graphs off), summed kernel by kernel (kernel_profile.py).
+#     under Nsight Compute (graphs off), summed kernel by kernel (kernel_profile.py); with
+#     PROFILE_CASE (a `--case`, e.g. 4096:1:1) that case's prompt pass instead.
 # Results under $OUT: test.log, <shape>.md (the A/B tables), kernels.json, steps.log, env.txt
 # and details.tgz (each shape's ab.jsonl and stderr, the model makers' logs).
 set -uo pipefail
@@ -51,13 +52,15 @@ if [ -z "${SKIP_TEST:-}" ]; then
   echo "test rc=$?" >> $OUT/test.log
   grep -E "^test |rc=|test result|panicked" $OUT/test.log | tail -40
 fi
-profile() {  # one decode step of this build under Nsight Compute, kernel by kernel
+profile() {  # one decode step (or, with PROFILE_CASE, a prompt's pass) under Nsight Compute
   stamp "ncu on $1"
+  local case=${PROFILE_CASE:-16:4:1} prompt=
+  [ -n "${PROFILE_CASE:-}" ] && prompt=--prompt
   WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-150} ncu --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --print-units base --launch-count 2500 \
     $W/wick bench $W/models/$1-bf16 --backend cuda --synthetic-prompt --json --warmup 0 \
-    --runs 1 --case 16:4:1 > $OUT/ncu.csv 2> $OUT/ncu.err
-  python3 $G/kernel_profile.py $OUT/ncu.csv $1 > $OUT/kernels.json 2>> $OUT/ncu.err
+    --runs 1 --prefill-chunk 0 --case $case > $OUT/ncu.csv 2> $OUT/ncu.err
+  python3 $G/kernel_profile.py $OUT/ncu.csv $1 $prompt > $OUT/kernels.json 2>> $OUT/ncu.err
   head -c 1500 $OUT/kernels.json
   rm -f $OUT/ncu.csv
 }

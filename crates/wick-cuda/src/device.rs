@@ -162,6 +162,8 @@ kernels! {
     FlashFastD512 => "flash_fast_d512",
     FlashExactD512 => "flash_exact_d512",
     FlashExactLoD512 => "flash_exact_lo_d512",
+    FlashFastD64M2 => "flash_fast_d64_m2",
+    FlashFastD128M2 => "flash_fast_d128_m2",
     ArgmaxRows => "argmax_rows",
     ArgmaxFinish => "argmax_finish",
     DequantQ8Bf16 => "dequant_q8_bf16",
@@ -1464,7 +1466,7 @@ mod tests {
         }
         assert_eq!(few_rows, 48, "one- and two-row product kernels in the log");
         assert_eq!(
-            attention, 31,
+            attention, 33,
             "attention, flash and DeltaNet tensor-core kernels in the log"
         );
         assert_eq!(experts, 13, "mixture-of-experts kernels in the log");

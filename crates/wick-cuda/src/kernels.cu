@@ -1775,13 +1775,16 @@ __device__ __forceinline__ void flash_bounds(int u, int units, int hn, const Til
     lo = s.window > 0 ? max(0, pos - s.window + 1) : 0;
 }
 
-template <int HD, int HDV, int BN, int WARPS, bool QREG, bool SPLIT, bool KVLO>
+template <int HD, int HDV, int BN, int WARPS, int MT, bool QREG, bool SPLIT, bool KVLO>
 __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out, float* part_ml,
                            float* part_acc, const Seg* segs, const FlashSeg* fsegs,
                            const int* seg_of_row, const Tile* tiles, const int* ends, int heads,
                            int kv_heads, int hd, int gc, float scale, float cap) {
 #if __CUDA_ARCH__ >= 800
-    constexpr int BM = 16 * WARPS, ST = HD + FLASH_PAD, THREADS = 32 * WARPS;
+    // A warp takes MT m-tiles of 16 units, so each key and value fragment it reads from
+    // shared memory feeds MT products: with one, shared memory's bandwidth (an `ldmatrix`
+    // for every two `mma`s) rather than the tensor cores limits the kernel.
+    constexpr int WM = 16 * MT, BM = WM * WARPS, ST = HD + FLASH_PAD, THREADS = 32 * WARPS;
     // Values and outputs: HDV of the HD dimensions a block (heads of 512: two blocks, each
     // making the whole scores and half the outputs, so the accumulators fit the registers).
     constexpr int STV = HDV + FLASH_PAD, DTV = HDV / 8, HALVES = HD / HDV;
@@ -1789,6 +1792,7 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
     // A stage: K, V, then (KVLO) their remainders.
     constexpr int PER_STAGE = (KVLO ? 2 : 1) * (TILE + TILEV);
     static_assert(HD % HDV == 0 && HDV % 16 == 0, "value dimensions split evenly");
+    static_assert(MT == 1 || !(SPLIT || KVLO), "several m-tiles a warp only for f16 products");
     extern __shared__ uint4 flash_smem[];
     __shared__ int s_lo[WARPS], s_hi[WARPS];
     u16* sQ = (u16*)flash_smem;
@@ -1810,12 +1814,19 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
     FlashSeg f = fsegs[si];
     int row = kv_heads * hd;
 
-    // This thread's two units (rows g and g + 8 of its warp's 16) and their keys.
-    int u0 = warp * 16 + g, u1 = u0 + 8;
-    int lo0, hi0, lo1, hi1;
-    flash_bounds(u0, units, hn, tile, s, ends, lo0, hi0);
-    flash_bounds(u1, units, hn, tile, s, ends, lo1, hi1);
-    int wlo = min(lo0, lo1), whi = max(hi0, hi1);
+    // This thread's units (rows g and g + 8 of each of its warp's m-tiles: unit
+    // ub + 16t + 8r for m-tile t, half r) and the keys each sees.
+    int ub = warp * WM + g;
+    int lo[MT][2], hi[MT][2];
+    int wlo = 0x7fffffff, whi = 0;
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            flash_bounds(ub + 16 * t + 8 * r, units, hn, tile, s, ends, lo[t][r], hi[t][r]);
+            wlo = min(wlo, lo[t][r]);
+            whi = max(whi, hi[t][r]);
+        }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
@@ -1841,10 +1852,10 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
 #pragma unroll
             for (int e = 0; e < 8; e++) x[e] = 0.0f;
         }
-        uint4 hi, lo;
-        split8(x, hi, lo);
-        *(uint4*)(sQ + u * ST + d) = hi;
-        if (SPLIT) *(uint4*)(sQlo + u * ST + d) = lo;
+        uint4 hi8, lo8;
+        split8(x, hi8, lo8);
+        *(uint4*)(sQ + u * ST + d) = hi8;
+        if (SPLIT) *(uint4*)(sQlo + u * ST + d) = lo8;
     }
     __syncthreads();
 
@@ -1860,16 +1871,21 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
     int per = ((span + parts - 1) / parts + BN - 1) / BN * BN;
     int klo = lo_all + part * per, khi = min(hi_all, klo + per);
     int ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
-    // Keys past the part are another block's.
-    hi0 = min(hi0, khi);
-    hi1 = min(hi1, khi);
-    // The warp's keys, and those every one of its (real) units sees.
-    int wmax_lo = u0 < units ? lo0 : -0x7fffffff, wmin_hi = u0 < units ? hi0 : 0x7fffffff;
-    if (u1 < units) {
-        wmax_lo = max(wmax_lo, lo1);
-        wmin_hi = min(wmin_hi, hi1);
-    }
-    whi = max(hi0, hi1);
+    // Keys past the part are another block's. The warp's keys, and those every one of
+    // its (real) units sees.
+    int wmax_lo = -0x7fffffff, wmin_hi = 0x7fffffff;
+    whi = 0;
+#pragma unroll
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            hi[t][r] = min(hi[t][r], khi);
+            if (ub + 16 * t + 8 * r < units) {
+                wmax_lo = max(wmax_lo, lo[t][r]);
+                wmin_hi = min(wmin_hi, hi[t][r]);
+            }
+            whi = max(whi, hi[t][r]);
+        }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         wmax_lo = max(wmax_lo, __shfl_xor_sync(0xffffffffu, wmax_lo, o));
@@ -1907,22 +1923,33 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
         }
     };
 
-    // Query fragments kept in registers (QREG), else read from shared memory each tile.
-    u32 qf[QREG ? HD / 16 : 1][4], qlf[QREG && SPLIT ? HD / 16 : 1][4];
-    u32 q_addr = smem_u32(sQ + (warp * 16 + (lane & 15)) * ST + (lane >> 4) * 8);
+    // Query fragments kept in registers (QREG), else read from shared memory each tile;
+    // m-tile t's start 16t rows further.
+    constexpr int QT = QREG ? MT : 1, QK = QREG ? HD / 16 : 1, QLK = QREG && SPLIT ? HD / 16 : 1;
+    u32 qf[QT][QK][4], qlf[QLK][4];
+    u32 q_addr = smem_u32(sQ + (warp * WM + (lane & 15)) * ST + (lane >> 4) * 8);
     u32 ql_addr = q_addr + BM * ST * 2;
+    constexpr u32 Q_MTILE = 16 * ST * 2;
     if (QREG) {
 #pragma unroll
         for (int kk = 0; kk < (QREG ? HD / 16 : 0); kk++) {
-            ldsm4(qf[kk], q_addr + kk * 32);
+#pragma unroll
+            for (int t = 0; t < QT; t++) ldsm4(qf[t][QREG ? kk : 0], q_addr + t * Q_MTILE + kk * 32);
             if (SPLIT) ldsm4(qlf[QREG && SPLIT ? kk : 0], ql_addr + kk * 32);
         }
     }
 
-    float o[DTV][4];
+    float o[MT][DTV][4];
 #pragma unroll
-    for (int n = 0; n < DTV; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m0 = -WICK_INF, m1 = -WICK_INF, l0 = 0.0f, l1 = 0.0f;
+    for (int t = 0; t < MT; t++)
+#pragma unroll
+        for (int n = 0; n < DTV; n++) o[t][n][0] = o[t][n][1] = o[t][n][2] = o[t][n][3] = 0.0f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; t++) {
+        m[t][0] = m[t][1] = -WICK_INF;
+        l[t][0] = l[t][1] = 0.0f;
+    }
     // Lane offsets of ldmatrix rows: K (non-transposed: keys by lane/16, dims by lane/8 % 2)
     // and V (transposed: keys by lane/8 % 2, dims by lane/16), in bytes.
     u32 k_off = (u32)(((lane & 7) + ((lane >> 4) << 3)) * ST + (((lane >> 3) & 1) << 3)) * 2;
@@ -1940,116 +1967,143 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
         u32 sk = smem_u32(sKV + (it & 1) * PER_STAGE);
         u32 sv = sk + TILE * 2;
         if (j0 < whi && j0 + BN > wlo) {
-            // S = Q·Kᵀ: 16 units × BN keys, n-tile n holding keys j0 + 8n + 2·t4 + {0, 1}
-            // of rows g (elements 0, 1) and g + 8 (2, 3).
-            float sc[NT][4];
+            // S = Q·Kᵀ: per m-tile 16 units × BN keys, n-tile n holding keys
+            // j0 + 8n + 2·t4 + {0, 1} of rows g (elements 0, 1) and g + 8 (2, 3).
+            float sc[MT][NT][4];
 #pragma unroll
-            for (int n = 0; n < NT; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            for (int t = 0; t < MT; t++)
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+                    sc[t][n][0] = sc[t][n][1] = sc[t][n][2] = sc[t][n][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                u32 a[4], al[4];
-                if (QREG) {
+                u32 a[MT][4], al[4];
 #pragma unroll
-                    for (int x = 0; x < 4; x++) a[x] = qf[QREG ? kk : 0][x];
-                    if (SPLIT)
+                for (int t = 0; t < MT; t++) {
+                    if (QREG) {
+#pragma unroll
+                        for (int x = 0; x < 4; x++) a[t][x] = qf[QREG ? t : 0][QREG ? kk : 0][x];
+                    } else {
+                        ldsm4(a[t], q_addr + t * Q_MTILE + kk * 32);
+                    }
+                }
+                if (SPLIT) {
+                    if (QREG) {
 #pragma unroll
                         for (int x = 0; x < 4; x++) al[x] = qlf[QREG && SPLIT ? kk : 0][x];
-                } else {
-                    ldsm4(a, q_addr + kk * 32);
-                    if (SPLIT) ldsm4(al, ql_addr + kk * 32);
+                    } else {
+                        ldsm4(al, ql_addr + kk * 32);
+                    }
                 }
 #pragma unroll
                 for (int nn = 0; nn < BN / 16; nn++) {
                     u32 b[4];
                     u32 at = sk + (u32)(nn * 16 * ST + kk * 16) * 2 + k_off;
                     ldsm4(b, at);
-                    mma16816(sc[2 * nn], a, b[0], b[1]);
-                    mma16816(sc[2 * nn + 1], a, b[2], b[3]);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        mma16816(sc[t][2 * nn], a[t], b[0], b[1]);
+                        mma16816(sc[t][2 * nn + 1], a[t], b[2], b[3]);
+                    }
                     if (SPLIT) {
-                        mma16816(sc[2 * nn], al, b[0], b[1]);
-                        mma16816(sc[2 * nn + 1], al, b[2], b[3]);
+                        mma16816(sc[0][2 * nn], al, b[0], b[1]);
+                        mma16816(sc[0][2 * nn + 1], al, b[2], b[3]);
                     }
                     if (KVLO) {
                         ldsm4(b, at + (TILE + TILEV) * 2);
-                        mma16816(sc[2 * nn], a, b[0], b[1]);
-                        mma16816(sc[2 * nn + 1], a, b[2], b[3]);
+                        mma16816(sc[0][2 * nn], a[0], b[0], b[1]);
+                        mma16816(sc[0][2 * nn + 1], a[0], b[2], b[3]);
                     }
                 }
             }
             if (cap > 0.0f) {
 #pragma unroll
-                for (int n = 0; n < NT; n++)
+                for (int t = 0; t < MT; t++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) sc[n][e] = cap2 * tanhf(sc[n][e] * inv_cap);
+                    for (int n = 0; n < NT; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            sc[t][n][e] = cap2 * tanhf(sc[t][n][e] * inv_cap);
             }
             if (!(j0 >= wmax_lo && j0 + BN <= wmin_hi)) {
 #pragma unroll
-                for (int n = 0; n < NT; n++)
+                for (int t = 0; t < MT; t++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int j = j0 + 8 * n + 2 * t4 + (e & 1);
-                        bool in = e < 2 ? (j >= lo0 && j < hi0) : (j >= lo1 && j < hi1);
-                        if (!in) sc[n][e] = -WICK_INF;
-                    }
+                    for (int n = 0; n < NT; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int j = j0 + 8 * n + 2 * t4 + (e & 1);
+                            if (!(j >= lo[t][e >> 1] && j < hi[t][e >> 1])) sc[t][n][e] = -WICK_INF;
+                        }
             }
-            // Online softmax (base 2) of rows g and g + 8, shared by the lane's quad.
-            float mx0 = m0, mx1 = m1;
+            // Online softmax (base 2) of each m-tile's rows g and g + 8, shared by the
+            // lane's quad.
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                mx0 = fmaxf(mx0, fmaxf(sc[n][0], sc[n][1]));
-                mx1 = fmaxf(mx1, fmaxf(sc[n][2], sc[n][3]));
-            }
+            for (int t = 0; t < MT; t++) {
+                float mx0 = m[t][0], mx1 = m[t][1];
 #pragma unroll
-            for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
-                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
-            }
-            float b0 = mx0 == -WICK_INF ? 0.0f : mx0, b1 = mx1 == -WICK_INF ? 0.0f : mx1;
-            float cf0 = exp2f(m0 - b0), cf1 = exp2f(m1 - b1);
-            m0 = mx0;
-            m1 = mx1;
-            float ls0 = 0.0f, ls1 = 0.0f;
+                for (int n = 0; n < NT; n++) {
+                    mx0 = fmaxf(mx0, fmaxf(sc[t][n][0], sc[t][n][1]));
+                    mx1 = fmaxf(mx1, fmaxf(sc[t][n][2], sc[t][n][3]));
+                }
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-                sc[n][0] = exp2f(sc[n][0] - b0);
-                sc[n][1] = exp2f(sc[n][1] - b0);
-                sc[n][2] = exp2f(sc[n][2] - b1);
-                sc[n][3] = exp2f(sc[n][3] - b1);
-                ls0 += sc[n][0] + sc[n][1];
-                ls1 += sc[n][2] + sc[n][3];
-            }
-            l0 = l0 * cf0 + ls0;
-            l1 = l1 * cf1 + ls1;
+                for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+                    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+                    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+                }
+                float b0 = mx0 == -WICK_INF ? 0.0f : mx0, b1 = mx1 == -WICK_INF ? 0.0f : mx1;
+                float cf0 = exp2f(m[t][0] - b0), cf1 = exp2f(m[t][1] - b1);
+                m[t][0] = mx0;
+                m[t][1] = mx1;
+                float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-            for (int n = 0; n < DTV; n++) {
-                o[n][0] *= cf0;
-                o[n][1] *= cf0;
-                o[n][2] *= cf1;
-                o[n][3] *= cf1;
+                for (int n = 0; n < NT; n++) {
+                    sc[t][n][0] = exp2f(sc[t][n][0] - b0);
+                    sc[t][n][1] = exp2f(sc[t][n][1] - b0);
+                    sc[t][n][2] = exp2f(sc[t][n][2] - b1);
+                    sc[t][n][3] = exp2f(sc[t][n][3] - b1);
+                    ls0 += sc[t][n][0] + sc[t][n][1];
+                    ls1 += sc[t][n][2] + sc[t][n][3];
+                }
+                l[t][0] = l[t][0] * cf0 + ls0;
+                l[t][1] = l[t][1] * cf1 + ls1;
+#pragma unroll
+                for (int n = 0; n < DTV; n++) {
+                    o[t][n][0] *= cf0;
+                    o[t][n][1] *= cf0;
+                    o[t][n][2] *= cf1;
+                    o[t][n][3] *= cf1;
+                }
             }
             // O += P·V: the scores' registers are P's row-major fragments (keys 16kk..).
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
-                u32 a[4], al[4];
-                split_f16x2(sc[2 * kk][0], sc[2 * kk][1], a[0], al[0]);
-                split_f16x2(sc[2 * kk][2], sc[2 * kk][3], a[1], al[1]);
-                split_f16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1], a[2], al[2]);
-                split_f16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3], a[3], al[3]);
+                u32 a[MT][4], al[4];
+#pragma unroll
+                for (int t = 0; t < MT; t++) {
+                    split_f16x2(sc[t][2 * kk][0], sc[t][2 * kk][1], a[t][0], al[0]);
+                    split_f16x2(sc[t][2 * kk][2], sc[t][2 * kk][3], a[t][1], al[1]);
+                    split_f16x2(sc[t][2 * kk + 1][0], sc[t][2 * kk + 1][1], a[t][2], al[2]);
+                    split_f16x2(sc[t][2 * kk + 1][2], sc[t][2 * kk + 1][3], a[t][3], al[3]);
+                }
 #pragma unroll
                 for (int nn = 0; nn < HDV / 16; nn++) {
                     u32 b[4];
                     u32 at = sv + (u32)(kk * 16 * STV + nn * 16) * 2 + v_off;
                     ldsm4_t(b, at);
-                    mma16816(o[2 * nn], a, b[0], b[1]);
-                    mma16816(o[2 * nn + 1], a, b[2], b[3]);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        mma16816(o[t][2 * nn], a[t], b[0], b[1]);
+                        mma16816(o[t][2 * nn + 1], a[t], b[2], b[3]);
+                    }
                     if (SPLIT) {
-                        mma16816(o[2 * nn], al, b[0], b[1]);
-                        mma16816(o[2 * nn + 1], al, b[2], b[3]);
+                        mma16816(o[0][2 * nn], al, b[0], b[1]);
+                        mma16816(o[0][2 * nn + 1], al, b[2], b[3]);
                     }
                     if (KVLO) {
                         ldsm4_t(b, at + (TILE + TILEV) * 2);
-                        mma16816(o[2 * nn], a, b[0], b[1]);
-                        mma16816(o[2 * nn + 1], a, b[2], b[3]);
+                        mma16816(o[0][2 * nn], a[0], b[0], b[1]);
+                        mma16816(o[0][2 * nn + 1], a[0], b[2], b[3]);
                     }
                 }
             }
@@ -2058,57 +2112,60 @@ __device__ void flash_tile(const float* __restrict__ q, float* __restrict__ out,
     }
     cp_async_wait<0>();
 
-    // Each lane summed its own columns: the quad's sums are the rows'.
 #pragma unroll
-    for (int o2 = 1; o2 <= 2; o2 <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
-    }
+    for (int t = 0; t < MT; t++) {
+        // Each lane summed its own columns: the quad's sums are the rows'.
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        int u = half ? u1 : u0;
-        if (u >= units) continue;
-        float m = half ? m1 : m0, l = half ? l1 : l0;
-        int r = tile.row0 + u / hn, h = h0 + u % hn;
-        u64 slot = ((u64)r * heads + h) * parts + part;
-        float* dst = parts > 1 ? part_acc + slot * hd : out + ((u64)r * heads + h) * hd;
-        float inv = parts > 1 ? 1.0f : 1.0f / l;
-#pragma unroll
-        for (int n = 0; n < DTV; n++) {
-            int d = dv0 + 8 * n + 2 * t4;
-            if (d < hd) {
-                float2 v;
-                v.x = o[n][2 * half] * inv;
-                v.y = o[n][2 * half + 1] * inv;
-                *(float2*)(dst + d) = v;
-            }
+        for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+            l[t][0] += __shfl_xor_sync(0xffffffffu, l[t][0], o2);
+            l[t][1] += __shfl_xor_sync(0xffffffffu, l[t][1], o2);
         }
-        if (parts > 1 && t4 == 0 && dv0 == 0) {
-            part_ml[2 * slot] = m == -WICK_INF ? -WICK_INF : m * LN2;
-            part_ml[2 * slot + 1] = l;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int u = ub + 16 * t + 8 * half;
+            if (u >= units) continue;
+            float mu = m[t][half], lu = l[t][half];
+            int r = tile.row0 + u / hn, h = h0 + u % hn;
+            u64 slot = ((u64)r * heads + h) * parts + part;
+            float* dst = parts > 1 ? part_acc + slot * hd : out + ((u64)r * heads + h) * hd;
+            float inv = parts > 1 ? 1.0f : 1.0f / lu;
+#pragma unroll
+            for (int n = 0; n < DTV; n++) {
+                int d = dv0 + 8 * n + 2 * t4;
+                if (d < hd) {
+                    float2 v;
+                    v.x = o[t][n][2 * half] * inv;
+                    v.y = o[t][n][2 * half + 1] * inv;
+                    *(float2*)(dst + d) = v;
+                }
+            }
+            if (parts > 1 && t4 == 0 && dv0 == 0) {
+                part_ml[2 * slot] = mu == -WICK_INF ? -WICK_INF : mu * LN2;
+                part_ml[2 * slot + 1] = lu;
+            }
         }
     }
 #endif
 }
 
 // Shared memory of a flash kernel (the host's `FlashKernel::shared_bytes` is the same sum).
-#define FLASH_SHARED(HD, HDV, BN, WARPS, SPLIT, KVLO)                                      \
-    ((16 * (WARPS) * ((SPLIT) ? 2 : 1) * ((HD) + FLASH_PAD) +                              \
+#define FLASH_SHARED(HD, HDV, BN, WARPS, MT, SPLIT, KVLO)                                  \
+    ((16 * (WARPS) * (MT) * ((SPLIT) ? 2 : 1) * ((HD) + FLASH_PAD) +                       \
       2 * (BN) * ((KVLO) ? 2 : 1) * ((HD) + (HDV) + 2 * FLASH_PAD)) * 2)
 
 #define FLASH_ENTRY(NAME, HD, BN, WARPS, QREG, SPLIT, KVLO)                                    \
-    FLASH_ENTRY_V(NAME, HD, HD, BN, WARPS, QREG, SPLIT, KVLO)
-#define FLASH_ENTRY_V(NAME, HD, HDV, BN, WARPS, QREG, SPLIT, KVLO)                             \
+    FLASH_ENTRY_V(NAME, HD, HD, BN, WARPS, 1, QREG, SPLIT, KVLO)
+#define FLASH_ENTRY_V(NAME, HD, HDV, BN, WARPS, MT, QREG, SPLIT, KVLO)                         \
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                  \
         NAME(const float* q, float* out, float* part_ml, float* part_acc, const Seg* segs,    \
              const FlashSeg* fsegs, const int* seg_of_row, const Tile* tiles,                \
              const int* ends, int heads, int kv_heads, int hd, int gc, float scale,          \
              float cap) {                                                                    \
         pdl_begin();                                                                          \
-        flash_tile<HD, HDV, BN, WARPS, QREG, SPLIT, KVLO>(q, out, part_ml, part_acc, segs,   \
-                                                          fsegs, seg_of_row, tiles, ends,     \
-                                                          heads, kv_heads, hd, gc, scale,     \
-                                                          cap);                               \
+        flash_tile<HD, HDV, BN, WARPS, MT, QREG, SPLIT, KVLO>(q, out, part_ml, part_acc,      \
+                                                              segs, fsegs, seg_of_row, tiles, \
+                                                              ends, heads, kv_heads, hd, gc,  \
+                                                              scale, cap);                    \
     }
 
 // name, HD, BN, WARPS, QREG, SPLIT, KVLO (the host's `FlashKernel` table repeats these)
@@ -2122,11 +2179,15 @@ FLASH_ENTRY(flash_exact_lo_d64, 64, 64, 4, false, true, true)
 FLASH_ENTRY(flash_exact_lo_d128, 128, 32, 4, false, true, true)
 FLASH_ENTRY(flash_exact_lo_d256, 256, 16, 4, false, true, true)
 // Heads of 512 (Gemma 4's full-attention layers): two blocks a tile, each with the whole
-// scores and 256 of the output dimensions (name, HD, HDV, BN, WARPS, QREG, SPLIT, KVLO).
+// scores and 256 of the output dimensions (name, HD, HDV, BN, WARPS, MT, QREG, SPLIT, KVLO).
 // The exact kernel of f32 caches takes 32 units a block to stay within Hopper's 227 KB.
-FLASH_ENTRY_V(flash_fast_d512, 512, 256, 32, 4, false, false, false)
-FLASH_ENTRY_V(flash_exact_d512, 512, 256, 16, 4, false, true, false)
-FLASH_ENTRY_V(flash_exact_lo_d512, 512, 256, 16, 2, false, true, true)
+FLASH_ENTRY_V(flash_fast_d512, 512, 256, 32, 4, 1, false, false, false)
+FLASH_ENTRY_V(flash_exact_d512, 512, 256, 16, 4, 1, false, true, false)
+FLASH_ENTRY_V(flash_exact_lo_d512, 512, 256, 16, 2, 1, false, true, true)
+// Two m-tiles a warp (128 units a block) for prompt chunks of many rows, f16 products
+// (name, HD, HDV, BN, WARPS, MT, QREG, SPLIT, KVLO).
+FLASH_ENTRY_V(flash_fast_d64_m2, 64, 64, 64, 4, 2, true, false, false)
+FLASH_ENTRY_V(flash_fast_d128_m2, 128, 128, 64, 4, 2, false, false, false)
 
 // ---------------------------------------------------------------------------------------
 // Argmax of each row (the first maximum), with an optional token mask per row: `mask_at[r]`

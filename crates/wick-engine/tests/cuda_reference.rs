@@ -811,8 +811,9 @@ fn two_passes<B: Backend>(
 /// The flash kernels op by op against the CPU backend's attention: head sizes 64–256 (80
 /// and 96 padded to 128), groups of 1 to 32 query heads, windows, soft caps, rows that see
 /// past their position (`attention_to`), prompt chunks batched with a decode row (which
-/// stays on the CUDA-core kernel), keys split into parts; f32 and f16 caches. Exact: as
-/// f32 (within 2e-5 of the outputs' scale); fast (f16 products): within 5e-3.
+/// stays on the CUDA-core kernel), keys split into parts, the wide kernels of long chunks;
+/// f32 and f16 caches. Exact: as f32 (within 2e-5 of the outputs' scale); fast (f16
+/// products): within 5e-3.
 #[test]
 fn flash_attention_matches_the_cpu_op_by_op() {
     let cases = [
@@ -823,6 +824,13 @@ fn flash_attention_matches_the_cpu_op_by_op() {
         (12, 4, 96, None, None, 300, 16, false),
         (8, 1, 256, Some(500), Some(50.0), 2000, 100, false),
         (32, 1, 128, None, None, 3000, 17, false),
+        // Chunks of 128 rows or more take the wide kernels (two m-tiles a warp) at head
+        // sizes up to 128: groups of 7 leave units of a block's last m-tile empty, no
+        // grouping fills a tile with 128 rows, groups of 32 give 4 rows a tile and split
+        // the keys.
+        (14, 2, 64, Some(333), None, 1000, 300, true),
+        (4, 4, 80, None, Some(20.0), 700, 150, true),
+        (32, 1, 128, None, None, 3000, 130, false),
     ];
     for case in cases {
         if !attention_matches_the_cpu(case, &[FlashAttention::Exact, FlashAttention::Fast]) {

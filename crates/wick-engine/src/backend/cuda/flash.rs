@@ -44,6 +44,11 @@ impl FlashAttention {
 /// launches that repeat from step to step, so their graphs replay).
 pub(super) const FLASH_ROWS: usize = 16;
 
+/// Passes whose longest flash segment has at least this many new rows (prompt chunks, not
+/// the small paced chunks beside decoding streams) take the wide kernels where one exists
+/// ([`FlashKernel::wide`]): 128 units a block, so a tile of groups of four is 32 rows.
+pub(super) const FLASH_WIDE_ROWS: usize = 128;
+
 /// One flash kernel and its shape (the `FLASH_ENTRY` lines of `kernels.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FlashKernel {
@@ -56,6 +61,9 @@ pub(super) struct FlashKernel {
     /// Keys a tile.
     pub(super) bn: usize,
     pub(super) warps: usize,
+    /// 16-unit m-tiles a warp takes (2: each key and value fragment read from shared
+    /// memory feeds two products).
+    pub(super) mt: usize,
     /// Queries and probabilities as hi + lo pairs.
     pub(super) split: bool,
     /// Keys and values as hi + lo pairs (copied from an f32 cache).
@@ -121,8 +129,27 @@ impl FlashKernel {
             hdv: hd_max.min(256),
             bn,
             warps,
+            mt: 1,
             split,
             kv_lo,
+        })
+    }
+
+    /// The variant of this kernel whose warps take two m-tiles (`flash_fast_d{64,128}_m2`):
+    /// f16 products at head sizes up to 128, where one m-tile a warp reads a key or value
+    /// fragment from shared memory for every two tensor-core products and shared memory,
+    /// not the tensor cores, sets the pace. `None` for the other kernels (their
+    /// accumulators leave no registers for a second m-tile).
+    pub(super) fn wide(&self) -> Option<FlashKernel> {
+        let kernel = match self.kernel {
+            Kernel::FlashFastD64 => Kernel::FlashFastD64M2,
+            Kernel::FlashFastD128 => Kernel::FlashFastD128M2,
+            _ => return None,
+        };
+        Some(FlashKernel {
+            kernel,
+            mt: 2,
+            ..*self
         })
     }
 
@@ -133,7 +160,7 @@ impl FlashKernel {
 
     /// (row, head) units of a block.
     pub(super) fn units(&self) -> usize {
-        16 * self.warps
+        16 * self.warps * self.mt
     }
 
     /// Dynamic shared memory of a block (`FLASH_SHARED` of `kernels.cu`): the queries (and
@@ -442,6 +469,25 @@ mod tests {
         let k = FlashKernel::select(FlashAttention::Fast, false, 128).unwrap();
         // Queries 64 × 136 f16, two stages of 64-key K and V tiles.
         assert_eq!(k.shared_bytes(), (64 + 4 * 64) * 136 * 2);
+        // Its wide variant: 128 queries, the same key tiles, two blocks an SM still.
+        let w = k.wide().unwrap();
+        assert_eq!(
+            (w.kernel, w.units(), w.bn),
+            (Kernel::FlashFastD128M2, 128, 64)
+        );
+        assert_eq!(w.shared_bytes(), (128 + 4 * 64) * 136 * 2);
+        assert!(2 * w.shared_bytes() <= 228 << 10);
+        let w = FlashKernel::select(FlashAttention::Fast, true, 64)
+            .unwrap()
+            .wide();
+        assert_eq!(
+            w.map(|w| (w.kernel, w.units())),
+            Some((Kernel::FlashFastD64M2, 128))
+        );
+        // No wide variant of the exact kernels or of wider heads.
+        for (mode, hd) in [(FlashAttention::Exact, 128), (FlashAttention::Fast, 256)] {
+            assert_eq!(FlashKernel::select(mode, true, hd).unwrap().wide(), None);
+        }
     }
 
     #[test]

@@ -132,6 +132,9 @@ pub struct CudaBackend {
     flash: FlashAttention,
     /// Segments of at least this many new rows attend on the flash kernels.
     flash_rows: usize,
+    /// Passes of long prompt segments take the flash kernels' wide variants
+    /// (`WICK_CUDA_FLASH_WIDE=0` keeps one m-tile a warp, for A/B runs).
+    flash_wide: bool,
     /// Prompt segments of DeltaNet layers take the chunked form (else token by token;
     /// `WICK_CUDA_DELTA_CHUNKED=0`).
     delta_chunked: bool,
@@ -307,6 +310,7 @@ impl CudaBackend {
             .and_then(|v| v.parse().ok())
             .unwrap_or(flash::FLASH_ROWS)
             .max(1);
+        let flash_wide = std::env::var("WICK_CUDA_FLASH_WIDE").map_or(true, |v| v != "0");
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
         let decode_fusions = std::env::var("WICK_CUDA_DECODE_FUSIONS").map_or(true, |v| v != "0");
@@ -323,6 +327,7 @@ impl CudaBackend {
             kv_half: false,
             flash: FlashAttention::from_env(),
             flash_rows,
+            flash_wide,
             delta_chunked,
             delta_mma,
             decode_fusions,
@@ -663,6 +668,17 @@ impl CudaBackend {
             let fk = self.flash_kernel(hd);
             let (flash, other): (Vec<usize>, Vec<usize>) = (0..segs.len())
                 .partition(|&i| fk.is_some() && segs[i].rows as usize >= self.flash_rows);
+            let longest = flash.iter().map(|&i| segs[i].rows as usize).max();
+            let fk = fk.map(|k| match k.wide() {
+                Some(w)
+                    if self.flash_wide
+                        && longest >= Some(flash::FLASH_WIDE_ROWS)
+                        && w.shared_bytes() <= self.dev.max_shared() =>
+                {
+                    w
+                }
+                _ => k,
+            });
             let plan = fk.map(|fk| {
                 flash::FlashPlan::new(
                     &segs,
