@@ -83,6 +83,8 @@ if [ -z "${SKIP_SERVE:-}" ]; then
     kill $pid; wait $pid 2>/dev/null
   done
 fi
+stamp "waiting for the models of SHAPES"  # so that STAGE=2 never reads a half-made one
+wait
 stamp "done"
 # The device tool returns at most 8 files: the per-run logs and JSON lines go in one archive.
 ( cd $OUT && tar czf details.tgz --remove-files $(ls -d ab make-*.log serve-*.log *.err 2>/dev/null) )

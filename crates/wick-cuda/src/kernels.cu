@@ -654,12 +654,29 @@ __device__ void dequant_affine(const u8* __restrict__ w, const S* __restrict__ s
     }
 // (instantiated after embed_affine, in "Embeddings")
 
-// f32 → bf16 (kind 0) or f16 (kind 1), the input of a cuBLAS product with half weights.
+// f32 as bf16 (kind 0) or f16 (kind 1) bits: the input of a cuBLAS product with half
+// weights.
+__device__ __forceinline__ u16 to_half_bits(float v, int kind) {
+    return kind == 0 ? f32_to_bf16_bits(v) : f32_to_f16_bits(v);
+}
+
+// f32 → bf16 (kind 0) or f16 (kind 1), the input of a cuBLAS product with half weights:
+// four values a thread where the sizes and addresses allow 16-byte loads.
 extern "C" __global__ void to_half(const float* x, u16* out, long long n, int kind) {
     pdl_begin();
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        out[i] = kind == 0 ? f32_to_bf16_bits(x[i]) : f32_to_f16_bits(x[i]);
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long i0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if ((n & 3) == 0 && ((u64)x & 15) == 0 && ((u64)out & 7) == 0) {
+        for (long long i = i0; i < n / 4; i += stride) {
+            float4 v = ((const float4*)x)[i];
+            uint2 h;
+            h.x = (u32)to_half_bits(v.x, kind) | ((u32)to_half_bits(v.y, kind) << 16);
+            h.y = (u32)to_half_bits(v.z, kind) | ((u32)to_half_bits(v.w, kind) << 16);
+            ((uint2*)out)[i] = h;
+        }
+        return;
+    }
+    for (long long i = i0; i < n; i += stride) out[i] = to_half_bits(x[i], kind);
 }
 
 // y[r, c] += bias[c]
@@ -752,10 +769,19 @@ extern "C" __global__ void glu(const float* gate, const float* up, float* out, l
 
 #define NORM_CACHE 8
 
+// A norm's output value, and its half copy when one is asked for.
+__device__ __forceinline__ void norm_store(float* out, u16* half, int kind, u64 i, float v) {
+    out[i] = v;
+    if (half) half[i] = to_half_bits(v, kind);
+}
+
 // RMS norm of each `n`-long group, one block per group; each thread keeps its values
 // (up to NORM_CACHE of them) in registers between the sum and the scaling.
+// `half` (when not null) receives a copy of `out` as bf16 (`kind` 0) or f16 (1) bits: the
+// input of the cuBLAS product that follows, without a pass of its own (`to_half`).
 extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ w,
-                                    float* __restrict__ out, int n, float eps) {
+                                    float* __restrict__ out, int n, float eps,
+                                    u16* __restrict__ half, int kind) {
     pdl_begin();
     u64 base = (u64)blockIdx.x * n;
     float v[NORM_CACHE];
@@ -773,16 +799,17 @@ extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __
 #pragma unroll
     for (int c = 0; c < NORM_CACHE; c++) {
         int i = threadIdx.x + c * blockDim.x;
-        if (i < n) out[base + i] = v[c] * inv * w[i];
+        if (i < n) norm_store(out, half, kind, base + i, v[c] * inv * w[i]);
     }
     for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
-        out[base + i] = x[base + i] * inv * w[i];
+        norm_store(out, half, kind, base + i, x[base + i] * inv * w[i]);
 }
 
 // sum = x + y; out = rms_norm(sum) · w, per `n`-long group (as `rms_norm`).
 extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float* __restrict__ y,
                                         const float* __restrict__ w, float* __restrict__ sum,
-                                        float* __restrict__ out, int n, float eps) {
+                                        float* __restrict__ out, int n, float eps,
+                                        u16* __restrict__ half, int kind) {
     pdl_begin();
     u64 base = (u64)blockIdx.x * n;
     float v[NORM_CACHE];
@@ -804,10 +831,10 @@ extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float
 #pragma unroll
     for (int c = 0; c < NORM_CACHE; c++) {
         int i = threadIdx.x + c * blockDim.x;
-        if (i < n) out[base + i] = v[c] * inv * w[i];
+        if (i < n) norm_store(out, half, kind, base + i, v[c] * inv * w[i]);
     }
     for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
-        out[base + i] = (x[base + i] + y[base + i]) * inv * w[i];
+        norm_store(out, half, kind, base + i, (x[base + i] + y[base + i]) * inv * w[i]);
 }
 
 // s = (x + rms_norm(y) · post) · scale per `n`-long group (a sandwich-normed block's output
@@ -817,7 +844,8 @@ extern "C" __global__ void add_rms_norm(const float* __restrict__ x, const float
 extern "C" __global__ void add_post_norm(const float* __restrict__ x, const float* __restrict__ y,
                                          const float* __restrict__ post,
                                          const float* __restrict__ next, float* __restrict__ sum,
-                                         float* __restrict__ out, int n, float eps, float scale) {
+                                         float* __restrict__ out, int n, float eps, float scale,
+                                         u16* __restrict__ half, int kind) {
     pdl_begin();
     u64 base = (u64)blockIdx.x * n;
     float v[NORM_CACHE];
@@ -856,10 +884,10 @@ extern "C" __global__ void add_post_norm(const float* __restrict__ x, const floa
 #pragma unroll
     for (int c = 0; c < NORM_CACHE; c++) {
         int i = threadIdx.x + c * blockDim.x;
-        if (i < n) out[base + i] = v[c] * inv2 * next[i];
+        if (i < n) norm_store(out, half, kind, base + i, v[c] * inv2 * next[i]);
     }
     for (int i = threadIdx.x + NORM_CACHE * blockDim.x; i < n; i += blockDim.x)
-        out[base + i] = sum[base + i] * inv2 * next[i];
+        norm_store(out, half, kind, base + i, sum[base + i] * inv2 * next[i]);
 }
 
 #define HEAD_MAX 1024
@@ -996,13 +1024,15 @@ extern "C" __global__ void rope_qkv(const float* qkv, float* q_out, float* k_out
 }
 
 // act(gate) · up of a fused gate/up product's rows (`width` gate columns, then as many up
-// columns): what `copy_cols` twice and `glu` did, reading each value once.
-extern "C" __global__ void glu_split(const float* both, float* out, int width, int kind) {
+// columns): what `copy_cols` twice and `glu` did, reading each value once; with `half`, a
+// bf16 (`hkind` 0) or f16 (1) copy of the output too (as `rms_norm`).
+extern "C" __global__ void glu_split(const float* both, float* out, int width, int kind,
+                                     u16* half, int hkind) {
     pdl_begin();
     int c = col();
     if (c < width) {
         const float* row = both + (u64)blockIdx.x * 2 * width;
-        out[(u64)blockIdx.x * width + c] = act(row[c], kind) * row[width + c];
+        norm_store(out, half, hkind, (u64)blockIdx.x * width + c, act(row[c], kind) * row[width + c]);
     }
 }
 

@@ -17,7 +17,7 @@ use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MOD
 use common::logits::{forward_all, forward_batch, greedy_lockstep, pass};
 use common::media::cases::{gemma3_media, gemma4_image_and_clip, gemma4_media, qwen_media};
 use common::media::{audio_media, check_close, MediaGolden, MediaOf, Tolerance};
-use common::wide::{quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
+use common::wide::{bf16_model, quantize_model, some_ids, write_wide_model, WIDE_SHAPES};
 use wick_engine::backend::candle::{CandleBackend, KvDtype};
 use wick_engine::backend::cuda::{CudaBackend, FlashAttention};
 use wick_engine::backend::{
@@ -286,6 +286,41 @@ fn wide_heads_match_the_cpu() {
             return;
         }
     }
+}
+
+/// A bf16 model's prompt passes, whose norms and GLUs write the half copies their cuBLAS
+/// products read, give the very logits of passes where each product converts its input
+/// itself: one pass, chunks of many rows and of few (wick's own kernels, no copies), and
+/// two prompts batched.
+#[test]
+fn half_copies_give_the_logits_of_the_conversion_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    write_wide_model(dir.path(), 8, 2, 128);
+    bf16_model(dir.path());
+    let Some(be) = gpu() else { return };
+    let with = decoder_from_dir(be.with_half_copies(true), dir.path());
+    let Some(be) = gpu() else { return };
+    let without = decoder_from_dir(be.with_half_copies(false), dir.path());
+    let ids = some_ids(300, 11);
+    let other = some_ids(120, 12);
+    for chunks in [&[300][..], &[100, 2, 198]] {
+        let (a, b) = (
+            forward_all(&with, &ids, chunks),
+            forward_all(&without, &ids, chunks),
+        );
+        assert_eq!(a, b, "chunks {chunks:?}");
+    }
+    let batched = |dec: &Decoder<CudaBackend>| {
+        let (mut ca, mut cb) = (dec.new_cache(), dec.new_cache());
+        forward_batch(
+            dec,
+            vec![
+                (&ids, &mut ca, LogitsRequest::All),
+                (&other, &mut cb, LogitsRequest::All),
+            ],
+        )
+    };
+    assert_eq!(batched(&with), batched(&without), "batched");
 }
 
 /// A random-weight model of `heads`/`kv_heads` heads of `hd` on the GPU gives the CPU

@@ -121,6 +121,37 @@ pub fn quantize_model(dir: &Path, bits: u32, group: usize, side: wick_gguf::Ggml
     std::fs::write(&path, config.to_string()).unwrap();
 }
 
+/// Rewrites the f32 matrices of `dir`'s `model.safetensors` (as [`write_wide_model`] leaves
+/// it) as bf16, rounded to nearest even, as a checkpoint saved in bf16 holds them: the
+/// weights GPU backends multiply with bf16 inputs on cuBLAS.
+pub fn bf16_model(dir: &Path) {
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut out: Vec<Tensor> = Vec::new();
+    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        assert_eq!(info["dtype"], "F32", "{name}");
+        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).unwrap();
+        let [a, b] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
+        let raw = &bytes[8 + n + a..8 + n + b];
+        if shape.len() != 2 {
+            out.push((name.clone(), "F32".into(), shape, raw.to_vec()));
+            continue;
+        }
+        let halves = raw
+            .chunks_exact(4)
+            .flat_map(|c| {
+                let v = f32::from_le_bytes(c.try_into().unwrap());
+                half::bf16::from_f32(v).to_bits().to_le_bytes()
+            })
+            .collect();
+        out.push((name.clone(), "BF16".into(), shape, halves));
+    }
+    write_safetensors(&file, out);
+}
+
 /// The attention shapes [`write_wide_model`] is used with: (query heads, KV heads, head
 /// size) — Llama-3-like groups of 4 at 128, a group of 7 at 64 (Qwen2.5-0.5B), MHA,
 /// groups of 8 and 32 at 128, Gemma's 256.

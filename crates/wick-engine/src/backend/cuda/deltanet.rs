@@ -243,6 +243,7 @@ impl CudaBackend {
                     offset: 0,
                     rows: 1,
                     cols: len,
+                    half: None,
                 })
             })
         };

@@ -15,6 +15,7 @@ mod flash;
 mod kv;
 mod moe;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use wick_cuda::{Arg, Buffer, Device, Gemm, Kernel, WType};
@@ -68,6 +69,17 @@ pub struct CudaTensor {
     offset: usize,
     rows: usize,
     cols: usize,
+    /// The same values as bf16 or f16, written beside them by the kernel that made them
+    /// (a norm or GLU of a prompt pass) for the cuBLAS product that reads them next.
+    half: Option<HalfCopy>,
+}
+
+/// A tensor's values rounded to the half type of the weights a cuBLAS product multiplies
+/// them with, as `to_half` would have rounded them.
+#[derive(Clone)]
+struct HalfCopy {
+    buf: Arc<Buffer>,
+    kind: WType,
 }
 
 impl CudaTensor {
@@ -147,6 +159,12 @@ pub struct CudaBackend {
     /// `WICK_CUDA_DECODE_FUSIONS=0` runs their unfused compositions instead, for A/B runs
     /// and as a way around a suspect kernel.
     decode_fusions: bool,
+    /// Norms and GLUs of prompt passes write a half copy of their output for the cuBLAS
+    /// product that follows (`WICK_CUDA_HALF_COPIES=0`: that product converts it itself).
+    half_copies: bool,
+    /// The half type the last cuBLAS product converted its f32 input to (0: none yet, 1:
+    /// bf16, 2: f16): the type the half copies take.
+    half_kind: AtomicU8,
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
@@ -245,6 +263,17 @@ pub(crate) fn words<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
 }
 
 /// Column blocks of 256 threads for a row kernel over `cols` values.
+/// The `half, kind` arguments of a kernel that may write a half copy of its output.
+fn half_args(h: &Option<HalfCopy>) -> [Arg; 2] {
+    match h {
+        Some(h) => [
+            Arg::Ptr(h.buf.ptr()),
+            Arg::I32(i32::from(h.kind != WType::Bf16)),
+        ],
+        None => [Arg::Ptr(0), Arg::I32(0)],
+    }
+}
+
 fn col_blocks(cols: usize) -> u32 {
     cols.div_ceil(256).max(1) as u32
 }
@@ -315,6 +344,7 @@ impl CudaBackend {
         let delta_chunked = std::env::var("WICK_CUDA_DELTA_CHUNKED").map_or(true, |v| v != "0");
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
         let decode_fusions = std::env::var("WICK_CUDA_DECODE_FUSIONS").map_or(true, |v| v != "0");
+        let half_copies = std::env::var("WICK_CUDA_HALF_COPIES").map_or(true, |v| v != "0");
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
@@ -332,12 +362,23 @@ impl CudaBackend {
             delta_chunked,
             delta_mma,
             decode_fusions,
+            half_copies,
+            half_kind: AtomicU8::new(0),
         })
     }
 
     /// How prompt chunks attend (default: `WICK_CUDA_FLASH`, else [`FlashAttention::Fast`]).
     pub fn with_flash(mut self, mode: FlashAttention) -> Self {
         self.flash = mode;
+        self
+    }
+
+    /// Whether norms and GLUs of prompt passes write the half copy of their output that
+    /// the cuBLAS product after them reads (default: on, unless `WICK_CUDA_HALF_COPIES=0`);
+    /// off, that product converts its f32 input in a pass of its own. Either way the
+    /// product sees the same values.
+    pub fn with_half_copies(mut self, on: bool) -> Self {
+        self.half_copies = on;
         self
     }
 
@@ -398,7 +439,28 @@ impl CudaBackend {
             offset: 0,
             rows,
             cols,
+            half: None,
         })
+    }
+
+    /// Room for the half copy of a `rows`-row output of `len` values, when the product
+    /// that reads it goes to cuBLAS (more rows than wick's own kernels take) and an earlier
+    /// cuBLAS product has said which half type its weights are; the pointer and kind the
+    /// kernels take (0 and 0 for none).
+    fn half_copy(&self, rows: usize, len: usize) -> Result<Option<HalfCopy>> {
+        if !self.half_copies || rows <= self.kernel_rows {
+            return Ok(None);
+        }
+        let kind = match self.half_kind.load(Ordering::Relaxed) {
+            1 => WType::Bf16,
+            2 => WType::F16,
+            _ => return Ok(None),
+        };
+        let buf = self.dev.alloc(len * 2).map_err(cuda_err)?;
+        Ok(Some(HalfCopy {
+            buf: Arc::new(buf),
+            kind,
+        }))
     }
 
     fn launch(&self, k: Kernel, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
@@ -481,9 +543,16 @@ impl CudaBackend {
         if let Some(y) = y {
             self.same_shape("add_rms_norm", x, y)?;
         }
-        let out = self.tensor(x.rows, x.cols)?;
+        let mut out = self.tensor(x.rows, x.cols)?;
+        let half = self.half_copy(x.rows, x.len())?;
         let groups = ((x.len() / n) as u32, 1, 1);
-        let tail = [Arg::I32(int(n, "norm size")?), Arg::F32(eps)];
+        let [half_ptr, half_kind] = half_args(&half);
+        let tail = [
+            Arg::I32(int(n, "norm size")?),
+            Arg::F32(eps),
+            half_ptr,
+            half_kind,
+        ];
         let sum = match y {
             None => {
                 let args = [
@@ -517,6 +586,7 @@ impl CudaBackend {
                 Some(sum)
             }
         };
+        out.half = half;
         Ok((sum, out))
     }
 
@@ -1105,7 +1175,12 @@ impl Backend for CudaBackend {
         }
         self.same_shape("add_post_norm", x, y)?;
         let sum = self.tensor(x.rows, x.cols)?;
-        let out = next.map(|_| self.tensor(x.rows, x.cols)).transpose()?;
+        let mut out = next.map(|_| self.tensor(x.rows, x.cols)).transpose()?;
+        let half = match out {
+            Some(_) => self.half_copy(x.rows, x.len())?,
+            None => None,
+        };
+        let [half_ptr, half_kind] = half_args(&half);
         self.launch(
             Kernel::AddPostNorm,
             ((x.len() / n) as u32, 1, 1),
@@ -1120,8 +1195,13 @@ impl Backend for CudaBackend {
                 Arg::I32(int(n, "norm size")?),
                 Arg::F32(eps),
                 Arg::F32(scale),
+                half_ptr,
+                half_kind,
             ],
         )?;
+        if let Some(o) = out.as_mut() {
+            o.half = half;
+        }
         Ok((sum, out))
     }
 
@@ -1143,6 +1223,7 @@ impl Backend for CudaBackend {
                         offset: x.offset + off * 4,
                         rows: 1,
                         cols: w,
+                        half: None,
                     };
                     off += w;
                     part
@@ -1200,8 +1281,10 @@ impl Backend for CudaBackend {
             // The product of both halves, then one pass that reads each row's gate and up
             // columns where they lie.
             let both = self.linear(x, gate_up, None)?;
-            let y = self.tensor(x.rows, width)?;
+            let mut y = self.tensor(x.rows, width)?;
             if x.rows > 0 {
+                let half = self.half_copy(x.rows, y.len())?;
+                let [half_ptr, half_kind] = half_args(&half);
                 self.launch(
                     Kernel::GluSplit,
                     (x.rows as u32, col_blocks(width), 1),
@@ -1211,8 +1294,11 @@ impl Backend for CudaBackend {
                         Arg::Ptr(y.ptr()),
                         Arg::I32(int(width, "width")?),
                         Arg::I32(act_kind(act)),
+                        half_ptr,
+                        half_kind,
                     ],
                 )?;
+                y.half = half;
             }
             return Ok(y);
         }
@@ -1721,6 +1807,7 @@ impl Backend for CudaBackend {
             offset: 0,
             rows,
             cols,
+            half: None,
         })
     }
 
@@ -1917,7 +2004,15 @@ impl CudaBackend {
         let half;
         let input = match wtype {
             WType::F32 => x.ptr(),
+            // Its maker wrote the half copy this product needs.
+            kind if x.half.as_ref().is_some_and(|h| h.kind == kind) => {
+                x.half.as_ref().map_or(0, |h| h.buf.ptr())
+            }
             kind => {
+                // Later norms and GLUs of the pass write their outputs' copies in this
+                // type (the model's products share one weight type).
+                self.half_kind
+                    .store(if kind == WType::Bf16 { 1 } else { 2 }, Ordering::Relaxed);
                 let n = x.len();
                 half = self.dev.alloc(n * 2).map_err(cuda_err)?;
                 self.launch(
