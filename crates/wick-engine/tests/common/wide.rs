@@ -65,32 +65,43 @@ pub fn write_wide_model(dir: &Path, heads: usize, kv_heads: usize, head_dim: usi
     write_safetensors(&dir.join("model.safetensors"), out);
 }
 
+/// The tensors of an all-f32 safetensors file (as [`write_wide_model`] writes it): name,
+/// shape and little-endian bytes.
+fn f32_tensors(file: &Path) -> Vec<(String, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(name, info)| {
+            assert_eq!(info["dtype"], "F32", "{name}");
+            let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).unwrap();
+            let [a, b] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
+            (name.clone(), shape, bytes[8 + n + a..8 + n + b].to_vec())
+        })
+        .collect()
+}
+
 /// Rewrites the f32 `model.safetensors` of `dir` (as [`write_wide_model`] leaves it) in
 /// MLX's affine layout, as `mlx_lm.convert -q` does: every matrix packed at `bits` with
 /// scales and biases of type `side` per `group` inputs, and `quantization` in
 /// `config.json`.
 pub fn quantize_model(dir: &Path, bits: u32, group: usize, side: wick_gguf::GgmlType) {
     let file = dir.join("model.safetensors");
-    let bytes = std::fs::read(&file).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let mut out: Vec<Tensor> = Vec::new();
-    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
-        assert_eq!(info["dtype"], "F32", "{name}");
-        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).unwrap();
-        let [a, b] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
-        let raw = &bytes[8 + n + a..8 + n + b];
+    for (name, shape, raw) in f32_tensors(&file) {
         let values: Vec<f32> = raw
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         let [rows, cols] = shape[..] else {
-            out.push((name.clone(), "F32".into(), shape, raw.to_vec()));
+            out.push((name, "F32".into(), shape, raw));
             continue;
         };
         let q = wick_engine::weights::AffineWeight::quantize(
-            name,
+            &name,
             &values,
             (rows, cols),
             (bits, group),
@@ -126,18 +137,10 @@ pub fn quantize_model(dir: &Path, bits: u32, group: usize, side: wick_gguf::Ggml
 /// weights GPU backends multiply with bf16 inputs on cuBLAS.
 pub fn bf16_model(dir: &Path) {
     let file = dir.join("model.safetensors");
-    let bytes = std::fs::read(&file).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let mut out: Vec<Tensor> = Vec::new();
-    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
-        assert_eq!(info["dtype"], "F32", "{name}");
-        let shape: Vec<usize> = serde_json::from_value(info["shape"].clone()).unwrap();
-        let [a, b] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
-        let raw = &bytes[8 + n + a..8 + n + b];
+    for (name, shape, raw) in f32_tensors(&file) {
         if shape.len() != 2 {
-            out.push((name.clone(), "F32".into(), shape, raw.to_vec()));
+            out.push((name, "F32".into(), shape, raw));
             continue;
         }
         let halves = raw
@@ -147,7 +150,7 @@ pub fn bf16_model(dir: &Path) {
                 half::bf16::from_f32(v).to_bits().to_le_bytes()
             })
             .collect();
-        out.push((name.clone(), "BF16".into(), shape, halves));
+        out.push((name, "BF16".into(), shape, halves));
     }
     write_safetensors(&file, out);
 }

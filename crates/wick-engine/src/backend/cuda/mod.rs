@@ -74,6 +74,10 @@ pub struct CudaTensor {
     half: Option<HalfCopy>,
 }
 
+/// `CudaBackend::half_kind`'s codes of the half types.
+const HALF_BF16: u8 = 1;
+const HALF_F16: u8 = 2;
+
 /// A tensor's values rounded to the half type of the weights a cuBLAS product multiplies
 /// them with, as `to_half` would have rounded them.
 #[derive(Clone)]
@@ -162,8 +166,8 @@ pub struct CudaBackend {
     /// Norms and GLUs of prompt passes write a half copy of their output for the cuBLAS
     /// product that follows (`WICK_CUDA_HALF_COPIES=0`: that product converts it itself).
     half_copies: bool,
-    /// The half type the last cuBLAS product converted its f32 input to (0: none yet, 1:
-    /// bf16, 2: f16): the type the half copies take.
+    /// The half type the last cuBLAS product converted its f32 input to (0 while none has;
+    /// [`HALF_BF16`] or [`HALF_F16`]): the type the half copies take.
     half_kind: AtomicU8,
 }
 
@@ -262,7 +266,6 @@ pub(crate) fn words<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
         .collect()
 }
 
-/// Column blocks of 256 threads for a row kernel over `cols` values.
 /// The `half, kind` arguments of a kernel that may write a half copy of its output.
 fn half_args(h: &Option<HalfCopy>) -> [Arg; 2] {
     match h {
@@ -274,6 +277,7 @@ fn half_args(h: &Option<HalfCopy>) -> [Arg; 2] {
     }
 }
 
+/// Column blocks of 256 threads for a row kernel over `cols` values.
 fn col_blocks(cols: usize) -> u32 {
     cols.div_ceil(256).max(1) as u32
 }
@@ -445,15 +449,14 @@ impl CudaBackend {
 
     /// Room for the half copy of a `rows`-row output of `len` values, when the product
     /// that reads it goes to cuBLAS (more rows than wick's own kernels take) and an earlier
-    /// cuBLAS product has said which half type its weights are; the pointer and kind the
-    /// kernels take (0 and 0 for none).
+    /// cuBLAS product has said which half type its weights are.
     fn half_copy(&self, rows: usize, len: usize) -> Result<Option<HalfCopy>> {
         if !self.half_copies || rows <= self.kernel_rows {
             return Ok(None);
         }
         let kind = match self.half_kind.load(Ordering::Relaxed) {
-            1 => WType::Bf16,
-            2 => WType::F16,
+            HALF_BF16 => WType::Bf16,
+            HALF_F16 => WType::F16,
             _ => return Ok(None),
         };
         let buf = self.dev.alloc(len * 2).map_err(cuda_err)?;
@@ -1176,9 +1179,10 @@ impl Backend for CudaBackend {
         self.same_shape("add_post_norm", x, y)?;
         let sum = self.tensor(x.rows, x.cols)?;
         let mut out = next.map(|_| self.tensor(x.rows, x.cols)).transpose()?;
-        let half = match out {
-            Some(_) => self.half_copy(x.rows, x.len())?,
-            None => None,
+        let half = if out.is_some() {
+            self.half_copy(x.rows, x.len())?
+        } else {
+            None
         };
         let [half_ptr, half_kind] = half_args(&half);
         self.launch(
@@ -2011,8 +2015,12 @@ impl CudaBackend {
             kind => {
                 // Later norms and GLUs of the pass write their outputs' copies in this
                 // type (the model's products share one weight type).
-                self.half_kind
-                    .store(if kind == WType::Bf16 { 1 } else { 2 }, Ordering::Relaxed);
+                let code = if kind == WType::Bf16 {
+                    HALF_BF16
+                } else {
+                    HALF_F16
+                };
+                self.half_kind.store(code, Ordering::Relaxed);
                 let n = x.len();
                 half = self.dev.alloc(n * 2).map_err(cuda_err)?;
                 self.launch(
