@@ -126,6 +126,7 @@ kernels! {
     RopeQk => "rope_qk",
     RopeQkv => "rope_qkv",
     GluSplit => "glu_split",
+    GluSplitHalf => "glu_split_half",
     GatherRows => "gather_rows",
     CopyCols => "copy_cols",
     ScatterAddRows => "scatter_add_rows",
@@ -334,8 +335,10 @@ pub struct Gemm {
     pub wtype: WType,
     /// Input `[rows, k]`.
     pub x: u64,
-    /// Output `[rows, n]`, f32.
+    /// Output `[rows, n]`: f32, or of `wtype` with `y_half`.
     pub y: u64,
+    /// The output takes the weights' (half) type.
+    pub y_half: bool,
     /// Rows of `x`.
     pub rows: usize,
     /// Inner dimension.
@@ -1337,7 +1340,11 @@ fn gemm(inner: &Inner, g: &Gemm) -> Result<()> {
             g.k as i32,
             &beta as *const f32 as *const c_void,
             g.y as *mut c_void,
-            cudaDataType::CUDA_R_32F,
+            if g.y_half {
+                ty
+            } else {
+                cudaDataType::CUDA_R_32F
+            },
             g.n as i32,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,

@@ -1036,6 +1036,19 @@ extern "C" __global__ void glu_split(const float* both, float* out, int width, i
     }
 }
 
+// glu_split of a product stored in bf16 (`bkind` 0) or f16 (1).
+extern "C" __global__ void glu_split_half(const u16* both, int bkind, float* out, int width,
+                                          int kind, u16* half, int hkind) {
+    pdl_begin();
+    int c = col();
+    if (c < width) {
+        const u16* row = both + (u64)blockIdx.x * 2 * width;
+        float g = bkind == 0 ? to_f32(Bf16{row[c]}) : to_f32(F16{row[c]});
+        float u = bkind == 0 ? to_f32(Bf16{row[width + c]}) : to_f32(F16{row[width + c]});
+        norm_store(out, half, hkind, (u64)blockIdx.x * width + c, act(g, kind) * u);
+    }
+}
+
 // out[i, :] = x[idx[i], :]
 extern "C" __global__ void gather_rows(const float* x, const u32* idx, float* out, int cols) {
     pdl_begin();

@@ -166,9 +166,23 @@ pub struct CudaBackend {
     /// Norms and GLUs of prompt passes write a half copy of their output for the cuBLAS
     /// product that follows (`WICK_CUDA_HALF_COPIES=0`: that product converts it itself).
     half_copies: bool,
+    /// Norm kernels of prompt passes take blocks of one thread per 8 values
+    /// ([`prompt_norm_threads`]; `WICK_CUDA_PROMPT_NORMS=0`: up to 1,024, as decode steps).
+    prompt_norms: bool,
+    /// A prompt pass's gate-and-up product of half weights stores its sums in their type
+    /// for the GLU pass after it (`WICK_CUDA_HALF_GLU=0`: f32 sums).
+    half_glu: bool,
     /// The half type the last cuBLAS product converted its f32 input to (0 while none has;
     /// [`HALF_BF16`] or [`HALF_F16`]): the type the half copies take.
     half_kind: AtomicU8,
+}
+
+/// Where a cuBLAS product writes: an f32 tensor, or a buffer of the weights' half type
+/// (products whose only reader converts their values anyway).
+#[derive(Clone, Copy)]
+enum BlasOut<'a> {
+    F32(&'a CudaTensor),
+    Half(&'a Buffer),
 }
 
 /// Rows of one segment that one attention block takes (`struct Tile` of `kernels.cu`).
@@ -287,6 +301,19 @@ fn norm_threads(n: usize) -> u32 {
     n.next_multiple_of(32).clamp(32, 1024) as u32
 }
 
+/// Launches of a norm kernel with at least this many rows (prompt passes) take
+/// [`prompt_norm_threads`].
+const PROMPT_NORM_ROWS: usize = 64;
+
+/// Threads of a norm block in a prompt pass: one for every `NORM_CACHE` (8) values of a
+/// row, at least 128. A decode step's few rows take up to 1,024 ([`norm_threads`]), which
+/// spreads a row over the card; with thousands of rows that leaves two blocks an SM, each
+/// thread with two or three values between two block-wide reductions (Gemma 4 E4B's
+/// `add_post_norm` at 4,096 rows read and wrote at 1.3 TB/s on an H100).
+fn prompt_norm_threads(n: usize) -> u32 {
+    n.div_ceil(8).next_multiple_of(32).clamp(128, 1024) as u32
+}
+
 /// Which of a few-row product's kernels (passes of up to 1, 2, 4 or 8 rows) takes `rows`.
 fn row_class(rows: usize) -> usize {
     match rows {
@@ -349,6 +376,8 @@ impl CudaBackend {
         let delta_mma = std::env::var("WICK_CUDA_DELTA_MMA").map_or(true, |v| v != "0");
         let decode_fusions = std::env::var("WICK_CUDA_DECODE_FUSIONS").map_or(true, |v| v != "0");
         let half_copies = std::env::var("WICK_CUDA_HALF_COPIES").map_or(true, |v| v != "0");
+        let half_glu = std::env::var("WICK_CUDA_HALF_GLU").map_or(true, |v| v != "0");
+        let prompt_norms = std::env::var("WICK_CUDA_PROMPT_NORMS").map_or(true, |v| v != "0");
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
@@ -367,6 +396,8 @@ impl CudaBackend {
             delta_mma,
             decode_fusions,
             half_copies,
+            half_glu,
+            prompt_norms,
             half_kind: AtomicU8::new(0),
         })
     }
@@ -383,6 +414,14 @@ impl CudaBackend {
     /// product sees the same values.
     pub fn with_half_copies(mut self, on: bool) -> Self {
         self.half_copies = on;
+        self
+    }
+
+    /// Whether a prompt pass's gate-and-up product of bf16 or f16 weights stores its sums
+    /// in that type for the GLU pass that reads them (default: on, unless
+    /// `WICK_CUDA_HALF_GLU=0`), as PyTorch does with half models; off, in f32.
+    pub fn with_half_glu(mut self, on: bool) -> Self {
+        self.half_glu = on;
         self
     }
 
@@ -464,6 +503,15 @@ impl CudaBackend {
             buf: Arc::new(buf),
             kind,
         }))
+    }
+
+    /// Threads of a norm kernel's block over `rows` rows of `n` values.
+    fn norm_block(&self, n: usize, rows: usize) -> u32 {
+        if self.prompt_norms && rows >= PROMPT_NORM_ROWS {
+            prompt_norm_threads(n)
+        } else {
+            norm_threads(n)
+        }
     }
 
     fn launch(&self, k: Kernel, grid: (u32, u32, u32), block: u32, args: &[Arg]) -> Result<()> {
@@ -566,7 +614,7 @@ impl CudaBackend {
                 self.launch(
                     Kernel::RmsNorm,
                     groups,
-                    norm_threads(n),
+                    self.norm_block(n, x.len() / n),
                     &[&args[..], &tail].concat(),
                 )?;
                 None
@@ -583,7 +631,7 @@ impl CudaBackend {
                 self.launch(
                     Kernel::AddRmsNorm,
                     groups,
-                    norm_threads(n),
+                    self.norm_block(n, x.len() / n),
                     &[&args[..], &tail].concat(),
                 )?;
                 Some(sum)
@@ -1117,7 +1165,9 @@ impl Backend for CudaBackend {
                     ],
                 )
             }
-            Layout::Dense(wtype) => self.blas_product(x, w.buf.ptr(), wtype, w, bias, &y),
+            Layout::Dense(wtype) => {
+                self.blas_product(x, w.buf.ptr(), wtype, w, bias, BlasOut::F32(&y))
+            }
             Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
                 self.affine_rows(x, w, (bits, group, side), bias, &y)
             }
@@ -1126,7 +1176,7 @@ impl Backend for CudaBackend {
             }
             Layout::Affine { bits, group, side } => {
                 let dense = self.affine_to_bf16(w, (bits, group, side))?;
-                self.blas_product(x, dense.ptr(), WType::Bf16, w, bias, &y)
+                self.blas_product(x, dense.ptr(), WType::Bf16, w, bias, BlasOut::F32(&y))
             }
         })?;
         Ok(y)
@@ -1188,7 +1238,7 @@ impl Backend for CudaBackend {
         self.launch(
             Kernel::AddPostNorm,
             ((x.len() / n) as u32, 1, 1),
-            norm_threads(n),
+            self.norm_block(n, x.len() / n),
             &[
                 Arg::Ptr(x.ptr()),
                 Arg::Ptr(y.ptr()),
@@ -1283,27 +1333,44 @@ impl Backend for CudaBackend {
         };
         if !fused || x.rows == 0 {
             // The product of both halves, then one pass that reads each row's gate and up
-            // columns where they lie.
-            let both = self.linear(x, gate_up, None)?;
+            // columns where they lie. Half weights: the product stores its sums in their
+            // type (as PyTorch's bf16 models do), half the bytes written and read again.
             let mut y = self.tensor(x.rows, width)?;
-            if x.rows > 0 {
-                let half = self.half_copy(x.rows, y.len())?;
-                let [half_ptr, half_kind] = half_args(&half);
-                self.launch(
-                    Kernel::GluSplit,
-                    (x.rows as u32, col_blocks(width), 1),
-                    256,
-                    &[
-                        Arg::Ptr(both.ptr()),
-                        Arg::Ptr(y.ptr()),
-                        Arg::I32(int(width, "width")?),
-                        Arg::I32(act_kind(act)),
-                        half_ptr,
-                        half_kind,
-                    ],
-                )?;
-                y.half = half;
+            if x.rows == 0 {
+                return Ok(y);
             }
+            let half = self.half_copy(x.rows, y.len())?;
+            let [half_ptr, half_kind] = half_args(&half);
+            let tail = [
+                Arg::I32(int(width, "width")?),
+                Arg::I32(act_kind(act)),
+                half_ptr,
+                half_kind,
+            ];
+            let grid = (x.rows as u32, col_blocks(width), 1);
+            match gate_up.layout {
+                Layout::Dense(wtype) if wtype != WType::F32 && self.half_glu => {
+                    let both = self.dev.alloc(x.rows * 2 * width * 2).map_err(cuda_err)?;
+                    self.op(|| {
+                        let out = BlasOut::Half(&both);
+                        self.blas_product(x, gate_up.buf.ptr(), wtype, gate_up, None, out)
+                    })?;
+                    let kind = Arg::I32(if wtype == WType::Bf16 { 0 } else { 1 });
+                    let args = [Arg::Ptr(both.ptr()), kind, Arg::Ptr(y.ptr())];
+                    self.launch(
+                        Kernel::GluSplitHalf,
+                        grid,
+                        256,
+                        &[&args[..], &tail].concat(),
+                    )?;
+                }
+                _ => {
+                    let both = self.linear(x, gate_up, None)?;
+                    let args = [Arg::Ptr(both.ptr()), Arg::Ptr(y.ptr())];
+                    self.launch(Kernel::GluSplit, grid, 256, &[&args[..], &tail].concat())?;
+                }
+            }
+            y.half = half;
             return Ok(y);
         }
         let y = self.tensor(x.rows, width)?;
@@ -1368,7 +1435,7 @@ impl Backend for CudaBackend {
         self.launch(
             Kernel::LayerNorm,
             ((x.len() / n) as u32, 1, 1),
-            norm_threads(n),
+            self.norm_block(n, x.len() / n),
             &[
                 Arg::Ptr(x.ptr()),
                 Arg::Ptr(weight.ptr()),
@@ -2003,7 +2070,7 @@ impl CudaBackend {
         wtype: WType,
         w: &CudaMatrix,
         bias: Option<&CudaTensor>,
-        y: &CudaTensor,
+        y: BlasOut<'_>,
     ) -> Result<()> {
         let half;
         let input = match wtype {
@@ -2042,13 +2109,20 @@ impl CudaBackend {
                 w: wptr,
                 wtype,
                 x: input,
-                y: y.ptr(),
+                y: match y {
+                    BlasOut::F32(t) => t.ptr(),
+                    BlasOut::Half(b) => b.ptr(),
+                },
+                y_half: matches!(y, BlasOut::Half(_)),
                 rows: x.rows,
                 k: w.cols,
                 n: w.rows,
             })
             .map_err(cuda_err)?;
         if let Some(b) = bias {
+            let BlasOut::F32(y) = y else {
+                return Err(invalid("a half product output takes no bias".into()));
+            };
             let n = y.len();
             self.launch(
                 Kernel::AddBias,
