@@ -91,6 +91,12 @@ kernels! {
     LinearManyF16R2 => "linear_many_f16_r2",
     LinearManyBf16R1 => "linear_many_bf16_r1",
     LinearManyBf16R2 => "linear_many_bf16_r2",
+    LinearMulBlockF32R1 => "linear_mul_block_f32_r1",
+    LinearMulBlockF32R2 => "linear_mul_block_f32_r2",
+    LinearMulBlockF16R1 => "linear_mul_block_f16_r1",
+    LinearMulBlockF16R2 => "linear_mul_block_f16_r2",
+    LinearMulBlockBf16R1 => "linear_mul_block_bf16_r1",
+    LinearMulBlockBf16R2 => "linear_mul_block_bf16_r2",
     GluBlockF32R1 => "glu_block_f32_r1",
     GluBlockF32R2 => "glu_block_f32_r2",
     GluBlockF16R1 => "glu_block_f16_r1",
@@ -122,6 +128,8 @@ kernels! {
     AddRmsNorm => "add_rms_norm",
     AddPostNorm => "add_post_norm",
     NormRopeHeads => "norm_rope_heads",
+    NormRopeHeadsWarps => "norm_rope_heads_warps",
+    RopeTable => "rope_table",
     Rope => "rope",
     RopeQk => "rope_qk",
     RopeQkv => "rope_qkv",
@@ -1471,7 +1479,7 @@ mod tests {
             );
             few_rows += 1;
         }
-        assert_eq!(few_rows, 48, "one- and two-row product kernels in the log");
+        assert_eq!(few_rows, 54, "one- and two-row product kernels in the log");
         assert_eq!(
             attention, 33,
             "attention, flash and DeltaNet tensor-core kernels in the log"

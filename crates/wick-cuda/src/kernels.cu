@@ -157,10 +157,12 @@ __device__ __forceinline__ float act(float g, int kind) {
 
 // Sums each thread's a0[r] (output o) and a1[r] (output o + 1) over the block and stores
 // them (+ bias) into rows r of y; with `glu` ≥ 0 (an activation kind) the two are a gate
-// and its up projection, and act(gate)·up is stored at o.
+// and its up projection, and act(gate)·up is stored at o; with `mul`, each output is a
+// gate of mul's value at its place: act(sum, mact)·mul is stored.
 template <int NR>
 __device__ __forceinline__ void block_store(float* a0, float* a1, float b0, float b1,
-                                            bool second, int glu, float* y, int out, int o) {
+                                            bool second, int glu, float* y, int out, int o,
+                                            const float* mul, int mact) {
     __shared__ float part[RB_THREADS / 32][16];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
@@ -189,7 +191,9 @@ __device__ __forceinline__ void block_store(float* a0, float* a1, float b0, floa
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < RB_THREADS / 32; k++) s += part[k][8 * which + r];
-            y[(u64)r * out + o + which] = s + (which ? b1 : b0);
+            u64 at = (u64)r * out + o + which;
+            s += which ? b1 : b0;
+            y[at] = mul ? act(s, mact) * mul[at] : s;
         }
     }
     __syncthreads();
@@ -420,20 +424,26 @@ __device__ __forceinline__ void row_passes(int rows, const Pass& pass) {
 // One block's outputs o and o + 1 (if `second`) with their biases.
 // (With `glu` ≥ 0: the block's two rows are a gate and its up projection, and its one
 // output is act(gate)·up at o.)
+// (With `mul`: each output is act(sum, mact) times mul's value at its place.)
 struct Outputs {
     float* y;
     int out, o;
     float b0, b1;
     bool second;
     int glu;
-    __device__ Outputs(float* y_, const float* bias, int out_, int o_, int glu_ = -1)
-        : y(y_), out(out_), o(o_), second(glu_ >= 0 || o_ + 1 < out_), glu(glu_) {
+    const float* mul;
+    int mact;
+    __device__ Outputs(float* y_, const float* bias, int out_, int o_, int glu_ = -1,
+                       const float* mul_ = nullptr, int mact_ = 0)
+        : y(y_), out(out_), o(o_), second(glu_ >= 0 || o_ + 1 < out_), glu(glu_), mul(mul_),
+          mact(mact_) {
         b0 = bias ? bias[o] : 0.0f;
         b1 = bias && second ? bias[o + 1] : 0.0f;
     }
     template <int N>
     __device__ __forceinline__ void store(float* a0, float* a1, int r0) const {
-        block_store<N>(a0, a1, b0, b1, second, glu, y + (u64)r0 * out, out, o);
+        block_store<N>(a0, a1, b0, b1, second, glu, y + (u64)r0 * out, out, o,
+                       mul ? mul + (u64)r0 * out : nullptr, mact);
     }
 };
 
@@ -464,6 +474,22 @@ __device__ __forceinline__ void linear_block_at(const float* __restrict__ x,
     const T* w0 = w + (u64)o * in;
     pdl_wait();
     Outputs dst(y, bias, out, o);
+    DensePass<T> pass = {x, w0, dst.second ? w0 + in : w0, in, dst};
+    row_passes<MAXR>(rows, pass);
+}
+
+// act(x·wᵀ) · mul for `rows` rows of x, outputs o and o + 1 of the block: a product that
+// gates another tensor (Gemma 4's per-layer inputs) with no separate GLU launch.
+template <typename T, int MAXR>
+__device__ void linear_mul_block(const float* __restrict__ x, const T* __restrict__ w,
+                                 const float* __restrict__ mul, float* __restrict__ y,
+                                 int rows, int in, int out, int act_kind) {
+    int o = 2 * blockIdx.x;
+    if (o >= out) return;
+    pdl_launch();
+    const T* w0 = w + (u64)o * in;
+    pdl_wait();
+    Outputs dst(y, nullptr, out, o, -1, mul, act_kind);
     DensePass<T> pass = {x, w0, dst.second ? w0 + in : w0, in, dst};
     row_passes<MAXR>(rows, pass);
 }
@@ -525,10 +551,16 @@ __device__ void glu_block(const float* __restrict__ x, const T* __restrict__ w,
         float* y2, int rows, int in, int out0, int out1, int out2) {                           \
         linear_many<T, R>(x, w0, w1, w2, y0, y1, y2, rows, in, out0, out1, out2);              \
     }
+#define MUL_ENTRY(T, TN, R)                                                                    \
+    extern "C" __global__ void __launch_bounds__(RB_THREADS) linear_mul_block_##TN##_r##R(    \
+        const float* x, const T* w, const float* mul, float* y, int rows, int in, int out,     \
+        int act_kind) {                                                                        \
+        linear_mul_block<T, R>(x, w, mul, y, rows, in, out, act_kind);                         \
+    }
 #define BLOCK_ENTRIES(T, TN)                                                                   \
     BLOCK_ENTRY(T, TN, 1) BLOCK_ENTRY(T, TN, 2) BLOCK_ENTRY(T, TN, 4) BLOCK_ENTRY(T, TN, 8)    \
     GLU_BLOCK_ENTRY(T, TN, 1) GLU_BLOCK_ENTRY(T, TN, 2) MANY_ENTRY(T, TN, 1)                   \
-    MANY_ENTRY(T, TN, 2)
+    MANY_ENTRY(T, TN, 2) MUL_ENTRY(T, TN, 1) MUL_ENTRY(T, TN, 2)
 BLOCK_ENTRIES(float, f32)
 BLOCK_ENTRIES(F16, f16)
 BLOCK_ENTRIES(Bf16, bf16)
@@ -892,6 +924,56 @@ extern "C" __global__ void add_post_norm(const float* __restrict__ x, const floa
 
 #define HEAD_MAX 1024
 
+// One head of `norm_rope_heads`: head h of the queries' `qh`, then the keys' `kn` and the
+// values' `vn` heads (values are normalized, not rotated).
+struct NormHead {
+    const float* src;
+    const float* w;
+    float* dst;
+    u64 off;
+    bool rotate;
+    __device__ NormHead(int r, int h, const float* q, const float* qw, float* q_out,
+                        const float* k, const float* kw, float* k_out, const float* v,
+                        const float* vw, float* v_out, int qh, int kn, int vn, int hd)
+        : src(q), w(qw), dst(q_out), rotate(true) {
+        int heads = qh;
+        if (h >= qh + kn) {
+            h -= qh + kn;
+            src = v, w = vw, dst = v_out, heads = vn, rotate = false;
+        } else if (h >= qh) {
+            h -= qh;
+            src = k, w = kw, dst = k_out, heads = kn;
+        }
+        off = ((u64)r * heads + h) * hd;
+    }
+    // Stores values d = first, first + step, … of the head (`head`: its values, read by
+    // every thread that stores) times `inv` and the weights, rotated.
+    __device__ __forceinline__ void store(const float* head, float inv, const float* cs,
+                                          int rows, int r, int hd, int dims, int neox,
+                                          int first, int step) const {
+        int half = dims / 2;
+        const float* cosr = cs + (u64)r * half;
+        const float* sinr = cs + (u64)rows * half + (u64)r * half;
+        for (int d = first; d < hd; d += step) {
+            if (!rotate || d >= dims) {
+                dst[off + d] = head[d] * inv * w[d];
+                continue;
+            }
+            int i, lo, hi;
+            bool first_of_pair;
+            if (neox) {
+                i = d < half ? d : d - half;
+                lo = i, hi = i + half, first_of_pair = d < half;
+            } else {
+                i = d >> 1;
+                lo = 2 * i, hi = 2 * i + 1, first_of_pair = (d & 1) == 0;
+            }
+            float a = head[lo] * inv * w[lo], b = head[hi] * inv * w[hi];
+            dst[off + d] = first_of_pair ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+        }
+    }
+};
+
 // Per-head RMS norms, then rotary embeddings: block (r, h) takes head h of row r among the
 // queries' `qh` heads, then the keys' `kn` and the values' `vn` (norm only; either count may
 // be 0), each head of `hd` values normalized by its own weights (`qw`, `kw`, `vw`: one
@@ -907,48 +989,48 @@ extern "C" __global__ void norm_rope_heads(const float* __restrict__ q,
                                            int vn, int hd, int dims, int neox, float eps) {
     pdl_begin();
     __shared__ float head[HEAD_MAX];
-    int r = blockIdx.x, h = blockIdx.y;
-    const float* src = q;
-    const float* w = qw;
-    float* dst = q_out;
-    int heads = qh;
-    bool rotate = true;
-    if (h >= qh + kn) {
-        h -= qh + kn;
-        src = v, w = vw, dst = v_out, heads = vn, rotate = false;
-    } else if (h >= qh) {
-        h -= qh;
-        src = k, w = kw, dst = k_out, heads = kn;
-    }
-    u64 off = ((u64)r * heads + h) * hd;
+    int r = blockIdx.x;
+    NormHead x(r, blockIdx.y, q, qw, q_out, k, kw, k_out, v, vw, v_out, qh, kn, vn, hd);
     float ss = 0.0f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float t = src[off + i];
+        float t = x.src[x.off + i];
         head[i] = t;
         ss = fmaf(t, t, ss);
     }
     ss = block_sum(ss);  // its barriers also publish `head`
     float inv = 1.0f / sqrtf(ss / (float)hd + eps);
-    int half = dims / 2;
-    const float* cosr = cs + (u64)r * half;
-    const float* sinr = cs + (u64)rows * half + (u64)r * half;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        if (!rotate || d >= dims) {
-            dst[off + d] = head[d] * inv * w[d];
-            continue;
-        }
-        int i, lo, hi;
-        bool first;
-        if (neox) {
-            i = d < half ? d : d - half;
-            lo = i, hi = i + half, first = d < half;
-        } else {
-            i = d >> 1;
-            lo = 2 * i, hi = 2 * i + 1, first = (d & 1) == 0;
-        }
-        float a = head[lo] * inv * w[lo], b = head[hi] * inv * w[hi];
-        dst[off + d] = first ? a * cosr[i] - b * sinr[i] : a * sinr[i] + b * cosr[i];
+    x.store(head, inv, cs, rows, r, hd, dims, neox, threadIdx.x, blockDim.x);
+}
+
+// `norm_rope_heads` for a prompt's many rows: a warp per head (NORM_HEAD_WARPS heads of row
+// `blockIdx.x` a block, from head NORM_HEAD_WARPS · blockIdx.y), so no block-wide barrier
+// stands between a head's sum and its stores (one block per head and one value a thread
+// left the kernel at a third of the copy bandwidth on Gemma 4's 4,096-row prompts).
+#define NORM_HEAD_WARPS 8
+extern "C" __global__ void __launch_bounds__(NORM_HEAD_WARPS * 32)
+    norm_rope_heads_warps(const float* __restrict__ q, const float* __restrict__ qw,
+                          float* __restrict__ q_out, const float* __restrict__ k,
+                          const float* __restrict__ kw, float* __restrict__ k_out,
+                          const float* __restrict__ v, const float* __restrict__ vw,
+                          float* __restrict__ v_out, const float* __restrict__ cs, int rows,
+                          int qh, int kn, int vn, int hd, int dims, int neox, float eps) {
+    pdl_begin();
+    __shared__ float heads[NORM_HEAD_WARPS][HEAD_MAX];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x, h = blockIdx.y * NORM_HEAD_WARPS + warp;
+    if (h >= qh + kn + vn) return;
+    NormHead x(r, h, q, qw, q_out, k, kw, k_out, v, vw, v_out, qh, kn, vn, hd);
+    float* head = heads[warp];
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) {
+        float t = x.src[x.off + i];
+        head[i] = t;
+        ss = fmaf(t, t, ss);
     }
+    ss = warp_sum(ss);
+    __syncwarp();
+    float inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    x.store(head, inv, cs, rows, r, hd, dims, neox, lane, 32);
 }
 
 // Value `idx` of row r of x (rows `stride` floats apart, heads of `hd` from the start of
@@ -976,6 +1058,25 @@ __device__ __forceinline__ float rope_value_at(const float* x, u64 stride, const
 __device__ __forceinline__ float rope_value(const float* x, const float* cs, int rows, int r,
                                             int heads, int hd, int dims, int neox, int idx) {
     return rope_value_at(x, (u64)heads * hd, cs, rows, r, hd, dims, neox, idx);
+}
+
+// A rotary table: row r's `half` cosines, then (after all rows' cosines) its sines, of the
+// angle positions[r * stride + axis] * scale * inv_freq[i], where axis is axes[i] (M-RoPE's
+// temporal, row or column position) or 0 without axes; in f64, then scaled by `factor` in f32,
+// so the values are the host's `sin_cos` tables.
+extern "C" __global__ void rope_table(const int* positions, int stride, const unsigned char* axes,
+                                      const float* inv_freq, float* out, int rows, int half,
+                                      float scale, float factor) {
+    pdl_begin();
+    int r = blockIdx.x, i = col();
+    if (i < half) {
+        int axis = axes ? axes[i] : 0;
+        double p = (double)positions[(u64)r * stride + axis] * (double)scale;
+        double s, c;
+        sincos(p * (double)inv_freq[i], &s, &c);
+        out[(u64)r * half + i] = (float)c * factor;
+        out[(u64)rows * half + (u64)r * half + i] = (float)s * factor;
+    }
 }
 
 // Rotary embeddings of each row's `heads` heads.
@@ -1460,12 +1561,15 @@ __device__ __forceinline__ void load_keys(const T* base, int row, int j0, int hi
 // at a time in turn, each with its own online softmax per unit, then merge. Row `i` sees
 // keys before `ends[i]` when `ends` is given (bidirectional spans), else up to its own
 // position; a window counts back from its own position.
+// With `done` (a counter per (tile, head chunk), zero between launches), the last of a
+// tile's parts to finish merges them as `attention_merge` would and sets the counter back
+// to zero: a decode step then has no merge launch per layer.
 template <typename T, int NT, int UP, int KB>
 __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ out,
                                float* part_ml, float* part_acc, const Seg* segs,
                                const int* seg_of_row, const Tile* tiles, const int* ends,
                                int heads, int kv_heads, int hd, int gc, float scale,
-                               float cap) {
+                               float cap, int* done) {
     // Scores a lane holds before `transpose_sum`; lanes past N repeat lane % N.
     constexpr int N = UP * KB;
     static_assert(N == 8 || N == 16 || N == 32, "UP · KB must be 8, 16 or 32");
@@ -1598,6 +1702,46 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
             out[(u64)r * heads * hd + (u64)h * hd + d] = val / L;
         }
     }
+    if (parts > 1 && done) {
+        // The parts' states are published before the count that tells the last block.
+        __shared__ bool last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int* count = done + blockIdx.x * gridDim.y + blockIdx.y;
+            last = atomicAdd(count, 1) == parts - 1;
+            if (last) *count = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // Each (unit, part)'s weight, as `attention_merge` computes it; read past L1,
+        // which may hold nothing of other blocks' writes but is not kept coherent.
+        __shared__ float weight[UP][32];
+        for (int i = threadIdx.x; i < units * parts; i += blockDim.x) {
+            int u = i / parts, p = i % parts;
+            u64 base = ((u64)(tile.row0 + u / hn) * heads + h0 + u % hn) * parts;
+            float M = -WICK_INF;
+            for (int k = 0; k < parts; k++) M = fmaxf(M, __ldcg(part_ml + 2 * (base + k)));
+            float L = 0.0f;
+            for (int k = 0; k < parts; k++) {
+                float mk = __ldcg(part_ml + 2 * (base + k));
+                if (mk != -WICK_INF) L += __ldcg(part_ml + 2 * (base + k) + 1) * expf(mk - M);
+            }
+            float m = __ldcg(part_ml + 2 * (base + p));
+            weight[u][p] = (m == -WICK_INF ? 0.0f : expf(m - M)) / L;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < units * hd; idx += blockDim.x) {
+            int u = idx / hd, d = idx % hd;
+            int r = tile.row0 + u / hn, h = h0 + u % hn;
+            u64 base = ((u64)r * heads + h) * parts;
+            float v = 0.0f;
+            for (int p = 0; p < parts; p++)
+                v = fmaf(__ldcg(part_acc + (base + p) * hd + d), weight[u][p], v);
+            out[(u64)r * heads * hd + (u64)h * hd + d] = v;
+        }
+    }
 }
 
 #define ATTENTION_ENTRY_KB(KV, T, NT, UP, KB)                                                 \
@@ -1606,10 +1750,10 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
                                        float* part_acc, const Seg* segs,                      \
                                        const int* seg_of_row, const Tile* tiles,              \
                                        const int* ends, int heads, int kv_heads, int hd,      \
-                                       int gc, float scale, float cap) {                      \
+                                       int gc, float scale, float cap, int* done) {           \
         pdl_begin();                                                                          \
         attention_tile<T, NT, UP, KB>(q, out, part_ml, part_acc, segs, seg_of_row, tiles,     \
-                                      ends, heads, kv_heads, hd, gc, scale, cap);             \
+                                      ends, heads, kv_heads, hd, gc, scale, cap, done);       \
     }
 #define ATTENTION_ENTRY(KV, T, NT, UP) ATTENTION_ENTRY_KB(KV, T, NT, UP, 32 / UP)
 

@@ -1642,6 +1642,63 @@ fn tower_ops_match_the_cpu() {
     }
 }
 
+/// Rotary tables of prompt length, which the CUDA backend computes on the device (a decode
+/// step's few rows it computes on the host), rotate as the CPU backend's: plain positions
+/// with linear scaling and an attention factor, Gemma 4's proportional frequencies (the
+/// last ones zero) at 512 dimensions, and M-RoPE axes.
+#[test]
+fn long_rotary_tables_match_the_cpu() {
+    let Some(be) = gpu() else { return };
+    let cpu = CandleBackend::cpu();
+    fn rotated<B: Backend>(be: &B) -> Vec<(String, Vec<f32>)> {
+        let mut outs = Vec::new();
+        let mut proportional = RopeSpec::base_inv_freq(1e6, 512);
+        proportional[64..].iter_mut().for_each(|f| *f = 0.0);
+        let specs = [
+            ("plain 256", 256, RopeSpec::base_inv_freq(1e4, 256), 0.5, 1.1, 0..4096),
+            ("proportional 512", 512, proportional, 1.0, 1.0, 60_000..60_100),
+        ];
+        for (what, dims, inv_freq, position_scale, attention_factor, range) in specs {
+            let spec = RopeSpec {
+                style: RopeStyle::Neox,
+                dims,
+                inv_freq,
+                position_scale,
+                attention_factor,
+            };
+            let positions: Vec<usize> = range.collect();
+            let rows = positions.len();
+            let x = be
+                .tensor_from_host(noise(rows * 2 * dims, 11), rows, 2 * dims)
+                .unwrap();
+            let y = be
+                .rope(&x, 2, &be.rope_table(&positions, &spec).unwrap())
+                .unwrap();
+            outs.push((what.to_string(), be.rows_to_host(&y, &[rows]).unwrap().remove(0)));
+        }
+        let rows = 600;
+        let positions: Vec<[usize; 3]> = (0..rows).map(|r| [r, r / 24, r % 24 + 7]).collect();
+        let axes: Vec<u8> = (0..16).map(|i| [0, 1, 1, 2, 2][i % 5]).collect();
+        let spec = RopeSpec {
+            style: RopeStyle::Interleaved,
+            dims: 32,
+            inv_freq: RopeSpec::base_inv_freq(1e4, 32),
+            position_scale: 1.0,
+            attention_factor: 1.0,
+        };
+        let x = be.tensor_from_host(noise(rows * 64, 12), rows, 64).unwrap();
+        let table = be.rope_table_axes(&positions, &axes, &spec).unwrap();
+        let y = be.rope(&x, 2, &table).unwrap();
+        outs.push(("M-RoPE".into(), be.rows_to_host(&y, &[rows]).unwrap().remove(0)));
+        outs
+    }
+    for ((what, got), (_, want)) in rotated(&be).into_iter().zip(rotated(&cpu)) {
+        let (w, _) = worst(&got, &want);
+        eprintln!("rotary table {what}: max |diff| {w:.2e}");
+        assert!(w <= 1e-5, "rotary table {what}: max |diff| {w}");
+    }
+}
+
 /// The fused norm ops of a decoder layer on `be`: per-head q/k(/v) norms with the rotation
 /// (`norm_rope_qkv`: head sizes 64, 256 and 512, both rotation styles, a partial rotation,
 /// with and without keys and values) and a post-norm joining the residual with the next
@@ -1727,6 +1784,25 @@ fn norm_ops<B: Backend>(be: &B) -> Vec<(String, Vec<f32>)> {
                 outs.push((
                     format!("linear_many of {n} ({dtype:?}, {xrows} rows): product {i}"),
                     be.rows_to_host(y, &[xrows]).unwrap().remove(0),
+                ));
+            }
+        }
+        // A product gating another tensor (Gemma 4's per-layer inputs): one launch for one
+        // or two rows on the GPU, the product and the GLU for more.
+        for xrows in [1, 2, 5] {
+            let x = be
+                .tensor_from_host(noise(xrows * cols, 41), xrows, cols)
+                .unwrap();
+            let mul = be
+                .tensor_from_host(noise(xrows * 33, 42), xrows, 33)
+                .unwrap();
+            for act in [Activation::GeluTanh, Activation::Silu] {
+                let y = be
+                    .pass(|| be.linear_act_mul(&x, &ms[1], &mul, act))
+                    .unwrap();
+                outs.push((
+                    format!("linear_act_mul ({dtype:?}, {xrows} rows, {act:?})"),
+                    be.rows_to_host(&y, &[xrows]).unwrap().remove(0),
                 ));
             }
         }

@@ -206,6 +206,12 @@ impl<'a, B: Backend> LoraBatch<'a, B> {
         self.groups.is_empty()
     }
 
+    /// Whether some row's adapter has a delta beside `target` of `layer` (where none has,
+    /// the product may be fused with what follows it).
+    pub fn touches(&self, layer: usize, target: Target) -> bool {
+        self.groups.iter().any(|g| g.weights.has(layer, target))
+    }
+
     /// `y` (the base product of `x` for `target` of `layer`) plus every adapter's delta
     /// at the rows that use it.
     pub fn apply(

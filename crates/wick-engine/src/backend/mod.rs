@@ -594,6 +594,19 @@ pub trait Backend: Send + Sync + 'static {
             }),
         }
     }
+    /// `act(x · wᵀ) * mul`: a product whose outputs gate another tensor of their shape
+    /// (Gemma 4's per-layer inputs). By default the product and [`Backend::glu`]; a backend
+    /// may apply the activation and the factor as the product stores.
+    fn linear_act_mul(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Matrix,
+        mul: &Self::Tensor,
+        act: Activation,
+    ) -> Result<Self::Tensor> {
+        let gate = self.linear(x, w, None)?;
+        self.glu(&gate, mul, act)
+    }
     /// What the backend implements beyond the core ops ([`capability`]): the one
     /// declaration a model's needs are held against at load.
     fn capabilities(&self) -> &'static capability::Capabilities;

@@ -1052,9 +1052,13 @@ impl<B: Backend> Gemma4Model<B> {
             let (sum, hn) = match (&layer.ple, per_layer.get(li)) {
                 (Some(g), Some(pl)) => {
                     (x, _) = be.add_post_norm(&x, &m, &layer.post_ffw_norm, eps, 1.0, None)?;
-                    let gate = be.linear(&x, &g.gate, None)?;
-                    let gate = lora.apply(be, li, Target::PleGate, &x, gate)?;
-                    let gated = be.glu(&gate, pl, cfg.activation)?;
+                    let gated = if lora.touches(li, Target::PleGate) {
+                        let gate = be.linear(&x, &g.gate, None)?;
+                        let gate = lora.apply(be, li, Target::PleGate, &x, gate)?;
+                        be.glu(&gate, pl, cfg.activation)?
+                    } else {
+                        be.linear_act_mul(&x, &g.gate, pl, cfg.activation)?
+                    };
                     let p = be.linear(&gated, &g.proj, None)?;
                     let p = lora.apply(be, li, Target::PleProj, &gated, p)?;
                     be.add_post_norm(&x, &p, &g.norm, eps, layer.scalar, next)?

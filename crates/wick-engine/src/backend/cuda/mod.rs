@@ -114,6 +114,10 @@ pub struct CudaRope {
     style: RopeStyle,
 }
 
+/// Rotary tables of at most this many frequencies × rows are computed on the host (a
+/// decode step's: one upload, and the step's graph as before); larger ones on the device.
+const HOST_ROPE_VALUES: usize = 8192;
+
 /// Token ids on the device.
 pub struct CudaIds {
     buf: Buffer,
@@ -169,6 +173,10 @@ pub struct CudaBackend {
     /// Norm kernels of prompt passes take blocks of one thread per 8 values
     /// ([`prompt_norm_threads`]; `WICK_CUDA_PROMPT_NORMS=0`: up to 1,024, as decode steps).
     prompt_norms: bool,
+    /// The CUDA-core attention's counters of finished key parts (one `int` per tile and
+    /// head chunk, zero between launches: the last part merges and resets its counter), so
+    /// split keys need no merge launch; kept for the process, so graphs replay them.
+    merge_counts: std::sync::Mutex<Option<Buffer>>,
     /// A prompt pass's gate-and-up product of half weights stores its sums in their type
     /// for the GLU pass after it (`WICK_CUDA_HALF_GLU=0`: f32 sums).
     half_glu: bool,
@@ -305,6 +313,10 @@ fn norm_threads(n: usize) -> u32 {
 /// [`prompt_norm_threads`].
 const PROMPT_NORM_ROWS: usize = 64;
 
+/// Heads a block of `norm_rope_heads_warps` takes (a warp each; `NORM_HEAD_WARPS` in
+/// kernels.cu).
+const NORM_HEAD_WARPS: u32 = 8;
+
 /// Threads of a norm block in a prompt pass: one for every `NORM_CACHE` (8) values of a
 /// row, at least 128. A decode step's few rows take up to 1,024 ([`norm_threads`]), which
 /// spreads a row over the card; with thousands of rows that leaves two blocks an SM, each
@@ -398,6 +410,7 @@ impl CudaBackend {
             half_copies,
             half_glu,
             prompt_norms,
+            merge_counts: std::sync::Mutex::new(None),
             half_kind: AtomicU8::new(0),
         })
     }
@@ -839,6 +852,26 @@ impl CudaBackend {
         })
     }
 
+    /// The address of at least `n` merge counters ([`CudaBackend::merge_counts`]): the
+    /// buffer of the launches before, or a larger one zeroed in this pass.
+    fn merge_counters(&self, n: usize) -> Result<u64> {
+        let mut held = self
+            .merge_counts
+            .lock()
+            .map_err(|_| invalid("merge counters lock poisoned".into()))?;
+        if let Some(b) = held.as_ref().filter(|b| b.bytes() >= n * 4) {
+            return Ok(b.ptr());
+        }
+        // Room to grow, so a busier batch does not replace it step after step.
+        let b = self
+            .dev
+            .alloc_zeroed(n.next_power_of_two().max(1024) * 4)
+            .map_err(cuda_err)?;
+        let at = b.ptr();
+        *held = Some(b);
+        Ok(at)
+    }
+
     /// Records the CUDA-core attention of segments `which` of `segs` into their rows of
     /// `out` (every row of the pass unless `some_rows`: then the merge of split keys is
     /// told the rows).
@@ -888,6 +921,12 @@ impl CudaBackend {
             (None, None)
         };
         let ptr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::ptr);
+        // With the decode fusions the last part of each block's keys merges them.
+        let done = if parts > 1 && self.decode_fusions {
+            self.merge_counters(tiles.len() * kv_heads * chunks)?
+        } else {
+            0
+        };
         self.launch(
             attention_kernel(self.kv_half, shape.nt, shape.up),
             (tiles.len() as u32, (kv_heads * chunks) as u32, parts as u32),
@@ -907,9 +946,10 @@ impl CudaBackend {
                 Arg::I32(shape.gc as i32),
                 Arg::F32(p.scale),
                 Arg::F32(p.softcap.unwrap_or(0.0)),
+                Arg::Ptr(done),
             ],
         )?;
-        if parts > 1 {
+        if parts > 1 && done == 0 {
             let (merged, rows_dev) = if some_rows {
                 let rows: Vec<i32> = which
                     .iter()
@@ -1312,6 +1352,52 @@ impl Backend for CudaBackend {
         self.binary("glu", Kernel::Glu, gate, up, &[Arg::I32(act_kind(act))])
     }
 
+    fn linear_act_mul(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        mul: &CudaTensor,
+        act: Activation,
+    ) -> Result<CudaTensor> {
+        let wtype = match w.layout {
+            Layout::Dense(t) if self.decode_fusions && (1..=2).contains(&x.rows) => t,
+            _ => {
+                let gate = self.linear(x, w, None)?;
+                return self.glu(&gate, mul, act);
+            }
+        };
+        if x.cols != w.cols || mul.rows != x.rows || mul.cols != w.rows {
+            return Err(invalid(format!(
+                "linear_act_mul: {}x{} input and {}x{} factor for a {}x{} matrix",
+                x.rows, x.cols, mul.rows, mul.cols, w.rows, w.cols
+            )));
+        }
+        let y = self.tensor(x.rows, w.rows)?;
+        use Kernel::*;
+        let kernel = [
+            [LinearMulBlockF32R1, LinearMulBlockF16R1, LinearMulBlockBf16R1],
+            [LinearMulBlockF32R2, LinearMulBlockF16R2, LinearMulBlockBf16R2],
+        ][x.rows - 1][dense_column(wtype)];
+        self.op(|| {
+            self.launch(
+                kernel,
+                (w.rows.div_ceil(2) as u32, 1, 1),
+                ROW_BLOCK_THREADS,
+                &[
+                    Arg::Ptr(x.ptr()),
+                    Arg::Ptr(w.buf.ptr()),
+                    Arg::Ptr(mul.ptr()),
+                    Arg::Ptr(y.ptr()),
+                    Arg::I32(int(x.rows, "rows")?),
+                    Arg::I32(int(w.cols, "columns")?),
+                    Arg::I32(int(w.rows, "outputs")?),
+                    Arg::I32(act_kind(act)),
+                ],
+            )
+        })?;
+        Ok(y)
+    }
+
     fn linear_glu(
         &self,
         x: &CudaTensor,
@@ -1579,7 +1665,11 @@ impl Backend for CudaBackend {
     }
 
     fn rope_table(&self, positions: &[usize], spec: &RopeSpec) -> Result<CudaRope> {
-        self.upload_rope(positions.len(), spec, |r, _| positions[r])
+        let flat = positions
+            .iter()
+            .map(|&p| int(p, "rotary position"))
+            .collect::<Result<Vec<_>>>()?;
+        self.rope_on_device(positions.len(), &flat, None, spec)
     }
 
     fn rope_table_axes(
@@ -1595,9 +1685,12 @@ impl Backend for CudaBackend {
                 spec.inv_freq.len()
             )));
         }
-        self.upload_rope(positions.len(), spec, |r, i| {
-            positions[r][usize::from(axes[i])]
-        })
+        let flat = positions
+            .iter()
+            .flatten()
+            .map(|&p| int(p, "rotary position"))
+            .collect::<Result<Vec<_>>>()?;
+        self.rope_on_device(positions.len(), &flat, Some(axes), spec)
     }
 
     fn rope(&self, x: &CudaTensor, heads: usize, table: &CudaRope) -> Result<CudaTensor> {
@@ -1711,10 +1804,21 @@ impl Backend for CudaBackend {
             v.map_or(0, |_| kv_heads) as u32,
         );
         let ptr = |t: Option<&CudaTensor>| Arg::Ptr(t.map_or(0, |t| t.ptr()));
+        let all = heads as u32 + kn + vn;
+        // A prompt's rows: a warp per head (see `norm_rope_heads_warps`).
+        let (kernel, grid, block) = if self.prompt_norms && rows >= PROMPT_NORM_ROWS {
+            (
+                Kernel::NormRopeHeadsWarps,
+                (rows as u32, all.div_ceil(NORM_HEAD_WARPS), 1),
+                32 * NORM_HEAD_WARPS,
+            )
+        } else {
+            (Kernel::NormRopeHeads, (rows as u32, all, 1), norm_threads(hd))
+        };
         self.launch(
-            Kernel::NormRopeHeads,
-            (rows as u32, heads as u32 + kn + vn, 1),
-            norm_threads(hd),
+            kernel,
+            grid,
+            block,
             &[
                 Arg::Ptr(q.0.ptr()),
                 Arg::Ptr(q.1.ptr()),
@@ -2000,34 +2104,83 @@ impl CudaBackend {
     /// `position(r, i)`, computed on the host (in f64, as the CPU backend does) and uploaded
     /// like every step-varying value: a decode step records the same launches whatever
     /// its positions, so its graph replays.
-    fn upload_rope(
+    /// A rotary table of `rows` positions (`positions` holds one a row, or three with
+    /// `axes`: the position each frequency turns with). A prompt's is computed on the
+    /// device: millions of `sin_cos` calls on the host held the GPU idle (tens of
+    /// milliseconds for Gemma 4's 384 frequencies at 4,096 tokens).
+    fn rope_on_device(
         &self,
         rows: usize,
+        positions: &[i32],
+        axes: Option<&[u8]>,
         spec: &RopeSpec,
-        position: impl Fn(usize, usize) -> usize,
     ) -> Result<CudaRope> {
         let half = spec.dims / 2;
-        if spec.inv_freq.len() != half {
+        if spec.inv_freq.len() != half || half == 0 {
             return Err(invalid(format!(
                 "rope: {} frequencies for {} dimensions",
                 spec.inv_freq.len(),
                 spec.dims
             )));
         }
-        let mut cs = vec![0f32; 2 * rows * half];
-        let (cos, sin) = cs.split_at_mut(rows * half);
-        for r in 0..rows {
-            for (i, &f) in spec.inv_freq.iter().enumerate() {
-                let p = position(r, i) as f64 * spec.position_scale as f64;
-                let (s, c) = (p * f as f64).sin_cos();
-                cos[r * half + i] = c as f32 * spec.attention_factor;
-                sin[r * half + i] = s as f32 * spec.attention_factor;
-            }
+        let stride = if axes.is_some() { 3 } else { 1 };
+        if positions.len() != rows * stride {
+            return Err(invalid(format!(
+                "rope: {} positions for {rows} rows",
+                positions.len()
+            )));
         }
-        let buf = self
+        if rows * half <= HOST_ROPE_VALUES {
+            // A decode step's few rows: one upload of the finished table.
+            let mut cs = vec![0f32; 2 * rows * half];
+            let (cos, sin) = cs.split_at_mut(rows * half);
+            for r in 0..rows {
+                for (i, &f) in spec.inv_freq.iter().enumerate() {
+                    let axis = axes.map_or(0, |a| usize::from(a[i]));
+                    let p = positions[r * stride + axis] as f64 * spec.position_scale as f64;
+                    let (s, c) = (p * f as f64).sin_cos();
+                    cos[r * half + i] = c as f32 * spec.attention_factor;
+                    sin[r * half + i] = s as f32 * spec.attention_factor;
+                }
+            }
+            return Ok(CudaRope {
+                buf: self
+                    .dev
+                    .upload(bytemuck::cast_slice(&cs))
+                    .map_err(cuda_err)?,
+                rows,
+                dims: spec.dims,
+                style: spec.style,
+            });
+        }
+        let buf = self.dev.alloc(2 * rows * half * 4).map_err(cuda_err)?;
+        let pos = self
             .dev
-            .upload(bytemuck::cast_slice(&cs))
+            .upload(bytemuck::cast_slice(positions))
             .map_err(cuda_err)?;
+        let freq = self
+            .dev
+            .upload(bytemuck::cast_slice(&spec.inv_freq))
+            .map_err(cuda_err)?;
+        let axes = axes
+            .map(|a| self.dev.upload(a).map_err(cuda_err))
+            .transpose()?;
+        self.launch(
+            Kernel::RopeTable,
+            (int(rows, "rotary rows")? as u32, col_blocks(half), 1),
+            256,
+            &[
+                Arg::Ptr(pos.ptr()),
+                Arg::I32(stride as i32),
+                Arg::Ptr(axes.as_ref().map_or(0, |a| a.ptr())),
+                Arg::Ptr(freq.ptr()),
+                Arg::Ptr(buf.ptr()),
+                Arg::I32(rows as i32),
+                Arg::I32(half as i32),
+                Arg::F32(spec.position_scale),
+                Arg::F32(spec.attention_factor),
+            ],
+        )?;
         Ok(CudaRope {
             buf,
             rows,
