@@ -7,7 +7,7 @@ dtype, with the tokenizer files of TOKENIZER_DIR copied next to them.
 
     make_models.py OUT_DIR SHAPE DTYPE TOKENIZER_DIR [--seed N] [--vocab N] [--context N]
 
-SHAPE: llama3-8b | qwen2.5-0.5b | qwen3.5-{0.8b,2b,4b} | gemma4-e4b | gemma4-26b-a4b |
+SHAPE: llama3-8b | qwen2.5-0.5b | qwen3.5-{0.8b,2b,4b} | gemma4-e4b | gemma4-26b-a4b[-6l] |
        tiny-llama | tiny-qwen2 | tiny-qwen3.5 | tiny-gemma4 | tiny-gemma4-moe
 TOKENIZER_DIR: any folder of tokenizer files, e.g. one written by vocab_tokenizer.py from
        llama.cpp's vocab GGUFs (the family's real tokenizer, which llama.cpp's converter
@@ -97,6 +97,12 @@ SHAPES = {
                              num_global_key_value_heads=2, attention_k_eq_v=True,
                              hidden_size_per_layer_input=0, enable_moe_block=True,
                              num_experts=128, top_k_experts=8, moe_intermediate_size=704),
+    # The 26B-A4B's first six layers (five sliding, one full; 10.5 GB): its MoE prompt and
+    # decode in a short call. Its tokens/s are not the whole model's.
+    "gemma4-26b-a4b-6l": gemma4(2816, 2112, 6, heads=16, kv_heads=8, sliding_window=1024,
+                                num_global_key_value_heads=2, attention_k_eq_v=True,
+                                hidden_size_per_layer_input=0, enable_moe_block=True,
+                                num_experts=128, top_k_experts=8, moe_intermediate_size=704),
     # Tiny shapes for CPU checks (CI-sized).
     "tiny-llama": dict(
         model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=3,

@@ -1919,6 +1919,132 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const u32 (&a)[4], u32 b
 #endif
 }
 
+// mma16816 with bf16 inputs.
+__device__ __forceinline__ void mma16816_bf16(float (&d)[4], const u32 (&a)[4], u32 b0,
+                                              u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two floats rounded to bf16 (`BF`) or f16, the first in the low half (one `cvt` each way,
+// compute capability 8.0 and later).
+template <bool BF>
+__device__ __forceinline__ u32 pack_half2(float lo, float hi) {
+    u32 r = 0;
+#if __CUDA_ARCH__ >= 800
+    if (BF)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// `moe_grouped` of half weights on the tensor cores: the tile's MOE_TM slots' inputs are
+// rounded to the weights' type (`BF`: bf16, else f16) as they enter shared memory, as a
+// dense layer's cuBLAS product reads the half copy of its input; MOE_MK inputs a step.
+// Four warps, each 16 slots by the MOE_TN (64) columns: eight m16n8k16 products a step of
+// 16 inputs, operands read from shared memory as the fragments lay them out (rows padded
+// by 8 values, so a fragment's 32 lanes hit 32 banks). `in` must be a multiple of 8.
+#define MOE_MK 32
+template <bool BF>
+__device__ void moe_grouped_mma(const float* __restrict__ a, const int* __restrict__ order,
+                                const int* __restrict__ tiles, const int* __restrict__ tiles_n,
+                                const u16* __restrict__ w, float* __restrict__ out, int a_div,
+                                int per, int in) {
+    __shared__ __align__(16) u16 as[MOE_TM][MOE_MK + 8];
+    __shared__ __align__(16) u16 ws[MOE_TN][MOE_MK + 8];
+    pdl_begin();
+    int t = blockIdx.x;
+    if (t >= tiles_n[0]) return;
+    int e = tiles[3 * t], p0 = tiles[3 * t + 1], len = tiles[3 * t + 2];
+    int c0 = blockIdx.y * MOE_TN;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, q = lane & 3;
+    // Loads a step: the slots' 64 × 32 inputs as 512 float4s (4 a thread), the 64 × 32
+    // weights as 256 uint4s (2 a thread).
+    const float* arow[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int m = (threadIdx.x + 128 * j) >> 3;
+        arow[j] = m < len ? a + (u64)(order[p0 + m] / a_div) * in : nullptr;
+    }
+    const u16* wrow[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int c = c0 + ((threadIdx.x + 128 * j) >> 2);
+        wrow[j] = c < per ? w + ((u64)e * per + c) * in : nullptr;
+    }
+    float acc[MOE_TN / 8][4];
+#pragma unroll
+    for (int n = 0; n < MOE_TN / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+    for (int k0 = 0; k0 < in; k0 += MOE_MK) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int idx = threadIdx.x + 128 * j, m = idx >> 3, c = (idx & 7) * 4;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (arow[j] && k0 + c < in) v = *(const float4*)(arow[j] + k0 + c);
+            *(uint2*)&as[m][c] = make_uint2(pack_half2<BF>(v.x, v.y), pack_half2<BF>(v.z, v.w));
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int idx = threadIdx.x + 128 * j, n = idx >> 2, c = (idx & 3) * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (wrow[j] && k0 + c < in) v = *(const uint4*)(wrow[j] + k0 + c);
+            *(uint4*)&ws[n][c] = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < MOE_MK; kk += 16) {
+            int r = warp * 16 + g;
+            u32 af[4] = {*(const u32*)&as[r][kk + 2 * q], *(const u32*)&as[r + 8][kk + 2 * q],
+                         *(const u32*)&as[r][kk + 2 * q + 8],
+                         *(const u32*)&as[r + 8][kk + 2 * q + 8]};
+#pragma unroll
+            for (int n = 0; n < MOE_TN / 8; n++) {
+                u32 b0 = *(const u32*)&ws[n * 8 + g][kk + 2 * q];
+                u32 b1 = *(const u32*)&ws[n * 8 + g][kk + 2 * q + 8];
+                if (BF)
+                    mma16816_bf16(acc[n], af, b0, b1);
+                else
+                    mma16816(acc[n], af, b0, b1);
+            }
+        }
+        __syncthreads();
+    }
+    // Lane (g, q) holds rows g and g + 8 of the warp's 16, columns 2q and 2q + 1 of each
+    // 8-column tile.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int m = warp * 16 + g + 8 * h;
+        if (m >= len) continue;
+        float* o = out + (u64)order[p0 + m] * per;
+#pragma unroll
+        for (int n = 0; n < MOE_TN / 8; n++) {
+            int c = c0 + n * 8 + 2 * q;
+            if (c < per) o[c] = acc[n][2 * h];
+            if (c + 1 < per) o[c + 1] = acc[n][2 * h + 1];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) moe_grouped_mma_f16(
+    const float* a, const int* order, const int* tiles, const int* tiles_n, const u16* w,
+    float* out, int a_div, int per, int in) {
+    moe_grouped_mma<false>(a, order, tiles, tiles_n, w, out, a_div, per, in);
+}
+extern "C" __global__ void __launch_bounds__(128, 4) moe_grouped_mma_bf16(
+    const float* a, const int* order, const int* tiles, const int* tiles_n, const u16* w,
+    float* out, int a_div, int per, int in) {
+    moe_grouped_mma<true>(a, order, tiles, tiles_n, w, out, a_div, per, in);
+}
+
 // Copies the keys and values a prompt chunk's flash attention reads out of an f32 cache
 // into f16 (`FlashSeg`; with `lo`, the remainders too): segment `todo[blockIdx.y]`, from
 // the first key its first row sees to its last row, 16 tokens a block.

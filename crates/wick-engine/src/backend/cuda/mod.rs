@@ -173,6 +173,11 @@ pub struct CudaBackend {
     /// Norm kernels of prompt passes take blocks of one thread per 8 values
     /// ([`prompt_norm_threads`]; `WICK_CUDA_PROMPT_NORMS=0`: up to 1,024, as decode steps).
     prompt_norms: bool,
+    /// The grouped expert products of half weights (prompt chunks and batches of more than
+    /// `moe::VEC_ROWS` rows) run on the tensor cores, their inputs rounded to the weights'
+    /// type (compute capability 8.0 and later; `WICK_CUDA_MOE_MMA=0`: on the CUDA cores in
+    /// f32, for comparison).
+    moe_mma: bool,
     /// The CUDA-core attention's counters of finished key parts (one `int` per tile and
     /// head chunk, zero between launches: the last part merges and resets its counter), so
     /// split keys need no merge launch; kept for the process, so graphs replay them.
@@ -390,6 +395,8 @@ impl CudaBackend {
         let half_copies = std::env::var("WICK_CUDA_HALF_COPIES").map_or(true, |v| v != "0");
         let half_glu = std::env::var("WICK_CUDA_HALF_GLU").map_or(true, |v| v != "0");
         let prompt_norms = std::env::var("WICK_CUDA_PROMPT_NORMS").map_or(true, |v| v != "0");
+        let moe_mma = std::env::var("WICK_CUDA_MOE_MMA").map_or(true, |v| v != "0")
+            && dev.compute_capability().0 >= 8;
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
@@ -410,6 +417,7 @@ impl CudaBackend {
             half_copies,
             half_glu,
             prompt_norms,
+            moe_mma,
             merge_counts: std::sync::Mutex::new(None),
             half_kind: AtomicU8::new(0),
         })
@@ -435,6 +443,15 @@ impl CudaBackend {
     /// `WICK_CUDA_HALF_GLU=0`), as PyTorch does with half models; off, in f32.
     pub fn with_half_glu(mut self, on: bool) -> Self {
         self.half_glu = on;
+        self
+    }
+
+    /// Whether the grouped expert products of bf16/f16 weights run on the tensor cores
+    /// with their inputs rounded to the weights' type (default: on, unless
+    /// `WICK_CUDA_MOE_MMA=0`) or on the CUDA cores in f32. Ignored (off) before compute
+    /// capability 8.0.
+    pub fn with_moe_mma(mut self, on: bool) -> Self {
+        self.moe_mma = on && self.dev.compute_capability().0 >= 8;
         self
     }
 
@@ -1375,8 +1392,16 @@ impl Backend for CudaBackend {
         let y = self.tensor(x.rows, w.rows)?;
         use Kernel::*;
         let kernel = [
-            [LinearMulBlockF32R1, LinearMulBlockF16R1, LinearMulBlockBf16R1],
-            [LinearMulBlockF32R2, LinearMulBlockF16R2, LinearMulBlockBf16R2],
+            [
+                LinearMulBlockF32R1,
+                LinearMulBlockF16R1,
+                LinearMulBlockBf16R1,
+            ],
+            [
+                LinearMulBlockF32R2,
+                LinearMulBlockF16R2,
+                LinearMulBlockBf16R2,
+            ],
         ][x.rows - 1][dense_column(wtype)];
         self.op(|| {
             self.launch(
@@ -1813,7 +1838,11 @@ impl Backend for CudaBackend {
                 32 * NORM_HEAD_WARPS,
             )
         } else {
-            (Kernel::NormRopeHeads, (rows as u32, all, 1), norm_threads(hd))
+            (
+                Kernel::NormRopeHeads,
+                (rows as u32, all, 1),
+                norm_threads(hd),
+            )
         };
         self.launch(
             kernel,

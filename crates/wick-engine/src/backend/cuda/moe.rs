@@ -218,14 +218,25 @@ impl CudaBackend {
                            per: usize,
                            inp: usize,
                            out: u64| {
+                // Half weights on the tensor cores, their inputs rounded to the weights'
+                // type (as a dense layer's cuBLAS product reads them).
+                let (kernel, threads) = match wt {
+                    WType::Bf16 if self.moe_mma && inp.is_multiple_of(8) => {
+                        (Kernel::MoeGroupedMmaBf16, 128)
+                    }
+                    WType::F16 if self.moe_mma && inp.is_multiple_of(8) => {
+                        (Kernel::MoeGroupedMmaF16, 128)
+                    }
+                    _ => (grouped[super::dense_column(wt)], 256),
+                };
                 self.launch(
-                    grouped[super::dense_column(wt)],
+                    kernel,
                     (
                         int(max_tiles, "expert tiles")? as u32,
                         per.div_ceil(TILE_COLS) as u32,
                         1,
                     ),
-                    256,
+                    threads,
                     &[
                         Arg::Ptr(a),
                         Arg::Ptr(order.ptr()),
