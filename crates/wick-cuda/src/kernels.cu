@@ -1561,15 +1561,12 @@ __device__ __forceinline__ void load_keys(const T* base, int row, int j0, int hi
 // at a time in turn, each with its own online softmax per unit, then merge. Row `i` sees
 // keys before `ends[i]` when `ends` is given (bidirectional spans), else up to its own
 // position; a window counts back from its own position.
-// With `done` (a counter per (tile, head chunk), zero between launches), the last of a
-// tile's parts to finish merges them as `attention_merge` would and sets the counter back
-// to zero: a decode step then has no merge launch per layer.
 template <typename T, int NT, int UP, int KB>
 __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ out,
                                float* part_ml, float* part_acc, const Seg* segs,
                                const int* seg_of_row, const Tile* tiles, const int* ends,
                                int heads, int kv_heads, int hd, int gc, float scale,
-                               float cap, int* done) {
+                               float cap) {
     // Scores a lane holds before `transpose_sum`; lanes past N repeat lane % N.
     constexpr int N = UP * KB;
     static_assert(N == 8 || N == 16 || N == 32, "UP · KB must be 8, 16 or 32");
@@ -1702,46 +1699,6 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
             out[(u64)r * heads * hd + (u64)h * hd + d] = val / L;
         }
     }
-    if (parts > 1 && done) {
-        // The parts' states are published before the count that tells the last block.
-        __shared__ bool last;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int* count = done + blockIdx.x * gridDim.y + blockIdx.y;
-            last = atomicAdd(count, 1) == parts - 1;
-            if (last) *count = 0;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        // Each (unit, part)'s weight, as `attention_merge` computes it; read past L1,
-        // which may hold nothing of other blocks' writes but is not kept coherent.
-        __shared__ float weight[UP][32];
-        for (int i = threadIdx.x; i < units * parts; i += blockDim.x) {
-            int u = i / parts, p = i % parts;
-            u64 base = ((u64)(tile.row0 + u / hn) * heads + h0 + u % hn) * parts;
-            float M = -WICK_INF;
-            for (int k = 0; k < parts; k++) M = fmaxf(M, __ldcg(part_ml + 2 * (base + k)));
-            float L = 0.0f;
-            for (int k = 0; k < parts; k++) {
-                float mk = __ldcg(part_ml + 2 * (base + k));
-                if (mk != -WICK_INF) L += __ldcg(part_ml + 2 * (base + k) + 1) * expf(mk - M);
-            }
-            float m = __ldcg(part_ml + 2 * (base + p));
-            weight[u][p] = (m == -WICK_INF ? 0.0f : expf(m - M)) / L;
-        }
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < units * hd; idx += blockDim.x) {
-            int u = idx / hd, d = idx % hd;
-            int r = tile.row0 + u / hn, h = h0 + u % hn;
-            u64 base = ((u64)r * heads + h) * parts;
-            float v = 0.0f;
-            for (int p = 0; p < parts; p++)
-                v = fmaf(__ldcg(part_acc + (base + p) * hd + d), weight[u][p], v);
-            out[(u64)r * heads * hd + (u64)h * hd + d] = v;
-        }
-    }
 }
 
 #define ATTENTION_ENTRY_KB(KV, T, NT, UP, KB)                                                 \
@@ -1750,10 +1707,10 @@ __device__ void attention_tile(const float* __restrict__ q, float* __restrict__ 
                                        float* part_acc, const Seg* segs,                      \
                                        const int* seg_of_row, const Tile* tiles,              \
                                        const int* ends, int heads, int kv_heads, int hd,      \
-                                       int gc, float scale, float cap, int* done) {           \
+                                       int gc, float scale, float cap) {                      \
         pdl_begin();                                                                          \
         attention_tile<T, NT, UP, KB>(q, out, part_ml, part_acc, segs, seg_of_row, tiles,     \
-                                      ends, heads, kv_heads, hd, gc, scale, cap, done);       \
+                                      ends, heads, kv_heads, hd, gc, scale, cap);             \
     }
 #define ATTENTION_ENTRY(KV, T, NT, UP) ATTENTION_ENTRY_KB(KV, T, NT, UP, 32 / UP)
 

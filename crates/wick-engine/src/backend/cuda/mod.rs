@@ -178,10 +178,6 @@ pub struct CudaBackend {
     /// type (compute capability 8.0 and later; `WICK_CUDA_MOE_MMA=0`: on the CUDA cores in
     /// f32, for comparison).
     moe_mma: bool,
-    /// The CUDA-core attention's counters of finished key parts (one `int` per tile and
-    /// head chunk, zero between launches: the last part merges and resets its counter), so
-    /// split keys need no merge launch; kept for the process, so graphs replay them.
-    merge_counts: std::sync::Mutex<Option<Buffer>>,
     /// A prompt pass's gate-and-up product of half weights stores its sums in their type
     /// for the GLU pass after it (`WICK_CUDA_HALF_GLU=0`: f32 sums).
     half_glu: bool,
@@ -418,7 +414,6 @@ impl CudaBackend {
             half_glu,
             prompt_norms,
             moe_mma,
-            merge_counts: std::sync::Mutex::new(None),
             half_kind: AtomicU8::new(0),
         })
     }
@@ -869,26 +864,6 @@ impl CudaBackend {
         })
     }
 
-    /// The address of at least `n` merge counters ([`CudaBackend::merge_counts`]): the
-    /// buffer of the launches before, or a larger one zeroed in this pass.
-    fn merge_counters(&self, n: usize) -> Result<u64> {
-        let mut held = self
-            .merge_counts
-            .lock()
-            .map_err(|_| invalid("merge counters lock poisoned".into()))?;
-        if let Some(b) = held.as_ref().filter(|b| b.bytes() >= n * 4) {
-            return Ok(b.ptr());
-        }
-        // Room to grow, so a busier batch does not replace it step after step.
-        let b = self
-            .dev
-            .alloc_zeroed(n.next_power_of_two().max(1024) * 4)
-            .map_err(cuda_err)?;
-        let at = b.ptr();
-        *held = Some(b);
-        Ok(at)
-    }
-
     /// Records the CUDA-core attention of segments `which` of `segs` into their rows of
     /// `out` (every row of the pass unless `some_rows`: then the merge of split keys is
     /// told the rows).
@@ -938,12 +913,6 @@ impl CudaBackend {
             (None, None)
         };
         let ptr = |b: &Option<Buffer>| b.as_ref().map_or(0, Buffer::ptr);
-        // With the decode fusions the last part of each block's keys merges them.
-        let done = if parts > 1 && self.decode_fusions {
-            self.merge_counters(tiles.len() * kv_heads * chunks)?
-        } else {
-            0
-        };
         self.launch(
             attention_kernel(self.kv_half, shape.nt, shape.up),
             (tiles.len() as u32, (kv_heads * chunks) as u32, parts as u32),
@@ -963,10 +932,9 @@ impl CudaBackend {
                 Arg::I32(shape.gc as i32),
                 Arg::F32(p.scale),
                 Arg::F32(p.softcap.unwrap_or(0.0)),
-                Arg::Ptr(done),
             ],
         )?;
-        if parts > 1 && done == 0 {
+        if parts > 1 {
             let (merged, rows_dev) = if some_rows {
                 let rows: Vec<i32> = which
                     .iter()
