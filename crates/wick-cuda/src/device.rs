@@ -200,6 +200,8 @@ kernels! {
     MoeGroupedF32 => "moe_grouped_f32",
     MoeGroupedF16 => "moe_grouped_f16",
     MoeGroupedBf16 => "moe_grouped_bf16",
+    MoeGatherF16 => "moe_gather_f16",
+    MoeGatherBf16 => "moe_gather_bf16",
     MoeGroupedMmaF16 => "moe_grouped_mma_f16",
     MoeGroupedMmaBf16 => "moe_grouped_mma_bf16",
     LinearMmaQ8Bf16M1 => "linear_mma_q8_bf16_m1",
@@ -1486,7 +1488,7 @@ mod tests {
             attention, 33,
             "attention, flash and DeltaNet tensor-core kernels in the log"
         );
-        assert_eq!(experts, 15, "mixture-of-experts kernels in the log");
+        assert_eq!(experts, 17, "mixture-of-experts kernels in the log");
         assert_eq!(
             quantized_mma, 72,
             "affine tensor-core product kernels in the log"

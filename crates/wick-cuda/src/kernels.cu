@@ -1901,78 +1901,101 @@ __device__ __forceinline__ u32 pack_half2(float lo, float hi) {
     return r;
 }
 
-// `moe_grouped` of half weights on the tensor cores: the tile's MOE_TM slots' inputs are
-// rounded to the weights' type (`BF`: bf16, else f16) as they enter shared memory, as a
-// dense layer's cuBLAS product reads the half copy of its input; MOE_MK inputs a step.
-// Four warps, each 16 slots by the MOE_TN (64) columns: eight m16n8k16 products a step of
-// 16 inputs, operands read from shared memory as the fragments lay them out (rows padded
-// by 8 values, so a fragment's 32 lanes hit 32 banks). `in` must be a multiple of 8.
-#define MOE_MK 32
+// The routed slots' inputs in expert order, rounded to bf16 (`BF`) or f16, as a dense
+// layer's cuBLAS product reads its half copy: row p of `out` is row order[p] / a_div of `a`
+// (rows of `in`, a multiple of 4). One block a slot.
 template <bool BF>
-__device__ void moe_grouped_mma(const float* __restrict__ a, const int* __restrict__ order,
+__device__ void moe_gather_half(const float* __restrict__ a, const int* __restrict__ order,
+                                u16* __restrict__ out, int a_div, int in) {
+    pdl_begin();
+    int p = blockIdx.x;
+    const float* src = a + (u64)(order[p] / a_div) * in;
+    u16* dst = out + (u64)p * in;
+    for (int c = threadIdx.x * 4; c < in; c += blockDim.x * 4) {
+        float4 v = *(const float4*)(src + c);
+        *(uint2*)(dst + c) = make_uint2(pack_half2<BF>(v.x, v.y), pack_half2<BF>(v.z, v.w));
+    }
+}
+
+// `moe_grouped` of half weights on the tensor cores, over `moe_gather_half`'s rows `ah` (the
+// slots in expert order, so a tile's are consecutive): a block takes a tile's MOE_TM slots
+// by MOE2_BN outputs, MOE2_BK inputs a step, both operands copied into shared memory by
+// `cp.async` two steps deep (the next step's copies in flight while this one multiplies).
+// Four warps, each 16 slots by the MOE2_BN columns: sixteen m16n8k16 products per 16
+// inputs, operands read from shared memory as the fragments lay them out (rows padded by 8
+// values, so a fragment's 32 lanes hit 32 banks). `in` must be a multiple of 8.
+#define MOE2_BN 128
+#define MOE2_BK 32
+template <bool BF>
+__device__ __forceinline__ void moe_mma_stage(u16 (*as)[MOE2_BK + 8], u16 (*ws)[MOE2_BK + 8],
+                                              const u16* __restrict__ ah,
+                                              const u16* __restrict__ w, int p0, int len,
+                                              int e, int c0, int per, int in, int k0) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int idx = threadIdx.x + 128 * j, m = idx >> 2, c = (idx & 3) * 8;
+        bool ok = m < len && k0 + c < in;
+        cp_async16(smem_u32(&as[m][c]), ok ? ah + (u64)(p0 + m) * in + k0 + c : ah, ok ? 16 : 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int idx = threadIdx.x + 128 * j, n = idx >> 2, c = (idx & 3) * 8;
+        bool ok = c0 + n < per && k0 + c < in;
+        cp_async16(smem_u32(&ws[n][c]), ok ? w + ((u64)e * per + c0 + n) * in + k0 + c : w,
+                   ok ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+template <bool BF>
+__device__ void moe_grouped_mma(const u16* __restrict__ ah, const int* __restrict__ order,
                                 const int* __restrict__ tiles, const int* __restrict__ tiles_n,
-                                const u16* __restrict__ w, float* __restrict__ out, int a_div,
-                                int per, int in) {
-    __shared__ __align__(16) u16 as[MOE_TM][MOE_MK + 8];
-    __shared__ __align__(16) u16 ws[MOE_TN][MOE_MK + 8];
+                                const u16* __restrict__ w, float* __restrict__ out, int per,
+                                int in) {
+    __shared__ __align__(16) u16 as[2][MOE_TM][MOE2_BK + 8];
+    __shared__ __align__(16) u16 ws[2][MOE2_BN][MOE2_BK + 8];
     pdl_begin();
     int t = blockIdx.x;
     if (t >= tiles_n[0]) return;
     int e = tiles[3 * t], p0 = tiles[3 * t + 1], len = tiles[3 * t + 2];
-    int c0 = blockIdx.y * MOE_TN;
+    int c0 = blockIdx.y * MOE2_BN;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, q = lane & 3;
-    // Loads a step: the slots' 64 × 32 inputs as 512 float4s (4 a thread), the 64 × 32
-    // weights as 256 uint4s (2 a thread).
-    const float* arow[4];
+    float acc[MOE2_BN / 8][4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int m = (threadIdx.x + 128 * j) >> 3;
-        arow[j] = m < len ? a + (u64)(order[p0 + m] / a_div) * in : nullptr;
-    }
-    const u16* wrow[2];
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int c = c0 + ((threadIdx.x + 128 * j) >> 2);
-        wrow[j] = c < per ? w + ((u64)e * per + c) * in : nullptr;
-    }
-    float acc[MOE_TN / 8][4];
-#pragma unroll
-    for (int n = 0; n < MOE_TN / 8; n++)
+    for (int n = 0; n < MOE2_BN / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
-    for (int k0 = 0; k0 < in; k0 += MOE_MK) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int idx = threadIdx.x + 128 * j, m = idx >> 3, c = (idx & 7) * 4;
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (arow[j] && k0 + c < in) v = *(const float4*)(arow[j] + k0 + c);
-            *(uint2*)&as[m][c] = make_uint2(pack_half2<BF>(v.x, v.y), pack_half2<BF>(v.z, v.w));
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int idx = threadIdx.x + 128 * j, n = idx >> 2, c = (idx & 3) * 8;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (wrow[j] && k0 + c < in) v = *(const uint4*)(wrow[j] + k0 + c);
-            *(uint4*)&ws[n][c] = v;
+    int steps = (in + MOE2_BK - 1) / MOE2_BK;
+    moe_mma_stage<BF>(as[0], ws[0], ah, w, p0, len, e, c0, per, in, 0);
+    for (int s = 0; s < steps; s++) {
+        if (s + 1 < steps) {
+            moe_mma_stage<BF>(as[(s + 1) & 1], ws[(s + 1) & 1], ah, w, p0, len, e, c0, per, in,
+                              (s + 1) * MOE2_BK);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
+        u16 (*a)[MOE2_BK + 8] = as[s & 1];
+        u16 (*b)[MOE2_BK + 8] = ws[s & 1];
 #pragma unroll
-        for (int kk = 0; kk < MOE_MK; kk += 16) {
+        for (int kk = 0; kk < MOE2_BK; kk += 16) {
             int r = warp * 16 + g;
-            u32 af[4] = {*(const u32*)&as[r][kk + 2 * q], *(const u32*)&as[r + 8][kk + 2 * q],
-                         *(const u32*)&as[r][kk + 2 * q + 8],
-                         *(const u32*)&as[r + 8][kk + 2 * q + 8]};
+            u32 af[4] = {*(const u32*)&a[r][kk + 2 * q], *(const u32*)&a[r + 8][kk + 2 * q],
+                         *(const u32*)&a[r][kk + 2 * q + 8],
+                         *(const u32*)&a[r + 8][kk + 2 * q + 8]};
 #pragma unroll
-            for (int n = 0; n < MOE_TN / 8; n++) {
-                u32 b0 = *(const u32*)&ws[n * 8 + g][kk + 2 * q];
-                u32 b1 = *(const u32*)&ws[n * 8 + g][kk + 2 * q + 8];
+            for (int n = 0; n < MOE2_BN / 8; n++) {
+                u32 b0 = *(const u32*)&b[n * 8 + g][kk + 2 * q];
+                u32 b1 = *(const u32*)&b[n * 8 + g][kk + 2 * q + 8];
                 if (BF)
                     mma16816_bf16(acc[n], af, b0, b1);
                 else
                     mma16816(acc[n], af, b0, b1);
             }
         }
+        // The stage read here is the one the next step's copies overwrite.
         __syncthreads();
     }
     // Lane (g, q) holds rows g and g + 8 of the warp's 16, columns 2q and 2q + 1 of each
@@ -1983,7 +2006,7 @@ __device__ void moe_grouped_mma(const float* __restrict__ a, const int* __restri
         if (m >= len) continue;
         float* o = out + (u64)order[p0 + m] * per;
 #pragma unroll
-        for (int n = 0; n < MOE_TN / 8; n++) {
+        for (int n = 0; n < MOE2_BN / 8; n++) {
             int c = c0 + n * 8 + 2 * q;
             if (c < per) o[c] = acc[n][2 * h];
             if (c + 1 < per) o[c + 1] = acc[n][2 * h + 1];
@@ -1991,16 +2014,18 @@ __device__ void moe_grouped_mma(const float* __restrict__ a, const int* __restri
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) moe_grouped_mma_f16(
-    const float* a, const int* order, const int* tiles, const int* tiles_n, const u16* w,
-    float* out, int a_div, int per, int in) {
-    moe_grouped_mma<false>(a, order, tiles, tiles_n, w, out, a_div, per, in);
-}
-extern "C" __global__ void __launch_bounds__(128, 4) moe_grouped_mma_bf16(
-    const float* a, const int* order, const int* tiles, const int* tiles_n, const u16* w,
-    float* out, int a_div, int per, int in) {
-    moe_grouped_mma<true>(a, order, tiles, tiles_n, w, out, a_div, per, in);
-}
+#define MOE_MMA_ENTRIES(TN, BF)                                                                \
+    extern "C" __global__ void moe_gather_##TN(const float* a, const int* order, u16* out,     \
+                                               int a_div, int in) {                            \
+        moe_gather_half<BF>(a, order, out, a_div, in);                                         \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128, 3) moe_grouped_mma_##TN(                \
+        const u16* ah, const int* order, const int* tiles, const int* tiles_n, const u16* w,   \
+        float* out, int per, int in) {                                                         \
+        moe_grouped_mma<BF>(ah, order, tiles, tiles_n, w, out, per, in);                       \
+    }
+MOE_MMA_ENTRIES(f16, false)
+MOE_MMA_ENTRIES(bf16, true)
 
 // Copies the keys and values a prompt chunk's flash attention reads out of an f32 cache
 // into f16 (`FlashSeg`; with `lo`, the remainders too): segment `todo[blockIdx.y]`, from

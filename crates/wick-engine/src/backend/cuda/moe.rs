@@ -22,6 +22,8 @@ const MAX_EXPERTS: usize = 4096;
 /// Slots a tile of the grouped product takes (`MOE_TM`) and its output columns (`MOE_TN`).
 const TILE_ROWS: usize = 64;
 const TILE_COLS: usize = 64;
+/// Output columns a block of the tensor-core grouped product takes (`MOE2_BN`).
+const MMA_TILE_COLS: usize = 128;
 
 /// `w` `[experts, rows, cols]` as one `[experts * rows, cols]` weight.
 fn flattened<'a>(w: &'a HostWeight<'_>) -> Result<HostWeight<'a>> {
@@ -218,25 +220,51 @@ impl CudaBackend {
                            per: usize,
                            inp: usize,
                            out: u64| {
-                // Half weights on the tensor cores, their inputs rounded to the weights'
-                // type (as a dense layer's cuBLAS product reads them).
-                let (kernel, threads) = match wt {
-                    WType::Bf16 if self.moe_mma && inp.is_multiple_of(8) => {
-                        (Kernel::MoeGroupedMmaBf16, 128)
-                    }
-                    WType::F16 if self.moe_mma && inp.is_multiple_of(8) => {
-                        (Kernel::MoeGroupedMmaF16, 128)
-                    }
-                    _ => (grouped[super::dense_column(wt)], 256),
+                let tiles_grid = int(max_tiles, "expert tiles")? as u32;
+                let mma = match wt {
+                    WType::Bf16 => Some((Kernel::MoeGatherBf16, Kernel::MoeGroupedMmaBf16)),
+                    WType::F16 => Some((Kernel::MoeGatherF16, Kernel::MoeGroupedMmaF16)),
+                    WType::F32 => None,
                 };
+                if let (Some((gather, grouped_mma)), true) =
+                    (mma, self.moe_mma && inp.is_multiple_of(8))
+                {
+                    // Half weights on the tensor cores: the slots' inputs gathered in expert
+                    // order and rounded to the weights' type (as a dense layer's cuBLAS
+                    // product reads them), then the tiles' products.
+                    let ah = self.dev.alloc(nk * inp * 2).map_err(cuda_err)?;
+                    self.launch(
+                        gather,
+                        (int(nk, "routed slots")? as u32, 1, 1),
+                        inp.div_ceil(4).next_multiple_of(32).min(256) as u32,
+                        &[
+                            Arg::Ptr(a),
+                            Arg::Ptr(order.ptr()),
+                            Arg::Ptr(ah.ptr()),
+                            Arg::I32(int(a_div, "top k")?),
+                            Arg::I32(int(inp, "expert inputs")?),
+                        ],
+                    )?;
+                    return self.launch(
+                        grouped_mma,
+                        (tiles_grid, per.div_ceil(MMA_TILE_COLS) as u32, 1),
+                        128,
+                        &[
+                            Arg::Ptr(ah.ptr()),
+                            Arg::Ptr(order.ptr()),
+                            Arg::Ptr(tiles.ptr()),
+                            Arg::Ptr(tiles_n.ptr()),
+                            Arg::Ptr(w.buf.ptr()),
+                            Arg::Ptr(out),
+                            Arg::I32(int(per, "expert outputs")?),
+                            Arg::I32(int(inp, "expert inputs")?),
+                        ],
+                    );
+                }
                 self.launch(
-                    kernel,
-                    (
-                        int(max_tiles, "expert tiles")? as u32,
-                        per.div_ceil(TILE_COLS) as u32,
-                        1,
-                    ),
-                    threads,
+                    grouped[super::dense_column(wt)],
+                    (tiles_grid, per.div_ceil(TILE_COLS) as u32, 1),
+                    256,
                     &[
                         Arg::Ptr(a),
                         Arg::Ptr(order.ptr()),
