@@ -1926,7 +1926,6 @@ __device__ void moe_gather_half(const float* __restrict__ a, const int* __restri
 // values, so a fragment's 32 lanes hit 32 banks). `in` must be a multiple of 8.
 #define MOE2_BN 128
 #define MOE2_BK 32
-template <bool BF>
 __device__ __forceinline__ void moe_mma_stage(u16 (*as)[MOE2_BK + 8], u16 (*ws)[MOE2_BK + 8],
                                               const u16* __restrict__ ah,
                                               const u16* __restrict__ w, int p0, int len,
@@ -1967,11 +1966,11 @@ __device__ void moe_grouped_mma(const u16* __restrict__ ah, const int* __restric
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
     int steps = (in + MOE2_BK - 1) / MOE2_BK;
-    moe_mma_stage<BF>(as[0], ws[0], ah, w, p0, len, e, c0, per, in, 0);
+    moe_mma_stage(as[0], ws[0], ah, w, p0, len, e, c0, per, in, 0);
     for (int s = 0; s < steps; s++) {
         if (s + 1 < steps) {
-            moe_mma_stage<BF>(as[(s + 1) & 1], ws[(s + 1) & 1], ah, w, p0, len, e, c0, per, in,
-                              (s + 1) * MOE2_BK);
+            moe_mma_stage(as[(s + 1) & 1], ws[(s + 1) & 1], ah, w, p0, len, e, c0, per, in,
+                          (s + 1) * MOE2_BK);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();

@@ -1662,7 +1662,7 @@ impl Backend for CudaBackend {
             .iter()
             .map(|&p| int(p, "rotary position"))
             .collect::<Result<Vec<_>>>()?;
-        self.rope_on_device(positions.len(), &flat, None, spec)
+        self.rotary_table(positions.len(), &flat, None, spec)
     }
 
     fn rope_table_axes(
@@ -1683,7 +1683,7 @@ impl Backend for CudaBackend {
             .flatten()
             .map(|&p| int(p, "rotary position"))
             .collect::<Result<Vec<_>>>()?;
-        self.rope_on_device(positions.len(), &flat, Some(axes), spec)
+        self.rotary_table(positions.len(), &flat, Some(axes), spec)
     }
 
     fn rope(&self, x: &CudaTensor, heads: usize, table: &CudaRope) -> Result<CudaTensor> {
@@ -2096,16 +2096,14 @@ impl CudaBackend {
         })
     }
 
-    /// Embedding rows of `table` for `n` ids at device address `ids`.
-    /// The rotary table of `rows` rows where frequency `i` of row `r` turns with position
-    /// `position(r, i)`, computed on the host (in f64, as the CPU backend does) and uploaded
-    /// like every step-varying value: a decode step records the same launches whatever
-    /// its positions, so its graph replays.
-    /// A rotary table of `rows` positions (`positions` holds one a row, or three with
-    /// `axes`: the position each frequency turns with). A prompt's is computed on the
-    /// device: millions of `sin_cos` calls on the host held the GPU idle (tens of
+    /// The rotary table of `rows` positions (`positions` holds one a row, or three with
+    /// `axes`: the position each frequency turns with), angles in f64 as the CPU backend
+    /// takes them. A decode step's few rows are computed on the host and uploaded like
+    /// every step-varying value, so the step records the same launches and its graph
+    /// replays; a prompt's on the device (`rope_table`), since a pass is recorded whole
+    /// before it runs and millions of host `sin_cos` calls held the GPU idle (tens of
     /// milliseconds for Gemma 4's 384 frequencies at 4,096 tokens).
-    fn rope_on_device(
+    fn rotary_table(
         &self,
         rows: usize,
         positions: &[i32],
@@ -2186,6 +2184,7 @@ impl CudaBackend {
         })
     }
 
+    /// Embedding rows of `table` for `n` ids at device address `ids`.
     fn gather(&self, table: &CudaMatrix, ids: u64, n: usize) -> Result<CudaTensor> {
         let out = self.tensor(n, table.cols)?;
         let k = match table.layout {
