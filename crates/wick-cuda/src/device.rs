@@ -278,6 +278,55 @@ kernels! {
     LinearMmxQ4F32M4 => "linear_mmx_q4_f32_m4",
     GluMmxQ4F32M4 => "glu_mmx_q4_f32_m4",
     AffineMmxX => "affine_mmx_x",
+    AffineImmaX => "affine_imma_x",
+    LinearImmaQ8Bf16N1 => "linear_imma_q8_bf16_n1",
+    GluImmaQ8Bf16N1 => "glu_imma_q8_bf16_n1",
+    LinearImmaQ8Bf16N2 => "linear_imma_q8_bf16_n2",
+    GluImmaQ8Bf16N2 => "glu_imma_q8_bf16_n2",
+    LinearImmaQ8Bf16N4 => "linear_imma_q8_bf16_n4",
+    GluImmaQ8Bf16N4 => "glu_imma_q8_bf16_n4",
+    LinearImmaQ8Bf16N8 => "linear_imma_q8_bf16_n8",
+    GluImmaQ8Bf16N8 => "glu_imma_q8_bf16_n8",
+    LinearImmaQ8F16N1 => "linear_imma_q8_f16_n1",
+    GluImmaQ8F16N1 => "glu_imma_q8_f16_n1",
+    LinearImmaQ8F16N2 => "linear_imma_q8_f16_n2",
+    GluImmaQ8F16N2 => "glu_imma_q8_f16_n2",
+    LinearImmaQ8F16N4 => "linear_imma_q8_f16_n4",
+    GluImmaQ8F16N4 => "glu_imma_q8_f16_n4",
+    LinearImmaQ8F16N8 => "linear_imma_q8_f16_n8",
+    GluImmaQ8F16N8 => "glu_imma_q8_f16_n8",
+    LinearImmaQ8F32N1 => "linear_imma_q8_f32_n1",
+    GluImmaQ8F32N1 => "glu_imma_q8_f32_n1",
+    LinearImmaQ8F32N2 => "linear_imma_q8_f32_n2",
+    GluImmaQ8F32N2 => "glu_imma_q8_f32_n2",
+    LinearImmaQ8F32N4 => "linear_imma_q8_f32_n4",
+    GluImmaQ8F32N4 => "glu_imma_q8_f32_n4",
+    LinearImmaQ8F32N8 => "linear_imma_q8_f32_n8",
+    GluImmaQ8F32N8 => "glu_imma_q8_f32_n8",
+    LinearImmaQ4Bf16N1 => "linear_imma_q4_bf16_n1",
+    GluImmaQ4Bf16N1 => "glu_imma_q4_bf16_n1",
+    LinearImmaQ4Bf16N2 => "linear_imma_q4_bf16_n2",
+    GluImmaQ4Bf16N2 => "glu_imma_q4_bf16_n2",
+    LinearImmaQ4Bf16N4 => "linear_imma_q4_bf16_n4",
+    GluImmaQ4Bf16N4 => "glu_imma_q4_bf16_n4",
+    LinearImmaQ4Bf16N8 => "linear_imma_q4_bf16_n8",
+    GluImmaQ4Bf16N8 => "glu_imma_q4_bf16_n8",
+    LinearImmaQ4F16N1 => "linear_imma_q4_f16_n1",
+    GluImmaQ4F16N1 => "glu_imma_q4_f16_n1",
+    LinearImmaQ4F16N2 => "linear_imma_q4_f16_n2",
+    GluImmaQ4F16N2 => "glu_imma_q4_f16_n2",
+    LinearImmaQ4F16N4 => "linear_imma_q4_f16_n4",
+    GluImmaQ4F16N4 => "glu_imma_q4_f16_n4",
+    LinearImmaQ4F16N8 => "linear_imma_q4_f16_n8",
+    GluImmaQ4F16N8 => "glu_imma_q4_f16_n8",
+    LinearImmaQ4F32N1 => "linear_imma_q4_f32_n1",
+    GluImmaQ4F32N1 => "glu_imma_q4_f32_n1",
+    LinearImmaQ4F32N2 => "linear_imma_q4_f32_n2",
+    GluImmaQ4F32N2 => "glu_imma_q4_f32_n2",
+    LinearImmaQ4F32N4 => "linear_imma_q4_f32_n4",
+    GluImmaQ4F32N4 => "glu_imma_q4_f32_n4",
+    LinearImmaQ4F32N8 => "linear_imma_q4_f32_n8",
+    GluImmaQ4F32N8 => "glu_imma_q4_f32_n8",
     LayerNorm => "layer_norm",
     Activation => "activation",
     // deltanet.cu
@@ -1458,7 +1507,8 @@ mod tests {
             let attends = name.starts_with("attention_f")
                 || name.starts_with("flash_")
                 || name == "delta_chunk_state_tc";
-            let tensor_products = name.contains("_mma_q") || name.contains("_mmx_q");
+            let tensor_products =
+                name.contains("_mma_q") || name.contains("_mmx_q") || name.contains("_imma_q");
             if !few && !attends && !moe && !tensor_products {
                 continue;
             }
@@ -1490,7 +1540,7 @@ mod tests {
         );
         assert_eq!(experts, 17, "mixture-of-experts kernels in the log");
         assert_eq!(
-            quantized_mma, 72,
+            quantized_mma, 120,
             "affine tensor-core product kernels in the log"
         );
     }

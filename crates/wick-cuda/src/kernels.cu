@@ -3066,3 +3066,225 @@ AFFINE_MMA_SIDES(8, 4)
 AFFINE_MMA_SIDES(4, 1)
 AFFINE_MMA_SIDES(4, 2)
 AFFINE_MMA_SIDES(4, 4)
+
+// ---------------------------------------------------------------------------------------
+// Affine products of a few rows on the int8 tensor cores (`affine_imma_*`)
+//
+// A batch of decoding streams multiplies each matrix by 3 to 64 rows: the weights' bytes
+// are what the product waits for. `affine_imma_x` quantizes x once per product to int8 in
+// blocks of 32 inputs (a scale and the block's exact sum each); then `mma.sync` m16n8k32
+// multiplies the packed weights as they are (unsigned 4- or 8-bit codes, no dequantization)
+// by those bytes, and each 32 inputs' integer sums become s·dx·Σq·qx + b·Σx — a group of 32
+// or more inputs shares s and b, so a block of x never straddles two.
+//
+// A block of QI_WARPS warps makes 16 weight rows (GLU: 8 gate rows and their up rows) for
+// 8·NT rows of x (blockIdx.y); its warps split the inputs, QI_STEPS blocks of 32 at a time
+// with every load of those steps in flight before the first product, and add their sums
+// up in shared memory at the end, so no partial sums leave the block.
+//
+// The order of a dot product's terms is free: lane (g = lane/4, t = lane%4) takes bytes
+// 8t .. 8t + 7 of each of its two weight rows' 32 inputs (8 bits; 4 bits: bytes 4t .. 4t + 3,
+// low nibbles then high) as the fragment's k-slots 4t .. 4t + 3 and 16 + 4t .. 19 + 4t, and
+// x's bytes are stored in that order (4 bits: each 8 inputs as 0,2,4,6,1,3,5,7), so a lane's
+// B fragment is one 8-byte load.
+
+#define QI_WARPS 8
+// Steps of 32 inputs whose loads a warp has in flight at once (fewer with more x rows,
+// whose sums take the registers), and blocks an SM must fit (ptxas keeps the registers to
+// 128 a thread).
+#define QI_STEPS(NT) ((NT) == 1 ? 8 : (NT) <= 4 ? 4 : 2)
+#define QI_MIN_BLOCKS 2
+
+__device__ __forceinline__ void imma16832(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// x (rows × in, f32; in a multiple of 32) as `rows_pad` rows of int8 blocks of 32 (`xq`,
+// rows × in bytes) and each block's (scale, exact sum) (`xs`, block-major: the rows of one
+// block side by side); rows past `rows` are zeros.
+extern "C" __global__ void affine_imma_x(const float* __restrict__ x, u8* __restrict__ xq,
+                                         float2* __restrict__ xs, int rows, int in,
+                                         int rows_pad, int bits) {
+    pdl_begin();
+    int blocks = in / 32;
+    for (long long it = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+         it < (long long)rows_pad * blocks; it += (long long)gridDim.x * blockDim.x) {
+        int r = (int)(it / blocks), b = (int)(it - (long long)r * blocks);
+        float v[32];
+        if (r < rows) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) load8(x + (u64)r * in + 32 * b + 8 * q, v + 8 * q);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 32; e++) v[e] = 0.0f;
+        }
+        float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 32; e++) {
+            amax = fmaxf(amax, fabsf(v[e]));
+            sum += v[e];
+        }
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int qi[32];
+#pragma unroll
+        for (int e = 0; e < 32; e++) qi[e] = __float2int_rn(v[e] * inv);
+        u32 o[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int* q = qi + 8 * j;
+            if (bits == 8) {
+                o[2 * j] = pack_s8(q[0], q[1], q[2], q[3]);
+                o[2 * j + 1] = pack_s8(q[4], q[5], q[6], q[7]);
+            } else {
+                o[2 * j] = pack_s8(q[0], q[2], q[4], q[6]);
+                o[2 * j + 1] = pack_s8(q[1], q[3], q[5], q[7]);
+            }
+        }
+        uint4* dst = (uint4*)(xq + (u64)r * in + 32 * b);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        xs[(u64)b * rows_pad + r] = make_float2(amax * (1.0f / 127.0f), sum);
+    }
+}
+
+template <typename S, int BITS, int NT, bool GLU>
+__device__ void affine_imma(const u8* __restrict__ xq, const float2* __restrict__ xs,
+                            const u8* __restrict__ w, const S* __restrict__ scales,
+                            const S* __restrict__ biases, const float* __restrict__ bias,
+                            float* __restrict__ y, int rows, int in, int out, int group,
+                            int act_kind) {
+    const int SB = 32 * BITS / 8;  // a weight row's bytes per 32 inputs
+    const int U = QI_STEPS(NT);
+    __shared__ float red[QI_WARPS][16][8 * NT + 1];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int o = blockIdx.x * (GLU ? 8 : 16);
+    int r0 = blockIdx.y * 8 * NT;
+    // The lane's weight rows: A rows g and g + 8 (clamped: rows past the end are read,
+    // never stored).
+    int w0, w1;
+    if (GLU) {
+        w0 = min(o + g, out - 1);
+        w1 = out + w0;
+    } else {
+        w0 = min(o + g, out - 1);
+        w1 = min(o + 8 + g, out - 1);
+    }
+    u64 row_bytes = (u64)in * BITS / 8;
+    int steps = in / 32, groups = in / group, per_group = group / 32;
+    int rows_pad = gridDim.y * 8 * NT;
+    const u8* wa = w + (u64)w0 * row_bytes + (BITS == 8 ? 8 : 4) * t;
+    const u8* wb = w + (u64)w1 * row_bytes + (BITS == 8 ? 8 : 4) * t;
+    const S* sa = scales + (u64)w0 * groups;
+    const S* sb = scales + (u64)w1 * groups;
+    const S* ba = biases + (u64)w0 * groups;
+    const S* bb = biases + (u64)w1 * groups;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.0f;
+    pdl_launch();
+    pdl_wait();
+    for (int base = warp * U; base < steps; base += QI_WARPS * U) {
+        // Every load of the steps first.
+        u32 a[U][4];
+        float sc[U][4];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = min(base + u, steps - 1);
+            if (BITS == 8) {
+                uint2 p = *(const uint2*)(wa + (u64)kk * SB);
+                uint2 q = *(const uint2*)(wb + (u64)kk * SB);
+                a[u][0] = p.x;
+                a[u][1] = q.x;
+                a[u][2] = p.y;
+                a[u][3] = q.y;
+            } else {
+                u32 p = *(const u32*)(wa + (u64)kk * SB);
+                u32 q = *(const u32*)(wb + (u64)kk * SB);
+                a[u][0] = p & 0x0f0f0f0fu;
+                a[u][1] = q & 0x0f0f0f0fu;
+                a[u][2] = (p >> 4) & 0x0f0f0f0fu;
+                a[u][3] = (q >> 4) & 0x0f0f0f0fu;
+            }
+            int gi = kk / per_group;
+            sc[u][0] = to_f32(sa[gi]);
+            sc[u][1] = to_f32(ba[gi]);
+            sc[u][2] = to_f32(sb[gi]);
+            sc[u][3] = to_f32(bb[gi]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int kk = base + u;
+            if (kk >= steps) break;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int xr = r0 + 8 * nt;
+                uint2 bx = *(const uint2*)(xq + (u64)(xr + g) * in + 32 * kk + 8 * t);
+                int c[4] = {0, 0, 0, 0};
+                imma16832(c, a[u], bx.x, bx.y);
+                // (scale, sum) of x rows 2t and 2t + 1 of the tile.
+                float4 e = *(const float4*)(xs + (u64)kk * rows_pad + xr + 2 * t);
+                acc[nt][0] = fmaf(sc[u][0] * e.x, (float)c[0], fmaf(sc[u][1], e.y, acc[nt][0]));
+                acc[nt][1] = fmaf(sc[u][0] * e.z, (float)c[1], fmaf(sc[u][1], e.w, acc[nt][1]));
+                acc[nt][2] = fmaf(sc[u][2] * e.x, (float)c[2], fmaf(sc[u][3], e.y, acc[nt][2]));
+                acc[nt][3] = fmaf(sc[u][2] * e.z, (float)c[3], fmaf(sc[u][3], e.w, acc[nt][3]));
+            }
+        }
+    }
+    // acc[nt][i]: weight row g (+8 for i ≥ 2) of the tile, x row 8·nt + 2t + (i & 1).
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][g + (i >= 2 ? 8 : 0)][8 * nt + 2 * t + (i & 1)] = acc[nt][i];
+    __syncthreads();
+    const int TW = GLU ? 8 : 16;
+    for (int i = threadIdx.x; i < TW * 8 * NT; i += QI_WARPS * 32) {
+        int j = i / (8 * NT), col = i - j * (8 * NT);
+        int r = r0 + col, u = o + j;
+        if (r >= rows || u >= out) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < QI_WARPS; k++) s += red[k][j][col];
+        if (GLU) {
+            float up = 0.0f;
+#pragma unroll
+            for (int k = 0; k < QI_WARPS; k++) up += red[k][j + 8][col];
+            y[(u64)r * out + u] = act(s, act_kind) * up;
+        } else {
+            y[(u64)r * out + u] = s + (bias ? bias[u] : 0.0f);
+        }
+    }
+}
+
+#define AFFINE_IMMA(S, SN, BITS, NT)                                                           \
+    extern "C" __global__ void __launch_bounds__(QI_WARPS * 32, QI_MIN_BLOCKS)                                \
+        linear_imma_q##BITS##_##SN##_n##NT(const u8* xq, const float2* xs, const u8* w,         \
+                                           const S* scales, const S* biases, const float* bias, \
+                                           float* y, int rows, int in, int out, int group) {    \
+        affine_imma<S, BITS, NT, false>(xq, xs, w, scales, biases, bias, y, rows, in, out,     \
+                                        group, 0);                                             \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(QI_WARPS * 32, QI_MIN_BLOCKS)                                \
+        glu_imma_q##BITS##_##SN##_n##NT(const u8* xq, const float2* xs, const u8* w,            \
+                                        const S* scales, const S* biases, float* y, int rows,   \
+                                        int in, int width, int group, int act_kind) {           \
+        affine_imma<S, BITS, NT, true>(xq, xs, w, scales, biases, nullptr, y, rows, in, width, \
+                                       group, act_kind);                                       \
+    }
+#define AFFINE_IMMA_SIDES(BITS, NT)                                                            \
+    AFFINE_IMMA(Bf16, bf16, BITS, NT) AFFINE_IMMA(F16, f16, BITS, NT)                          \
+    AFFINE_IMMA(float, f32, BITS, NT)
+AFFINE_IMMA_SIDES(8, 1)
+AFFINE_IMMA_SIDES(8, 2)
+AFFINE_IMMA_SIDES(8, 4)
+AFFINE_IMMA_SIDES(8, 8)
+AFFINE_IMMA_SIDES(4, 1)
+AFFINE_IMMA_SIDES(4, 2)
+AFFINE_IMMA_SIDES(4, 4)
+AFFINE_IMMA_SIDES(4, 8)

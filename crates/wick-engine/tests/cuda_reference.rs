@@ -2105,7 +2105,9 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
 }
 
 /// Affine products of 3 to 256 rows on the device against the CPU backend's product of the
-/// same weights (dequantized to f32, f32 inputs): the tensor-core kernel that dequantizes
+/// same weights (dequantized to f32, f32 inputs): the int8 tensor-core kernel (x quantized
+/// to int8 in blocks of 32, up to 64 rows in one tile of 8, 16, 32 or 64 rows, 200 in four
+/// tiles of 64), the tensor-core kernel that dequantizes
 /// in registers (x and weights rounded to f16; x rounded once per product, and by every
 /// block as before) and, with it switched off, the bf16 copy for
 /// cuBLAS; plain products with a bias and the fused `[gate; up]` form. 4 and 8 bits, groups
@@ -2115,11 +2117,21 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
 /// several.
 #[test]
 fn affine_products_of_many_rows_match_the_cpu() {
-    let Some(mma) = gpu().map(|b| b.with_quant_mma(true).with_quant_mma_rounding_once(true)) else {
+    let Some(imma) = gpu().map(|b| b.with_quant_mma(true).with_quant_imma_rows(256)) else {
         return;
     };
-    let Some(per_block) = gpu().map(|b| b.with_quant_mma(true).with_quant_mma_rounding_once(false))
-    else {
+    let Some(mma) = gpu().map(|b| {
+        b.with_quant_mma(true)
+            .with_quant_mma_rounding_once(true)
+            .with_quant_imma_rows(0)
+    }) else {
+        return;
+    };
+    let Some(per_block) = gpu().map(|b| {
+        b.with_quant_mma(true)
+            .with_quant_mma_rounding_once(false)
+            .with_quant_imma_rows(0)
+    }) else {
         return;
     };
     let Some(blas) = gpu().map(|b| b.with_quant_mma(false)) else {
@@ -2153,12 +2165,13 @@ fn affine_products_of_many_rows_match_the_cpu() {
             };
             let on_cpu = cpu.affine_matrix(quantized()).unwrap();
             let gpus = [
+                ("int8 tensor cores", &imma),
                 ("tensor cores", &mma),
                 ("tensor cores, x rounded per block", &per_block),
                 ("bf16 copy for cuBLAS", &blas),
             ];
             let on_gpu = gpus.map(|(what, be)| (what, be, be.affine_matrix(quantized()).unwrap()));
-            for rows in [3, 8, 17, 64, 200] {
+            for rows in [3, 8, 13, 17, 64, 200] {
                 let x = noise(rows * cols, seed + rows as u64);
                 let (want, want_glu) = {
                     let xc = cpu.tensor_from_host(x.clone(), rows, cols).unwrap();

@@ -29,6 +29,18 @@ pub(super) const QUANT_ROWS: usize = 2;
 /// serves cuBLAS's whole product).
 pub(super) const MMA_ROWS: usize = 256;
 
+/// Rows up to which a quantized product above [`QUANT_ROWS`] runs on the int8 tensor-core
+/// kernel (`{linear,glu}_imma_q*`: x quantized to int8 once, the packed codes multiplied as
+/// they are) rather than the f16 one; `WICK_CUDA_QUANT_IMMA_ROWS` overrides it (0: never).
+pub(super) const IMMA_ROWS: usize = 16;
+/// Weight rows one block of `linear_imma_q*` makes (a `glu_imma_q*` block: half as many
+/// gate rows and their up rows).
+const IMMA_COLS: usize = 16;
+/// Rows of x one n-tile of the int8 product holds (the `n` of m16n8k32).
+const IMMA_TILE: usize = 8;
+/// Threads of an int8 product block (`QI_WARPS` warps).
+const IMMA_THREADS: u32 = 256;
+
 /// Outputs one block of `linear_mma_q*` makes (`QM_COLS` of `kernels.cu`; a `glu_mma_q*`
 /// block makes half as many gate and up pairs).
 const MMA_COLS: usize = 64;
@@ -200,6 +212,110 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, once: bool) -> Ker
         (true, true) => &GLU_ONCE,
     };
     table[b][s][t]
+}
+
+/// The int8 tensor-core product kernel for bits, side type, n-tiles of 8 rows (1, 2, 4 or
+/// 8) and whether it is the fused `[gate; up]` form.
+fn imma_kernel(bits: u32, side: WType, tiles: usize, glu: bool) -> Kernel {
+    use Kernel::*;
+    type Table = [[[Kernel; 4]; 3]; 2];
+    const LINEAR: Table = [
+        [
+            [
+                LinearImmaQ8Bf16N1,
+                LinearImmaQ8Bf16N2,
+                LinearImmaQ8Bf16N4,
+                LinearImmaQ8Bf16N8,
+            ],
+            [
+                LinearImmaQ8F16N1,
+                LinearImmaQ8F16N2,
+                LinearImmaQ8F16N4,
+                LinearImmaQ8F16N8,
+            ],
+            [
+                LinearImmaQ8F32N1,
+                LinearImmaQ8F32N2,
+                LinearImmaQ8F32N4,
+                LinearImmaQ8F32N8,
+            ],
+        ],
+        [
+            [
+                LinearImmaQ4Bf16N1,
+                LinearImmaQ4Bf16N2,
+                LinearImmaQ4Bf16N4,
+                LinearImmaQ4Bf16N8,
+            ],
+            [
+                LinearImmaQ4F16N1,
+                LinearImmaQ4F16N2,
+                LinearImmaQ4F16N4,
+                LinearImmaQ4F16N8,
+            ],
+            [
+                LinearImmaQ4F32N1,
+                LinearImmaQ4F32N2,
+                LinearImmaQ4F32N4,
+                LinearImmaQ4F32N8,
+            ],
+        ],
+    ];
+    const GLU: Table = [
+        [
+            [
+                GluImmaQ8Bf16N1,
+                GluImmaQ8Bf16N2,
+                GluImmaQ8Bf16N4,
+                GluImmaQ8Bf16N8,
+            ],
+            [
+                GluImmaQ8F16N1,
+                GluImmaQ8F16N2,
+                GluImmaQ8F16N4,
+                GluImmaQ8F16N8,
+            ],
+            [
+                GluImmaQ8F32N1,
+                GluImmaQ8F32N2,
+                GluImmaQ8F32N4,
+                GluImmaQ8F32N8,
+            ],
+        ],
+        [
+            [
+                GluImmaQ4Bf16N1,
+                GluImmaQ4Bf16N2,
+                GluImmaQ4Bf16N4,
+                GluImmaQ4Bf16N8,
+            ],
+            [
+                GluImmaQ4F16N1,
+                GluImmaQ4F16N2,
+                GluImmaQ4F16N4,
+                GluImmaQ4F16N8,
+            ],
+            [
+                GluImmaQ4F32N1,
+                GluImmaQ4F32N2,
+                GluImmaQ4F32N4,
+                GluImmaQ4F32N8,
+            ],
+        ],
+    ];
+    let b = usize::from(bits != 8);
+    let s = match side {
+        WType::Bf16 => 0,
+        WType::F16 => 1,
+        WType::F32 => 2,
+    };
+    let t = match tiles {
+        1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    };
+    (if glu { &GLU } else { &LINEAR })[b][s][t]
 }
 
 /// Rows of the matrix one block of `linear_q*` / `glu_q*` takes (`AFFINE_ROWS` of
@@ -509,6 +625,85 @@ impl CudaBackend {
             )?;
         }
         Ok(())
+    }
+
+    /// `y = x · wᵀ (+ bias)` for an affine `w`, or with `glu` = (width, activation kind)
+    /// `y = act(x · gateᵀ) · (x · upᵀ)` for an affine `[gate; up]` matrix, on the int8
+    /// tensor cores, inside a pass: x quantized to int8 in blocks of 32 inputs once
+    /// (`affine_imma_x`), then one launch whose blocks each make 16 weight rows for up to
+    /// 64 rows of x (more rows: several row tiles, each reading the weights again).
+    pub(super) fn affine_imma(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        (bits, group, side): (u32, usize, WType),
+        bias: Option<&CudaTensor>,
+        glu: Option<(usize, i32)>,
+        y: &CudaTensor,
+    ) -> Result<()> {
+        let s = sides(w)?;
+        let rows = x.rows;
+        if w.cols % 32 != 0 || group % 32 != 0 {
+            return Err(invalid(format!(
+                "int8 affine product: {} inputs in groups of {group} (both must be multiples of 32)",
+                w.cols
+            )));
+        }
+        let tiles = rows.div_ceil(IMMA_TILE).min(8).next_power_of_two();
+        let tile_rows = tiles * IMMA_TILE;
+        let row_tiles = rows.div_ceil(tile_rows);
+        let rows_pad = row_tiles * tile_rows;
+        let blocks32 = w.cols / 32;
+        let xq = self.dev.alloc(rows_pad * w.cols).map_err(cuda_err)?;
+        let xs = self.dev.alloc(rows_pad * blocks32 * 8).map_err(cuda_err)?;
+        self.launch(
+            Kernel::AffineImmaX,
+            (blocks_for(rows_pad * blocks32), 1, 1),
+            256,
+            &[
+                Arg::Ptr(x.ptr()),
+                Arg::Ptr(xq.ptr()),
+                Arg::Ptr(xs.ptr()),
+                Arg::I32(int(rows, "rows")?),
+                Arg::I32(int(w.cols, "columns")?),
+                Arg::I32(int(rows_pad, "rows")?),
+                Arg::I32(bits as i32),
+            ],
+        )?;
+        let (out, col_tiles) = match glu {
+            Some((width, _)) => (width, width.div_ceil(IMMA_COLS / 2)),
+            None => (w.rows, w.rows.div_ceil(IMMA_COLS)),
+        };
+        let mut args = vec![
+            Arg::Ptr(xq.ptr()),
+            Arg::Ptr(xs.ptr()),
+            Arg::Ptr(w.buf.ptr()),
+            Arg::Ptr(s.scales.ptr()),
+            Arg::Ptr(s.biases.ptr()),
+        ];
+        if glu.is_none() {
+            args.push(Arg::Ptr(bias.map_or(0, |b| b.ptr())));
+        }
+        args.extend([
+            Arg::Ptr(y.ptr()),
+            Arg::I32(int(rows, "rows")?),
+            Arg::I32(int(w.cols, "columns")?),
+            Arg::I32(int(out, "outputs")?),
+            Arg::I32(int(group, "group size")?),
+        ]);
+        if let Some((_, act)) = glu {
+            args.push(Arg::I32(act));
+        }
+        self.launch(
+            imma_kernel(bits, side, tiles, glu.is_some()),
+            (
+                int(col_tiles, "column tiles")? as u32,
+                int(row_tiles, "row tiles")? as u32,
+                1,
+            ),
+            IMMA_THREADS,
+            &args,
+        )
     }
 
     /// The affine `w` dequantized to bf16 into a temporary, inside a pass.

@@ -145,6 +145,9 @@ pub struct CudaBackend {
     /// faster at 64 streams) rather than in every block that reads it (`affine_mma_*`,
     /// `WICK_CUDA_QUANT_MMA=per-block`, for comparison).
     quant_mma_once: bool,
+    /// Rows up to which quantized products above `quant_rows` run on the int8 tensor-core
+    /// kernel (`affine::IMMA_ROWS`; `WICK_CUDA_QUANT_IMMA_ROWS`, 0 for never).
+    quant_imma_rows: usize,
     /// Streaming multiprocessors of the device.
     sms: usize,
     /// KV caches store f16 (else f32).
@@ -396,12 +399,17 @@ impl CudaBackend {
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
+        let quant_imma_rows = std::env::var("WICK_CUDA_QUANT_IMMA_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(affine::IMMA_ROWS);
         Ok(CudaBackend {
             dev,
             kernel_rows,
             quant_rows,
             quant_mma,
             quant_mma_once,
+            quant_imma_rows,
             sms,
             kv_half: false,
             flash: FlashAttention::from_env(),
@@ -463,6 +471,21 @@ impl CudaBackend {
     pub fn with_quant_mma_rounding_once(mut self, once: bool) -> Self {
         self.quant_mma_once = once;
         self
+    }
+
+    /// Rows up to which quantized products of more than the mat-vec's rows run on the int8
+    /// tensor-core kernel (x quantized to int8 once, the packed codes multiplied as they
+    /// are; default `WICK_CUDA_QUANT_IMMA_ROWS`, else 16), above it on the f16 one that
+    /// dequantizes in registers; 0 keeps them all on the f16 one. Ignored where the
+    /// tensor-core products are off.
+    pub fn with_quant_imma_rows(mut self, rows: usize) -> Self {
+        self.quant_imma_rows = rows;
+        self
+    }
+
+    /// Whether an affine product of `rows` rows runs on the int8 tensor-core kernel.
+    fn affine_imma_rows(&self, rows: usize) -> bool {
+        self.affine_mma_rows(rows) && rows <= self.quant_imma_rows
     }
 
     /// Whether an affine product of `rows` rows runs on the tensor-core kernel.
@@ -1196,6 +1219,9 @@ impl Backend for CudaBackend {
             Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
                 self.affine_rows(x, w, (bits, group, side), bias, &y)
             }
+            Layout::Affine { bits, group, side } if self.affine_imma_rows(x.rows) => {
+                self.affine_imma(x, w, (bits, group, side), bias, None, &y)
+            }
             Layout::Affine { bits, group, side } if self.affine_mma_rows(x.rows) => {
                 self.affine_mma(x, w, (bits, group, side), bias, None, &y)
             }
@@ -1479,6 +1505,15 @@ impl Backend for CudaBackend {
             Layout::Affine { bits, group, side } if x.rows <= self.quant_rows => {
                 self.affine_glu_rows(x, gate_up, (bits, group, side), width, kind, &y)
             }
+            Layout::Affine { bits, group, side } if self.affine_imma_rows(x.rows) => self
+                .affine_imma(
+                    x,
+                    gate_up,
+                    (bits, group, side),
+                    None,
+                    Some((width, kind)),
+                    &y,
+                ),
             Layout::Affine { bits, group, side } => self.affine_mma(
                 x,
                 gate_up,
