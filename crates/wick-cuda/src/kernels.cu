@@ -3071,7 +3071,7 @@ AFFINE_MMA_SIDES(4, 4)
 // Affine products of a few rows on the int8 tensor cores (`affine_imma_*`)
 //
 // A batch of decoding streams multiplies each matrix by 3 to 64 rows: the weights' bytes
-// are what the product waits for. `affine_imma_x` quantizes x once per product to int8 in
+// are what the product waits for. (Opt-in: `WICK_CUDA_QUANT_IMMA_ROWS`.) `affine_imma_x` quantizes x once per product to int8 in
 // blocks of 32 inputs (a scale and the block's exact sum each); then `mma.sync` m16n8k32
 // multiplies the packed weights as they are (unsigned 4- or 8-bit codes, no dequantization)
 // by those bytes, and each 32 inputs' integer sums become s·dx·Σq·qx + b·Σx — a group of 32

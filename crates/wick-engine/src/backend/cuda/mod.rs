@@ -475,7 +475,7 @@ impl CudaBackend {
 
     /// Rows up to which quantized products of more than the mat-vec's rows run on the int8
     /// tensor-core kernel (x quantized to int8 once, the packed codes multiplied as they
-    /// are; default `WICK_CUDA_QUANT_IMMA_ROWS`, else 16), above it on the f16 one that
+    /// are; default `WICK_CUDA_QUANT_IMMA_ROWS`, else 0), above it on the f16 one that
     /// dequantizes in registers; 0 keeps them all on the f16 one. Ignored where the
     /// tensor-core products are off.
     pub fn with_quant_imma_rows(mut self, rows: usize) -> Self {
