@@ -2207,9 +2207,13 @@ fn affine_products_of_many_rows_match_the_cpu() {
                         assert_eq!(got.len(), want.len(), "{what} {op}: output size");
                         let (w, scale) = worst(&got, want);
                         eprintln!("{what} {op}: max |diff| {w:.2e} (scale {scale:.1})");
+                        // x in int8 (blocks of 32) is off by up to 1/254 of its block's
+                        // largest value, ten times f16's rounding: the bound the model-level
+                        // test holds the quantized products to.
+                        let bound = if path.starts_with("int8") { 3e-2 } else { 1e-2 };
                         assert!(
-                            w <= 1e-2 * scale,
-                            "{what} {op}: max |diff| {w} > 1e-2 × {scale} against the CPU"
+                            w <= bound * scale,
+                            "{what} {op}: max |diff| {w} > {bound} × {scale} against the CPU"
                         );
                     }
                 }

@@ -644,7 +644,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = sides(w)?;
         let rows = x.rows;
-        if w.cols % 32 != 0 || group % 32 != 0 {
+        if !w.cols.is_multiple_of(32) || !group.is_multiple_of(32) {
             return Err(invalid(format!(
                 "int8 affine product: {} inputs in groups of {group} (both must be multiples of 32)",
                 w.cols
