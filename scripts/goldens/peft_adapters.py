@@ -22,6 +22,9 @@ targets), with PEFT's logits at every position under none, a and b. Gemma 4's ex
 parameters, which all-linear does not reach, so no adapter here targets them. --hybrid writes
 only these.
 
+Adapters on the tiny Gemma 4 MoE's stacked experts (PEFT's `target_parameters`) get theirs in
+crates/wick-engine/tests/goldens/adapters/experts/ (`expert_goldens`; --experts writes only these).
+
 With --smollm2-out DIR it instead writes a random rank-16 PEFT adapter shaped for
 SmolLM2-135M (30 layers, hidden 576, ffn 1536, 9/3 heads) for the benchmarks (not committed).
 
@@ -291,6 +294,52 @@ def hybrid_goldens() -> None:
     (HYBRID_OUT / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
 
 
+EXPERTS_OUT = OUT / "experts"
+
+
+def expert_goldens() -> None:
+    """Adapters on the tiny Gemma 4 MoE's stacked experts (PEFT's `target_parameters`): `e`
+    (rank 2, lora_alpha 4) on both experts.gate_up_proj and experts.down_proj and on q_proj;
+    `d` (rank 4, rsLoRA) on experts.down_proj only. PEFT's logits at every position of
+    HYBRID_IDS under none, e and d, reloaded from the saved files."""
+    if EXPERTS_OUT.exists():
+        shutil.rmtree(EXPERTS_OUT)
+    EXPERTS_OUT.mkdir(parents=True)
+    name = "gemma4_moe"
+    configs = {
+        "e": LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"],
+                        target_parameters=["experts.gate_up_proj", "experts.down_proj"], lora_dropout=0.0),
+        "d": LoraConfig(r=4, lora_alpha=4, use_rslora=True, target_modules=[],
+                        target_parameters=["experts.down_proj"], lora_dropout=0.0),
+    }
+    tensors = {}
+    reference = {
+        "torch": torch.__version__,
+        "peft": __import__("peft").__version__,
+        "model": name,
+        "ids": HYBRID_IDS,
+        "max_abs_diff_from_base": {},
+    }
+    base_logits = logits_of(hybrid_base(name), HYBRID_IDS)
+    tensors["none.logits"] = base_logits.contiguous()
+    for j, (sel, config) in enumerate(configs.items()):
+        torch.manual_seed(SEED)
+        model = get_peft_model(hybrid_base(name), config)
+        randomize_lora(model, "default", SEED + 100 + j)
+        model.eval()
+        out = EXPERTS_OUT / sel
+        save_peft(model, "default", out)
+        cfg = json.loads((out / "adapter_config.json").read_text())
+        cfg["base_model_name_or_path"] = f"tiny-random-{name}"
+        (out / "adapter_config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True) + "\n")
+        lg = logits_of(with_adapters_on(hybrid_base(name), [(sel, out)]), HYBRID_IDS)
+        tensors[f"{sel}.logits"] = lg.contiguous()
+        reference["max_abs_diff_from_base"][sel] = float((lg - base_logits).abs().max())
+    print(reference)
+    save_file(dict(sorted(tensors.items())), EXPERTS_OUT / "logits.safetensors")
+    (EXPERTS_OUT / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+
+
 def with_adapters_on(base, dirs: list[tuple[str, Path]]):
     model = PeftModel.from_pretrained(base, dirs[0][1], adapter_name=dirs[0][0])
     model.eval()
@@ -339,6 +388,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smollm2-out", type=Path, help="write a random rank-16 SmolLM2 adapter here instead")
     ap.add_argument("--hybrid", action="store_true", help="write only the Qwen 3.5 / Gemma 4 goldens")
+    ap.add_argument("--experts", action="store_true", help="write only the Gemma 4 expert-adapter goldens")
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--seed", type=int, default=SEED)
     args = ap.parse_args()
@@ -346,6 +396,9 @@ if __name__ == "__main__":
         smollm2(args.smollm2_out, args.rank, args.seed)
     elif args.hybrid:
         hybrid_goldens()
+    elif args.experts:
+        expert_goldens()
     else:
         goldens()
         hybrid_goldens()
+        expert_goldens()

@@ -8,13 +8,13 @@ use std::path::Path;
 
 use std::sync::Arc;
 
-use wick_engine::adapters::{load_host, AdapterRegistry};
+use wick_engine::adapters::{load_host, AdapterRegistry, ExpertPart, FactorDtype, LoraWeights};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::Decoder;
 use wick_engine::{LoadOptions, LogitsRequest, Model, RowOutput, StepPlan, StepRow, Want};
 
 mod common;
-use common::golden::{golden_dir, goldens, TextGolden};
+use common::golden::{floats, golden_dir, goldens, ids_of, read_json, stored_logits, TextGolden};
 use common::hybrid_adapters::{
     all_with, assert_near, mixed_batch, upload, HybridAdapters, MODELS, SELECTIONS,
 };
@@ -212,13 +212,85 @@ fn a_delta_on_a_projection_the_layer_lacks_is_refused() {
     one_delta(&half, 2, "self_attn.q_proj", [2, 64], [q, 2]);
     let err = load_host(&half, m.config(), None).unwrap_err().to_string();
     assert!(err.contains("needs"), "{err}");
-    // Gemma 4's experts (PEFT's target_parameters) are refused, not skipped.
+    // Deltas on Gemma 4's stacked experts (PEFT's target_parameters, module `experts`):
+    // their factors must fit one of the two stacked weights (hidden 48, inner 16, 8
+    // experts), rank × experts wide, and a model without experts refuses them.
     let moe = cpu("gemma4_moe");
-    let experts = tmp.join("experts");
-    one_delta(&experts, 0, "experts.gate_up_proj", [2, 48], [32, 2]);
-    let err = load_host(&experts, moe.config(), None)
+    let misfit = tmp.join("experts_misfit");
+    one_delta(&misfit, 0, "experts", [16, 48], [33, 16]);
+    let err = load_host(&misfit, moe.config(), None)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("experts"), "{err}");
+    assert!(err.contains("fit neither"), "{err}");
+    let uneven = tmp.join("experts_uneven");
+    one_delta(&uneven, 0, "experts", [3, 48], [32, 3]);
+    let err = load_host(&uneven, moe.config(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rank × 8 experts"), "{err}");
+    let fits = tmp.join("experts_fit");
+    one_delta(&fits, 0, "experts", [16, 16], [48, 16]);
+    let host = load_host(&fits, moe.config(), None).unwrap();
+    assert_eq!(host.expert_deltas.len(), 1);
+    assert_eq!(host.expert_deltas[0].part, ExpertPart::Down);
+    assert_eq!(host.expert_deltas[0].rank, 2);
+    let dense = cpu("gemma4");
+    let err = load_host(&fits, dense.config(), None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not have"), "{err}");
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Adapters on the tiny Gemma 4 MoE's stacked experts (PEFT's `target_parameters`,
+/// `goldens/adapters/experts`): `e` on both expert weights and `q_proj`, `d` (rsLoRA) on
+/// the down projections only. Every position within the adapter tests' 1e-4 of PEFT, in
+/// one pass and in pieces; rows on `e`, on no adapter and on `d` in one batch each get
+/// their own; the engine mounts them on the CPU backend.
+#[test]
+fn expert_adapters_match_peft_at_every_position() {
+    let dir = goldens().join("adapters/experts");
+    let reference = read_json(&dir.join("reference.json"));
+    let logits = stored_logits(&dir);
+    let ids = ids_of(&reference["ids"]);
+    let want = |sel: &str| floats(&logits, &format!("{sel}.logits"));
+    let m = cpu("gemma4_moe");
+    let layers = m.config().num_layers;
+    let upload = |sel: &str| {
+        let host = load_host(&dir.join(sel), m.config(), None).unwrap();
+        assert!(!host.expert_deltas.is_empty(), "{sel} has no expert deltas");
+        LoraWeights::upload(m.backend(), &host, layers, FactorDtype::F32).unwrap()
+    };
+    let (e, d) = (upload("e"), upload("d"));
+    for (sel, stack) in [("none", vec![]), ("e", vec![&e]), ("d", vec![&d])] {
+        let moved = reference["max_abs_diff_from_base"][sel]
+            .as_f64()
+            .unwrap_or(1.0);
+        assert!(moved > 0.1, "{sel} moves the logits by only {moved}");
+        let one = all_with(&m, &ids, &[ids.len()], &stack);
+        assert_near(&format!("experts {sel}"), &one, &want(sel), TOLERANCE);
+        let pieces = all_with(&m, &ids, &[4, 1, 1, 6], &stack);
+        assert_near(
+            &format!("experts {sel} in pieces"),
+            &pieces,
+            &want(sel),
+            TOLERANCE,
+        );
+    }
+    let got = mixed_batch(&m, &ids, 9, &[vec![&e], Vec::new(), vec![&d]]);
+    for (sel, got) in ["e", "none", "d"].iter().zip(&got) {
+        assert_near(
+            &format!("experts {sel} batched"),
+            got,
+            &want(sel),
+            TOLERANCE,
+        );
+    }
+    let model = Model::load(&golden_dir("gemma4_moe"), &LoadOptions::default()).unwrap();
+    let adapter = model.load_adapter("e", &dir.join("e")).unwrap();
+    assert!(
+        adapter.info().mounted_layers > layers,
+        "{:?}",
+        adapter.info()
+    );
 }

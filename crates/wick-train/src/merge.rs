@@ -67,6 +67,12 @@ pub fn merge(
             "merge weights must be finite numbers, got {weights:?}"
         )));
     }
+    if let Some(h) = [a, b].iter().find(|h| !h.expert_deltas.is_empty()) {
+        return Err(TrainError::Config(format!(
+            "{}: merging adapters of the mixture-of-experts weights is not supported",
+            h.path.display()
+        )));
+    }
     let modules: Vec<(usize, Target)> = {
         let mut m: Vec<(usize, Target)> = a
             .deltas
@@ -262,6 +268,7 @@ mod tests {
             path: PathBuf::from(format!("adapter-{seed}")),
             format: AdapterFormat::Peft,
             deltas,
+            expert_deltas: Vec::new(),
             skipped_tensors: 0,
             base_model: None,
         }

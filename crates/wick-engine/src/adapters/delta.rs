@@ -9,7 +9,7 @@ use std::ops::Range;
 use wick_gguf::GgmlType;
 
 use super::precision::factor_bytes;
-use super::{FactorDtype, HostAdapter, Target};
+use super::{ExpertPart, FactorDtype, HostAdapter, Target};
 use crate::backend::candle::CandleBackend;
 #[cfg(feature = "cuda")]
 use crate::backend::cuda::CudaBackend;
@@ -27,6 +27,8 @@ pub struct LoraPair<B: Backend> {
 /// An adapter's deltas on a backend, per layer and [`Target`].
 pub struct LoraWeights<B: Backend> {
     layers: Vec<[Option<LoraPair<B>>; Target::COUNT]>,
+    /// Per layer and [`ExpertPart`], each expert's pair (empty: none).
+    experts: Vec<[Vec<LoraPair<B>>; 2]>,
 }
 
 fn upload<B: Backend>(
@@ -63,7 +65,28 @@ impl<B: Backend> LoraWeights<B> {
                 b: upload(be, format!("{name}.b"), [d.out_dim, d.rank], &d.b, dtype)?,
             });
         }
-        Ok(LoraWeights { layers: out })
+        let mut experts: Vec<[Vec<LoraPair<B>>; 2]> =
+            (0..layers).map(|_| [Vec::new(), Vec::new()]).collect();
+        for d in &host.expert_deltas {
+            let slot = experts
+                .get_mut(d.layer)
+                .ok_or_else(|| EngineError::InvalidInput(format!("layer {}", d.layer)))?;
+            let pairs = (0..d.experts)
+                .map(|e| {
+                    let name = format!("lora.{}.{:?}[{e}]", d.layer, d.part);
+                    let (a, b) = d.pair(e);
+                    Ok(LoraPair {
+                        a: upload(be, format!("{name}.a"), [d.rank, d.in_dim], a, dtype)?,
+                        b: upload(be, format!("{name}.b"), [d.out_dim, d.rank], b, dtype)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            slot[d.part.index()] = pairs;
+        }
+        Ok(LoraWeights {
+            layers: out,
+            experts,
+        })
     }
 
     /// Deltas of matrices already on the backend: `layers[l][target.index()]` holds
@@ -71,6 +94,7 @@ impl<B: Backend> LoraWeights<B> {
     #[allow(clippy::type_complexity)]
     pub fn from_matrices(layers: Vec<[Option<(B::Matrix, B::Matrix)>; Target::COUNT]>) -> Self {
         LoraWeights {
+            experts: layers.iter().map(|_| [Vec::new(), Vec::new()]).collect(),
             layers: layers
                 .into_iter()
                 .map(|slots| slots.map(|p| p.map(|(a, b)| LoraPair { a, b })))
@@ -85,6 +109,17 @@ impl<B: Backend> LoraWeights<B> {
 
     fn pair(&self, layer: usize, t: Target) -> Option<&LoraPair<B>> {
         self.layers.get(layer)?[t.index()].as_ref()
+    }
+
+    /// Whether `layer`'s experts have deltas.
+    pub fn has_experts(&self, layer: usize) -> bool {
+        self.experts
+            .get(layer)
+            .is_some_and(|parts| parts.iter().any(|p| !p.is_empty()))
+    }
+
+    fn expert_pair(&self, layer: usize, part: ExpertPart, e: usize) -> Option<&LoraPair<B>> {
+        self.experts.get(layer)?[part.index()].get(e)
     }
 }
 
@@ -210,6 +245,28 @@ impl<'a, B: Backend> LoraBatch<'a, B> {
     /// the product may be fused with what follows it).
     pub fn touches(&self, layer: usize, target: Target) -> bool {
         self.groups.iter().any(|g| g.weights.has(layer, target))
+    }
+
+    /// Whether some row's adapter has deltas on `layer`'s experts.
+    pub fn touches_experts(&self, layer: usize) -> bool {
+        self.groups.iter().any(|g| g.weights.has_experts(layer))
+    }
+
+    /// The deltas on expert `e`'s `part` of `layer`: each adapter's `(A, scale · B)` and
+    /// the batch rows that use it, ascending.
+    pub fn expert_deltas(
+        &self,
+        layer: usize,
+        part: ExpertPart,
+        e: usize,
+    ) -> Vec<(&B::Matrix, &B::Matrix, &[usize])> {
+        self.groups
+            .iter()
+            .filter_map(|g| {
+                let p = g.weights.expert_pair(layer, part, e)?;
+                Some((&p.a, &p.b, g.rows.as_slice()))
+            })
+            .collect()
     }
 
     /// `y` (the base product of `x` for `target` of `layer`) plus every adapter's delta

@@ -57,6 +57,62 @@ pub struct HostDelta {
     pub out_dim: usize,
 }
 
+/// Which stacked weight of a mixture-of-experts layer a [`HostExpertDelta`] adapts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ExpertPart {
+    /// Every expert's `[gate; up]` (`experts.gate_up_proj`, `[experts, 2·inner, hidden]`).
+    GateUp,
+    /// Every expert's down projection (`experts.down_proj`, `[experts, hidden, inner]`).
+    Down,
+}
+
+impl ExpertPart {
+    /// Index in a layer's pair of expert slots.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The parameter's name in Hugging Face checkpoints (PEFT's `target_parameters`).
+    pub fn hf_parameter(self) -> &'static str {
+        match self {
+            ExpertPart::GateUp => "experts.gate_up_proj",
+            ExpertPart::Down => "experts.down_proj",
+        }
+    }
+}
+
+/// One stacked expert weight's deltas (PEFT's `target_parameters` on a 3-D parameter), on
+/// the host: expert `e`'s output gains `(x · A_eᵀ) · B_eᵀ` with the scale folded into `B`.
+#[derive(Debug, Clone)]
+pub struct HostExpertDelta {
+    /// Decoder layer.
+    pub layer: usize,
+    /// Which stacked weight.
+    pub part: ExpertPart,
+    /// Experts (each has its own pair).
+    pub experts: usize,
+    /// Rank of each expert's pair.
+    pub rank: usize,
+    /// The scale folded into `b`.
+    pub scale: f32,
+    /// Every expert's `A`, `[rank, in]` row-major, expert after expert.
+    pub a: Vec<f32>,
+    /// Every expert's `scale · B`, `[out, rank]` row-major, expert after expert.
+    pub b: Vec<f32>,
+    /// Input width of one expert's product.
+    pub in_dim: usize,
+    /// Output width of one expert's product.
+    pub out_dim: usize,
+}
+
+impl HostExpertDelta {
+    /// Expert `e`'s `A` (`[rank, in]`) and `scale · B` (`[out, rank]`).
+    pub fn pair(&self, e: usize) -> (&[f32], &[f32]) {
+        let (na, nb) = (self.rank * self.in_dim, self.out_dim * self.rank);
+        (&self.a[e * na..(e + 1) * na], &self.b[e * nb..(e + 1) * nb])
+    }
+}
+
 /// An adapter read from disk and checked against a base model.
 #[derive(Debug, Clone)]
 pub struct HostAdapter {
@@ -66,6 +122,8 @@ pub struct HostAdapter {
     pub format: AdapterFormat,
     /// Every delta, by layer then target.
     pub deltas: Vec<HostDelta>,
+    /// Deltas of stacked expert weights (Gemma 4's mixture of experts), by layer then part.
+    pub expert_deltas: Vec<HostExpertDelta>,
     /// Tensors that target nothing wick adapts, skipped.
     pub skipped_tensors: usize,
     /// The base model the adapter records.
@@ -75,7 +133,13 @@ pub struct HostAdapter {
 impl HostAdapter {
     /// The largest rank.
     pub fn rank(&self) -> usize {
-        self.deltas.iter().map(|d| d.rank).max().unwrap_or(0)
+        let experts = self.expert_deltas.iter().map(|d| d.rank);
+        self.deltas
+            .iter()
+            .map(|d| d.rank)
+            .chain(experts)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The first delta's scale (0 with none).
@@ -85,27 +149,42 @@ impl HostAdapter {
 
     /// Bytes of the deltas (f32).
     pub fn size_bytes(&self) -> usize {
+        let experts: usize = self
+            .expert_deltas
+            .iter()
+            .map(|d| (d.a.len() + d.b.len()) * 4)
+            .sum();
         self.deltas
             .iter()
             .map(|d| (d.a.len() + d.b.len()) * 4)
-            .sum()
+            .sum::<usize>()
+            + experts
     }
 
     /// A digest of the deltas' values (XXH3 over each delta's layer, target and f32 bits).
     pub fn digest(&self) -> u64 {
+        fn values(h: &mut xxhash_rust::xxh3::Xxh3, v: &[f32]) {
+            if cfg!(target_endian = "little") {
+                h.update(bytemuck::cast_slice(v));
+            } else {
+                for x in v.iter() {
+                    h.update(&x.to_le_bytes());
+                }
+            }
+        }
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         for d in &self.deltas {
             h.update(&(d.layer as u64).to_le_bytes());
             h.update(&(d.target.index() as u64).to_le_bytes());
-            for v in [&d.a, &d.b] {
-                if cfg!(target_endian = "little") {
-                    h.update(bytemuck::cast_slice(v));
-                } else {
-                    for x in v.iter() {
-                        h.update(&x.to_le_bytes());
-                    }
-                }
-            }
+            values(&mut h, &d.a);
+            values(&mut h, &d.b);
+        }
+        // Expert deltas are tagged past the plain targets' indices.
+        for d in &self.expert_deltas {
+            h.update(&(d.layer as u64).to_le_bytes());
+            h.update(&((Target::COUNT + d.part.index()) as u64).to_le_bytes());
+            values(&mut h, &d.a);
+            values(&mut h, &d.b);
         }
         h.digest()
     }
@@ -441,6 +520,7 @@ fn load_safetensors(
     let mut fused = std::collections::BTreeSet::new();
     let mut skipped = 0;
     let mut lower_seen = None;
+    let mut expert_factors: Vec<(usize, &str, Factor, &str)> = Vec::new();
     for name in &names {
         let Some((layer, module, factor, lower)) = parse_hf_key(name) else {
             skipped += 1;
@@ -463,11 +543,17 @@ fn load_safetensors(
                     factors.push((layer, t, factor, name));
                 }
             }
-            None if module.starts_with("experts.") || module == "experts" => {
-                return Err(AdapterError::invalid(
-                    dir,
-                    format!("{name}: LoRA on the mixture-of-experts weights is not supported"),
-                ))
+            // PEFT's `target_parameters` on the stacked experts: one wrapper per parameter,
+            // nested (`experts`, `experts.base_layer`, …); which parameter each adapts is
+            // told by its factors' shapes below.
+            None if module == "experts" || module.starts_with("experts.base_layer") => {
+                if lower {
+                    return Err(AdapterError::invalid(
+                        dir,
+                        format!("{name}: mlx-lm LoRA on the mixture-of-experts weights is not supported"),
+                    ));
+                }
+                expert_factors.push((layer, module, factor, *name));
             }
             None => skipped += 1,
         }
@@ -619,7 +705,8 @@ fn load_safetensors(
         }
     }
     deltas.sort_by_key(|d| (d.layer, d.target));
-    if deltas.is_empty() {
+    let expert_deltas = expert_deltas(dir, cfg, &weights, &expert_factors, &rule)?;
+    if deltas.is_empty() && expert_deltas.is_empty() {
         return Err(AdapterError::invalid(
             dir,
             format!(
@@ -642,9 +729,133 @@ fn load_safetensors(
         path: dir.to_path_buf(),
         format,
         deltas,
+        expert_deltas,
         skipped_tensors: skipped,
         base_model,
     })
+}
+
+/// The deltas PEFT's `target_parameters` puts on Gemma 4's stacked experts: for each
+/// wrapped parameter, `lora_A` `[rank · experts, in]` (expert `e`'s rows `e·rank ..`) and
+/// `lora_B` `[out, rank · experts]` (expert `e`'s column `j` at `j·experts + e`), where
+/// `in`/`out` are one expert's product's (`hidden` → `2·inner` for `gate_up_proj`,
+/// `inner` → `hidden` for `down_proj`: the shapes tell the two apart). Each expert's pair
+/// is laid out on its own, its `B` scaled as a linear layer's of that rank would be.
+fn expert_deltas(
+    dir: &Path,
+    cfg: &ModelConfig,
+    weights: &SafetensorsWeights,
+    factors: &[(usize, &str, Factor, &str)],
+    rule: &ScaleRule,
+) -> Result<Vec<HostExpertDelta>, AdapterError> {
+    if factors.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(moe) = cfg.gemma4.as_ref().and_then(|g| g.moe.as_ref()) else {
+        return Err(AdapterError::invalid(
+            dir,
+            format!(
+                "{} adapts mixture-of-experts weights, which the base model does not have",
+                factors[0].3
+            ),
+        ));
+    };
+    let (n, hidden, inner) = (moe.experts, cfg.hidden_size, moe.intermediate);
+    let mut modules: Vec<(usize, &str)> = factors.iter().map(|f| (f.0, f.1)).collect();
+    modules.sort_unstable();
+    modules.dedup();
+    let mut out: Vec<HostExpertDelta> = Vec::new();
+    for (layer, module) in modules {
+        let find = |want: Factor| {
+            factors
+                .iter()
+                .find(|f| f.0 == layer && f.1 == module && f.2 == want)
+                .map(|f| f.3)
+        };
+        let (Some(an), Some(bn)) = (find(Factor::A), find(Factor::B)) else {
+            return Err(AdapterError::invalid(
+                dir,
+                format!("layer {layer} {module}: lora A without B or B without A"),
+            ));
+        };
+        let get = |name: &str| {
+            weights
+                .raw(name)
+                .ok_or_else(|| AdapterError::invalid(dir, format!("missing tensor {name}")))
+        };
+        let (aw, bw) = (get(an)?, get(bn)?);
+        if layer >= cfg.num_layers {
+            return Err(AdapterError::invalid(
+                dir,
+                format!(
+                    "{an} targets layer {layer} but the base model has {} layers",
+                    cfg.num_layers
+                ),
+            ));
+        }
+        let ([stacked_rank, a_in], [b_out, b_rank]) = (&aw.shape[..], &bw.shape[..]) else {
+            return Err(AdapterError::invalid(
+                dir,
+                format!("{an} and {bn} must be matrices"),
+            ));
+        };
+        let (stacked_rank, a_in, b_out, b_rank) = (*stacked_rank, *a_in, *b_out, *b_rank);
+        let part = match (a_in, b_out) {
+            (i, o) if i == hidden && o == 2 * inner => ExpertPart::GateUp,
+            (i, o) if i == inner && o == hidden => ExpertPart::Down,
+            _ => {
+                return Err(AdapterError::invalid(
+                    dir,
+                    format!(
+                        "{an} {:?} and {bn} {:?} fit neither experts.gate_up_proj \
+                         ({hidden} → {}) nor experts.down_proj ({inner} → {hidden}) of layer {layer}",
+                        aw.shape,
+                        bw.shape,
+                        2 * inner
+                    ),
+                ))
+            }
+        };
+        if stacked_rank == 0 || !stacked_rank.is_multiple_of(n) || b_rank != stacked_rank {
+            return Err(AdapterError::invalid(
+                dir,
+                format!(
+                    "{an} {:?} and {bn} {:?}: the rank dimension must be rank × {n} experts in both",
+                    aw.shape, bw.shape
+                ),
+            ));
+        }
+        if out.iter().any(|d| d.layer == layer && d.part == part) {
+            return Err(AdapterError::invalid(
+                dir,
+                format!("layer {layer}: two deltas on {}", part.hf_parameter()),
+            ));
+        }
+        let rank = stacked_rank / n;
+        let (a, b) = (floats(dir, &aw)?, floats(dir, &bw)?);
+        let scale = rule.scale(&format!("layers.{layer}.{}", part.hf_parameter()), rank);
+        // A's rows are expert-major already; B's columns interleave the experts.
+        let mut bb = Vec::with_capacity(b.len());
+        for e in 0..n {
+            for o in 0..b_out {
+                let row = &b[o * stacked_rank..(o + 1) * stacked_rank];
+                bb.extend((0..rank).map(|j| row[j * n + e] * scale));
+            }
+        }
+        out.push(HostExpertDelta {
+            layer,
+            part,
+            experts: n,
+            rank,
+            scale,
+            a,
+            b: bb,
+            in_dim: a_in,
+            out_dim: b_out,
+        });
+    }
+    out.sort_by_key(|d| (d.layer, d.part));
+    Ok(out)
 }
 
 fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter, AdapterError> {
@@ -774,6 +985,7 @@ fn load_gguf(path: &Path, file: &Path, cfg: &ModelConfig) -> Result<HostAdapter,
         path: path.to_path_buf(),
         format: AdapterFormat::Gguf,
         deltas,
+        expert_deltas: Vec::new(),
         skipped_tensors: skipped,
         base_model: meta
             .opt_str("general.base_model.0.name")

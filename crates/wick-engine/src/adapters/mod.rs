@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 pub use self::delta::{AnyLora, LoraBatch, LoraOf, LoraPair, LoraWeights};
-pub use self::load::{load_host, permute_rows, AdapterFormat, HostAdapter, HostDelta};
+pub use self::load::{
+    load_host, permute_rows, AdapterFormat, ExpertPart, HostAdapter, HostDelta, HostExpertDelta,
+};
 pub use self::precision::{
     choose as choose_factor_dtype, AdapterDtype, BasePrecision, FactorDtype,
 };

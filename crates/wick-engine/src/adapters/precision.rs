@@ -98,7 +98,16 @@ pub fn choose(
             (FactorDtype::F16, "the base model's weights are not f32")
         }
         (AdapterDtype::Auto, BasePrecision::Exact) => {
-            let values = || host.deltas.iter().flat_map(|d| d.a.iter().chain(&d.b));
+            let values = || {
+                let experts = host
+                    .expert_deltas
+                    .iter()
+                    .flat_map(|d| d.a.iter().chain(&d.b));
+                host.deltas
+                    .iter()
+                    .flat_map(|d| d.a.iter().chain(&d.b))
+                    .chain(experts)
+            };
             if values().all(|&v| exact_in_f16(v)) {
                 (FactorDtype::F16, "every value is exact in f16")
             } else if values().all(|&v| exact_in_bf16(v)) {
@@ -169,6 +178,7 @@ mod tests {
                 in_dim: values.len(),
                 out_dim: 1,
             }],
+            expert_deltas: Vec::new(),
             skipped_tensors: 0,
             base_model: None,
         }

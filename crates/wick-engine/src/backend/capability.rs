@@ -43,6 +43,9 @@ pub enum Capability {
     RowDeltas,
     /// Adapter factors kept in f16/bf16 (else f32).
     HalfAdapterFactors,
+    /// Adapter deltas on a mixture-of-experts layer's stacked expert weights (PEFT's
+    /// `target_parameters`), which run on the host-routed path with one matrix per expert.
+    ExpertAdapters,
     /// Drafted rows verified in a step and trimmed off the caches again.
     Speculation,
     /// Rows verifying drafts beside rows decoding plainly, in one step.
@@ -69,6 +72,7 @@ impl Capability {
             Capability::SharedKv => "KV caches shared between layers",
             Capability::RowDeltas => "adapter deltas on some rows of a batch",
             Capability::HalfAdapterFactors => "half-precision adapter factors",
+            Capability::ExpertAdapters => "adapter deltas on mixture-of-experts weights",
             Capability::Speculation => "speculative decoding (verifying drafts, trimming caches)",
             Capability::BatchedSpeculation => "drafts verified beside plainly decoding rows",
             Capability::DeltaNet => "the gated DeltaNet mixer",
@@ -129,6 +133,7 @@ pub const CPU: Capabilities = Capabilities {
         Capability::SharedKv,
         Capability::RowDeltas,
         Capability::HalfAdapterFactors,
+        Capability::ExpertAdapters,
         Capability::Speculation,
         Capability::BatchedSpeculation,
         Capability::DeltaNet,

@@ -37,6 +37,18 @@ impl Model {
             return Err(AdapterError::invalid(path, e.to_string()).into());
         }
         let host = crate::adapters::load_host(path, cfg, permute)?;
+        if !host.expert_deltas.is_empty() && !self.capabilities().has(Capability::ExpertAdapters) {
+            return Err(AdapterError::invalid(
+                path,
+                format!(
+                    "it adapts the mixture-of-experts weights: {} run on the cpu backend \
+                     for now, not on {}",
+                    Capability::ExpertAdapters.describe(),
+                    self.capabilities().backend
+                ),
+            )
+            .into());
+        }
         let layers = cfg.num_layers;
         let (dtype, why) = if self.capabilities().has(Capability::HalfAdapterFactors) {
             choose_factor_dtype(&host, self.adapter_dtype, self.base_precision)
@@ -68,7 +80,8 @@ impl Model {
                 .deltas
                 .iter()
                 .filter(|d| d.target != Target::QGate)
-                .count(),
+                .count()
+                + host.expert_deltas.len(),
             skipped_tensors: host.skipped_tensors,
             base_model: host.base_model.clone(),
             digest,

@@ -1044,7 +1044,14 @@ impl<B: Backend> Gemma4Model<B> {
                 let logits = be.linear(&r, &moe.router, None)?;
                 let logits = lora.apply(be, li, Target::Router, &r, logits)?;
                 let e_in = be.rms_norm(&x, &moe.pre_norm, eps)?;
-                let e_out = be.moe(&moe.experts, &e_in, &logits, total)?;
+                // Deltas on the experts (PEFT's `target_parameters`) run on the host path,
+                // one product per expert (mounting them needs `Capability::ExpertAdapters`).
+                let e_out = if lora.touches_experts(li) {
+                    let (ex, lora) = (&moe.experts, lora);
+                    ex.forward_on_host_with_deltas(be, &e_in, &logits, total, lora, li)?
+                } else {
+                    be.moe(&moe.experts, &e_in, &logits, total)?
+                };
                 let e_out = be.rms_norm(&e_out, &moe.post_norm, eps)?;
                 m = be.add(&dense, &e_out)?;
             }

@@ -9,7 +9,8 @@ use std::borrow::Cow;
 
 use wick_gguf::GgmlType;
 
-use crate::backend::{Activation, Backend, HostWeight};
+use crate::adapters::{ExpertPart, LoraBatch};
+use crate::backend::{Activation, Backend, HostWeight, LowRankDelta};
 use crate::{EngineError, Result};
 
 /// Which experts each row goes to, and with what weight.
@@ -281,16 +282,81 @@ impl<B: Backend> Experts<B> {
         Ok(())
     }
 
-    /// One expert on the rows `x` `[m, hidden]`, to the host.
-    fn expert(&self, be: &B, x: &B::Tensor, e: usize, m: usize) -> Result<Vec<f32>> {
-        let y = self.expert_output(be, x, e)?;
-        Ok(be.rows_to_host(&y, &[m])?.pop().unwrap_or_default())
+    /// One expert on the rows `x` `[m, hidden]` (batch rows `picked`), with the adapters'
+    /// deltas on it, to the host.
+    fn expert(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        e: usize,
+        picked: &[usize],
+        lora: Option<(&LoraBatch<'_, B>, usize)>,
+    ) -> Result<Vec<f32>> {
+        let y = match lora {
+            Some((lora, layer)) => self.expert_with_deltas(be, x, e, picked, lora, layer)?,
+            None => self.expert_output(be, x, e)?,
+        };
+        Ok(be
+            .rows_to_host(&y, &[picked.len()])?
+            .pop()
+            .unwrap_or_default())
     }
 
     /// One expert on the rows `x` `[m, hidden]`, `[m, hidden]` on the backend.
     pub(crate) fn expert_output(&self, be: &B, x: &B::Tensor, e: usize) -> Result<B::Tensor> {
+        self.expert_with_deltas(be, x, e, &[], &LoraBatch::empty(), 0)
+    }
+
+    /// [`Experts::expert_output`] with each adapter's deltas beside expert `e`'s two
+    /// products (PEFT's `target_parameters` on the stacked weights), at the rows of `x`
+    /// whose batch rows (`picked`, one per row of `x`) use that adapter.
+    fn expert_with_deltas(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        e: usize,
+        picked: &[usize],
+        lora: &LoraBatch<'_, B>,
+        layer: usize,
+    ) -> Result<B::Tensor> {
+        // Each adapter's rows among the expert's, ascending (`picked` is ascending).
+        let deltas = |part: ExpertPart| -> Vec<_> {
+            lora.expert_deltas(layer, part, e)
+                .into_iter()
+                .filter_map(|(a, b, rows)| {
+                    let at: Vec<usize> = picked
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| rows.binary_search(r).is_ok())
+                        .map(|(i, _)| i)
+                        .collect();
+                    (!at.is_empty()).then_some((a, b, at))
+                })
+                .collect()
+        };
+        let add = |x: &B::Tensor, y: B::Tensor, d: &[(&B::Matrix, &B::Matrix, Vec<usize>)]| {
+            if d.is_empty() {
+                return Ok(y);
+            }
+            let list: Vec<LowRankDelta<'_, B>> = d
+                .iter()
+                .map(|&(a, b, ref at)| LowRankDelta {
+                    a,
+                    b,
+                    rows: at,
+                    all: at.len() == picked.len(),
+                })
+                .collect();
+            be.low_rank_add(x, vec![y], &[&list])?
+                .pop()
+                .ok_or_else(|| EngineError::Backend {
+                    backend: be.name(),
+                    message: "low_rank_add returned no output".into(),
+                })
+        };
         let i = self.intermediate;
         let both = be.linear(x, &self.gate_up[e], None)?;
+        let both = add(x, both, &deltas(ExpertPart::GateUp))?;
         let parts = be.split_columns(&both, &[i, i])?;
         let [gate, up] = parts.as_slice() else {
             return Err(EngineError::Backend {
@@ -299,12 +365,42 @@ impl<B: Backend> Experts<B> {
             });
         };
         let act = be.glu(gate, up, self.activation)?;
-        be.linear(&act, &self.down[e], None)
+        let y = be.linear(&act, &self.down[e], None)?;
+        add(&act, y, &deltas(ExpertPart::Down))
+    }
+
+    /// [`Experts::forward_on_host`] with the deltas `lora`'s adapters put on `layer`'s
+    /// experts (each row's own adapters'): what a layer runs when some row's adapter
+    /// targets the stacked expert weights. The backend must keep one matrix per expert
+    /// (not [`Backend::moe_weights`]'s stacked copy).
+    pub fn forward_on_host_with_deltas(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        logits: &B::Tensor,
+        rows: usize,
+        lora: &LoraBatch<'_, B>,
+        layer: usize,
+    ) -> Result<B::Tensor> {
+        let logits = be.rows_to_host(logits, &[rows])?.pop().unwrap_or_default();
+        let routing =
+            Routing::softmax_top_k(&logits, self.n_experts, self.top_k, &self.per_expert_scale)?;
+        self.grouped(be, x, &routing, Some((lora, layer)))
     }
 
     /// The weighted sum of each row's experts, `[rows, hidden]`: every expert gathers the
     /// rows routed to it and runs them as one product.
     pub fn forward_grouped(&self, be: &B, x: &B::Tensor, routing: &Routing) -> Result<B::Tensor> {
+        self.grouped(be, x, routing, None)
+    }
+
+    fn grouped(
+        &self,
+        be: &B,
+        x: &B::Tensor,
+        routing: &Routing,
+        lora: Option<(&LoraBatch<'_, B>, usize)>,
+    ) -> Result<B::Tensor> {
         self.check(routing)?;
         let rows = routing.rows();
         let h = self.hidden;
@@ -319,7 +415,7 @@ impl<B: Backend> Experts<B> {
             }
             let picked: Vec<usize> = list.iter().map(|&(r, _)| r).collect();
             let xs = be.select_rows(x, &picked)?;
-            let y = self.expert(be, &xs, e, picked.len())?;
+            let y = self.expert(be, &xs, e, &picked, lora)?;
             for (&(r, w), yr) in list.iter().zip(y.chunks_exact(h)) {
                 for (o, v) in out[r * h..(r + 1) * h].iter_mut().zip(yr) {
                     *o += w * v;
@@ -343,7 +439,7 @@ impl<B: Backend> Experts<B> {
                     routing.experts[r * routing.top_k + k],
                     routing.weights[r * routing.top_k + k],
                 );
-                let y = self.expert(be, &xr, e, 1)?;
+                let y = self.expert(be, &xr, e, &[r], None)?;
                 for (o, v) in out[r * h..(r + 1) * h].iter_mut().zip(&y) {
                     *o += w * v;
                 }

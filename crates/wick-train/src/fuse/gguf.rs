@@ -38,6 +38,12 @@ pub(super) fn fuse_file(base: &Path, adapter: &Path, tmp: &Path) -> Result<Writt
         kv_heads: cfg.num_kv_heads,
     });
     let host = load_host(adapter, &cfg, permute)?;
+    if !host.expert_deltas.is_empty() {
+        return Err(TrainError::Config(format!(
+            "{}: fusing adapters of the mixture-of-experts weights into the base is not supported",
+            adapter.display()
+        )));
+    }
     // Tensor name → its deltas and their first rows, every shape checked before anything
     // is written.
     let mut changes: HashMap<String, Vec<(usize, usize)>> = HashMap::new();

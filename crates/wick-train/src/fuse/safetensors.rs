@@ -13,7 +13,7 @@ use wick_engine::weights::{AffineWeight, MlxQuantization, SafetensorsWeights, We
 use wick_gguf::GgmlType;
 
 use super::{add_delta, refuse, site, FusedDtype, Written};
-use crate::error::{io, Result};
+use crate::error::{io, Result, TrainError};
 use wick_engine::weights::affine::float_bytes;
 
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -52,6 +52,12 @@ pub(super) fn fuse_folder(base: &Path, adapter: &Path, tmp: &Path) -> Result<Wri
     let cfg = ModelConfig::from_hf(&json, &source)?;
     let quant = MlxQuantization::from_config(&json, &source)?;
     let host = load_host(adapter, &cfg, None)?;
+    if !host.expert_deltas.is_empty() {
+        return Err(TrainError::Config(format!(
+            "{}: fusing adapters of the mixture-of-experts weights into the base is not supported",
+            adapter.display()
+        )));
+    }
     let weights = SafetensorsWeights::open(base)?;
     let named = weights
         .canonical_as(cfg.features.hf_naming)
