@@ -8,15 +8,15 @@ use std::path::Path;
 
 use std::sync::Arc;
 
-use wick_engine::adapters::{load_host, AdapterRegistry, ExpertPart, FactorDtype, LoraWeights};
+use wick_engine::adapters::{load_host, AdapterRegistry, ExpertPart};
 use wick_engine::backend::candle::CandleBackend;
 use wick_engine::models::decoder::Decoder;
 use wick_engine::{LoadOptions, LogitsRequest, Model, RowOutput, StepPlan, StepRow, Want};
 
 mod common;
-use common::golden::{floats, golden_dir, goldens, ids_of, read_json, stored_logits, TextGolden};
+use common::golden::{golden_dir, goldens, TextGolden};
 use common::hybrid_adapters::{
-    all_with, assert_near, mixed_batch, upload, HybridAdapters, MODELS, SELECTIONS,
+    all_with, assert_near, mixed_batch, upload, ExpertAdapters, HybridAdapters, MODELS, SELECTIONS,
 };
 
 const TOLERANCE: f32 = 1e-4;
@@ -243,51 +243,18 @@ fn a_delta_on_a_projection_the_layer_lacks_is_refused() {
 }
 
 /// Adapters on the tiny Gemma 4 MoE's stacked experts (PEFT's `target_parameters`,
-/// `goldens/adapters/experts`): `e` on both expert weights and `q_proj`, `d` (rsLoRA) on
-/// the down projections only. Every position within the adapter tests' 1e-4 of PEFT, in
-/// one pass and in pieces; rows on `e`, on no adapter and on `d` in one batch each get
-/// their own; the engine mounts them on the CPU backend.
+/// `goldens/adapters/experts`): every position within the adapter tests' 1e-4 of PEFT, in
+/// one pass and in pieces, and rows on different adapters in one batch; the engine
+/// mounts them on the CPU backend.
 #[test]
 fn expert_adapters_match_peft_at_every_position() {
-    let dir = goldens().join("adapters/experts");
-    let reference = read_json(&dir.join("reference.json"));
-    let logits = stored_logits(&dir);
-    let ids = ids_of(&reference["ids"]);
-    let want = |sel: &str| floats(&logits, &format!("{sel}.logits"));
-    let m = cpu("gemma4_moe");
+    let g = ExpertAdapters::open();
+    let m = cpu(ExpertAdapters::MODEL);
+    g.check(&m, TOLERANCE);
+    let model = Model::load(&golden_dir(ExpertAdapters::MODEL), &LoadOptions::default()).unwrap();
+    let dir = goldens().join("adapters/experts/e");
+    let adapter = model.load_adapter("e", &dir).unwrap();
     let layers = m.config().num_layers;
-    let upload = |sel: &str| {
-        let host = load_host(&dir.join(sel), m.config(), None).unwrap();
-        assert!(!host.expert_deltas.is_empty(), "{sel} has no expert deltas");
-        LoraWeights::upload(m.backend(), &host, layers, FactorDtype::F32).unwrap()
-    };
-    let (e, d) = (upload("e"), upload("d"));
-    for (sel, stack) in [("none", vec![]), ("e", vec![&e]), ("d", vec![&d])] {
-        let moved = reference["max_abs_diff_from_base"][sel]
-            .as_f64()
-            .unwrap_or(1.0);
-        assert!(moved > 0.1, "{sel} moves the logits by only {moved}");
-        let one = all_with(&m, &ids, &[ids.len()], &stack);
-        assert_near(&format!("experts {sel}"), &one, &want(sel), TOLERANCE);
-        let pieces = all_with(&m, &ids, &[4, 1, 1, 6], &stack);
-        assert_near(
-            &format!("experts {sel} in pieces"),
-            &pieces,
-            &want(sel),
-            TOLERANCE,
-        );
-    }
-    let got = mixed_batch(&m, &ids, 9, &[vec![&e], Vec::new(), vec![&d]]);
-    for (sel, got) in ["e", "none", "d"].iter().zip(&got) {
-        assert_near(
-            &format!("experts {sel} batched"),
-            got,
-            &want(sel),
-            TOLERANCE,
-        );
-    }
-    let model = Model::load(&golden_dir("gemma4_moe"), &LoadOptions::default()).unwrap();
-    let adapter = model.load_adapter("e", &dir.join("e")).unwrap();
     assert!(
         adapter.info().mounted_layers > layers,
         "{:?}",

@@ -10,7 +10,9 @@
 mod common;
 
 use common::golden::{decoder_from_dir, golden_dir, ids_of, read_json, CpuGolden, TextGolden};
-use common::hybrid_adapters::{all_with, mixed_batch, upload, HybridAdapters, MODELS};
+use common::hybrid_adapters::{
+    all_with, mixed_batch, upload, ExpertAdapters, HybridAdapters, MODELS,
+};
 use common::logits::{forward_all, forward_batch, greedy_decode, pass, worst};
 use common::media::cases::{gemma3_media, gemma4_media, qwen_media};
 use common::media::{audio_media, MediaGolden, MediaOf};
@@ -153,6 +155,16 @@ fn adapters_match_peft() {
             }
         }
     }
+}
+
+/// Adapters on the tiny Gemma 4 MoE's stacked experts (PEFT's `target_parameters`; the
+/// experts routed on the host, one product per expert): every position, in one pass, in
+/// pieces and in a mixed batch, against PEFT.
+#[test]
+fn expert_adapters_match_peft() {
+    let g = ExpertAdapters::open();
+    let m = TextGolden::open(ExpertAdapters::MODEL).decoder(mlx());
+    g.check(&m, TOLERANCE);
 }
 
 #[test]

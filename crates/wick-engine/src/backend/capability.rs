@@ -183,6 +183,7 @@ pub const MLX: Capabilities = Capabilities {
         Capability::HostTensors,
         Capability::SharedKv,
         Capability::RowDeltas,
+        Capability::ExpertAdapters,
         Capability::Speculation,
         Capability::DeltaNet,
         Capability::SigmoidGate,

@@ -50,6 +50,79 @@ pub fn upload<B: Backend>(m: &Decoder<B>, model: &str, sel: &str) -> LoraWeights
     LoraWeights::upload(m.backend(), &host, m.config().num_layers, FactorDtype::F32).unwrap()
 }
 
+/// Adapters on the tiny Gemma 4 MoE's stacked experts (PEFT's `target_parameters`,
+/// `goldens/adapters/experts`): `e` on both expert weights and `q_proj`, `d` (rsLoRA) on
+/// the down projections only.
+pub struct ExpertAdapters {
+    pub reference: serde_json::Value,
+    logits: SafetensorsWeights,
+}
+
+impl ExpertAdapters {
+    /// The model they adapt.
+    pub const MODEL: &'static str = "gemma4_moe";
+    /// The selections with logits.
+    pub const SELECTIONS: [&'static str; 3] = ["none", "e", "d"];
+
+    pub fn open() -> ExpertAdapters {
+        let dir = goldens().join("adapters/experts");
+        ExpertAdapters {
+            reference: read_json(&dir.join("reference.json")),
+            logits: stored_logits(&dir),
+        }
+    }
+
+    pub fn ids(&self) -> Vec<u32> {
+        ids_of(&self.reference["ids"])
+    }
+
+    /// PEFT's logits of every position under `sel`.
+    pub fn expected(&self, sel: &str) -> Vec<f32> {
+        floats(&self.logits, &format!("{sel}.logits"))
+    }
+
+    /// Adapter `sel`, read against `m`'s configuration (it must hold expert deltas) and
+    /// uploaded to its backend with f32 factors.
+    pub fn upload<B: Backend>(&self, m: &Decoder<B>, sel: &str) -> LoraWeights<B> {
+        let dir = goldens().join("adapters/experts").join(sel);
+        let host = load_host(&dir, m.config(), None).unwrap();
+        assert!(!host.expert_deltas.is_empty(), "{sel} has no expert deltas");
+        LoraWeights::upload(m.backend(), &host, m.config().num_layers, FactorDtype::F32).unwrap()
+    }
+
+    /// Every selection's logits on `m` (in one pass, in pieces, and with rows on `e`, on
+    /// no adapter and on `d` in one batch) held to PEFT's within `tolerance`.
+    pub fn check<B: Backend>(&self, m: &Decoder<B>, tolerance: f32) {
+        let ids = self.ids();
+        let (e, d) = (self.upload(m, "e"), self.upload(m, "d"));
+        for (sel, stack) in [("none", vec![]), ("e", vec![&e]), ("d", vec![&d])] {
+            let moved = self.reference["max_abs_diff_from_base"][sel]
+                .as_f64()
+                .unwrap_or(1.0);
+            assert!(moved > 0.1, "{sel} moves the logits by only {moved}");
+            let want = self.expected(sel);
+            let one = all_with(m, &ids, &[ids.len()], &stack);
+            assert_near(&format!("experts {sel}"), &one, &want, tolerance);
+            let pieces = all_with(m, &ids, &[4, 1, 1, 6], &stack);
+            assert_near(
+                &format!("experts {sel} in pieces"),
+                &pieces,
+                &want,
+                tolerance,
+            );
+        }
+        let got = mixed_batch(m, &ids, 9, &[vec![&e], Vec::new(), vec![&d]]);
+        for (sel, got) in ["e", "none", "d"].iter().zip(&got) {
+            assert_near(
+                &format!("experts {sel} batched"),
+                got,
+                &self.expected(sel),
+                tolerance,
+            );
+        }
+    }
+}
+
 /// The logits of every position of `ids` under `adapters`, fed in pieces of `chunks`
 /// (cycled) through one cache.
 pub fn all_with<B: Backend>(
