@@ -41,8 +41,8 @@ impl Model {
             return Err(AdapterError::invalid(
                 path,
                 format!(
-                    "it adapts the mixture-of-experts weights: {} run on the cpu backend \
-                     for now, not on {}",
+                    "it adapts the mixture-of-experts weights: {} run on the cpu and mlx \
+                     backends for now, not on {}",
                     Capability::ExpertAdapters.describe(),
                     self.capabilities().backend
                 ),

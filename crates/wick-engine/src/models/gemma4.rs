@@ -1047,8 +1047,8 @@ impl<B: Backend> Gemma4Model<B> {
                 // Deltas on the experts (PEFT's `target_parameters`) run on the host path,
                 // one product per expert (mounting them needs `Capability::ExpertAdapters`).
                 let e_out = if lora.touches_experts(li) {
-                    let (ex, lora) = (&moe.experts, lora);
-                    ex.forward_on_host_with_deltas(be, &e_in, &logits, total, lora, li)?
+                    let experts = &moe.experts;
+                    experts.forward_on_host_with_deltas(be, &e_in, &logits, total, lora, li)?
                 } else {
                     be.moe(&moe.experts, &e_in, &logits, total)?
                 };
