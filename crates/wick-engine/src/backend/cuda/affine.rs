@@ -31,8 +31,9 @@ pub(super) const MMA_ROWS: usize = 256;
 
 /// Rows up to which a quantized product above [`QUANT_ROWS`] runs on the int8 tensor-core
 /// kernel (`{linear,glu}_imma_q*`: x quantized to int8 once, the packed codes multiplied as
-/// they are) rather than the f16 one; `WICK_CUDA_QUANT_IMMA_ROWS` overrides it. 0 (never)
-/// until it has been measured against the f16 kernel on a GPU (`scripts/gpu/where.sh`).
+/// they are) rather than the f16 one; `WICK_CUDA_QUANT_IMMA_ROWS` overrides it. 0 (never):
+/// on an H100 at 8 streams it decoded an 8B's 8-bit copy 7% faster than the f16 kernel and
+/// its 4-bit copy 10% slower, and lost on both at 64 (`docs/gpu-runs/2026-12-07-h100-int8-quant`).
 pub(super) const IMMA_ROWS: usize = 0;
 /// Weight rows one block of `linear_imma_q*` makes (a `glu_imma_q*` block: half as many
 /// gate rows and their up rows).
