@@ -47,31 +47,45 @@ pub fn bind(host: &str, port: u16) -> Result<std::net::TcpListener, StartupError
     Ok(listener)
 }
 
-/// Resolves when the process gets SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!("cannot listen for Ctrl-C: {e}");
-            std::future::pending::<()>().await;
-        }
-    };
+/// A future that resolves when the process gets SIGINT (Ctrl-C) or SIGTERM. The handlers
+/// are installed when this is called, not when the future is first polled: call it (inside
+/// the runtime) before the server says it is ready, so that a signal sent right after that
+/// reaches the graceful shutdown instead of the default action, which kills the process.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        async fn recv(s: std::io::Result<tokio::signal::unix::Signal>, name: &str) {
+            match s {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::error!("cannot listen for {name}: {e}");
+                    std::future::pending::<()>().await;
+                }
             }
+        }
+        let (int, term) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        );
+        async move {
+            tokio::select! {
+                _ = recv(int, "SIGINT") => tracing::info!("SIGINT received"),
+                _ = recv(term, "SIGTERM") => tracing::info!("SIGTERM received"),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => tracing::info!("Ctrl-C received"),
             Err(e) => {
-                tracing::error!("cannot listen for SIGTERM: {e}");
+                tracing::error!("cannot listen for Ctrl-C: {e}");
                 std::future::pending::<()>().await;
             }
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = term => tracing::info!("SIGTERM received"),
     }
 }
 
@@ -181,8 +195,9 @@ pub fn run(
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(StartupError::Serve)?;
         let addr = listener.local_addr().map_err(StartupError::Serve)?;
+        let shutdown = shutdown_signal();
         on_ready(addr);
-        serve(listener, state, shutdown_signal()).await
+        serve(listener, state, shutdown).await
     })?;
     // Blocking workers (prompt rendering) may still hold the model: do not wait for them.
     runtime.shutdown_timeout(Duration::from_millis(100));

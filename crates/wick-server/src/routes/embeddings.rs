@@ -344,8 +344,9 @@ pub fn run_embeddings(
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener).map_err(StartupError::Serve)?;
         let addr = listener.local_addr().map_err(StartupError::Serve)?;
+        let shutdown = crate::shutdown_signal();
         on_ready(addr);
-        serve_embeddings(listener, state, crate::shutdown_signal()).await
+        serve_embeddings(listener, state, shutdown).await
     })?;
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(())
