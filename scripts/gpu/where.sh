@@ -7,7 +7,8 @@
 #     Q4_K re-lay out): `wick bench` decode at 8, 16 and 64 streams for each of VARIANTS
 #     (label=ENV pairs, commas between settings; default: the f16 tensor-core kernel, the
 #     int8 one up to 16 rows, the int8 one up to 64 rows), then one decode run of 8 streams
-#     kernel by kernel under Nsight Compute (graphs off; kernel_profile.py sums each step);
+#     kernel by kernel under Nsight Compute (graphs off, NCU_ENV set; kernel_profile.py sums
+#     each step);
 #  3. the prompt pass of a 4,096-token prompt on the Gemma 4 26B-A4B (and E4B) shapes under
 #     Nsight Compute.
 # The models are random-weight bf16 checkpoints made with transformers on the GPU
@@ -48,7 +49,7 @@ mk() {
 ncu_run() {
   [ -n "$NCU" ] || { echo "no ncu"; return; }
   stamp "Nsight Compute: $1"
-  WICK_CUDA_GRAPHS=0 timeout ${NCU_TIMEOUT:-200} $NCU --clock-control none --cache-control none \
+  env WICK_CUDA_GRAPHS=0 ${NCU_ENV:-} timeout ${NCU_TIMEOUT:-200} $NCU --clock-control none --cache-control none \
     --metrics gpu__time_duration.sum --csv --print-units base \
     --launch-count ${NCU_KERNELS:-9000} $W/wick bench $2 --backend cuda \
     --synthetic-prompt --prefill-chunk 0 --json --warmup 0 --runs 1 --case $3 \

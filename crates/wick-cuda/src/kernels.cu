@@ -2890,16 +2890,114 @@ __device__ __forceinline__ void mmx_stage(u16* dst, const u16* __restrict__ xt, 
     cp_async_commit();
 }
 
-template <typename S, int BITS, int MT, bool GLU>
+// NC chunks of a slab's weights as one lane holds them: its packed 16-byte loads and, per
+// load, the scale and bias as f16 pairs (×2⁸).
+template <int NC>
+struct MmxPart {
+    uint4 p[NC][2];
+    u32 s2[NC][2], b2[NC][2];
+};
+
+// Issues this lane's loads (rows `wrow`, lane column t) of the NC chunks from input k0.
+template <typename S, int BITS, int NC>
+__device__ __forceinline__ void mmx_load(MmxPart<NC>& pt, const u8* __restrict__ w,
+                                         const S* __restrict__ scales,
+                                         const S* __restrict__ biases, const int (&wrow)[2],
+                                         u64 row_bytes, int groups, int in, int group, int k0,
+                                         int t) {
+    const int QC = 128 / BITS, CH = 4 * QC;
+#pragma unroll
+    for (int ch = 0; ch < NC; ch++) {
+        int k = k0 + ch * CH + QC * t;
+        bool live = k < in;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            float sc = 0.0f, bi = 0.0f;
+            pt.p[ch][nt].x = pt.p[ch][nt].y = pt.p[ch][nt].z = pt.p[ch][nt].w = 0u;
+            if (live) {
+                pt.p[ch][nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
+                u64 gi = (u64)wrow[nt] * groups + k / group;
+                sc = to_f32(scales[gi]) * QM_SCALE;
+                bi = to_f32(biases[gi]) * QM_SCALE;
+            }
+            pt.s2[ch][nt] = pack_f16x2(sc, sc);
+            pt.b2[ch][nt] = pack_f16x2(bi, bi);
+        }
+    }
+}
+
+// acc += the x tile (`xs`, 16·MT rows, or 8 with MT = 0, from slab column c0) times the
+// lane's NC chunks of weights. acc[mt][nt][i]: row 16·mt + g (+8 for i ≥ 2) of x, column
+// 2t + (i & 1) of weight tile nt; with MT = 0, acc[0][0][i]: row 2t + (i & 1) of x, weight
+// row g of tile i / 2.
+template <int BITS, int MT, int NC>
+__device__ __forceinline__ void mmx_mul(const MmxPart<NC>& pt, const u16* xs, int c0,
+                                        float (&acc)[MT > 0 ? MT : 1][2][4], int g, int t) {
+    const int QC = 128 / BITS, CH = 4 * QC, STEPS = QC / 4;
+#pragma unroll
+    for (int ch = 0; ch < NC; ch++) {
+        int c = c0 + ch * CH;
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            u32 bf[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                u32 word[4] = {pt.p[ch][nt].x, pt.p[ch][nt].y, pt.p[ch][nt].z, pt.p[ch][nt].w};
+                u32 v;
+                if (BITS == 8) {
+                    v = word[s];
+                } else {
+                    v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
+                }
+                bf[nt][0] = dequant_pair(v, 0x4140, pt.s2[ch][nt], pt.b2[ch][nt]);
+                bf[nt][1] = dequant_pair(v, 0x4342, pt.s2[ch][nt], pt.b2[ch][nt]);
+            }
+            if (MT == 0) {
+                // Eight rows of x: the weights' 16 rows are A, x's rows B.
+                uint2 xr = *(const uint2*)&xs[g * QM_STRIDE + c + QC * t + 4 * s];
+                u32 a[4] = {bf[0][0], bf[1][0], bf[0][1], bf[1][1]};
+                mma16816(acc[0][0], a, xr.x, xr.y);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int col = c + QC * t + 4 * s;
+                uint2 top = *(const uint2*)&xs[(16 * mt + g) * QM_STRIDE + col];
+                uint2 bot = *(const uint2*)&xs[(16 * mt + g + 8) * QM_STRIDE + col];
+                u32 a[4] = {top.x, bot.x, top.y, bot.y};
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
+            }
+        }
+    }
+}
+
+// Waits for slab `sl`'s x in buffer `buf` after every warp is done with the other buffer,
+// and starts the copy of slab `sl + 1` there (if the slice has it).
+template <int TR>
+__device__ __forceinline__ const u16* mmx_next_x(u16* xsh, const u16* __restrict__ xt,
+                                                 int in_pad, int sl, int s1, int buf) {
+    __syncthreads();
+    if (sl + 1 < s1) {
+        mmx_stage<TR>(xsh + (buf ^ 1) * TR * QM_STRIDE, xt, in_pad, sl + 1);
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+    return xsh + buf * TR * QM_STRIDE;
+}
+
+// PF (prefetch) = NC > 0: the weights go in parts of NC chunks, each part's loads issued
+// before the part ahead of it is multiplied (two parts in registers), so a warp's loads
+// stay in flight while it computes. PF = 0: each slab's loads are issued once the slab
+// before is multiplied.
+template <typename S, int BITS, int MT, bool GLU, int PF>
 __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
                            const S* __restrict__ scales, const S* __restrict__ biases,
                            const float* __restrict__ bias, float* __restrict__ y,
                            float* __restrict__ part, int rows, int in, int out, int group) {
-    const int QC = 128 / BITS;  // values per 16-byte load
-    const int CH = 4 * QC;      // inputs per chunk (one load per lane)
-    const int STEPS = QC / 4;   // mma steps per chunk
-    const int CHUNKS = QM_SLAB / CH;
-    const int TR = 16 * MT;     // rows of the tile
+    const int TR = MT > 0 ? 16 * MT : 8;  // rows of the tile
+    const int MA = MT > 0 ? MT : 1;
     extern __shared__ __align__(16) u16 xsh[];  // [2][TR][QM_STRIDE]
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int o = blockIdx.x * (GLU ? QX_COLS / 2 : QX_COLS);
@@ -2917,9 +3015,9 @@ __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
     }
     int per = (slabs + gridDim.y - 1) / gridDim.y;
     int s0 = blockIdx.y * per, s1 = min(slabs, s0 + per);
-    float acc[MT][2][4];
+    float acc[MA][2][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MA; mt++)
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -2928,70 +3026,62 @@ __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
     pdl_launch();
     pdl_wait();
     if (s0 < s1) mmx_stage<TR>(xsh, xt, in_pad, s0);
-    for (int sl = s0; sl < s1; sl++) {
-        int k0 = sl * QM_SLAB, buf = (sl - s0) & 1;
-        // The slab's weights first: their loads fly while its x arrives.
-        uint4 p[CHUNKS][2];
-        u32 s2[CHUNKS][2], b2[CHUNKS][2];
-#pragma unroll
-        for (int ch = 0; ch < CHUNKS; ch++) {
-            int k = k0 + ch * CH + QC * t;
-            bool live = k < in;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                float sc = 0.0f, bi = 0.0f;
-                p[ch][nt].x = p[ch][nt].y = p[ch][nt].z = p[ch][nt].w = 0u;
-                if (live) {
-                    p[ch][nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
-                    u64 gi = (u64)wrow[nt] * groups + k / group;
-                    sc = to_f32(scales[gi]) * QM_SCALE;
-                    bi = to_f32(biases[gi]) * QM_SCALE;
-                }
-                s2[ch][nt] = pack_f16x2(sc, sc);
-                b2[ch][nt] = pack_f16x2(bi, bi);
-            }
+    const int CHUNKS = QM_SLAB / (4 * (128 / BITS));
+    if (PF > 0) {
+        const int NC = PF > 0 ? PF : 1, UPS = CHUNKS / NC, UW = NC * 4 * (128 / BITS);
+        // Parts u of the slice, two a turn; x's slab changes every UPS parts.
+        int n = (s1 - s0) * UPS;
+        int kb = s0 * QM_SLAB;
+        MmxPart<NC> a, b;
+        const u16* xs = xsh;
+        if (n > 0)
+            mmx_load<S, BITS, NC>(a, w, scales, biases, wrow, row_bytes, groups, in, group, kb,
+                                  t);
+        for (int u = 0; u < n; u += 2) {
+            if (u + 1 < n)
+                mmx_load<S, BITS, NC>(b, w, scales, biases, wrow, row_bytes, groups, in, group,
+                                      kb + (u + 1) * UW, t);
+            if (u % UPS == 0)
+                xs = mmx_next_x<TR>(xsh, xt, in_pad, s0 + u / UPS, s1, (u / UPS) & 1);
+            mmx_mul<BITS, MT, NC>(a, xs, (u % UPS) * UW, acc, g, t);
+            if (u + 1 >= n) break;
+            if (u + 2 < n)
+                mmx_load<S, BITS, NC>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
+                                      kb + (u + 2) * UW, t);
+            if ((u + 1) % UPS == 0)
+                xs = mmx_next_x<TR>(xsh, xt, in_pad, s0 + (u + 1) / UPS, s1, ((u + 1) / UPS) & 1);
+            mmx_mul<BITS, MT, NC>(b, xs, ((u + 1) % UPS) * UW, acc, g, t);
         }
-        // Every warp is done with the other buffer; the next slab goes there.
-        __syncthreads();
-        if (sl + 1 < s1) {
-            mmx_stage<TR>(xsh + (buf ^ 1) * TR * QM_STRIDE, xt, in_pad, sl + 1);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const u16* xs = xsh + buf * TR * QM_STRIDE;
-#pragma unroll
-        for (int ch = 0; ch < CHUNKS; ch++) {
-            int c = ch * CH;
-#pragma unroll
-            for (int s = 0; s < STEPS; s++) {
-                u32 bf[2][2];
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    u32 word[4] = {p[ch][nt].x, p[ch][nt].y, p[ch][nt].z, p[ch][nt].w};
-                    u32 v;
-                    if (BITS == 8) {
-                        v = word[s];
-                    } else {
-                        v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
-                    }
-                    bf[nt][0] = dequant_pair(v, 0x4140, s2[ch][nt], b2[ch][nt]);
-                    bf[nt][1] = dequant_pair(v, 0x4342, s2[ch][nt], b2[ch][nt]);
-                }
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int col = c + QC * t + 4 * s;
-                    uint2 top = *(const uint2*)&xs[(16 * mt + g) * QM_STRIDE + col];
-                    uint2 bot = *(const uint2*)&xs[(16 * mt + g + 8) * QM_STRIDE + col];
-                    u32 a[4] = {top.x, bot.x, top.y, bot.y};
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
-                }
-            }
+    } else {
+        for (int sl = s0; sl < s1; sl++) {
+            // The slab's weights first: their loads fly while its x arrives.
+            MmxPart<CHUNKS> a;
+            mmx_load<S, BITS, CHUNKS>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
+                                      sl * QM_SLAB, t);
+            mmx_mul<BITS, MT, CHUNKS>(a, mmx_next_x<TR>(xsh, xt, in_pad, sl, s1, (sl - s0) & 1),
+                                      0, acc, g, t);
         }
     }
     int cols = GLU ? 2 * out : out;
+    if (MT == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + 2 * t + (i & 1), nt = i >> 1;
+            if (r >= rows) continue;
+            if (GLU) {
+                int u = o + 8 * warp + g;
+                if (u >= out) continue;
+                part[((u64)blockIdx.y * rows + r) * cols + nt * out + u] = acc[0][0][i];
+            } else {
+                int u = o + 16 * warp + 8 * nt + g;
+                if (u >= out) continue;
+                if (gridDim.y == 1)
+                    y[(u64)r * out + u] = acc[0][0][i] + (bias ? bias[u] : 0.0f);
+                else
+                    part[((u64)blockIdx.y * rows + r) * cols + u] = acc[0][0][i];
+            }
+        }
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -3019,29 +3109,48 @@ __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
         }
 }
 
-#define AFFINE_MMX(S, SN, BITS, MT)                                                            \
+#define AFFINE_MMX(S, SN, BITS, MT, PF, SUF)                                                  \
     extern "C" __global__ void __launch_bounds__(QX_WARPS * 32, QX_MIN_BLOCKS)                 \
-        linear_mmx_q##BITS##_##SN##_m##MT(const u16* xh, const u8* w, const S* scales,          \
-                                          const S* biases, const float* bias, float* y,         \
-                                          float* part, int rows, int in, int out, int group) {  \
-        affine_mmx<S, BITS, MT, false>(xh, w, scales, biases, bias, y, part, rows, in, out,    \
-                                       group);                                                 \
+        linear_mmx_q##BITS##_##SN##_m##MT##SUF(const u16* xh, const u8* w, const S* scales,     \
+                                               const S* biases, const float* bias, float* y,    \
+                                               float* part, int rows, int in, int out,          \
+                                               int group) {                                     \
+        affine_mmx<S, BITS, MT, false, PF>(xh, w, scales, biases, bias, y, part, rows, in, out, \
+                                           group);                                             \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(QX_WARPS * 32, QX_MIN_BLOCKS)                 \
-        glu_mmx_q##BITS##_##SN##_m##MT(const u16* xh, const u8* w, const S* scales,             \
-                                       const S* biases, float* y, float* part, int rows,        \
-                                       int in, int width, int group) {                          \
-        affine_mmx<S, BITS, MT, true>(xh, w, scales, biases, nullptr, y, part, rows, in, width, \
-                                      group);                                                  \
+        glu_mmx_q##BITS##_##SN##_m##MT##SUF(const u16* xh, const u8* w, const S* scales,        \
+                                            const S* biases, float* y, float* part, int rows,   \
+                                            int in, int width, int group) {                     \
+        affine_mmx<S, BITS, MT, true, PF>(xh, w, scales, biases, nullptr, y, part, rows, in,   \
+                                          width, group);                                       \
     }
 #define AFFINE_MMX_SIDES(BITS, MT)                                                             \
-    AFFINE_MMX(Bf16, bf16, BITS, MT) AFFINE_MMX(F16, f16, BITS, MT) AFFINE_MMX(float, f32, BITS, MT)
+    AFFINE_MMX(Bf16, bf16, BITS, MT, 0, ) AFFINE_MMX(F16, f16, BITS, MT, 0, )                   \
+    AFFINE_MMX(float, f32, BITS, MT, 0, )
+// The prefetching variants (`_p`): parts of NC chunks, as many as two of them fit the
+// registers without spilling.
+#define AFFINE_MMX_SIDES_PF(BITS, MT, NC)                                                      \
+    AFFINE_MMX(Bf16, bf16, BITS, MT, NC, _p) AFFINE_MMX(F16, f16, BITS, MT, NC, _p)            \
+    AFFINE_MMX(float, f32, BITS, MT, NC, _p)
+// m0: tiles of 8 rows of x (the weights' rows are the mma's A, x's rows its B); m1, m2, m4:
+// tiles of 16, 32 and 64 rows.
+AFFINE_MMX_SIDES(8, 0)
 AFFINE_MMX_SIDES(8, 1)
 AFFINE_MMX_SIDES(8, 2)
 AFFINE_MMX_SIDES(8, 4)
+AFFINE_MMX_SIDES(4, 0)
 AFFINE_MMX_SIDES(4, 1)
 AFFINE_MMX_SIDES(4, 2)
 AFFINE_MMX_SIDES(4, 4)
+AFFINE_MMX_SIDES_PF(8, 0, 2)
+AFFINE_MMX_SIDES_PF(8, 1, 2)
+AFFINE_MMX_SIDES_PF(8, 2, 2)
+AFFINE_MMX_SIDES_PF(8, 4, 1)
+AFFINE_MMX_SIDES_PF(4, 0, 2)
+AFFINE_MMX_SIDES_PF(4, 1, 1)
+AFFINE_MMX_SIDES_PF(4, 2, 1)
+AFFINE_MMX_SIDES_PF(4, 4, 1)
 
 #define AFFINE_MMA(S, SN, BITS, MT)                                                            \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \

@@ -72,6 +72,19 @@ fn mma_slices(blocks: usize, sms: usize, per_sm: usize, cols: usize) -> usize {
     slabs.div_ceil(slabs.div_ceil(want))
 }
 
+/// Which of the f16 tensor-core kernels runs a quantized product of a few rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MmaKind {
+    /// `affine_mma_*`: every block rounds the slabs of x it reads to f16.
+    PerBlock,
+    /// `affine_mmx_*`: x rounded to f16 once per product, each slab's weight loads issued
+    /// once the slab before is multiplied.
+    Once,
+    /// `affine_mmx_*_p`: x rounded once, and the weights loaded a part ahead of the part
+    /// being multiplied, so every warp keeps loads in flight while it computes.
+    Prefetch,
+}
+
 /// How a matrix's numbers are stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Layout {
@@ -142,12 +155,14 @@ fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
     table[row][col]
 }
 
-/// The tensor-core product kernel for bits, side type, row tile (16, 32 or 64 rows),
-/// whether it is the fused `[gate; up]` form, and whether it reads x rounded once
-/// (`*_mmx_*`) or rounds it itself (`*_mma_*`).
-fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, once: bool) -> Kernel {
+/// The tensor-core product kernel for bits, side type, row tile (8, 16, 32 or 64 rows; 8
+/// only for the kernels that read x rounded once, `*_mmx_*`, the others taking 16), whether
+/// it is the fused `[gate; up]` form, and which kernel (`MmaKind`).
+fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, kind: MmaKind) -> Kernel {
     use Kernel::*;
     type Table = [[[Kernel; 3]; 3]; 2];
+    // The x-rounded-once kernels have a tile of 8 rows besides (`*_m0`).
+    type Wide = [[[Kernel; 4]; 3]; 2];
     const LINEAR: Table = [
         [
             [LinearMmaQ8Bf16M1, LinearMmaQ8Bf16M2, LinearMmaQ8Bf16M4],
@@ -172,28 +187,152 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, once: bool) -> Ker
             [GluMmaQ4F32M1, GluMmaQ4F32M2, GluMmaQ4F32M4],
         ],
     ];
-    const LINEAR_ONCE: Table = [
+    const LINEAR_ONCE: Wide = [
         [
-            [LinearMmxQ8Bf16M1, LinearMmxQ8Bf16M2, LinearMmxQ8Bf16M4],
-            [LinearMmxQ8F16M1, LinearMmxQ8F16M2, LinearMmxQ8F16M4],
-            [LinearMmxQ8F32M1, LinearMmxQ8F32M2, LinearMmxQ8F32M4],
+            [
+                LinearMmxQ8Bf16M0,
+                LinearMmxQ8Bf16M1,
+                LinearMmxQ8Bf16M2,
+                LinearMmxQ8Bf16M4,
+            ],
+            [
+                LinearMmxQ8F16M0,
+                LinearMmxQ8F16M1,
+                LinearMmxQ8F16M2,
+                LinearMmxQ8F16M4,
+            ],
+            [
+                LinearMmxQ8F32M0,
+                LinearMmxQ8F32M1,
+                LinearMmxQ8F32M2,
+                LinearMmxQ8F32M4,
+            ],
         ],
         [
-            [LinearMmxQ4Bf16M1, LinearMmxQ4Bf16M2, LinearMmxQ4Bf16M4],
-            [LinearMmxQ4F16M1, LinearMmxQ4F16M2, LinearMmxQ4F16M4],
-            [LinearMmxQ4F32M1, LinearMmxQ4F32M2, LinearMmxQ4F32M4],
+            [
+                LinearMmxQ4Bf16M0,
+                LinearMmxQ4Bf16M1,
+                LinearMmxQ4Bf16M2,
+                LinearMmxQ4Bf16M4,
+            ],
+            [
+                LinearMmxQ4F16M0,
+                LinearMmxQ4F16M1,
+                LinearMmxQ4F16M2,
+                LinearMmxQ4F16M4,
+            ],
+            [
+                LinearMmxQ4F32M0,
+                LinearMmxQ4F32M1,
+                LinearMmxQ4F32M2,
+                LinearMmxQ4F32M4,
+            ],
         ],
     ];
-    const GLU_ONCE: Table = [
+    const GLU_ONCE: Wide = [
         [
-            [GluMmxQ8Bf16M1, GluMmxQ8Bf16M2, GluMmxQ8Bf16M4],
-            [GluMmxQ8F16M1, GluMmxQ8F16M2, GluMmxQ8F16M4],
-            [GluMmxQ8F32M1, GluMmxQ8F32M2, GluMmxQ8F32M4],
+            [
+                GluMmxQ8Bf16M0,
+                GluMmxQ8Bf16M1,
+                GluMmxQ8Bf16M2,
+                GluMmxQ8Bf16M4,
+            ],
+            [GluMmxQ8F16M0, GluMmxQ8F16M1, GluMmxQ8F16M2, GluMmxQ8F16M4],
+            [GluMmxQ8F32M0, GluMmxQ8F32M1, GluMmxQ8F32M2, GluMmxQ8F32M4],
         ],
         [
-            [GluMmxQ4Bf16M1, GluMmxQ4Bf16M2, GluMmxQ4Bf16M4],
-            [GluMmxQ4F16M1, GluMmxQ4F16M2, GluMmxQ4F16M4],
-            [GluMmxQ4F32M1, GluMmxQ4F32M2, GluMmxQ4F32M4],
+            [
+                GluMmxQ4Bf16M0,
+                GluMmxQ4Bf16M1,
+                GluMmxQ4Bf16M2,
+                GluMmxQ4Bf16M4,
+            ],
+            [GluMmxQ4F16M0, GluMmxQ4F16M1, GluMmxQ4F16M2, GluMmxQ4F16M4],
+            [GluMmxQ4F32M0, GluMmxQ4F32M1, GluMmxQ4F32M2, GluMmxQ4F32M4],
+        ],
+    ];
+    const LINEAR_PREFETCH: Wide = [
+        [
+            [
+                LinearMmxQ8Bf16M0P,
+                LinearMmxQ8Bf16M1P,
+                LinearMmxQ8Bf16M2P,
+                LinearMmxQ8Bf16M4P,
+            ],
+            [
+                LinearMmxQ8F16M0P,
+                LinearMmxQ8F16M1P,
+                LinearMmxQ8F16M2P,
+                LinearMmxQ8F16M4P,
+            ],
+            [
+                LinearMmxQ8F32M0P,
+                LinearMmxQ8F32M1P,
+                LinearMmxQ8F32M2P,
+                LinearMmxQ8F32M4P,
+            ],
+        ],
+        [
+            [
+                LinearMmxQ4Bf16M0P,
+                LinearMmxQ4Bf16M1P,
+                LinearMmxQ4Bf16M2P,
+                LinearMmxQ4Bf16M4P,
+            ],
+            [
+                LinearMmxQ4F16M0P,
+                LinearMmxQ4F16M1P,
+                LinearMmxQ4F16M2P,
+                LinearMmxQ4F16M4P,
+            ],
+            [
+                LinearMmxQ4F32M0P,
+                LinearMmxQ4F32M1P,
+                LinearMmxQ4F32M2P,
+                LinearMmxQ4F32M4P,
+            ],
+        ],
+    ];
+    const GLU_PREFETCH: Wide = [
+        [
+            [
+                GluMmxQ8Bf16M0P,
+                GluMmxQ8Bf16M1P,
+                GluMmxQ8Bf16M2P,
+                GluMmxQ8Bf16M4P,
+            ],
+            [
+                GluMmxQ8F16M0P,
+                GluMmxQ8F16M1P,
+                GluMmxQ8F16M2P,
+                GluMmxQ8F16M4P,
+            ],
+            [
+                GluMmxQ8F32M0P,
+                GluMmxQ8F32M1P,
+                GluMmxQ8F32M2P,
+                GluMmxQ8F32M4P,
+            ],
+        ],
+        [
+            [
+                GluMmxQ4Bf16M0P,
+                GluMmxQ4Bf16M1P,
+                GluMmxQ4Bf16M2P,
+                GluMmxQ4Bf16M4P,
+            ],
+            [
+                GluMmxQ4F16M0P,
+                GluMmxQ4F16M1P,
+                GluMmxQ4F16M2P,
+                GluMmxQ4F16M4P,
+            ],
+            [
+                GluMmxQ4F32M0P,
+                GluMmxQ4F32M1P,
+                GluMmxQ4F32M2P,
+                GluMmxQ4F32M4P,
+            ],
         ],
     ];
     let b = usize::from(bits != 8);
@@ -203,17 +342,19 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, once: bool) -> Ker
         WType::F32 => 2,
     };
     let t = match tile {
-        16 => 0,
-        32 => 1,
-        _ => 2,
+        8 => 0,
+        16 => 1,
+        32 => 2,
+        _ => 3,
     };
-    let table = match (glu, once) {
-        (false, false) => &LINEAR,
-        (true, false) => &GLU,
-        (false, true) => &LINEAR_ONCE,
-        (true, true) => &GLU_ONCE,
-    };
-    table[b][s][t]
+    match (glu, kind) {
+        (false, MmaKind::PerBlock) => LINEAR[b][s][t.max(1) - 1],
+        (true, MmaKind::PerBlock) => GLU[b][s][t.max(1) - 1],
+        (false, MmaKind::Once) => LINEAR_ONCE[b][s][t],
+        (true, MmaKind::Once) => GLU_ONCE[b][s][t],
+        (false, MmaKind::Prefetch) => LINEAR_PREFETCH[b][s][t],
+        (true, MmaKind::Prefetch) => GLU_PREFETCH[b][s][t],
+    }
 }
 
 /// The int8 tensor-core product kernel for bits, side type, n-tiles of 8 rows (1, 2, 4 or
@@ -527,13 +668,15 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = sides(w)?;
         let rows = x.rows;
+        let kind = self.quant_mma_kind;
+        let once = kind != MmaKind::PerBlock;
         let tile = match rows {
+            0..=8 if once && self.quant_mma_tile8 => 8,
             0..=16 => 16,
             17..=32 => 32,
             _ => 64,
         };
         let row_tiles = rows.div_ceil(tile);
-        let once = self.quant_mma_once;
         let (cols_per_block, per_sm) = if once {
             (MMX_COLS, MMX_BLOCKS_PER_SM)
         } else {
@@ -560,7 +703,7 @@ impl CudaBackend {
             slices as u32,
             int(row_tiles, "row tiles")? as u32,
         );
-        let kernel = mma_kernel(bits, side, tile, glu.is_some(), once);
+        let kernel = mma_kernel(bits, side, tile, glu.is_some(), kind);
         // x rounded to f16 once, in the lanes' order, padded to whole tiles and slabs.
         let rounded = if once {
             let (rows_pad, in_pad) = (row_tiles * tile, w.cols.div_ceil(MMA_SLAB) * MMA_SLAB);

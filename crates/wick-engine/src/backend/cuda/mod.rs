@@ -140,11 +140,16 @@ pub struct CudaBackend {
     /// `WICK_CUDA_QUANT_MMA=0` turns it off), else the matrix is dequantized to bf16 for
     /// cuBLAS.
     quant_mma: bool,
-    /// The tensor-core quantized products round x to f16 once per product (`affine_mmx_*`,
-    /// the default: on an H100 it decoded the 8B's 8-bit copy 13% and its 4-bit copy 21%
-    /// faster at 64 streams) rather than in every block that reads it (`affine_mma_*`,
-    /// `WICK_CUDA_QUANT_MMA=per-block`, for comparison).
-    quant_mma_once: bool,
+    /// Which f16 tensor-core kernel runs the quantized products: x rounded to f16 once per
+    /// product (`affine_mmx_*`, the default: on an H100 it decoded the 8B's 8-bit copy 13%
+    /// and its 4-bit copy 21% faster at 64 streams than rounding it in every block that
+    /// reads it, `WICK_CUDA_QUANT_MMA=per-block`), with the weights loaded a part ahead
+    /// (`WICK_CUDA_QUANT_MMA=prefetch`) or not.
+    quant_mma_kind: affine::MmaKind,
+    /// Products of up to 8 rows on those kernels take tiles of 8 rows of x (the weights'
+    /// rows as the mma's A operand: half the mma steps and x reads of a 16-row tile);
+    /// `WICK_CUDA_QUANT_MMA_TILE8=0` gives them tiles of 16.
+    quant_mma_tile8: bool,
     /// Rows up to which quantized products above `quant_rows` run on the int8 tensor-core
     /// kernel (`affine::IMMA_ROWS`; `WICK_CUDA_QUANT_IMMA_ROWS`, 0 for never).
     quant_imma_rows: usize,
@@ -398,7 +403,12 @@ impl CudaBackend {
             && dev.compute_capability().0 >= 8;
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
-        let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
+        let quant_mma_kind = match quant_mma_env.as_deref() {
+            Some("per-block") => affine::MmaKind::PerBlock,
+            Some("prefetch") => affine::MmaKind::Prefetch,
+            _ => affine::MmaKind::Once,
+        };
+        let quant_mma_tile8 = std::env::var("WICK_CUDA_QUANT_MMA_TILE8").map_or(true, |v| v != "0");
         let quant_imma_rows = std::env::var("WICK_CUDA_QUANT_IMMA_ROWS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -408,7 +418,8 @@ impl CudaBackend {
             kernel_rows,
             quant_rows,
             quant_mma,
-            quant_mma_once,
+            quant_mma_kind,
+            quant_mma_tile8,
             quant_imma_rows,
             sms,
             kv_half: false,
@@ -469,7 +480,22 @@ impl CudaBackend {
     /// Whether the tensor-core quantized products round x to f16 once per product (the
     /// default) or in every block that reads it (`WICK_CUDA_QUANT_MMA=per-block`).
     pub fn with_quant_mma_rounding_once(mut self, once: bool) -> Self {
-        self.quant_mma_once = once;
+        self.quant_mma_kind = if once {
+            affine::MmaKind::Once
+        } else {
+            affine::MmaKind::PerBlock
+        };
+        self
+    }
+
+    /// Whether the tensor-core quantized products (x rounded once) load each part of the
+    /// weights while the part before it is multiplied (`WICK_CUDA_QUANT_MMA=prefetch`).
+    pub fn with_quant_mma_prefetch(mut self, on: bool) -> Self {
+        self.quant_mma_kind = if on {
+            affine::MmaKind::Prefetch
+        } else {
+            affine::MmaKind::Once
+        };
         self
     }
 
