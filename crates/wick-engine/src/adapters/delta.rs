@@ -102,6 +102,23 @@ impl<B: Backend> LoraWeights<B> {
         }
     }
 
+    /// The same deltas with one pair per expert beside `part` of `layer`'s experts:
+    /// `pairs[e]` = `(A [rank, in], scale · B [out, rank])` on the backend already (a
+    /// trainer's parameters, for one).
+    pub fn with_expert_pairs(
+        mut self,
+        layer: usize,
+        part: ExpertPart,
+        pairs: Vec<(B::Matrix, B::Matrix)>,
+    ) -> Result<Self> {
+        let slot = self
+            .experts
+            .get_mut(layer)
+            .ok_or_else(|| EngineError::InvalidInput(format!("layer {layer}")))?;
+        slot[part.index()] = pairs.into_iter().map(|(a, b)| LoraPair { a, b }).collect();
+        Ok(self)
+    }
+
     /// Whether `layer` has a delta beside `t`.
     pub fn has(&self, layer: usize, t: Target) -> bool {
         self.pair(layer, t).is_some()

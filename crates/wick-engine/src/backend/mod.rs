@@ -821,6 +821,24 @@ pub trait Backend: Send + Sync + 'static {
     {
         experts.forward_on_host(self, x, logits, rows)
     }
+    /// [`Backend::moe`] with `lora`'s deltas beside `layer`'s experts' products (PEFT's
+    /// `target_parameters` on the stacked expert weights), each row with its own adapters.
+    /// The default routes on the host ([`Experts::forward_on_host_with_deltas`]); the
+    /// training backend records it, so the deltas' factors get gradients.
+    fn moe_with_deltas(
+        &self,
+        experts: &Experts<Self>,
+        x: &Self::Tensor,
+        logits: &Self::Tensor,
+        rows: usize,
+        lora: &crate::adapters::LoraBatch<'_, Self>,
+        layer: usize,
+    ) -> Result<Self::Tensor>
+    where
+        Self: Sized,
+    {
+        experts.forward_on_host_with_deltas(self, x, logits, rows, lora, layer)
+    }
     /// `x · sigmoid(gate)` elementwise for `x` and `gate` of `shape` (rows, columns): an
     /// attention layer's output gate (Qwen 3.5). By default on the host, which needs
     /// [`Backend::tensor_from_host`].

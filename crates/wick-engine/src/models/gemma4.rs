@@ -1044,11 +1044,10 @@ impl<B: Backend> Gemma4Model<B> {
                 let logits = be.linear(&r, &moe.router, None)?;
                 let logits = lora.apply(be, li, Target::Router, &r, logits)?;
                 let e_in = be.rms_norm(&x, &moe.pre_norm, eps)?;
-                // Deltas on the experts (PEFT's `target_parameters`) run on the host path,
-                // one product per expert (mounting them needs `Capability::ExpertAdapters`).
+                // Deltas on the experts (PEFT's `target_parameters`) run one product per
+                // expert (mounting them needs `Capability::ExpertAdapters`).
                 let e_out = if lora.touches_experts(li) {
-                    let experts = &moe.experts;
-                    experts.forward_on_host_with_deltas(be, &e_in, &logits, total, lora, li)?
+                    be.moe_with_deltas(&moe.experts, &e_in, &logits, total, lora, li)?
                 } else {
                     be.moe(&moe.experts, &e_in, &logits, total)?
                 };

@@ -310,7 +310,7 @@ impl<B: Backend> Experts<B> {
     /// [`Experts::expert_output`] with each adapter's deltas beside expert `e`'s two
     /// products (PEFT's `target_parameters` on the stacked weights), at the rows of `x`
     /// whose batch rows (`picked`, one per row of `x`) use that adapter.
-    fn expert_with_deltas(
+    pub(crate) fn expert_with_deltas(
         &self,
         be: &B,
         x: &B::Tensor,

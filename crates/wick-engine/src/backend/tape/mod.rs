@@ -40,6 +40,7 @@ use wick_gguf::GgmlType;
 use self::attention::AttnShape;
 use self::backward::{Node, Op, Tape};
 pub use self::dropout::Dropout;
+use crate::adapters::LoraBatch;
 use crate::backend::candle::CpuRope;
 use crate::backend::{
     capability, Activation, AttentionParams, AttentionSegment, Backend, DeltaShape, DeltaState,
@@ -1311,6 +1312,21 @@ impl Backend for TapeBackend {
         logits: &TapeTensor,
         rows: usize,
     ) -> Result<TapeTensor> {
+        self.moe_with_deltas(experts, x, logits, rows, &LoraBatch::empty(), 0)
+    }
+
+    /// [`TapeBackend::moe`] with `lora`'s deltas beside each expert's two products at the
+    /// rows whose adapters have them, recorded like the products (the factors get
+    /// gradients as a linear layer's do).
+    fn moe_with_deltas(
+        &self,
+        experts: &crate::backend::Experts<Self>,
+        x: &TapeTensor,
+        logits: &TapeTensor,
+        rows: usize,
+        lora: &LoraBatch<'_, Self>,
+        layer: usize,
+    ) -> Result<TapeTensor> {
         let (n, k, h) = (experts.len(), experts.top_k(), experts.hidden());
         if logits.rows != rows || logits.cols != n || x.rows != rows || x.cols != h {
             return Err(shape_err(format!(
@@ -1332,7 +1348,7 @@ impl Backend for TapeBackend {
             }
             let picked: Vec<usize> = slots.iter().map(|&s| s / k).collect();
             let xs = self.select_rows(x, &picked)?;
-            let y = experts.expert_output(self, &xs, e)?;
+            let y = experts.expert_with_deltas(self, &xs, e, &picked, lora, layer)?;
             let y = self.weighted_rows(&y, &weights, &slots)?;
             out = self.add_rows(&out, &picked, &y)?;
         }
@@ -1703,6 +1719,157 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Experts with a delta beside each expert's two products (PEFT's `target_parameters`),
+    /// on two adapters' rows and base rows: the forward equals the CPU backend's host path
+    /// with the same deltas, and `Σ r ⊙ moe(x)`'s gradients of the factors match central
+    /// differences (only the factors of the adapter on the rows are nonzero).
+    #[test]
+    fn expert_deltas_forward_as_served_and_backward_to_their_factors() {
+        use crate::adapters::{ExpertPart, LoraWeights, Target};
+        use crate::backend::candle::CandleBackend;
+        use crate::backend::{Activation, Experts};
+        let (n, h, i, rows, k, rank) = (4, 6, 5, 9, 2, 2);
+        let host = |name: &str, shape: Vec<usize>, v: &[f32]| HostWeight {
+            name: name.into(),
+            dtype: GgmlType::F32,
+            shape,
+            bytes: Cow::Owned(v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        };
+        let gu = host("gate_up", vec![n, 2 * i, h], &values(n * 2 * i * h, 31));
+        let down = host("down", vec![n, h, i], &values(n * h * i, 32));
+        let scale = vec![1.0, 0.8, 1.2, 0.9];
+        let x = values(rows * h, 33);
+        let logits = values(rows * n, 34);
+        let r = values(rows * h, 35);
+        // Per adapter and part, per expert: A [rank, in] then B [out, rank] (ids 4·e + …).
+        let shapes = [(rank, h, 2 * i, rank), (rank, i, h, rank)];
+        let factors: Vec<Vec<f32>> = (0..2 * 2 * n * 2)
+            .map(|id| {
+                let ((ar, ac, br, bc), which) = (shapes[(id / (2 * n)) % 2], id % 2);
+                let len = if which == 0 { ar * ac } else { br * bc };
+                values(len, 40 + id as u32)
+            })
+            .collect();
+        // id = ((adapter · 2 + part) · n + e) · 2 + which
+        let id_of =
+            |ad: usize, part: usize, e: usize, which: usize| ((ad * 2 + part) * n + e) * 2 + which;
+        // Rows 0..4 use adapter 0, 4..7 adapter 1, 7..9 none.
+        let ranges = [0..4, 4..7, 7..9];
+        fn mount<B: Backend>(
+            be: &B,
+            f: &dyn Fn(usize, usize, usize, usize, usize, usize) -> Result<B::Matrix>,
+            ad: usize,
+            n: usize,
+        ) -> LoraWeights<B> {
+            let slots: [Option<(B::Matrix, B::Matrix)>; Target::COUNT] =
+                std::array::from_fn(|_| None);
+            let _ = be;
+            let mut w = LoraWeights::from_matrices(vec![slots]);
+            for (p, part) in [ExpertPart::GateUp, ExpertPart::Down]
+                .into_iter()
+                .enumerate()
+            {
+                let pairs = (0..n)
+                    .map(|e| (f(ad, p, e, 0, 0, 0).unwrap(), f(ad, p, e, 1, 0, 0).unwrap()))
+                    .collect();
+                w = w.with_expert_pairs(0, part, pairs).unwrap();
+            }
+            w
+        }
+        let dims = |p: usize, which: usize| {
+            let (ar, ac, br, bc) = shapes[p];
+            if which == 0 {
+                (ar, ac)
+            } else {
+                (br, bc)
+            }
+        };
+        let run = |fs: &[Vec<f32>]| -> (Vec<f32>, f64, ParamGrads) {
+            let be = TapeBackend::new(false);
+            be.set_recording(true);
+            let (experts, _) =
+                Experts::upload(&be, &gu, &down, scale.clone(), k, Activation::Silu).unwrap();
+            let param = |ad: usize, p: usize, e: usize, which: usize, _: usize, _: usize| {
+                let id = id_of(ad, p, e, which);
+                let (rr, cc) = dims(p, which);
+                be.parameter(id, fs[id].clone(), rr, cc, None)
+            };
+            let w0 = mount(&be, &param, 0, n);
+            let w1 = mount(&be, &param, 1, n);
+            let batch = LoraBatch::new(&[vec![&w0], vec![&w1]], &ranges);
+            let xt = TapeTensor::leaf(x.clone(), rows, h);
+            let lt = TapeTensor::leaf(logits.clone(), rows, n);
+            let y = be
+                .moe_with_deltas(&experts, &xt, &lt, rows, &batch, 0)
+                .unwrap();
+            let loss = y
+                .data()
+                .iter()
+                .zip(&r)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let grads = be.backward(&y.grad_root(), r.clone()).unwrap();
+            (y.data().to_vec(), loss, grads)
+        };
+        let (got, _, grads) = run(&factors);
+        // The serving path (the CPU backend, routing on the host) gives the same rows.
+        let cpu = CandleBackend::cpu();
+        let (experts, _) =
+            Experts::upload(&cpu, &gu, &down, scale.clone(), k, Activation::Silu).unwrap();
+        let upload = |ad: usize, p: usize, e: usize, which: usize, _: usize, _: usize| {
+            let (rr, cc) = dims(p, which);
+            let v = &factors[id_of(ad, p, e, which)];
+            cpu.matrix(host("f", vec![rr, cc], v))
+        };
+        let (c0, c1) = (mount(&cpu, &upload, 0, n), mount(&cpu, &upload, 1, n));
+        let batch = LoraBatch::new(&[vec![&c0], vec![&c1]], &ranges);
+        let xc = cpu.tensor_from_host(x.clone(), rows, h).unwrap();
+        let lc = cpu.tensor_from_host(logits.clone(), rows, n).unwrap();
+        let want = cpu
+            .moe_with_deltas(&experts, &xc, &lc, rows, &batch, 0)
+            .unwrap();
+        let want = cpu.rows_to_host(&want, &[rows]).unwrap().concat();
+        let plain = cpu.moe(&experts, &xc, &lc, rows).unwrap();
+        let plain = cpu.rows_to_host(&plain, &[rows]).unwrap().concat();
+        for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() < 1e-5, "output {j}: tape {a}, cpu {b}");
+        }
+        let moved = got
+            .iter()
+            .zip(&plain)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(moved > 1e-2, "the deltas move the output by only {moved}");
+        // Rows without an adapter are the base experts' output.
+        for j in 7 * h..rows * h {
+            assert!((got[j] - plain[j]).abs() < 1e-5, "base row value {j}");
+        }
+        let mut checked = 0;
+        for (id, f) in factors.iter().enumerate() {
+            let Some(g) = grads.get(&id) else { continue };
+            for idx in [0, f.len() / 2, f.len() - 1] {
+                let eps = 1e-3f32;
+                let bump = |d: f32| {
+                    let mut fs = factors.clone();
+                    fs[id][idx] += d;
+                    run(&fs).1
+                };
+                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
+                let analytic = f64::from(g[idx]);
+                assert!(
+                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
+                    "factor {id}[{idx}]: numeric {numeric} analytic {analytic}"
+                );
+                checked += 1;
+            }
+        }
+        // Every expert some row of an adapter picked has gradients on both parts.
+        assert!(
+            checked >= 2 * 2 * 2 * 3,
+            "only {checked} factor values had gradients"
+        );
     }
 
     /// A layer reading a shared cache nothing filled is refused, not attended to nothing.
