@@ -146,9 +146,9 @@ pub struct CudaBackend {
     /// reads it, `WICK_CUDA_QUANT_MMA=per-block`), with the weights loaded a part ahead
     /// (`WICK_CUDA_QUANT_MMA=prefetch`) or not.
     quant_mma_kind: affine::MmaKind,
-    /// Products of up to 8 rows on those kernels take tiles of 8 rows of x (the weights'
-    /// rows as the mma's A operand: half the mma steps and x reads of a 16-row tile);
-    /// `WICK_CUDA_QUANT_MMA_TILE8=0` gives them tiles of 16.
+    /// Products of up to 8 rows on the x-rounded-once kernels take tiles of 8 rows of x
+    /// (the weights' rows as the mma's A operand: half the mma steps and x reads of a
+    /// 16-row tile) where `WICK_CUDA_QUANT_MMA_TILE8=1`; by default tiles of 16.
     quant_mma_tile8: bool,
     /// Rows up to which quantized products above `quant_rows` run on the int8 tensor-core
     /// kernel (`affine::IMMA_ROWS`; `WICK_CUDA_QUANT_IMMA_ROWS`, 0 for never).
@@ -408,7 +408,7 @@ impl CudaBackend {
             Some("prefetch") => affine::MmaKind::Prefetch,
             _ => affine::MmaKind::Once,
         };
-        let quant_mma_tile8 = std::env::var("WICK_CUDA_QUANT_MMA_TILE8").map_or(true, |v| v != "0");
+        let quant_mma_tile8 = std::env::var("WICK_CUDA_QUANT_MMA_TILE8").is_ok_and(|v| v == "1");
         let quant_imma_rows = std::env::var("WICK_CUDA_QUANT_IMMA_ROWS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -496,6 +496,13 @@ impl CudaBackend {
         } else {
             affine::MmaKind::Once
         };
+        self
+    }
+
+    /// Whether quantized products of up to 8 rows on the x-rounded-once kernels take tiles
+    /// of 8 rows of x (`WICK_CUDA_QUANT_MMA_TILE8=1`) rather than 16.
+    pub fn with_quant_mma_tile8(mut self, on: bool) -> Self {
+        self.quant_mma_tile8 = on;
         self
     }
 
