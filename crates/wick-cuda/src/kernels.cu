@@ -2987,11 +2987,9 @@ __device__ __forceinline__ const u16* mmx_next_x(u16* xsh, const u16* __restrict
     return xsh + buf * TR * QM_STRIDE;
 }
 
-// PF (prefetch) = NC > 0: the weights go in parts of NC chunks, each part's loads issued
-// before the part ahead of it is multiplied (two parts in registers), so a warp's loads
-// stay in flight while it computes. PF = 0: each slab's loads are issued once the slab
-// before is multiplied.
-template <typename S, int BITS, int MT, bool GLU, int PF>
+// MT = 0: a tile of 8 rows of x, the weights' 16 rows of a warp as the mma's A operand and
+// x's rows as its B (half the mma steps and x reads of a 16-row tile, for up to 8 rows).
+template <typename S, int BITS, int MT, bool GLU>
 __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
                            const S* __restrict__ scales, const S* __restrict__ biases,
                            const float* __restrict__ bias, float* __restrict__ y,
@@ -3027,40 +3025,13 @@ __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
     pdl_wait();
     if (s0 < s1) mmx_stage<TR>(xsh, xt, in_pad, s0);
     const int CHUNKS = QM_SLAB / (4 * (128 / BITS));
-    if (PF > 0) {
-        const int NC = PF > 0 ? PF : 1, UPS = CHUNKS / NC, UW = NC * 4 * (128 / BITS);
-        // Parts u of the slice, two a turn; x's slab changes every UPS parts.
-        int n = (s1 - s0) * UPS;
-        int kb = s0 * QM_SLAB;
-        MmxPart<NC> a, b;
-        const u16* xs = xsh;
-        if (n > 0)
-            mmx_load<S, BITS, NC>(a, w, scales, biases, wrow, row_bytes, groups, in, group, kb,
-                                  t);
-        for (int u = 0; u < n; u += 2) {
-            if (u + 1 < n)
-                mmx_load<S, BITS, NC>(b, w, scales, biases, wrow, row_bytes, groups, in, group,
-                                      kb + (u + 1) * UW, t);
-            if (u % UPS == 0)
-                xs = mmx_next_x<TR>(xsh, xt, in_pad, s0 + u / UPS, s1, (u / UPS) & 1);
-            mmx_mul<BITS, MT, NC>(a, xs, (u % UPS) * UW, acc, g, t);
-            if (u + 1 >= n) break;
-            if (u + 2 < n)
-                mmx_load<S, BITS, NC>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
-                                      kb + (u + 2) * UW, t);
-            if ((u + 1) % UPS == 0)
-                xs = mmx_next_x<TR>(xsh, xt, in_pad, s0 + (u + 1) / UPS, s1, ((u + 1) / UPS) & 1);
-            mmx_mul<BITS, MT, NC>(b, xs, ((u + 1) % UPS) * UW, acc, g, t);
-        }
-    } else {
-        for (int sl = s0; sl < s1; sl++) {
-            // The slab's weights first: their loads fly while its x arrives.
-            MmxPart<CHUNKS> a;
-            mmx_load<S, BITS, CHUNKS>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
-                                      sl * QM_SLAB, t);
-            mmx_mul<BITS, MT, CHUNKS>(a, mmx_next_x<TR>(xsh, xt, in_pad, sl, s1, (sl - s0) & 1),
-                                      0, acc, g, t);
-        }
+    for (int sl = s0; sl < s1; sl++) {
+        // The slab's weights first: their loads fly while its x arrives.
+        MmxPart<CHUNKS> a;
+        mmx_load<S, BITS, CHUNKS>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
+                                  sl * QM_SLAB, t);
+        mmx_mul<BITS, MT, CHUNKS>(a, mmx_next_x<TR>(xsh, xt, in_pad, sl, s1, (sl - s0) & 1), 0,
+                                  acc, g, t);
     }
     int cols = GLU ? 2 * out : out;
     if (MT == 0) {
@@ -3109,30 +3080,23 @@ __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
         }
 }
 
-#define AFFINE_MMX(S, SN, BITS, MT, PF, SUF)                                                  \
+#define AFFINE_MMX(S, SN, BITS, MT)                                                            \
     extern "C" __global__ void __launch_bounds__(QX_WARPS * 32, QX_MIN_BLOCKS)                 \
-        linear_mmx_q##BITS##_##SN##_m##MT##SUF(const u16* xh, const u8* w, const S* scales,     \
-                                               const S* biases, const float* bias, float* y,    \
-                                               float* part, int rows, int in, int out,          \
-                                               int group) {                                     \
-        affine_mmx<S, BITS, MT, false, PF>(xh, w, scales, biases, bias, y, part, rows, in, out, \
-                                           group);                                             \
+        linear_mmx_q##BITS##_##SN##_m##MT(const u16* xh, const u8* w, const S* scales,          \
+                                          const S* biases, const float* bias, float* y,         \
+                                          float* part, int rows, int in, int out, int group) {  \
+        affine_mmx<S, BITS, MT, false>(xh, w, scales, biases, bias, y, part, rows, in, out,    \
+                                       group);                                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(QX_WARPS * 32, QX_MIN_BLOCKS)                 \
-        glu_mmx_q##BITS##_##SN##_m##MT##SUF(const u16* xh, const u8* w, const S* scales,        \
-                                            const S* biases, float* y, float* part, int rows,   \
-                                            int in, int width, int group) {                     \
-        affine_mmx<S, BITS, MT, true, PF>(xh, w, scales, biases, nullptr, y, part, rows, in,   \
-                                          width, group);                                       \
+        glu_mmx_q##BITS##_##SN##_m##MT(const u16* xh, const u8* w, const S* scales,             \
+                                       const S* biases, float* y, float* part, int rows,        \
+                                       int in, int width, int group) {                          \
+        affine_mmx<S, BITS, MT, true>(xh, w, scales, biases, nullptr, y, part, rows, in, width, \
+                                      group);                                                  \
     }
 #define AFFINE_MMX_SIDES(BITS, MT)                                                             \
-    AFFINE_MMX(Bf16, bf16, BITS, MT, 0, ) AFFINE_MMX(F16, f16, BITS, MT, 0, )                   \
-    AFFINE_MMX(float, f32, BITS, MT, 0, )
-// The prefetching variants (`_p`): parts of NC chunks, as many as two of them fit the
-// registers without spilling.
-#define AFFINE_MMX_SIDES_PF(BITS, MT, NC)                                                      \
-    AFFINE_MMX(Bf16, bf16, BITS, MT, NC, _p) AFFINE_MMX(F16, f16, BITS, MT, NC, _p)            \
-    AFFINE_MMX(float, f32, BITS, MT, NC, _p)
+    AFFINE_MMX(Bf16, bf16, BITS, MT) AFFINE_MMX(F16, f16, BITS, MT) AFFINE_MMX(float, f32, BITS, MT)
 // m0: tiles of 8 rows of x (the weights' rows are the mma's A, x's rows its B); m1, m2, m4:
 // tiles of 16, 32 and 64 rows.
 AFFINE_MMX_SIDES(8, 0)
@@ -3143,14 +3107,6 @@ AFFINE_MMX_SIDES(4, 0)
 AFFINE_MMX_SIDES(4, 1)
 AFFINE_MMX_SIDES(4, 2)
 AFFINE_MMX_SIDES(4, 4)
-AFFINE_MMX_SIDES_PF(8, 0, 2)
-AFFINE_MMX_SIDES_PF(8, 1, 2)
-AFFINE_MMX_SIDES_PF(8, 2, 2)
-AFFINE_MMX_SIDES_PF(8, 4, 1)
-AFFINE_MMX_SIDES_PF(4, 0, 2)
-AFFINE_MMX_SIDES_PF(4, 1, 1)
-AFFINE_MMX_SIDES_PF(4, 2, 1)
-AFFINE_MMX_SIDES_PF(4, 4, 1)
 
 #define AFFINE_MMA(S, SN, BITS, MT)                                                            \
     extern "C" __global__ void __launch_bounds__(QM_WARPS * 32, QM_MIN_BLOCKS)                 \

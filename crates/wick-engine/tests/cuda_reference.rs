@@ -2108,9 +2108,8 @@ fn hybrid_adapters_match_the_cpu_and_peft() {
 /// same weights (dequantized to f32, f32 inputs): the int8 tensor-core kernel (x quantized
 /// to int8 in blocks of 32, up to 64 rows in one tile of 8, 16, 32 or 64 rows, 200 in four
 /// tiles of 64), the tensor-core kernel that dequantizes
-/// in registers (x and weights rounded to f16; x rounded once per product, with and without
-/// the weights loaded a part ahead and tiles of 8 rows for up to 8 rows, and by every block
-/// as before) and, with it switched off, the bf16 copy for
+/// in registers (x and weights rounded to f16; x rounded once per product, up to 8 rows in
+/// tiles of 8 or of 16, and by every block as before) and, with it switched off, the bf16 copy for
 /// cuBLAS; plain products with a bias and the fused `[gate; up]` form. 4 and 8 bits, groups
 /// of 32, 64 and 128 with bf16, f16 and f32 scales; inputs that are no multiple of the
 /// kernel's 256-input slabs, with and without the inputs split between blocks; outputs that
@@ -2124,29 +2123,15 @@ fn affine_products_of_many_rows_match_the_cpu() {
     let Some(mma) = gpu().map(|b| {
         b.with_quant_mma(true)
             .with_quant_mma_rounding_once(true)
+            .with_quant_mma_tile8(true)
             .with_quant_imma_rows(0)
     }) else {
         return;
     };
-    let Some(tile8) = gpu().map(|b| {
+    let Some(tile16) = gpu().map(|b| {
         b.with_quant_mma(true)
             .with_quant_mma_rounding_once(true)
-            .with_quant_mma_tile8(true)
-            .with_quant_imma_rows(0)
-    }) else {
-        return;
-    };
-    let Some(prefetch) = gpu().map(|b| {
-        b.with_quant_mma(true)
-            .with_quant_mma_prefetch(true)
-            .with_quant_imma_rows(0)
-    }) else {
-        return;
-    };
-    let Some(prefetch8) = gpu().map(|b| {
-        b.with_quant_mma(true)
-            .with_quant_mma_prefetch(true)
-            .with_quant_mma_tile8(true)
+            .with_quant_mma_tile8(false)
             .with_quant_imma_rows(0)
     }) else {
         return;
@@ -2191,12 +2176,7 @@ fn affine_products_of_many_rows_match_the_cpu() {
             let gpus = [
                 ("int8 tensor cores", &imma),
                 ("tensor cores", &mma),
-                ("tensor cores, tiles of 8 rows", &tile8),
-                ("tensor cores, weights loaded a part ahead", &prefetch),
-                (
-                    "tensor cores, weights a part ahead, tiles of 8 rows",
-                    &prefetch8,
-                ),
+                ("tensor cores, tiles of 16 rows", &tile16),
                 ("tensor cores, x rounded per block", &per_block),
                 ("bf16 copy for cuBLAS", &blas),
             ];

@@ -77,12 +77,8 @@ fn mma_slices(blocks: usize, sms: usize, per_sm: usize, cols: usize) -> usize {
 pub enum MmaKind {
     /// `affine_mma_*`: every block rounds the slabs of x it reads to f16.
     PerBlock,
-    /// `affine_mmx_*`: x rounded to f16 once per product, each slab's weight loads issued
-    /// once the slab before is multiplied.
+    /// `affine_mmx_*`: x rounded to f16 once per product.
     Once,
-    /// `affine_mmx_*_p`: x rounded once, and the weights loaded a part ahead of the part
-    /// being multiplied, so every warp keeps loads in flight while it computes.
-    Prefetch,
 }
 
 /// How a matrix's numbers are stored on the device.
@@ -251,90 +247,6 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, kind: MmaKind) -> 
             [GluMmxQ4F32M0, GluMmxQ4F32M1, GluMmxQ4F32M2, GluMmxQ4F32M4],
         ],
     ];
-    const LINEAR_PREFETCH: Wide = [
-        [
-            [
-                LinearMmxQ8Bf16M0P,
-                LinearMmxQ8Bf16M1P,
-                LinearMmxQ8Bf16M2P,
-                LinearMmxQ8Bf16M4P,
-            ],
-            [
-                LinearMmxQ8F16M0P,
-                LinearMmxQ8F16M1P,
-                LinearMmxQ8F16M2P,
-                LinearMmxQ8F16M4P,
-            ],
-            [
-                LinearMmxQ8F32M0P,
-                LinearMmxQ8F32M1P,
-                LinearMmxQ8F32M2P,
-                LinearMmxQ8F32M4P,
-            ],
-        ],
-        [
-            [
-                LinearMmxQ4Bf16M0P,
-                LinearMmxQ4Bf16M1P,
-                LinearMmxQ4Bf16M2P,
-                LinearMmxQ4Bf16M4P,
-            ],
-            [
-                LinearMmxQ4F16M0P,
-                LinearMmxQ4F16M1P,
-                LinearMmxQ4F16M2P,
-                LinearMmxQ4F16M4P,
-            ],
-            [
-                LinearMmxQ4F32M0P,
-                LinearMmxQ4F32M1P,
-                LinearMmxQ4F32M2P,
-                LinearMmxQ4F32M4P,
-            ],
-        ],
-    ];
-    const GLU_PREFETCH: Wide = [
-        [
-            [
-                GluMmxQ8Bf16M0P,
-                GluMmxQ8Bf16M1P,
-                GluMmxQ8Bf16M2P,
-                GluMmxQ8Bf16M4P,
-            ],
-            [
-                GluMmxQ8F16M0P,
-                GluMmxQ8F16M1P,
-                GluMmxQ8F16M2P,
-                GluMmxQ8F16M4P,
-            ],
-            [
-                GluMmxQ8F32M0P,
-                GluMmxQ8F32M1P,
-                GluMmxQ8F32M2P,
-                GluMmxQ8F32M4P,
-            ],
-        ],
-        [
-            [
-                GluMmxQ4Bf16M0P,
-                GluMmxQ4Bf16M1P,
-                GluMmxQ4Bf16M2P,
-                GluMmxQ4Bf16M4P,
-            ],
-            [
-                GluMmxQ4F16M0P,
-                GluMmxQ4F16M1P,
-                GluMmxQ4F16M2P,
-                GluMmxQ4F16M4P,
-            ],
-            [
-                GluMmxQ4F32M0P,
-                GluMmxQ4F32M1P,
-                GluMmxQ4F32M2P,
-                GluMmxQ4F32M4P,
-            ],
-        ],
-    ];
     let b = usize::from(bits != 8);
     let s = match side {
         WType::Bf16 => 0,
@@ -352,8 +264,6 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, kind: MmaKind) -> 
         (true, MmaKind::PerBlock) => GLU[b][s][t.max(1) - 1],
         (false, MmaKind::Once) => LINEAR_ONCE[b][s][t],
         (true, MmaKind::Once) => GLU_ONCE[b][s][t],
-        (false, MmaKind::Prefetch) => LINEAR_PREFETCH[b][s][t],
-        (true, MmaKind::Prefetch) => GLU_PREFETCH[b][s][t],
     }
 }
 

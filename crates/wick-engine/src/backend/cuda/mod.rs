@@ -142,13 +142,13 @@ pub struct CudaBackend {
     quant_mma: bool,
     /// Which f16 tensor-core kernel runs the quantized products: x rounded to f16 once per
     /// product (`affine_mmx_*`, the default: on an H100 it decoded the 8B's 8-bit copy 13%
-    /// and its 4-bit copy 21% faster at 64 streams than rounding it in every block that
-    /// reads it, `WICK_CUDA_QUANT_MMA=per-block`), with the weights loaded a part ahead
-    /// (`WICK_CUDA_QUANT_MMA=prefetch`) or not.
+    /// and its 4-bit copy 21% faster at 64 streams) or in every block that reads it
+    /// (`WICK_CUDA_QUANT_MMA=per-block`).
     quant_mma_kind: affine::MmaKind,
-    /// Products of up to 8 rows on the x-rounded-once kernels take tiles of 8 rows of x
-    /// (the weights' rows as the mma's A operand: half the mma steps and x reads of a
-    /// 16-row tile) where `WICK_CUDA_QUANT_MMA_TILE8=1`; by default tiles of 16.
+    /// Products of up to 8 rows on the x-rounded-once kernels take tiles of 8 rows of x,
+    /// the weights' rows as the mma's A operand (half the mma steps and x reads of a
+    /// 16-row tile: on an H100 the 8B's 8-bit copy decoded 1.09× and its 4-bit copy 1.17×
+    /// as fast at 8 streams); `WICK_CUDA_QUANT_MMA_TILE8=0` gives them tiles of 16.
     quant_mma_tile8: bool,
     /// Rows up to which quantized products above `quant_rows` run on the int8 tensor-core
     /// kernel (`affine::IMMA_ROWS`; `WICK_CUDA_QUANT_IMMA_ROWS`, 0 for never).
@@ -405,10 +405,9 @@ impl CudaBackend {
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
         let quant_mma_kind = match quant_mma_env.as_deref() {
             Some("per-block") => affine::MmaKind::PerBlock,
-            Some("prefetch") => affine::MmaKind::Prefetch,
             _ => affine::MmaKind::Once,
         };
-        let quant_mma_tile8 = std::env::var("WICK_CUDA_QUANT_MMA_TILE8").is_ok_and(|v| v == "1");
+        let quant_mma_tile8 = std::env::var("WICK_CUDA_QUANT_MMA_TILE8").map_or(true, |v| v != "0");
         let quant_imma_rows = std::env::var("WICK_CUDA_QUANT_IMMA_ROWS")
             .ok()
             .and_then(|v| v.parse().ok())
@@ -488,19 +487,8 @@ impl CudaBackend {
         self
     }
 
-    /// Whether the tensor-core quantized products (x rounded once) load each part of the
-    /// weights while the part before it is multiplied (`WICK_CUDA_QUANT_MMA=prefetch`).
-    pub fn with_quant_mma_prefetch(mut self, on: bool) -> Self {
-        self.quant_mma_kind = if on {
-            affine::MmaKind::Prefetch
-        } else {
-            affine::MmaKind::Once
-        };
-        self
-    }
-
     /// Whether quantized products of up to 8 rows on the x-rounded-once kernels take tiles
-    /// of 8 rows of x (`WICK_CUDA_QUANT_MMA_TILE8=1`) rather than 16.
+    /// of 8 rows of x (the default) rather than 16 (`WICK_CUDA_QUANT_MMA_TILE8=0`).
     pub fn with_quant_mma_tile8(mut self, on: bool) -> Self {
         self.quant_mma_tile8 = on;
         self
