@@ -2659,14 +2659,93 @@ __device__ __forceinline__ u32 dequant_pair(u32 v, u32 sel, u32 s2, u32 b2) {
     return hfma2(q, s2, b2);
 }
 
+// NC chunks of a slab's weights as one lane of `affine_mma` / `affine_mmx` holds them: its
+// packed 16-byte loads and, per load, the scale and bias as f16 pairs (×2⁸).
+template <int NC>
+struct AffinePart {
+    uint4 p[NC][2];
+    u32 s2[NC][2], b2[NC][2];
+};
+
+// Issues this lane's loads (rows `wrow`, lane column t) of the NC chunks from input k0.
+template <typename S, int BITS, int NC>
+__device__ __forceinline__ void affine_load(AffinePart<NC>& pt, const u8* __restrict__ w,
+                                         const S* __restrict__ scales,
+                                         const S* __restrict__ biases, const int (&wrow)[2],
+                                         u64 row_bytes, int groups, int in, int group, int k0,
+                                         int t) {
+    const int QC = 128 / BITS, CH = 4 * QC;
+#pragma unroll
+    for (int ch = 0; ch < NC; ch++) {
+        int k = k0 + ch * CH + QC * t;
+        bool live = k < in;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            float sc = 0.0f, bi = 0.0f;
+            pt.p[ch][nt].x = pt.p[ch][nt].y = pt.p[ch][nt].z = pt.p[ch][nt].w = 0u;
+            if (live) {
+                pt.p[ch][nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
+                u64 gi = (u64)wrow[nt] * groups + k / group;
+                sc = to_f32(scales[gi]) * QM_SCALE;
+                bi = to_f32(biases[gi]) * QM_SCALE;
+            }
+            pt.s2[ch][nt] = pack_f16x2(sc, sc);
+            pt.b2[ch][nt] = pack_f16x2(bi, bi);
+        }
+    }
+}
+
+// acc += the x tile (`xs`, 16·MT rows, or 8 with MT = 0, from slab column c0) times the
+// lane's NC chunks of weights. acc[mt][nt][i]: row 16·mt + g (+8 for i ≥ 2) of x, column
+// 2t + (i & 1) of weight tile nt; with MT = 0, acc[0][0][i]: row 2t + (i & 1) of x, weight
+// row g of tile i / 2.
+template <int BITS, int MT, int NC>
+__device__ __forceinline__ void affine_mul(const AffinePart<NC>& pt, const u16* xs, int c0,
+                                        float (&acc)[MT > 0 ? MT : 1][2][4], int g, int t) {
+    const int QC = 128 / BITS, CH = 4 * QC, STEPS = QC / 4;
+#pragma unroll
+    for (int ch = 0; ch < NC; ch++) {
+        int c = c0 + ch * CH;
+#pragma unroll
+        for (int s = 0; s < STEPS; s++) {
+            u32 bf[2][2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                u32 word[4] = {pt.p[ch][nt].x, pt.p[ch][nt].y, pt.p[ch][nt].z, pt.p[ch][nt].w};
+                u32 v;
+                if (BITS == 8) {
+                    v = word[s];
+                } else {
+                    v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
+                }
+                bf[nt][0] = dequant_pair(v, 0x4140, pt.s2[ch][nt], pt.b2[ch][nt]);
+                bf[nt][1] = dequant_pair(v, 0x4342, pt.s2[ch][nt], pt.b2[ch][nt]);
+            }
+            if (MT == 0) {
+                // Eight rows of x: the weights' 16 rows are A, x's rows B.
+                uint2 xr = *(const uint2*)&xs[g * QM_STRIDE + c + QC * t + 4 * s];
+                u32 a[4] = {bf[0][0], bf[1][0], bf[0][1], bf[1][1]};
+                mma16816(acc[0][0], a, xr.x, xr.y);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int col = c + QC * t + 4 * s;
+                uint2 top = *(const uint2*)&xs[(16 * mt + g) * QM_STRIDE + col];
+                uint2 bot = *(const uint2*)&xs[(16 * mt + g + 8) * QM_STRIDE + col];
+                u32 a[4] = {top.x, bot.x, top.y, bot.y};
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
+            }
+        }
+    }
+}
+
 template <typename S, int BITS, int MT, bool GLU>
 __device__ void affine_mma(const float* __restrict__ x, const u8* __restrict__ w,
                            const S* __restrict__ scales, const S* __restrict__ biases,
                            const float* __restrict__ bias, float* __restrict__ y,
                            float* __restrict__ part, int rows, int in, int out, int group) {
-    const int QC = 128 / BITS;  // values per 16-byte load
-    const int CH = 4 * QC;      // inputs per chunk (one load per lane)
-    const int STEPS = QC / 4;   // mma steps per chunk
+    const int CH = 4 * (128 / BITS);  // inputs per chunk (one 16-byte load per lane)
     __shared__ __align__(16) u16 xs[16 * MT][QM_STRIDE];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // `out` is the outputs (GLU: the width, units of a gate and an up row).
@@ -2726,47 +2805,10 @@ __device__ void affine_mma(const float* __restrict__ x, const u8* __restrict__ w
         __syncthreads();
 #pragma unroll
         for (int c = 0; c < QM_SLAB; c += CH) {
-            int k = k0 + c + QC * t;
-            bool live = k < in;
-            uint4 p[2];
-            u32 s2[2], b2[2];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                float sc = 0.0f, bi = 0.0f;
-                p[nt].x = p[nt].y = p[nt].z = p[nt].w = 0u;
-                if (live) {
-                    p[nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
-                    u64 gi = (u64)wrow[nt] * groups + k / group;
-                    sc = to_f32(scales[gi]) * QM_SCALE;
-                    bi = to_f32(biases[gi]) * QM_SCALE;
-                }
-                s2[nt] = pack_f16x2(sc, sc);
-                b2[nt] = pack_f16x2(bi, bi);
-            }
-#pragma unroll
-            for (int s = 0; s < STEPS; s++) {
-                u32 bf[2][2];
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    u32 word[4] = {p[nt].x, p[nt].y, p[nt].z, p[nt].w};
-                    u32 v;
-                    if (BITS == 8) {
-                        v = word[s];
-                    } else {
-                        v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
-                    }
-                    bf[nt][0] = dequant_pair(v, 0x4140, s2[nt], b2[nt]);
-                    bf[nt][1] = dequant_pair(v, 0x4342, s2[nt], b2[nt]);
-                }
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    uint2 top = *(const uint2*)&xs[16 * mt + g][c + QC * t + 4 * s];
-                    uint2 bot = *(const uint2*)&xs[16 * mt + g + 8][c + QC * t + 4 * s];
-                    u32 a[4] = {top.x, bot.x, top.y, bot.y};
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
-                }
-            }
+            AffinePart<1> pt;
+            affine_load<S, BITS, 1>(pt, w, scales, biases, wrow, row_bytes, groups, in, group,
+                                    k0 + c, t);
+            affine_mul<BITS, MT, 1>(pt, &xs[0][0], c, acc, g, t);
         }
     }
     // acc[mt][nt][i]: row 16·mt + g (+8 for i ≥ 2), column 2t + (i & 1) of tile nt.
@@ -2890,87 +2932,6 @@ __device__ __forceinline__ void mmx_stage(u16* dst, const u16* __restrict__ xt, 
     cp_async_commit();
 }
 
-// NC chunks of a slab's weights as one lane holds them: its packed 16-byte loads and, per
-// load, the scale and bias as f16 pairs (×2⁸).
-template <int NC>
-struct MmxPart {
-    uint4 p[NC][2];
-    u32 s2[NC][2], b2[NC][2];
-};
-
-// Issues this lane's loads (rows `wrow`, lane column t) of the NC chunks from input k0.
-template <typename S, int BITS, int NC>
-__device__ __forceinline__ void mmx_load(MmxPart<NC>& pt, const u8* __restrict__ w,
-                                         const S* __restrict__ scales,
-                                         const S* __restrict__ biases, const int (&wrow)[2],
-                                         u64 row_bytes, int groups, int in, int group, int k0,
-                                         int t) {
-    const int QC = 128 / BITS, CH = 4 * QC;
-#pragma unroll
-    for (int ch = 0; ch < NC; ch++) {
-        int k = k0 + ch * CH + QC * t;
-        bool live = k < in;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            float sc = 0.0f, bi = 0.0f;
-            pt.p[ch][nt].x = pt.p[ch][nt].y = pt.p[ch][nt].z = pt.p[ch][nt].w = 0u;
-            if (live) {
-                pt.p[ch][nt] = *(const uint4*)(w + wrow[nt] * row_bytes + (u64)k * BITS / 8);
-                u64 gi = (u64)wrow[nt] * groups + k / group;
-                sc = to_f32(scales[gi]) * QM_SCALE;
-                bi = to_f32(biases[gi]) * QM_SCALE;
-            }
-            pt.s2[ch][nt] = pack_f16x2(sc, sc);
-            pt.b2[ch][nt] = pack_f16x2(bi, bi);
-        }
-    }
-}
-
-// acc += the x tile (`xs`, 16·MT rows, or 8 with MT = 0, from slab column c0) times the
-// lane's NC chunks of weights. acc[mt][nt][i]: row 16·mt + g (+8 for i ≥ 2) of x, column
-// 2t + (i & 1) of weight tile nt; with MT = 0, acc[0][0][i]: row 2t + (i & 1) of x, weight
-// row g of tile i / 2.
-template <int BITS, int MT, int NC>
-__device__ __forceinline__ void mmx_mul(const MmxPart<NC>& pt, const u16* xs, int c0,
-                                        float (&acc)[MT > 0 ? MT : 1][2][4], int g, int t) {
-    const int QC = 128 / BITS, CH = 4 * QC, STEPS = QC / 4;
-#pragma unroll
-    for (int ch = 0; ch < NC; ch++) {
-        int c = c0 + ch * CH;
-#pragma unroll
-        for (int s = 0; s < STEPS; s++) {
-            u32 bf[2][2];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                u32 word[4] = {pt.p[ch][nt].x, pt.p[ch][nt].y, pt.p[ch][nt].z, pt.p[ch][nt].w};
-                u32 v;
-                if (BITS == 8) {
-                    v = word[s];
-                } else {
-                    v = (s & 1) ? (word[s >> 1] >> 4) & 0x0f0f0f0fu : word[s >> 1] & 0x0f0f0f0fu;
-                }
-                bf[nt][0] = dequant_pair(v, 0x4140, pt.s2[ch][nt], pt.b2[ch][nt]);
-                bf[nt][1] = dequant_pair(v, 0x4342, pt.s2[ch][nt], pt.b2[ch][nt]);
-            }
-            if (MT == 0) {
-                // Eight rows of x: the weights' 16 rows are A, x's rows B.
-                uint2 xr = *(const uint2*)&xs[g * QM_STRIDE + c + QC * t + 4 * s];
-                u32 a[4] = {bf[0][0], bf[1][0], bf[0][1], bf[1][1]};
-                mma16816(acc[0][0], a, xr.x, xr.y);
-            }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                int col = c + QC * t + 4 * s;
-                uint2 top = *(const uint2*)&xs[(16 * mt + g) * QM_STRIDE + col];
-                uint2 bot = *(const uint2*)&xs[(16 * mt + g + 8) * QM_STRIDE + col];
-                u32 a[4] = {top.x, bot.x, top.y, bot.y};
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) mma16816(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
-            }
-        }
-    }
-}
-
 // Waits for slab `sl`'s x in buffer `buf` after every warp is done with the other buffer,
 // and starts the copy of slab `sl + 1` there (if the slice has it).
 template <int TR>
@@ -3027,11 +2988,11 @@ __device__ void affine_mmx(const u16* __restrict__ xh, const u8* __restrict__ w,
     const int CHUNKS = QM_SLAB / (4 * (128 / BITS));
     for (int sl = s0; sl < s1; sl++) {
         // The slab's weights first: their loads fly while its x arrives.
-        MmxPart<CHUNKS> a;
-        mmx_load<S, BITS, CHUNKS>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
-                                  sl * QM_SLAB, t);
-        mmx_mul<BITS, MT, CHUNKS>(a, mmx_next_x<TR>(xsh, xt, in_pad, sl, s1, (sl - s0) & 1), 0,
-                                  acc, g, t);
+        AffinePart<CHUNKS> a;
+        affine_load<S, BITS, CHUNKS>(a, w, scales, biases, wrow, row_bytes, groups, in, group,
+                                     sl * QM_SLAB, t);
+        affine_mul<BITS, MT, CHUNKS>(a, mmx_next_x<TR>(xsh, xt, in_pad, sl, s1, (sl - s0) & 1),
+                                     0, acc, g, t);
     }
     int cols = GLU ? 2 * out : out;
     if (MT == 0) {

@@ -72,15 +72,6 @@ fn mma_slices(blocks: usize, sms: usize, per_sm: usize, cols: usize) -> usize {
     slabs.div_ceil(slabs.div_ceil(want))
 }
 
-/// Which of the f16 tensor-core kernels runs a quantized product of a few rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MmaKind {
-    /// `affine_mma_*`: every block rounds the slabs of x it reads to f16.
-    PerBlock,
-    /// `affine_mmx_*`: x rounded to f16 once per product.
-    Once,
-}
-
 /// How a matrix's numbers are stored on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Layout {
@@ -152,9 +143,10 @@ fn kernel(op: Op, bits: u32, side: WType) -> Kernel {
 }
 
 /// The tensor-core product kernel for bits, side type, row tile (8, 16, 32 or 64 rows; 8
-/// only for the kernels that read x rounded once, `*_mmx_*`, the others taking 16), whether
-/// it is the fused `[gate; up]` form, and which kernel (`MmaKind`).
-fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, kind: MmaKind) -> Kernel {
+/// only for the kernels that read x rounded once, the others taking 16), whether it is the
+/// fused `[gate; up]` form, and whether it reads x rounded once (`*_mmx_*`) or rounds it
+/// itself (`*_mma_*`).
+fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, once: bool) -> Kernel {
     use Kernel::*;
     type Table = [[[Kernel; 3]; 3]; 2];
     // The x-rounded-once kernels have a tile of 8 rows besides (`*_m0`).
@@ -259,11 +251,11 @@ fn mma_kernel(bits: u32, side: WType, tile: usize, glu: bool, kind: MmaKind) -> 
         32 => 2,
         _ => 3,
     };
-    match (glu, kind) {
-        (false, MmaKind::PerBlock) => LINEAR[b][s][t.max(1) - 1],
-        (true, MmaKind::PerBlock) => GLU[b][s][t.max(1) - 1],
-        (false, MmaKind::Once) => LINEAR_ONCE[b][s][t],
-        (true, MmaKind::Once) => GLU_ONCE[b][s][t],
+    match (glu, once) {
+        (false, false) => LINEAR[b][s][t.max(1) - 1],
+        (true, false) => GLU[b][s][t.max(1) - 1],
+        (false, true) => LINEAR_ONCE[b][s][t],
+        (true, true) => GLU_ONCE[b][s][t],
     }
 }
 
@@ -578,8 +570,7 @@ impl CudaBackend {
     ) -> Result<()> {
         let s = sides(w)?;
         let rows = x.rows;
-        let kind = self.quant_mma_kind;
-        let once = kind != MmaKind::PerBlock;
+        let once = self.quant_mma_once;
         let tile = match rows {
             0..=8 if once && self.quant_mma_tile8 => 8,
             0..=16 => 16,
@@ -613,7 +604,7 @@ impl CudaBackend {
             slices as u32,
             int(row_tiles, "row tiles")? as u32,
         );
-        let kernel = mma_kernel(bits, side, tile, glu.is_some(), kind);
+        let kernel = mma_kernel(bits, side, tile, glu.is_some(), once);
         // x rounded to f16 once, in the lanes' order, padded to whole tiles and slabs.
         let rounded = if once {
             let (rows_pad, in_pad) = (row_tiles * tile, w.cols.div_ceil(MMA_SLAB) * MMA_SLAB);

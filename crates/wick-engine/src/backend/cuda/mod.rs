@@ -140,11 +140,11 @@ pub struct CudaBackend {
     /// `WICK_CUDA_QUANT_MMA=0` turns it off), else the matrix is dequantized to bf16 for
     /// cuBLAS.
     quant_mma: bool,
-    /// Which f16 tensor-core kernel runs the quantized products: x rounded to f16 once per
-    /// product (`affine_mmx_*`, the default: on an H100 it decoded the 8B's 8-bit copy 13%
-    /// and its 4-bit copy 21% faster at 64 streams) or in every block that reads it
-    /// (`WICK_CUDA_QUANT_MMA=per-block`).
-    quant_mma_kind: affine::MmaKind,
+    /// The tensor-core quantized products round x to f16 once per product (`affine_mmx_*`,
+    /// the default: on an H100 it decoded the 8B's 8-bit copy 13% and its 4-bit copy 21%
+    /// faster at 64 streams) rather than in every block that reads it (`affine_mma_*`,
+    /// `WICK_CUDA_QUANT_MMA=per-block`, for comparison).
+    quant_mma_once: bool,
     /// Products of up to 8 rows on the x-rounded-once kernels take tiles of 8 rows of x,
     /// the weights' rows as the mma's A operand (half the mma steps and x reads of a
     /// 16-row tile: on an H100 the 8B's 8-bit copy decoded 1.09× and its 4-bit copy 1.17×
@@ -403,10 +403,7 @@ impl CudaBackend {
             && dev.compute_capability().0 >= 8;
         let quant_mma_env = std::env::var("WICK_CUDA_QUANT_MMA").ok();
         let quant_mma = quant_mma_env.as_deref() != Some("0") && dev.compute_capability().0 >= 8;
-        let quant_mma_kind = match quant_mma_env.as_deref() {
-            Some("per-block") => affine::MmaKind::PerBlock,
-            _ => affine::MmaKind::Once,
-        };
+        let quant_mma_once = quant_mma_env.as_deref() != Some("per-block");
         let quant_mma_tile8 = std::env::var("WICK_CUDA_QUANT_MMA_TILE8").map_or(true, |v| v != "0");
         let quant_imma_rows = std::env::var("WICK_CUDA_QUANT_IMMA_ROWS")
             .ok()
@@ -417,7 +414,7 @@ impl CudaBackend {
             kernel_rows,
             quant_rows,
             quant_mma,
-            quant_mma_kind,
+            quant_mma_once,
             quant_mma_tile8,
             quant_imma_rows,
             sms,
@@ -479,11 +476,7 @@ impl CudaBackend {
     /// Whether the tensor-core quantized products round x to f16 once per product (the
     /// default) or in every block that reads it (`WICK_CUDA_QUANT_MMA=per-block`).
     pub fn with_quant_mma_rounding_once(mut self, once: bool) -> Self {
-        self.quant_mma_kind = if once {
-            affine::MmaKind::Once
-        } else {
-            affine::MmaKind::PerBlock
-        };
+        self.quant_mma_once = once;
         self
     }
 

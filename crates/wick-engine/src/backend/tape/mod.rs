@@ -1560,6 +1560,18 @@ mod tests {
             .collect()
     }
 
+    /// `analytic` against the central difference of `loss(bump)` at ±10⁻³ (within 10⁻³ of
+    /// the numeric value, relative above 1).
+    fn assert_central_difference(what: &str, analytic: f32, loss: impl Fn(f32) -> f64) {
+        let eps = 1e-3f32;
+        let numeric = (loss(eps) - loss(-eps)) / (2.0 * f64::from(eps));
+        let analytic = f64::from(analytic);
+        assert!(
+            (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
+            "{what}: numeric {numeric} analytic {analytic}"
+        );
+    }
+
     /// Two layers of one pass, the second attending to the first's keys and values (a
     /// KV-shared Gemma 4 layer), over two packed sequences with a sliding window:
     /// `Σ r ⊙ (attn₁ + attn₂)` and the gradients of the four projections (K, V and each
@@ -1653,18 +1665,11 @@ mod tests {
         for id in 0..4 {
             let g = &grads[&id];
             for idx in [0, 5, 13, 20] {
-                let eps = 1e-3f32;
-                let bump = |d: f32| {
+                assert_central_difference(&format!("parameter {id}[{idx}]"), g[idx], |d| {
                     let mut w = w.clone();
                     w[id][idx] += d;
                     shared_pass(&be, &w, &r, true).0
-                };
-                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
-                let analytic = f64::from(g[idx]);
-                assert!(
-                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
-                    "parameter {id}[{idx}]: numeric {numeric} analytic {analytic}"
-                );
+                });
             }
         }
         let (_, alone) = shared_pass(&be, &w, &r, false);
@@ -1705,17 +1710,14 @@ mod tests {
         let (_, grads) = run(&w);
         for id in 0..2 {
             for idx in [0, 7, 13, HD * IN - 1] {
-                let eps = 1e-3f32;
-                let bump = |d: f32| {
-                    let mut w = w.clone();
-                    w[id][idx] += d;
-                    run(&w).0
-                };
-                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
-                let analytic = f64::from(grads[&id][idx]);
-                assert!(
-                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
-                    "parameter {id}[{idx}]: numeric {numeric} analytic {analytic}"
+                assert_central_difference(
+                    &format!("parameter {id}[{idx}]"),
+                    grads[&id][idx],
+                    |d| {
+                        let mut w = w.clone();
+                        w[id][idx] += d;
+                        run(&w).0
+                    },
                 );
             }
         }
@@ -1743,7 +1745,7 @@ mod tests {
         let x = values(rows * h, 33);
         let logits = values(rows * n, 34);
         let r = values(rows * h, 35);
-        // Per adapter and part, per expert: A [rank, in] then B [out, rank] (ids 4·e + …).
+        // Per adapter, part and expert: A [rank, in] then B [out, rank] (ids as `id_of`).
         let shapes = [(rank, h, 2 * i, rank), (rank, i, h, rank)];
         let factors: Vec<Vec<f32>> = (0..2 * 2 * n * 2)
             .map(|id| {
@@ -1757,22 +1759,21 @@ mod tests {
             |ad: usize, part: usize, e: usize, which: usize| ((ad * 2 + part) * n + e) * 2 + which;
         // Rows 0..4 use adapter 0, 4..7 adapter 1, 7..9 none.
         let ranges = [0..4, 4..7, 7..9];
+        // Adapter `ad`'s factors, `f(ad, part, e, which)`, mounted as one adapter.
         fn mount<B: Backend>(
-            be: &B,
-            f: &dyn Fn(usize, usize, usize, usize, usize, usize) -> Result<B::Matrix>,
+            f: &dyn Fn(usize, usize, usize, usize) -> Result<B::Matrix>,
             ad: usize,
             n: usize,
         ) -> LoraWeights<B> {
             let slots: [Option<(B::Matrix, B::Matrix)>; Target::COUNT] =
                 std::array::from_fn(|_| None);
-            let _ = be;
             let mut w = LoraWeights::from_matrices(vec![slots]);
             for (p, part) in [ExpertPart::GateUp, ExpertPart::Down]
                 .into_iter()
                 .enumerate()
             {
                 let pairs = (0..n)
-                    .map(|e| (f(ad, p, e, 0, 0, 0).unwrap(), f(ad, p, e, 1, 0, 0).unwrap()))
+                    .map(|e| (f(ad, p, e, 0).unwrap(), f(ad, p, e, 1).unwrap()))
                     .collect();
                 w = w.with_expert_pairs(0, part, pairs).unwrap();
             }
@@ -1791,13 +1792,13 @@ mod tests {
             be.set_recording(true);
             let (experts, _) =
                 Experts::upload(&be, &gu, &down, scale.clone(), k, Activation::Silu).unwrap();
-            let param = |ad: usize, p: usize, e: usize, which: usize, _: usize, _: usize| {
+            let param = |ad: usize, p: usize, e: usize, which: usize| {
                 let id = id_of(ad, p, e, which);
                 let (rr, cc) = dims(p, which);
                 be.parameter(id, fs[id].clone(), rr, cc, None)
             };
-            let w0 = mount(&be, &param, 0, n);
-            let w1 = mount(&be, &param, 1, n);
+            let w0 = mount(&param, 0, n);
+            let w1 = mount(&param, 1, n);
             let batch = LoraBatch::new(&[vec![&w0], vec![&w1]], &ranges);
             let xt = TapeTensor::leaf(x.clone(), rows, h);
             let lt = TapeTensor::leaf(logits.clone(), rows, n);
@@ -1818,12 +1819,12 @@ mod tests {
         let cpu = CandleBackend::cpu();
         let (experts, _) =
             Experts::upload(&cpu, &gu, &down, scale.clone(), k, Activation::Silu).unwrap();
-        let upload = |ad: usize, p: usize, e: usize, which: usize, _: usize, _: usize| {
+        let upload = |ad: usize, p: usize, e: usize, which: usize| {
             let (rr, cc) = dims(p, which);
             let v = &factors[id_of(ad, p, e, which)];
             cpu.matrix(host("f", vec![rr, cc], v))
         };
-        let (c0, c1) = (mount(&cpu, &upload, 0, n), mount(&cpu, &upload, 1, n));
+        let (c0, c1) = (mount(&upload, 0, n), mount(&upload, 1, n));
         let batch = LoraBatch::new(&[vec![&c0], vec![&c1]], &ranges);
         let xc = cpu.tensor_from_host(x.clone(), rows, h).unwrap();
         let lc = cpu.tensor_from_host(logits.clone(), rows, n).unwrap();
@@ -1850,18 +1851,11 @@ mod tests {
         for (id, f) in factors.iter().enumerate() {
             let Some(g) = grads.get(&id) else { continue };
             for idx in [0, f.len() / 2, f.len() - 1] {
-                let eps = 1e-3f32;
-                let bump = |d: f32| {
+                assert_central_difference(&format!("factor {id}[{idx}]"), g[idx], |d| {
                     let mut fs = factors.clone();
                     fs[id][idx] += d;
                     run(&fs).1
-                };
-                let numeric = (bump(eps) - bump(-eps)) / (2.0 * f64::from(eps));
-                let analytic = f64::from(g[idx]);
-                assert!(
-                    (numeric - analytic).abs() <= 1e-3 * numeric.abs().max(1.0),
-                    "factor {id}[{idx}]: numeric {numeric} analytic {analytic}"
-                );
+                });
                 checked += 1;
             }
         }
